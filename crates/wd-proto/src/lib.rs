@@ -1,0 +1,1 @@
+//! WrapDrive wd-proto.

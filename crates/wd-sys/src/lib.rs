@@ -1,0 +1,751 @@
+//! The thin system-call layer of WrapDrive.
+//!
+//! Every system call the framework makes goes through this crate, so that
+//! (a) `unsafe` lives in one audited place and (b) the data path can count
+//! the calls it issues: [`syscalls_on_this_thread`] is how `wd bench` shows
+//! that a polled queue makes none per request.
+#![allow(unsafe_code)]
+
+use std::cell::Cell;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::ptr::NonNull;
+use std::time::Duration;
+
+/// Errors of the system-call layer: the failing call and its errno.
+#[derive(Debug, thiserror::Error)]
+pub enum SysError {
+    /// A system call failed.
+    #[error("{call} failed: {source}")]
+    Call {
+        /// Name of the call.
+        call: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// An argument could not be passed to the kernel (e.g. an interior NUL).
+    #[error("invalid argument to {call}: {what}")]
+    Invalid {
+        /// Name of the call.
+        call: &'static str,
+        /// What was wrong.
+        what: &'static str,
+    },
+}
+
+impl SysError {
+    /// The positive errno behind this error (EINVAL for argument errors).
+    pub fn errno(&self) -> i32 {
+        match self {
+            SysError::Call { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            SysError::Invalid { .. } => libc::EINVAL,
+        }
+    }
+}
+
+/// Result alias of this crate.
+pub type Result<T> = std::result::Result<T, SysError>;
+
+thread_local! {
+    static SYSCALLS: Cell<u64> = const { Cell::new(0) };
+}
+
+#[inline]
+fn count() {
+    SYSCALLS.with(|c| c.set(c.get() + 1));
+}
+
+/// System calls this thread has issued through this crate: the data path's
+/// only way into the kernel, so a delta of zero over N requests proves N
+/// requests cost no system call.
+pub fn syscalls_on_this_thread() -> u64 {
+    SYSCALLS.with(|c| c.get())
+}
+
+fn check(call: &'static str, ret: libc::c_long) -> Result<libc::c_long> {
+    if ret < 0 {
+        Err(SysError::Call {
+            call,
+            source: io::Error::last_os_error(),
+        })
+    } else {
+        Ok(ret)
+    }
+}
+
+fn cstring(call: &'static str, s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| SysError::Invalid {
+        call,
+        what: "string contains NUL",
+    })
+}
+
+// ---------------------------------------------------------------- memfd
+
+/// Create an anonymous memory file that can be sealed and passed to another process.
+pub fn memfd_create(name: &str, hugetlb: bool) -> Result<OwnedFd> {
+    count();
+    let cname = cstring("memfd_create", name)?;
+    let mut flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    if hugetlb {
+        // hugetlb memfds cannot be sealed on older kernels; keep sealing off there.
+        flags = libc::MFD_CLOEXEC | libc::MFD_HUGETLB;
+    }
+    // SAFETY: cname is a valid NUL-terminated string that outlives the call.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), flags) };
+    check("memfd_create", fd as libc::c_long)?;
+    // SAFETY: fd was just returned by the kernel and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Set a file's size.
+pub fn ftruncate(fd: BorrowedFd<'_>, size: u64) -> Result<()> {
+    count();
+    // SAFETY: plain syscall on a borrowed, open descriptor.
+    let r = unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) };
+    check("ftruncate", r as libc::c_long).map(|_| ())
+}
+
+/// A file's current size in bytes.
+pub fn file_size(fd: BorrowedFd<'_>) -> Result<u64> {
+    count();
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: st is a valid out-pointer of the right type.
+    let r = unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) };
+    check("fstat", r as libc::c_long)?;
+    // SAFETY: fstat succeeded, so it initialised st.
+    Ok(unsafe { st.assume_init() }.st_size as u64)
+}
+
+/// Seal bit: the file cannot shrink (so a peer's mapping never hits SIGBUS).
+pub const SEAL_SHRINK: i32 = libc::F_SEAL_SHRINK;
+/// Seal bit: the file cannot grow.
+pub const SEAL_GROW: i32 = libc::F_SEAL_GROW;
+/// Seal bit: no further seals can be added or removed.
+pub const SEAL_SEAL: i32 = libc::F_SEAL_SEAL;
+
+/// Add seals to a memfd.
+pub fn add_seals(fd: BorrowedFd<'_>, seals: i32) -> Result<()> {
+    count();
+    // SAFETY: fcntl with an int argument on an open descriptor.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+    check("fcntl(F_ADD_SEALS)", r as libc::c_long).map(|_| ())
+}
+
+/// The seals a file carries (0 for files that cannot be sealed).
+pub fn get_seals(fd: BorrowedFd<'_>) -> Result<i32> {
+    count();
+    // SAFETY: fcntl without argument on an open descriptor.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    check("fcntl(F_GET_SEALS)", r as libc::c_long).map(|r| r as i32)
+}
+
+// ---------------------------------------------------------------- mappings
+
+/// A shared mapping of a file, unmapped on drop.
+///
+/// The memory may be written concurrently by another process, so this type
+/// never hands out references into it: callers get raw pointers and must use
+/// volatile, atomic or `ptr::copy` access.
+#[derive(Debug)]
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; it has no thread affinity and
+// every access through it goes through raw pointers chosen by the caller.
+unsafe impl Send for Mapping {}
+// SAFETY: see Send; the type itself holds no interior state besides ptr/len.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Map `len` bytes of `fd` at `offset`, shared, read-write.
+    pub fn map_shared(fd: BorrowedFd<'_>, offset: u64, len: usize) -> Result<Mapping> {
+        if len == 0 {
+            return Err(SysError::Invalid {
+                call: "mmap",
+                what: "zero length",
+            });
+        }
+        count();
+        // SAFETY: a fresh mapping chosen by the kernel (addr = NULL); no
+        // existing memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                offset as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(SysError::Call {
+                call: "mmap",
+                source: io::Error::last_os_error(),
+            });
+        }
+        Ok(Mapping {
+            ptr: NonNull::new(p.cast()).expect("mmap returned NULL"),
+            len,
+        })
+    }
+
+    /// Base address.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the mapping is empty (never, by construction).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Keep this mapping out of children created by fork: a queue's ring
+    /// belongs to the process that asked for it.
+    pub fn dont_fork(&self) -> Result<()> {
+        count();
+        // SAFETY: advice on a range this object owns.
+        let r = unsafe { libc::madvise(self.ptr.as_ptr().cast(), self.len, libc::MADV_DONTFORK) };
+        check("madvise(MADV_DONTFORK)", r as libc::c_long).map(|_| ())
+    }
+
+    /// Bind the pages of this mapping to a NUMA node (best effort where the
+    /// kernel has no NUMA support: returns the error, callers decide).
+    pub fn bind_node(&self, node: u32) -> Result<()> {
+        if node >= 64 {
+            return Err(SysError::Invalid {
+                call: "mbind",
+                what: "node beyond 63",
+            });
+        }
+        count();
+        let mask: u64 = 1u64 << node;
+        const MPOL_BIND: libc::c_long = 2;
+        // SAFETY: mbind on a range this object owns; mask points to one u64
+        // and maxnode (65) covers its 64 bits.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_mbind,
+                self.ptr.as_ptr(),
+                self.len,
+                MPOL_BIND,
+                &mask as *const u64,
+                65usize,
+                0usize,
+            )
+        };
+        check("mbind", r).map(|_| ())
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len describe a mapping created by map_shared and not
+        // unmapped elsewhere.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// The system page size.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if v <= 0 {
+        4096
+    } else {
+        v as usize
+    }
+}
+
+// ---------------------------------------------------------------- eventfd
+
+/// Create an eventfd: the doorbell a sleeping engine or waiter blocks on.
+pub fn eventfd() -> Result<OwnedFd> {
+    count();
+    // SAFETY: plain syscall.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    check("eventfd", fd as libc::c_long)?;
+    // SAFETY: fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Ring a doorbell (eventfd write of 1).
+pub fn eventfd_signal(fd: BorrowedFd<'_>) -> Result<()> {
+    count();
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a valid u64.
+    let r = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        // A saturated counter still wakes the reader: not an error.
+        if e.raw_os_error() == Some(libc::EAGAIN) {
+            return Ok(());
+        }
+        return Err(SysError::Call {
+            call: "write(eventfd)",
+            source: e,
+        });
+    }
+    Ok(())
+}
+
+/// Consume a doorbell's count (non-blocking); returns the count (0 if none).
+pub fn eventfd_drain(fd: BorrowedFd<'_>) -> Result<u64> {
+    count();
+    let mut v: u64 = 0;
+    // SAFETY: reads 8 bytes into a valid u64.
+    let r = unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EAGAIN) {
+            return Ok(0);
+        }
+        return Err(SysError::Call {
+            call: "read(eventfd)",
+            source: e,
+        });
+    }
+    Ok(v)
+}
+
+/// Readiness of one descriptor after [`poll`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ready {
+    /// Data can be read.
+    pub readable: bool,
+    /// The peer hung up or the descriptor is in error.
+    pub hangup: bool,
+}
+
+/// Wait until one of `fds` is readable or hung up, or the timeout passes
+/// (`None`: forever). Returns readiness per descriptor; EINTR counts as a
+/// timeout (all false).
+pub fn poll(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> Result<Vec<Ready>> {
+    count();
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|fd| libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = match timeout {
+        None => -1,
+        Some(d) => d.as_millis().min(i32::MAX as u128) as i32,
+    };
+    // SAFETY: pfds is a valid array of pfds.len() pollfd structs.
+    let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EINTR) {
+            return Ok(vec![Ready::default(); fds.len()]);
+        }
+        return Err(SysError::Call {
+            call: "poll",
+            source: e,
+        });
+    }
+    Ok(pfds
+        .iter()
+        .map(|p| Ready {
+            readable: p.revents & libc::POLLIN != 0,
+            hangup: p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0,
+        })
+        .collect())
+}
+
+// ---------------------------------------------------------------- sockets
+
+/// Credentials of a socket peer, as the kernel recorded them at connect time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerCred {
+    /// Process id.
+    pub pid: u32,
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+}
+
+/// SO_PEERCRED of a connected UNIX socket.
+pub fn peer_cred(sock: &UnixStream) -> Result<PeerCred> {
+    count();
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred/len are valid out-pointers of the size passed.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    check("getsockopt(SO_PEERCRED)", r as libc::c_long)?;
+    Ok(PeerCred {
+        pid: cred.pid as u32,
+        uid: cred.uid,
+        gid: cred.gid,
+    })
+}
+
+const CMSG_BUF: usize = 128;
+
+/// Send all of `bytes` on a stream socket, with `fds` attached to the first
+/// segment (SCM_RIGHTS).
+pub fn send_with_fds(sock: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+    let mut sent = 0usize;
+    let mut first = true;
+    while sent < bytes.len() {
+        count();
+        let mut iov = libc::iovec {
+            iov_base: bytes[sent..].as_ptr() as *mut libc::c_void,
+            iov_len: bytes.len() - sent,
+        };
+        let mut cbuf = [0u64; CMSG_BUF / 8];
+        // SAFETY: msghdr is plain data; zeroed is a valid initial state.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if first && !fds.is_empty() {
+            let payload = std::mem::size_of_val(fds) as u32;
+            // SAFETY: CMSG_SPACE is a pure size computation.
+            let space = unsafe { libc::CMSG_SPACE(payload) } as usize;
+            if space > CMSG_BUF {
+                return Err(SysError::Invalid {
+                    call: "sendmsg",
+                    what: "too many descriptors",
+                });
+            }
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            msg.msg_controllen = space as _;
+            // SAFETY: msg_control points to `space` writable bytes, enough for
+            // one cmsghdr carrying `payload` bytes of descriptors.
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(&msg);
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = libc::SCM_RIGHTS;
+                (*c).cmsg_len = libc::CMSG_LEN(payload) as _;
+                let data = libc::CMSG_DATA(c) as *mut RawFd;
+                for (i, fd) in fds.iter().enumerate() {
+                    data.add(i).write_unaligned(fd.as_raw_fd());
+                }
+            }
+        }
+        // SAFETY: msg points to valid iovec and control buffers for the call.
+        let r = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(SysError::Call {
+                call: "sendmsg",
+                source: e,
+            });
+        }
+        sent += r as usize;
+        first = false;
+    }
+    Ok(())
+}
+
+/// Receive up to `buf.len()` bytes (at least one unless the peer closed:
+/// then 0) and any descriptors attached, at most `max_fds`; extra
+/// descriptors are closed and reported as an error (never leaked).
+pub fn recv_with_fds(
+    sock: &UnixStream,
+    buf: &mut [u8],
+    max_fds: usize,
+) -> Result<(usize, Vec<OwnedFd>)> {
+    loop {
+        count();
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let mut cbuf = [0u64; CMSG_BUF / 8];
+        // SAFETY: zeroed msghdr is a valid initial state.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = CMSG_BUF as _;
+        // SAFETY: msg points to valid buffers for the duration of the call.
+        let r = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(SysError::Call {
+                call: "recvmsg",
+                source: e,
+            });
+        }
+        let mut fds = Vec::new();
+        // SAFETY: the kernel filled msg_control with msg_controllen bytes of
+        // well-formed cmsghdrs; the CMSG_* macros walk within that length.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(c) as *const RawFd;
+                    let n = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
+                        / std::mem::size_of::<RawFd>();
+                    for i in 0..n {
+                        fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                    }
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        if msg.msg_flags & libc::MSG_CTRUNC != 0 || fds.len() > max_fds {
+            // Dropping `fds` closes every descriptor we did get.
+            return Err(SysError::Invalid {
+                call: "recvmsg",
+                what: "too many descriptors attached",
+            });
+        }
+        return Ok((r as usize, fds));
+    }
+}
+
+// ---------------------------------------------------------------- processes
+
+/// This process's id.
+pub fn getpid() -> u32 {
+    std::process::id()
+}
+
+/// Effective user id of this process.
+pub fn geteuid() -> u32 {
+    // SAFETY: no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+/// A pidfd for `pid`: a stable handle that cannot be confused with a later
+/// process reusing the number.
+pub fn pidfd_open(pid: u32) -> Result<OwnedFd> {
+    count();
+    // SAFETY: plain syscall with integer arguments.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    let fd = check("pidfd_open", r)?;
+    // SAFETY: fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Whether the process behind a pidfd has exited.
+pub fn pidfd_exited(pidfd: BorrowedFd<'_>) -> Result<bool> {
+    let r = poll(&[pidfd], Some(Duration::ZERO))?;
+    Ok(r[0].readable || r[0].hangup)
+}
+
+/// Allow `pid` to use process_vm_readv/writev on us where Yama restricts
+/// ptrace to ancestors (harmless elsewhere).
+pub fn allow_tracer(pid: u32) -> Result<()> {
+    count();
+    // SAFETY: prctl with integer arguments.
+    let r = unsafe { libc::prctl(libc::PR_SET_PTRACER, pid as libc::c_ulong, 0, 0, 0) };
+    match check("prctl(PR_SET_PTRACER)", r as libc::c_long) {
+        Ok(_) => Ok(()),
+        // Kernels without Yama refuse the option: nothing to allow then.
+        Err(e) if e.errno() == libc::EINVAL => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Copy `len` bytes from `remote` in process `pid` to `local`.
+///
+/// # Safety
+/// `local` must be valid for writes of `len` bytes.
+pub unsafe fn process_vm_read(pid: u32, remote: u64, local: *mut u8, len: usize) -> Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        count();
+        let liov = libc::iovec {
+            // SAFETY: within the caller-guaranteed buffer.
+            iov_base: unsafe { local.add(done) }.cast(),
+            iov_len: len - done,
+        };
+        let riov = libc::iovec {
+            iov_base: (remote + done as u64) as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        // SAFETY: liov describes caller-owned writable memory; riov is only
+        // interpreted by the kernel in the other process.
+        let r = unsafe { libc::process_vm_readv(pid as libc::pid_t, &liov, 1, &riov, 1, 0) };
+        let n = check("process_vm_readv", r as libc::c_long)? as usize;
+        if n == 0 {
+            return Err(SysError::Call {
+                call: "process_vm_readv",
+                source: io::Error::from_raw_os_error(libc::EFAULT),
+            });
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+/// Copy `len` bytes from `local` to `remote` in process `pid`.
+///
+/// # Safety
+/// `local` must be valid for reads of `len` bytes.
+pub unsafe fn process_vm_write(pid: u32, remote: u64, local: *const u8, len: usize) -> Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        count();
+        let liov = libc::iovec {
+            // SAFETY: within the caller-guaranteed buffer.
+            iov_base: unsafe { local.add(done) } as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        let riov = libc::iovec {
+            iov_base: (remote + done as u64) as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        // SAFETY: liov describes caller-owned readable memory.
+        let r = unsafe { libc::process_vm_writev(pid as libc::pid_t, &liov, 1, &riov, 1, 0) };
+        let n = check("process_vm_writev", r as libc::c_long)? as usize;
+        if n == 0 {
+            return Err(SysError::Call {
+                call: "process_vm_writev",
+                source: io::Error::from_raw_os_error(libc::EFAULT),
+            });
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+/// Run `child` in every child process created by fork, before fork returns
+/// there. Used to invalidate queues that belong to the parent.
+pub fn on_fork_child(child: extern "C" fn()) -> Result<()> {
+    // SAFETY: registering a plain C function pointer.
+    let r = unsafe { libc::pthread_atfork(None, None, Some(child)) };
+    if r != 0 {
+        return Err(SysError::Call {
+            call: "pthread_atfork",
+            source: io::Error::from_raw_os_error(r),
+        });
+    }
+    Ok(())
+}
+
+/// Voluntary and involuntary context switches of the calling thread.
+pub fn thread_context_switches() -> (u64, u64) {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: ru is a valid out-pointer.
+    let r = unsafe { libc::getrusage(libc::RUSAGE_THREAD, ru.as_mut_ptr()) };
+    if r != 0 {
+        return (0, 0);
+    }
+    // SAFETY: getrusage succeeded and initialised ru.
+    let ru = unsafe { ru.assume_init() };
+    (ru.ru_nvcsw as u64, ru.ru_nivcsw as u64)
+}
+
+/// CPU time (user + system) consumed by the whole process so far.
+pub fn process_cpu_time() -> Duration {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: ru is a valid out-pointer.
+    let r = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
+    if r != 0 {
+        return Duration::ZERO;
+    }
+    // SAFETY: initialised by the successful call.
+    let ru = unsafe { ru.assume_init() };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn memfd_seal_and_map() {
+        let fd = memfd_create("t", false).unwrap();
+        ftruncate(fd.as_fd(), 8192).unwrap();
+        add_seals(fd.as_fd(), SEAL_SHRINK).unwrap();
+        assert!(get_seals(fd.as_fd()).unwrap() & SEAL_SHRINK != 0);
+        assert!(ftruncate(fd.as_fd(), 4096).is_err(), "shrink must be refused");
+        let a = Mapping::map_shared(fd.as_fd(), 0, 8192).unwrap();
+        let b = Mapping::map_shared(fd.as_fd(), 4096, 4096).unwrap();
+        // SAFETY: both mappings are live and 4096 bytes into `a` is `b`'s first byte.
+        unsafe {
+            a.as_ptr().add(4096).write_volatile(0x5a);
+            assert_eq!(b.as_ptr().read_volatile(), 0x5a);
+        }
+        assert_eq!(file_size(fd.as_fd()).unwrap(), 8192);
+    }
+
+    #[test]
+    fn fds_cross_a_socket() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let e = eventfd().unwrap();
+        send_with_fds(&a, b"hi", &[e.as_fd()]).unwrap();
+        let mut buf = [0u8; 8];
+        let (n, fds) = recv_with_fds(&b, &mut buf, 1).unwrap();
+        assert_eq!(&buf[..n], b"hi");
+        assert_eq!(fds.len(), 1);
+        eventfd_signal(fds[0].as_fd()).unwrap();
+        assert_eq!(eventfd_drain(e.as_fd()).unwrap(), 1);
+        assert_eq!(eventfd_drain(e.as_fd()).unwrap(), 0);
+        let c = peer_cred(&b).unwrap();
+        assert_eq!(c.pid, getpid());
+    }
+
+    #[test]
+    fn too_many_fds_are_refused_and_closed() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let e1 = eventfd().unwrap();
+        let e2 = eventfd().unwrap();
+        send_with_fds(&a, b"x", &[e1.as_fd(), e2.as_fd()]).unwrap();
+        let mut buf = [0u8; 8];
+        assert!(recv_with_fds(&b, &mut buf, 1).is_err());
+    }
+
+    #[test]
+    fn process_vm_on_self() {
+        let src = [7u8; 64];
+        let mut dst = [0u8; 64];
+        // SAFETY: dst is 64 writable bytes.
+        let r = unsafe { process_vm_read(getpid(), src.as_ptr() as u64, dst.as_mut_ptr(), 64) };
+        match r {
+            Ok(()) => assert_eq!(dst, src),
+            Err(e) => eprintln!("skipping: process_vm_readv unavailable here: {e}"),
+        }
+        let mut bad = [0u8; 8];
+        // SAFETY: bad is 8 writable bytes; the remote address is unmapped.
+        assert!(unsafe { process_vm_read(getpid(), 8, bad.as_mut_ptr(), 8) }.is_err());
+    }
+
+    #[test]
+    fn syscalls_are_counted() {
+        let before = syscalls_on_this_thread();
+        let e = eventfd().unwrap();
+        eventfd_signal(e.as_fd()).unwrap();
+        assert_eq!(syscalls_on_this_thread() - before, 2);
+    }
+}
