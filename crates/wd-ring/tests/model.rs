@@ -1,0 +1,68 @@
+//! Property test: the shared-memory ring behaves like two bounded FIFOs,
+//! with the host never taking more than it can complete.
+#![allow(unsafe_code)]
+
+use proptest::prelude::*;
+use std::collections::VecDeque;
+use wd_ring::{Desc, RingLayout, RingView};
+
+#[derive(Clone, Debug)]
+enum Op {
+    Submit(u8),
+    Fetch(u8),
+    Reap(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0u8..10).prop_map(Op::Submit),
+        (0u8..10).prop_map(Op::Fetch),
+        (0u8..10).prop_map(Op::Reap),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn ring_matches_fifo_model(depth_log in 1u32..5, ops in proptest::collection::vec(op(), 1..200)) {
+        let depth = 1u32 << depth_log;
+        let l = RingLayout::new(depth).unwrap();
+        let mut mem = vec![0u64; l.total_bytes() / 8 + 8];
+        let p = ((mem.as_mut_ptr() as usize + 63) & !63) as *mut u8;
+        // SAFETY: `mem` has total_bytes + 64 bytes, p is 64-aligned, mem outlives both views.
+        let mut host = unsafe { RingView::create(p, l.total_bytes(), l) }.unwrap();
+        // SAFETY: as above.
+        let mut client = unsafe { RingView::attach(p, l.total_bytes(), depth) }.unwrap();
+        let mut sq: VecDeque<u64> = VecDeque::new();
+        let mut cq: VecDeque<u64> = VecDeque::new();
+        let mut next = 0u64;
+        for op in ops {
+            match op {
+                Op::Submit(n) => {
+                    let descs: Vec<Desc> = (0..n as u64).map(|i| Desc { tag: next + i, ..Desc::default() }).collect();
+                    let room = depth as usize - sq.len();
+                    let took = client.submit(&descs).unwrap();
+                    prop_assert_eq!(took, (n as usize).min(room));
+                    for d in &descs[..took] { sq.push_back(d.tag); }
+                    next += took as u64;
+                }
+                Op::Fetch(n) => {
+                    let mut got = Vec::new();
+                    let took = host.fetch(n as usize, &mut got).unwrap();
+                    let room = depth as usize - cq.len();
+                    prop_assert_eq!(took, (n as usize).min(sq.len()).min(room));
+                    for g in &got {
+                        prop_assert_eq!(Some(g.tag), sq.pop_front());
+                        cq.push_back(g.tag);
+                    }
+                    host.complete(&got).unwrap();
+                }
+                Op::Reap(n) => {
+                    let mut out = vec![Desc::default(); n as usize];
+                    let took = client.reap(&mut out).unwrap();
+                    prop_assert_eq!(took, (n as usize).min(cq.len()));
+                    for o in &out[..took] { prop_assert_eq!(Some(o.tag), cq.pop_front()); }
+                }
+            }
+        }
+    }
+}
