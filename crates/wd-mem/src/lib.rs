@@ -1,1 +1,373 @@
-//! WrapDrive wd-mem.
+//! Memory a client shares with a device without copies.
+//!
+//! The client side ([`Allocator`]) carves page-granular buffers out of
+//! memfd-backed arenas that are sealed against shrinking, so the host can map
+//! the same pages and never hit SIGBUS. The host side ([`ImportedRegion`])
+//! checks those seals and the size before it maps anything a client sent.
+#![deny(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use wd_sys::{Mapping, SysError};
+
+/// Allocation granule: buffers never share a page, so sharing one buffer
+/// with a queue never exposes a neighbour.
+pub const GRANULE: usize = 4096;
+/// Default size of an arena (one memfd).
+pub const DEFAULT_ARENA: usize = 64 << 20;
+/// Default cap on the bytes one process's allocator may hold.
+pub const DEFAULT_LIMIT: usize = 16 << 30;
+
+/// Errors of shared-memory handling.
+#[derive(Debug, thiserror::Error)]
+pub enum MemError {
+    /// Size zero or too large.
+    #[error("invalid size {0}")]
+    BadSize(usize),
+    /// The allocator's byte limit would be exceeded.
+    #[error("allocation of {want} bytes exceeds the limit of {limit} bytes ({used} in use)")]
+    Limit {
+        /// Bytes requested.
+        want: usize,
+        /// Bytes in use.
+        used: usize,
+        /// Configured limit.
+        limit: usize,
+    },
+    /// The pointer was not returned by this allocator.
+    #[error("address {0:#x} is not a buffer of this allocator")]
+    NotOurs(usize),
+    /// An imported file is not sealed against shrinking.
+    #[error("shared memory is not sealed against shrinking (F_SEAL_SHRINK missing)")]
+    NotSealed,
+    /// An imported range is outside the file.
+    #[error("range {offset:#x}+{len:#x} lies outside the {size}-byte file")]
+    OutOfFile {
+        /// Offset asked.
+        offset: u64,
+        /// Length asked.
+        len: u64,
+        /// File size.
+        size: u64,
+    },
+    /// A system call failed.
+    #[error(transparent)]
+    Sys(#[from] SysError),
+}
+
+impl MemError {
+    /// Positive errno for the C and protocol boundaries.
+    pub fn errno(&self) -> i32 {
+        match self {
+            MemError::BadSize(_) | MemError::NotOurs(_) | MemError::OutOfFile { .. } => 22,
+            MemError::Limit { .. } => 12,
+            MemError::NotSealed => 1,
+            MemError::Sys(e) => e.errno(),
+        }
+    }
+}
+
+fn round_up(v: usize, to: usize) -> Option<usize> {
+    v.checked_add(to - 1).map(|x| x & !(to - 1))
+}
+
+/// One memfd and its mapping in this process.
+#[derive(Debug)]
+pub struct Arena {
+    fd: OwnedFd,
+    map: Mapping,
+    node: Option<u32>,
+}
+
+impl Arena {
+    /// Create a sealed arena of `size` bytes (page multiple), optionally bound
+    /// to a NUMA node (the seed's "memory in the device's NUMA zone").
+    pub fn new(size: usize, node: Option<u32>) -> Result<Arena, MemError> {
+        let size = round_up(size, GRANULE).ok_or(MemError::BadSize(size))?;
+        if size == 0 {
+            return Err(MemError::BadSize(0));
+        }
+        let fd = wd_sys::memfd_create("wd-arena", false)?;
+        wd_sys::ftruncate(fd.as_fd(), size as u64)?;
+        wd_sys::add_seals(fd.as_fd(), wd_sys::SEAL_SHRINK | wd_sys::SEAL_GROW | wd_sys::SEAL_SEAL)?;
+        let map = Mapping::map_shared(fd.as_fd(), 0, size)?;
+        let mut bound = None;
+        if let Some(n) = node {
+            // Binding is advice: a kernel without NUMA refuses it and the
+            // memory still works, so record whether it took.
+            if map.bind_node(n).is_ok() {
+                bound = Some(n);
+            }
+        }
+        Ok(Arena { fd, map, node: bound })
+    }
+
+    /// Base address in this process.
+    pub fn base(&self) -> usize {
+        self.map.as_ptr() as usize
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The memfd, to pass to the host.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// NUMA node the pages are bound to, if binding succeeded.
+    pub fn node(&self) -> Option<u32> {
+        self.node
+    }
+}
+
+/// Where a client address lives: which arena, at which offset.
+#[derive(Clone, Debug)]
+pub struct Location {
+    /// The arena holding the address.
+    pub arena: Arc<Arena>,
+    /// Offset of the address inside the arena's file.
+    pub offset: u64,
+}
+
+#[derive(Debug)]
+struct ArenaState {
+    arena: Arc<Arena>,
+    /// Free page ranges: offset -> length.
+    free: BTreeMap<usize, usize>,
+}
+
+/// Page-granular allocator of shareable buffers.
+#[derive(Debug)]
+pub struct Allocator {
+    arenas: Vec<ArenaState>,
+    /// Live allocations: address -> (arena index, length).
+    live: BTreeMap<usize, (usize, usize)>,
+    used: usize,
+    reserved: usize,
+    limit: usize,
+    arena_size: usize,
+}
+
+impl Default for Allocator {
+    fn default() -> Self {
+        Allocator::new(DEFAULT_ARENA, DEFAULT_LIMIT)
+    }
+}
+
+impl Allocator {
+    /// An allocator growing by `arena_size` arenas up to `limit` bytes of arenas.
+    pub fn new(arena_size: usize, limit: usize) -> Allocator {
+        Allocator {
+            arenas: Vec::new(),
+            live: BTreeMap::new(),
+            used: 0,
+            reserved: 0,
+            limit,
+            arena_size: round_up(arena_size.max(GRANULE), GRANULE).unwrap_or(DEFAULT_ARENA),
+        }
+    }
+
+    /// Allocate `size` bytes (rounded up to whole pages), zeroed on first
+    /// use, from an arena on `node` (any node if `None`).
+    pub fn alloc(&mut self, size: usize, node: Option<u32>) -> Result<usize, MemError> {
+        if size == 0 {
+            return Err(MemError::BadSize(0));
+        }
+        let len = round_up(size, GRANULE).ok_or(MemError::BadSize(size))?;
+        let found = self.arenas.iter_mut().enumerate().find_map(|(i, a)| {
+            if node.is_some() && a.arena.node() != node {
+                return None;
+            }
+            let (&off, &flen) = a.free.iter().find(|(_, &l)| l >= len)?;
+            a.free.remove(&off);
+            if flen > len {
+                a.free.insert(off + len, flen - len);
+            }
+            Some((i, a.arena.base() + off))
+        });
+        let (idx, addr) = match found {
+            Some(f) => f,
+            None => {
+                let asize = len.max(self.arena_size);
+                if self.reserved + asize > self.limit {
+                    return Err(MemError::Limit {
+                        want: len,
+                        used: self.used,
+                        limit: self.limit,
+                    });
+                }
+                let arena = Arc::new(Arena::new(asize, node)?);
+                self.reserved += arena.len();
+                let mut free = BTreeMap::new();
+                if arena.len() > len {
+                    free.insert(len, arena.len() - len);
+                }
+                let base = arena.base();
+                self.arenas.push(ArenaState { arena, free });
+                (self.arenas.len() - 1, base)
+            }
+        };
+        self.live.insert(addr, (idx, len));
+        self.used += len;
+        Ok(addr)
+    }
+
+    /// Return a buffer; its pages go back to the arena's free list (merged).
+    pub fn free(&mut self, addr: usize) -> Result<(), MemError> {
+        let (idx, len) = self.live.remove(&addr).ok_or(MemError::NotOurs(addr))?;
+        let a = &mut self.arenas[idx];
+        let mut off = addr - a.arena.base();
+        let mut flen = len;
+        if let Some((&poff, &plen)) = a.free.range(..off).next_back() {
+            if poff + plen == off {
+                a.free.remove(&poff);
+                off = poff;
+                flen += plen;
+            }
+        }
+        if let Some(&nlen) = a.free.get(&(off + flen)) {
+            a.free.remove(&(off + flen));
+            flen += nlen;
+        }
+        a.free.insert(off, flen);
+        self.used -= len;
+        Ok(())
+    }
+
+    /// Size of the live buffer starting at `addr`.
+    pub fn size_of(&self, addr: usize) -> Option<usize> {
+        self.live.get(&addr).map(|&(_, l)| l)
+    }
+
+    /// Which arena holds `[addr, addr+len)`; `None` unless the whole range
+    /// is inside one arena.
+    pub fn locate(&self, addr: usize, len: usize) -> Option<Location> {
+        let end = addr.checked_add(len)?;
+        self.arenas.iter().find_map(|a| {
+            let base = a.arena.base();
+            (addr >= base && end <= base + a.arena.len()).then(|| Location {
+                arena: a.arena.clone(),
+                offset: (addr - base) as u64,
+            })
+        })
+    }
+
+    /// Bytes in live buffers.
+    pub fn used(&self) -> usize {
+        self.used
+    }
+}
+
+/// Host side: a client's memory, checked and mapped into the host.
+#[derive(Debug)]
+pub struct ImportedRegion {
+    map: Mapping,
+}
+
+impl ImportedRegion {
+    /// Map `len` bytes at `offset` of a client memfd, after checking that it
+    /// cannot shrink under us and that the range is inside the file.
+    pub fn import(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Result<ImportedRegion, MemError> {
+        if len == 0 || len > (1u64 << 40) {
+            return Err(MemError::BadSize(len as usize));
+        }
+        if wd_sys::get_seals(fd)? & wd_sys::SEAL_SHRINK == 0 {
+            return Err(MemError::NotSealed);
+        }
+        let size = wd_sys::file_size(fd)?;
+        if offset.checked_add(len).is_none_or(|e| e > size) || offset % GRANULE as u64 != 0 {
+            return Err(MemError::OutOfFile { offset, len, size });
+        }
+        let map = Mapping::map_shared(fd, offset, len as usize)?;
+        Ok(ImportedRegion { map })
+    }
+
+    /// Host address of the first byte.
+    pub fn host_addr(&self) -> u64 {
+        self.map.as_ptr() as u64
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// Whether empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+#[cfg(test)]
+#[allow(unsafe_code)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alloc_free_merge_and_locate() {
+        let mut a = Allocator::new(64 << 10, 1 << 20);
+        let x = a.alloc(100, None).unwrap();
+        let y = a.alloc(5000, None).unwrap();
+        assert_eq!(a.size_of(x), Some(4096));
+        assert_eq!(a.size_of(y), Some(8192));
+        assert_eq!(y, x + 4096);
+        let loc = a.locate(y, 8192).unwrap();
+        assert_eq!(loc.offset, 4096);
+        a.free(x).unwrap();
+        a.free(y).unwrap();
+        assert!(a.free(y).is_err());
+        assert_eq!(a.used(), 0);
+        // Everything merged back: a whole-arena allocation fits again.
+        let z = a.alloc(64 << 10, None).unwrap();
+        assert_eq!(z, x);
+        assert!(a.locate(z + (64 << 10), 1).is_none());
+    }
+
+    #[test]
+    fn limit_is_enforced() {
+        let mut a = Allocator::new(64 << 10, 128 << 10);
+        a.alloc(64 << 10, None).unwrap();
+        a.alloc(64 << 10, None).unwrap();
+        assert!(matches!(a.alloc(1, None), Err(MemError::Limit { .. })));
+    }
+
+    #[test]
+    fn import_checks_seals_and_bounds() {
+        let mut a = Allocator::new(64 << 10, 1 << 20);
+        let x = a.alloc(4096, None).unwrap();
+        let loc = a.locate(x, 4096).unwrap();
+        let r = ImportedRegion::import(loc.arena.fd(), loc.offset, 4096).unwrap();
+        // SAFETY: both addresses are live 4096-byte mappings of the same page.
+        unsafe {
+            (x as *mut u8).write_volatile(42);
+            assert_eq!((r.host_addr() as *const u8).read_volatile(), 42);
+        }
+        assert!(matches!(
+            ImportedRegion::import(loc.arena.fd(), 0, 1 << 20),
+            Err(MemError::OutOfFile { .. })
+        ));
+        let unsealed = wd_sys::memfd_create("x", false).unwrap();
+        wd_sys::ftruncate(unsealed.as_fd(), 4096).unwrap();
+        assert!(matches!(
+            ImportedRegion::import(unsealed.as_fd(), 0, 4096),
+            Err(MemError::NotSealed)
+        ));
+    }
+
+    #[test]
+    fn numa_arena() {
+        let a = Arena::new(4096, Some(0)).unwrap();
+        // Node 0 exists everywhere; binding may still be refused without NUMA.
+        assert!(a.node().is_none() || a.node() == Some(0));
+    }
+}
