@@ -1,1 +1,510 @@
-//! WrapDrive wd-capi.
+//! libwd.so: the C API of `include/wd.h`.
+//!
+//! Every entry point checks its pointers, catches panics, returns a negative
+//! errno on failure and writes out-parameters only on success. Queue handles
+//! are ids looked up in a table, so a released or forged `priv` is -EBADF,
+//! never a wild pointer.
+#![allow(unsafe_code)]
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use wrapdrive::dummy::CopyMsg;
+use wrapdrive::{Capability, ClientError, Desc, HostConn, Queue, Status};
+
+const EINVAL: c_int = 22;
+const EIO: c_int = 5;
+
+/// `struct wd_capa`.
+#[repr(C)]
+pub struct WdCapa {
+    alg: *const c_char,
+    flags: u32,
+    depth: u32,
+    numa_node: i32,
+    reserved: [u32; 3],
+}
+
+/// `struct wd_queue`.
+#[repr(C)]
+pub struct WdQueue {
+    id: u32,
+    depth: u32,
+    flags: u32,
+    device_api: u32,
+    dev_name: [c_char; 32],
+    alg: [c_char; 64],
+    priv_: *mut c_void,
+}
+
+/// `struct wd_capa_info`.
+#[repr(C)]
+pub struct WdCapaInfo {
+    dev_name: [c_char; 32],
+    alg: [c_char; 64],
+    flags: u32,
+    available_instances: u32,
+    device_api: u32,
+    numa_zone_id: i32,
+    priority: u32,
+    reserved: u32,
+}
+
+/// `struct wd_fault`.
+#[repr(C)]
+pub struct WdFault {
+    seq: u64,
+    iova: u64,
+    pasid: u32,
+    write: u8,
+    reason: u8,
+    reserved: u16,
+}
+
+/// `struct wd_dummy_msg`.
+#[repr(C)]
+struct WdDummyMsg {
+    opcode: u16,
+    flags: u16,
+    status: i32,
+    src: u64,
+    dst: u64,
+    len: u64,
+    result: u64,
+}
+
+/// The message family a queue speaks, chosen by its algorithm.
+#[derive(Clone, Copy)]
+enum Family {
+    Dummy,
+}
+
+struct Handle {
+    q: Mutex<Queue>,
+    family: Family,
+}
+
+static HANDLES: RwLock<Option<HashMap<u64, Arc<Handle>>>> = RwLock::new(None);
+static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
+static HOST: Mutex<Option<Arc<HostConn>>> = Mutex::new(None);
+static EMBEDDED: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last(msg: &str) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|l| *l.borrow_mut() = c);
+}
+
+fn fail(errno: c_int, msg: &str) -> c_int {
+    set_last(msg);
+    -errno
+}
+
+/// Run an entry point: errors become negative errno, panics -EIO.
+fn guard(f: impl FnOnce() -> Result<c_int, ClientError>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => fail(e.errno(), &e.to_string()),
+        Err(_) => fail(EIO, "internal error in libwd (panic caught)"),
+    }
+}
+
+fn invalid(msg: &str) -> ClientError {
+    ClientError::new(Status::Invalid, msg)
+}
+
+fn host() -> Result<Arc<HostConn>, ClientError> {
+    let mut g = HOST.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(h) = g.as_ref().filter(|h| !h.is_stale()) {
+        return Ok(h.clone());
+    }
+    let h = if EMBEDDED.load(Ordering::Relaxed) {
+        HostConn::embedded()?
+    } else {
+        HostConn::from_env()?
+    };
+    *g = Some(h.clone());
+    Ok(h)
+}
+
+fn handle(q: *const WdQueue) -> Result<Arc<Handle>, ClientError> {
+    if q.is_null() {
+        return Err(invalid("queue pointer is NULL"));
+    }
+    // SAFETY: q is non-null and, per the ABI, points to a struct wd_queue;
+    // only the priv field is read.
+    let id = unsafe { std::ptr::addr_of!((*q).priv_).read_unaligned() } as u64;
+    HANDLES
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .and_then(|m| m.get(&id).cloned())
+        .ok_or_else(|| ClientError::new(Status::BadHandle, "not a live queue (released, or never requested)"))
+}
+
+fn copy_name(dst: &mut [c_char], s: &str) {
+    dst.fill(0);
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(dst.len() - 1)) {
+        *d = b as c_char;
+    }
+}
+
+/// Request a queue.
+#[no_mangle]
+pub extern "C" fn wd_request_queue(q: *mut WdQueue, capa: *mut WdCapa) -> c_int {
+    guard(|| {
+        if q.is_null() || capa.is_null() {
+            return Err(invalid("wd_request_queue: NULL queue or capability"));
+        }
+        // SAFETY: capa is non-null and points to a caller-owned struct wd_capa.
+        let c = unsafe { std::ptr::read_unaligned(capa) };
+        if c.alg.is_null() {
+            return Err(invalid("wd_capa.alg is NULL"));
+        }
+        if c.reserved != [0; 3] {
+            return Err(invalid("wd_capa.reserved must be zero"));
+        }
+        // SAFETY: alg is a non-null NUL-terminated string per the ABI.
+        let alg = unsafe { CStr::from_ptr(c.alg) }
+            .to_str()
+            .map_err(|_| invalid("wd_capa.alg is not UTF-8"))?;
+        let family = match alg {
+            "memcpy" => Family::Dummy,
+            other => return Err(ClientError::new(Status::NoDevice, format!("no message format known for '{other}'"))),
+        };
+        let capa = Capability {
+            alg: alg.to_string(),
+            flags: c.flags,
+            depth: c.depth,
+            numa_node: c.numa_node,
+        };
+        let queue = host()?.request_queue(&capa)?;
+        let mut out = WdQueue {
+            id: queue.id(),
+            depth: queue.depth(),
+            flags: queue.flags(),
+            device_api: queue.device_api(),
+            dev_name: [0; 32],
+            alg: [0; 64],
+            priv_: std::ptr::null_mut(),
+        };
+        copy_name(&mut out.dev_name, queue.device());
+        copy_name(&mut out.alg, queue.alg());
+        let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
+        out.priv_ = id as *mut c_void;
+        HANDLES
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(HashMap::new)
+            .insert(
+                id,
+                Arc::new(Handle {
+                    q: Mutex::new(queue),
+                    family,
+                }),
+            );
+        // SAFETY: q is non-null and points to caller-owned writable memory.
+        unsafe { std::ptr::write_unaligned(q, out) };
+        Ok(0)
+    })
+}
+
+/// Release a queue.
+#[no_mangle]
+pub extern "C" fn wd_release_queue(q: *mut WdQueue) {
+    guard(|| {
+        let h = handle(q)?;
+        // SAFETY: handle() checked q is non-null.
+        let id = unsafe { std::ptr::addr_of!((*q).priv_).read_unaligned() } as u64;
+        HANDLES
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+            .and_then(|m| m.remove(&id));
+        // SAFETY: q is non-null and writable.
+        unsafe { std::ptr::addr_of_mut!((*q).priv_).write_unaligned(std::ptr::null_mut()) };
+        drop(h);
+        Ok(0)
+    });
+}
+
+fn to_desc(family: Family, req: *mut c_void) -> Result<Desc, ClientError> {
+    if req.is_null() {
+        return Err(invalid("request pointer is NULL"));
+    }
+    match family {
+        Family::Dummy => {
+            // SAFETY: req is non-null and points to a struct wd_dummy_msg
+            // owned by the caller (ABI rule).
+            let m = unsafe { std::ptr::read_unaligned(req as *const WdDummyMsg) };
+            let mut d = CopyMsg {
+                src: m.src,
+                dst: m.dst,
+                len: m.len,
+            }
+            .to_desc(0);
+            d.opcode = m.opcode;
+            d.flags = m.flags;
+            Ok(d)
+        }
+    }
+}
+
+fn complete(family: Family, cookie: u64, d: &Desc) -> *mut c_void {
+    let p = cookie as *mut c_void;
+    match family {
+        Family::Dummy => {
+            let m = p as *mut WdDummyMsg;
+            // SAFETY: cookie is the request pointer given to wd_send, which
+            // the caller keeps valid until wd_rcv returns it (ABI rule).
+            unsafe {
+                std::ptr::addr_of_mut!((*m).status).write_unaligned(d.status);
+                std::ptr::addr_of_mut!((*m).result).write_unaligned(d.result);
+            }
+        }
+    }
+    p
+}
+
+fn send(q: *mut WdQueue, req: *mut c_void, sync: bool) -> c_int {
+    guard(|| {
+        let h = handle(q)?;
+        let d = to_desc(h.family, req)?;
+        let mut queue = h.q.lock().unwrap_or_else(|e| e.into_inner());
+        if sync {
+            queue.send_sync(d, req as u64)?;
+        } else {
+            queue.send(d, req as u64)?;
+        }
+        Ok(0)
+    })
+}
+
+fn rcv(q: *mut WdQueue, out: *mut *mut c_void, sync: bool) -> c_int {
+    guard(|| {
+        if out.is_null() {
+            return Err(invalid("wd_rcv: NULL out-pointer"));
+        }
+        let h = handle(q)?;
+        let mut queue = h.q.lock().unwrap_or_else(|e| e.into_inner());
+        let c = if sync {
+            queue.recv_sync(None)?
+        } else {
+            queue
+                .recv()?
+                .ok_or_else(|| ClientError::new(Status::Again, "no completion ready"))?
+        };
+        let p = complete(h.family, c.cookie, &c.desc);
+        // SAFETY: out is non-null and points to a caller-owned void *.
+        unsafe { out.write_unaligned(p) };
+        Ok(0)
+    })
+}
+
+/// Queue a request.
+#[no_mangle]
+pub extern "C" fn wd_send(q: *mut WdQueue, req: *mut c_void) -> c_int {
+    send(q, req, false)
+}
+
+/// Queue a request, waiting for room.
+#[no_mangle]
+pub extern "C" fn wd_send_sync(q: *mut WdQueue, req: *mut c_void) -> c_int {
+    send(q, req, true)
+}
+
+/// Take a completion.
+#[no_mangle]
+pub extern "C" fn wd_rcv(q: *mut WdQueue, req: *mut *mut c_void) -> c_int {
+    rcv(q, req, false)
+}
+
+/// Wait for a completion.
+#[no_mangle]
+pub extern "C" fn wd_rcv_sync(q: *mut WdQueue, req: *mut *mut c_void) -> c_int {
+    rcv(q, req, true)
+}
+
+/// Share allocator memory with a queue.
+#[no_mangle]
+pub extern "C" fn wd_mem_share(q: *mut WdQueue, addr: *const c_void, size: usize, flags: c_int) -> c_int {
+    guard(|| {
+        if addr.is_null() || size == 0 || flags != 0 {
+            return Err(invalid("wd_mem_share: NULL address, zero size or non-zero flags"));
+        }
+        let h = handle(q)?;
+        h.q.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .share(addr as u64, size as u64)?;
+        Ok(0)
+    })
+}
+
+/// Undo a share.
+#[no_mangle]
+pub extern "C" fn wd_mem_unshare(q: *mut WdQueue, addr: *const c_void, size: usize) {
+    guard(|| {
+        let h = handle(q)?;
+        h.q.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unshare(addr as u64, size as u64)?;
+        Ok(0)
+    });
+}
+
+/// Allocate shareable memory.
+#[no_mangle]
+pub extern "C" fn wd_alloc(size: usize, numa_node: c_int, out: *mut *mut c_void) -> c_int {
+    guard(|| {
+        if out.is_null() || size == 0 || numa_node < -1 {
+            return Err(invalid("wd_alloc: NULL out-pointer, zero size or bad node"));
+        }
+        let node = (numa_node >= 0).then_some(numa_node as u32);
+        let a = wrapdrive::alloc(size, node)?;
+        // SAFETY: out is non-null and points to a caller-owned void *.
+        unsafe { out.write_unaligned(a as *mut c_void) };
+        Ok(0)
+    })
+}
+
+/// Free shareable memory.
+#[no_mangle]
+pub extern "C" fn wd_free(addr: *mut c_void) -> c_int {
+    guard(|| {
+        wrapdrive::free(addr as u64)?;
+        Ok(0)
+    })
+}
+
+/// List queue types.
+#[no_mangle]
+pub extern "C" fn wd_list_capas(out: *mut WdCapaInfo, max: usize, count: *mut usize) -> c_int {
+    guard(|| {
+        if count.is_null() || (out.is_null() && max > 0) {
+            return Err(invalid("wd_list_capas: NULL count, or NULL out with max > 0"));
+        }
+        let attrs = host()?.attrs("dev")?;
+        let get = |p: &str| attrs.iter().find(|e| e.path == p).map(|e| e.value.clone()).unwrap_or_default();
+        let mut infos = Vec::new();
+        for e in attrs.iter().filter(|e| e.path.ends_with("/device_api")) {
+            let parts: Vec<&str> = e.path.split('/').collect();
+            if parts.len() != 4 || parts[1] != "mdev_supported_types" {
+                continue;
+            }
+            let base = &e.path[..e.path.len() - "/device_api".len()];
+            let dev = parts[0];
+            let mut i = WdCapaInfo {
+                dev_name: [0; 32],
+                alg: [0; 64],
+                flags: u32::from_str_radix(get(&format!("{base}/flags")).trim_start_matches("0x"), 16).unwrap_or(0),
+                available_instances: get(&format!("{base}/available_instances")).parse().unwrap_or(0),
+                device_api: e.value.parse().unwrap_or(0),
+                numa_zone_id: get(&format!("{dev}/numa_zone_id")).parse().unwrap_or(0),
+                priority: get(&format!("{dev}/priority")).parse().unwrap_or(0),
+                reserved: 0,
+            };
+            copy_name(&mut i.dev_name, dev);
+            copy_name(&mut i.alg, &get(&format!("{base}/name")));
+            infos.push(i);
+        }
+        let n = infos.len().min(max);
+        for (k, i) in infos.into_iter().take(n).enumerate() {
+            // SAFETY: out has room for max >= n entries (caller contract).
+            unsafe { out.add(k).write_unaligned(i) };
+        }
+        // SAFETY: count is non-null.
+        unsafe { count.write_unaligned(n) };
+        Ok(0)
+    })
+}
+
+/// Read fault records.
+#[no_mangle]
+pub extern "C" fn wd_get_faults(q: *mut WdQueue, out: *mut WdFault, max: usize) -> c_int {
+    guard(|| {
+        if out.is_null() && max > 0 {
+            return Err(invalid("wd_get_faults: NULL out with max > 0"));
+        }
+        let h = handle(q)?;
+        let r = h
+            .q
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .faults(max.min(u32::MAX as usize) as u32)?;
+        for (k, e) in r.events.iter().enumerate() {
+            let f = WdFault {
+                seq: e.seq,
+                iova: e.iova,
+                pasid: e.pasid,
+                write: e.access,
+                reason: e.reason,
+                reserved: 0,
+            };
+            // SAFETY: the host returns at most `max` events; out has room for max.
+            unsafe { out.add(k).write_unaligned(f) };
+        }
+        Ok(r.events.len() as c_int)
+    })
+}
+
+/// Static text of an errno.
+#[no_mangle]
+pub extern "C" fn wd_strerror(err: c_int) -> *const c_char {
+    let s: &'static CStr = match Status::from_errno(err.unsigned_abs() as i32) {
+        _ if err == 0 => c"success",
+        Status::Ok => c"success",
+        Status::Invalid => c"invalid argument",
+        Status::NoDevice => c"no device serves this algorithm",
+        Status::Busy => c"device busy: no free queue",
+        Status::NoMemory => c"out of memory or over a limit",
+        Status::Permission => c"not permitted",
+        Status::NotFound => c"no such queue, range or attribute",
+        Status::Fault => c"address not reachable by the device",
+        Status::Protocol => c"protocol error between library and host",
+        Status::Unsupported => c"not supported here",
+        Status::TooBig => c"request too large",
+        Status::BadState => c"queue unusable (released, corrupt, or from the parent of a fork)",
+        Status::Io => c"input/output error",
+        Status::Version => c"host speaks another protocol version",
+        Status::HostGone => c"WrapDrive host not reachable",
+        Status::Again => c"try again: queue full or nothing ready",
+        Status::BadHandle => c"not a live queue handle",
+    };
+    s.as_ptr()
+}
+
+/// This thread's last error message.
+#[no_mangle]
+pub extern "C" fn wd_last_error(buf: *mut c_char, len: usize) -> c_int {
+    LAST_ERROR.with(|l| {
+        let l = l.borrow();
+        let bytes = l.as_bytes();
+        if !buf.is_null() && len > 0 {
+            let n = bytes.len().min(len - 1);
+            // SAFETY: buf has room for len bytes (caller contract); n < len.
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr().cast(), buf, n);
+                buf.add(n).write(0);
+            }
+        }
+        bytes.len() as c_int
+    })
+}
+
+/// Switch this process to an in-process host.
+#[no_mangle]
+pub extern "C" fn wd_use_embedded_host() -> c_int {
+    guard(|| {
+        EMBEDDED.store(true, Ordering::Relaxed);
+        *HOST.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        host()?;
+        Ok(0)
+    })
+}

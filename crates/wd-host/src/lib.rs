@@ -1,1 +1,293 @@
-//! WrapDrive wd-host.
+//! The device host (the seed's WrapDrive_k role, in user space).
+//!
+//! It owns the devices and their engine threads, listens on a UNIX socket,
+//! and gives each connected process queues whose lifetime is bound to that
+//! process: when the process releases them, closes the socket or dies
+//! (kill -9 included), the queue is drained, its domain destroyed, its
+//! memory unmapped and its instance returned. No root and no reaper needed.
+#![deny(unsafe_code)]
+
+pub mod attrs;
+pub mod config;
+mod conn;
+pub mod engine;
+pub mod queue;
+
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub use config::{DeviceConfig, HostConfig};
+use engine::EngineHandle;
+use queue::Queue;
+use wd_device::{AlgInfo, Driver};
+use wd_proto::Status;
+
+/// Errors of the host.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// Bad configuration.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// Socket set-up failed.
+    #[error("socket {path}: {source}")]
+    Socket {
+        /// The socket address.
+        path: String,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A request failed with a protocol status and a message for the client.
+    #[error("{1}")]
+    Status(Status, String),
+    /// Any other system error.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl HostError {
+    /// The status a client sees for this error.
+    pub fn status(&self) -> Status {
+        match self {
+            HostError::Status(s, _) => *s,
+            HostError::Config(_) => Status::Invalid,
+            HostError::Socket { source, .. } | HostError::Io(source) => {
+                Status::from_errno(source.raw_os_error().unwrap_or(5))
+            }
+        }
+    }
+}
+
+/// One queue type of a device and its free instances.
+pub struct QueueType {
+    /// What it serves.
+    pub info: AlgInfo,
+    /// Instances left (`available_instances`).
+    pub available: AtomicU32,
+}
+
+/// A device the host owns.
+pub struct Device {
+    /// Its driver.
+    pub driver: Box<dyn Driver>,
+    /// NUMA node (rw attribute).
+    pub numa_zone_id: AtomicI32,
+    /// Priority (rw attribute).
+    pub priority: AtomicU32,
+    /// Queue types.
+    pub types: Vec<QueueType>,
+    /// Engine threads.
+    pub engines: Vec<EngineHandle>,
+}
+
+/// State shared by the host's threads.
+pub struct HostInner {
+    /// Devices, `dev<N>` by index.
+    pub devices: Vec<Device>,
+    /// Live queues by id.
+    pub queues: Mutex<HashMap<u32, Arc<Queue>>>,
+    next_queue: AtomicU32,
+    next_conn: AtomicU64,
+    /// Owner of the host: may write attributes.
+    pub owner_uid: u32,
+    conns: Mutex<HashMap<u64, UnixStream>>,
+    stopping: AtomicBool,
+}
+
+impl HostInner {
+    fn new_queue_id(&self) -> u32 {
+        // Ids start at 1 and skip ids still in use after wrap-around.
+        loop {
+            let id = self.next_queue.fetch_add(1, Ordering::Relaxed).max(1);
+            if !self.queues.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&id) {
+                return id;
+            }
+        }
+    }
+}
+
+/// A running host.
+pub struct Host {
+    inner: Arc<HostInner>,
+    address: String,
+    accept: Option<JoinHandle<()>>,
+    path: Option<std::path::PathBuf>,
+}
+
+fn bind(address: &str, mode: u32) -> Result<(UnixListener, Option<std::path::PathBuf>), HostError> {
+    let err = |source| HostError::Socket {
+        path: address.to_string(),
+        source,
+    };
+    if let Some(name) = address.strip_prefix('@') {
+        let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(err)?;
+        return Ok((UnixListener::bind_addr(&addr).map_err(err)?, None));
+    }
+    let path = std::path::PathBuf::from(address);
+    if path.exists() {
+        // A live host answers; a stale socket file from a dead one does not.
+        if UnixStream::connect(&path).is_ok() {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "another host is already serving this socket",
+            )));
+        }
+        std::fs::remove_file(&path).map_err(err)?;
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    let l = UnixListener::bind(&path).map_err(err)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).map_err(err)?;
+    Ok((l, Some(path)))
+}
+
+impl Host {
+    /// Start the devices and serve `cfg.socket`.
+    pub fn start(cfg: &HostConfig) -> Result<Host, HostError> {
+        cfg.validate()?;
+        let (listener, path) = bind(&cfg.socket, cfg.socket_mode)?;
+        let mut devices = Vec::new();
+        for (n, dc) in cfg.devices.iter().enumerate() {
+            let driver = wd_device::driver_by_name(&dc.driver)
+                .ok_or_else(|| HostError::Config(format!("unknown driver '{}'", dc.driver)))?;
+            let mut engines = Vec::new();
+            for e in 0..dc.engines {
+                engines.push(EngineHandle::spawn(
+                    format!("wd-dev{n}-e{e}"),
+                    driver.new_engine(),
+                    Duration::from_micros(dc.idle_spin_us),
+                )?);
+            }
+            let types = driver
+                .algorithms()
+                .into_iter()
+                .map(|info| QueueType {
+                    info,
+                    available: AtomicU32::new(dc.queues),
+                })
+                .collect();
+            let priority = if dc.priority == 0 { driver.default_priority() } else { dc.priority };
+            devices.push(Device {
+                driver,
+                numa_zone_id: AtomicI32::new(dc.numa_zone_id),
+                priority: AtomicU32::new(priority),
+                types,
+                engines,
+            });
+        }
+        let inner = Arc::new(HostInner {
+            devices,
+            queues: Mutex::new(HashMap::new()),
+            next_queue: AtomicU32::new(1),
+            next_conn: AtomicU64::new(1),
+            owner_uid: wd_sys::geteuid(),
+            conns: Mutex::new(HashMap::new()),
+            stopping: AtomicBool::new(false),
+        });
+        let acc = inner.clone();
+        let accept = std::thread::Builder::new()
+            .name("wd-accept".into())
+            .spawn(move || accept_loop(acc, listener))?;
+        Ok(Host {
+            inner,
+            address: cfg.socket.clone(),
+            accept: Some(accept),
+            path,
+        })
+    }
+
+    /// Start a private host inside this process on a fresh abstract socket
+    /// (what `WD_HOST=embedded` uses).
+    pub fn embedded(devices: Vec<DeviceConfig>) -> Result<Host, HostError> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let cfg = HostConfig {
+            socket: format!("@wd-embedded-{}-{}", wd_sys::getpid(), N.fetch_add(1, Ordering::Relaxed)),
+            socket_mode: 0o600,
+            devices,
+        };
+        Host::start(&cfg)
+    }
+
+    /// The address clients connect to.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Shared state (attributes, queue table).
+    pub fn inner(&self) -> &Arc<HostInner> {
+        &self.inner
+    }
+
+    /// Stop serving: every client sees the host go away.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if self.inner.stopping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // Wake the accept loop (it polls with a timeout) and hang up clients.
+        for s in self.inner.conns.lock().unwrap_or_else(|e| e.into_inner()).values() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+        if let Some(p) = &self.path {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn accept_loop(host: Arc<HostInner>, listener: UnixListener) {
+    let mut threads: Vec<JoinHandle<()>> = Vec::new();
+    while !host.stopping.load(Ordering::SeqCst) {
+        match wd_sys::poll(&[listener.as_fd()], Some(Duration::from_millis(100))) {
+            Ok(r) if r[0].readable => {}
+            _ => continue,
+        }
+        let Ok((sock, _)) = listener.accept() else { continue };
+        threads.retain(|t| !t.is_finished());
+        if threads.len() >= config::MAX_CONNECTIONS {
+            let ch = wd_ipc::Channel::new(sock);
+            let _ = ch.send(
+                &wd_proto::Message::error(Status::Busy, "host has too many connections"),
+                0,
+                &[],
+            );
+            continue;
+        }
+        let id = host.next_conn.fetch_add(1, Ordering::Relaxed);
+        if let Ok(clone) = sock.try_clone() {
+            host.conns.lock().unwrap_or_else(|e| e.into_inner()).insert(id, clone);
+        }
+        let h = host.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("wd-conn{id}"))
+            .spawn(move || {
+                conn::serve(&h, sock);
+                h.conns.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+            });
+        if let Ok(t) = spawned {
+            threads.push(t);
+        }
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+}

@@ -678,6 +678,41 @@ pub fn process_cpu_time() -> Duration {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
+/// Block SIGINT and SIGTERM in this thread (and threads it creates later),
+/// so [`wait_termination`] can take them synchronously.
+pub fn block_termination_signals() -> Result<()> {
+    let mut set = std::mem::MaybeUninit::<libc::sigset_t>::zeroed();
+    // SAFETY: set is a valid sigset_t out-pointer; sigemptyset initialises it.
+    let r = unsafe {
+        libc::sigemptyset(set.as_mut_ptr());
+        libc::sigaddset(set.as_mut_ptr(), libc::SIGINT);
+        libc::sigaddset(set.as_mut_ptr(), libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, set.as_ptr(), std::ptr::null_mut())
+    };
+    if r != 0 {
+        return Err(SysError::Call {
+            call: "pthread_sigmask",
+            source: io::Error::from_raw_os_error(r),
+        });
+    }
+    Ok(())
+}
+
+/// Wait until SIGINT or SIGTERM arrives (after [`block_termination_signals`]);
+/// returns the signal number.
+pub fn wait_termination() -> i32 {
+    let mut set = std::mem::MaybeUninit::<libc::sigset_t>::zeroed();
+    let mut sig: libc::c_int = 0;
+    // SAFETY: set is initialised by sigemptyset before use; sig is a valid out-pointer.
+    unsafe {
+        libc::sigemptyset(set.as_mut_ptr());
+        libc::sigaddset(set.as_mut_ptr(), libc::SIGINT);
+        libc::sigaddset(set.as_mut_ptr(), libc::SIGTERM);
+        while libc::sigwait(set.as_ptr(), &mut sig) != 0 {}
+    }
+    sig
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

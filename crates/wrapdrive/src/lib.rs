@@ -1,1 +1,347 @@
-//! WrapDrive wrapdrive.
+//! WrapDrive client library.
+//!
+//! ```no_run
+//! use wrapdrive::{Capability, HostConn, SharedBuf, dummy::CopyMsg};
+//! let host = HostConn::from_env()?;               // WD_HOST, or the default socket
+//! let mut q = host.request_queue(&Capability::new("memcpy"))?;
+//! let src = SharedBuf::new(4096)?;
+//! let dst = SharedBuf::new(4096)?;
+//! q.share(src.addr(), src.len())?;
+//! q.share(dst.addr(), dst.len())?;
+//! let done = q.call(CopyMsg { src: src.addr(), dst: dst.addr(), len: 4096 }.to_desc(0))?;
+//! assert_eq!(done.status, 0);
+//! # Ok::<(), wrapdrive::ClientError>(())
+//! ```
+//!
+//! A [`Queue`] talks to its engine through rings in shared memory: `send`
+//! and `recv` make no system call while the engine polls. Queues die with
+//! the process (or connection) that asked for them, and are not inherited
+//! across `fork`: the child gets [`Status::BadState`] and must ask again.
+#![deny(unsafe_code)]
+
+mod buf;
+mod queue;
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Once};
+
+pub use buf::{alloc, free, SharedBuf};
+pub use queue::{Completion, FaultReport, Queue, QueueStats};
+pub use wd_device::dummy;
+pub use wd_host::{DeviceConfig, HostConfig};
+pub use wd_proto::{AttrEntry, FaultEvent, Status};
+pub use wd_ring::Desc;
+
+use wd_ipc::{Channel, IpcError};
+use wd_proto::Message;
+
+/// Capability flag: the device may reach any memory of the process (no
+/// `share` needed); the host uses process_vm_readv/writev for it.
+pub const CAPA_SHARE_ALL: u32 = wd_host::queue::CAPA_SHARE_ALL;
+/// Capability flag: requests travel through the socket, one system call
+/// each (the AF_ALG-like path; no sharing needed).
+pub const CAPA_ALLOW_LEGACY: u32 = wd_host::queue::CAPA_ALLOW_LEGACY;
+/// Default host socket when `WD_HOST` is unset.
+pub const DEFAULT_HOST: &str = wd_host::config::DEFAULT_SOCKET;
+
+/// Errors of the client library: a status (errno at the C boundary) and a
+/// message naming the problem.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The host, or this library, refused the request.
+    #[error("{message}")]
+    Refused {
+        /// Status / errno class.
+        status: Status,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+impl ClientError {
+    /// A refusal with a status and message.
+    pub fn new(status: Status, message: impl Into<String>) -> ClientError {
+        ClientError::Refused {
+            status,
+            message: message.into(),
+        }
+    }
+
+    /// The status class.
+    pub fn status(&self) -> Status {
+        match self {
+            ClientError::Refused { status, .. } => *status,
+        }
+    }
+
+    /// Positive errno.
+    pub fn errno(&self) -> i32 {
+        self.status().errno()
+    }
+}
+
+impl From<IpcError> for ClientError {
+    fn from(e: IpcError) -> Self {
+        match e {
+            IpcError::Closed => ClientError::new(Status::HostGone, "the WrapDrive host closed the connection"),
+            IpcError::Sys(s) if matches!(s.errno(), 32 | 104 | 107) => {
+                ClientError::new(Status::HostGone, format!("the WrapDrive host is gone: {s}"))
+            }
+            IpcError::Sys(s) => ClientError::new(Status::from_errno(s.errno()), s.to_string()),
+            other => ClientError::new(Status::Protocol, other.to_string()),
+        }
+    }
+}
+
+impl From<wd_sys::SysError> for ClientError {
+    fn from(e: wd_sys::SysError) -> Self {
+        ClientError::new(Status::from_errno(e.errno()), e.to_string())
+    }
+}
+
+/// Result alias of the client library.
+pub type Result<T> = std::result::Result<T, ClientError>;
+
+static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
+static FORK_HOOK: Once = Once::new();
+
+extern "C" fn after_fork_in_child() {
+    FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Bumped in every forked child: objects created before the fork notice
+/// they belong to the parent.
+pub(crate) fn fork_generation() -> u64 {
+    FORK_GENERATION.load(Ordering::Relaxed)
+}
+
+pub(crate) fn forked_error() -> ClientError {
+    ClientError::new(
+        Status::BadState,
+        "this object belongs to the parent process (fork); connect and request a new queue",
+    )
+}
+
+/// What to ask for when requesting a queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capability {
+    /// Algorithm, e.g. "memcpy".
+    pub alg: String,
+    /// `CAPA_*` flags.
+    pub flags: u32,
+    /// Ring depth (power of two; 0: the host's default).
+    pub depth: u32,
+    /// Preferred NUMA node (-1: any).
+    pub numa_node: i32,
+}
+
+impl Capability {
+    /// Ask for `alg` with defaults.
+    pub fn new(alg: &str) -> Capability {
+        Capability {
+            alg: alg.to_string(),
+            flags: 0,
+            depth: 0,
+            numa_node: -1,
+        }
+    }
+
+    /// Set flags.
+    pub fn flags(mut self, flags: u32) -> Capability {
+        self.flags = flags;
+        self
+    }
+
+    /// Set depth.
+    pub fn depth(mut self, depth: u32) -> Capability {
+        self.depth = depth;
+        self
+    }
+}
+
+/// A connection to a WrapDrive host.
+pub struct HostConn {
+    ch: Mutex<Channel>,
+    next_id: AtomicU32,
+    host_pid: u32,
+    generation: u64,
+    // Keeps an in-process host alive as long as connections to it exist.
+    _embedded: Option<Arc<wd_host::Host>>,
+}
+
+impl std::fmt::Debug for HostConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostConn").field("host_pid", &self.host_pid).finish()
+    }
+}
+
+fn embedded_host() -> Result<Arc<wd_host::Host>> {
+    static EMBEDDED: Mutex<Option<Arc<wd_host::Host>>> = Mutex::new(None);
+    let mut g = EMBEDDED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(h) = g.as_ref() {
+        return Ok(h.clone());
+    }
+    let h = Arc::new(
+        wd_host::Host::embedded(vec![DeviceConfig::new("dummy")])
+            .map_err(|e| ClientError::new(e.status(), format!("cannot start the embedded host: {e}")))?,
+    );
+    *g = Some(h.clone());
+    Ok(h)
+}
+
+impl HostConn {
+    /// Connect to the host at `addr` (a path, `@name` for an abstract
+    /// socket, or `embedded` for an in-process host).
+    pub fn connect(addr: &str) -> Result<Arc<HostConn>> {
+        if addr == "embedded" {
+            return HostConn::embedded();
+        }
+        HostConn::connect_inner(addr, None)
+    }
+
+    /// Connect to `WD_HOST`, or [`DEFAULT_HOST`] when unset.
+    pub fn from_env() -> Result<Arc<HostConn>> {
+        let addr = std::env::var("WD_HOST").unwrap_or_else(|_| DEFAULT_HOST.to_string());
+        HostConn::connect(&addr)
+    }
+
+    /// Connect to this process's in-process host, starting it on first use
+    /// (one dummy device), so programs run with nothing else started.
+    pub fn embedded() -> Result<Arc<HostConn>> {
+        let h = embedded_host()?;
+        let addr = h.address().to_string();
+        HostConn::connect_inner(&addr, Some(h))
+    }
+
+    /// Connect to a host this process started itself.
+    pub fn connect_to(host: &Arc<wd_host::Host>) -> Result<Arc<HostConn>> {
+        HostConn::connect_inner(host.address(), Some(host.clone()))
+    }
+
+    fn connect_inner(addr: &str, embedded: Option<Arc<wd_host::Host>>) -> Result<Arc<HostConn>> {
+        FORK_HOOK.call_once(|| {
+            let _ = wd_sys::on_fork_child(after_fork_in_child);
+        });
+        let sock = if let Some(name) = addr.strip_prefix('@') {
+            use std::os::linux::net::SocketAddrExt;
+            let a = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+                .map_err(|e| ClientError::new(Status::Invalid, format!("bad host address '{addr}': {e}")))?;
+            std::os::unix::net::UnixStream::connect_addr(&a)
+        } else {
+            std::os::unix::net::UnixStream::connect(addr)
+        }
+        .map_err(|e| {
+            ClientError::new(
+                Status::HostGone,
+                format!("cannot connect to the WrapDrive host at '{addr}': {e} (start one with `wd serve`, or set WD_HOST=embedded)"),
+            )
+        })?;
+        let mut ch = Channel::new(sock);
+        let reply = ch.call(
+            &Message::Hello {
+                version: wd_proto::PROTOCOL_VERSION,
+                client_pid: wd_sys::getpid(),
+            },
+            1,
+            &[],
+        )?;
+        let host_pid = match reply.msg {
+            Message::HelloReply { host_pid, .. } => host_pid,
+            Message::Error { status, message } => return Err(ClientError::new(status, message)),
+            other => return Err(ClientError::new(Status::Protocol, format!("unexpected {}", other.name()))),
+        };
+        Ok(Arc::new(HostConn {
+            ch: Mutex::new(ch),
+            next_id: AtomicU32::new(2),
+            host_pid,
+            generation: fork_generation(),
+            _embedded: embedded,
+        }))
+    }
+
+    /// Whether this connection belongs to the parent of a fork (then it
+    /// cannot be used here: connect again).
+    pub fn is_stale(&self) -> bool {
+        self.generation != fork_generation()
+    }
+
+    /// Pid of the host process.
+    pub fn host_pid(&self) -> u32 {
+        self.host_pid
+    }
+
+    /// Send a request and return its reply (with descriptors), turning an
+    /// `Error` reply into a `ClientError`.
+    pub(crate) fn call(&self, msg: &Message, fds: &[std::os::fd::BorrowedFd<'_>]) -> Result<(Message, Vec<OwnedFd>)> {
+        if self.generation != fork_generation() {
+            return Err(forked_error());
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut ch = self.ch.lock().unwrap_or_else(|e| e.into_inner());
+        let f = ch.call(msg, id, fds)?;
+        match f.msg {
+            Message::Error { status, message } => Err(ClientError::new(status, message)),
+            m => Ok((m, f.fds)),
+        }
+    }
+
+    /// Whether the host hung up (zero-timeout poll of the control socket).
+    pub(crate) fn host_gone(&self) -> bool {
+        let ch = self.ch.lock().unwrap_or_else(|e| e.into_inner());
+        match wd_sys::poll(&[ch.socket().as_fd()], Some(std::time::Duration::ZERO)) {
+            Ok(r) => r[0].hangup,
+            Err(_) => true,
+        }
+    }
+
+    /// Duplicate of the control socket, for waiting on hang-up.
+    pub(crate) fn socket_dup(&self) -> Result<OwnedFd> {
+        let ch = self.ch.lock().unwrap_or_else(|e| e.into_inner());
+        ch.socket()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| ClientError::new(Status::Io, e.to_string()))
+    }
+
+    /// Attributes under `prefix` (the resource tree).
+    pub fn attrs(&self, prefix: &str) -> Result<Vec<AttrEntry>> {
+        match self.call(&Message::ListAttrs { prefix: prefix.into() }, &[])?.0 {
+            Message::Attrs { entries } => Ok(entries),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// One attribute.
+    pub fn get_attr(&self, path: &str) -> Result<String> {
+        match self.call(&Message::GetAttr { path: path.into() }, &[])?.0 {
+            Message::AttrValue { value } => Ok(value),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Write an attribute (only the host's owner may).
+    pub fn set_attr(&self, path: &str, value: &str) -> Result<()> {
+        match self.call(
+            &Message::SetAttr {
+                path: path.into(),
+                value: value.into(),
+            },
+            &[],
+        )?
+        .0
+        {
+            Message::Ok => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Ask for a queue with the given capability.
+    pub fn request_queue(self: &Arc<Self>, capa: &Capability) -> Result<Queue> {
+        Queue::request(self.clone(), capa)
+    }
+}
+
+pub(crate) fn unexpected(m: &Message) -> ClientError {
+    ClientError::new(Status::Protocol, format!("unexpected reply {}", m.name()))
+}

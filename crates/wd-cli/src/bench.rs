@@ -1,0 +1,458 @@
+//! `wd bench`: the queue data path, measured in one run against the
+//! machine's own limit (a raw shared-memory round trip between two threads)
+//! and against the legacy one-system-call-per-request path.
+
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use wrapdrive::dummy::CopyMsg;
+use wrapdrive::{Capability, HostConn, Queue, SharedBuf, CAPA_ALLOW_LEGACY};
+
+/// Options of `wd bench`.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 0.25)]
+    seconds: f64,
+    /// Repetitions per measurement (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Request sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![64u64, 4096, 65536])]
+    sizes: Vec<u64>,
+    /// Host to measure (default: an embedded host started for the run).
+    #[arg(long)]
+    host: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Row {
+    path: String,
+    size: u64,
+    ops_per_sec: f64,
+    p50_ns: u64,
+    p99_ns: u64,
+    /// System calls issued by the client thread per request (wd-sys counter).
+    syscalls_per_req: f64,
+    /// Voluntary context switches of the client thread per request.
+    csw_per_req: f64,
+    /// Throughput divided by the raw limit's.
+    vs_limit: f64,
+    /// Throughput divided by the legacy path's.
+    vs_legacy: f64,
+}
+
+struct Sample {
+    ops: f64,
+    lat: Vec<u64>,
+    syscalls: f64,
+    csw: f64,
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Run `f` repeatedly for `secs`; `f` does some requests and returns their
+/// latencies (ns) appended to the vector.
+fn measure(secs: f64, mut f: impl FnMut(&mut Vec<u64>)) -> Sample {
+    let mut lat = Vec::with_capacity(1 << 16);
+    // Warm-up: caches, page faults, engine out of its sleep.
+    let warm = Instant::now();
+    while warm.elapsed() < Duration::from_millis(20) {
+        f(&mut lat);
+    }
+    lat.clear();
+    let sc0 = wd_sys::syscalls_on_this_thread();
+    let (cs0, _) = wd_sys::thread_context_switches();
+    let t0 = Instant::now();
+    let limit = Duration::from_secs_f64(secs);
+    while t0.elapsed() < limit {
+        f(&mut lat);
+    }
+    let el = t0.elapsed().as_secs_f64();
+    let n = lat.len().max(1) as f64;
+    let (cs1, _) = wd_sys::thread_context_switches();
+    Sample {
+        ops: lat.len() as f64 / el,
+        syscalls: (wd_sys::syscalls_on_this_thread() - sc0) as f64 / n,
+        csw: (cs1 - cs0) as f64 / n,
+        lat,
+    }
+}
+
+fn median_sample(mut s: Vec<Sample>) -> Sample {
+    s.sort_by(|a, b| a.ops.total_cmp(&b.ops));
+    let mid = s.len() / 2;
+    let mut m = s.swap_remove(mid);
+    m.lat.sort_unstable();
+    m
+}
+
+/// The physical limit: one thread hands a request to another through
+/// shared memory, the other copies `size` bytes and answers.
+fn raw_round_trip(size: u64, secs: f64, reps: usize) -> Vec<Sample> {
+    let req = Arc::new(AtomicU64::new(0));
+    let resp = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (r2, p2, s2) = (req.clone(), resp.clone(), stop.clone());
+    let worker = std::thread::spawn(move || {
+        let src = vec![7u8; size as usize];
+        let mut dst = vec![0u8; size as usize];
+        let mut last = 0;
+        while !s2.load(Ordering::Relaxed) {
+            let v = r2.load(Ordering::Acquire);
+            if v == last {
+                std::hint::spin_loop();
+                continue;
+            }
+            dst.copy_from_slice(&src);
+            std::hint::black_box(&mut dst);
+            last = v;
+            p2.store(v, Ordering::Release);
+        }
+    });
+    let mut seq = 0u64;
+    let out = (0..reps)
+        .map(|_| {
+            measure(secs, |lat| {
+                for _ in 0..64 {
+                    let t = Instant::now();
+                    seq += 1;
+                    req.store(seq, Ordering::Release);
+                    while resp.load(Ordering::Acquire) != seq {
+                        std::hint::spin_loop();
+                    }
+                    lat.push(t.elapsed().as_nanos() as u64);
+                }
+            })
+        })
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    let _ = worker.join();
+    out
+}
+
+struct Bufs {
+    src: SharedBuf,
+    dst: SharedBuf,
+}
+
+fn bufs(q: &mut Queue, size: u64) -> Result<Bufs, String> {
+    let src = SharedBuf::new(size as usize).map_err(|e| e.to_string())?;
+    let dst = SharedBuf::new(size as usize).map_err(|e| e.to_string())?;
+    src.write(0, &vec![0xa5; size as usize]);
+    if q.flags() & CAPA_ALLOW_LEGACY == 0 {
+        q.share(src.addr(), src.len()).map_err(|e| e.to_string())?;
+        q.share(dst.addr(), dst.len()).map_err(|e| e.to_string())?;
+    }
+    Ok(Bufs { src, dst })
+}
+
+fn sync_round_trip(q: &mut Queue, b: &Bufs, size: u64, secs: f64, reps: usize) -> Result<Vec<Sample>, String> {
+    let desc = CopyMsg {
+        src: b.src.addr(),
+        dst: b.dst.addr(),
+        len: size,
+    }
+    .to_desc(0);
+    let mut err = None;
+    let out = (0..reps)
+        .map(|_| {
+            measure(secs, |lat| {
+                for _ in 0..16 {
+                    let t = Instant::now();
+                    match q.call(desc) {
+                        Ok(d) if d.status == 0 => lat.push(t.elapsed().as_nanos() as u64),
+                        Ok(d) => err = Some(format!("request failed with status {}", d.status)),
+                        Err(e) => err = Some(e.to_string()),
+                    }
+                    if err.is_some() {
+                        return;
+                    }
+                }
+            })
+        })
+        .collect();
+    match err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+fn async_stream(
+    q: &mut Queue,
+    b: &Bufs,
+    size: u64,
+    batch: usize,
+    secs: f64,
+    reps: usize,
+) -> Result<Vec<Sample>, String> {
+    let desc = CopyMsg {
+        src: b.src.addr(),
+        dst: b.dst.addr(),
+        len: size,
+    }
+    .to_desc(0);
+    let depth = q.depth() as usize;
+    let mut sent_at: Vec<Instant> = vec![Instant::now(); depth];
+    let mut free: Vec<u64> = (0..depth as u64).collect();
+    let mut done = Vec::with_capacity(depth);
+    let mut reqs = Vec::with_capacity(batch);
+    let mut err: Option<String> = None;
+    let out = (0..reps)
+        .map(|_| {
+            measure(secs, |lat| {
+                for _ in 0..8 {
+                    if free.len() >= batch {
+                        reqs.clear();
+                        let now = Instant::now();
+                        for _ in 0..batch {
+                            let c = free.pop().expect("counted");
+                            sent_at[c as usize] = now;
+                            reqs.push((desc, c));
+                        }
+                        match q.send_batch(&reqs) {
+                            Ok(n) if n == batch => {}
+                            Ok(n) => {
+                                err = Some(format!("queue accepted {n} of {batch}"));
+                                return;
+                            }
+                            Err(e) => {
+                                err = Some(e.to_string());
+                                return;
+                            }
+                        }
+                    }
+                    done.clear();
+                    if let Err(e) = q.recv_batch(&mut done, depth) {
+                        err = Some(e.to_string());
+                        return;
+                    }
+                    let now = Instant::now();
+                    for c in &done {
+                        if c.desc.status != 0 {
+                            err = Some(format!("request failed with status {}", c.desc.status));
+                        }
+                        lat.push(now.duration_since(sent_at[c.cookie as usize]).as_nanos() as u64);
+                        free.push(c.cookie);
+                    }
+                }
+            })
+        })
+        .collect();
+    // Drain what is still in flight so the next measurement starts empty.
+    while q.in_flight() > 0 {
+        match q.recv_sync(Some(Duration::from_secs(5))) {
+            Ok(_) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    match err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+struct Progress {
+    total: usize,
+    done: usize,
+    tty: bool,
+}
+
+impl Progress {
+    fn step(&mut self, what: &str) {
+        self.done += 1;
+        if self.tty {
+            let w = 30;
+            let fill = w * self.done / self.total.max(1);
+            eprint!(
+                "\r[{}{}] {}/{} {what:<28}",
+                "#".repeat(fill),
+                " ".repeat(w - fill),
+                self.done,
+                self.total
+            );
+            let _ = std::io::stderr().flush();
+        }
+    }
+    fn finish(&self) {
+        if self.tty {
+            eprintln!();
+        }
+    }
+}
+
+fn human(n: u64) -> String {
+    match n {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => format!("{n} B"),
+    }
+}
+
+/// Run the benchmark.
+pub fn run(args: BenchArgs) -> Result<(), String> {
+    if args.reps == 0 || !(0.01..=60.0).contains(&args.seconds) || args.sizes.is_empty() {
+        return Err("need --reps >= 1, --seconds in 0.01..60 and at least one size".into());
+    }
+    if let Some(&s) = args.sizes.iter().find(|&&s| s == 0 || s > (1 << 20)) {
+        return Err(format!("size {s} out of range 1..=1048576 (the legacy path carries at most 1 MiB)"));
+    }
+    let host = HostConn::connect(args.host.as_deref().unwrap_or("embedded")).map_err(|e| e.to_string())?;
+    let mut q = host
+        .request_queue(&Capability::new("memcpy").depth(256))
+        .map_err(|e| e.to_string())?;
+    let mut legacy = host
+        .request_queue(&Capability::new("memcpy").flags(CAPA_ALLOW_LEGACY).depth(256))
+        .map_err(|e| e.to_string())?;
+    let paths = ["raw", "sync", "async-b1", "async-b8", "async-b32", "legacy"];
+    let mut prog = Progress {
+        total: paths.len() * args.sizes.len(),
+        done: 0,
+        tty: std::io::stderr().is_terminal() && !args.json,
+    };
+    let mut rows: Vec<Row> = Vec::new();
+    for &size in &args.sizes {
+        let b = bufs(&mut q, size)?;
+        let lb = bufs(&mut legacy, size)?;
+        let mut samples: Vec<(&str, Sample)> = Vec::new();
+        for p in paths {
+            prog.step(&format!("{p} {}", human(size)));
+            let s = match p {
+                "raw" => raw_round_trip(size, args.seconds, args.reps),
+                "sync" => sync_round_trip(&mut q, &b, size, args.seconds, args.reps)?,
+                "async-b1" => async_stream(&mut q, &b, size, 1, args.seconds, args.reps)?,
+                "async-b8" => async_stream(&mut q, &b, size, 8, args.seconds, args.reps)?,
+                "async-b32" => async_stream(&mut q, &b, size, 32, args.seconds, args.reps)?,
+                _ => sync_round_trip(&mut legacy, &lb, size, args.seconds, args.reps)?,
+            };
+            samples.push((p, median_sample(s)));
+        }
+        q.unshare(b.src.addr(), b.src.len()).map_err(|e| e.to_string())?;
+        q.unshare(b.dst.addr(), b.dst.len()).map_err(|e| e.to_string())?;
+        let raw = samples[0].1.ops;
+        let leg = samples.last().expect("legacy row").1.ops;
+        for (p, s) in samples {
+            rows.push(Row {
+                path: p.to_string(),
+                size,
+                ops_per_sec: s.ops,
+                p50_ns: percentile(&s.lat, 0.5),
+                p99_ns: percentile(&s.lat, 0.99),
+                syscalls_per_req: if p == "raw" { 0.0 } else { s.syscalls },
+                csw_per_req: s.csw,
+                vs_limit: s.ops / raw,
+                vs_legacy: s.ops / leg,
+            });
+        }
+    }
+    prog.finish();
+    let targets = targets(&rows);
+    if args.json {
+        let v = serde_json::json!({
+            "benchmark": "queue",
+            "seconds": args.seconds,
+            "reps": args.reps,
+            "rows": rows,
+            "targets": targets,
+            "syscall_counting": METHOD,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+        return Ok(());
+    }
+    println!("| path | size | ops/s | p50 | p99 | syscalls/req | csw/req | x limit | x legacy |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {:.0} | {:.2} us | {:.2} us | {:.3} | {:.3} | {:.2} | {:.1} |",
+            r.path,
+            human(r.size),
+            r.ops_per_sec,
+            r.p50_ns as f64 / 1000.0,
+            r.p99_ns as f64 / 1000.0,
+            r.syscalls_per_req,
+            r.csw_per_req,
+            r.vs_limit,
+            r.vs_legacy
+        );
+    }
+    println!();
+    for t in &targets {
+        println!(
+            "{} {}: {:.3} (target {}{})",
+            if t.met { "PASS" } else { "MISS" },
+            t.name,
+            t.value,
+            t.op,
+            t.target
+        );
+    }
+    println!("\nSystem calls: {METHOD}");
+    println!("Medians of {} repetitions x {} s each.", args.reps, args.seconds);
+    Ok(())
+}
+
+const METHOD: &str = "every system call the client library makes goes through the wd-sys layer, which counts them per thread; syscalls/req is that counter's delta over the measured loop divided by the requests completed, and csw/req the thread's voluntary context switches (getrusage RUSAGE_THREAD), which any blocking call would raise";
+
+#[derive(Debug, Serialize)]
+struct Target {
+    name: String,
+    value: f64,
+    op: &'static str,
+    target: f64,
+    met: bool,
+}
+
+fn targets(rows: &[Row]) -> Vec<Target> {
+    let find = |p: &str, s: u64| rows.iter().find(|r| r.path == p && r.size == s);
+    let mut t = Vec::new();
+    let sizes: Vec<u64> = {
+        let mut v: Vec<u64> = rows.iter().map(|r| r.size).collect();
+        v.dedup();
+        v
+    };
+    for &s in &sizes {
+        if let (Some(raw), Some(sync)) = (find("raw", s), find("sync", s)) {
+            let v = raw.ops_per_sec / sync.ops_per_sec;
+            t.push(Target {
+                name: format!("sync round trip / raw round trip at {}", human(s)),
+                value: v,
+                op: "<= ",
+                target: 2.0,
+                met: v <= 2.0,
+            });
+        }
+    }
+    if let Some(a) = find("async-b32", 64).or_else(|| find("async-b32", sizes[0])) {
+        t.push(Target {
+            name: format!("async batch-32 throughput / legacy at {}", human(a.size)),
+            value: a.vs_legacy,
+            op: ">= ",
+            target: 20.0,
+            met: a.vs_legacy >= 20.0,
+        });
+    }
+    let steady = rows
+        .iter()
+        .filter(|r| r.path.starts_with("async") || r.path == "sync")
+        .map(|r| r.syscalls_per_req)
+        .fold(0.0f64, f64::max);
+    t.push(Target {
+        name: "system calls per request, sync and async paths (worst row)".into(),
+        value: steady,
+        op: "<= ",
+        target: 0.01,
+        met: steady <= 0.01,
+    });
+    t
+}

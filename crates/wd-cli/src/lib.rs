@@ -1,1 +1,0 @@
-//! WrapDrive wd-cli.

@@ -1,0 +1,197 @@
+//! `wd`: run a WrapDrive host, look at its devices and queues, benchmark it.
+#![deny(unsafe_code)]
+
+mod bench;
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use wrapdrive::{ClientError, HostConn};
+
+/// WrapDrive: user-space accelerator queues shared safely between processes.
+#[derive(Parser)]
+#[command(name = "wd", version, about, long_about = None)]
+struct Cli {
+    /// Host to talk to: socket path, @abstract-name, or "embedded"
+    /// (default: $WD_HOST, else /run/wrapdrive/wd.sock).
+    #[arg(long, global = true)]
+    host: Option<String>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a device host until SIGINT/SIGTERM.
+    Serve {
+        /// Socket to listen on (a path, or @name for an abstract socket).
+        #[arg(long)]
+        socket: Option<String>,
+        /// TOML configuration file (socket, socket_mode, [[device]] tables).
+        #[arg(long)]
+        config: Option<std::path::PathBuf>,
+        /// Device to own, e.g. "dummy:engines=2,queues=16" (repeatable).
+        #[arg(long = "device")]
+        devices: Vec<String>,
+        /// Socket permission bits, octal (who may connect).
+        #[arg(long, value_parser = parse_octal)]
+        mode: Option<u32>,
+    },
+    /// Show devices, queue types and live queues as a tree.
+    Ls {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Read or write device attributes.
+    Attr {
+        #[command(subcommand)]
+        op: AttrOp,
+    },
+    /// Measure the queue data path against the machine's limit and the legacy path.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(Subcommand)]
+enum AttrOp {
+    /// Print one attribute, e.g. dev0/priority.
+    Get {
+        /// Attribute path.
+        path: String,
+    },
+    /// Write a writable attribute (numa_zone_id, priority); host owner only.
+    Set {
+        /// Attribute path.
+        path: String,
+        /// New value.
+        value: String,
+    },
+}
+
+fn parse_octal(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8).map_err(|_| format!("'{s}' is not an octal mode"))
+}
+
+fn connect(host: &Option<String>) -> Result<std::sync::Arc<HostConn>, ClientError> {
+    match host {
+        Some(h) => HostConn::connect(h),
+        None => HostConn::from_env(),
+    }
+}
+
+fn serve(
+    socket: Option<String>,
+    config: Option<std::path::PathBuf>,
+    devices: Vec<String>,
+    mode: Option<u32>,
+) -> Result<(), String> {
+    let mut cfg = match config {
+        Some(p) => {
+            let text = std::fs::read_to_string(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            wd_host::HostConfig::from_toml(&text).map_err(|e| format!("{}: {e}", p.display()))?
+        }
+        None => wd_host::HostConfig::default(),
+    };
+    if let Some(s) = socket {
+        cfg.socket = s;
+    }
+    if let Some(m) = mode {
+        cfg.socket_mode = m;
+    }
+    if !devices.is_empty() {
+        cfg.devices = devices
+            .iter()
+            .map(|d| wd_host::DeviceConfig::parse_spec(d))
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?;
+    }
+    // Block the signals before any thread exists, so only sigwait sees them.
+    wd_sys::block_termination_signals().map_err(|e| e.to_string())?;
+    let host = wd_host::Host::start(&cfg).map_err(|e| e.to_string())?;
+    eprintln!(
+        "wd: serving {} device(s) on {} (pid {})",
+        cfg.devices.len(),
+        host.address(),
+        std::process::id()
+    );
+    let sig = wd_sys::wait_termination();
+    eprintln!("wd: signal {sig}, shutting down");
+    host.shutdown();
+    Ok(())
+}
+
+/// Print attributes as a tree: dev0 / mdev_supported_types / ... = value.
+fn print_tree(entries: &[wrapdrive::AttrEntry]) {
+    #[derive(Default)]
+    struct Node {
+        value: Option<(String, bool)>,
+        kids: BTreeMap<String, Node>,
+    }
+    let mut root = Node::default();
+    for e in entries {
+        let mut n = &mut root;
+        for part in e.path.split('/') {
+            n = n.kids.entry(part.to_string()).or_default();
+        }
+        n.value = Some((e.value.clone(), e.writable));
+    }
+    fn walk(n: &Node, prefix: &str) {
+        let count = n.kids.len();
+        for (i, (name, k)) in n.kids.iter().enumerate() {
+            let last = i + 1 == count;
+            let branch = if last { "└── " } else { "├── " };
+            match &k.value {
+                Some((v, w)) => println!("{prefix}{branch}{name} = {v}{}", if *w { "  (rw)" } else { "" }),
+                None => println!("{prefix}{branch}{name}"),
+            }
+            walk(k, &format!("{prefix}{}", if last { "    " } else { "│   " }));
+        }
+    }
+    walk(&root, "");
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    match cli.cmd {
+        Cmd::Serve {
+            socket,
+            config,
+            devices,
+            mode,
+        } => serve(socket, config, devices, mode),
+        Cmd::Ls { json } => {
+            let h = connect(&cli.host).map_err(|e| e.to_string())?;
+            let entries = h.attrs("").map_err(|e| e.to_string())?;
+            if json {
+                let v: Vec<_> = entries
+                    .iter()
+                    .map(|e| serde_json::json!({"path": e.path, "value": e.value, "writable": e.writable}))
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+            } else {
+                print_tree(&entries);
+            }
+            Ok(())
+        }
+        Cmd::Attr { op } => {
+            let h = connect(&cli.host).map_err(|e| e.to_string())?;
+            match op {
+                AttrOp::Get { path } => println!("{}", h.get_attr(&path).map_err(|e| e.to_string())?),
+                AttrOp::Set { path, value } => h.set_attr(&path, &value).map_err(|e| e.to_string())?,
+            }
+            Ok(())
+        }
+        Cmd::Bench(args) => bench::run(args),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("wd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,380 @@
+//! Integration tests across real processes: a `wd serve` host process and
+//! client processes (this test binary re-executed in a "role").
+#![allow(unsafe_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wrapdrive::dummy::CopyMsg;
+use wrapdrive::{Capability, HostConn, SharedBuf, Status};
+
+/// A host process on a private socket, killed on drop.
+struct HostProc {
+    child: Child,
+    socket: String,
+    _dir: TempDir,
+}
+
+struct TempDir(std::path::PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tempdir(tag: &str) -> TempDir {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let p = std::env::temp_dir().join(format!(
+        "wd-test-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&p).unwrap();
+    // Other users (the uid test) must reach the socket inside.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    TempDir(p)
+}
+
+impl HostProc {
+    fn start(device: &str) -> HostProc {
+        let dir = tempdir("host");
+        let socket = dir.0.join("wd.sock").to_string_lossy().into_owned();
+        let child = Command::new(env!("CARGO_BIN_EXE_wd"))
+            .args(["serve", "--socket", &socket, "--device", device, "--mode", "666"])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start wd serve");
+        let t = Instant::now();
+        while HostConn::connect(&socket).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(10), "host did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        HostProc {
+            child,
+            socket,
+            _dir: dir,
+        }
+    }
+
+    fn conn(&self) -> Arc<HostConn> {
+        HostConn::connect(&self.socket).expect("connect")
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+}
+
+impl Drop for HostProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn attr(h: &HostConn, path: &str) -> String {
+    h.get_attr(path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+const AVAIL: &str = "dev0/mdev_supported_types/dummy-memcpy/available_instances";
+
+fn queue_paths(h: &HostConn) -> Vec<String> {
+    h.attrs("dev0/queues/")
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.path.ends_with("/pid"))
+        .map(|e| e.path)
+        .collect()
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Re-run this test binary as a client process playing `role`.
+fn client(role: &str, socket: &str, extra: &[(&str, String)]) -> Command {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .env("WD_TEST_ROLE", role)
+        .env("WD_HOST", socket)
+        .stdout(Stdio::piped());
+    for (k, v) in extra {
+        c.env(k, v);
+    }
+    c
+}
+
+/// Entry point of client processes; does nothing in a normal test run.
+#[test]
+fn child_entry() {
+    let Ok(role) = std::env::var("WD_TEST_ROLE") else { return };
+    let h = HostConn::from_env().expect("child connects");
+    let out = std::io::stdout();
+    match role.as_str() {
+        // Hold a queue with shared memory and requests in flight, then wait
+        // to be killed.
+        "busy" => {
+            let mut q = h.request_queue(&Capability::new("memcpy").depth(64)).unwrap();
+            let a = SharedBuf::new(1 << 20).unwrap();
+            let b = SharedBuf::new(1 << 20).unwrap();
+            q.share(a.addr(), a.len()).unwrap();
+            q.share(b.addr(), b.len()).unwrap();
+            let d = CopyMsg {
+                src: a.addr(),
+                dst: b.addr(),
+                len: 1 << 20,
+            }
+            .to_desc(0);
+            let reqs: Vec<_> = (0..64).map(|i| (d, i)).collect();
+            q.send_batch(&reqs).unwrap();
+            writeln!(out.lock(), "ready").unwrap();
+            loop {
+                // Keep the queue full of work until killed.
+                let mut v = Vec::new();
+                let _ = q.recv_batch(&mut v, 64);
+                let again: Vec<_> = v.iter().map(|c| (d, c.cookie)).collect();
+                let _ = q.send_batch(&again);
+            }
+        }
+        // Share a secret and report its address; wait for stdin to close.
+        "secret" => {
+            let mut q = h.request_queue(&Capability::new("memcpy")).unwrap();
+            let s = SharedBuf::new(4096).unwrap();
+            s.write(0, b"TOP-SECRET-OF-A");
+            q.share(s.addr(), s.len()).unwrap();
+            writeln!(out.lock(), "{}", s.addr()).unwrap();
+            let mut sink = Vec::new();
+            let _ = std::io::stdin().read_to_end(&mut sink);
+        }
+        // Read attributes, try to write one (as another uid).
+        "reader" => {
+            let v = h.get_attr("dev0/priority").unwrap();
+            let set = h.set_attr("dev0/priority", "9");
+            let st = set.err().map(|e| e.status());
+            writeln!(out.lock(), "{v} {st:?}").unwrap();
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+#[test]
+fn capability_listing_and_exhaustion() {
+    let host = HostProc::start("dummy:queues=2");
+    let h = host.conn();
+    assert_eq!(attr(&h, AVAIL), "2");
+    assert_eq!(attr(&h, "dev0/mdev_supported_types/dummy-memcpy/device_api"), "1");
+    assert_eq!(attr(&h, "dev0/driver"), "dummy");
+    let q1 = h.request_queue(&Capability::new("memcpy")).unwrap();
+    let q2 = h.request_queue(&Capability::new("memcpy")).unwrap();
+    assert_eq!(attr(&h, AVAIL), "0");
+    let e = h.request_queue(&Capability::new("memcpy")).unwrap_err();
+    assert_eq!(e.status(), Status::Busy, "{e}");
+    assert!(e.to_string().contains("in use"), "{e}");
+    let e = h.request_queue(&Capability::new("sha999")).unwrap_err();
+    assert_eq!(e.status(), Status::NoDevice);
+    assert_eq!(queue_paths(&h).len(), 2);
+    q1.release().unwrap();
+    assert_eq!(attr(&h, AVAIL), "1");
+    let _q3 = h.request_queue(&Capability::new("memcpy")).unwrap();
+    drop(q2);
+    assert_eq!(attr(&h, AVAIL), "1");
+}
+
+#[test]
+fn kill_9_with_requests_in_flight_leaves_nothing() {
+    let host = HostProc::start("dummy:queues=4,engines=2");
+    let h = host.conn();
+    for round in 0..5 {
+        let mut c = client("busy", &host.socket, &[]).spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(c.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "round {round}");
+        assert_eq!(attr(&h, AVAIL), "3");
+        assert_eq!(queue_paths(&h).len(), 1);
+        // SAFETY: plain kill(2) of our own child.
+        unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
+        c.wait().unwrap();
+        wait_until("queue teardown", || attr(&h, AVAIL) == "4" && queue_paths(&h).is_empty());
+    }
+    // The host still serves.
+    let mut q = h.request_queue(&Capability::new("memcpy")).unwrap();
+    assert_eq!(q.call(wrapdrive::Desc::default()).unwrap().status, 0);
+}
+
+#[test]
+fn host_killed_while_client_waits_is_an_error_not_a_hang() {
+    let host = HostProc::start("dummy");
+    let h = host.conn();
+    let mut q = h.request_queue(&Capability::new("memcpy")).unwrap();
+    // Freeze the host so the request stays in flight, then kill it.
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(host.pid(), libc::SIGSTOP) };
+    q.send(wrapdrive::Desc::default(), 1).unwrap();
+    let pid = host.pid();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: plain kill(2) of our own child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    });
+    let t = Instant::now();
+    let e = q.recv_sync(None).unwrap_err();
+    killer.join().unwrap();
+    assert_eq!(e.status(), Status::HostGone, "{e}");
+    assert!(t.elapsed() < Duration::from_secs(5));
+    // Next calls fail clearly too.
+    assert!(h.attrs("").is_err());
+    drop(q);
+}
+
+#[test]
+fn clients_cannot_reach_each_others_memory() {
+    let host = HostProc::start("dummy");
+    let mut a = client("secret", &host.socket, &[]).stdin(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(a.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let secret_addr: u64 = line.trim().parse().unwrap();
+
+    let h = host.conn();
+    let mut q = h.request_queue(&Capability::new("memcpy")).unwrap();
+    let dst = SharedBuf::new(4096).unwrap();
+    q.share(dst.addr(), dst.len()).unwrap();
+    // Guess A's IOVA exactly, and around it.
+    for guess in [secret_addr, secret_addr + 16, secret_addr & !0xfff, secret_addr.wrapping_sub(4096)] {
+        let d = q
+            .call(
+                CopyMsg {
+                    src: guess,
+                    dst: dst.addr(),
+                    len: 15,
+                }
+                .to_desc(0),
+            )
+            .unwrap();
+        let got = dst.to_vec();
+        assert!(
+            !got.starts_with(b"TOP-SECRET-OF-A"),
+            "read another client's memory at {guess:#x}"
+        );
+        if dst.addr() & !0xfff != guess & !0xfff {
+            assert_eq!(d.status, -14, "guess {guess:#x} must fault");
+        }
+    }
+    let f = q.faults(16).unwrap();
+    assert!(f.total >= 3 && f.events.iter().any(|e| e.iova == secret_addr && e.reason == 1));
+    assert!(attr(&h, &format!("dev0/queues/q{}/faults", q.id())).parse::<u64>().unwrap() >= 3);
+    drop(a.stdin.take());
+    a.wait().unwrap();
+}
+
+#[test]
+fn malformed_control_messages_get_a_status() {
+    let host = HostProc::start("dummy");
+    let read_error = |s: &mut UnixStream| -> Option<Status> {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let mut got = Vec::new();
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        match wd_proto::decode_frame(&got) {
+            Ok((_, wd_proto::Message::Error { status, .. })) => Some(status),
+            _ => None,
+        }
+    };
+    // Garbage instead of a header.
+    let mut s = UnixStream::connect(&host.socket).unwrap();
+    s.write_all(&[0xff; 64]).unwrap();
+    assert_eq!(read_error(&mut s), Some(Status::Protocol));
+    // Wrong protocol version.
+    let mut s = UnixStream::connect(&host.socket).unwrap();
+    let mut hello = wd_proto::encode(&wd_proto::Message::Hello { version: 1, client_pid: 1 }, 1).unwrap();
+    hello[4] = 99;
+    s.write_all(&hello).unwrap();
+    assert!(read_error(&mut s).is_some());
+    // A huge announced body.
+    let mut s = UnixStream::connect(&host.socket).unwrap();
+    let mut big = hello.clone();
+    big[4] = 1;
+    big[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+    s.write_all(&big).unwrap();
+    assert_eq!(read_error(&mut s), Some(Status::Protocol));
+    // A request before Hello.
+    let mut s = UnixStream::connect(&host.socket).unwrap();
+    s.write_all(&wd_proto::encode(&wd_proto::Message::ListAttrs { prefix: String::new() }, 1).unwrap())
+        .unwrap();
+    assert_eq!(read_error(&mut s), Some(Status::Protocol));
+    // The host is fine.
+    assert_eq!(attr(&host.conn(), "dev0/driver"), "dummy");
+}
+
+#[test]
+fn corrupt_ring_indices_stop_only_that_queue() {
+    let host = HostProc::start("dummy");
+    let sock = UnixStream::connect(&host.socket).unwrap();
+    let mut ch = wd_ipc::Channel::new(sock);
+    ch.call(&wd_proto::Message::Hello { version: 1, client_pid: 0 }, 1, &[]).unwrap();
+    let f = ch
+        .call(
+            &wd_proto::Message::RequestQueue {
+                alg: "memcpy".into(),
+                flags: 0,
+                depth: 8,
+                numa_node: -1,
+                probe_addr: 0,
+                probe_value: 0,
+            },
+            2,
+            &[],
+        )
+        .unwrap();
+    let wd_proto::Message::QueueGranted { queue_id, ring_bytes, .. } = f.msg else { panic!("{:?}", f.msg) };
+    let map = wd_sys::Mapping::map_shared(f.fds[0].as_fd(), 0, ring_bytes as usize).unwrap();
+    // SAFETY: map is a live mapping of ring_bytes that outlives the view.
+    let view = unsafe { wd_ring::RingView::attach(map.as_ptr(), map.len(), 8) }.unwrap();
+    view.poke_index("sq_tail", 1_000_000);
+    wd_sys::eventfd_signal(f.fds[1].as_fd()).unwrap();
+    let h = host.conn();
+    wait_until("queue marked broken", || {
+        attr(&h, &format!("dev0/queues/q{queue_id}/state")) == "broken"
+    });
+    assert_eq!(view.host_state(), wd_ring::HostState::Broken);
+    // Other clients are served.
+    let mut q = h.request_queue(&Capability::new("memcpy")).unwrap();
+    assert_eq!(q.call(wrapdrive::Desc::default()).unwrap().status, 0);
+}
+
+#[test]
+fn attributes_readable_by_all_writable_by_owner() {
+    let host = HostProc::start("dummy");
+    let h = host.conn();
+    h.set_attr("dev0/priority", "7").unwrap();
+    assert_eq!(attr(&h, "dev0/priority"), "7");
+    assert_eq!(h.set_attr("dev0/priority", "x").unwrap_err().status(), Status::Invalid);
+    assert_eq!(h.set_attr("dev0/driver", "x").unwrap_err().status(), Status::Permission);
+    assert_eq!(h.set_attr("dev9/priority", "1").unwrap_err().status(), Status::NotFound);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skip: the other-uid half needs root to run a client as nobody");
+        return;
+    }
+    let mut c = client("reader", &host.socket, &[]);
+    c.uid(65534).gid(65534);
+    let out = c.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("7 Some(Permission)"), "child said: {text}");
+    assert_eq!(attr(&h, "dev0/priority"), "7");
+}

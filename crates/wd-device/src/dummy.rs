@@ -1,0 +1,225 @@
+//! The seed's demonstration device: a memcpy engine.
+//!
+//! Message format (`device_api` 1), in the descriptor payload, little-endian:
+//! `src: u64` at 0, `dst: u64` at 8, `len: u64` at 16. Opcodes:
+//! [`OP_NOP`] completes at once (measures the queue alone), [`OP_COPY`]
+//! copies `len` bytes. The completion's `result` is the bytes copied.
+
+use crate::{status, AlgInfo, Dma, Driver, Engine};
+use wd_ring::Desc;
+
+/// Opcode: do nothing.
+pub const OP_NOP: u16 = 0;
+/// Opcode: copy `len` bytes from `src` to `dst`.
+pub const OP_COPY: u16 = 1;
+/// Message-format version.
+pub const DEVICE_API: u32 = 1;
+/// Largest copy one request may ask for.
+pub const MAX_COPY: u64 = 64 << 20;
+
+/// A decoded memcpy request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyMsg {
+    /// Source device address.
+    pub src: u64,
+    /// Destination device address.
+    pub dst: u64,
+    /// Bytes to copy.
+    pub len: u64,
+}
+
+impl CopyMsg {
+    /// Build a descriptor for this request.
+    pub fn to_desc(&self, tag: u64) -> Desc {
+        let mut d = Desc {
+            tag,
+            opcode: OP_COPY,
+            ..Desc::default()
+        };
+        d.set_payload_u64(0, self.src);
+        d.set_payload_u64(8, self.dst);
+        d.set_payload_u64(16, self.len);
+        d
+    }
+
+    /// Decode an untrusted descriptor: `Err(status)` for anything malformed.
+    pub fn decode(d: &Desc) -> Result<Option<CopyMsg>, i32> {
+        if d.reserved != 0 || d.flags != 0 {
+            return Err(status::EINVAL);
+        }
+        match d.opcode {
+            OP_NOP => Ok(None),
+            OP_COPY => {
+                let m = CopyMsg {
+                    src: d.payload_u64(0),
+                    dst: d.payload_u64(8),
+                    len: d.payload_u64(16),
+                };
+                if m.len > MAX_COPY {
+                    return Err(status::EMSGSIZE);
+                }
+                if d.payload[24..].iter().any(|&b| b != 0) {
+                    return Err(status::EINVAL);
+                }
+                Ok(Some(m))
+            }
+            _ => Err(status::EOPNOTSUPP),
+        }
+    }
+}
+
+/// How a request travels on the legacy (socket) path: which client ranges
+/// go into the request payload, which come back from the reply payload, and
+/// the descriptor rewritten to address those payloads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LegacyPlan {
+    /// Client ranges (address, length) gathered, in order, into the payload.
+    pub inputs: Vec<(u64, u64)>,
+    /// Client ranges (address, length) scattered, in order, from the reply.
+    pub outputs: Vec<(u64, u64)>,
+    /// The descriptor to send.
+    pub desc: Desc,
+}
+
+/// The legacy plan of a memcpy request: source bytes travel in, the copy
+/// travels back.
+pub fn legacy_plan(d: &Desc) -> Result<LegacyPlan, i32> {
+    match CopyMsg::decode(d)? {
+        None => Ok(LegacyPlan {
+            inputs: vec![],
+            outputs: vec![],
+            desc: *d,
+        }),
+        Some(m) => Ok(LegacyPlan {
+            inputs: vec![(m.src, m.len)],
+            outputs: vec![(m.dst, m.len)],
+            desc: CopyMsg {
+                src: 0,
+                dst: 0,
+                len: m.len,
+            }
+            .to_desc(d.tag),
+        }),
+    }
+}
+
+/// The dummy driver.
+#[derive(Debug, Default)]
+pub struct DummyDriver;
+
+impl Driver for DummyDriver {
+    fn name(&self) -> &'static str {
+        "dummy"
+    }
+
+    fn algorithms(&self) -> Vec<AlgInfo> {
+        vec![AlgInfo {
+            name: "memcpy",
+            flags: 0,
+            device_api: DEVICE_API,
+        }]
+    }
+
+    fn new_engine(&self) -> Box<dyn Engine> {
+        Box::new(DummyEngine)
+    }
+}
+
+struct DummyEngine;
+
+impl Engine for DummyEngine {
+    fn process(&mut self, _alg: u32, desc: &mut Desc, dma: &mut dyn Dma) {
+        match CopyMsg::decode(desc) {
+            Err(st) => {
+                desc.status = st;
+                desc.result = 0;
+            }
+            Ok(None) => {
+                desc.status = status::OK;
+                desc.result = 0;
+            }
+            Ok(Some(m)) => match dma.copy(m.dst, m.src, m.len) {
+                Ok(()) => {
+                    desc.status = status::OK;
+                    desc.result = m.len;
+                }
+                Err(_) => {
+                    desc.status = status::EFAULT;
+                    desc.result = 0;
+                }
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wd_iommu::{Access, Fault, FaultReason};
+
+    /// A flat memory of 4096 bytes at device address 0x1000.
+    struct Flat(Vec<u8>);
+    impl Flat {
+        fn range(&self, a: u64, len: u64, access: Access) -> Result<usize, Fault> {
+            if a < 0x1000 || a + len > 0x1000 + self.0.len() as u64 {
+                return Err(Fault {
+                    iova: a,
+                    pasid: 0,
+                    access,
+                    reason: FaultReason::Unmapped,
+                });
+            }
+            Ok((a - 0x1000) as usize)
+        }
+    }
+    impl Dma for Flat {
+        fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Fault> {
+            let s = self.range(src, len, Access::Read)?;
+            let d = self.range(dst, len, Access::Write)?;
+            self.0.copy_within(s..s + len as usize, d);
+            Ok(())
+        }
+        fn read(&mut self, src: u64, buf: &mut [u8]) -> Result<(), Fault> {
+            let s = self.range(src, buf.len() as u64, Access::Read)?;
+            buf.copy_from_slice(&self.0[s..s + buf.len()]);
+            Ok(())
+        }
+        fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), Fault> {
+            let d = self.range(dst, data.len() as u64, Access::Write)?;
+            self.0[d..d + data.len()].copy_from_slice(data);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn copies_and_faults() {
+        let mut mem = Flat((0..4096u32).map(|i| i as u8).collect());
+        let mut e = DummyDriver.new_engine();
+        let mut d = CopyMsg { src: 0x1000, dst: 0x1800, len: 16 }.to_desc(5);
+        e.process(0, &mut d, &mut mem);
+        assert_eq!((d.status, d.result, d.tag), (0, 16, 5));
+        assert_eq!(&mem.0[0x800..0x810], &mem.0[0..16].to_vec()[..]);
+        let mut bad = CopyMsg { src: 0x0, dst: 0x1800, len: 16 }.to_desc(6);
+        e.process(0, &mut bad, &mut mem);
+        assert_eq!(bad.status, status::EFAULT);
+    }
+
+    #[test]
+    fn malformed_messages_are_rejected() {
+        let mut mem = Flat(vec![0; 4096]);
+        let mut e = DummyDriver.new_engine();
+        let mut d = Desc { opcode: 99, ..Desc::default() };
+        e.process(0, &mut d, &mut mem);
+        assert_eq!(d.status, status::EOPNOTSUPP);
+        let mut d = CopyMsg { src: 0x1000, dst: 0x1000, len: MAX_COPY + 1 }.to_desc(1);
+        e.process(0, &mut d, &mut mem);
+        assert_eq!(d.status, status::EMSGSIZE);
+        let mut d = CopyMsg { src: 0x1000, dst: 0x1000, len: 1 }.to_desc(1);
+        d.payload[50] = 1;
+        e.process(0, &mut d, &mut mem);
+        assert_eq!(d.status, status::EINVAL);
+        let mut d = Desc { opcode: OP_NOP, flags: 3, ..Desc::default() };
+        e.process(0, &mut d, &mut mem);
+        assert_eq!(d.status, status::EINVAL);
+    }
+}

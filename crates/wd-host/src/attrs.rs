@@ -1,0 +1,117 @@
+//! The resource tree clients read (`wd ls`, `wd attr get`) and the host's
+//! owner writes (`wd attr set`): the seed's /sys/class/wd_dev layout.
+
+use std::sync::atomic::Ordering;
+
+use wd_proto::{AttrEntry, Status};
+use wd_sys::PeerCred;
+
+use crate::{HostError, HostInner};
+
+fn entry(path: String, value: impl ToString, writable: bool) -> AttrEntry {
+    AttrEntry {
+        path,
+        value: value.to_string(),
+        writable,
+    }
+}
+
+/// Every attribute whose path starts with `prefix`.
+pub fn list(host: &HostInner, prefix: &str) -> Vec<AttrEntry> {
+    let mut out = Vec::new();
+    out.push(entry("host/version".into(), env!("CARGO_PKG_VERSION"), false));
+    out.push(entry("host/pid".into(), wd_sys::getpid(), false));
+    out.push(entry("host/protocol".into(), wd_proto::PROTOCOL_VERSION, false));
+    for (n, d) in host.devices.iter().enumerate() {
+        let base = format!("dev{n}");
+        out.push(entry(format!("{base}/driver"), d.driver.name(), false));
+        out.push(entry(format!("{base}/numa_zone_id"), d.numa_zone_id.load(Ordering::Relaxed), true));
+        out.push(entry(format!("{base}/priority"), d.priority.load(Ordering::Relaxed), true));
+        out.push(entry(format!("{base}/engines"), d.engines.len(), false));
+        let asleep = d.engines.iter().filter(|e| e.sleeping.load(Ordering::Relaxed)).count();
+        out.push(entry(format!("{base}/engines_sleeping"), asleep, false));
+        for t in &d.types {
+            let tb = format!("{base}/mdev_supported_types/{}-{}", d.driver.name(), t.info.name);
+            out.push(entry(format!("{tb}/name"), t.info.name, false));
+            out.push(entry(format!("{tb}/flags"), format!("{:#x}", t.info.flags), false));
+            out.push(entry(
+                format!("{tb}/available_instances"),
+                t.available.load(Ordering::Relaxed),
+                false,
+            ));
+            out.push(entry(format!("{tb}/device_api"), t.info.device_api, false));
+        }
+        let queues = host.queues.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ids: Vec<_> = queues.values().filter(|q| q.device == n).collect();
+        ids.sort_by_key(|q| q.id);
+        for q in ids {
+            let qb = format!("{base}/queues/q{}", q.id);
+            out.push(entry(format!("{qb}/pid"), q.owner.pid, false));
+            out.push(entry(format!("{qb}/uid"), q.owner.uid, false));
+            out.push(entry(format!("{qb}/alg"), &q.alg_name, false));
+            out.push(entry(format!("{qb}/depth"), q.depth, false));
+            out.push(entry(format!("{qb}/flags"), format!("{:#x}", q.flags), false));
+            out.push(entry(format!("{qb}/state"), format!("{:?}", q.state()).to_lowercase(), false));
+            out.push(entry(format!("{qb}/shared_ranges"), q.share_count(), false));
+            out.push(entry(format!("{qb}/requests"), q.requests.load(Ordering::Relaxed), false));
+            out.push(entry(format!("{qb}/bytes"), q.bytes.load(Ordering::Relaxed), false));
+            out.push(entry(format!("{qb}/faults"), q.fault_count.load(Ordering::Relaxed), false));
+        }
+    }
+    out.retain(|e| e.path.starts_with(prefix));
+    out.truncate(wd_proto::limits::MAX_ATTRS);
+    out
+}
+
+/// One attribute's value.
+pub fn get(host: &HostInner, path: &str) -> Result<String, HostError> {
+    list(host, path)
+        .into_iter()
+        .find(|e| e.path == path)
+        .map(|e| e.value)
+        .ok_or_else(|| HostError::Status(Status::NotFound, format!("no attribute '{path}'")))
+}
+
+/// Who may write attributes: the host's own user, or root.
+pub fn may_write(host: &HostInner, who: PeerCred) -> bool {
+    who.uid == 0 || who.uid == host.owner_uid
+}
+
+/// Write a writable attribute.
+pub fn set(host: &HostInner, who: PeerCred, path: &str, value: &str) -> Result<(), HostError> {
+    let (dev, attr) = path
+        .strip_prefix("dev")
+        .and_then(|r| r.split_once('/'))
+        .ok_or_else(|| HostError::Status(Status::NotFound, format!("no writable attribute '{path}'")))?;
+    let d = dev
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| host.devices.get(n))
+        .ok_or_else(|| HostError::Status(Status::NotFound, format!("no device 'dev{dev}'")))?;
+    if !matches!(attr, "numa_zone_id" | "priority") {
+        let exists = list(host, path).iter().any(|e| e.path == path);
+        let status = if exists { Status::Permission } else { Status::NotFound };
+        return Err(HostError::Status(status, format!("attribute '{path}' is not writable")));
+    }
+    if !may_write(host, who) {
+        return Err(HostError::Status(
+            Status::Permission,
+            format!("uid {} may not write '{path}': only the host's owner (uid {}) or root", who.uid, host.owner_uid),
+        ));
+    }
+    let bad = || HostError::Status(Status::Invalid, format!("'{value}' is not a valid value for {attr}"));
+    match attr {
+        "numa_zone_id" => {
+            let v: i32 = value.trim().parse().map_err(|_| bad())?;
+            if !(0..=1023).contains(&v) {
+                return Err(bad());
+            }
+            d.numa_zone_id.store(v, Ordering::Relaxed);
+        }
+        _ => {
+            let v: u32 = value.trim().parse().map_err(|_| bad())?;
+            d.priority.store(v, Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}

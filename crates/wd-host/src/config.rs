@@ -1,0 +1,209 @@
+//! Host configuration: from a TOML file or from command-line device specs.
+//! Every value is range-checked here, once.
+
+use serde::Deserialize;
+
+use crate::HostError;
+
+/// Default control socket of a system-wide host.
+pub const DEFAULT_SOCKET: &str = "/run/wrapdrive/wd.sock";
+/// Most engine threads one device may have.
+pub const MAX_ENGINES: usize = 64;
+/// Most queue instances one queue type may offer.
+pub const MAX_INSTANCES: u32 = 4096;
+/// Most simultaneous client connections.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Most queues one connection may hold.
+pub const MAX_QUEUES_PER_CONNECTION: usize = 256;
+/// Most shared ranges one queue may hold.
+pub const MAX_SHARES_PER_QUEUE: usize = 4096;
+/// Most devices one host may own.
+pub const MAX_DEVICES: usize = 64;
+
+/// One device the host owns.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceConfig {
+    /// Driver name ("dummy").
+    pub driver: String,
+    /// Engine threads serving this device's queues.
+    #[serde(default = "default_engines")]
+    pub engines: usize,
+    /// Queue instances per queue type (`available_instances` at start).
+    #[serde(default = "default_queues")]
+    pub queues: u32,
+    /// NUMA node the device is attached to.
+    #[serde(default)]
+    pub numa_zone_id: i32,
+    /// Priority when several devices serve an algorithm (higher wins).
+    #[serde(default)]
+    pub priority: u32,
+    /// How long an idle engine polls before it sleeps, in microseconds.
+    #[serde(default = "default_idle_spin_us")]
+    pub idle_spin_us: u64,
+}
+
+fn default_engines() -> usize {
+    1
+}
+fn default_queues() -> u32 {
+    64
+}
+fn default_idle_spin_us() -> u64 {
+    200
+}
+
+impl DeviceConfig {
+    /// A device with default settings.
+    pub fn new(driver: &str) -> DeviceConfig {
+        DeviceConfig {
+            driver: driver.to_string(),
+            engines: default_engines(),
+            queues: default_queues(),
+            numa_zone_id: 0,
+            priority: 0,
+            idle_spin_us: default_idle_spin_us(),
+        }
+    }
+
+    /// Parse `driver[:key=value,...]`, e.g. `dummy:engines=2,queues=16`.
+    pub fn parse_spec(spec: &str) -> Result<DeviceConfig, HostError> {
+        let (driver, opts) = spec.split_once(':').unwrap_or((spec, ""));
+        let mut d = DeviceConfig::new(driver);
+        for kv in opts.split(',').filter(|s| !s.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| HostError::Config(format!("device option '{kv}' is not key=value")))?;
+            let num = |v: &str| -> Result<u64, HostError> {
+                v.parse::<u64>()
+                    .map_err(|_| HostError::Config(format!("device option {k}: '{v}' is not a number")))
+            };
+            match k {
+                "engines" => d.engines = num(v)? as usize,
+                "queues" => d.queues = num(v)?.min(u32::MAX as u64) as u32,
+                "numa" | "numa_zone_id" => d.numa_zone_id = num(v)?.min(i32::MAX as u64) as i32,
+                "priority" => d.priority = num(v)?.min(u32::MAX as u64) as u32,
+                "idle_spin_us" => d.idle_spin_us = num(v)?,
+                _ => {
+                    return Err(HostError::Config(format!(
+                        "unknown device option '{k}' (engines, queues, numa, priority, idle_spin_us)"
+                    )))
+                }
+            }
+        }
+        d.validate()?;
+        Ok(d)
+    }
+
+    /// Check ranges and that the driver exists.
+    pub fn validate(&self) -> Result<(), HostError> {
+        if wd_device::driver_by_name(&self.driver).is_none() {
+            return Err(HostError::Config(format!(
+                "unknown driver '{}' (available: {})",
+                self.driver,
+                wd_device::DRIVERS.join(", ")
+            )));
+        }
+        if !(1..=MAX_ENGINES).contains(&self.engines) {
+            return Err(HostError::Config(format!("engines must be 1..={MAX_ENGINES}")));
+        }
+        if !(1..=MAX_INSTANCES).contains(&self.queues) {
+            return Err(HostError::Config(format!("queues must be 1..={MAX_INSTANCES}")));
+        }
+        if self.idle_spin_us > 1_000_000 {
+            return Err(HostError::Config("idle_spin_us must be at most 1000000".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Everything a host needs to start.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    /// Socket path; a leading '@' names an abstract socket.
+    #[serde(default = "default_socket")]
+    pub socket: String,
+    /// Permission bits of a filesystem socket (who may connect).
+    #[serde(default = "default_mode")]
+    pub socket_mode: u32,
+    /// Devices to own.
+    #[serde(default = "default_devices", rename = "device")]
+    pub devices: Vec<DeviceConfig>,
+}
+
+fn default_socket() -> String {
+    DEFAULT_SOCKET.to_string()
+}
+fn default_mode() -> u32 {
+    0o666
+}
+fn default_devices() -> Vec<DeviceConfig> {
+    vec![DeviceConfig::new("dummy")]
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            socket: default_socket(),
+            socket_mode: default_mode(),
+            devices: default_devices(),
+        }
+    }
+}
+
+impl HostConfig {
+    /// Parse a TOML configuration:
+    /// ```toml
+    /// socket = "/run/wrapdrive/wd.sock"
+    /// [[device]]
+    /// driver = "dummy"
+    /// engines = 2
+    /// ```
+    pub fn from_toml(text: &str) -> Result<HostConfig, HostError> {
+        let c: HostConfig = toml::from_str(text).map_err(|e| HostError::Config(e.to_string()))?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Check every device and the limits.
+    pub fn validate(&self) -> Result<(), HostError> {
+        if self.devices.is_empty() || self.devices.len() > MAX_DEVICES {
+            return Err(HostError::Config(format!("between 1 and {MAX_DEVICES} devices are needed")));
+        }
+        if self.socket.is_empty() {
+            return Err(HostError::Config("socket path is empty".into()));
+        }
+        if self.socket_mode > 0o777 {
+            return Err(HostError::Config("socket_mode must be at most 0o777".into()));
+        }
+        self.devices.iter().try_for_each(|d| d.validate())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs() {
+        let d = DeviceConfig::parse_spec("dummy:engines=2,queues=8").unwrap();
+        assert_eq!((d.engines, d.queues), (2, 8));
+        assert!(DeviceConfig::parse_spec("nope").is_err());
+        assert!(DeviceConfig::parse_spec("dummy:engines=0").is_err());
+        assert!(DeviceConfig::parse_spec("dummy:colour=red").is_err());
+        assert!(DeviceConfig::parse_spec("dummy:engines").is_err());
+    }
+
+    #[test]
+    fn toml_files() {
+        let c = HostConfig::from_toml(
+            "socket = \"@x\"\n[[device]]\ndriver = \"dummy\"\nqueues = 4\n[[device]]\ndriver = \"dummy\"\npriority = 3\n",
+        )
+        .unwrap();
+        assert_eq!(c.devices.len(), 2);
+        assert_eq!(c.devices[1].priority, 3);
+        assert!(HostConfig::from_toml("sockett = 1").is_err());
+        assert!(HostConfig::from_toml("[[device]]\ndriver = \"dummy\"\nengines = 999\n").is_err());
+    }
+}

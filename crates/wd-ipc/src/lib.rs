@@ -1,0 +1,194 @@
+//! The control channel: protocol frames, with their file descriptors, over a
+//! connected UNIX stream socket.
+//!
+//! Reads are buffered so a small request costs one `recvmsg`; descriptors
+//! are matched to the frame they arrived with and a frame that carries the
+//! wrong number of them is a protocol error (the extra ones are closed).
+#![deny(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use wd_proto::{limits, Header, Message, ProtoError, HEADER_LEN};
+use wd_sys::SysError;
+
+/// Errors of the control channel.
+#[derive(Debug, thiserror::Error)]
+pub enum IpcError {
+    /// The peer closed the connection.
+    #[error("connection closed by peer")]
+    Closed,
+    /// The bytes received are not a valid frame.
+    #[error("protocol error: {0}")]
+    Proto(#[from] ProtoError),
+    /// A frame came with the wrong number of file descriptors.
+    #[error("{kind} carries {got} file descriptors, expected {want}")]
+    Fds {
+        /// Message name.
+        kind: &'static str,
+        /// Descriptors received.
+        got: usize,
+        /// Descriptors the message kind carries.
+        want: usize,
+    },
+    /// A reply answered another request.
+    #[error("reply for request {got} while waiting for request {want}")]
+    Unexpected {
+        /// The request id sent.
+        want: u32,
+        /// The request id answered.
+        got: u32,
+    },
+    /// A socket call failed.
+    #[error(transparent)]
+    Sys(#[from] SysError),
+}
+
+/// One decoded frame and the descriptors that came with it.
+#[derive(Debug)]
+pub struct Frame {
+    /// Request id from the header (replies echo it).
+    pub request_id: u32,
+    /// The message.
+    pub msg: Message,
+    /// Attached descriptors, exactly `msg.fds_expected()` of them.
+    pub fds: Vec<OwnedFd>,
+}
+
+const READ_CHUNK: usize = 64 * 1024;
+
+/// A framed, descriptor-carrying channel over a UNIX stream.
+#[derive(Debug)]
+pub struct Channel {
+    sock: UnixStream,
+    buf: Vec<u8>,
+    start: usize,
+    fds: VecDeque<OwnedFd>,
+}
+
+impl Channel {
+    /// Wrap a connected stream.
+    pub fn new(sock: UnixStream) -> Channel {
+        Channel {
+            sock,
+            buf: Vec::with_capacity(READ_CHUNK),
+            start: 0,
+            fds: VecDeque::new(),
+        }
+    }
+
+    /// The underlying socket (for poll and peer credentials).
+    pub fn socket(&self) -> &UnixStream {
+        &self.sock
+    }
+
+    /// Whether a whole or partial frame is already buffered (then `recv`
+    /// may not need the socket to become readable).
+    pub fn has_buffered(&self) -> bool {
+        !self.available().is_empty()
+    }
+
+    /// Send one message with its descriptors.
+    pub fn send(&self, msg: &Message, request_id: u32, fds: &[BorrowedFd<'_>]) -> Result<(), IpcError> {
+        if fds.len() != msg.fds_expected() {
+            return Err(IpcError::Fds {
+                kind: msg.name(),
+                got: fds.len(),
+                want: msg.fds_expected(),
+            });
+        }
+        let bytes = wd_proto::encode(msg, request_id)?;
+        wd_sys::send_with_fds(&self.sock, &bytes, fds)?;
+        Ok(())
+    }
+
+    fn available(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+
+    fn fill(&mut self) -> Result<(), IpcError> {
+        if self.start > 0 && self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        } else if self.start > READ_CHUNK {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        let old = self.buf.len();
+        self.buf.resize(old + READ_CHUNK, 0);
+        let r = wd_sys::recv_with_fds(&self.sock, &mut self.buf[old..], limits::MAX_FDS);
+        let (n, fds) = match r {
+            Ok(v) => v,
+            Err(e) => {
+                self.buf.truncate(old);
+                return Err(e.into());
+            }
+        };
+        self.buf.truncate(old + n);
+        if n == 0 {
+            return Err(IpcError::Closed);
+        }
+        self.fds.extend(fds);
+        if self.fds.len() > limits::MAX_FDS {
+            return Err(IpcError::Fds {
+                kind: "frame",
+                got: self.fds.len(),
+                want: limits::MAX_FDS,
+            });
+        }
+        Ok(())
+    }
+
+    /// Receive the next frame (blocking).
+    pub fn recv(&mut self) -> Result<Frame, IpcError> {
+        while self.available().len() < HEADER_LEN {
+            self.fill()?;
+        }
+        let hbytes: [u8; HEADER_LEN] = self.available()[..HEADER_LEN].try_into().expect("header length");
+        let header: Header = wd_proto::decode_header(&hbytes)?;
+        let total = HEADER_LEN + header.body_len as usize;
+        while self.available().len() < total {
+            self.fill()?;
+        }
+        let msg = wd_proto::decode_body(&header, &self.available()[HEADER_LEN..total])?;
+        self.start += total;
+        let want = msg.fds_expected();
+        if self.fds.len() < want {
+            return Err(IpcError::Fds {
+                kind: msg.name(),
+                got: self.fds.len(),
+                want,
+            });
+        }
+        let fds: Vec<OwnedFd> = self.fds.drain(..want).collect();
+        if want == 0 && !self.fds.is_empty() && self.available().is_empty() {
+            // Descriptors nobody asked for: close them and refuse the frame.
+            let got = self.fds.len();
+            self.fds.clear();
+            return Err(IpcError::Fds {
+                kind: msg.name(),
+                got,
+                want: 0,
+            });
+        }
+        Ok(Frame {
+            request_id: header.request_id,
+            msg,
+            fds,
+        })
+    }
+
+    /// Send a request and wait for its reply (replies come in order).
+    pub fn call(&mut self, msg: &Message, request_id: u32, fds: &[BorrowedFd<'_>]) -> Result<Frame, IpcError> {
+        self.send(msg, request_id, fds)?;
+        let f = self.recv()?;
+        if f.request_id != request_id {
+            return Err(IpcError::Unexpected {
+                want: request_id,
+                got: f.request_id,
+            });
+        }
+        Ok(f)
+    }
+}

@@ -1,0 +1,107 @@
+//! The process-wide allocator of shareable memory, and an owned buffer type.
+#![allow(unsafe_code)]
+
+use std::sync::Mutex;
+
+use wd_mem::{Allocator, Location};
+use wd_proto::Status;
+
+use crate::{ClientError, Result};
+
+static ALLOCATOR: Mutex<Option<Allocator>> = Mutex::new(None);
+
+fn with<T>(f: impl FnOnce(&mut Allocator) -> T) -> T {
+    let mut g = ALLOCATOR.lock().unwrap_or_else(|e| e.into_inner());
+    f(g.get_or_insert_with(Allocator::default))
+}
+
+fn mem_err(e: wd_mem::MemError) -> ClientError {
+    ClientError::new(Status::from_errno(e.errno()), e.to_string())
+}
+
+/// Allocate `size` bytes of shareable memory (whole pages, zeroed),
+/// optionally on a NUMA node; returns its address.
+pub fn alloc(size: usize, node: Option<u32>) -> Result<u64> {
+    with(|a| a.alloc(size, node)).map(|p| p as u64).map_err(mem_err)
+}
+
+/// Free memory from [`alloc`].
+pub fn free(addr: u64) -> Result<()> {
+    with(|a| a.free(addr as usize)).map_err(mem_err)
+}
+
+/// Which arena holds a range (for `share`).
+pub(crate) fn locate(addr: u64, len: u64) -> Option<Location> {
+    with(|a| a.locate(addr as usize, len as usize))
+}
+
+/// An owned buffer of shareable memory, freed on drop.
+///
+/// The device may write it while requests are in flight, so the buffer
+/// hands out no slices; copy in and out instead.
+#[derive(Debug)]
+pub struct SharedBuf {
+    addr: u64,
+    len: u64,
+}
+
+impl SharedBuf {
+    /// Allocate `len` bytes.
+    pub fn new(len: usize) -> Result<SharedBuf> {
+        Ok(SharedBuf {
+            addr: alloc(len, None)?,
+            len: len as u64,
+        })
+    }
+
+    /// Allocate on a NUMA node.
+    pub fn on_node(len: usize, node: u32) -> Result<SharedBuf> {
+        Ok(SharedBuf {
+            addr: alloc(len, Some(node))?,
+            len: len as u64,
+        })
+    }
+
+    /// Address (the IOVA a request names).
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Length asked for.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copy `data` in at `offset`.
+    pub fn write(&self, offset: u64, data: &[u8]) {
+        assert!(offset + data.len() as u64 <= self.len, "write beyond buffer");
+        // SAFETY: the range is inside this live allocation; ptr::copy does
+        // not create references into memory the device may write.
+        unsafe { std::ptr::copy(data.as_ptr(), (self.addr + offset) as *mut u8, data.len()) }
+    }
+
+    /// Copy out `out.len()` bytes at `offset`.
+    pub fn read(&self, offset: u64, out: &mut [u8]) {
+        assert!(offset + out.len() as u64 <= self.len, "read beyond buffer");
+        // SAFETY: as in `write`.
+        unsafe { std::ptr::copy((self.addr + offset) as *const u8, out.as_mut_ptr(), out.len()) }
+    }
+
+    /// The whole contents.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len as usize];
+        self.read(0, &mut v);
+        v
+    }
+}
+
+impl Drop for SharedBuf {
+    fn drop(&mut self) {
+        let _ = free(self.addr);
+    }
+}

@@ -1,0 +1,619 @@
+//! A queue: the rings shared with an engine, and the calls on them.
+#![allow(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wd_proto::{FaultEvent, Message, Status};
+use wd_ring::{Desc, HostState, RingView};
+use wd_sys::Mapping;
+
+use crate::{fork_generation, forked_error, unexpected, Capability, ClientError, HostConn, Result};
+
+/// How long a waiter polls the ring before it sleeps.
+const SPIN: Duration = Duration::from_micros(50);
+/// How often an idle non-blocking `recv` checks that the host lives.
+const LIVENESS_INTERVAL: Duration = Duration::from_millis(10);
+/// Slice of a blocking wait between liveness checks.
+const WAIT_SLICE: Duration = Duration::from_millis(200);
+
+/// A completed request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The cookie given to `send`.
+    pub cookie: u64,
+    /// The completed descriptor (status, result, device fields).
+    pub desc: Desc,
+}
+
+/// What the client did on a queue (for benchmarks and tests).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Requests sent.
+    pub sent: u64,
+    /// Completions received.
+    pub received: u64,
+    /// Doorbell system calls (engine was asleep).
+    pub doorbells: u64,
+    /// Times the client slept waiting for a completion.
+    pub sleeps: u64,
+}
+
+/// Faults the host recorded on a queue.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FaultReport {
+    /// Faults ever recorded.
+    pub total: u64,
+    /// Faults dropped because the log was full.
+    pub lost: u64,
+    /// The oldest unread events.
+    pub events: Vec<FaultEvent>,
+}
+
+/// A share made with [`Queue::share`].
+#[derive(Debug)]
+struct Share {
+    iova: u64,
+    size: u64,
+}
+
+/// A queue to a device engine.
+pub struct Queue {
+    host: Arc<HostConn>,
+    id: u32,
+    device: String,
+    device_api: u32,
+    alg: String,
+    flags: u32,
+    generation: u64,
+    view: RingView,
+    ring: Option<Mapping>,
+    doorbell: OwnedFd,
+    cq_event: OwnedFd,
+    socket: OwnedFd,
+    /// Cookie per in-flight tag slot.
+    slots: Vec<Option<u64>>,
+    free_slots: Vec<u32>,
+    stash: VecDeque<Completion>,
+    shares: Vec<Share>,
+    stats: QueueStats,
+    last_liveness: Instant,
+    released: bool,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("id", &self.id)
+            .field("device", &self.device)
+            .field("alg", &self.alg)
+            .finish()
+    }
+}
+
+/// Probe word for SHARE_ALL: the host proves it can read us by reading it.
+static PROBE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl Queue {
+    pub(crate) fn request(host: Arc<HostConn>, capa: &Capability) -> Result<Queue> {
+        let (mut probe_addr, mut probe_value) = (0u64, 0u64);
+        if capa.flags & crate::CAPA_SHARE_ALL != 0 {
+            // Let the host (not our ancestor) read us where Yama asks.
+            let _ = wd_sys::allow_tracer(host.host_pid());
+            probe_value = 0x5744_5052_4f42_4500 ^ (wd_sys::getpid() as u64) ^ (Instant::now().elapsed().as_nanos() as u64);
+            PROBE.store(probe_value, std::sync::atomic::Ordering::SeqCst);
+            probe_addr = &PROBE as *const _ as u64;
+        }
+        let (reply, mut fds) = host.call(
+            &Message::RequestQueue {
+                alg: capa.alg.clone(),
+                flags: capa.flags,
+                depth: capa.depth,
+                numa_node: capa.numa_node,
+                probe_addr,
+                probe_value,
+            },
+            &[],
+        )?;
+        let Message::QueueGranted {
+            queue_id,
+            device,
+            device_api,
+            depth,
+            ring_bytes,
+            flags,
+            ..
+        } = reply
+        else {
+            return Err(unexpected(&reply));
+        };
+        if fds.len() != 3 {
+            return Err(ClientError::new(Status::Protocol, "queue grant without its three descriptors"));
+        }
+        let cq_event = fds.pop().expect("three fds");
+        let doorbell = fds.pop().expect("three fds");
+        let ring_fd = fds.pop().expect("three fds");
+        let ring = Mapping::map_shared(ring_fd.as_fd(), 0, ring_bytes as usize)?;
+        // The ring is this process's: a forked child does not get it.
+        ring.dont_fork()?;
+        // SAFETY: `ring` is a live page-aligned mapping of ring_bytes, kept in
+        // the Queue next to the view and dropped after it (see Drop).
+        let view = unsafe { RingView::attach(ring.as_ptr(), ring.len(), depth) }
+            .map_err(|e| ClientError::new(Status::Protocol, format!("ring from host is invalid: {e}")))?;
+        let socket = host.socket_dup()?;
+        Ok(Queue {
+            host,
+            id: queue_id,
+            device,
+            device_api,
+            alg: capa.alg.clone(),
+            flags,
+            generation: fork_generation(),
+            view,
+            ring: Some(ring),
+            doorbell,
+            cq_event,
+            socket,
+            slots: vec![None; depth as usize],
+            free_slots: (0..depth).rev().collect(),
+            stash: VecDeque::new(),
+            shares: Vec::new(),
+            stats: QueueStats::default(),
+            last_liveness: Instant::now(),
+            released: false,
+        })
+    }
+
+    /// Host-wide queue id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Device serving the queue (`dev<N>`).
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// Message-format version of the device.
+    pub fn device_api(&self) -> u32 {
+        self.device_api
+    }
+
+    /// Algorithm.
+    pub fn alg(&self) -> &str {
+        &self.alg
+    }
+
+    /// Granted capability flags.
+    pub fn flags(&self) -> u32 {
+        self.flags
+    }
+
+    /// Ring depth (most requests in flight).
+    pub fn depth(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
+    /// Requests sent and not yet received.
+    pub fn in_flight(&self) -> u32 {
+        self.depth() - self.free_slots.len() as u32
+    }
+
+    /// Client-side counters.
+    pub fn stats(&self) -> QueueStats {
+        self.stats
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.generation != fork_generation() {
+            return Err(forked_error());
+        }
+        if self.released {
+            return Err(ClientError::new(Status::BadState, "queue was released"));
+        }
+        Ok(())
+    }
+
+    fn ring_state_error(&self) -> Option<ClientError> {
+        match self.view.host_state() {
+            HostState::Alive => None,
+            HostState::Stopped => Some(ClientError::new(Status::HostGone, "the host stopped serving this queue")),
+            HostState::Broken => Some(ClientError::new(
+                Status::BadState,
+                "the host found this queue's ring corrupt and stopped serving it",
+            )),
+        }
+    }
+
+    fn legacy(&self) -> bool {
+        self.flags & crate::CAPA_ALLOW_LEGACY != 0
+    }
+
+    /// Send up to `reqs.len()` requests (descriptor, cookie) without
+    /// blocking; returns how many were queued (0 when the queue is full).
+    /// The descriptors' tags are the library's; the cookie comes back.
+    pub fn send_batch(&mut self, reqs: &[(Desc, u64)]) -> Result<usize> {
+        self.check()?;
+        if let Some(e) = self.ring_state_error() {
+            return Err(e);
+        }
+        if self.legacy() {
+            for (d, c) in reqs {
+                self.send_legacy(*d, *c)?;
+            }
+            return Ok(reqs.len());
+        }
+        let n = reqs.len().min(self.free_slots.len());
+        let mut descs = [Desc::default(); 32];
+        let mut done = 0;
+        while done < n {
+            let k = (n - done).min(descs.len());
+            for i in 0..k {
+                let slot = self.free_slots.pop().expect("counted free slots");
+                self.slots[slot as usize] = Some(reqs[done + i].1);
+                descs[i] = reqs[done + i].0;
+                descs[i].tag = slot as u64;
+            }
+            let queued = self
+                .view
+                .submit(&descs[..k])
+                .map_err(|e| ClientError::new(Status::BadState, e.to_string()))?;
+            debug_assert_eq!(queued, k, "slots bound submissions to the depth");
+            done += k;
+        }
+        self.stats.sent += n as u64;
+        if n > 0 && self.view.engine_needs_wakeup() {
+            self.ring_doorbell()?;
+        }
+        Ok(n)
+    }
+
+    fn ring_doorbell(&mut self) -> Result<()> {
+        self.stats.doorbells += 1;
+        if self.host.host_gone() {
+            return Err(ClientError::new(Status::HostGone, "the WrapDrive host is gone"));
+        }
+        wd_sys::eventfd_signal(self.doorbell.as_fd())?;
+        Ok(())
+    }
+
+    /// Send one request without blocking; `Status::Again` when the queue is full.
+    pub fn send(&mut self, desc: Desc, cookie: u64) -> Result<()> {
+        match self.send_batch(&[(desc, cookie)])? {
+            1 => Ok(()),
+            _ => Err(ClientError::new(Status::Again, "queue full: receive completions first")),
+        }
+    }
+
+    /// Send one request, waiting for room when the queue is full.
+    pub fn send_sync(&mut self, desc: Desc, cookie: u64) -> Result<()> {
+        loop {
+            match self.send(desc, cookie) {
+                Err(e) if e.status() == Status::Again => {
+                    // Room appears only as completions are received by the
+                    // caller; wait for one to be posted meanwhile.
+                    self.wait(None)?;
+                    if self.free_slots.is_empty() {
+                        return Err(ClientError::new(
+                            Status::Busy,
+                            "queue full of completed requests: call recv before sending more",
+                        ));
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Receive up to `max` completions without blocking.
+    pub fn recv_batch(&mut self, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
+        self.check()?;
+        // Completions already taken off the ring (legacy replies, or those
+        // `call` set aside) come first.
+        let stashed = max.min(self.stash.len());
+        out.extend(self.stash.drain(..stashed));
+        if self.legacy() {
+            self.stats.received += stashed as u64;
+            return Ok(stashed);
+        }
+        let mut total = stashed;
+        let mut descs = [Desc::default(); 32];
+        while total < max {
+            let k = (max - total).min(descs.len());
+            let n = self
+                .view
+                .reap(&mut descs[..k])
+                .map_err(|e| ClientError::new(Status::BadState, e.to_string()))?;
+            for d in &descs[..n] {
+                let slot = d.tag as usize;
+                let cookie = match self.slots.get_mut(slot).and_then(|s| s.take()) {
+                    Some(c) => c,
+                    None => {
+                        return Err(ClientError::new(
+                            Status::Protocol,
+                            format!("host completed tag {} that is not in flight", d.tag),
+                        ))
+                    }
+                };
+                self.free_slots.push(slot as u32);
+                out.push(Completion { cookie, desc: *d });
+            }
+            total += n;
+            if n < k {
+                break;
+            }
+        }
+        self.stats.received += total as u64;
+        if total == 0 {
+            if let Some(e) = self.ring_state_error() {
+                return Err(e);
+            }
+            if self.in_flight() > 0 && self.last_liveness.elapsed() > LIVENESS_INTERVAL {
+                self.last_liveness = Instant::now();
+                if self.host.host_gone() {
+                    return Err(ClientError::new(Status::HostGone, "the WrapDrive host is gone"));
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    /// Receive one completion without blocking (`None` if none is ready).
+    pub fn recv(&mut self) -> Result<Option<Completion>> {
+        let mut v = Vec::with_capacity(1);
+        self.recv_batch(&mut v, 1)?;
+        Ok(v.pop())
+    }
+
+    /// Receive one completion, waiting up to `timeout` (`None`: until one
+    /// comes, the host goes away, or nothing is in flight).
+    pub fn recv_sync(&mut self, timeout: Option<Duration>) -> Result<Completion> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(c) = self.recv()? {
+                return Ok(c);
+            }
+            if self.in_flight() == 0 {
+                return Err(ClientError::new(Status::Again, "nothing in flight to receive"));
+            }
+            let left = match deadline {
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(l) => Some(l),
+                    None => return Err(ClientError::new(Status::Again, "timed out waiting for a completion")),
+                },
+                None => None,
+            };
+            self.wait(left)?;
+        }
+    }
+
+    /// Send one request and wait for its completion (one in flight).
+    pub fn call(&mut self, desc: Desc) -> Result<Desc> {
+        const COOKIE: u64 = u64::MAX;
+        self.send_sync(desc, COOKIE)?;
+        loop {
+            let c = self.recv_sync(None)?;
+            if c.cookie == COOKIE {
+                return Ok(c.desc);
+            }
+            // Completions of other requests are the caller's business: keep
+            // them for the next recv.
+            self.stash.push_back(c);
+            self.stats.received -= 1;
+        }
+    }
+
+    /// Wait until a completion is posted: spin briefly, then sleep on the
+    /// completion doorbell and the control socket (which hangs up if the
+    /// host dies).
+    fn wait(&mut self, timeout: Option<Duration>) -> Result<()> {
+        let start = Instant::now();
+        while start.elapsed() < SPIN {
+            if self.view.completions_ready().unwrap_or(1) > 0 {
+                return Ok(());
+            }
+            std::hint::spin_loop();
+        }
+        loop {
+            let ready = self
+                .view
+                .client_prepare_wait()
+                .map_err(|e| ClientError::new(Status::BadState, e.to_string()))?;
+            if ready {
+                self.view.client_end_wait();
+                return Ok(());
+            }
+            if let Some(e) = self.ring_state_error() {
+                self.view.client_end_wait();
+                return Err(e);
+            }
+            self.stats.sleeps += 1;
+            let slice = timeout.map_or(WAIT_SLICE, |t| t.saturating_sub(start.elapsed()).min(WAIT_SLICE));
+            let r = wd_sys::poll(&[self.cq_event.as_fd(), self.socket.as_fd()], Some(slice))?;
+            self.view.client_end_wait();
+            let _ = wd_sys::eventfd_drain(self.cq_event.as_fd());
+            if r[1].hangup {
+                return Err(ClientError::new(Status::HostGone, "the WrapDrive host is gone"));
+            }
+            if self.view.completions_ready().unwrap_or(1) > 0 {
+                return Ok(());
+            }
+            if let Some(t) = timeout {
+                if start.elapsed() >= t {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn send_legacy(&mut self, desc: Desc, cookie: u64) -> Result<()> {
+        let plan = match self.alg.as_str() {
+            "memcpy" => wd_device::dummy::legacy_plan(&desc),
+            _ => Err(-95),
+        };
+        let plan = match plan {
+            Ok(p) => p,
+            Err(st) => {
+                // Malformed for this device: complete it with the status, as
+                // the device would.
+                let mut d = desc;
+                d.status = st;
+                d.result = 0;
+                self.stash.push_back(Completion { cookie, desc: d });
+                self.stats.sent += 1;
+                return Ok(());
+            }
+        };
+        let total: u64 = plan.inputs.iter().map(|r| r.1).sum();
+        if total > wd_proto::limits::MAX_PAYLOAD as u64 {
+            return Err(ClientError::new(Status::TooBig, "legacy requests carry at most 1 MiB"));
+        }
+        let mut payload = vec![0u8; total as usize];
+        let mut off = 0usize;
+        let me = wd_sys::getpid();
+        for &(a, l) in &plan.inputs {
+            // Read through the kernel: a bad address is EFAULT, not a crash.
+            // SAFETY: the destination is inside `payload`.
+            unsafe { wd_sys::process_vm_read(me, a, payload.as_mut_ptr().add(off), l as usize) }
+                .map_err(|_| ClientError::new(Status::Fault, format!("cannot read request memory at {a:#x}")))?;
+            off += l as usize;
+        }
+        let (reply, _) = self.host.call(
+            &Message::Legacy {
+                queue_id: self.id,
+                desc: plan.desc.to_bytes().to_vec(),
+                payload,
+            },
+            &[],
+        )?;
+        let Message::LegacyReply { desc: rd, payload: out } = reply else {
+            return Err(unexpected(&reply));
+        };
+        let mut done = Desc::from_bytes(&rd).ok_or_else(|| ClientError::new(Status::Protocol, "bad reply descriptor"))?;
+        if done.status == 0 {
+            let mut off = 0usize;
+            for &(a, l) in &plan.outputs {
+                let end = off + l as usize;
+                if end > out.len() {
+                    return Err(ClientError::new(Status::Protocol, "reply payload too short"));
+                }
+                // SAFETY: the source is inside `out`.
+                unsafe { wd_sys::process_vm_write(me, a, out.as_ptr().add(off), l as usize) }
+                    .map_err(|_| ClientError::new(Status::Fault, format!("cannot write result memory at {a:#x}")))?;
+                off = end;
+            }
+        }
+        // The device saw the rewritten descriptor; give back the caller's.
+        let mut back = desc;
+        back.status = done.status;
+        back.result = done.result;
+        done = back;
+        self.stash.push_back(Completion { cookie, desc: done });
+        self.stats.sent += 1;
+        Ok(())
+    }
+
+    /// Share `[addr, addr+len)` (memory from [`crate::alloc`]) with the
+    /// device, read-write; the range is widened to whole pages.
+    pub fn share(&mut self, addr: u64, len: u64) -> Result<()> {
+        self.check()?;
+        let page = wd_mem::GRANULE as u64;
+        let start = addr & !(page - 1);
+        let end = addr
+            .checked_add(len)
+            .and_then(|e| e.checked_add(page - 1))
+            .map(|e| e & !(page - 1))
+            .ok_or_else(|| ClientError::new(Status::Invalid, "range overflows"))?;
+        if len == 0 {
+            return Err(ClientError::new(Status::Invalid, "cannot share an empty range"));
+        }
+        let loc = crate::buf::locate(start, end - start).ok_or_else(|| {
+            ClientError::new(
+                Status::Invalid,
+                format!(
+                    "{addr:#x}+{len:#x} is not memory from the WrapDrive allocator (use wd_alloc, or a queue with WD_CAPA_SHARE_ALL)"
+                ),
+            )
+        })?;
+        let (reply, _) = self.host.call(
+            &Message::MemShare {
+                queue_id: self.id,
+                iova: start,
+                size: end - start,
+                fd_offset: loc.offset,
+                prot: 3,
+            },
+            &[loc.arena.fd()],
+        )?;
+        match reply {
+            Message::Ok => {
+                self.shares.push(Share {
+                    iova: start,
+                    size: end - start,
+                });
+                Ok(())
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Undo [`Queue::share`] for the same range; returns once no engine can
+    /// reach it any more.
+    pub fn unshare(&mut self, addr: u64, len: u64) -> Result<()> {
+        self.check()?;
+        let page = wd_mem::GRANULE as u64;
+        let start = addr & !(page - 1);
+        let end = addr.saturating_add(len).saturating_add(page - 1) & !(page - 1);
+        let pos = self
+            .shares
+            .iter()
+            .position(|s| s.iova == start && s.size == end - start)
+            .ok_or_else(|| ClientError::new(Status::NotFound, format!("{addr:#x}+{len:#x} was not shared")))?;
+        self.host.call(
+            &Message::MemUnshare {
+                queue_id: self.id,
+                iova: start,
+                size: end - start,
+            },
+            &[],
+        )?;
+        self.shares.swap_remove(pos);
+        Ok(())
+    }
+
+    /// Read (and consume) up to `max` fault events.
+    pub fn faults(&mut self, max: u32) -> Result<FaultReport> {
+        self.check()?;
+        match self.host.call(&Message::ReadFaults { queue_id: self.id, max }, &[])?.0 {
+            Message::Faults { total, lost, events } => Ok(FaultReport { total, lost, events }),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Give the queue back (also done on drop).
+    pub fn release(mut self) -> Result<()> {
+        self.release_inner()
+    }
+
+    fn release_inner(&mut self) -> Result<()> {
+        if self.released || self.generation != fork_generation() {
+            return Ok(());
+        }
+        self.released = true;
+        self.host.call(&Message::ReleaseQueue { queue_id: self.id }, &[]).map(|_| ())
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        if self.generation != fork_generation() {
+            // In a forked child the ring is not mapped (MADV_DONTFORK) and the
+            // queue is the parent's: neither unmap nor release anything.
+            std::mem::forget(self.ring.take());
+            return;
+        }
+        let _ = self.release_inner();
+    }
+}

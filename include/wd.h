@@ -1,0 +1,154 @@
+/* SPDX-License-Identifier: MIT OR Apache-2.0 */
+/*
+ * wd.h - WrapDrive: user-space accelerator queues.
+ *
+ * An application asks for a queue by capability (wd_request_queue), then
+ * sends requests and receives completions through rings in memory shared
+ * with the device host: wd_send/wd_rcv make no system call while the
+ * device polls. Memory the device reads or writes is either shared
+ * explicitly (wd_alloc + wd_mem_share), reachable everywhere
+ * (WD_CAPA_SHARE_ALL), or carried through the socket (WD_CAPA_ALLOW_LEGACY).
+ *
+ * Which host: $WD_HOST (a socket path, "@name" for an abstract socket, or
+ * "embedded" for a host inside this process), else /run/wrapdrive/wd.sock.
+ *
+ * ABI rules
+ *  - Errors: functions returning int return 0 (or a count) on success and a
+ *    negative errno on failure; wd_strerror() names it, wd_last_error()
+ *    gives this thread's last detailed message.
+ *  - Out-parameters are written only on success. Every pointer is checked;
+ *    NULL where one is required is -EINVAL.
+ *  - Ownership: struct wd_queue and struct wd_capa belong to the caller.
+ *    A request passed to wd_send belongs to the library until wd_rcv hands
+ *    the same pointer back: keep it valid and do not touch it meanwhile.
+ *    Completion status and result are written into the request.
+ *  - Threads: every call is thread-safe; calls on one queue serialise.
+ *  - fork: queues and shared memory registrations are not inherited; in the
+ *    child, calls on the parent's queues return -EBADFD. Request new queues.
+ *  - Process death releases every queue of the process (no cleanup needed).
+ *  - Reserved fields must be zero. Structures only grow at the end.
+ */
+#ifndef WD_H
+#define WD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- capabilities ---------------------------------------------------- */
+
+/* The device may reach any memory of the process: no wd_mem_share needed. */
+#define WD_CAPA_SHARE_ALL    0x1u
+/* Requests travel through the socket, one system call each (slow path). */
+#define WD_CAPA_ALLOW_LEGACY 0x2u
+
+/* What to ask for. */
+struct wd_capa {
+	const char *alg;      /* algorithm, e.g. "memcpy" */
+	uint32_t flags;       /* WD_CAPA_* */
+	uint32_t depth;       /* ring depth, a power of two in 2..4096; 0 = 256 */
+	int32_t numa_node;    /* preferred NUMA node, -1 = any */
+	uint32_t reserved[3]; /* zero */
+};
+
+/* A queue; filled by wd_request_queue. Read-only for the caller. */
+struct wd_queue {
+	uint32_t id;          /* host-wide queue id */
+	uint32_t depth;       /* most requests in flight */
+	uint32_t flags;       /* granted WD_CAPA_* */
+	uint32_t device_api;  /* message-format version of the device */
+	char dev_name[32];    /* "dev<N>" */
+	char alg[64];         /* algorithm */
+	void *priv;           /* library state */
+};
+
+/* One queue type a host offers (wd_list_capas). */
+struct wd_capa_info {
+	char dev_name[32];
+	char alg[64];
+	uint32_t flags;
+	uint32_t available_instances;
+	uint32_t device_api;
+	int32_t numa_zone_id;
+	uint32_t priority;
+	uint32_t reserved;
+};
+
+/* A translation fault the device hit on a queue (wd_get_faults). */
+struct wd_fault {
+	uint64_t seq;         /* fault number on this queue */
+	uint64_t iova;        /* address the device tried to use */
+	uint32_t pasid;       /* queue id */
+	uint8_t write;        /* 1 write, 0 read */
+	uint8_t reason;       /* 1 unmapped, 2 permission, 3 out of range, 4 no domain */
+	uint16_t reserved;
+};
+
+/* ---- messages of the "memcpy" algorithm (dummy device, device_api 1) --- */
+
+#define WD_DUMMY_OP_NOP  0    /* completes at once */
+#define WD_DUMMY_OP_COPY 1    /* copy len bytes from src to dst */
+#define WD_DUMMY_MAX_COPY (64u << 20)
+
+struct wd_dummy_msg {
+	uint16_t opcode;      /* in: WD_DUMMY_OP_* */
+	uint16_t flags;       /* in: zero */
+	int32_t status;       /* out: 0, or -EFAULT (address not shared), -EINVAL, -EMSGSIZE */
+	uint64_t src;         /* in: source address */
+	uint64_t dst;         /* in: destination address */
+	uint64_t len;         /* in: bytes */
+	uint64_t result;      /* out: bytes copied */
+};
+
+/* ---- the queue API (the seed's eight calls) --------------------------- */
+
+/* Ask for a queue. -ENODEV: no device serves capa->alg; -EBUSY: all in use;
+ * -EOPNOTSUPP: WD_CAPA_SHARE_ALL refused by the kernel; -ENOTCONN: no host. */
+int wd_request_queue(struct wd_queue *q, struct wd_capa *capa);
+/* Give the queue back; requests in flight are cancelled. */
+void wd_release_queue(struct wd_queue *q);
+
+/* Queue a request; -EAGAIN when the queue is full. */
+int wd_send(struct wd_queue *q, void *req);
+/* Take one completion: *req is the pointer given to wd_send. -EAGAIN: none. */
+int wd_rcv(struct wd_queue *q, void **req);
+/* As wd_send, but wait for room. */
+int wd_send_sync(struct wd_queue *q, void *req);
+/* As wd_rcv, but wait for a completion (-EAGAIN if nothing is in flight;
+ * -ENOTCONN if the host goes away). */
+int wd_rcv_sync(struct wd_queue *q, void **req);
+
+/* Let the device use [addr, addr+size) of memory from wd_alloc (widened to
+ * whole pages). flags: 0. -EINVAL if the memory is not from wd_alloc. */
+int wd_mem_share(struct wd_queue *q, const void *addr, size_t size, int flags);
+/* Undo wd_mem_share (same addr and size); returns once the device can no
+ * longer reach the memory. */
+void wd_mem_unshare(struct wd_queue *q, const void *addr, size_t size);
+
+/* ---- memory, capabilities, faults, errors ---------------------------- */
+
+/* Shareable memory (whole pages, zeroed). numa_node -1 = any. */
+int wd_alloc(size_t size, int numa_node, void **out);
+int wd_free(void *addr);
+
+/* Queue types of the host: writes min(max, total) entries, *count = total. */
+int wd_list_capas(struct wd_capa_info *out, size_t max, size_t *count);
+/* Consume up to max fault records of a queue; returns how many. */
+int wd_get_faults(struct wd_queue *q, struct wd_fault *out, size_t max);
+
+/* Static text for a negative (or positive) errno. */
+const char *wd_strerror(int err);
+/* This thread's last error message, copied into buf (always NUL-terminated);
+ * returns the message length. */
+int wd_last_error(char *buf, size_t len);
+/* Use a host started inside this process from now on (like WD_HOST=embedded). */
+int wd_use_embedded_host(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* WD_H */
