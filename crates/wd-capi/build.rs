@@ -3,5 +3,4 @@ fn main() {
     let dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
     println!("cargo:rerun-if-changed=libwd.map");
     println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={dir}/libwd.map");
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libwd.so.0");
 }

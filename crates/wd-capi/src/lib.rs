@@ -16,7 +16,6 @@ use std::sync::{Arc, Mutex, RwLock};
 use wrapdrive::dummy::CopyMsg;
 use wrapdrive::{Capability, ClientError, Desc, HostConn, Queue, Status};
 
-const EINVAL: c_int = 22;
 const EIO: c_int = 5;
 
 /// `struct wd_capa`.
@@ -146,19 +145,28 @@ fn handle(q: *const WdQueue) -> Result<Arc<Handle>, ClientError> {
         .unwrap_or_else(|e| e.into_inner())
         .as_ref()
         .and_then(|m| m.get(&id).cloned())
-        .ok_or_else(|| ClientError::new(Status::BadHandle, "not a live queue (released, or never requested)"))
+        .ok_or_else(|| {
+            ClientError::new(
+                Status::BadHandle,
+                "not a live queue (released, or never requested)",
+            )
+        })
 }
 
 fn copy_name(dst: &mut [c_char], s: &str) {
     dst.fill(0);
-    for (d, b) in dst.iter_mut().zip(s.bytes().take(dst.len() - 1)) {
+    let room = dst.len() - 1;
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(room)) {
         *d = b as c_char;
     }
 }
 
 /// Request a queue.
+///
+/// # Safety
+/// Pointers must be NULL or valid as `include/wd.h` documents for this call.
 #[no_mangle]
-pub extern "C" fn wd_request_queue(q: *mut WdQueue, capa: *mut WdCapa) -> c_int {
+pub unsafe extern "C" fn wd_request_queue(q: *mut WdQueue, capa: *mut WdCapa) -> c_int {
     guard(|| {
         if q.is_null() || capa.is_null() {
             return Err(invalid("wd_request_queue: NULL queue or capability"));
@@ -177,7 +185,12 @@ pub extern "C" fn wd_request_queue(q: *mut WdQueue, capa: *mut WdCapa) -> c_int 
             .map_err(|_| invalid("wd_capa.alg is not UTF-8"))?;
         let family = match alg {
             "memcpy" => Family::Dummy,
-            other => return Err(ClientError::new(Status::NoDevice, format!("no message format known for '{other}'"))),
+            other => {
+                return Err(ClientError::new(
+                    Status::NoDevice,
+                    format!("no message format known for '{other}'"),
+                ))
+            }
         };
         let capa = Capability {
             alg: alg.to_string(),
@@ -217,8 +230,11 @@ pub extern "C" fn wd_request_queue(q: *mut WdQueue, capa: *mut WdCapa) -> c_int 
 }
 
 /// Release a queue.
+///
+/// # Safety
+/// Pointers must be NULL or valid as `include/wd.h` documents for this call.
 #[no_mangle]
-pub extern "C" fn wd_release_queue(q: *mut WdQueue) {
+pub unsafe extern "C" fn wd_release_queue(q: *mut WdQueue) {
     guard(|| {
         let h = handle(q)?;
         // SAFETY: handle() checked q is non-null.
@@ -309,35 +325,57 @@ fn rcv(q: *mut WdQueue, out: *mut *mut c_void, sync: bool) -> c_int {
 }
 
 /// Queue a request.
+///
+/// # Safety
+/// Pointers must be NULL or valid as `include/wd.h` documents for this call.
 #[no_mangle]
-pub extern "C" fn wd_send(q: *mut WdQueue, req: *mut c_void) -> c_int {
+pub unsafe extern "C" fn wd_send(q: *mut WdQueue, req: *mut c_void) -> c_int {
     send(q, req, false)
 }
 
 /// Queue a request, waiting for room.
+///
+/// # Safety
+/// Pointers must be NULL or valid as `include/wd.h` documents for this call.
 #[no_mangle]
-pub extern "C" fn wd_send_sync(q: *mut WdQueue, req: *mut c_void) -> c_int {
+pub unsafe extern "C" fn wd_send_sync(q: *mut WdQueue, req: *mut c_void) -> c_int {
     send(q, req, true)
 }
 
 /// Take a completion.
+///
+/// # Safety
+/// Pointers must be NULL or valid as `include/wd.h` documents for this call.
 #[no_mangle]
-pub extern "C" fn wd_rcv(q: *mut WdQueue, req: *mut *mut c_void) -> c_int {
+pub unsafe extern "C" fn wd_rcv(q: *mut WdQueue, req: *mut *mut c_void) -> c_int {
     rcv(q, req, false)
 }
 
 /// Wait for a completion.
+///
+/// # Safety
+/// Pointers must be NULL or valid as `include/wd.h` documents for this call.
 #[no_mangle]
-pub extern "C" fn wd_rcv_sync(q: *mut WdQueue, req: *mut *mut c_void) -> c_int {
+pub unsafe extern "C" fn wd_rcv_sync(q: *mut WdQueue, req: *mut *mut c_void) -> c_int {
     rcv(q, req, true)
 }
 
 /// Share allocator memory with a queue.
+///
+/// # Safety
+/// Pointers must be NULL or valid as `include/wd.h` documents for this call.
 #[no_mangle]
-pub extern "C" fn wd_mem_share(q: *mut WdQueue, addr: *const c_void, size: usize, flags: c_int) -> c_int {
+pub unsafe extern "C" fn wd_mem_share(
+    q: *mut WdQueue,
+    addr: *const c_void,
+    size: usize,
+    flags: c_int,
+) -> c_int {
     guard(|| {
         if addr.is_null() || size == 0 || flags != 0 {
-            return Err(invalid("wd_mem_share: NULL address, zero size or non-zero flags"));
+            return Err(invalid(
+                "wd_mem_share: NULL address, zero size or non-zero flags",
+            ));
         }
         let h = handle(q)?;
         h.q.lock()
@@ -348,8 +386,11 @@ pub extern "C" fn wd_mem_share(q: *mut WdQueue, addr: *const c_void, size: usize
 }
 
 /// Undo a share.
+///
+/// # Safety
+/// Pointers must be NULL or valid as `include/wd.h` documents for this call.
 #[no_mangle]
-pub extern "C" fn wd_mem_unshare(q: *mut WdQueue, addr: *const c_void, size: usize) {
+pub unsafe extern "C" fn wd_mem_unshare(q: *mut WdQueue, addr: *const c_void, size: usize) {
     guard(|| {
         let h = handle(q)?;
         h.q.lock()
@@ -360,8 +401,11 @@ pub extern "C" fn wd_mem_unshare(q: *mut WdQueue, addr: *const c_void, size: usi
 }
 
 /// Allocate shareable memory.
+///
+/// # Safety
+/// Pointers must be NULL or valid as `include/wd.h` documents for this call.
 #[no_mangle]
-pub extern "C" fn wd_alloc(size: usize, numa_node: c_int, out: *mut *mut c_void) -> c_int {
+pub unsafe extern "C" fn wd_alloc(size: usize, numa_node: c_int, out: *mut *mut c_void) -> c_int {
     guard(|| {
         if out.is_null() || size == 0 || numa_node < -1 {
             return Err(invalid("wd_alloc: NULL out-pointer, zero size or bad node"));
@@ -384,14 +428,29 @@ pub extern "C" fn wd_free(addr: *mut c_void) -> c_int {
 }
 
 /// List queue types.
+///
+/// # Safety
+/// Pointers must be NULL or valid as `include/wd.h` documents for this call.
 #[no_mangle]
-pub extern "C" fn wd_list_capas(out: *mut WdCapaInfo, max: usize, count: *mut usize) -> c_int {
+pub unsafe extern "C" fn wd_list_capas(
+    out: *mut WdCapaInfo,
+    max: usize,
+    count: *mut usize,
+) -> c_int {
     guard(|| {
         if count.is_null() || (out.is_null() && max > 0) {
-            return Err(invalid("wd_list_capas: NULL count, or NULL out with max > 0"));
+            return Err(invalid(
+                "wd_list_capas: NULL count, or NULL out with max > 0",
+            ));
         }
         let attrs = host()?.attrs("dev")?;
-        let get = |p: &str| attrs.iter().find(|e| e.path == p).map(|e| e.value.clone()).unwrap_or_default();
+        let get = |p: &str| {
+            attrs
+                .iter()
+                .find(|e| e.path == p)
+                .map(|e| e.value.clone())
+                .unwrap_or_default()
+        };
         let mut infos = Vec::new();
         for e in attrs.iter().filter(|e| e.path.ends_with("/device_api")) {
             let parts: Vec<&str> = e.path.split('/').collect();
@@ -403,8 +462,14 @@ pub extern "C" fn wd_list_capas(out: *mut WdCapaInfo, max: usize, count: *mut us
             let mut i = WdCapaInfo {
                 dev_name: [0; 32],
                 alg: [0; 64],
-                flags: u32::from_str_radix(get(&format!("{base}/flags")).trim_start_matches("0x"), 16).unwrap_or(0),
-                available_instances: get(&format!("{base}/available_instances")).parse().unwrap_or(0),
+                flags: u32::from_str_radix(
+                    get(&format!("{base}/flags")).trim_start_matches("0x"),
+                    16,
+                )
+                .unwrap_or(0),
+                available_instances: get(&format!("{base}/available_instances"))
+                    .parse()
+                    .unwrap_or(0),
                 device_api: e.value.parse().unwrap_or(0),
                 numa_zone_id: get(&format!("{dev}/numa_zone_id")).parse().unwrap_or(0),
                 priority: get(&format!("{dev}/priority")).parse().unwrap_or(0),
@@ -426,18 +491,20 @@ pub extern "C" fn wd_list_capas(out: *mut WdCapaInfo, max: usize, count: *mut us
 }
 
 /// Read fault records.
+///
+/// # Safety
+/// Pointers must be NULL or valid as `include/wd.h` documents for this call.
 #[no_mangle]
-pub extern "C" fn wd_get_faults(q: *mut WdQueue, out: *mut WdFault, max: usize) -> c_int {
+pub unsafe extern "C" fn wd_get_faults(q: *mut WdQueue, out: *mut WdFault, max: usize) -> c_int {
     guard(|| {
         if out.is_null() && max > 0 {
             return Err(invalid("wd_get_faults: NULL out with max > 0"));
         }
         let h = handle(q)?;
-        let r = h
-            .q
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .faults(max.min(u32::MAX as usize) as u32)?;
+        let r =
+            h.q.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .faults(max.min(u32::MAX as usize) as u32)?;
         for (k, e) in r.events.iter().enumerate() {
             let f = WdFault {
                 seq: e.seq,
@@ -481,8 +548,11 @@ pub extern "C" fn wd_strerror(err: c_int) -> *const c_char {
 }
 
 /// This thread's last error message.
+///
+/// # Safety
+/// Pointers must be NULL or valid as `include/wd.h` documents for this call.
 #[no_mangle]
-pub extern "C" fn wd_last_error(buf: *mut c_char, len: usize) -> c_int {
+pub unsafe extern "C" fn wd_last_error(buf: *mut c_char, len: usize) -> c_int {
     LAST_ERROR.with(|l| {
         let l = l.borrow();
         let bytes = l.as_bytes();

@@ -158,7 +158,13 @@ fn bufs(q: &mut Queue, size: u64) -> Result<Bufs, String> {
     Ok(Bufs { src, dst })
 }
 
-fn sync_round_trip(q: &mut Queue, b: &Bufs, size: u64, secs: f64, reps: usize) -> Result<Vec<Sample>, String> {
+fn sync_round_trip(
+    q: &mut Queue,
+    b: &Bufs,
+    size: u64,
+    secs: f64,
+    reps: usize,
+) -> Result<Vec<Sample>, String> {
     let desc = CopyMsg {
         src: b.src.addr(),
         dst: b.dst.addr(),
@@ -306,14 +312,21 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         return Err("need --reps >= 1, --seconds in 0.01..60 and at least one size".into());
     }
     if let Some(&s) = args.sizes.iter().find(|&&s| s == 0 || s > (1 << 20)) {
-        return Err(format!("size {s} out of range 1..=1048576 (the legacy path carries at most 1 MiB)"));
+        return Err(format!(
+            "size {s} out of range 1..=1048576 (the legacy path carries at most 1 MiB)"
+        ));
     }
-    let host = HostConn::connect(args.host.as_deref().unwrap_or("embedded")).map_err(|e| e.to_string())?;
+    let host =
+        HostConn::connect(args.host.as_deref().unwrap_or("embedded")).map_err(|e| e.to_string())?;
     let mut q = host
         .request_queue(&Capability::new("memcpy").depth(256))
         .map_err(|e| e.to_string())?;
     let mut legacy = host
-        .request_queue(&Capability::new("memcpy").flags(CAPA_ALLOW_LEGACY).depth(256))
+        .request_queue(
+            &Capability::new("memcpy")
+                .flags(CAPA_ALLOW_LEGACY)
+                .depth(256),
+        )
         .map_err(|e| e.to_string())?;
     let paths = ["raw", "sync", "async-b1", "async-b8", "async-b32", "legacy"];
     let mut prog = Progress {
@@ -338,8 +351,10 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             };
             samples.push((p, median_sample(s)));
         }
-        q.unshare(b.src.addr(), b.src.len()).map_err(|e| e.to_string())?;
-        q.unshare(b.dst.addr(), b.dst.len()).map_err(|e| e.to_string())?;
+        q.unshare(b.src.addr(), b.src.len())
+            .map_err(|e| e.to_string())?;
+        q.unshare(b.dst.addr(), b.dst.len())
+            .map_err(|e| e.to_string())?;
         let raw = samples[0].1.ops;
         let leg = samples.last().expect("legacy row").1.ops;
         for (p, s) in samples {
@@ -398,7 +413,10 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         );
     }
     println!("\nSystem calls: {METHOD}");
-    println!("Medians of {} repetitions x {} s each.", args.reps, args.seconds);
+    println!(
+        "Medians of {} repetitions x {} s each.",
+        args.reps, args.seconds
+    );
     Ok(())
 }
 

@@ -70,7 +70,8 @@ enum AttrOp {
 }
 
 fn parse_octal(s: &str) -> Result<u32, String> {
-    u32::from_str_radix(s.trim_start_matches("0o"), 8).map_err(|_| format!("'{s}' is not an octal mode"))
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .map_err(|_| format!("'{s}' is not an octal mode"))
 }
 
 fn connect(host: &Option<String>) -> Result<std::sync::Arc<HostConn>, ClientError> {
@@ -88,7 +89,8 @@ fn serve(
 ) -> Result<(), String> {
     let mut cfg = match config {
         Some(p) => {
-            let text = std::fs::read_to_string(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            let text = std::fs::read_to_string(&p)
+                .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
             wd_host::HostConfig::from_toml(&text).map_err(|e| format!("{}: {e}", p.display()))?
         }
         None => wd_host::HostConfig::default(),
@@ -142,10 +144,16 @@ fn print_tree(entries: &[wrapdrive::AttrEntry]) {
             let last = i + 1 == count;
             let branch = if last { "└── " } else { "├── " };
             match &k.value {
-                Some((v, w)) => println!("{prefix}{branch}{name} = {v}{}", if *w { "  (rw)" } else { "" }),
+                Some((v, w)) => println!(
+                    "{prefix}{branch}{name} = {v}{}",
+                    if *w { "  (rw)" } else { "" }
+                ),
                 None => println!("{prefix}{branch}{name}"),
             }
-            walk(k, &format!("{prefix}{}", if last { "    " } else { "│   " }));
+            walk(
+                k,
+                &format!("{prefix}{}", if last { "    " } else { "│   " }),
+            );
         }
     }
     walk(&root, "");
@@ -176,8 +184,12 @@ fn run(cli: Cli) -> Result<(), String> {
         Cmd::Attr { op } => {
             let h = connect(&cli.host).map_err(|e| e.to_string())?;
             match op {
-                AttrOp::Get { path } => println!("{}", h.get_attr(&path).map_err(|e| e.to_string())?),
-                AttrOp::Set { path, value } => h.set_attr(&path, &value).map_err(|e| e.to_string())?,
+                AttrOp::Get { path } => {
+                    println!("{}", h.get_attr(&path).map_err(|e| e.to_string())?)
+                }
+                AttrOp::Set { path, value } => {
+                    h.set_attr(&path, &value).map_err(|e| e.to_string())?
+                }
             }
             Ok(())
         }

@@ -47,13 +47,18 @@ impl HostProc {
         let dir = tempdir("host");
         let socket = dir.0.join("wd.sock").to_string_lossy().into_owned();
         let child = Command::new(env!("CARGO_BIN_EXE_wd"))
-            .args(["serve", "--socket", &socket, "--device", device, "--mode", "666"])
+            .args([
+                "serve", "--socket", &socket, "--device", device, "--mode", "666",
+            ])
             .stderr(Stdio::null())
             .spawn()
             .expect("start wd serve");
         let t = Instant::now();
         while HostConn::connect(&socket).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(10), "host did not come up");
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "host did not come up"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         HostProc {
@@ -97,7 +102,10 @@ fn queue_paths(h: &HostConn) -> Vec<String> {
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
     while !f() {
-        assert!(t.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -115,17 +123,39 @@ fn client(role: &str, socket: &str, extra: &[(&str, String)]) -> Command {
     c
 }
 
+/// Read the child's stdout up to its first "WD:" line (libtest prints its
+/// own lines first) and return the rest of that line; keep the reader alive
+/// so the child never writes into a closed pipe.
+fn read_marked(r: &mut BufReader<std::process::ChildStdout>) -> String {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            r.read_line(&mut line).unwrap() > 0,
+            "child exited without reporting"
+        );
+        // libtest may print "test child_entry ... " on the same line.
+        if let Some((_, rest)) = line.trim().split_once("WD:") {
+            return rest.to_string();
+        }
+    }
+}
+
 /// Entry point of client processes; does nothing in a normal test run.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var("WD_TEST_ROLE") else { return };
+    let Ok(role) = std::env::var("WD_TEST_ROLE") else {
+        return;
+    };
     let h = HostConn::from_env().expect("child connects");
     let out = std::io::stdout();
     match role.as_str() {
         // Hold a queue with shared memory and requests in flight, then wait
         // to be killed.
         "busy" => {
-            let mut q = h.request_queue(&Capability::new("memcpy").depth(64)).unwrap();
+            let mut q = h
+                .request_queue(&Capability::new("memcpy").depth(64))
+                .unwrap();
             let a = SharedBuf::new(1 << 20).unwrap();
             let b = SharedBuf::new(1 << 20).unwrap();
             q.share(a.addr(), a.len()).unwrap();
@@ -138,7 +168,7 @@ fn child_entry() {
             .to_desc(0);
             let reqs: Vec<_> = (0..64).map(|i| (d, i)).collect();
             q.send_batch(&reqs).unwrap();
-            writeln!(out.lock(), "ready").unwrap();
+            writeln!(out.lock(), "WD:ready").unwrap();
             loop {
                 // Keep the queue full of work until killed.
                 let mut v = Vec::new();
@@ -153,7 +183,7 @@ fn child_entry() {
             let s = SharedBuf::new(4096).unwrap();
             s.write(0, b"TOP-SECRET-OF-A");
             q.share(s.addr(), s.len()).unwrap();
-            writeln!(out.lock(), "{}", s.addr()).unwrap();
+            writeln!(out.lock(), "WD:{}", s.addr()).unwrap();
             let mut sink = Vec::new();
             let _ = std::io::stdin().read_to_end(&mut sink);
         }
@@ -162,7 +192,7 @@ fn child_entry() {
             let v = h.get_attr("dev0/priority").unwrap();
             let set = h.set_attr("dev0/priority", "9");
             let st = set.err().map(|e| e.status());
-            writeln!(out.lock(), "{v} {st:?}").unwrap();
+            writeln!(out.lock(), "WD:{v} {st:?}").unwrap();
         }
         other => panic!("unknown role {other}"),
     }
@@ -173,7 +203,10 @@ fn capability_listing_and_exhaustion() {
     let host = HostProc::start("dummy:queues=2");
     let h = host.conn();
     assert_eq!(attr(&h, AVAIL), "2");
-    assert_eq!(attr(&h, "dev0/mdev_supported_types/dummy-memcpy/device_api"), "1");
+    assert_eq!(
+        attr(&h, "dev0/mdev_supported_types/dummy-memcpy/device_api"),
+        "1"
+    );
     assert_eq!(attr(&h, "dev0/driver"), "dummy");
     let q1 = h.request_queue(&Capability::new("memcpy")).unwrap();
     let q2 = h.request_queue(&Capability::new("memcpy")).unwrap();
@@ -197,15 +230,16 @@ fn kill_9_with_requests_in_flight_leaves_nothing() {
     let h = host.conn();
     for round in 0..5 {
         let mut c = client("busy", &host.socket, &[]).spawn().unwrap();
-        let mut line = String::new();
-        BufReader::new(c.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ready", "round {round}");
+        let mut out = BufReader::new(c.stdout.take().unwrap());
+        assert_eq!(read_marked(&mut out), "ready", "round {round}");
         assert_eq!(attr(&h, AVAIL), "3");
         assert_eq!(queue_paths(&h).len(), 1);
         // SAFETY: plain kill(2) of our own child.
         unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
         c.wait().unwrap();
-        wait_until("queue teardown", || attr(&h, AVAIL) == "4" && queue_paths(&h).is_empty());
+        wait_until("queue teardown", || {
+            attr(&h, AVAIL) == "4" && queue_paths(&h).is_empty()
+        });
     }
     // The host still serves.
     let mut q = h.request_queue(&Capability::new("memcpy")).unwrap();
@@ -220,6 +254,19 @@ fn host_killed_while_client_waits_is_an_error_not_a_hang() {
     // Freeze the host so the request stays in flight, then kill it.
     // SAFETY: plain kill(2) of our own child.
     unsafe { libc::kill(host.pid(), libc::SIGSTOP) };
+    // kill() returns before every thread has stopped: wait for the stop.
+    let stat = format!("/proc/{}/stat", host.pid());
+    wait_until("host stopped", || {
+        std::fs::read_to_string(&stat)
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('T')
+            })
+            .unwrap_or(false)
+    });
     q.send(wrapdrive::Desc::default(), 1).unwrap();
     let pid = host.pid();
     let killer = std::thread::spawn(move || {
@@ -240,17 +287,24 @@ fn host_killed_while_client_waits_is_an_error_not_a_hang() {
 #[test]
 fn clients_cannot_reach_each_others_memory() {
     let host = HostProc::start("dummy");
-    let mut a = client("secret", &host.socket, &[]).stdin(Stdio::piped()).spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(a.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let secret_addr: u64 = line.trim().parse().unwrap();
+    let mut a = client("secret", &host.socket, &[])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut a_out = BufReader::new(a.stdout.take().unwrap());
+    let secret_addr: u64 = read_marked(&mut a_out).parse().unwrap();
 
     let h = host.conn();
     let mut q = h.request_queue(&Capability::new("memcpy")).unwrap();
     let dst = SharedBuf::new(4096).unwrap();
     q.share(dst.addr(), dst.len()).unwrap();
     // Guess A's IOVA exactly, and around it.
-    for guess in [secret_addr, secret_addr + 16, secret_addr & !0xfff, secret_addr.wrapping_sub(4096)] {
+    for guess in [
+        secret_addr,
+        secret_addr + 16,
+        secret_addr & !0xfff,
+        secret_addr.wrapping_sub(4096),
+    ] {
         let d = q
             .call(
                 CopyMsg {
@@ -271,8 +325,18 @@ fn clients_cannot_reach_each_others_memory() {
         }
     }
     let f = q.faults(16).unwrap();
-    assert!(f.total >= 3 && f.events.iter().any(|e| e.iova == secret_addr && e.reason == 1));
-    assert!(attr(&h, &format!("dev0/queues/q{}/faults", q.id())).parse::<u64>().unwrap() >= 3);
+    assert!(
+        f.total >= 3
+            && f.events
+                .iter()
+                .any(|e| e.iova == secret_addr && e.reason == 1)
+    );
+    assert!(
+        attr(&h, &format!("dev0/queues/q{}/faults", q.id()))
+            .parse::<u64>()
+            .unwrap()
+            >= 3
+    );
     drop(a.stdin.take());
     a.wait().unwrap();
 }
@@ -301,7 +365,14 @@ fn malformed_control_messages_get_a_status() {
     assert_eq!(read_error(&mut s), Some(Status::Protocol));
     // Wrong protocol version.
     let mut s = UnixStream::connect(&host.socket).unwrap();
-    let mut hello = wd_proto::encode(&wd_proto::Message::Hello { version: 1, client_pid: 1 }, 1).unwrap();
+    let mut hello = wd_proto::encode(
+        &wd_proto::Message::Hello {
+            version: 1,
+            client_pid: 1,
+        },
+        1,
+    )
+    .unwrap();
     hello[4] = 99;
     s.write_all(&hello).unwrap();
     assert!(read_error(&mut s).is_some());
@@ -314,8 +385,16 @@ fn malformed_control_messages_get_a_status() {
     assert_eq!(read_error(&mut s), Some(Status::Protocol));
     // A request before Hello.
     let mut s = UnixStream::connect(&host.socket).unwrap();
-    s.write_all(&wd_proto::encode(&wd_proto::Message::ListAttrs { prefix: String::new() }, 1).unwrap())
-        .unwrap();
+    s.write_all(
+        &wd_proto::encode(
+            &wd_proto::Message::ListAttrs {
+                prefix: String::new(),
+            },
+            1,
+        )
+        .unwrap(),
+    )
+    .unwrap();
     assert_eq!(read_error(&mut s), Some(Status::Protocol));
     // The host is fine.
     assert_eq!(attr(&host.conn(), "dev0/driver"), "dummy");
@@ -326,7 +405,15 @@ fn corrupt_ring_indices_stop_only_that_queue() {
     let host = HostProc::start("dummy");
     let sock = UnixStream::connect(&host.socket).unwrap();
     let mut ch = wd_ipc::Channel::new(sock);
-    ch.call(&wd_proto::Message::Hello { version: 1, client_pid: 0 }, 1, &[]).unwrap();
+    ch.call(
+        &wd_proto::Message::Hello {
+            version: 1,
+            client_pid: 0,
+        },
+        1,
+        &[],
+    )
+    .unwrap();
     let f = ch
         .call(
             &wd_proto::Message::RequestQueue {
@@ -341,7 +428,14 @@ fn corrupt_ring_indices_stop_only_that_queue() {
             &[],
         )
         .unwrap();
-    let wd_proto::Message::QueueGranted { queue_id, ring_bytes, .. } = f.msg else { panic!("{:?}", f.msg) };
+    let wd_proto::Message::QueueGranted {
+        queue_id,
+        ring_bytes,
+        ..
+    } = f.msg
+    else {
+        panic!("{:?}", f.msg)
+    };
     let map = wd_sys::Mapping::map_shared(f.fds[0].as_fd(), 0, ring_bytes as usize).unwrap();
     // SAFETY: map is a live mapping of ring_bytes that outlives the view.
     let view = unsafe { wd_ring::RingView::attach(map.as_ptr(), map.len(), 8) }.unwrap();
@@ -363,9 +457,18 @@ fn attributes_readable_by_all_writable_by_owner() {
     let h = host.conn();
     h.set_attr("dev0/priority", "7").unwrap();
     assert_eq!(attr(&h, "dev0/priority"), "7");
-    assert_eq!(h.set_attr("dev0/priority", "x").unwrap_err().status(), Status::Invalid);
-    assert_eq!(h.set_attr("dev0/driver", "x").unwrap_err().status(), Status::Permission);
-    assert_eq!(h.set_attr("dev9/priority", "1").unwrap_err().status(), Status::NotFound);
+    assert_eq!(
+        h.set_attr("dev0/priority", "x").unwrap_err().status(),
+        Status::Invalid
+    );
+    assert_eq!(
+        h.set_attr("dev0/driver", "x").unwrap_err().status(),
+        Status::Permission
+    );
+    assert_eq!(
+        h.set_attr("dev9/priority", "1").unwrap_err().status(),
+        Status::NotFound
+    );
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skip: the other-uid half needs root to run a client as nobody");

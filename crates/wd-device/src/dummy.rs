@@ -195,11 +195,21 @@ mod tests {
     fn copies_and_faults() {
         let mut mem = Flat((0..4096u32).map(|i| i as u8).collect());
         let mut e = DummyDriver.new_engine();
-        let mut d = CopyMsg { src: 0x1000, dst: 0x1800, len: 16 }.to_desc(5);
+        let mut d = CopyMsg {
+            src: 0x1000,
+            dst: 0x1800,
+            len: 16,
+        }
+        .to_desc(5);
         e.process(0, &mut d, &mut mem);
         assert_eq!((d.status, d.result, d.tag), (0, 16, 5));
         assert_eq!(&mem.0[0x800..0x810], &mem.0[0..16].to_vec()[..]);
-        let mut bad = CopyMsg { src: 0x0, dst: 0x1800, len: 16 }.to_desc(6);
+        let mut bad = CopyMsg {
+            src: 0x0,
+            dst: 0x1800,
+            len: 16,
+        }
+        .to_desc(6);
         e.process(0, &mut bad, &mut mem);
         assert_eq!(bad.status, status::EFAULT);
     }
@@ -208,17 +218,34 @@ mod tests {
     fn malformed_messages_are_rejected() {
         let mut mem = Flat(vec![0; 4096]);
         let mut e = DummyDriver.new_engine();
-        let mut d = Desc { opcode: 99, ..Desc::default() };
+        let mut d = Desc {
+            opcode: 99,
+            ..Desc::default()
+        };
         e.process(0, &mut d, &mut mem);
         assert_eq!(d.status, status::EOPNOTSUPP);
-        let mut d = CopyMsg { src: 0x1000, dst: 0x1000, len: MAX_COPY + 1 }.to_desc(1);
+        let mut d = CopyMsg {
+            src: 0x1000,
+            dst: 0x1000,
+            len: MAX_COPY + 1,
+        }
+        .to_desc(1);
         e.process(0, &mut d, &mut mem);
         assert_eq!(d.status, status::EMSGSIZE);
-        let mut d = CopyMsg { src: 0x1000, dst: 0x1000, len: 1 }.to_desc(1);
+        let mut d = CopyMsg {
+            src: 0x1000,
+            dst: 0x1000,
+            len: 1,
+        }
+        .to_desc(1);
         d.payload[50] = 1;
         e.process(0, &mut d, &mut mem);
         assert_eq!(d.status, status::EINVAL);
-        let mut d = Desc { opcode: OP_NOP, flags: 3, ..Desc::default() };
+        let mut d = Desc {
+            opcode: OP_NOP,
+            flags: 3,
+            ..Desc::default()
+        };
         e.process(0, &mut d, &mut mem);
         assert_eq!(d.status, status::EINVAL);
     }

@@ -19,21 +19,49 @@ fn entry(path: String, value: impl ToString, writable: bool) -> AttrEntry {
 /// Every attribute whose path starts with `prefix`.
 pub fn list(host: &HostInner, prefix: &str) -> Vec<AttrEntry> {
     let mut out = Vec::new();
-    out.push(entry("host/version".into(), env!("CARGO_PKG_VERSION"), false));
+    out.push(entry(
+        "host/version".into(),
+        env!("CARGO_PKG_VERSION"),
+        false,
+    ));
     out.push(entry("host/pid".into(), wd_sys::getpid(), false));
-    out.push(entry("host/protocol".into(), wd_proto::PROTOCOL_VERSION, false));
+    out.push(entry(
+        "host/protocol".into(),
+        wd_proto::PROTOCOL_VERSION,
+        false,
+    ));
     for (n, d) in host.devices.iter().enumerate() {
         let base = format!("dev{n}");
         out.push(entry(format!("{base}/driver"), d.driver.name(), false));
-        out.push(entry(format!("{base}/numa_zone_id"), d.numa_zone_id.load(Ordering::Relaxed), true));
-        out.push(entry(format!("{base}/priority"), d.priority.load(Ordering::Relaxed), true));
+        out.push(entry(
+            format!("{base}/numa_zone_id"),
+            d.numa_zone_id.load(Ordering::Relaxed),
+            true,
+        ));
+        out.push(entry(
+            format!("{base}/priority"),
+            d.priority.load(Ordering::Relaxed),
+            true,
+        ));
         out.push(entry(format!("{base}/engines"), d.engines.len(), false));
-        let asleep = d.engines.iter().filter(|e| e.sleeping.load(Ordering::Relaxed)).count();
+        let asleep = d
+            .engines
+            .iter()
+            .filter(|e| e.sleeping.load(Ordering::Relaxed))
+            .count();
         out.push(entry(format!("{base}/engines_sleeping"), asleep, false));
         for t in &d.types {
-            let tb = format!("{base}/mdev_supported_types/{}-{}", d.driver.name(), t.info.name);
+            let tb = format!(
+                "{base}/mdev_supported_types/{}-{}",
+                d.driver.name(),
+                t.info.name
+            );
             out.push(entry(format!("{tb}/name"), t.info.name, false));
-            out.push(entry(format!("{tb}/flags"), format!("{:#x}", t.info.flags), false));
+            out.push(entry(
+                format!("{tb}/flags"),
+                format!("{:#x}", t.info.flags),
+                false,
+            ));
             out.push(entry(
                 format!("{tb}/available_instances"),
                 t.available.load(Ordering::Relaxed),
@@ -50,12 +78,32 @@ pub fn list(host: &HostInner, prefix: &str) -> Vec<AttrEntry> {
             out.push(entry(format!("{qb}/uid"), q.owner.uid, false));
             out.push(entry(format!("{qb}/alg"), &q.alg_name, false));
             out.push(entry(format!("{qb}/depth"), q.depth, false));
-            out.push(entry(format!("{qb}/flags"), format!("{:#x}", q.flags), false));
-            out.push(entry(format!("{qb}/state"), format!("{:?}", q.state()).to_lowercase(), false));
+            out.push(entry(
+                format!("{qb}/flags"),
+                format!("{:#x}", q.flags),
+                false,
+            ));
+            out.push(entry(
+                format!("{qb}/state"),
+                format!("{:?}", q.state()).to_lowercase(),
+                false,
+            ));
             out.push(entry(format!("{qb}/shared_ranges"), q.share_count(), false));
-            out.push(entry(format!("{qb}/requests"), q.requests.load(Ordering::Relaxed), false));
-            out.push(entry(format!("{qb}/bytes"), q.bytes.load(Ordering::Relaxed), false));
-            out.push(entry(format!("{qb}/faults"), q.fault_count.load(Ordering::Relaxed), false));
+            out.push(entry(
+                format!("{qb}/requests"),
+                q.requests.load(Ordering::Relaxed),
+                false,
+            ));
+            out.push(entry(
+                format!("{qb}/bytes"),
+                q.bytes.load(Ordering::Relaxed),
+                false,
+            ));
+            out.push(entry(
+                format!("{qb}/faults"),
+                q.fault_count.load(Ordering::Relaxed),
+                false,
+            ));
         }
     }
     out.retain(|e| e.path.starts_with(prefix));
@@ -82,7 +130,9 @@ pub fn set(host: &HostInner, who: PeerCred, path: &str, value: &str) -> Result<(
     let (dev, attr) = path
         .strip_prefix("dev")
         .and_then(|r| r.split_once('/'))
-        .ok_or_else(|| HostError::Status(Status::NotFound, format!("no writable attribute '{path}'")))?;
+        .ok_or_else(|| {
+            HostError::Status(Status::NotFound, format!("no writable attribute '{path}'"))
+        })?;
     let d = dev
         .parse::<usize>()
         .ok()
@@ -90,16 +140,31 @@ pub fn set(host: &HostInner, who: PeerCred, path: &str, value: &str) -> Result<(
         .ok_or_else(|| HostError::Status(Status::NotFound, format!("no device 'dev{dev}'")))?;
     if !matches!(attr, "numa_zone_id" | "priority") {
         let exists = list(host, path).iter().any(|e| e.path == path);
-        let status = if exists { Status::Permission } else { Status::NotFound };
-        return Err(HostError::Status(status, format!("attribute '{path}' is not writable")));
+        let status = if exists {
+            Status::Permission
+        } else {
+            Status::NotFound
+        };
+        return Err(HostError::Status(
+            status,
+            format!("attribute '{path}' is not writable"),
+        ));
     }
     if !may_write(host, who) {
         return Err(HostError::Status(
             Status::Permission,
-            format!("uid {} may not write '{path}': only the host's owner (uid {}) or root", who.uid, host.owner_uid),
+            format!(
+                "uid {} may not write '{path}': only the host's owner (uid {}) or root",
+                who.uid, host.owner_uid
+            ),
         ));
     }
-    let bad = || HostError::Status(Status::Invalid, format!("'{value}' is not a valid value for {attr}"));
+    let bad = || {
+        HostError::Status(
+            Status::Invalid,
+            format!("'{value}' is not a valid value for {attr}"),
+        )
+    };
     match attr {
         "numa_zone_id" => {
             let v: i32 = value.trim().parse().map_err(|_| bad())?;

@@ -71,12 +71,13 @@ impl DeviceConfig {
         let (driver, opts) = spec.split_once(':').unwrap_or((spec, ""));
         let mut d = DeviceConfig::new(driver);
         for kv in opts.split(',').filter(|s| !s.is_empty()) {
-            let (k, v) = kv
-                .split_once('=')
-                .ok_or_else(|| HostError::Config(format!("device option '{kv}' is not key=value")))?;
+            let (k, v) = kv.split_once('=').ok_or_else(|| {
+                HostError::Config(format!("device option '{kv}' is not key=value"))
+            })?;
             let num = |v: &str| -> Result<u64, HostError> {
-                v.parse::<u64>()
-                    .map_err(|_| HostError::Config(format!("device option {k}: '{v}' is not a number")))
+                v.parse::<u64>().map_err(|_| {
+                    HostError::Config(format!("device option {k}: '{v}' is not a number"))
+                })
             };
             match k {
                 "engines" => d.engines = num(v)? as usize,
@@ -86,8 +87,8 @@ impl DeviceConfig {
                 "idle_spin_us" => d.idle_spin_us = num(v)?,
                 _ => {
                     return Err(HostError::Config(format!(
-                        "unknown device option '{k}' (engines, queues, numa, priority, idle_spin_us)"
-                    )))
+                    "unknown device option '{k}' (engines, queues, numa, priority, idle_spin_us)"
+                )))
                 }
             }
         }
@@ -105,13 +106,19 @@ impl DeviceConfig {
             )));
         }
         if !(1..=MAX_ENGINES).contains(&self.engines) {
-            return Err(HostError::Config(format!("engines must be 1..={MAX_ENGINES}")));
+            return Err(HostError::Config(format!(
+                "engines must be 1..={MAX_ENGINES}"
+            )));
         }
         if !(1..=MAX_INSTANCES).contains(&self.queues) {
-            return Err(HostError::Config(format!("queues must be 1..={MAX_INSTANCES}")));
+            return Err(HostError::Config(format!(
+                "queues must be 1..={MAX_INSTANCES}"
+            )));
         }
         if self.idle_spin_us > 1_000_000 {
-            return Err(HostError::Config("idle_spin_us must be at most 1000000".into()));
+            return Err(HostError::Config(
+                "idle_spin_us must be at most 1000000".into(),
+            ));
         }
         Ok(())
     }
@@ -169,13 +176,17 @@ impl HostConfig {
     /// Check every device and the limits.
     pub fn validate(&self) -> Result<(), HostError> {
         if self.devices.is_empty() || self.devices.len() > MAX_DEVICES {
-            return Err(HostError::Config(format!("between 1 and {MAX_DEVICES} devices are needed")));
+            return Err(HostError::Config(format!(
+                "between 1 and {MAX_DEVICES} devices are needed"
+            )));
         }
         if self.socket.is_empty() {
             return Err(HostError::Config("socket path is empty".into()));
         }
         if self.socket_mode > 0o777 {
-            return Err(HostError::Config("socket_mode must be at most 0o777".into()));
+            return Err(HostError::Config(
+                "socket_mode must be at most 0o777".into(),
+            ));
         }
         self.devices.iter().try_for_each(|d| d.validate())
     }

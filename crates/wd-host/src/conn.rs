@@ -16,7 +16,9 @@ use wd_sys::PeerCred;
 
 use crate::config::MAX_QUEUES_PER_CONNECTION;
 use crate::engine::LegacyDma;
-use crate::queue::{self, MemModel, Queue, QueueState, CAPA_ALLOW_LEGACY, CAPA_KNOWN, CAPA_SHARE_ALL};
+use crate::queue::{
+    self, MemModel, Queue, QueueState, CAPA_ALLOW_LEGACY, CAPA_KNOWN, CAPA_SHARE_ALL,
+};
 use crate::{attrs, HostError, HostInner};
 
 /// Depth used when a client asks for 0.
@@ -39,7 +41,9 @@ fn err(status: Status, msg: impl Into<String>) -> HostError {
 
 /// Serve one connection until the peer closes it or its process exits.
 pub(crate) fn serve(host: &Arc<HostInner>, sock: UnixStream) {
-    let Ok(cred) = wd_sys::peer_cred(&sock) else { return };
+    let Ok(cred) = wd_sys::peer_cred(&sock) else {
+        return;
+    };
     // A pidfd ties the queues to the process, not only to the socket: a
     // socket inherited by a child does not keep a dead parent's queues.
     let pidfd = wd_sys::pidfd_open(cred.pid).ok();
@@ -70,7 +74,9 @@ pub(crate) fn serve(host: &Arc<HostInner>, sock: UnixStream) {
             Err(e) => {
                 // Malformed input: say why, then drop the connection (its
                 // framing can no longer be trusted).
-                let _ = conn.ch.send(&Message::error(Status::Protocol, e.to_string()), 0, &[]);
+                let _ = conn
+                    .ch
+                    .send(&Message::error(Status::Protocol, e.to_string()), 0, &[]);
                 break;
             }
         };
@@ -116,7 +122,10 @@ impl Conn<'_> {
                         wd_proto::PROTOCOL_VERSION
                     ),
                 )),
-                other => Err(err(Status::Protocol, format!("expected Hello, got {}", other.name()))),
+                other => Err(err(
+                    Status::Protocol,
+                    format!("expected Hello, got {}", other.name()),
+                )),
             };
         }
         let mut fds = f.fds;
@@ -158,14 +167,26 @@ impl Conn<'_> {
                 prot,
             } => {
                 let q = self.queue(queue_id)?;
-                let prot = Prot::from_bits(prot).ok_or_else(|| err(Status::Invalid, "bad protection bits"))?;
-                let fd = fds.pop().ok_or_else(|| err(Status::Protocol, "MemShare without a descriptor"))?;
-                let region = wd_mem::ImportedRegion::import(fd.as_fd(), fd_offset, size)
-                    .map_err(|e| err(Status::from_errno(e.errno()), format!("cannot import shared memory: {e}")))?;
+                let prot = Prot::from_bits(prot)
+                    .ok_or_else(|| err(Status::Invalid, "bad protection bits"))?;
+                let fd = fds
+                    .pop()
+                    .ok_or_else(|| err(Status::Protocol, "MemShare without a descriptor"))?;
+                let region =
+                    wd_mem::ImportedRegion::import(fd.as_fd(), fd_offset, size).map_err(|e| {
+                        err(
+                            Status::from_errno(e.errno()),
+                            format!("cannot import shared memory: {e}"),
+                        )
+                    })?;
                 q.share(iova, region, prot)?;
                 Ok((Message::Ok, none))
             }
-            Message::MemUnshare { queue_id, iova, size } => {
+            Message::MemUnshare {
+                queue_id,
+                iova,
+                size,
+            } => {
                 self.queue(queue_id)?.unshare(iova, size)?;
                 Ok((Message::Ok, none))
             }
@@ -195,10 +216,12 @@ impl Conn<'_> {
     }
 
     fn queue(&self, id: u32) -> Result<Arc<Queue>, HostError> {
-        self.queues
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| err(Status::NotFound, format!("queue {id} does not belong to this connection")))
+        self.queues.get(&id).cloned().ok_or_else(|| {
+            err(
+                Status::NotFound,
+                format!("queue {id} does not belong to this connection"),
+            )
+        })
     }
 
     fn request_queue(
@@ -217,7 +240,10 @@ impl Conn<'_> {
             ));
         }
         if flags & !CAPA_KNOWN != 0 {
-            return Err(err(Status::Invalid, format!("unknown capability flags {:#x}", flags & !CAPA_KNOWN)));
+            return Err(err(
+                Status::Invalid,
+                format!("unknown capability flags {:#x}", flags & !CAPA_KNOWN),
+            ));
         }
         let depth = if depth == 0 { DEFAULT_DEPTH } else { depth };
         let layout = RingLayout::new(depth).map_err(|e| err(Status::Invalid, e.to_string()))?;
@@ -230,7 +256,10 @@ impl Conn<'_> {
             }
         }
         if cands.is_empty() {
-            return Err(err(Status::NoDevice, format!("no device serves algorithm '{alg}'")));
+            return Err(err(
+                Status::NoDevice,
+                format!("no device serves algorithm '{alg}'"),
+            ));
         }
         let devs = &self.host.devices;
         cands.sort_by_key(|&(n, t)| {
@@ -249,10 +278,15 @@ impl Conn<'_> {
                 .is_ok()
         });
         let Some((dev_n, type_n)) = claimed else {
-            return Err(err(Status::Busy, format!("every queue of '{alg}' is in use; try again later")));
+            return Err(err(
+                Status::Busy,
+                format!("every queue of '{alg}' is in use; try again later"),
+            ));
         };
         let give_back = || {
-            devs[dev_n].types[type_n].available.fetch_add(1, Ordering::AcqRel);
+            devs[dev_n].types[type_n]
+                .available
+                .fetch_add(1, Ordering::AcqRel);
         };
 
         let mut model = MemModel::Shared;
@@ -265,7 +299,8 @@ impl Conn<'_> {
         }
 
         let built = queue::new_ring(layout).and_then(|ring| {
-            let cq = wd_sys::eventfd().map_err(|e| err(Status::from_errno(e.errno()), e.to_string()))?;
+            let cq =
+                wd_sys::eventfd().map_err(|e| err(Status::from_errno(e.errno()), e.to_string()))?;
             Ok((ring, cq))
         });
         let ((ring_fd, ring_map, view), cq) = match built {
@@ -282,9 +317,12 @@ impl Conn<'_> {
         let engine = &dev.engines[engine_n];
         let id = self.host.new_queue_id();
         let info = &dev.types[type_n].info;
-        let cq_dup = cq
-            .try_clone()
-            .map_err(|e| err(Status::from_errno(e.raw_os_error().unwrap_or(5)), e.to_string()));
+        let cq_dup = cq.try_clone().map_err(|e| {
+            err(
+                Status::from_errno(e.raw_os_error().unwrap_or(5)),
+                e.to_string(),
+            )
+        });
         let cq_dup = match cq_dup {
             Ok(c) => c,
             Err(e) => {
@@ -356,13 +394,21 @@ impl Conn<'_> {
 
     fn release(&mut self, id: u32) {
         self.legacy.remove(&id);
-        let Some(q) = self.queues.remove(&id) else { return };
+        let Some(q) = self.queues.remove(&id) else {
+            return;
+        };
         q.set_state(QueueState::Closing);
         let dev = &self.host.devices[q.device];
         dev.engines[q.engine].detach(id);
         q.unshare_all();
-        self.host.queues.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-        dev.types[q.alg as usize].available.fetch_add(1, Ordering::AcqRel);
+        self.host
+            .queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        dev.types[q.alg as usize]
+            .available
+            .fetch_add(1, Ordering::AcqRel);
     }
 
     fn legacy(&mut self, id: u32, desc: &[u8], payload: &[u8]) -> Result<Reply, HostError> {
@@ -374,7 +420,10 @@ impl Conn<'_> {
             ));
         }
         let mut d = Desc::from_bytes(desc).ok_or_else(|| {
-            err(Status::Invalid, format!("descriptor must be {} bytes", wd_ring::DESC_SIZE))
+            err(
+                Status::Invalid,
+                format!("descriptor must be {} bytes", wd_ring::DESC_SIZE),
+            )
         })?;
         let driver = &self.host.devices[q.device].driver;
         let engine = self.legacy.entry(id).or_insert_with(|| driver.new_engine());

@@ -51,7 +51,8 @@ impl EngineHandle {
         idle_spin: Duration,
     ) -> std::io::Result<EngineHandle> {
         let (tx, rx) = mpsc::channel();
-        let doorbell = Arc::new(wd_sys::eventfd().map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?);
+        let doorbell =
+            Arc::new(wd_sys::eventfd().map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?);
         let load = Arc::new(AtomicUsize::new(0));
         let sleeping = Arc::new(AtomicBool::new(false));
         let state = EngineLoop {
@@ -65,7 +66,9 @@ impl EngineHandle {
             runs_b: Vec::new(),
             bounce: Vec::new(),
         };
-        let thread = std::thread::Builder::new().name(name).spawn(move || state.run())?;
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || state.run())?;
         Ok(EngineHandle {
             tx,
             doorbell,
@@ -313,8 +316,12 @@ impl Dma for QueueDma<'_> {
         if len == 0 {
             return Ok(());
         }
-        let a = self.dom.translate_range(src, len, Access::Read, self.runs_a);
-        let b = self.dom.translate_range(dst, len, Access::Write, self.runs_b);
+        let a = self
+            .dom
+            .translate_range(src, len, Access::Read, self.runs_a);
+        let b = self
+            .dom
+            .translate_range(dst, len, Access::Write, self.runs_b);
         match (a, b) {
             (Ok(()), Ok(())) => {
                 copy_runs(self.runs_b, self.runs_a);
@@ -331,7 +338,9 @@ impl Dma for QueueDma<'_> {
                     let n = (len - done).min(BOUNCE_CHUNK as u64) as usize;
                     let mut buf = std::mem::take(self.bounce);
                     buf.resize(n, 0);
-                    let r = self.read(src + done, &mut buf).and_then(|_| self.write(dst + done, &buf));
+                    let r = self
+                        .read(src + done, &mut buf)
+                        .and_then(|_| self.write(dst + done, &buf));
                     *self.bounce = buf;
                     r?;
                     done += n as u64;
@@ -342,7 +351,10 @@ impl Dma for QueueDma<'_> {
     }
 
     fn read(&mut self, src: u64, buf: &mut [u8]) -> Result<(), Fault> {
-        match self.dom.translate_range(src, buf.len() as u64, Access::Read, self.runs_a) {
+        match self
+            .dom
+            .translate_range(src, buf.len() as u64, Access::Read, self.runs_a)
+        {
             Ok(()) => {
                 let mut off = 0usize;
                 for &(p, l) in self.runs_a.iter() {
@@ -350,22 +362,29 @@ impl Dma for QueueDma<'_> {
                     // which maps only live host mappings of shared memory
                     // (unmapped only under the domain's write lock, which we
                     // exclude by holding the read lock); buf is local memory.
-                    unsafe { std::ptr::copy(p as *const u8, buf.as_mut_ptr().add(off), l as usize) };
+                    unsafe {
+                        std::ptr::copy(p as *const u8, buf.as_mut_ptr().add(off), l as usize)
+                    };
                     off += l as usize;
                 }
                 Ok(())
             }
             Err(f) => match self.share_all() {
-                // SAFETY: buf is valid for buf.len() writable bytes.
-                Some(pid) => unsafe { wd_sys::process_vm_read(pid, src, buf.as_mut_ptr(), buf.len()) }
-                    .map_err(|_| self.pid_fault(src, Access::Read)),
+                Some(pid) => {
+                    // SAFETY: buf is valid for buf.len() writable bytes.
+                    unsafe { wd_sys::process_vm_read(pid, src, buf.as_mut_ptr(), buf.len()) }
+                        .map_err(|_| self.pid_fault(src, Access::Read))
+                }
                 None => Err(self.fault(f)),
             },
         }
     }
 
     fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), Fault> {
-        match self.dom.translate_range(dst, data.len() as u64, Access::Write, self.runs_b) {
+        match self
+            .dom
+            .translate_range(dst, data.len() as u64, Access::Write, self.runs_b)
+        {
             Ok(()) => {
                 let mut off = 0usize;
                 for &(p, l) in self.runs_b.iter() {
@@ -377,9 +396,11 @@ impl Dma for QueueDma<'_> {
                 Ok(())
             }
             Err(f) => match self.share_all() {
-                // SAFETY: data is valid for data.len() readable bytes.
-                Some(pid) => unsafe { wd_sys::process_vm_write(pid, dst, data.as_ptr(), data.len()) }
-                    .map_err(|_| self.pid_fault(dst, Access::Write)),
+                Some(pid) => {
+                    // SAFETY: data is valid for data.len() readable bytes.
+                    unsafe { wd_sys::process_vm_write(pid, dst, data.as_ptr(), data.len()) }
+                        .map_err(|_| self.pid_fault(dst, Access::Write))
+                }
                 None => Err(self.fault(f)),
             },
         }
@@ -395,7 +416,13 @@ fn copy_runs(dst: &[(u64, u64)], src: &[(u64, u64)]) {
         // SAFETY: both runs were translated under the domain's read lock from
         // live host mappings (see QueueDma::read); ptr::copy tolerates the
         // overlap a client may ask for.
-        unsafe { std::ptr::copy((src[i].0 + si) as *const u8, (dst[j].0 + dj) as *mut u8, n as usize) };
+        unsafe {
+            std::ptr::copy(
+                (src[i].0 + si) as *const u8,
+                (dst[j].0 + dj) as *mut u8,
+                n as usize,
+            )
+        };
         si += n;
         dj += n;
         if si == src[i].1 {
@@ -433,7 +460,9 @@ impl LegacyDma<'_> {
 
 impl Dma for LegacyDma<'_> {
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Fault> {
-        let end = src.checked_add(len).filter(|&e| e <= self.input.len() as u64);
+        let end = src
+            .checked_add(len)
+            .filter(|&e| e <= self.input.len() as u64);
         let Some(end) = end else {
             return Err(self.bad(src, Access::Read));
         };

@@ -105,7 +105,12 @@ impl HostInner {
         // Ids start at 1 and skip ids still in use after wrap-around.
         loop {
             let id = self.next_queue.fetch_add(1, Ordering::Relaxed).max(1);
-            if !self.queues.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&id) {
+            if !self
+                .queues
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains_key(&id)
+            {
                 return id;
             }
         }
@@ -174,7 +179,11 @@ impl Host {
                     available: AtomicU32::new(dc.queues),
                 })
                 .collect();
-            let priority = if dc.priority == 0 { driver.default_priority() } else { dc.priority };
+            let priority = if dc.priority == 0 {
+                driver.default_priority()
+            } else {
+                dc.priority
+            };
             devices.push(Device {
                 driver,
                 numa_zone_id: AtomicI32::new(dc.numa_zone_id),
@@ -209,7 +218,11 @@ impl Host {
     pub fn embedded(devices: Vec<DeviceConfig>) -> Result<Host, HostError> {
         static N: AtomicU64 = AtomicU64::new(0);
         let cfg = HostConfig {
-            socket: format!("@wd-embedded-{}-{}", wd_sys::getpid(), N.fetch_add(1, Ordering::Relaxed)),
+            socket: format!(
+                "@wd-embedded-{}-{}",
+                wd_sys::getpid(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ),
             socket_mode: 0o600,
             devices,
         };
@@ -236,7 +249,13 @@ impl Host {
             return;
         }
         // Wake the accept loop (it polls with a timeout) and hang up clients.
-        for s in self.inner.conns.lock().unwrap_or_else(|e| e.into_inner()).values() {
+        for s in self
+            .inner
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
         if let Some(t) = self.accept.take() {
@@ -261,7 +280,9 @@ fn accept_loop(host: Arc<HostInner>, listener: UnixListener) {
             Ok(r) if r[0].readable => {}
             _ => continue,
         }
-        let Ok((sock, _)) = listener.accept() else { continue };
+        let Ok((sock, _)) = listener.accept() else {
+            continue;
+        };
         threads.retain(|t| !t.is_finished());
         if threads.len() >= config::MAX_CONNECTIONS {
             let ch = wd_ipc::Channel::new(sock);
@@ -274,14 +295,20 @@ fn accept_loop(host: Arc<HostInner>, listener: UnixListener) {
         }
         let id = host.next_conn.fetch_add(1, Ordering::Relaxed);
         if let Ok(clone) = sock.try_clone() {
-            host.conns.lock().unwrap_or_else(|e| e.into_inner()).insert(id, clone);
+            host.conns
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id, clone);
         }
         let h = host.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("wd-conn{id}"))
             .spawn(move || {
                 conn::serve(&h, sock);
-                h.conns.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                h.conns
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
             });
         if let Ok(t) = spawned {
             threads.push(t);

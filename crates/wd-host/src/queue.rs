@@ -139,7 +139,10 @@ impl Queue {
     /// Record a translation fault.
     pub fn record_fault(&self, f: Fault) {
         self.fault_count.fetch_add(1, Ordering::Relaxed);
-        self.faults.lock().unwrap_or_else(|e| e.into_inner()).push(f);
+        self.faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(f);
     }
 
     /// Map client memory (already imported) at `iova` into the domain.
@@ -156,7 +159,12 @@ impl Queue {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .map(iova, region.host_addr(), size, prot)
-            .map_err(|e| HostError::Status(Status::Invalid, format!("cannot share {iova:#x}+{size:#x}: {e}")))?;
+            .map_err(|e| {
+                HostError::Status(
+                    Status::Invalid,
+                    format!("cannot share {iova:#x}+{size:#x}: {e}"),
+                )
+            })?;
         shares.insert(iova, (size, region));
         Ok(())
     }
@@ -211,7 +219,11 @@ pub(crate) fn new_ring(
     let fd = wd_sys::memfd_create("wd-ring", false).map_err(sys)?;
     wd_sys::ftruncate(fd.as_fd(), layout.total_bytes() as u64).map_err(sys)?;
     // The client cannot shrink the ring under the host (no SIGBUS here).
-    wd_sys::add_seals(fd.as_fd(), wd_sys::SEAL_SHRINK | wd_sys::SEAL_GROW | wd_sys::SEAL_SEAL).map_err(sys)?;
+    wd_sys::add_seals(
+        fd.as_fd(),
+        wd_sys::SEAL_SHRINK | wd_sys::SEAL_GROW | wd_sys::SEAL_SEAL,
+    )
+    .map_err(sys)?;
     let map = Mapping::map_shared(fd.as_fd(), 0, layout.total_bytes()).map_err(sys)?;
     // SAFETY: `map` is a fresh page-aligned mapping of total_bytes; the view
     // is stored in the engine next to an Arc of the Queue that owns `map`,

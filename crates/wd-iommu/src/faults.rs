@@ -44,7 +44,10 @@ impl FaultQueue {
             self.q.pop_front();
             self.lost += 1;
         }
-        self.q.push_back(FaultRecord { seq: self.total, fault });
+        self.q.push_back(FaultRecord {
+            seq: self.total,
+            fault,
+        });
         self.total += 1;
     }
 
@@ -97,7 +100,10 @@ mod tests {
         }
         assert_eq!((q.len(), q.total(), q.lost()), (2, 5, 3));
         let d = q.drain(10);
-        assert_eq!(d.iter().map(|r| (r.seq, r.fault.iova)).collect::<Vec<_>>(), [(3, 3), (4, 4)]);
+        assert_eq!(
+            d.iter().map(|r| (r.seq, r.fault.iova)).collect::<Vec<_>>(),
+            [(3, 3), (4, 4)]
+        );
         assert!(q.is_empty());
         assert_eq!(FaultQueue::new(0).cap, 1);
     }

@@ -120,7 +120,11 @@ impl std::fmt::Display for Fault {
             FaultReason::OutOfRange => "out of range",
             FaultReason::NoDomain => "no domain",
         };
-        write!(f, "{what} fault at IOVA {:#x} (pasid {}): {why}", self.iova, self.pasid)
+        write!(
+            f,
+            "{what} fault at IOVA {:#x} (pasid {}): {why}",
+            self.iova, self.pasid
+        )
     }
 }
 

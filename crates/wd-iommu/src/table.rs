@@ -1,6 +1,9 @@
 //! Domains and their 4-level radix page tables.
 
-use crate::{Access, Fault, FaultReason, IommuError, Mapping, Pasid, Prot, DEFAULT_MAX_PAGES, IOVA_BITS, PAGE_SHIFT, PAGE_SIZE};
+use crate::{
+    Access, Fault, FaultReason, IommuError, Mapping, Pasid, Prot, DEFAULT_MAX_PAGES, IOVA_BITS,
+    PAGE_SHIFT, PAGE_SIZE,
+};
 
 const FANOUT: usize = 512;
 const BITS_PER_LEVEL: u32 = 9;
@@ -15,8 +18,14 @@ const IOVA_LIMIT: u64 = 1 << IOVA_BITS;
 /// entries. (Block entries for 2 MiB / 1 GiB would be a third variant at
 /// levels 1 and 2.)
 enum Node {
-    Dir { kids: Box<[Option<Box<Node>>; FANOUT]>, used: u16 },
-    Leaf { ptes: Box<[u64; FANOUT]>, used: u16 },
+    Dir {
+        kids: Box<[Option<Box<Node>>; FANOUT]>,
+        used: u16,
+    },
+    Leaf {
+        ptes: Box<[u64; FANOUT]>,
+        used: u16,
+    },
 }
 
 impl Node {
@@ -166,7 +175,9 @@ impl Domain {
         let mut created = 0;
         let mut n = &mut self.root;
         for level in (1..=TOP_LEVEL).rev() {
-            let Node::Dir { kids, used } = n else { unreachable!("directories above level 0") };
+            let Node::Dir { kids, used } = n else {
+                unreachable!("directories above level 0")
+            };
             let slot = &mut kids[index(iova, level)];
             if slot.is_none() {
                 *slot = Some(Box::new(Node::new(level - 1)));
@@ -175,7 +186,9 @@ impl Domain {
             }
             n = slot.as_deref_mut().expect("just filled");
         }
-        let Node::Leaf { ptes, used } = n else { unreachable!("level 0 is a leaf") };
+        let Node::Leaf { ptes, used } = n else {
+            unreachable!("level 0 is a leaf")
+        };
         let i = index(iova, 0);
         debug_assert_eq!(ptes[i] & PTE_VALID, 0);
         ptes[i] = entry;
@@ -218,7 +231,13 @@ impl Domain {
     /// Translate `[iova, iova+len)` into physically contiguous runs (cleared
     /// first, in IOVA order). The first unmapped or forbidden byte is the
     /// fault; `len == 0` is an empty success.
-    pub fn translate_range(&self, iova: u64, len: u64, access: Access, runs: &mut Vec<(u64, u64)>) -> Result<(), Fault> {
+    pub fn translate_range(
+        &self,
+        iova: u64,
+        len: u64,
+        access: Access,
+        runs: &mut Vec<(u64, u64)>,
+    ) -> Result<(), Fault> {
         runs.clear();
         if len == 0 {
             return Ok(());
@@ -231,7 +250,12 @@ impl Domain {
         };
         let end = match iova.checked_add(len) {
             Some(e) if e <= IOVA_LIMIT => e,
-            _ => return Err(fault(iova.min(IOVA_LIMIT.max(iova)), FaultReason::OutOfRange)),
+            _ => {
+                return Err(fault(
+                    iova.min(IOVA_LIMIT.max(iova)),
+                    FaultReason::OutOfRange,
+                ))
+            }
         };
         let mut a = iova;
         while a < end {
@@ -282,7 +306,14 @@ impl Domain {
     }
 }
 
-fn unmap_node(node: &mut Node, level: u32, base: u64, start: u64, end: u64, freed: &mut usize) -> u64 {
+fn unmap_node(
+    node: &mut Node,
+    level: u32,
+    base: u64,
+    start: u64,
+    end: u64,
+    freed: &mut usize,
+) -> u64 {
     let span = entry_span(level);
     let lo = start.max(base);
     let hi = end.min(base + span * FANOUT as u64);
@@ -330,7 +361,9 @@ fn collect(node: &Node, level: u32, base: u64, out: &mut Vec<Mapping>) {
                 let phys = p & PTE_ADDR_MASK;
                 let prot = pte_prot(p);
                 match out.last_mut() {
-                    Some(m) if m.iova + m.size == iova && m.phys + m.size == phys && m.prot == prot => {
+                    Some(m)
+                        if m.iova + m.size == iova && m.phys + m.size == phys && m.prot == prot =>
+                    {
                         m.size += PAGE_SIZE
                     }
                     _ => out.push(Mapping {
@@ -365,7 +398,10 @@ mod tests {
         assert_eq!(d.translate(0x10010, Access::Read), Ok(0x7000_0010));
         assert_eq!(d.translate(0x11fff, Access::Write), Ok(0x7000_1fff));
         let f = d.translate(0x12000, Access::Read).unwrap_err();
-        assert_eq!((f.iova, f.pasid, f.reason), (0x12000, 3, FaultReason::Unmapped));
+        assert_eq!(
+            (f.iova, f.pasid, f.reason),
+            (0x12000, 3, FaultReason::Unmapped)
+        );
         assert_eq!(d.mapped_bytes(), 2 * P);
         assert_eq!(d.unmap(0x10000, 2 * P), Ok(2 * P));
         assert!(d.translate(0x10010, Access::Read).is_err());
@@ -377,7 +413,10 @@ mod tests {
         let mut d = Domain::new(1);
         d.map(0, 0x1000, P, Prot::READ).unwrap();
         assert!(d.translate(5, Access::Read).is_ok());
-        assert_eq!(d.translate(5, Access::Write).unwrap_err().reason, FaultReason::Permission);
+        assert_eq!(
+            d.translate(5, Access::Write).unwrap_err().reason,
+            FaultReason::Permission
+        );
         assert_eq!(d.map(P, 0, P, Prot::NONE), Err(IommuError::NoPermission));
         assert_eq!(Prot::from_bits(4), None);
         assert_eq!(Prot::READ | Prot::WRITE, Prot::RW);
@@ -386,13 +425,31 @@ mod tests {
     #[test]
     fn bad_arguments() {
         let mut d = Domain::new(1);
-        assert!(matches!(d.map(1, 0, P, Prot::RW), Err(IommuError::Misaligned { .. })));
-        assert!(matches!(d.map(0, 1, P, Prot::RW), Err(IommuError::Misaligned { .. })));
-        assert!(matches!(d.map(0, 0, 0, Prot::RW), Err(IommuError::Misaligned { .. })));
-        assert!(matches!(d.map(IOVA_LIMIT - P, 0, 2 * P, Prot::RW), Err(IommuError::OutOfRange { .. })));
-        assert!(matches!(d.map(u64::MAX & !(P - 1), 0, P, Prot::RW), Err(IommuError::OutOfRange { .. })));
+        assert!(matches!(
+            d.map(1, 0, P, Prot::RW),
+            Err(IommuError::Misaligned { .. })
+        ));
+        assert!(matches!(
+            d.map(0, 1, P, Prot::RW),
+            Err(IommuError::Misaligned { .. })
+        ));
+        assert!(matches!(
+            d.map(0, 0, 0, Prot::RW),
+            Err(IommuError::Misaligned { .. })
+        ));
+        assert!(matches!(
+            d.map(IOVA_LIMIT - P, 0, 2 * P, Prot::RW),
+            Err(IommuError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            d.map(!(P - 1), 0, P, Prot::RW),
+            Err(IommuError::OutOfRange { .. })
+        ));
         assert!(matches!(d.unmap(0, 3), Err(IommuError::Misaligned { .. })));
-        assert_eq!(d.translate(IOVA_LIMIT, Access::Read).unwrap_err().reason, FaultReason::OutOfRange);
+        assert_eq!(
+            d.translate(IOVA_LIMIT, Access::Read).unwrap_err().reason,
+            FaultReason::OutOfRange
+        );
     }
 
     #[test]
@@ -400,7 +457,10 @@ mod tests {
         let mut d = Domain::new(1);
         d.map(4 * P, 0x100000, P, Prot::RW).unwrap();
         let before = d.mappings();
-        assert_eq!(d.map(2 * P, 0x200000, 4 * P, Prot::RW), Err(IommuError::Overlap { iova: 4 * P }));
+        assert_eq!(
+            d.map(2 * P, 0x200000, 4 * P, Prot::RW),
+            Err(IommuError::Overlap { iova: 4 * P })
+        );
         assert_eq!(d.mappings(), before);
         assert_eq!(d.mapped_bytes(), P);
     }
@@ -422,15 +482,21 @@ mod tests {
         d.map(base + 2 * P, 0x40_2000, 2 * P, Prot::RW).unwrap();
         d.map(base + 4 * P, 0x90_0000, P, Prot::RW).unwrap();
         let mut runs = Vec::new();
-        d.translate_range(base + 10, 4 * P - 10, Access::Read, &mut runs).unwrap();
+        d.translate_range(base + 10, 4 * P - 10, Access::Read, &mut runs)
+            .unwrap();
         assert_eq!(runs, [(0x40_000a, 4 * P - 10)]);
-        d.translate_range(base, 5 * P, Access::Write, &mut runs).unwrap();
+        d.translate_range(base, 5 * P, Access::Write, &mut runs)
+            .unwrap();
         assert_eq!(runs, [(0x40_0000, 4 * P), (0x90_0000, P)]);
-        let f = d.translate_range(base + 5, 6 * P, Access::Read, &mut runs).unwrap_err();
+        let f = d
+            .translate_range(base + 5, 6 * P, Access::Read, &mut runs)
+            .unwrap_err();
         assert_eq!((f.iova, f.reason), (base + 5 * P, FaultReason::Unmapped));
         d.translate_range(7, 0, Access::Read, &mut runs).unwrap();
         assert!(runs.is_empty());
-        let f = d.translate_range(u64::MAX - 1, 4, Access::Read, &mut runs).unwrap_err();
+        let f = d
+            .translate_range(u64::MAX - 1, 4, Access::Read, &mut runs)
+            .unwrap_err();
         assert_eq!(f.reason, FaultReason::OutOfRange);
         assert_eq!(
             d.mappings(),
@@ -455,6 +521,9 @@ mod tests {
     fn limit() {
         let mut d = Domain::with_limit(1, 2);
         d.map(0, 0, 2 * P, Prot::RW).unwrap();
-        assert_eq!(d.map(4 * P, 0, P, Prot::RW), Err(IommuError::LimitExceeded { limit_pages: 2 }));
+        assert_eq!(
+            d.map(4 * P, 0, P, Prot::RW),
+            Err(IommuError::LimitExceeded { limit_pages: 2 })
+        );
     }
 }

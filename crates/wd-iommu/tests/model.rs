@@ -11,19 +11,67 @@ const BASES: [u64; 3] = [0, (1 << 21) - 16 * PAGE_SIZE, (1 << 30) - 16 * PAGE_SI
 
 #[derive(Clone, Debug)]
 enum Op {
-    Map { base: usize, page: u64, n: u64, phys: u64, prot: u8 },
-    Unmap { base: usize, page: u64, n: u64 },
-    Translate { base: usize, page: u64, off: u64, write: bool },
-    Range { base: usize, page: u64, off: u64, len: u64, write: bool },
+    Map {
+        base: usize,
+        page: u64,
+        n: u64,
+        phys: u64,
+        prot: u8,
+    },
+    Unmap {
+        base: usize,
+        page: u64,
+        n: u64,
+    },
+    Translate {
+        base: usize,
+        page: u64,
+        off: u64,
+        write: bool,
+    },
+    Range {
+        base: usize,
+        page: u64,
+        off: u64,
+        len: u64,
+        write: bool,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (0..3usize, 0..32u64, 1..6u64, 0..64u64, 1..4u8).prop_map(|(base, page, n, phys, prot)| Op::Map { base, page, n, phys, prot }),
+        (0..3usize, 0..32u64, 1..6u64, 0..64u64, 1..4u8).prop_map(|(base, page, n, phys, prot)| {
+            Op::Map {
+                base,
+                page,
+                n,
+                phys,
+                prot,
+            }
+        }),
         (0..3usize, 0..32u64, 1..8u64).prop_map(|(base, page, n)| Op::Unmap { base, page, n }),
-        (0..3usize, 0..34u64, 0..PAGE_SIZE, any::<bool>()).prop_map(|(base, page, off, write)| Op::Translate { base, page, off, write }),
-        (0..3usize, 0..34u64, 0..PAGE_SIZE, 0..(5 * PAGE_SIZE), any::<bool>())
-            .prop_map(|(base, page, off, len, write)| Op::Range { base, page, off, len, write }),
+        (0..3usize, 0..34u64, 0..PAGE_SIZE, any::<bool>()).prop_map(|(base, page, off, write)| {
+            Op::Translate {
+                base,
+                page,
+                off,
+                write,
+            }
+        }),
+        (
+            0..3usize,
+            0..34u64,
+            0..PAGE_SIZE,
+            0..(5 * PAGE_SIZE),
+            any::<bool>()
+        )
+            .prop_map(|(base, page, off, len, write)| Op::Range {
+                base,
+                page,
+                off,
+                len,
+                write
+            }),
     ]
 }
 

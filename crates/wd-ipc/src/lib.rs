@@ -90,7 +90,12 @@ impl Channel {
     }
 
     /// Send one message with its descriptors.
-    pub fn send(&self, msg: &Message, request_id: u32, fds: &[BorrowedFd<'_>]) -> Result<(), IpcError> {
+    pub fn send(
+        &self,
+        msg: &Message,
+        request_id: u32,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(), IpcError> {
         if fds.len() != msg.fds_expected() {
             return Err(IpcError::Fds {
                 kind: msg.name(),
@@ -145,7 +150,9 @@ impl Channel {
         while self.available().len() < HEADER_LEN {
             self.fill()?;
         }
-        let hbytes: [u8; HEADER_LEN] = self.available()[..HEADER_LEN].try_into().expect("header length");
+        let hbytes: [u8; HEADER_LEN] = self.available()[..HEADER_LEN]
+            .try_into()
+            .expect("header length");
         let header: Header = wd_proto::decode_header(&hbytes)?;
         let total = HEADER_LEN + header.body_len as usize;
         while self.available().len() < total {
@@ -180,7 +187,12 @@ impl Channel {
     }
 
     /// Send a request and wait for its reply (replies come in order).
-    pub fn call(&mut self, msg: &Message, request_id: u32, fds: &[BorrowedFd<'_>]) -> Result<Frame, IpcError> {
+    pub fn call(
+        &mut self,
+        msg: &Message,
+        request_id: u32,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<Frame, IpcError> {
         self.send(msg, request_id, fds)?;
         let f = self.recv()?;
         if f.request_id != request_id {

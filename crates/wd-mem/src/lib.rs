@@ -91,7 +91,10 @@ impl Arena {
         }
         let fd = wd_sys::memfd_create("wd-arena", false)?;
         wd_sys::ftruncate(fd.as_fd(), size as u64)?;
-        wd_sys::add_seals(fd.as_fd(), wd_sys::SEAL_SHRINK | wd_sys::SEAL_GROW | wd_sys::SEAL_SEAL)?;
+        wd_sys::add_seals(
+            fd.as_fd(),
+            wd_sys::SEAL_SHRINK | wd_sys::SEAL_GROW | wd_sys::SEAL_SEAL,
+        )?;
         let map = Mapping::map_shared(fd.as_fd(), 0, size)?;
         let mut bound = None;
         if let Some(n) = node {
@@ -101,7 +104,11 @@ impl Arena {
                 bound = Some(n);
             }
         }
-        Ok(Arena { fd, map, node: bound })
+        Ok(Arena {
+            fd,
+            map,
+            node: bound,
+        })
     }
 
     /// Base address in this process.

@@ -2,7 +2,9 @@
 //! u16 length + UTF-8, byte vectors a u32 length, lists a u32 count.
 
 use crate::limits::*;
-use crate::{AttrEntry, FaultEvent, Header, Message, ProtoError, Status, HEADER_LEN, MAGIC, PROTOCOL_VERSION};
+use crate::{
+    AttrEntry, FaultEvent, Header, Message, ProtoError, Status, HEADER_LEN, MAGIC, PROTOCOL_VERSION,
+};
 
 const MAX_KIND: u16 = 18;
 
@@ -39,7 +41,11 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], ProtoError> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.b.len()).ok_or(ProtoError::Truncated(what))?;
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.b.len())
+            .ok_or(ProtoError::Truncated(what))?;
         let s = &self.b[self.at..end];
         self.at = end;
         Ok(s)
@@ -48,16 +54,22 @@ impl<'a> Reader<'a> {
         Ok(self.take(1, what)?[0])
     }
     fn u16(&mut self, what: &'static str) -> Result<u16, ProtoError> {
-        Ok(u16::from_le_bytes(self.take(2, what)?.try_into().expect("2 bytes")))
+        Ok(u16::from_le_bytes(
+            self.take(2, what)?.try_into().expect("2 bytes"),
+        ))
     }
     fn u32(&mut self, what: &'static str) -> Result<u32, ProtoError> {
-        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4, what)?.try_into().expect("4 bytes"),
+        ))
     }
     fn i32(&mut self, what: &'static str) -> Result<i32, ProtoError> {
         Ok(self.u32(what)? as i32)
     }
     fn u64(&mut self, what: &'static str) -> Result<u64, ProtoError> {
-        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8, what)?.try_into().expect("8 bytes"),
+        ))
     }
     fn bool(&mut self, what: &'static str) -> Result<bool, ProtoError> {
         match self.u8(what)? {
@@ -69,7 +81,11 @@ impl<'a> Reader<'a> {
     fn string(&mut self, what: &'static str, max: usize) -> Result<String, ProtoError> {
         let n = self.u16(what)? as usize;
         if n > max {
-            return Err(ProtoError::Limit { field: what, len: n, max });
+            return Err(ProtoError::Limit {
+                field: what,
+                len: n,
+                max,
+            });
         }
         let s = self.take(n, what)?;
         String::from_utf8(s.to_vec()).map_err(|_| ProtoError::Invalid(what))
@@ -84,14 +100,27 @@ impl<'a> Reader<'a> {
     fn bytes(&mut self, what: &'static str, max: usize) -> Result<Vec<u8>, ProtoError> {
         let n = self.u32(what)? as usize;
         if n > max {
-            return Err(ProtoError::Limit { field: what, len: n, max });
+            return Err(ProtoError::Limit {
+                field: what,
+                len: n,
+                max,
+            });
         }
         Ok(self.take(n, what)?.to_vec())
     }
-    fn count(&mut self, what: &'static str, max: usize, min_item: usize) -> Result<usize, ProtoError> {
+    fn count(
+        &mut self,
+        what: &'static str,
+        max: usize,
+        min_item: usize,
+    ) -> Result<usize, ProtoError> {
         let n = self.u32(what)? as usize;
         if n > max {
-            return Err(ProtoError::Limit { field: what, len: n, max });
+            return Err(ProtoError::Limit {
+                field: what,
+                len: n,
+                max,
+            });
         }
         // Never reserve more than the bytes present could hold.
         if n.saturating_mul(min_item) > self.b.len() - self.at {
@@ -211,7 +240,11 @@ pub fn decode_body(h: &Header, body: &[u8]) -> Result<Message, ProtoError> {
                 }
                 events.push(e);
             }
-            Message::Faults { total, lost, events }
+            Message::Faults {
+                total,
+                lost,
+                events,
+            }
         }
         15 => Message::Legacy {
             queue_id: r.u32("queue_id")?,
@@ -272,9 +305,19 @@ impl Writer {
     fn u64(&mut self, v: u64) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
-    fn string(&mut self, s: &str, field: &'static str, max: usize, nonempty: bool) -> Result<(), ProtoError> {
+    fn string(
+        &mut self,
+        s: &str,
+        field: &'static str,
+        max: usize,
+        nonempty: bool,
+    ) -> Result<(), ProtoError> {
         if s.len() > max {
-            return Err(ProtoError::Limit { field, len: s.len(), max });
+            return Err(ProtoError::Limit {
+                field,
+                len: s.len(),
+                max,
+            });
         }
         if nonempty && s.is_empty() {
             return Err(ProtoError::Invalid(field));
@@ -285,7 +328,11 @@ impl Writer {
     }
     fn bytes(&mut self, b: &[u8], field: &'static str, max: usize) -> Result<(), ProtoError> {
         if b.len() > max {
-            return Err(ProtoError::Limit { field, len: b.len(), max });
+            return Err(ProtoError::Limit {
+                field,
+                len: b.len(),
+                max,
+            });
         }
         self.u32(b.len() as u32);
         self.0.extend_from_slice(b);
@@ -305,7 +352,10 @@ pub fn encode(msg: &Message, request_id: u32) -> Result<Vec<u8>, ProtoError> {
     let mut w = Writer(Vec::with_capacity(64));
     w.0.resize(HEADER_LEN, 0);
     match msg {
-        Message::Hello { version, client_pid } => {
+        Message::Hello {
+            version,
+            client_pid,
+        } => {
             w.u16(*version);
             w.u32(*client_pid);
         }
@@ -382,7 +432,11 @@ pub fn encode(msg: &Message, request_id: u32) -> Result<Vec<u8>, ProtoError> {
             w.u64(*fd_offset);
             w.u8(*prot);
         }
-        Message::MemUnshare { queue_id, iova, size } => {
+        Message::MemUnshare {
+            queue_id,
+            iova,
+            size,
+        } => {
             w.u32(*queue_id);
             w.u64(*iova);
             w.u64(*size);
@@ -391,7 +445,11 @@ pub fn encode(msg: &Message, request_id: u32) -> Result<Vec<u8>, ProtoError> {
             w.u32(*queue_id);
             w.u32(*max);
         }
-        Message::Faults { total, lost, events } => {
+        Message::Faults {
+            total,
+            lost,
+            events,
+        } => {
             w.u64(*total);
             w.u64(*lost);
             w.count(events.len(), "faults", MAX_FAULTS)?;
@@ -450,13 +508,18 @@ mod tests {
 
     fn samples() -> Vec<Message> {
         vec![
-            Message::Hello { version: 1, client_pid: 7 },
+            Message::Hello {
+                version: 1,
+                client_pid: 7,
+            },
             Message::HelloReply {
                 version: 1,
                 host_pid: 9,
                 features: 3,
             },
-            Message::ListAttrs { prefix: "dev0".into() },
+            Message::ListAttrs {
+                prefix: "dev0".into(),
+            },
             Message::Attrs {
                 entries: vec![AttrEntry {
                     path: "dev0/priority".into(),
@@ -500,7 +563,10 @@ mod tests {
                 iova: 4096,
                 size: 8192,
             },
-            Message::ReadFaults { queue_id: 1, max: 9 },
+            Message::ReadFaults {
+                queue_id: 1,
+                max: 9,
+            },
             Message::Faults {
                 total: 4,
                 lost: 1,
@@ -557,26 +623,47 @@ mod tests {
         let mut bad = good.clone();
         bad[4] = 2;
         assert_eq!(decode_frame(&bad), Err(ProtoError::Version(2)));
-        assert_eq!(decode_frame(&frame(99, &[])), Err(ProtoError::UnknownKind(99)));
-        assert_eq!(decode_frame(&frame(0, &[])), Err(ProtoError::UnknownKind(0)));
+        assert_eq!(
+            decode_frame(&frame(99, &[])),
+            Err(ProtoError::UnknownKind(99))
+        );
+        assert_eq!(
+            decode_frame(&frame(0, &[])),
+            Err(ProtoError::UnknownKind(0))
+        );
         let mut bad = good.clone();
         bad[12..16].copy_from_slice(&(MAX_BODY as u32 + 1).to_le_bytes());
         assert!(matches!(decode_frame(&bad), Err(ProtoError::TooBig(_))));
-        assert!(matches!(decode_frame(&good[..good.len() - 1]), Err(ProtoError::Truncated(_))));
-        assert!(matches!(decode_frame(&good[..10]), Err(ProtoError::Truncated(_))));
+        assert!(matches!(
+            decode_frame(&good[..good.len() - 1]),
+            Err(ProtoError::Truncated(_))
+        ));
+        assert!(matches!(
+            decode_frame(&good[..10]),
+            Err(ProtoError::Truncated(_))
+        ));
         let mut bad = good.clone();
         bad.push(0);
         assert!(matches!(decode_frame(&bad), Err(ProtoError::Trailing(1))));
         // Body with a trailing byte the message does not use.
         assert_eq!(decode_frame(&frame(17, &[0])), Err(ProtoError::Trailing(1)));
         // Invalid UTF-8.
-        assert_eq!(decode_frame(&frame(5, &[2, 0, 0xff, 0xfe])), Err(ProtoError::Invalid("path")));
+        assert_eq!(
+            decode_frame(&frame(5, &[2, 0, 0xff, 0xfe])),
+            Err(ProtoError::Invalid("path"))
+        );
         // Empty name.
-        assert_eq!(decode_frame(&frame(5, &[0, 0])), Err(ProtoError::Invalid("path")));
+        assert_eq!(
+            decode_frame(&frame(5, &[0, 0])),
+            Err(ProtoError::Invalid("path"))
+        );
         // Over-limit string, list and payload.
         let mut b = vec![0xff, 0x0f];
         b.extend(vec![b'a'; 0x0fff]);
-        assert!(matches!(decode_frame(&frame(5, &b)), Err(ProtoError::Limit { .. })));
+        assert!(matches!(
+            decode_frame(&frame(5, &b)),
+            Err(ProtoError::Limit { .. })
+        ));
         assert!(matches!(
             decode_frame(&frame(4, &u32::MAX.to_le_bytes())),
             Err(ProtoError::Limit { .. })
@@ -588,22 +675,49 @@ mod tests {
         let mut b = 1u32.to_le_bytes().to_vec();
         b.extend_from_slice(&0u32.to_le_bytes());
         b.extend_from_slice(&((MAX_PAYLOAD + 1) as u32).to_le_bytes());
-        assert!(matches!(decode_frame(&frame(15, &b)), Err(ProtoError::Limit { .. })));
+        assert!(matches!(
+            decode_frame(&frame(15, &b)),
+            Err(ProtoError::Limit { .. })
+        ));
         // Bad bool, enum and prot values.
         let mut b = 1u32.to_le_bytes().to_vec();
         b.extend_from_slice(&[1, 0, b'a', 0, 0, 7]);
-        assert_eq!(decode_frame(&frame(4, &b)), Err(ProtoError::Invalid("writable")));
-        assert_eq!(decode_frame(&frame(18, &[0, 0, 0, 0])), Err(ProtoError::Invalid("status")));
-        assert_eq!(decode_frame(&frame(18, &[99, 0, 0, 0])), Err(ProtoError::Invalid("status")));
+        assert_eq!(
+            decode_frame(&frame(4, &b)),
+            Err(ProtoError::Invalid("writable"))
+        );
+        assert_eq!(
+            decode_frame(&frame(18, &[0, 0, 0, 0])),
+            Err(ProtoError::Invalid("status"))
+        );
+        assert_eq!(
+            decode_frame(&frame(18, &[99, 0, 0, 0])),
+            Err(ProtoError::Invalid("status"))
+        );
         let mut b = vec![0u8; 28];
         b.push(4);
-        assert_eq!(decode_frame(&frame(11, &b)), Err(ProtoError::Invalid("prot")));
+        assert_eq!(
+            decode_frame(&frame(11, &b)),
+            Err(ProtoError::Invalid("prot"))
+        );
     }
 
     #[test]
     fn encode_refuses_what_decode_refuses() {
-        assert!(encode(&Message::GetAttr { path: "x".repeat(MAX_PATH + 1) }, 1).is_err());
-        assert!(encode(&Message::GetAttr { path: String::new() }, 1).is_err());
+        assert!(encode(
+            &Message::GetAttr {
+                path: "x".repeat(MAX_PATH + 1)
+            },
+            1
+        )
+        .is_err());
+        assert!(encode(
+            &Message::GetAttr {
+                path: String::new()
+            },
+            1
+        )
+        .is_err());
         assert!(encode(
             &Message::Legacy {
                 queue_id: 1,

@@ -323,7 +323,11 @@ impl Message {
             }
             message.truncate(cut);
         }
-        let status = if status == Status::Ok { Status::Io } else { status };
+        let status = if status == Status::Ok {
+            Status::Io
+        } else {
+            status
+        };
         Message::Error { status, message }
     }
 }

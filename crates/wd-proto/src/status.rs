@@ -70,9 +70,9 @@ impl Status {
     pub fn from_errno(errno: i32) -> Status {
         let e = errno.unsigned_abs() as i32;
         match e {
-            13 => Status::Permission,              // EACCES
-            7 => Status::TooBig,                   // E2BIG
-            104 | 32 | 111 => Status::HostGone,    // ECONNRESET, EPIPE, ECONNREFUSED
+            13 => Status::Permission,           // EACCES
+            7 => Status::TooBig,                // E2BIG
+            104 | 32 | 111 => Status::HostGone, // ECONNRESET, EPIPE, ECONNREFUSED
             _ => TABLE.iter().find(|t| t.1 == e).map_or(Status::Io, |t| t.0),
         }
     }

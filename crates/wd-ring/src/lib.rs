@@ -10,7 +10,9 @@
 mod layout;
 mod view;
 
-pub use layout::{Desc, RingLayout, DESC_SIZE, MAX_DEPTH, MIN_DEPTH, PAYLOAD_SIZE, RING_MAGIC, RING_VERSION};
+pub use layout::{
+    Desc, RingLayout, DESC_SIZE, MAX_DEPTH, MIN_DEPTH, PAYLOAD_SIZE, RING_MAGIC, RING_VERSION,
+};
 pub use view::{HostState, RingView, CQ_WAITING, SQ_NEED_WAKEUP};
 
 /// Errors of ring handling.

@@ -72,7 +72,11 @@ impl RingView {
     /// # Safety
     /// `base` must be 64-byte aligned, valid for reads and writes of `len`
     /// bytes, and stay mapped for the lifetime of the returned view.
-    pub unsafe fn create(base: *mut u8, len: usize, layout: RingLayout) -> Result<RingView, RingError> {
+    pub unsafe fn create(
+        base: *mut u8,
+        len: usize,
+        layout: RingLayout,
+    ) -> Result<RingView, RingError> {
         if len < layout.total_bytes() {
             return Err(RingError::TooSmall {
                 have: len,
@@ -88,7 +92,8 @@ impl RingView {
         v.word(off::MAGIC).store(RING_MAGIC, Ordering::Relaxed);
         v.word(off::VERSION).store(RING_VERSION, Ordering::Relaxed);
         v.word(off::DEPTH).store(layout.depth(), Ordering::Relaxed);
-        v.word(off::DESC_SIZE).store(DESC_SIZE as u32, Ordering::Relaxed);
+        v.word(off::DESC_SIZE)
+            .store(DESC_SIZE as u32, Ordering::Relaxed);
         for o in [
             off::SQ_TAIL,
             off::SQ_HEAD,
@@ -101,7 +106,8 @@ impl RingView {
         }
         // Release: pairs with the Acquire load of HOST_STATE in `attach`, so a
         // client that sees Alive also sees the header above.
-        v.word(off::HOST_STATE).store(HostState::Alive as u32, Ordering::Release);
+        v.word(off::HOST_STATE)
+            .store(HostState::Alive as u32, Ordering::Release);
         Ok(v)
     }
 
@@ -188,7 +194,8 @@ impl RingView {
             self.sq_index = self.sq_index.wrapping_add(n as u32);
             // Release: pairs with the host's Acquire load of SQ_TAIL in
             // `fetch`, publishing the slot writes above.
-            self.word(off::SQ_TAIL).store(self.sq_index, Ordering::Release);
+            self.word(off::SQ_TAIL)
+                .store(self.sq_index, Ordering::Release);
         }
         Ok(n)
     }
@@ -214,7 +221,8 @@ impl RingView {
             self.cq_index = self.cq_index.wrapping_add(n as u32);
             // Release: pairs with the host's Acquire load of CQ_HEAD in
             // `cq_space`; our copies are done before the host reuses slots.
-            self.word(off::CQ_HEAD).store(self.cq_index, Ordering::Release);
+            self.word(off::CQ_HEAD)
+                .store(self.cq_index, Ordering::Release);
         }
         Ok(n)
     }
@@ -235,7 +243,8 @@ impl RingView {
     /// Client, before sleeping: announce the wait; returns true when a
     /// completion arrived meanwhile (then do not sleep).
     pub fn client_prepare_wait(&self) -> Result<bool, RingError> {
-        self.word(off::CQ_FLAGS).fetch_or(CQ_WAITING, Ordering::SeqCst);
+        self.word(off::CQ_FLAGS)
+            .fetch_or(CQ_WAITING, Ordering::SeqCst);
         // SeqCst fence: pairs with the fence in `complete`; our flag store is
         // ordered before our CQ_TAIL load.
         fence(Ordering::SeqCst);
@@ -244,7 +253,8 @@ impl RingView {
 
     /// Client, after waking: withdraw the wait announcement.
     pub fn client_end_wait(&self) {
-        self.word(off::CQ_FLAGS).fetch_and(!CQ_WAITING, Ordering::Relaxed);
+        self.word(off::CQ_FLAGS)
+            .fetch_and(!CQ_WAITING, Ordering::Relaxed);
     }
 
     /// Either side: what the host says about this ring.
@@ -276,7 +286,8 @@ impl RingView {
             self.sq_index = self.sq_index.wrapping_add(n as u32);
             // Release: pairs with the client's Acquire load of SQ_HEAD in
             // `submit`; the copies above are complete.
-            self.word(off::SQ_HEAD).store(self.sq_index, Ordering::Release);
+            self.word(off::SQ_HEAD)
+                .store(self.sq_index, Ordering::Release);
         }
         Ok(n)
     }
@@ -301,12 +312,14 @@ impl RingView {
         }
         self.cq_index = self.cq_index.wrapping_add(descs.len() as u32);
         // Release: pairs with the client's Acquire load of CQ_TAIL in `reap`.
-        self.word(off::CQ_TAIL).store(self.cq_index, Ordering::Release);
+        self.word(off::CQ_TAIL)
+            .store(self.cq_index, Ordering::Release);
         // SeqCst fence: pairs with the fence in `client_prepare_wait`.
         fence(Ordering::SeqCst);
         let flags = self.word(off::CQ_FLAGS).load(Ordering::Relaxed);
         if flags & CQ_WAITING != 0 {
-            self.word(off::CQ_FLAGS).fetch_and(!CQ_WAITING, Ordering::Relaxed);
+            self.word(off::CQ_FLAGS)
+                .fetch_and(!CQ_WAITING, Ordering::Relaxed);
             return Ok(true);
         }
         Ok(false)
@@ -315,7 +328,8 @@ impl RingView {
     /// Host, before sleeping: set NEED_WAKEUP; returns true when work arrived
     /// meanwhile (then do not sleep).
     pub fn host_prepare_sleep(&self) -> Result<bool, RingError> {
-        self.word(off::SQ_FLAGS).fetch_or(SQ_NEED_WAKEUP, Ordering::SeqCst);
+        self.word(off::SQ_FLAGS)
+            .fetch_or(SQ_NEED_WAKEUP, Ordering::SeqCst);
         // SeqCst fence: pairs with the fence in `engine_needs_wakeup`.
         fence(Ordering::SeqCst);
         Ok(self.submissions_ready()? > 0)
@@ -323,13 +337,15 @@ impl RingView {
 
     /// Host, awake again: the client need not ring the doorbell.
     pub fn host_end_sleep(&self) {
-        self.word(off::SQ_FLAGS).fetch_and(!SQ_NEED_WAKEUP, Ordering::Relaxed);
+        self.word(off::SQ_FLAGS)
+            .fetch_and(!SQ_NEED_WAKEUP, Ordering::Relaxed);
     }
 
     /// Host: announce a state change to the client.
     pub fn set_host_state(&self, s: HostState) {
         // Release: pairs with the Acquire load in `host_state`.
-        self.word(off::HOST_STATE).store(s as u32, Ordering::Release);
+        self.word(off::HOST_STATE)
+            .store(s as u32, Ordering::Release);
     }
 
     /// Test support: write a raw header word as a hostile peer would.
@@ -393,7 +409,10 @@ mod tests {
         assert_eq!(host.fetch(16, &mut more).unwrap(), 0);
         let mut out = [Desc::default(); 8];
         assert_eq!(client.reap(&mut out).unwrap(), 4);
-        assert_eq!(out[..4].iter().map(|x| x.tag).collect::<Vec<_>>(), [1, 2, 3, 4]);
+        assert_eq!(
+            out[..4].iter().map(|x| x.tag).collect::<Vec<_>>(),
+            [1, 2, 3, 4]
+        );
         assert_eq!(host.fetch(16, &mut more).unwrap(), 2);
     }
 
@@ -416,7 +435,10 @@ mod tests {
         let mut got = Vec::new();
         host.fetch(4, &mut got).unwrap();
         assert!(!client.client_prepare_wait().unwrap());
-        assert!(host.complete(&got).unwrap(), "waiting client must be signalled");
+        assert!(
+            host.complete(&got).unwrap(),
+            "waiting client must be signalled"
+        );
         assert!(!host.complete(&[]).unwrap());
     }
 
@@ -426,7 +448,10 @@ mod tests {
         let (mut host, client) = pair(4, &mut mem);
         client.poke_index("sq_tail", 1000);
         let mut got = Vec::new();
-        assert!(matches!(host.fetch(4, &mut got), Err(RingError::Corrupt(_))));
+        assert!(matches!(
+            host.fetch(4, &mut got),
+            Err(RingError::Corrupt(_))
+        ));
         client.poke_index("sq_tail", 0);
         client.poke_index("cq_head", 77);
         assert!(matches!(host.cq_space(), Err(RingError::Corrupt(_))));

@@ -724,7 +724,10 @@ mod tests {
         ftruncate(fd.as_fd(), 8192).unwrap();
         add_seals(fd.as_fd(), SEAL_SHRINK).unwrap();
         assert!(get_seals(fd.as_fd()).unwrap() & SEAL_SHRINK != 0);
-        assert!(ftruncate(fd.as_fd(), 4096).is_err(), "shrink must be refused");
+        assert!(
+            ftruncate(fd.as_fd(), 4096).is_err(),
+            "shrink must be refused"
+        );
         let a = Mapping::map_shared(fd.as_fd(), 0, 8192).unwrap();
         let b = Mapping::map_shared(fd.as_fd(), 4096, 4096).unwrap();
         // SAFETY: both mappings are live and 4096 bytes into `a` is `b`'s first byte.

@@ -22,7 +22,9 @@ fn mem_err(e: wd_mem::MemError) -> ClientError {
 /// Allocate `size` bytes of shareable memory (whole pages, zeroed),
 /// optionally on a NUMA node; returns its address.
 pub fn alloc(size: usize, node: Option<u32>) -> Result<u64> {
-    with(|a| a.alloc(size, node)).map(|p| p as u64).map_err(mem_err)
+    with(|a| a.alloc(size, node))
+        .map(|p| p as u64)
+        .map_err(mem_err)
 }
 
 /// Free memory from [`alloc`].
@@ -79,7 +81,10 @@ impl SharedBuf {
 
     /// Copy `data` in at `offset`.
     pub fn write(&self, offset: u64, data: &[u8]) {
-        assert!(offset + data.len() as u64 <= self.len, "write beyond buffer");
+        assert!(
+            offset + data.len() as u64 <= self.len,
+            "write beyond buffer"
+        );
         // SAFETY: the range is inside this live allocation; ptr::copy does
         // not create references into memory the device may write.
         unsafe { std::ptr::copy(data.as_ptr(), (self.addr + offset) as *mut u8, data.len()) }
@@ -89,7 +94,13 @@ impl SharedBuf {
     pub fn read(&self, offset: u64, out: &mut [u8]) {
         assert!(offset + out.len() as u64 <= self.len, "read beyond buffer");
         // SAFETY: as in `write`.
-        unsafe { std::ptr::copy((self.addr + offset) as *const u8, out.as_mut_ptr(), out.len()) }
+        unsafe {
+            std::ptr::copy(
+                (self.addr + offset) as *const u8,
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        }
     }
 
     /// The whole contents.

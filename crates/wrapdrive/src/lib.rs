@@ -84,7 +84,9 @@ impl ClientError {
 impl From<IpcError> for ClientError {
     fn from(e: IpcError) -> Self {
         match e {
-            IpcError::Closed => ClientError::new(Status::HostGone, "the WrapDrive host closed the connection"),
+            IpcError::Closed => {
+                ClientError::new(Status::HostGone, "the WrapDrive host closed the connection")
+            }
             IpcError::Sys(s) if matches!(s.errno(), 32 | 104 | 107) => {
                 ClientError::new(Status::HostGone, format!("the WrapDrive host is gone: {s}"))
             }
@@ -172,7 +174,9 @@ pub struct HostConn {
 
 impl std::fmt::Debug for HostConn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostConn").field("host_pid", &self.host_pid).finish()
+        f.debug_struct("HostConn")
+            .field("host_pid", &self.host_pid)
+            .finish()
     }
 }
 
@@ -183,8 +187,9 @@ fn embedded_host() -> Result<Arc<wd_host::Host>> {
         return Ok(h.clone());
     }
     let h = Arc::new(
-        wd_host::Host::embedded(vec![DeviceConfig::new("dummy")])
-            .map_err(|e| ClientError::new(e.status(), format!("cannot start the embedded host: {e}")))?,
+        wd_host::Host::embedded(vec![DeviceConfig::new("dummy")]).map_err(|e| {
+            ClientError::new(e.status(), format!("cannot start the embedded host: {e}"))
+        })?,
     );
     *g = Some(h.clone());
     Ok(h)
@@ -249,7 +254,12 @@ impl HostConn {
         let host_pid = match reply.msg {
             Message::HelloReply { host_pid, .. } => host_pid,
             Message::Error { status, message } => return Err(ClientError::new(status, message)),
-            other => return Err(ClientError::new(Status::Protocol, format!("unexpected {}", other.name()))),
+            other => {
+                return Err(ClientError::new(
+                    Status::Protocol,
+                    format!("unexpected {}", other.name()),
+                ))
+            }
         };
         Ok(Arc::new(HostConn {
             ch: Mutex::new(ch),
@@ -273,7 +283,11 @@ impl HostConn {
 
     /// Send a request and return its reply (with descriptors), turning an
     /// `Error` reply into a `ClientError`.
-    pub(crate) fn call(&self, msg: &Message, fds: &[std::os::fd::BorrowedFd<'_>]) -> Result<(Message, Vec<OwnedFd>)> {
+    pub(crate) fn call(
+        &self,
+        msg: &Message,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> Result<(Message, Vec<OwnedFd>)> {
         if self.generation != fork_generation() {
             return Err(forked_error());
         }
@@ -306,7 +320,15 @@ impl HostConn {
 
     /// Attributes under `prefix` (the resource tree).
     pub fn attrs(&self, prefix: &str) -> Result<Vec<AttrEntry>> {
-        match self.call(&Message::ListAttrs { prefix: prefix.into() }, &[])?.0 {
+        match self
+            .call(
+                &Message::ListAttrs {
+                    prefix: prefix.into(),
+                },
+                &[],
+            )?
+            .0
+        {
             Message::Attrs { entries } => Ok(entries),
             other => Err(unexpected(&other)),
         }
@@ -322,14 +344,15 @@ impl HostConn {
 
     /// Write an attribute (only the host's owner may).
     pub fn set_attr(&self, path: &str, value: &str) -> Result<()> {
-        match self.call(
-            &Message::SetAttr {
-                path: path.into(),
-                value: value.into(),
-            },
-            &[],
-        )?
-        .0
+        match self
+            .call(
+                &Message::SetAttr {
+                    path: path.into(),
+                    value: value.into(),
+                },
+                &[],
+            )?
+            .0
         {
             Message::Ok => Ok(()),
             other => Err(unexpected(&other)),

@@ -102,7 +102,9 @@ impl Queue {
         if capa.flags & crate::CAPA_SHARE_ALL != 0 {
             // Let the host (not our ancestor) read us where Yama asks.
             let _ = wd_sys::allow_tracer(host.host_pid());
-            probe_value = 0x5744_5052_4f42_4500 ^ (wd_sys::getpid() as u64) ^ (Instant::now().elapsed().as_nanos() as u64);
+            probe_value = 0x5744_5052_4f42_4500
+                ^ (wd_sys::getpid() as u64)
+                ^ (Instant::now().elapsed().as_nanos() as u64);
             PROBE.store(probe_value, std::sync::atomic::Ordering::SeqCst);
             probe_addr = &PROBE as *const _ as u64;
         }
@@ -130,7 +132,10 @@ impl Queue {
             return Err(unexpected(&reply));
         };
         if fds.len() != 3 {
-            return Err(ClientError::new(Status::Protocol, "queue grant without its three descriptors"));
+            return Err(ClientError::new(
+                Status::Protocol,
+                "queue grant without its three descriptors",
+            ));
         }
         let cq_event = fds.pop().expect("three fds");
         let doorbell = fds.pop().expect("three fds");
@@ -140,8 +145,9 @@ impl Queue {
         ring.dont_fork()?;
         // SAFETY: `ring` is a live page-aligned mapping of ring_bytes, kept in
         // the Queue next to the view and dropped after it (see Drop).
-        let view = unsafe { RingView::attach(ring.as_ptr(), ring.len(), depth) }
-            .map_err(|e| ClientError::new(Status::Protocol, format!("ring from host is invalid: {e}")))?;
+        let view = unsafe { RingView::attach(ring.as_ptr(), ring.len(), depth) }.map_err(|e| {
+            ClientError::new(Status::Protocol, format!("ring from host is invalid: {e}"))
+        })?;
         let socket = host.socket_dup()?;
         Ok(Queue {
             host,
@@ -219,7 +225,10 @@ impl Queue {
     fn ring_state_error(&self) -> Option<ClientError> {
         match self.view.host_state() {
             HostState::Alive => None,
-            HostState::Stopped => Some(ClientError::new(Status::HostGone, "the host stopped serving this queue")),
+            HostState::Stopped => Some(ClientError::new(
+                Status::HostGone,
+                "the host stopped serving this queue",
+            )),
             HostState::Broken => Some(ClientError::new(
                 Status::BadState,
                 "the host found this queue's ring corrupt and stopped serving it",
@@ -273,7 +282,10 @@ impl Queue {
     fn ring_doorbell(&mut self) -> Result<()> {
         self.stats.doorbells += 1;
         if self.host.host_gone() {
-            return Err(ClientError::new(Status::HostGone, "the WrapDrive host is gone"));
+            return Err(ClientError::new(
+                Status::HostGone,
+                "the WrapDrive host is gone",
+            ));
         }
         wd_sys::eventfd_signal(self.doorbell.as_fd())?;
         Ok(())
@@ -283,7 +295,10 @@ impl Queue {
     pub fn send(&mut self, desc: Desc, cookie: u64) -> Result<()> {
         match self.send_batch(&[(desc, cookie)])? {
             1 => Ok(()),
-            _ => Err(ClientError::new(Status::Again, "queue full: receive completions first")),
+            _ => Err(ClientError::new(
+                Status::Again,
+                "queue full: receive completions first",
+            )),
         }
     }
 
@@ -353,7 +368,10 @@ impl Queue {
             if self.in_flight() > 0 && self.last_liveness.elapsed() > LIVENESS_INTERVAL {
                 self.last_liveness = Instant::now();
                 if self.host.host_gone() {
-                    return Err(ClientError::new(Status::HostGone, "the WrapDrive host is gone"));
+                    return Err(ClientError::new(
+                        Status::HostGone,
+                        "the WrapDrive host is gone",
+                    ));
                 }
             }
         }
@@ -376,12 +394,20 @@ impl Queue {
                 return Ok(c);
             }
             if self.in_flight() == 0 {
-                return Err(ClientError::new(Status::Again, "nothing in flight to receive"));
+                return Err(ClientError::new(
+                    Status::Again,
+                    "nothing in flight to receive",
+                ));
             }
             let left = match deadline {
                 Some(d) => match d.checked_duration_since(Instant::now()) {
                     Some(l) => Some(l),
-                    None => return Err(ClientError::new(Status::Again, "timed out waiting for a completion")),
+                    None => {
+                        return Err(ClientError::new(
+                            Status::Again,
+                            "timed out waiting for a completion",
+                        ))
+                    }
                 },
                 None => None,
             };
@@ -430,12 +456,17 @@ impl Queue {
                 return Err(e);
             }
             self.stats.sleeps += 1;
-            let slice = timeout.map_or(WAIT_SLICE, |t| t.saturating_sub(start.elapsed()).min(WAIT_SLICE));
+            let slice = timeout.map_or(WAIT_SLICE, |t| {
+                t.saturating_sub(start.elapsed()).min(WAIT_SLICE)
+            });
             let r = wd_sys::poll(&[self.cq_event.as_fd(), self.socket.as_fd()], Some(slice))?;
             self.view.client_end_wait();
             let _ = wd_sys::eventfd_drain(self.cq_event.as_fd());
             if r[1].hangup {
-                return Err(ClientError::new(Status::HostGone, "the WrapDrive host is gone"));
+                return Err(ClientError::new(
+                    Status::HostGone,
+                    "the WrapDrive host is gone",
+                ));
             }
             if self.view.completions_ready().unwrap_or(1) > 0 {
                 return Ok(());
@@ -468,7 +499,10 @@ impl Queue {
         };
         let total: u64 = plan.inputs.iter().map(|r| r.1).sum();
         if total > wd_proto::limits::MAX_PAYLOAD as u64 {
-            return Err(ClientError::new(Status::TooBig, "legacy requests carry at most 1 MiB"));
+            return Err(ClientError::new(
+                Status::TooBig,
+                "legacy requests carry at most 1 MiB",
+            ));
         }
         let mut payload = vec![0u8; total as usize];
         let mut off = 0usize;
@@ -477,7 +511,12 @@ impl Queue {
             // Read through the kernel: a bad address is EFAULT, not a crash.
             // SAFETY: the destination is inside `payload`.
             unsafe { wd_sys::process_vm_read(me, a, payload.as_mut_ptr().add(off), l as usize) }
-                .map_err(|_| ClientError::new(Status::Fault, format!("cannot read request memory at {a:#x}")))?;
+                .map_err(|_| {
+                    ClientError::new(
+                        Status::Fault,
+                        format!("cannot read request memory at {a:#x}"),
+                    )
+                })?;
             off += l as usize;
         }
         let (reply, _) = self.host.call(
@@ -488,20 +527,33 @@ impl Queue {
             },
             &[],
         )?;
-        let Message::LegacyReply { desc: rd, payload: out } = reply else {
+        let Message::LegacyReply {
+            desc: rd,
+            payload: out,
+        } = reply
+        else {
             return Err(unexpected(&reply));
         };
-        let mut done = Desc::from_bytes(&rd).ok_or_else(|| ClientError::new(Status::Protocol, "bad reply descriptor"))?;
+        let mut done = Desc::from_bytes(&rd)
+            .ok_or_else(|| ClientError::new(Status::Protocol, "bad reply descriptor"))?;
         if done.status == 0 {
             let mut off = 0usize;
             for &(a, l) in &plan.outputs {
                 let end = off + l as usize;
                 if end > out.len() {
-                    return Err(ClientError::new(Status::Protocol, "reply payload too short"));
+                    return Err(ClientError::new(
+                        Status::Protocol,
+                        "reply payload too short",
+                    ));
                 }
                 // SAFETY: the source is inside `out`.
                 unsafe { wd_sys::process_vm_write(me, a, out.as_ptr().add(off), l as usize) }
-                    .map_err(|_| ClientError::new(Status::Fault, format!("cannot write result memory at {a:#x}")))?;
+                    .map_err(|_| {
+                        ClientError::new(
+                            Status::Fault,
+                            format!("cannot write result memory at {a:#x}"),
+                        )
+                    })?;
                 off = end;
             }
         }
@@ -527,7 +579,10 @@ impl Queue {
             .map(|e| e & !(page - 1))
             .ok_or_else(|| ClientError::new(Status::Invalid, "range overflows"))?;
         if len == 0 {
-            return Err(ClientError::new(Status::Invalid, "cannot share an empty range"));
+            return Err(ClientError::new(
+                Status::Invalid,
+                "cannot share an empty range",
+            ));
         }
         let loc = crate::buf::locate(start, end - start).ok_or_else(|| {
             ClientError::new(
@@ -570,7 +625,12 @@ impl Queue {
             .shares
             .iter()
             .position(|s| s.iova == start && s.size == end - start)
-            .ok_or_else(|| ClientError::new(Status::NotFound, format!("{addr:#x}+{len:#x} was not shared")))?;
+            .ok_or_else(|| {
+                ClientError::new(
+                    Status::NotFound,
+                    format!("{addr:#x}+{len:#x} was not shared"),
+                )
+            })?;
         self.host.call(
             &Message::MemUnshare {
                 queue_id: self.id,
@@ -586,8 +646,26 @@ impl Queue {
     /// Read (and consume) up to `max` fault events.
     pub fn faults(&mut self, max: u32) -> Result<FaultReport> {
         self.check()?;
-        match self.host.call(&Message::ReadFaults { queue_id: self.id, max }, &[])?.0 {
-            Message::Faults { total, lost, events } => Ok(FaultReport { total, lost, events }),
+        match self
+            .host
+            .call(
+                &Message::ReadFaults {
+                    queue_id: self.id,
+                    max,
+                },
+                &[],
+            )?
+            .0
+        {
+            Message::Faults {
+                total,
+                lost,
+                events,
+            } => Ok(FaultReport {
+                total,
+                lost,
+                events,
+            }),
             other => Err(unexpected(&other)),
         }
     }
@@ -602,7 +680,9 @@ impl Queue {
             return Ok(());
         }
         self.released = true;
-        self.host.call(&Message::ReleaseQueue { queue_id: self.id }, &[]).map(|_| ())
+        self.host
+            .call(&Message::ReleaseQueue { queue_id: self.id }, &[])
+            .map(|_| ())
     }
 }
 
