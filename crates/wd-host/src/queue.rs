@@ -110,7 +110,11 @@ impl Queue {
             flags,
             model,
             engine,
-            domain: RwLock::new(Domain::new(id)),
+            domain: RwLock::new(Domain::new(
+                &wd_iommu::Iommu::new(),
+                id,
+                wd_iommu::DomainConfig::default(),
+            )),
             shares: Mutex::new(BTreeMap::new()),
             faults: Mutex::new(FaultQueue::new(FaultQueue::DEFAULT_CAPACITY)),
             requests: AtomicU64::new(0),
@@ -142,7 +146,7 @@ impl Queue {
         self.faults
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(f);
+            .push(f, false);
     }
 
     /// Map client memory (already imported) at `iova` into the domain.
@@ -195,7 +199,7 @@ impl Queue {
     /// Drop every mapping and every imported region.
     pub fn unshare_all(&self) {
         let mut shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
-        let mut dom = self.domain.write().unwrap_or_else(|e| e.into_inner());
+        let dom = self.domain.write().unwrap_or_else(|e| e.into_inner());
         for (iova, (size, _)) in shares.iter() {
             let _ = dom.unmap(*iova, *size);
         }

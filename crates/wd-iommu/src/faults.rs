@@ -11,10 +11,12 @@ pub struct FaultRecord {
     pub seq: u64,
     /// The fault.
     pub fault: Fault,
+    /// Whether the request that hit it was stalled (resume it with `seq`).
+    pub stalled: bool,
 }
 
 /// Bounded log: a flood of faults cannot grow memory; overflow drops the
-/// oldest records and counts them.
+/// oldest records and counts them (the stall table has its own bound).
 #[derive(Debug)]
 pub struct FaultQueue {
     q: VecDeque<FaultRecord>,
@@ -38,17 +40,26 @@ impl FaultQueue {
         }
     }
 
-    /// Record a fault.
-    pub fn push(&mut self, fault: Fault) {
+    /// Record a fault; returns its sequence number.
+    pub fn push(&mut self, fault: Fault, stalled: bool) -> u64 {
         if self.q.len() == self.cap {
             self.q.pop_front();
             self.lost += 1;
         }
+        let seq = self.total;
         self.q.push_back(FaultRecord {
-            seq: self.total,
+            seq,
             fault,
+            stalled,
         });
         self.total += 1;
+        seq
+    }
+
+    /// Up to `max` newest records, oldest first, without removing them.
+    pub fn peek(&self, max: usize) -> Vec<FaultRecord> {
+        let skip = self.q.len().saturating_sub(max);
+        self.q.iter().skip(skip).copied().collect()
     }
 
     /// Remove and return up to `max` records, oldest first.
@@ -96,9 +107,11 @@ mod tests {
     fn overflow_drops_oldest_and_counts() {
         let mut q = FaultQueue::new(2);
         for i in 0..5 {
-            q.push(f(i));
+            assert_eq!(q.push(f(i), false), i);
         }
         assert_eq!((q.len(), q.total(), q.lost()), (2, 5, 3));
+        assert_eq!(q.peek(1)[0].seq, 4);
+        assert_eq!(q.peek(9).len(), 2);
         let d = q.drain(10);
         assert_eq!(
             d.iter().map(|r| (r.seq, r.fault.iova)).collect::<Vec<_>>(),

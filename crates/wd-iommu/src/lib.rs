@@ -1,30 +1,59 @@
 //! The software IOMMU every device access goes through.
 //!
-//! A [`Domain`] is one address space (one per queue, tagged with a
-//! PASID-like id): a 4-level radix page table over 48-bit IOVAs with 4 KiB
-//! pages and read/write permissions. Engines call [`Domain::translate_range`]
-//! for every address a request names; a miss is a [`Fault`] that the host
-//! records in the domain's bounded [`FaultQueue`].
+//! * [`Domain`]: one address space: a 4-level radix page table over 48-bit
+//!   IOVAs with 4 KiB pages and 2 MiB / 1 GiB blocks (used automatically
+//!   when size and alignment allow), read/write permissions, the Linux-style
+//!   calls (`map`, `map_sg`, `unmap`, `unmap_fast` + [`IotlbGather`] +
+//!   `iotlb_sync`, `iotlb_sync_map`, `flush_iotlb_all`), strict or deferred
+//!   invalidation (a flush queue), and a bounded fault log with an abort or
+//!   stall policy.
+//! * [`Iommu`]: the command queue engines acknowledge; [`EngineTlb`]: one
+//!   engine's IOTLB, used inside a [`Section`].
+//! * [`Endpoint`]: what a queue translates through (its own domain, another
+//!   one, or nothing).
+//! * [`virtio`]: a virtio-iommu request decoder and device model, so a
+//!   client can manage its own queue's mappings para-virtually.
 //!
 //! Pure logic: no I/O, no unsafe. "Physical" addresses are whatever the host
 //! maps them to (its own virtual addresses of shared memory).
 #![deny(unsafe_code)]
 
+mod domain;
+mod endpoint;
 mod faults;
+mod gather;
+mod inval;
+mod iotlb;
 mod table;
+pub mod virtio;
 
+pub use domain::{
+    Domain, DomainConfig, DomainStats, FaultOutcome, FaultPolicy, InvalidationMode, Resolution,
+    DEFAULT_FQ_SIZE, DEFAULT_FQ_TIMEOUT, DEFAULT_MAX_PAGES, DEFAULT_MAX_STALLED,
+    DEFAULT_MAX_TABLE_PAGES, DEFAULT_STALL_TIMEOUT,
+};
+pub use endpoint::{Attachment, Endpoint};
 pub use faults::{FaultQueue, FaultRecord};
-pub use table::Domain;
+pub use gather::{IotlbGather, Release};
+pub use inval::{Command, EngineTlb, InvalidationStats, Iommu, Section, TlbStats, CMDQ_ENTRIES};
+pub use iotlb::{Iotlb, IOTLB_BLOCKS_1G, IOTLB_BLOCKS_2M, IOTLB_PAGES};
+pub use table::Leaf;
 
 /// log2 of the page size.
 pub const PAGE_SHIFT: u32 = 12;
-/// Page size.
+/// Page size (the translation granule).
 pub const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;
+/// A level-1 block.
+pub const BLOCK_2M: u64 = 1 << 21;
+/// A level-2 block.
+pub const BLOCK_1G: u64 = 1 << 30;
+/// Every leaf size the tables use (Linux's `pgsize_bitmap`).
+pub const PAGE_SIZES: u64 = PAGE_SIZE | BLOCK_2M | BLOCK_1G;
 /// Width of the input (IOVA) address space.
 pub const IOVA_BITS: u32 = 48;
-/// Default cap on the pages one domain may map (16 GiB).
-pub const DEFAULT_MAX_PAGES: u64 = 1 << 22;
-/// Id of an address space (one per queue).
+/// One past the highest IOVA.
+pub const IOVA_LIMIT: u64 = 1 << IOVA_BITS;
+/// Id of an address space's user (a queue) in fault records.
 pub type Pasid = u32;
 
 /// Access permissions of a mapping.
@@ -130,7 +159,7 @@ impl std::fmt::Display for Fault {
 
 impl std::error::Error for Fault {}
 
-/// Errors of map and unmap.
+/// Errors of the domain calls.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum IommuError {
     /// Address or size not page aligned, or size zero.
@@ -152,17 +181,37 @@ pub enum IommuError {
     /// Part of the range is mapped already.
     #[error("IOVA {iova:#x} is already mapped")]
     Overlap {
-        /// First mapped page.
+        /// First mapped byte.
         iova: u64,
     },
-    /// A mapping without any permission.
-    #[error("a mapping needs read or write permission")]
-    NoPermission,
+    /// The unmap would split a block (refused, as Linux does since 6.13).
+    #[error("unmap would split the {size:#x}-byte block at IOVA {iova:#x}")]
+    WouldSplitBlock {
+        /// The block's first IOVA.
+        iova: u64,
+        /// Its size.
+        size: u64,
+    },
     /// The domain's page limit would be exceeded.
-    #[error("domain limit of {limit_pages} pages exceeded")]
+    #[error("domain limit of {limit_pages} mapped pages exceeded")]
     LimitExceeded {
         /// The limit.
         limit_pages: u64,
+    },
+    /// The domain's table-page limit would be exceeded.
+    #[error("domain limit of {limit_pages} page-table pages exceeded")]
+    TableLimit {
+        /// The limit.
+        limit_pages: u32,
+    },
+    /// A gather holds unmaps of another domain.
+    #[error("the gather holds unmaps of another domain: sync it first")]
+    GatherMismatch,
+    /// No stalled request with that tag.
+    #[error("no stalled request with tag {stag}")]
+    NoSuchStall {
+        /// The tag asked for.
+        stag: u64,
     },
 }
 

@@ -1,529 +1,549 @@
-//! Domains and their 4-level radix page tables.
+//! Multi-level radix page tables with 2 MiB / 1 GiB blocks.
+//!
+//! Four levels of 512 entries over a 48-bit IOVA space (level 3 is the root,
+//! level 0 holds 4 KiB page entries; levels 1 and 2 may hold 2 MiB and 1 GiB
+//! block entries instead of pointing to a lower table).
+//!
+//! Entries are `AtomicU64`, so engines walk the table without a lock while
+//! one writer (serialised by the domain) changes it. A table page that an
+//! unmap unlinks is not reused until the invalidation covering it has
+//! completed: a walker that loaded the old link can still read the page, and
+//! it only ever sees zeros or the entries it had before. Table pages live in
+//! a per-domain arena of geometrically growing chunks and are named by
+//! index, so no raw pointer ever goes into an entry.
 
-use crate::{
-    Access, Fault, FaultReason, IommuError, Mapping, Pasid, Prot, DEFAULT_MAX_PAGES, IOVA_BITS,
-    PAGE_SHIFT, PAGE_SIZE,
-};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
-const FANOUT: usize = 512;
+use crate::gather::IotlbGather;
+use crate::{Mapping, Prot, PAGE_SHIFT};
+
+/// Entries per table page.
+pub(crate) const ENTRIES: usize = 512;
 const BITS_PER_LEVEL: u32 = 9;
-/// Levels 3 (root) .. 0 (leaf tables of page entries).
-const TOP_LEVEL: u32 = 3;
+/// The root's level.
+pub(crate) const TOP_LEVEL: u32 = 3;
+/// Index of the root table page (allocated first, never freed).
+const ROOT: u32 = 0;
+
+/// Entry is valid.
 const PTE_VALID: u64 = 1;
-const PTE_PROT_SHIFT: u32 = 1;
-const PTE_ADDR_MASK: u64 = !(PAGE_SIZE - 1);
-const IOVA_LIMIT: u64 = 1 << IOVA_BITS;
+/// Entry points to a lower table (levels 1..=3) rather than being a leaf.
+const PTE_TABLE: u64 = 1 << 1;
+const PTE_PROT_SHIFT: u32 = 2;
+const PTE_PROT_MASK: u64 = 3 << PTE_PROT_SHIFT;
+/// Physical address of a leaf, or `index << 12` of a lower table.
+const PTE_ADDR_MASK: u64 = !((1 << PAGE_SHIFT) - 1);
 
-/// A table page. Upper levels point to lower tables; level 0 holds page
-/// entries. (Block entries for 2 MiB / 1 GiB would be a third variant at
-/// levels 1 and 2.)
-enum Node {
-    Dir {
-        kids: Box<[Option<Box<Node>>; FANOUT]>,
-        used: u16,
-    },
-    Leaf {
-        ptes: Box<[u64; FANOUT]>,
-        used: u16,
-    },
-}
-
-impl Node {
-    fn new(level: u32) -> Node {
-        if level == 0 {
-            Node::Leaf {
-                ptes: Box::new([0; FANOUT]),
-                used: 0,
-            }
-        } else {
-            Node::Dir {
-                kids: Box::new(std::array::from_fn(|_| None)),
-                used: 0,
-            }
-        }
-    }
-
-    fn used(&self) -> u16 {
-        match self {
-            Node::Dir { used, .. } | Node::Leaf { used, .. } => *used,
-        }
-    }
+/// log2 of the bytes one entry at `level` covers.
+pub(crate) fn level_shift(level: u32) -> u32 {
+    PAGE_SHIFT + BITS_PER_LEVEL * level
 }
 
 fn index(iova: u64, level: u32) -> usize {
-    ((iova >> (PAGE_SHIFT + BITS_PER_LEVEL * level)) & (FANOUT as u64 - 1)) as usize
+    ((iova >> level_shift(level)) & (ENTRIES as u64 - 1)) as usize
 }
 
-/// Bytes covered by one entry of a table at `level`.
-fn entry_span(level: u32) -> u64 {
-    1 << (PAGE_SHIFT + BITS_PER_LEVEL * level)
-}
-
-fn pte(phys: u64, prot: Prot) -> u64 {
+fn leaf_pte(phys: u64, prot: Prot) -> u64 {
     (phys & PTE_ADDR_MASK) | ((prot.bits() as u64) << PTE_PROT_SHIFT) | PTE_VALID
 }
 
 fn pte_prot(p: u64) -> Prot {
-    Prot::from_bits(((p >> PTE_PROT_SHIFT) & 3) as u8).unwrap_or(Prot::NONE)
+    Prot::from_bits(((p & PTE_PROT_MASK) >> PTE_PROT_SHIFT) as u8).unwrap_or(Prot::NONE)
 }
 
-/// One address space (one per queue); its PASID-like id tags its faults.
-pub struct Domain {
-    pasid: Pasid,
-    root: Node,
-    pages: u64,
-    max_pages: u64,
-    nodes: usize,
+fn is_table(p: u64, level: u32) -> bool {
+    level > 0 && p & PTE_TABLE != 0
 }
 
-impl std::fmt::Debug for Domain {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Domain")
-            .field("pasid", &self.pasid)
-            .field("pages", &self.pages)
-            .field("table_pages", &self.nodes)
-            .finish()
+/// A leaf entry found by a walk: a 4 KiB page or a 2 MiB / 1 GiB block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Leaf {
+    /// First IOVA the entry covers.
+    pub iova: u64,
+    /// log2 of its size (12, 21 or 30).
+    pub shift: u32,
+    /// Physical address of its first byte.
+    pub phys: u64,
+    /// Its permissions.
+    pub prot: Prot,
+}
+
+impl Leaf {
+    /// Bytes covered.
+    pub fn size(&self) -> u64 {
+        1 << self.shift
     }
 }
 
-impl Domain {
-    /// An empty domain with the default page limit.
-    pub fn new(pasid: Pasid) -> Domain {
-        Domain::with_limit(pasid, DEFAULT_MAX_PAGES)
-    }
+/// Pages in chunk 0 of the arena; chunk k holds `FIRST_CHUNK << k` pages.
+const FIRST_CHUNK: u32 = 8;
 
-    /// An empty domain mapping at most `max_pages` pages.
-    pub fn with_limit(pasid: Pasid, max_pages: u64) -> Domain {
-        Domain {
-            pasid,
-            root: Node::new(TOP_LEVEL),
-            pages: 0,
-            max_pages,
-            nodes: 1,
+/// Table pages of one domain: lock-free to read, allocated by the writer.
+pub(crate) struct Arena {
+    chunks: Box<[OnceLock<Box<[AtomicU64]>>]>,
+    capacity: u32,
+}
+
+fn chunk_of(idx: u32) -> (usize, usize) {
+    let x = idx as u64 + FIRST_CHUNK as u64;
+    let bit = 63 - x.leading_zeros();
+    let c = bit - FIRST_CHUNK.trailing_zeros();
+    (c as usize, (x - (1u64 << bit)) as usize)
+}
+
+impl Arena {
+    fn new(max_pages: u32) -> Arena {
+        let max_pages = max_pages.max(1);
+        let (last, _) = chunk_of(max_pages - 1);
+        Arena {
+            chunks: (0..=last).map(|_| OnceLock::new()).collect(),
+            capacity: max_pages,
         }
     }
 
-    /// The domain's id.
-    pub fn pasid(&self) -> Pasid {
-        self.pasid
+    fn entry(&self, table: u32, i: usize) -> &AtomicU64 {
+        let (c, off) = chunk_of(table);
+        let chunk = self.chunks[c]
+            .get()
+            .expect("a linked table page lies in an allocated chunk");
+        &chunk[off * ENTRIES + i]
     }
 
-    fn check_range(iova: u64, size: u64) -> Result<u64, IommuError> {
-        if size == 0 || iova % PAGE_SIZE != 0 || size % PAGE_SIZE != 0 {
-            return Err(IommuError::Misaligned { iova, size });
-        }
-        iova.checked_add(size)
-            .filter(|&e| e <= IOVA_LIMIT)
-            .ok_or(IommuError::OutOfRange { iova, size })
+    /// Make sure the chunk holding `table` exists (writer only).
+    fn ensure(&self, table: u32) {
+        let (c, _) = chunk_of(table);
+        self.chunks[c].get_or_init(|| {
+            let pages = (FIRST_CHUNK as usize) << c;
+            std::iter::repeat_with(|| AtomicU64::new(0))
+                .take(pages * ENTRIES)
+                .collect()
+        });
+    }
+}
+
+/// Writer-side bookkeeping of the table pages (under the domain's lock).
+#[derive(Debug)]
+pub(crate) struct TableAlloc {
+    free: Vec<u32>,
+    next: u32,
+    /// Valid entries per table page, by index.
+    used: Vec<u16>,
+    /// Pages allocated, root included (freed pages waiting for an
+    /// invalidation count as allocated).
+    live: u32,
+}
+
+/// The table ran out of pages (the domain's table-page limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TableFull;
+
+/// A page table (see the module documentation).
+pub(crate) struct PageTable {
+    arena: Arena,
+}
+
+impl PageTable {
+    /// An empty table allowed at most `max_pages` table pages (root included).
+    pub(crate) fn new(max_pages: u32) -> (PageTable, TableAlloc) {
+        let t = PageTable {
+            arena: Arena::new(max_pages.max(1)),
+        };
+        t.arena.ensure(ROOT);
+        (
+            t,
+            TableAlloc {
+                free: Vec::new(),
+                next: 1,
+                used: vec![0],
+                live: 1,
+            },
+        )
     }
 
-    /// The leaf table holding `iova`'s page entry, if any.
-    fn leaf(&self, iova: u64) -> Option<&[u64; FANOUT]> {
-        let mut n = &self.root;
-        for level in (1..=TOP_LEVEL).rev() {
-            match n {
-                Node::Dir { kids, .. } => n = kids[index(iova, level)].as_deref()?,
-                Node::Leaf { .. } => return None,
+    /// The leaf covering `iova`, if any. Lock-free; called by engines.
+    pub(crate) fn walk(&self, iova: u64) -> Option<Leaf> {
+        let mut t = ROOT;
+        let mut level = TOP_LEVEL;
+        loop {
+            // Acquire: pairs with the Release stores in `link` and `set_leaf`,
+            // so a lower table's zeroed entries and a leaf's address are
+            // visible before the entry that names them.
+            let p = self
+                .arena
+                .entry(t, index(iova, level))
+                .load(Ordering::Acquire);
+            if p & PTE_VALID == 0 {
+                return None;
             }
-        }
-        match n {
-            Node::Leaf { ptes, .. } => Some(ptes),
-            Node::Dir { .. } => None,
-        }
-    }
-
-    fn pte_at(&self, iova: u64) -> u64 {
-        self.leaf(iova).map_or(0, |l| l[index(iova, 0)])
-    }
-
-    /// Map `[iova, iova+size)` to `[phys, phys+size)`. All page aligned; the
-    /// range must be free. Atomic: on error nothing changed.
-    pub fn map(&mut self, iova: u64, phys: u64, size: u64, prot: Prot) -> Result<(), IommuError> {
-        let end = Self::check_range(iova, size)?;
-        if phys % PAGE_SIZE != 0 {
-            return Err(IommuError::Misaligned { iova: phys, size });
-        }
-        if phys.checked_add(size).is_none() {
-            return Err(IommuError::OutOfRange { iova: phys, size });
-        }
-        if prot == Prot::NONE {
-            return Err(IommuError::NoPermission);
-        }
-        let npages = size / PAGE_SIZE;
-        if self.pages.saturating_add(npages) > self.max_pages {
-            return Err(IommuError::LimitExceeded {
-                limit_pages: self.max_pages,
+            if is_table(p, level) {
+                t = (p >> PAGE_SHIFT) as u32;
+                level -= 1;
+                continue;
+            }
+            if level == TOP_LEVEL {
+                return None; // never written: no 512 GiB blocks
+            }
+            let shift = level_shift(level);
+            let mask = (1u64 << shift) - 1;
+            return Some(Leaf {
+                iova: iova & !mask,
+                shift,
+                phys: p & PTE_ADDR_MASK & !mask,
+                prot: pte_prot(p),
             });
         }
-        let mut a = iova;
-        while a < end {
-            if self.pte_at(a) & PTE_VALID != 0 {
-                return Err(IommuError::Overlap { iova: a });
+    }
+
+    fn alloc_page(&self, a: &mut TableAlloc) -> Result<u32, TableFull> {
+        let idx = if let Some(i) = a.free.pop() {
+            i
+        } else {
+            if a.next >= self.arena.capacity {
+                return Err(TableFull);
             }
-            a += PAGE_SIZE;
-        }
-        let mut a = iova;
-        while a < end {
-            self.insert(a, pte(phys + (a - iova), prot));
-            a += PAGE_SIZE;
-        }
-        self.pages += npages;
-        Ok(())
+            let i = a.next;
+            a.next += 1;
+            self.arena.ensure(i);
+            a.used.push(0);
+            i
+        };
+        a.live += 1;
+        debug_assert_eq!(a.used[idx as usize], 0);
+        Ok(idx)
     }
 
-    fn insert(&mut self, iova: u64, entry: u64) {
-        let mut created = 0;
-        let mut n = &mut self.root;
-        for level in (1..=TOP_LEVEL).rev() {
-            let Node::Dir { kids, used } = n else {
-                unreachable!("directories above level 0")
-            };
-            let slot = &mut kids[index(iova, level)];
-            if slot.is_none() {
-                *slot = Some(Box::new(Node::new(level - 1)));
-                *used += 1;
-                created += 1;
+    /// Return table pages whose invalidation has completed.
+    pub(crate) fn free_pages(&self, a: &mut TableAlloc, pages: &[u32]) {
+        for &p in pages {
+            debug_assert!(
+                (0..ENTRIES).all(|i| self.arena.entry(p, i).load(Ordering::Relaxed) == 0),
+                "freed table pages are empty"
+            );
+            a.free.push(p);
+            a.live -= 1;
+        }
+    }
+
+    /// Table pages allocated (root included).
+    pub(crate) fn live_pages(a: &TableAlloc) -> usize {
+        a.live as usize
+    }
+
+    /// The first IOVA in `[lo, hi)` that is mapped, if any.
+    pub(crate) fn first_mapped(&self, lo: u64, hi: u64) -> Option<u64> {
+        self.first_mapped_in(ROOT, TOP_LEVEL, 0, lo, hi)
+    }
+
+    fn first_mapped_in(&self, t: u32, level: u32, base: u64, lo: u64, hi: u64) -> Option<u64> {
+        let span = 1u64 << level_shift(level);
+        let (first, last) = slots(base, span, lo, hi)?;
+        for i in first..=last {
+            let p = self.arena.entry(t, i).load(Ordering::Relaxed);
+            if p & PTE_VALID == 0 {
+                continue;
             }
-            n = slot.as_deref_mut().expect("just filled");
+            let sb = base + i as u64 * span;
+            if is_table(p, level) {
+                if let Some(a) =
+                    self.first_mapped_in((p >> PAGE_SHIFT) as u32, level - 1, sb, lo, hi)
+                {
+                    return Some(a);
+                }
+            } else {
+                return Some(lo.max(sb));
+            }
         }
-        let Node::Leaf { ptes, used } = n else {
-            unreachable!("level 0 is a leaf")
-        };
-        let i = index(iova, 0);
-        debug_assert_eq!(ptes[i] & PTE_VALID, 0);
-        ptes[i] = entry;
-        *used += 1;
-        self.nodes += created;
+        None
     }
 
-    /// Unmap every mapped page in `[iova, iova+size)`; returns the bytes
-    /// unmapped. Table pages left empty are freed.
-    pub fn unmap(&mut self, iova: u64, size: u64) -> Result<u64, IommuError> {
-        let end = Self::check_range(iova, size)?;
-        let mut freed = 0usize;
-        let pages = unmap_node(&mut self.root, TOP_LEVEL, 0, iova, end, &mut freed);
-        self.pages -= pages;
-        self.nodes -= freed;
-        Ok(pages * PAGE_SIZE)
-    }
-
-    /// Translate one byte address.
-    pub fn translate(&self, iova: u64, access: Access) -> Result<u64, Fault> {
-        let fault = |reason| Fault {
-            iova,
-            pasid: self.pasid,
-            access,
-            reason,
-        };
-        if iova >= IOVA_LIMIT {
-            return Err(fault(FaultReason::OutOfRange));
-        }
-        let p = self.pte_at(iova);
-        if p & PTE_VALID == 0 {
-            return Err(fault(FaultReason::Unmapped));
-        }
-        if !pte_prot(p).allows(access) {
-            return Err(fault(FaultReason::Permission));
-        }
-        Ok((p & PTE_ADDR_MASK) | (iova & (PAGE_SIZE - 1)))
-    }
-
-    /// Translate `[iova, iova+len)` into physically contiguous runs (cleared
-    /// first, in IOVA order). The first unmapped or forbidden byte is the
-    /// fault; `len == 0` is an empty success.
-    pub fn translate_range(
+    /// Map `[lo, hi)` (free, page aligned) to `phys..`, using blocks where
+    /// `block_shifts` allows and alignment permits. On `TableFull` the part
+    /// already mapped is left for the caller to unmap.
+    pub(crate) fn map(
         &self,
-        iova: u64,
-        len: u64,
-        access: Access,
-        runs: &mut Vec<(u64, u64)>,
-    ) -> Result<(), Fault> {
-        runs.clear();
-        if len == 0 {
+        a: &mut TableAlloc,
+        lo: u64,
+        hi: u64,
+        phys: u64,
+        prot: Prot,
+        blocks: bool,
+    ) -> Result<(), TableFull> {
+        self.map_in(a, ROOT, TOP_LEVEL, 0, lo, hi, phys, prot, blocks)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn map_in(
+        &self,
+        a: &mut TableAlloc,
+        t: u32,
+        level: u32,
+        base: u64,
+        lo: u64,
+        hi: u64,
+        phys_lo: u64,
+        prot: Prot,
+        blocks: bool,
+    ) -> Result<(), TableFull> {
+        let span = 1u64 << level_shift(level);
+        let Some((first, last)) = slots(base, span, lo, hi) else {
             return Ok(());
-        }
-        let fault = |at, reason| Fault {
-            iova: at,
-            pasid: self.pasid,
-            access,
-            reason,
         };
-        let end = match iova.checked_add(len) {
-            Some(e) if e <= IOVA_LIMIT => e,
-            _ => {
-                return Err(fault(
-                    iova.min(IOVA_LIMIT.max(iova)),
-                    FaultReason::OutOfRange,
-                ))
+        for i in first..=last {
+            let sb = base + i as u64 * span;
+            let s_lo = lo.max(sb);
+            let s_hi = hi.min(sb + span);
+            let p = phys_lo + (s_lo - lo);
+            let e = self.arena.entry(t, i);
+            let cur = e.load(Ordering::Relaxed);
+            if level == 0 {
+                debug_assert_eq!(cur & PTE_VALID, 0, "map target is free");
+                // Release: pairs with the Acquire load in `walk`.
+                e.store(leaf_pte(p, prot), Ordering::Release);
+                a.used[t as usize] += 1;
+                continue;
             }
-        };
-        let mut a = iova;
-        while a < end {
-            let Some(leaf) = self.leaf(a) else {
-                return Err(fault(a, FaultReason::Unmapped));
+            let whole = s_lo == sb && s_hi == sb + span;
+            if blocks && level <= 2 && whole && p % span == 0 && cur & PTE_VALID == 0 {
+                // Release: pairs with the Acquire load in `walk`.
+                e.store(leaf_pte(p, prot), Ordering::Release);
+                a.used[t as usize] += 1;
+                continue;
+            }
+            let child = if cur & PTE_VALID != 0 {
+                debug_assert!(is_table(cur, level), "map target is free");
+                (cur >> PAGE_SHIFT) as u32
+            } else {
+                let c = self.alloc_page(a)?;
+                // Release: the child's entries are zero (fresh, or emptied
+                // before being freed) before the link is visible to walkers.
+                e.store(
+                    ((c as u64) << PAGE_SHIFT) | PTE_TABLE | PTE_VALID,
+                    Ordering::Release,
+                );
+                a.used[t as usize] += 1;
+                c
             };
-            // Walk the entries of this leaf table without re-walking the tree.
-            loop {
-                let p = leaf[index(a, 0)];
-                if p & PTE_VALID == 0 {
-                    return Err(fault(a, FaultReason::Unmapped));
-                }
-                if !pte_prot(p).allows(access) {
-                    return Err(fault(a, FaultReason::Permission));
-                }
-                let page_end = (a | (PAGE_SIZE - 1)) + 1;
-                let n = end.min(page_end) - a;
-                let phys = (p & PTE_ADDR_MASK) | (a & (PAGE_SIZE - 1));
-                match runs.last_mut() {
-                    Some(last) if last.0 + last.1 == phys => last.1 += n,
-                    _ => runs.push((phys, n)),
-                }
-                a += n;
-                if a >= end || index(a, 0) == 0 {
-                    break;
-                }
-            }
+            self.map_in(a, child, level - 1, sb, s_lo, s_hi, p, prot, blocks)?;
         }
         Ok(())
     }
 
-    /// Bytes mapped.
-    pub fn mapped_bytes(&self) -> u64 {
-        self.pages * PAGE_SIZE
+    /// The leaf that `[lo, hi)` would split (a block straddling an edge).
+    pub(crate) fn split_block(&self, lo: u64, hi: u64) -> Option<Leaf> {
+        let a = self.walk(lo).filter(|l| l.iova < lo);
+        let b = self.walk(hi - 1).filter(|l| l.iova + l.size() > hi);
+        a.or(b)
     }
 
-    /// Current mappings, coalesced where IOVA, physical address and
-    /// permissions all continue, sorted by IOVA.
-    pub fn mappings(&self) -> Vec<Mapping> {
-        let mut out: Vec<Mapping> = Vec::new();
-        collect(&self.root, TOP_LEVEL, 0, &mut out);
+    /// Clear every leaf in `[lo, hi)` (the caller checked that no block is
+    /// split); unlinked table pages and the cleared range go to `g`.
+    /// Returns the bytes unmapped.
+    pub(crate) fn unmap(&self, a: &mut TableAlloc, lo: u64, hi: u64, g: &mut IotlbGather) -> u64 {
+        self.unmap_in(a, ROOT, TOP_LEVEL, 0, lo, hi, g)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn unmap_in(
+        &self,
+        a: &mut TableAlloc,
+        t: u32,
+        level: u32,
+        base: u64,
+        lo: u64,
+        hi: u64,
+        g: &mut IotlbGather,
+    ) -> u64 {
+        let span = 1u64 << level_shift(level);
+        let Some((first, last)) = slots(base, span, lo, hi) else {
+            return 0;
+        };
+        let mut bytes = 0;
+        for i in first..=last {
+            let e = self.arena.entry(t, i);
+            let p = e.load(Ordering::Relaxed);
+            if p & PTE_VALID == 0 {
+                continue;
+            }
+            let sb = base + i as u64 * span;
+            if is_table(p, level) {
+                let child = (p >> PAGE_SHIFT) as u32;
+                bytes += self.unmap_in(a, child, level - 1, sb, lo, hi, g);
+                if a.used[child as usize] == 0 {
+                    // Release: pairs with the Acquire load in `walk`. A
+                    // walker that already followed the link keeps reading a
+                    // page that is not reused before the invalidation.
+                    e.store(0, Ordering::Release);
+                    a.used[t as usize] -= 1;
+                    g.add_table(child);
+                }
+            } else {
+                debug_assert!(sb >= lo && sb + span <= hi, "no block is split");
+                // Release: pairs with the Acquire load in `walk`.
+                e.store(0, Ordering::Release);
+                a.used[t as usize] -= 1;
+                bytes += span;
+                g.add_range(sb, span);
+            }
+        }
+        bytes
+    }
+
+    /// Mappings, coalesced where IOVA, physical address and permissions
+    /// continue, sorted by IOVA.
+    pub(crate) fn mappings(&self) -> Vec<Mapping> {
+        let mut out = Vec::new();
+        self.collect(ROOT, TOP_LEVEL, 0, &mut out);
         out
     }
 
-    /// Table pages allocated (the root included).
-    pub fn table_pages(&self) -> usize {
-        self.nodes
+    fn collect(&self, t: u32, level: u32, base: u64, out: &mut Vec<Mapping>) {
+        let span = 1u64 << level_shift(level);
+        for i in 0..ENTRIES {
+            let p = self.arena.entry(t, i).load(Ordering::Relaxed);
+            if p & PTE_VALID == 0 {
+                continue;
+            }
+            let iova = base + i as u64 * span;
+            if is_table(p, level) {
+                self.collect((p >> PAGE_SHIFT) as u32, level - 1, iova, out);
+                continue;
+            }
+            let phys = p & PTE_ADDR_MASK;
+            let prot = pte_prot(p);
+            match out.last_mut() {
+                Some(m) if m.iova + m.size == iova && m.phys + m.size == phys && m.prot == prot => {
+                    m.size += span
+                }
+                _ => out.push(Mapping {
+                    iova,
+                    phys,
+                    size: span,
+                    prot,
+                }),
+            }
+        }
+    }
+
+    /// Leaf entries by size: (4 KiB pages, 2 MiB blocks, 1 GiB blocks).
+    pub(crate) fn leaf_counts(&self) -> (u64, u64, u64) {
+        let mut c = [0u64; 3];
+        self.count(ROOT, TOP_LEVEL, &mut c);
+        (c[0], c[1], c[2])
+    }
+
+    fn count(&self, t: u32, level: u32, c: &mut [u64; 3]) {
+        for i in 0..ENTRIES {
+            let p = self.arena.entry(t, i).load(Ordering::Relaxed);
+            if p & PTE_VALID == 0 {
+                continue;
+            }
+            if is_table(p, level) {
+                self.count((p >> PAGE_SHIFT) as u32, level - 1, c);
+            } else if level <= 2 {
+                c[level as usize] += 1;
+            }
+        }
     }
 }
 
-fn unmap_node(
-    node: &mut Node,
-    level: u32,
-    base: u64,
-    start: u64,
-    end: u64,
-    freed: &mut usize,
-) -> u64 {
-    let span = entry_span(level);
-    let lo = start.max(base);
-    let hi = end.min(base + span * FANOUT as u64);
-    if lo >= hi {
-        return 0;
+/// First and last entry of a table at `base` (entries of `span` bytes)
+/// that intersect `[lo, hi)`.
+fn slots(base: u64, span: u64, lo: u64, hi: u64) -> Option<(usize, usize)> {
+    let top = base.saturating_add(span.saturating_mul(ENTRIES as u64));
+    let l = lo.max(base);
+    let h = hi.min(top);
+    if l >= h {
+        return None;
     }
-    let first = ((lo - base) / span) as usize;
-    let last = ((hi - 1 - base) / span) as usize;
-    let mut pages = 0;
-    match node {
-        Node::Leaf { ptes, used } => {
-            for p in &mut ptes[first..=last] {
-                if *p & PTE_VALID != 0 {
-                    *p = 0;
-                    *used -= 1;
-                    pages += 1;
-                }
-            }
-        }
-        Node::Dir { kids, used } => {
-            for (i, slot) in kids.iter_mut().enumerate().take(last + 1).skip(first) {
-                if let Some(k) = slot {
-                    pages += unmap_node(k, level - 1, base + i as u64 * span, start, end, freed);
-                    if k.used() == 0 {
-                        *slot = None;
-                        *used -= 1;
-                        *freed += 1;
-                    }
-                }
-            }
-        }
-    }
-    pages
-}
-
-fn collect(node: &Node, level: u32, base: u64, out: &mut Vec<Mapping>) {
-    let span = entry_span(level);
-    match node {
-        Node::Leaf { ptes, .. } => {
-            for (i, &p) in ptes.iter().enumerate() {
-                if p & PTE_VALID == 0 {
-                    continue;
-                }
-                let iova = base + i as u64 * span;
-                let phys = p & PTE_ADDR_MASK;
-                let prot = pte_prot(p);
-                match out.last_mut() {
-                    Some(m)
-                        if m.iova + m.size == iova && m.phys + m.size == phys && m.prot == prot =>
-                    {
-                        m.size += PAGE_SIZE
-                    }
-                    _ => out.push(Mapping {
-                        iova,
-                        phys,
-                        size: PAGE_SIZE,
-                        prot,
-                    }),
-                }
-            }
-        }
-        Node::Dir { kids, .. } => {
-            for (i, k) in kids.iter().enumerate() {
-                if let Some(k) = k {
-                    collect(k, level - 1, base + i as u64 * span, out);
-                }
-            }
-        }
-    }
+    Some((
+        ((l - base) / span) as usize,
+        ((h - 1 - base) / span) as usize,
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const P: u64 = PAGE_SIZE;
+    const P: u64 = 4096;
+    const M2: u64 = 1 << 21;
+    const G1: u64 = 1 << 30;
 
     #[test]
-    fn map_translate_unmap() {
-        let mut d = Domain::new(3);
-        d.map(0x10000, 0x7000_0000, 2 * P, Prot::RW).unwrap();
-        assert_eq!(d.translate(0x10010, Access::Read), Ok(0x7000_0010));
-        assert_eq!(d.translate(0x11fff, Access::Write), Ok(0x7000_1fff));
-        let f = d.translate(0x12000, Access::Read).unwrap_err();
-        assert_eq!(
-            (f.iova, f.pasid, f.reason),
-            (0x12000, 3, FaultReason::Unmapped)
-        );
-        assert_eq!(d.mapped_bytes(), 2 * P);
-        assert_eq!(d.unmap(0x10000, 2 * P), Ok(2 * P));
-        assert!(d.translate(0x10010, Access::Read).is_err());
-        assert_eq!(d.table_pages(), 1, "empty tables freed");
+    fn chunk_indexing_is_dense() {
+        let mut seen = std::collections::HashSet::new();
+        let mut expect_c = 0;
+        let mut expect_off = 0;
+        for i in 0..2000u32 {
+            let (c, off) = chunk_of(i);
+            if (c, off) != (expect_c, expect_off) {
+                assert_eq!((c, off), (expect_c + 1, 0), "index {i}");
+                expect_c += 1;
+                expect_off = 0;
+            }
+            assert!(off < (FIRST_CHUNK as usize) << c);
+            assert!(seen.insert((c, off)));
+            expect_off += 1;
+        }
     }
 
     #[test]
-    fn permissions() {
-        let mut d = Domain::new(1);
-        d.map(0, 0x1000, P, Prot::READ).unwrap();
-        assert!(d.translate(5, Access::Read).is_ok());
-        assert_eq!(
-            d.translate(5, Access::Write).unwrap_err().reason,
-            FaultReason::Permission
-        );
-        assert_eq!(d.map(P, 0, P, Prot::NONE), Err(IommuError::NoPermission));
-        assert_eq!(Prot::from_bits(4), None);
-        assert_eq!(Prot::READ | Prot::WRITE, Prot::RW);
-    }
-
-    #[test]
-    fn bad_arguments() {
-        let mut d = Domain::new(1);
-        assert!(matches!(
-            d.map(1, 0, P, Prot::RW),
-            Err(IommuError::Misaligned { .. })
-        ));
-        assert!(matches!(
-            d.map(0, 1, P, Prot::RW),
-            Err(IommuError::Misaligned { .. })
-        ));
-        assert!(matches!(
-            d.map(0, 0, 0, Prot::RW),
-            Err(IommuError::Misaligned { .. })
-        ));
-        assert!(matches!(
-            d.map(IOVA_LIMIT - P, 0, 2 * P, Prot::RW),
-            Err(IommuError::OutOfRange { .. })
-        ));
-        assert!(matches!(
-            d.map(!(P - 1), 0, P, Prot::RW),
-            Err(IommuError::OutOfRange { .. })
-        ));
-        assert!(matches!(d.unmap(0, 3), Err(IommuError::Misaligned { .. })));
-        assert_eq!(
-            d.translate(IOVA_LIMIT, Access::Read).unwrap_err().reason,
-            FaultReason::OutOfRange
-        );
-    }
-
-    #[test]
-    fn overlap_changes_nothing() {
-        let mut d = Domain::new(1);
-        d.map(4 * P, 0x100000, P, Prot::RW).unwrap();
-        let before = d.mappings();
-        assert_eq!(
-            d.map(2 * P, 0x200000, 4 * P, Prot::RW),
-            Err(IommuError::Overlap { iova: 4 * P })
-        );
-        assert_eq!(d.mappings(), before);
-        assert_eq!(d.mapped_bytes(), P);
-    }
-
-    #[test]
-    fn partial_unmap_counts_only_mapped_pages() {
-        let mut d = Domain::new(1);
-        d.map(0, 0x100000, P, Prot::RW).unwrap();
-        d.map(3 * P, 0x200000, P, Prot::RW).unwrap();
-        assert_eq!(d.unmap(0, 8 * P), Ok(2 * P));
-        assert_eq!(d.unmap(0, 8 * P), Ok(0));
-    }
-
-    #[test]
-    fn ranges_coalesce_and_fault_at_first_bad_byte() {
-        let mut d = Domain::new(1);
-        let base = (1 << 21) - 2 * P; // crosses a leaf-table boundary
-        d.map(base, 0x40_0000, 2 * P, Prot::RW).unwrap();
-        d.map(base + 2 * P, 0x40_2000, 2 * P, Prot::RW).unwrap();
-        d.map(base + 4 * P, 0x90_0000, P, Prot::RW).unwrap();
-        let mut runs = Vec::new();
-        d.translate_range(base + 10, 4 * P - 10, Access::Read, &mut runs)
+    fn blocks_are_used_when_aligned() {
+        let (t, mut a) = PageTable::new(64);
+        t.map(&mut a, G1, 2 * G1 + M2 + P, 8 * G1, Prot::RW, true)
             .unwrap();
-        assert_eq!(runs, [(0x40_000a, 4 * P - 10)]);
-        d.translate_range(base, 5 * P, Access::Write, &mut runs)
-            .unwrap();
-        assert_eq!(runs, [(0x40_0000, 4 * P), (0x90_0000, P)]);
-        let f = d
-            .translate_range(base + 5, 6 * P, Access::Read, &mut runs)
-            .unwrap_err();
-        assert_eq!((f.iova, f.reason), (base + 5 * P, FaultReason::Unmapped));
-        d.translate_range(7, 0, Access::Read, &mut runs).unwrap();
-        assert!(runs.is_empty());
-        let f = d
-            .translate_range(u64::MAX - 1, 4, Access::Read, &mut runs)
-            .unwrap_err();
-        assert_eq!(f.reason, FaultReason::OutOfRange);
-        assert_eq!(
-            d.mappings(),
-            [
-                Mapping {
-                    iova: base,
-                    phys: 0x40_0000,
-                    size: 4 * P,
-                    prot: Prot::RW
-                },
-                Mapping {
-                    iova: base + 4 * P,
-                    phys: 0x90_0000,
-                    size: P,
-                    prot: Prot::RW
-                }
-            ]
-        );
+        assert_eq!(t.leaf_counts(), (1, 1, 1));
+        let l = t.walk(G1 + 5).unwrap();
+        assert_eq!((l.iova, l.shift, l.phys), (G1, 30, 8 * G1));
+        let l = t.walk(2 * G1 + 7).unwrap();
+        assert_eq!((l.shift, l.phys), (21, 9 * G1));
+        let l = t.walk(2 * G1 + M2 + 9).unwrap();
+        assert_eq!((l.shift, l.phys), (12, 9 * G1 + M2));
+        // Misaligned physical address: pages only.
+        let (t, mut a) = PageTable::new(64);
+        t.map(&mut a, 0, M2, P, Prot::READ, true).unwrap();
+        assert_eq!(t.leaf_counts(), (512, 0, 0));
+        // Blocks not allowed.
+        let (t, mut a) = PageTable::new(64);
+        t.map(&mut a, 0, M2, 0, Prot::READ, false).unwrap();
+        assert_eq!(t.leaf_counts(), (512, 0, 0));
     }
 
     #[test]
-    fn limit() {
-        let mut d = Domain::with_limit(1, 2);
-        d.map(0, 0, 2 * P, Prot::RW).unwrap();
+    fn unmap_unlinks_empty_tables_into_the_gather() {
+        let (t, mut a) = PageTable::new(64);
+        t.map(&mut a, 0, 4 * P, 0x10_0000, Prot::RW, true).unwrap();
+        assert_eq!(PageTable::live_pages(&a), 4);
+        let mut g = IotlbGather::new();
+        assert_eq!(t.unmap(&mut a, 0, 2 * P, &mut g), 2 * P);
+        assert!(g.tables().is_empty());
+        assert_eq!(t.unmap(&mut a, 0, 8 * P, &mut g), 2 * P);
+        assert_eq!(g.tables().len(), 3);
+        assert_eq!(g.range(), Some((0, 4 * P)));
+        assert_eq!(t.walk(0), None);
+        // Not reusable until freed.
+        assert_eq!(PageTable::live_pages(&a), 4);
+        let pages = g.tables().to_vec();
+        t.free_pages(&mut a, &pages);
+        assert_eq!(PageTable::live_pages(&a), 1);
+    }
+
+    #[test]
+    fn split_detection_and_table_limit() {
+        let (t, mut a) = PageTable::new(64);
+        t.map(&mut a, M2, 2 * M2, 0, Prot::RW, true).unwrap();
+        assert!(t.split_block(M2, M2 + P).is_some());
+        assert!(t.split_block(M2 + P, 2 * M2).is_some());
+        assert!(t.split_block(0, 3 * M2).is_none());
+        assert_eq!(t.first_mapped(0, M2), None);
+        assert_eq!(t.first_mapped(0, M2 + 1), Some(M2));
+        // Three table pages at most: root + L2 + L1, no room for a leaf table.
+        let (t, mut a) = PageTable::new(3);
         assert_eq!(
-            d.map(4 * P, 0, P, Prot::RW),
-            Err(IommuError::LimitExceeded { limit_pages: 2 })
+            t.map(&mut a, 0, P, 0, Prot::RW, true),
+            Err(TableFull),
+            "needs a fourth page"
         );
     }
 }

@@ -1,0 +1,512 @@
+//! Invalidation as a command queue that engines acknowledge (the SMMU
+//! command queue + CMD_SYNC model).
+//!
+//! The control side appends commands (invalidate a range of a domain, a
+//! whole domain, everything, or a sync marker) to a ring shared by all
+//! engines. Each engine keeps its own IOTLB and consumes the ring at the
+//! edges of its *sections* (the stretches in which it translates and
+//! touches memory). A sync appends a marker and waits until every engine
+//! has either consumed it, or is outside any section: an engine between
+//! sections consumes the ring before its next translation, so it can no
+//! longer reach memory through what the commands invalidated.
+//!
+//! Ordering: an engine stores `busy = true` then loads the ring tail; the
+//! control side stores the tail then loads `busy` (all SeqCst), so either the
+//! engine sees the command before it translates, or the control side sees
+//! the engine busy and waits for its acknowledgement (Dekker).
+
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use crate::iotlb::Iotlb;
+use crate::table::Leaf;
+use crate::{Access, Domain, Fault, FaultReason, Pasid, IOVA_LIMIT};
+
+/// Commands the ring holds.
+pub const CMDQ_ENTRIES: usize = 4096;
+
+/// An invalidation command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Drop a domain's entries intersecting `[start, end)`.
+    InvalidateRange {
+        /// Domain tag.
+        tag: u64,
+        /// First byte.
+        start: u64,
+        /// One past the last byte.
+        end: u64,
+    },
+    /// Drop every entry of a domain.
+    InvalidateDomain {
+        /// Domain tag.
+        tag: u64,
+    },
+    /// Drop every entry.
+    InvalidateAll,
+    /// Completion marker: acknowledged once everything before it was consumed.
+    Sync,
+}
+
+const K_RANGE: u64 = 1;
+const K_DOMAIN: u64 = 2;
+const K_ALL: u64 = 3;
+const K_SYNC: u64 = 4;
+
+#[derive(Default)]
+struct Slot {
+    /// Sequence number of the command held; `u64::MAX` while being written.
+    seq: AtomicU64,
+    kind: AtomicU64,
+    tag: AtomicU64,
+    start: AtomicU64,
+    end: AtomicU64,
+}
+
+/// One engine as the command queue sees it.
+#[derive(Debug, Default)]
+struct EngineState {
+    /// Highest sequence number consumed.
+    acked: AtomicU64,
+    /// Inside a section.
+    busy: AtomicBool,
+    /// The engine is gone (its IOTLB with it).
+    gone: AtomicBool,
+}
+
+/// Counters of the invalidation machinery (for benchmarks and `wd ls`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InvalidationStats {
+    /// Commands appended (syncs included).
+    pub commands: u64,
+    /// Syncs completed.
+    pub syncs: u64,
+    /// Syncs that had to wait for at least one busy engine.
+    pub waited_syncs: u64,
+    /// Nanoseconds spent waiting in syncs.
+    pub wait_ns: u64,
+}
+
+/// The software IOMMU instance: the command queue shared by every engine and
+/// every domain, and the source of domain tags.
+pub struct Iommu {
+    ring: Box<[Slot]>,
+    tail: AtomicU64,
+    producer: Mutex<()>,
+    engines: RwLock<Vec<Arc<EngineState>>>,
+    next_tag: AtomicU64,
+    commands: AtomicU64,
+    syncs: AtomicU64,
+    waited_syncs: AtomicU64,
+    wait_ns: AtomicU64,
+}
+
+impl std::fmt::Debug for Iommu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Iommu")
+            .field("tail", &self.tail.load(Ordering::Relaxed))
+            .field("engines", &self.engines().len())
+            .finish()
+    }
+}
+
+impl Iommu {
+    /// A new IOMMU with no engine and no domain.
+    pub fn new() -> Arc<Iommu> {
+        Arc::new(Iommu {
+            ring: (0..CMDQ_ENTRIES).map(|_| Slot::default()).collect(),
+            tail: AtomicU64::new(0),
+            producer: Mutex::new(()),
+            engines: RwLock::new(Vec::new()),
+            next_tag: AtomicU64::new(1),
+            commands: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
+            waited_syncs: AtomicU64::new(0),
+            wait_ns: AtomicU64::new(0),
+        })
+    }
+
+    pub(crate) fn new_tag(&self) -> u64 {
+        self.next_tag.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn engines(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<EngineState>>> {
+        self.engines.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Engines registered.
+    pub fn engine_count(&self) -> usize {
+        self.engines().len()
+    }
+
+    /// Append commands; returns the sequence number of the last one.
+    pub fn submit(&self, cmds: &[Command]) -> u64 {
+        let _g = self.producer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seq = self.tail.load(Ordering::Relaxed);
+        for c in cmds {
+            seq += 1;
+            let s = &self.ring[(seq % CMDQ_ENTRIES as u64) as usize];
+            let (kind, tag, start, end) = match *c {
+                Command::InvalidateRange { tag, start, end } => (K_RANGE, tag, start, end),
+                Command::InvalidateDomain { tag } => (K_DOMAIN, tag, 0, 0),
+                Command::InvalidateAll => (K_ALL, 0, 0, 0),
+                Command::Sync => (K_SYNC, 0, 0, 0),
+            };
+            // Seqlock write: mark the slot busy, then the fields, then the
+            // sequence number. Release fence: pairs with the Acquire fence in
+            // `EngineTlb::read_slot`, so a reader that sees a field written
+            // here also sees the busy mark.
+            s.seq.store(u64::MAX, Ordering::Relaxed);
+            fence(Ordering::Release);
+            s.kind.store(kind, Ordering::Relaxed);
+            s.tag.store(tag, Ordering::Relaxed);
+            s.start.store(start, Ordering::Relaxed);
+            s.end.store(end, Ordering::Relaxed);
+            // Release: pairs with the Acquire load of `seq` in `read_slot`.
+            s.seq.store(seq, Ordering::Release);
+        }
+        // SeqCst: pairs with the SeqCst store of `busy` in `EngineTlb::enter`
+        // (Dekker with the SeqCst load of `busy` in `wait_for`). Also Release
+        // for the page-table stores made before the commands.
+        self.tail.store(seq, Ordering::SeqCst);
+        self.commands
+            .fetch_add(cmds.len() as u64, Ordering::Relaxed);
+        seq
+    }
+
+    /// Append a sync marker and wait until every engine acknowledged it (or
+    /// is outside any section). On return, no engine can use a translation
+    /// that an earlier command invalidated.
+    pub fn sync(&self) {
+        let seq = self.submit(&[Command::Sync]);
+        self.wait_for(seq);
+    }
+
+    /// Invalidate `[start, end)` of a domain and sync.
+    pub fn invalidate_range_sync(&self, tag: u64, start: u64, end: u64) {
+        let seq = self.submit(&[Command::InvalidateRange { tag, start, end }, Command::Sync]);
+        self.wait_for(seq);
+    }
+
+    /// Invalidate a whole domain and sync.
+    pub fn invalidate_domain_sync(&self, tag: u64) {
+        let seq = self.submit(&[Command::InvalidateDomain { tag }, Command::Sync]);
+        self.wait_for(seq);
+    }
+
+    /// Invalidate everything and sync.
+    pub fn invalidate_all_sync(&self) {
+        let seq = self.submit(&[Command::InvalidateAll, Command::Sync]);
+        self.wait_for(seq);
+    }
+
+    fn wait_for(&self, seq: u64) {
+        let engines = self.engines();
+        let mut t0: Option<Instant> = None;
+        for e in engines.iter() {
+            let mut spins = 0u32;
+            loop {
+                // SeqCst: see `submit`; also Acquire, so the engine's memory
+                // accesses in its section happen before what we do next.
+                if e.gone.load(Ordering::SeqCst)
+                    || e.acked.load(Ordering::SeqCst) >= seq
+                    || !e.busy.load(Ordering::SeqCst)
+                {
+                    break;
+                }
+                t0.get_or_insert_with(Instant::now);
+                spins += 1;
+                if spins < 128 {
+                    std::hint::spin_loop();
+                } else {
+                    // Few cores: let the engine run.
+                    std::thread::yield_now();
+                }
+            }
+        }
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        if let Some(t) = t0 {
+            self.waited_syncs.fetch_add(1, Ordering::Relaxed);
+            self.wait_ns
+                .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> InvalidationStats {
+        InvalidationStats {
+            commands: self.commands.load(Ordering::Relaxed),
+            syncs: self.syncs.load(Ordering::Relaxed),
+            waited_syncs: self.waited_syncs.load(Ordering::Relaxed),
+            wait_ns: self.wait_ns.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Counters of one engine's IOTLB.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TlbStats {
+    /// Lookups answered by the IOTLB.
+    pub hits: u64,
+    /// Lookups that walked the table.
+    pub misses: u64,
+    /// Commands consumed.
+    pub commands: u64,
+    /// Times the engine fell a full ring behind and dropped everything.
+    pub overruns: u64,
+}
+
+/// An engine's side of the IOMMU: its IOTLB and its place in the command
+/// queue. Owned by the engine thread; translations happen in a [`Section`].
+pub struct EngineTlb {
+    iommu: Arc<Iommu>,
+    state: Arc<EngineState>,
+    tlb: Iotlb,
+    /// Next sequence number to read.
+    cursor: u64,
+    stats: TlbStats,
+}
+
+impl std::fmt::Debug for EngineTlb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineTlb")
+            .field("tlb", &self.tlb)
+            .field("cursor", &self.cursor)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl EngineTlb {
+    /// Register a new engine with `iommu`.
+    pub fn new(iommu: &Arc<Iommu>) -> EngineTlb {
+        let mut engines = iommu.engines.write().unwrap_or_else(|e| e.into_inner());
+        // Commands before now cannot concern our (empty) IOTLB.
+        let tail = iommu.tail.load(Ordering::SeqCst);
+        let state = Arc::new(EngineState {
+            acked: AtomicU64::new(tail),
+            busy: AtomicBool::new(false),
+            gone: AtomicBool::new(false),
+        });
+        engines.push(state.clone());
+        EngineTlb {
+            iommu: iommu.clone(),
+            state,
+            tlb: Iotlb::new(),
+            cursor: tail + 1,
+            stats: TlbStats::default(),
+        }
+    }
+
+    /// Start translating: consume pending commands first.
+    pub fn enter(&mut self) -> Section<'_> {
+        // SeqCst: the Dekker pair of the tail store in `Iommu::submit`.
+        self.state.busy.store(true, Ordering::SeqCst);
+        self.consume();
+        Section { e: self }
+    }
+
+    /// Consume pending commands outside a section (housekeeping; an idle
+    /// engine need not call it).
+    pub fn poll(&mut self) {
+        self.consume();
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> TlbStats {
+        self.stats
+    }
+
+    /// Entries cached.
+    pub fn cached(&self) -> usize {
+        self.tlb.occupied()
+    }
+
+    fn read_slot(&self, seq: u64) -> Option<Command> {
+        let s = &self.iommu.ring[(seq % CMDQ_ENTRIES as u64) as usize];
+        // Acquire: pairs with the Release store of `seq` in `submit`.
+        if s.seq.load(Ordering::Acquire) != seq {
+            return None;
+        }
+        let kind = s.kind.load(Ordering::Relaxed);
+        let tag = s.tag.load(Ordering::Relaxed);
+        let start = s.start.load(Ordering::Relaxed);
+        let end = s.end.load(Ordering::Relaxed);
+        // Acquire fence: pairs with the Release fence in `submit`; if a
+        // producer overwrote the slot meanwhile, we see its busy mark.
+        fence(Ordering::Acquire);
+        if s.seq.load(Ordering::Relaxed) != seq {
+            return None;
+        }
+        Some(match kind {
+            K_RANGE => Command::InvalidateRange { tag, start, end },
+            K_DOMAIN => Command::InvalidateDomain { tag },
+            K_ALL => Command::InvalidateAll,
+            _ => Command::Sync,
+        })
+    }
+
+    fn consume(&mut self) {
+        // SeqCst: the Dekker pair of `busy` (see `enter`).
+        let tail = self.iommu.tail.load(Ordering::SeqCst);
+        if self.cursor > tail {
+            return;
+        }
+        if tail - self.cursor >= CMDQ_ENTRIES as u64 {
+            self.overrun(tail);
+        } else {
+            while self.cursor <= tail {
+                match self.read_slot(self.cursor) {
+                    Some(c) => {
+                        self.apply(c);
+                        self.cursor += 1;
+                    }
+                    None => {
+                        self.overrun(tail);
+                        break;
+                    }
+                }
+            }
+        }
+        // Release: our IOTLB no longer holds what the commands dropped.
+        self.state.acked.store(tail, Ordering::SeqCst);
+    }
+
+    /// We fell a full ring behind: dropping everything covers whatever we
+    /// missed.
+    fn overrun(&mut self, tail: u64) {
+        self.tlb.invalidate_all();
+        self.stats.overruns += 1;
+        self.cursor = tail + 1;
+    }
+
+    fn apply(&mut self, c: Command) {
+        self.stats.commands += 1;
+        match c {
+            Command::InvalidateRange { tag, start, end } => {
+                self.tlb.invalidate_range(tag, start, end);
+            }
+            Command::InvalidateDomain { tag } => {
+                self.tlb.invalidate_domain(tag);
+            }
+            Command::InvalidateAll => self.tlb.invalidate_all(),
+            Command::Sync => {}
+        }
+    }
+}
+
+impl Drop for EngineTlb {
+    fn drop(&mut self) {
+        self.state.gone.store(true, Ordering::SeqCst);
+        let mut engines = self
+            .iommu
+            .engines
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        engines.retain(|e| !Arc::ptr_eq(e, &self.state));
+    }
+}
+
+/// A stretch in which an engine translates and touches memory. Everything
+/// it reaches through a translation must be done before the section ends,
+/// and the domains it translates through must be kept alive (an `Arc`) for
+/// the whole section.
+pub struct Section<'a> {
+    e: &'a mut EngineTlb,
+}
+
+impl Section<'_> {
+    #[inline]
+    fn leaf(&mut self, dom: &Domain, iova: u64) -> Option<Leaf> {
+        let tag = dom.tag();
+        if let Some(l) = self.e.tlb.lookup(tag, iova) {
+            self.e.stats.hits += 1;
+            return Some(l);
+        }
+        self.e.stats.misses += 1;
+        let l = dom.walk(iova)?;
+        self.e.tlb.insert(tag, &l);
+        Some(l)
+    }
+
+    /// Translate one byte address through the IOTLB (walking on a miss).
+    /// `pasid` names the endpoint in a fault.
+    pub fn translate(
+        &mut self,
+        dom: &Domain,
+        pasid: Pasid,
+        iova: u64,
+        access: Access,
+    ) -> Result<u64, Fault> {
+        let fault = |reason| Fault {
+            iova,
+            pasid,
+            access,
+            reason,
+        };
+        if iova >= IOVA_LIMIT {
+            return Err(fault(FaultReason::OutOfRange));
+        }
+        let l = self.leaf(dom, iova).ok_or(fault(FaultReason::Unmapped))?;
+        if !l.prot.allows(access) {
+            return Err(fault(FaultReason::Permission));
+        }
+        Ok(l.phys + (iova - l.iova))
+    }
+
+    /// Translate `[iova, iova+len)` into physically contiguous runs
+    /// (cleared first, in IOVA order); the first unmapped or forbidden byte
+    /// is the fault. `len == 0` is an empty success.
+    pub fn translate_range(
+        &mut self,
+        dom: &Domain,
+        pasid: Pasid,
+        iova: u64,
+        len: u64,
+        access: Access,
+        runs: &mut Vec<(u64, u64)>,
+    ) -> Result<(), Fault> {
+        runs.clear();
+        if len == 0 {
+            return Ok(());
+        }
+        let fault = |at, reason| Fault {
+            iova: at,
+            pasid,
+            access,
+            reason,
+        };
+        let end = match iova.checked_add(len) {
+            Some(e) if e <= IOVA_LIMIT => e,
+            _ => return Err(fault(iova.min(IOVA_LIMIT), FaultReason::OutOfRange)),
+        };
+        let mut a = iova;
+        while a < end {
+            let Some(l) = self.leaf(dom, a) else {
+                return Err(fault(a, FaultReason::Unmapped));
+            };
+            if !l.prot.allows(access) {
+                return Err(fault(a, FaultReason::Permission));
+            }
+            let n = end.min(l.iova + l.size()) - a;
+            let phys = l.phys + (a - l.iova);
+            match runs.last_mut() {
+                Some(last) if last.0 + last.1 == phys => last.1 += n,
+                _ => runs.push((phys, n)),
+            }
+            a += n;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Section<'_> {
+    fn drop(&mut self) {
+        // Drop what was invalidated while we worked, then leave: SeqCst
+        // store (a Release) so our memory accesses happen before a sync that
+        // sees us idle.
+        self.e.consume();
+        self.e.state.busy.store(false, Ordering::SeqCst);
+    }
+}
