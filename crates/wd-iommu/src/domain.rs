@@ -758,3 +758,366 @@ impl Drop for Domain {
             .submit(&[crate::Command::InvalidateDomain { tag: self.tag }]);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{EngineTlb, BLOCK_2M};
+    use std::sync::atomic::AtomicBool;
+
+    const P: u64 = PAGE_SIZE;
+
+    fn dom(cfg: DomainConfig) -> (Arc<Iommu>, Domain) {
+        let iommu = Iommu::new();
+        let d = Domain::new(&iommu, 3, cfg);
+        (iommu, d)
+    }
+
+    /// Sets its flag when dropped (released).
+    struct Flag(Arc<AtomicBool>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    fn flag() -> (Arc<AtomicBool>, Release) {
+        let f = Arc::new(AtomicBool::new(false));
+        (f.clone(), Box::new(Flag(f)))
+    }
+
+    #[test]
+    fn map_translate_unmap() {
+        let (_i, d) = dom(DomainConfig::default());
+        d.map(0x10000, 0x7000_0000, 2 * P, Prot::RW).unwrap();
+        assert_eq!(d.translate(0x10010, Access::Read), Ok(0x7000_0010));
+        assert_eq!(d.translate(0x11fff, Access::Write), Ok(0x7000_1fff));
+        let f = d.translate(0x12000, Access::Read).unwrap_err();
+        assert_eq!(
+            (f.iova, f.pasid, f.reason),
+            (0x12000, 3, FaultReason::Unmapped)
+        );
+        assert_eq!(d.mapped_bytes(), 2 * P);
+        assert_eq!(d.unmap(0x10000, 2 * P), Ok(2 * P));
+        assert!(d.translate(0x10010, Access::Read).is_err());
+        assert_eq!(d.table_pages(), 1, "empty tables freed");
+    }
+
+    #[test]
+    fn permissions() {
+        let (_i, d) = dom(DomainConfig::default());
+        d.map(0, 0x1000, P, Prot::READ).unwrap();
+        assert!(d.translate(5, Access::Read).is_ok());
+        assert_eq!(
+            d.translate(5, Access::Write).unwrap_err().reason,
+            FaultReason::Permission
+        );
+        // A mapping without permission exists (it occupies its IOVAs) but
+        // every access to it faults.
+        d.map(P, 0, P, Prot::NONE).unwrap();
+        assert_eq!(
+            d.translate(P, Access::Read).unwrap_err().reason,
+            FaultReason::Permission
+        );
+        assert!(d.map(P, 0, P, Prot::RW).is_err());
+        assert_eq!(d.map(2 * P, 0, P, Prot::WRITE), Ok(()));
+        assert!(d.translate(2 * P, Access::Read).is_err());
+    }
+
+    #[test]
+    fn bad_arguments() {
+        let (_i, d) = dom(DomainConfig::default());
+        let mis = |r: Result<(), IommuError>| matches!(r, Err(IommuError::Misaligned { .. }));
+        assert!(mis(d.map(1, 0, P, Prot::RW)));
+        assert!(mis(d.map(0, 1, P, Prot::RW)));
+        assert!(mis(d.map(0, 0, 0, Prot::RW)));
+        assert!(matches!(
+            d.map(IOVA_LIMIT - P, 0, 2 * P, Prot::RW),
+            Err(IommuError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            d.map(!(P - 1), 0, P, Prot::RW),
+            Err(IommuError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            d.map(0, !(P - 1), 2 * P, Prot::RW),
+            Err(IommuError::OutOfRange { .. })
+        ));
+        assert!(matches!(d.unmap(0, 3), Err(IommuError::Misaligned { .. })));
+        assert_eq!(
+            d.translate(IOVA_LIMIT, Access::Read).unwrap_err().reason,
+            FaultReason::OutOfRange
+        );
+        assert_eq!(d.iova_to_phys(u64::MAX), None);
+    }
+
+    #[test]
+    fn overlap_changes_nothing() {
+        let (_i, d) = dom(DomainConfig::default());
+        d.map(4 * P, 0x100000, P, Prot::RW).unwrap();
+        let before = d.mappings();
+        assert_eq!(
+            d.map(2 * P, 0x200000, 4 * P, Prot::RW),
+            Err(IommuError::Overlap { iova: 4 * P })
+        );
+        assert_eq!(
+            d.map_sg(0, &[(0x300000, P), (0x500000, 8 * P)], Prot::RW),
+            Err(IommuError::Overlap { iova: 4 * P })
+        );
+        assert_eq!(d.mappings(), before);
+        assert_eq!(d.mapped_bytes(), P);
+    }
+
+    #[test]
+    fn partial_unmap_of_pages_is_fine_of_blocks_refused() {
+        let (_i, d) = dom(DomainConfig::default());
+        d.map(0, 0x100000, P, Prot::RW).unwrap();
+        d.map(3 * P, 0x200000, P, Prot::RW).unwrap();
+        assert_eq!(d.unmap(0, 8 * P), Ok(2 * P));
+        assert_eq!(d.unmap(0, 8 * P), Ok(0));
+        d.map(BLOCK_2M, 4 * BLOCK_2M, BLOCK_2M, Prot::RW).unwrap();
+        assert_eq!(d.leaf_counts(), (0, 1, 0));
+        assert_eq!(
+            d.unmap(BLOCK_2M, P),
+            Err(IommuError::WouldSplitBlock {
+                iova: BLOCK_2M,
+                size: BLOCK_2M
+            })
+        );
+        assert_eq!(
+            d.unmap(BLOCK_2M + BLOCK_2M / 2, BLOCK_2M),
+            Err(IommuError::WouldSplitBlock {
+                iova: BLOCK_2M,
+                size: BLOCK_2M
+            })
+        );
+        assert_eq!(d.mapped_bytes(), BLOCK_2M, "nothing changed");
+        assert_eq!(d.unmap(0, 4 * BLOCK_2M), Ok(BLOCK_2M));
+    }
+
+    #[test]
+    fn page_and_table_limits() {
+        let (_i, d) = dom(DomainConfig {
+            max_pages: 2,
+            ..DomainConfig::default()
+        });
+        d.map(0, 0, 2 * P, Prot::RW).unwrap();
+        assert_eq!(
+            d.map(4 * P, 0, P, Prot::RW),
+            Err(IommuError::LimitExceeded { limit_pages: 2 })
+        );
+        // Four table pages map one leaf table's worth; a second leaf table
+        // does not fit, and the first run's mapping is rolled back.
+        let (_i, d) = dom(DomainConfig {
+            max_table_pages: 4,
+            ..DomainConfig::default()
+        });
+        assert_eq!(
+            d.map_sg(
+                BLOCK_2M - P,
+                &[(0x1000_0000, P), (0x2000_0000, P)],
+                Prot::RW
+            ),
+            Err(IommuError::TableLimit { limit_pages: 4 })
+        );
+        assert_eq!(d.mapped_bytes(), 0);
+        assert!(d.mappings().is_empty());
+        assert_eq!(d.table_pages(), 1);
+        d.map(0, 0, 512 * P, Prot::RW).unwrap();
+    }
+
+    #[test]
+    fn strict_releases_after_the_sync() {
+        let (_i, d) = dom(DomainConfig::default());
+        d.map(0, 0x4000_0000, 4 * P, Prot::RW).unwrap();
+        let (f, r) = flag();
+        let mut g = IotlbGather::new();
+        assert_eq!(d.unmap_fast(0, 2 * P, &mut g), Ok(2 * P));
+        assert_eq!(d.unmap_fast(2 * P, 2 * P, &mut g), Ok(2 * P));
+        g.defer_release(r);
+        assert_eq!(g.range(), Some((0, 4 * P)));
+        assert!(!f.load(Ordering::SeqCst));
+        let before = d.iommu().stats();
+        d.iotlb_sync(&mut g);
+        assert!(f.load(Ordering::SeqCst));
+        let after = d.iommu().stats();
+        assert_eq!(after.commands - before.commands, 2, "one range + one sync");
+        assert_eq!(d.table_pages(), 1);
+        // A gather is bound to one domain.
+        let (_j, other) = dom(DomainConfig::default());
+        other.map(0, 0, P, Prot::RW).unwrap();
+        let mut g = IotlbGather::new();
+        d.map(0, 0, P, Prot::RW).unwrap();
+        d.unmap_fast(0, P, &mut g).unwrap();
+        assert_eq!(
+            other.unmap_fast(0, P, &mut g),
+            Err(IommuError::GatherMismatch)
+        );
+        d.iotlb_sync(&mut g);
+    }
+
+    #[test]
+    fn deferred_releases_after_the_flush() {
+        let (_i, d) = dom(DomainConfig {
+            mode: InvalidationMode::Deferred,
+            fq_size: 3,
+            fq_timeout: Duration::from_secs(3600),
+            ..DomainConfig::default()
+        });
+        let mut flags = Vec::new();
+        for k in 0..3u64 {
+            d.map(k * P, 0x4000_0000 + k * P, P, Prot::RW).unwrap();
+        }
+        let c0 = d.flush_counter();
+        for k in 0..2u64 {
+            let (f, r) = flag();
+            let mut g = IotlbGather::new();
+            d.unmap_fast(k * P, P, &mut g).unwrap();
+            g.defer_release(r);
+            d.iotlb_sync(&mut g);
+            flags.push(f);
+        }
+        assert_eq!(d.stats().fq_pending, 2);
+        assert!(flags.iter().all(|f| !f.load(Ordering::SeqCst)));
+        assert_eq!(d.flush_counter(), c0);
+        assert!(!d.flush_if_due(Instant::now()));
+        // Reusing a pending IOVA flushes first.
+        d.map(0, 0x5000_0000, P, Prot::RW).unwrap();
+        assert!(flags.iter().all(|f| f.load(Ordering::SeqCst)));
+        assert_eq!(d.flush_counter(), c0 + 1);
+        // A full queue flushes.
+        d.unmap(0, P).unwrap();
+        d.unmap(2 * P, P).unwrap();
+        d.map(8 * P, 0x5000_0000, P, Prot::RW).unwrap();
+        assert_eq!((d.stats().fq_pending, d.flush_counter()), (2, c0 + 1));
+        d.unmap(8 * P, P).unwrap();
+        assert_eq!(d.stats().fq_pending, 0);
+        assert_eq!(d.flush_counter(), c0 + 2);
+        // Timeout.
+        d.map(0, 0x5000_0000, P, Prot::RW).unwrap();
+        d.unmap(0, P).unwrap();
+        assert!(!d.flush_if_due(Instant::now()));
+        assert!(d.flush_if_due(Instant::now() + Duration::from_secs(3601)));
+        // Leaving deferred mode flushes.
+        d.map(0, 0x5000_0000, P, Prot::RW).unwrap();
+        d.unmap(0, P).unwrap();
+        assert_eq!(d.stats().fq_pending, 1);
+        d.set_mode(InvalidationMode::Strict);
+        assert_eq!(d.stats().fq_pending, 0);
+        assert_eq!(d.table_pages(), 1);
+    }
+
+    #[test]
+    fn stale_iotlb_entries_live_until_the_flush_in_deferred_mode() {
+        let (iommu, d) = dom(DomainConfig {
+            mode: InvalidationMode::Deferred,
+            fq_timeout: Duration::from_secs(3600),
+            ..DomainConfig::default()
+        });
+        let mut e = EngineTlb::new(&iommu);
+        d.map(0, 0x4000_0000, P, Prot::RW).unwrap();
+        assert_eq!(e.enter().translate(&d, 3, 8, Access::Read), Ok(0x4000_0008));
+        d.unmap(0, P).unwrap();
+        // The walk sees the unmap; the engine's IOTLB may still answer.
+        assert!(d.translate(8, Access::Read).is_err());
+        assert_eq!(e.enter().translate(&d, 3, 8, Access::Read), Ok(0x4000_0008));
+        d.flush_iotlb_all();
+        assert!(e.enter().translate(&d, 3, 8, Access::Read).is_err());
+        // Strict: gone at once.
+        d.set_mode(InvalidationMode::Strict);
+        d.map(0, 0x4000_0000, P, Prot::RW).unwrap();
+        assert!(e.enter().translate(&d, 3, 8, Access::Read).is_ok());
+        d.unmap(0, P).unwrap();
+        assert!(e.enter().translate(&d, 3, 8, Access::Read).is_err());
+    }
+
+    #[test]
+    fn clear_releases_everything() {
+        let (_i, d) = dom(DomainConfig {
+            mode: InvalidationMode::Deferred,
+            ..DomainConfig::default()
+        });
+        d.map(0, 0, 3 * BLOCK_2M, Prot::RW).unwrap();
+        let (f, r) = flag();
+        let mut g = IotlbGather::new();
+        d.unmap_fast(0, BLOCK_2M, &mut g).unwrap();
+        g.defer_release(r);
+        d.iotlb_sync(&mut g);
+        assert!(!f.load(Ordering::SeqCst));
+        assert_eq!(d.clear(), 2 * BLOCK_2M);
+        assert!(f.load(Ordering::SeqCst));
+        assert_eq!((d.mapped_bytes(), d.table_pages()), (0, 1));
+    }
+
+    fn fault(iova: u64) -> Fault {
+        Fault {
+            iova,
+            pasid: 3,
+            access: Access::Write,
+            reason: FaultReason::Unmapped,
+        }
+    }
+
+    #[test]
+    fn abort_and_stall_policies() {
+        let (_i, d) = dom(DomainConfig {
+            max_stalled: 2,
+            stall_timeout: Duration::from_secs(60),
+            ..DomainConfig::default()
+        });
+        assert_eq!(
+            d.report_fault(fault(1), true),
+            FaultOutcome::Aborted { seq: 0 }
+        );
+        d.set_fault_policy(FaultPolicy::Stall);
+        assert_eq!(
+            d.report_fault(fault(2), false),
+            FaultOutcome::Aborted { seq: 1 },
+            "a requester that cannot wait is aborted"
+        );
+        assert_eq!(
+            d.report_fault(fault(3), true),
+            FaultOutcome::Stalled { stag: 2 }
+        );
+        assert_eq!(
+            d.report_fault(fault(4), true),
+            FaultOutcome::Stalled { stag: 3 }
+        );
+        assert_eq!(
+            d.report_fault(fault(5), true),
+            FaultOutcome::Aborted { seq: 4 },
+            "bounded"
+        );
+        assert_eq!(d.stalled(), 2);
+        let g0 = d.resolution_generation();
+        assert_eq!(d.take_resolution(2), None);
+        d.resume(2, Resolution::Retry).unwrap();
+        assert_eq!(
+            d.resume(2, Resolution::Abort),
+            Err(IommuError::NoSuchStall { stag: 2 })
+        );
+        assert_eq!(
+            d.resume(9, Resolution::Abort),
+            Err(IommuError::NoSuchStall { stag: 9 })
+        );
+        assert!(d.resolution_generation() > g0);
+        assert_eq!(d.take_resolution(2), Some(Resolution::Retry));
+        assert_eq!(d.take_resolution(2), None);
+        assert_eq!(d.expire_stalls(Instant::now()), 0);
+        assert_eq!(d.expire_stalls(Instant::now() + Duration::from_secs(61)), 1);
+        assert_eq!(d.take_resolution(3), Some(Resolution::Abort));
+        assert_eq!(d.stalled(), 0);
+        // Leaving Stall aborts what waits.
+        let FaultOutcome::Stalled { stag } = d.report_fault(fault(6), true) else {
+            panic!("stalls")
+        };
+        d.set_fault_policy(FaultPolicy::Abort);
+        assert_eq!(d.take_resolution(stag), Some(Resolution::Abort));
+        let (recs, total, lost) = d.drain_faults(100);
+        assert_eq!((recs.len(), total, lost), (6, 6, 0));
+        assert_eq!(
+            recs.iter().map(|r| r.stalled).collect::<Vec<_>>(),
+            [false, false, true, true, false, true]
+        );
+        assert!(d.peek_faults(5).0.is_empty());
+    }
+}

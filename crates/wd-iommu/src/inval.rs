@@ -95,7 +95,6 @@ pub struct Iommu {
     tail: AtomicU64,
     producer: Mutex<()>,
     engines: RwLock<Vec<Arc<EngineState>>>,
-    next_tag: AtomicU64,
     commands: AtomicU64,
     syncs: AtomicU64,
     waited_syncs: AtomicU64,
@@ -119,7 +118,6 @@ impl Iommu {
             tail: AtomicU64::new(0),
             producer: Mutex::new(()),
             engines: RwLock::new(Vec::new()),
-            next_tag: AtomicU64::new(1),
             commands: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             waited_syncs: AtomicU64::new(0),
@@ -127,8 +125,11 @@ impl Iommu {
         })
     }
 
+    /// A domain tag: unique in the process (not only on this IOMMU), so a
+    /// gather or an IOTLB entry can never be confused between domains.
     pub(crate) fn new_tag(&self) -> u64 {
-        self.next_tag.fetch_add(1, Ordering::Relaxed)
+        static NEXT_TAG: AtomicU64 = AtomicU64::new(1);
+        NEXT_TAG.fetch_add(1, Ordering::Relaxed)
     }
 
     fn engines(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<EngineState>>> {
@@ -508,5 +509,112 @@ impl Drop for Section<'_> {
         // sees us idle.
         self.e.consume();
         self.e.state.busy.store(false, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DomainConfig, Prot, PAGE_SIZE};
+    use std::time::Duration;
+
+    #[test]
+    fn sync_waits_for_a_busy_engine_only() {
+        let iommu = Iommu::new();
+        let mut e = EngineTlb::new(&iommu);
+        // Idle engine: immediate.
+        let t = Instant::now();
+        iommu.sync();
+        assert!(t.elapsed() < Duration::from_millis(200));
+        assert_eq!(iommu.stats().waited_syncs, 0);
+        // Busy engine: the sync ends after the section does.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = std::thread::spawn(move || {
+            let s = e.enter();
+            tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(60));
+            drop(s);
+            e
+        });
+        rx.recv().unwrap();
+        let t = Instant::now();
+        iommu.sync();
+        assert!(
+            t.elapsed() >= Duration::from_millis(30),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(iommu.stats().waited_syncs, 1);
+        let e = h.join().unwrap();
+        assert_eq!(e.stats().commands, 2);
+        drop(e);
+        assert_eq!(iommu.engine_count(), 0);
+    }
+
+    #[test]
+    fn unmap_reaches_other_engines_iotlb() {
+        let iommu = Iommu::new();
+        let d = Arc::new(Domain::new(&iommu, 1, DomainConfig::default()));
+        d.map(0, 0x10_0000, 4 * PAGE_SIZE, Prot::RW).unwrap();
+        let mut a = EngineTlb::new(&iommu);
+        let mut b = EngineTlb::new(&iommu);
+        for e in [&mut a, &mut b] {
+            assert!(e.enter().translate(&d, 1, 5, Access::Read).is_ok());
+            assert_eq!(e.cached(), 1);
+        }
+        d.unmap(0, PAGE_SIZE).unwrap();
+        for e in [&mut a, &mut b] {
+            assert_eq!(
+                e.enter()
+                    .translate(&d, 1, 5, Access::Read)
+                    .unwrap_err()
+                    .reason,
+                FaultReason::Unmapped
+            );
+        }
+        assert_eq!(a.stats().hits, 0);
+        assert_eq!(a.stats().misses, 2);
+    }
+
+    #[test]
+    fn a_lagging_engine_drops_everything() {
+        let iommu = Iommu::new();
+        let d = Domain::new(&iommu, 1, DomainConfig::default());
+        d.map(0, 0x10_0000, PAGE_SIZE, Prot::RW).unwrap();
+        let mut e = EngineTlb::new(&iommu);
+        assert!(e.enter().translate(&d, 1, 5, Access::Read).is_ok());
+        for _ in 0..CMDQ_ENTRIES + 5 {
+            iommu.submit(&[Command::InvalidateDomain { tag: 999 }]);
+        }
+        drop(e.enter());
+        assert_eq!(e.stats().overruns, 1);
+        assert_eq!(e.cached(), 0);
+        // And keeps going normally afterwards.
+        iommu.submit(&[Command::InvalidateAll]);
+        e.poll();
+        assert_eq!(e.stats().overruns, 1);
+    }
+
+    #[test]
+    fn range_beyond_the_iova_space_faults() {
+        let iommu = Iommu::new();
+        let d = Domain::new(&iommu, 4, DomainConfig::default());
+        let mut e = EngineTlb::new(&iommu);
+        let mut s = e.enter();
+        let mut runs = Vec::new();
+        let f = s
+            .translate_range(&d, 4, u64::MAX - 2, 8, Access::Read, &mut runs)
+            .unwrap_err();
+        assert_eq!((f.reason, f.pasid), (FaultReason::OutOfRange, 4));
+        assert!(s
+            .translate_range(&d, 4, 7, 0, Access::Read, &mut runs)
+            .is_ok());
+        assert!(runs.is_empty());
+        assert_eq!(
+            s.translate(&d, 4, IOVA_LIMIT, Access::Read)
+                .unwrap_err()
+                .reason,
+            FaultReason::OutOfRange
+        );
     }
 }
