@@ -15,8 +15,12 @@ struct Mem;
 impl GuestMemory for Mem {
     fn resolve(&self, gpa: u64, size: u64) -> Option<(Vec<(u64, u64)>, Release)> {
         let end = gpa.checked_add(size)?;
-        (gpa >= 0x1000_0000 && end <= 0x1400_0000)
-            .then(|| (vec![(gpa + 0x7000_0000_0000, size)], Box::new(()) as Release))
+        (gpa >= 0x1000_0000 && end <= 0x1400_0000).then(|| {
+            (
+                vec![(gpa + 0x7000_0000_0000, size)],
+                Box::new(()) as Release,
+            )
+        })
     }
 }
 
