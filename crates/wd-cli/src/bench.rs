@@ -29,6 +29,8 @@ pub struct BenchArgs {
     /// Host to measure (default: an embedded host started for the run).
     #[arg(long)]
     host: Option<String>,
+    #[command(subcommand)]
+    sub: Option<crate::bench_iommu::BenchCmd>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -307,7 +309,10 @@ fn human(n: u64) -> String {
 }
 
 /// Run the benchmark.
-pub fn run(args: BenchArgs) -> Result<(), String> {
+pub fn run(mut args: BenchArgs) -> Result<(), String> {
+    if let Some(cmd) = args.sub.take() {
+        return crate::bench_iommu::run(cmd);
+    }
     if args.reps == 0 || !(0.01..=60.0).contains(&args.seconds) || args.sizes.is_empty() {
         return Err("need --reps >= 1, --seconds in 0.01..60 and at least one size".into());
     }

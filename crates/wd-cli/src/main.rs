@@ -2,6 +2,7 @@
 #![deny(unsafe_code)]
 
 mod bench;
+mod bench_iommu;
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;

@@ -304,45 +304,27 @@ impl Domain {
             self.flush_fq(&mut c);
         }
         let mut retried = false;
-        loop {
-            match self.map_runs(&mut c, iova, sg, prot) {
-                Ok(()) => break,
-                Err(mapped_to) => {
-                    // Out of table pages: undo what was mapped (engines may
-                    // have cached it, so invalidate), then retry once after
-                    // releasing the pages the flush queue holds.
-                    self.rollback(&mut c, iova, mapped_to);
-                    if retried || c.fq.is_empty() {
-                        return Err(IommuError::TableLimit {
-                            limit_pages: self.cfg.max_table_pages,
-                        });
-                    }
-                    self.flush_fq(&mut c);
-                    retried = true;
-                }
+        while self
+            .table
+            .map(&mut c.alloc, iova, end, sg, prot, self.cfg.blocks)
+            .is_err()
+        {
+            // Out of table pages: undo what was mapped (engines may have
+            // cached it, so invalidate), then retry once after releasing the
+            // pages the flush queue holds.
+            self.rollback(&mut c, iova, end);
+            if retried || c.fq.is_empty() {
+                return Err(IommuError::TableLimit {
+                    limit_pages: self.cfg.max_table_pages,
+                });
             }
+            self.flush_fq(&mut c);
+            retried = true;
         }
         c.pages += npages;
         drop(c);
         self.iotlb_sync_map(iova, total);
         Ok(total)
-    }
-
-    /// Map each run; on running out of table pages returns the end of what
-    /// was mapped.
-    fn map_runs(&self, c: &mut Ctl, iova: u64, sg: &[(u64, u64)], prot: Prot) -> Result<(), u64> {
-        let mut at = iova;
-        for &(phys, len) in sg {
-            if self
-                .table
-                .map(&mut c.alloc, at, at + len, phys, prot, self.cfg.blocks)
-                .is_err()
-            {
-                return Err(at + len);
-            }
-            at += len;
-        }
-        Ok(())
     }
 
     fn rollback(&self, c: &mut Ctl, iova: u64, end: u64) {

@@ -44,10 +44,6 @@ fn index(iova: u64, level: u32) -> usize {
     ((iova >> level_shift(level)) & (ENTRIES as u64 - 1)) as usize
 }
 
-fn leaf_pte(phys: u64, prot: Prot) -> u64 {
-    (phys & PTE_ADDR_MASK) | ((prot.bits() as u64) << PTE_PROT_SHIFT) | PTE_VALID
-}
-
 fn pte_prot(p: u64) -> Prot {
     Prot::from_bits(((p & PTE_PROT_MASK) >> PTE_PROT_SHIFT) as u8).unwrap_or(Prot::NONE)
 }
@@ -257,19 +253,25 @@ impl PageTable {
         None
     }
 
-    /// Map `[lo, hi)` (free, page aligned) to `phys..`, using blocks where
-    /// `block_shifts` allows and alignment permits. On `TableFull` the part
-    /// already mapped is left for the caller to unmap.
+    /// Map `[lo, hi)` (free, page aligned) to the physical runs of `sg`
+    /// (page aligned, `hi - lo` bytes in all) in one descent, using blocks
+    /// where `blocks` allows and a run covers an aligned block. On
+    /// `TableFull` the part already mapped is left for the caller to unmap.
     pub(crate) fn map(
         &self,
         a: &mut TableAlloc,
         lo: u64,
         hi: u64,
-        phys: u64,
+        sg: &[(u64, u64)],
         prot: Prot,
         blocks: bool,
     ) -> Result<(), TableFull> {
-        self.map_in(a, ROOT, TOP_LEVEL, 0, lo, hi, phys, prot, blocks)
+        let mut c = SgCursor {
+            runs: sg,
+            i: 0,
+            off: 0,
+        };
+        self.map_in(a, ROOT, TOP_LEVEL, 0, lo, hi, &mut c, prot, blocks)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -281,7 +283,7 @@ impl PageTable {
         base: u64,
         lo: u64,
         hi: u64,
-        phys_lo: u64,
+        c: &mut SgCursor<'_>,
         prot: Prot,
         blocks: bool,
     ) -> Result<(), TableFull> {
@@ -289,42 +291,58 @@ impl PageTable {
         let Some((first, last)) = slots(base, span, lo, hi) else {
             return Ok(());
         };
+        let prot_bits = ((prot.bits() as u64) << PTE_PROT_SHIFT) | PTE_VALID;
+        if level == 0 {
+            let used = &mut a.used[t as usize];
+            for i in first..=last {
+                let e = self.arena.entry(t, i);
+                debug_assert_eq!(
+                    e.load(Ordering::Relaxed) & PTE_VALID,
+                    0,
+                    "map target is free"
+                );
+                // Release: pairs with the Acquire load in `walk`.
+                e.store((c.phys() & PTE_ADDR_MASK) | prot_bits, Ordering::Release);
+                *used += 1;
+                c.advance(span);
+            }
+            return Ok(());
+        }
         for i in first..=last {
             let sb = base + i as u64 * span;
             let s_lo = lo.max(sb);
             let s_hi = hi.min(sb + span);
-            let p = phys_lo + (s_lo - lo);
             let e = self.arena.entry(t, i);
             let cur = e.load(Ordering::Relaxed);
-            if level == 0 {
-                debug_assert_eq!(cur & PTE_VALID, 0, "map target is free");
-                // Release: pairs with the Acquire load in `walk`.
-                e.store(leaf_pte(p, prot), Ordering::Release);
-                a.used[t as usize] += 1;
-                continue;
-            }
             let whole = s_lo == sb && s_hi == sb + span;
-            if blocks && level <= 2 && whole && p % span == 0 && cur & PTE_VALID == 0 {
+            if blocks
+                && level <= 2
+                && whole
+                && cur & PTE_VALID == 0
+                && c.phys() % span == 0
+                && c.run_left() >= span
+            {
                 // Release: pairs with the Acquire load in `walk`.
-                e.store(leaf_pte(p, prot), Ordering::Release);
+                e.store((c.phys() & PTE_ADDR_MASK) | prot_bits, Ordering::Release);
                 a.used[t as usize] += 1;
+                c.advance(span);
                 continue;
             }
             let child = if cur & PTE_VALID != 0 {
                 debug_assert!(is_table(cur, level), "map target is free");
                 (cur >> PAGE_SHIFT) as u32
             } else {
-                let c = self.alloc_page(a)?;
+                let n = self.alloc_page(a)?;
                 // Release: the child's entries are zero (fresh, or emptied
                 // before being freed) before the link is visible to walkers.
                 e.store(
-                    ((c as u64) << PAGE_SHIFT) | PTE_TABLE | PTE_VALID,
+                    ((n as u64) << PAGE_SHIFT) | PTE_TABLE | PTE_VALID,
                     Ordering::Release,
                 );
                 a.used[t as usize] += 1;
-                c
+                n
             };
-            self.map_in(a, child, level - 1, sb, s_lo, s_hi, p, prot, blocks)?;
+            self.map_in(a, child, level - 1, sb, s_lo, s_hi, c, prot, blocks)?;
         }
         Ok(())
     }
@@ -447,6 +465,36 @@ impl PageTable {
     }
 }
 
+/// Where a map stands in its scatter list.
+struct SgCursor<'a> {
+    runs: &'a [(u64, u64)],
+    i: usize,
+    off: u64,
+}
+
+impl SgCursor<'_> {
+    fn phys(&self) -> u64 {
+        self.runs.get(self.i).map_or(0, |r| r.0 + self.off)
+    }
+
+    fn run_left(&self) -> u64 {
+        self.runs.get(self.i).map_or(0, |r| r.1 - self.off)
+    }
+
+    fn advance(&mut self, mut n: u64) {
+        while n > 0 && self.i < self.runs.len() {
+            let left = self.runs[self.i].1 - self.off;
+            if n < left {
+                self.off += n;
+                return;
+            }
+            n -= left;
+            self.i += 1;
+            self.off = 0;
+        }
+    }
+}
+
 /// First and last entry of a table at `base` (entries of `span` bytes)
 /// that intersect `[lo, hi)`.
 fn slots(base: u64, span: u64, lo: u64, hi: u64) -> Option<(usize, usize)> {
@@ -491,8 +539,15 @@ mod tests {
     #[test]
     fn blocks_are_used_when_aligned() {
         let (t, mut a) = PageTable::new(64);
-        t.map(&mut a, G1, 2 * G1 + M2 + P, 8 * G1, Prot::RW, true)
-            .unwrap();
+        t.map(
+            &mut a,
+            G1,
+            2 * G1 + M2 + P,
+            &[(8 * G1, G1 + M2 + P)],
+            Prot::RW,
+            true,
+        )
+        .unwrap();
         assert_eq!(t.leaf_counts(), (1, 1, 1));
         let l = t.walk(G1 + 5).unwrap();
         assert_eq!((l.iova, l.shift, l.phys), (G1, 30, 8 * G1));
@@ -502,18 +557,19 @@ mod tests {
         assert_eq!((l.shift, l.phys), (12, 9 * G1 + M2));
         // Misaligned physical address: pages only.
         let (t, mut a) = PageTable::new(64);
-        t.map(&mut a, 0, M2, P, Prot::READ, true).unwrap();
+        t.map(&mut a, 0, M2, &[(P, M2)], Prot::READ, true).unwrap();
         assert_eq!(t.leaf_counts(), (512, 0, 0));
         // Blocks not allowed.
         let (t, mut a) = PageTable::new(64);
-        t.map(&mut a, 0, M2, 0, Prot::READ, false).unwrap();
+        t.map(&mut a, 0, M2, &[(0, M2)], Prot::READ, false).unwrap();
         assert_eq!(t.leaf_counts(), (512, 0, 0));
     }
 
     #[test]
     fn unmap_unlinks_empty_tables_into_the_gather() {
         let (t, mut a) = PageTable::new(64);
-        t.map(&mut a, 0, 4 * P, 0x10_0000, Prot::RW, true).unwrap();
+        t.map(&mut a, 0, 4 * P, &[(0x10_0000, 4 * P)], Prot::RW, true)
+            .unwrap();
         assert_eq!(PageTable::live_pages(&a), 4);
         let mut g = IotlbGather::new();
         assert_eq!(t.unmap(&mut a, 0, 2 * P, &mut g), 2 * P);
@@ -532,7 +588,8 @@ mod tests {
     #[test]
     fn split_detection_and_table_limit() {
         let (t, mut a) = PageTable::new(64);
-        t.map(&mut a, M2, 2 * M2, 0, Prot::RW, true).unwrap();
+        t.map(&mut a, M2, 2 * M2, &[(0, M2)], Prot::RW, true)
+            .unwrap();
         assert!(t.split_block(M2, M2 + P).is_some());
         assert!(t.split_block(M2 + P, 2 * M2).is_some());
         assert!(t.split_block(0, 3 * M2).is_none());
@@ -541,7 +598,7 @@ mod tests {
         // Three table pages at most: root + L2 + L1, no room for a leaf table.
         let (t, mut a) = PageTable::new(3);
         assert_eq!(
-            t.map(&mut a, 0, P, 0, Prot::RW, true),
+            t.map(&mut a, 0, P, &[(0, P)], Prot::RW, true),
             Err(TableFull),
             "needs a fourth page"
         );
