@@ -49,8 +49,8 @@ enum Cmd {
         #[command(subcommand)]
         op: AttrOp,
     },
-    /// Measure the queue data path against the machine's limit and the legacy path.
-    Bench(bench::BenchArgs),
+    /// Benchmarks: the queue data path (default), and more (see `wd bench --help`).
+    Bench(bench::BenchCmd),
 }
 
 #[derive(Subcommand)]
@@ -193,7 +193,7 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
-        Cmd::Bench(args) => bench::run(args),
+        Cmd::Bench(b) => b.run(cli.host.as_deref()),
     }
 }
 

@@ -18,6 +18,8 @@ use crate::queue::{MemModel, Queue, QueueState};
 
 /// Requests taken from one ring per pass (fairness between queues).
 const BATCH: usize = 32;
+/// Idle passes between two reads of the clock.
+const IDLE_CLOCK_EVERY: u32 = 64;
 /// Longest an idle engine sleeps before it looks at its commands again.
 const SLEEP_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -131,6 +133,9 @@ impl EngineLoop {
     fn run(mut self) {
         let mut batch: Vec<Desc> = Vec::with_capacity(BATCH);
         let mut last_work = Instant::now();
+        // Idle passes since the clock was last read: reading it costs as
+        // much as a pass, so the idle deadline is checked every few passes.
+        let mut idle_passes = 0u32;
         loop {
             if !self.commands() {
                 break;
@@ -154,15 +159,19 @@ impl EngineLoop {
                 }
             }
             if worked {
-                last_work = Instant::now();
+                idle_passes = 0;
                 continue;
             }
-            if last_work.elapsed() < self.idle_spin {
+            if idle_passes == 0 {
+                last_work = Instant::now();
+            }
+            idle_passes += 1;
+            if idle_passes % IDLE_CLOCK_EVERY != 0 || last_work.elapsed() < self.idle_spin {
                 std::hint::spin_loop();
                 continue;
             }
             self.sleep();
-            last_work = Instant::now();
+            idle_passes = 0;
         }
         for s in self.queues.drain(..) {
             s.view.set_host_state(HostState::Stopped);
