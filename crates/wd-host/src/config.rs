@@ -24,7 +24,7 @@ pub const MAX_DEVICES: usize = 64;
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceConfig {
-    /// Driver name ("dummy").
+    /// Driver name (see [`crate::drivers::NAMES`]).
     pub driver: String,
     /// Engine threads serving this device's queues.
     #[serde(default = "default_engines")]
@@ -98,11 +98,11 @@ impl DeviceConfig {
 
     /// Check ranges and that the driver exists.
     pub fn validate(&self) -> Result<(), HostError> {
-        if wd_device::driver_by_name(&self.driver).is_none() {
+        if crate::drivers::by_name(&self.driver).is_none() {
             return Err(HostError::Config(format!(
                 "unknown driver '{}' (available: {})",
                 self.driver,
-                wd_device::DRIVERS.join(", ")
+                crate::drivers::NAMES.join(", ")
             )));
         }
         if !(1..=MAX_ENGINES).contains(&self.engines) {
