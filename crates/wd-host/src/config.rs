@@ -145,8 +145,29 @@ fn default_socket() -> String {
 fn default_mode() -> u32 {
     0o666
 }
-fn default_devices() -> Vec<DeviceConfig> {
-    vec![DeviceConfig::new("dummy")]
+/// The devices a host owns when none are named: one of each driver.
+pub fn default_devices() -> Vec<DeviceConfig> {
+    crate::drivers::NAMES
+        .iter()
+        .map(|d| DeviceConfig::new(d))
+        .collect()
+}
+
+/// Parse a list of device specs separated by `;` (as `WD_EMBEDDED_DEVICES`
+/// takes them): `dummy:engines=2;sec`.
+pub fn parse_spec_list(list: &str) -> Result<Vec<DeviceConfig>, HostError> {
+    let devs: Vec<DeviceConfig> = list
+        .split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(DeviceConfig::parse_spec)
+        .collect::<Result<_, _>>()?;
+    if devs.is_empty() || devs.len() > MAX_DEVICES {
+        return Err(HostError::Config(format!(
+            "between 1 and {MAX_DEVICES} devices are needed"
+        )));
+    }
+    Ok(devs)
 }
 
 impl Default for HostConfig {

@@ -77,6 +77,9 @@ pub struct Queue {
     doorbell: OwnedFd,
     cq_event: OwnedFd,
     socket: OwnedFd,
+    /// Readable when a completion is signalled or the host hangs up
+    /// (made on first use of [`Queue::wait_fd`]).
+    wait_set: Option<OwnedFd>,
     /// Cookie per in-flight tag slot.
     slots: Vec<Option<u64>>,
     free_slots: Vec<u32>,
@@ -171,6 +174,7 @@ impl Queue {
             doorbell,
             cq_event,
             socket,
+            wait_set: None,
             slots: vec![None; depth as usize],
             free_slots: (0..depth).rev().collect(),
             stash: VecDeque::new(),
@@ -459,6 +463,49 @@ impl Queue {
         }
     }
 
+    /// Whether completions are waiting to be received.
+    pub fn completions_ready(&self) -> bool {
+        !self.stash.is_empty() || self.view.completions_ready().unwrap_or(1) > 0
+    }
+
+    /// One descriptor for event loops: readable after [`Queue::arm_wait`]
+    /// once a completion is posted, or when the host goes away.
+    pub fn wait_fd(&mut self) -> Result<std::os::fd::BorrowedFd<'_>> {
+        if self.wait_set.is_none() {
+            let set = wd_sys::epoll_of(&[self.cq_event.as_fd(), self.socket.as_fd()])?;
+            self.wait_set = Some(set);
+        }
+        Ok(self.wait_set.as_ref().expect("made above").as_fd())
+    }
+
+    /// Ask the host to signal [`Queue::wait_fd`] at the next completion.
+    /// Returns true when a completion is already there (then do not wait:
+    /// the signal may never come). Undo with [`Queue::disarm_wait`].
+    pub fn arm_wait(&mut self) -> Result<bool> {
+        if !self.stash.is_empty() {
+            return Ok(true);
+        }
+        self.view
+            .client_prepare_wait()
+            .map_err(|e| ClientError::new(Status::BadState, e.to_string()))
+    }
+
+    /// After waking: withdraw the request to be signalled and consume the
+    /// signal.
+    pub fn disarm_wait(&mut self) {
+        self.view.client_end_wait();
+        let _ = wd_sys::eventfd_drain(self.cq_event.as_fd());
+    }
+
+    /// Block until a completion is ready (spin briefly, then sleep), the
+    /// timeout passes, or the host goes away (an error).
+    pub fn wait_completion(&mut self, timeout: Option<Duration>) -> Result<()> {
+        if !self.stash.is_empty() {
+            return Ok(());
+        }
+        self.wait(timeout)
+    }
+
     /// Wait until a completion is posted: spin briefly, then sleep on the
     /// completion doorbell and the control socket (which hangs up if the
     /// host dies).
@@ -515,7 +562,8 @@ impl Queue {
     fn send_legacy(&mut self, desc: Desc, cookie: u64) -> Result<()> {
         let plan = match self.alg.as_str() {
             "memcpy" => wd_device::dummy::legacy_plan(&desc),
-            _ => Err(-95),
+            "cipher" | "digest" => wd_sec::msg::legacy_plan(&desc).map_err(|e| e.status()),
+            _ => Err(wd_device::status::EOPNOTSUPP),
         };
         let plan = match plan {
             Ok(p) => p,
@@ -571,7 +619,15 @@ impl Queue {
             .ok_or_else(|| ClientError::new(Status::Protocol, "bad reply descriptor"))?;
         if done.status == 0 {
             let mut off = 0usize;
-            for &(a, l) in &plan.outputs {
+            let last = plan.outputs.len().saturating_sub(1);
+            for (i, &(a, l)) in plan.outputs.iter().enumerate() {
+                // The last range takes what the reply holds (a digest's
+                // length is known only once it is produced).
+                let l = if i == last {
+                    l.min(out.len().saturating_sub(off) as u64)
+                } else {
+                    l
+                };
                 let end = off + l as usize;
                 if end > out.len() {
                     return Err(ClientError::new(
