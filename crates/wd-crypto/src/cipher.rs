@@ -228,13 +228,37 @@ impl Cipher {
     /// Encrypt or decrypt `input` into `output` (at least as long),
     /// continuing the stream. Waits for the result.
     pub fn update(&mut self, input: &[u8], output: &mut [u8]) -> Result<usize> {
+        let saved = self.chain_state();
+        let alone = self.in_flight == 0;
         let (job, watch) = self.start_routed(input, output, false)?;
         let (n, on_cpu) = (job.len, job.done_on_cpu);
-        let r = self.finish(job, output);
-        if r.is_ok() {
-            watch.stop(Kind::Cipher, n, on_cpu);
+        match self.finish(job, output) {
+            Ok(n) => {
+                watch.stop(Kind::Cipher, n, on_cpu);
+                Ok(n)
+            }
+            Err(e) if e.host_gone() && alone => {
+                // The host died with this request: nothing of the stream is
+                // lost (the input is here and the chain is tracked), so
+                // redo it on the CPU.
+                self.restore(saved);
+                self.cpu_update(input, output)?;
+                stats::on_cpu(n, Why::HostGone);
+                Ok(n)
+            }
+            Err(e) => Err(e),
         }
-        r
+    }
+
+    fn chain_state(&self) -> ([u8; 16], usize, bool) {
+        (self.iv, self.ctr_used, self.iv_set)
+    }
+
+    fn restore(&mut self, (iv, ctr_used, iv_set): ([u8; 16], usize, bool)) {
+        self.iv = iv;
+        self.ctr_used = ctr_used;
+        self.iv_set = iv_set;
+        self.chain = Chain::Fresh;
     }
 
     /// One message given as several pieces (a scatter list): the pieces
@@ -312,6 +336,8 @@ impl Cipher {
             self.cpu_update(&input[..head], &mut output[..head])?;
             stats::on_cpu(head, Why::Policy);
         }
+        let saved = self.chain_state();
+        let chain = self.chain;
         let r = lane::with_lane(Kind::Cipher, |lane| {
             self.device_submit(lane, &input[head..], head)
         });
@@ -333,6 +359,14 @@ impl Cipher {
                         message: "the host went away with requests of this stream".into(),
                     });
                 }
+                // Parts sent before the host went away will never complete:
+                // start over from the chain as it was.
+                self.restore(saved);
+                self.chain = if chain == Chain::Cpu {
+                    Chain::Cpu
+                } else {
+                    Chain::Fresh
+                };
                 self.cpu_update(&input[head..], &mut output[head..])?;
                 stats::on_cpu(
                     n - head,
