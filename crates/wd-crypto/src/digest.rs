@@ -82,6 +82,28 @@ impl Digest {
         false
     }
 
+    /// A copy of the computation so far; refused once a long message
+    /// streams through a device session (its state lives in the host).
+    pub fn try_clone(&self) -> Result<Digest> {
+        let state = match &self.state {
+            State::Gathering => State::Gathering,
+            State::Cpu(c) => State::Cpu(c.try_clone()?),
+            State::Device { .. } => {
+                return Err(CryptoError::Device {
+                    status: wrapdrive::Status::Unsupported,
+                    message: "a digest streaming on the device cannot be copied".into(),
+                })
+            }
+        };
+        Ok(Digest {
+            alg: self.alg,
+            key: self.key.clone(),
+            buf: self.buf.clone(),
+            state,
+            total: self.total,
+        })
+    }
+
     /// Add data.
     pub fn update(&mut self, data: &[u8]) -> Result<()> {
         self.total += data.len();

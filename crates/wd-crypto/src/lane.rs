@@ -176,6 +176,16 @@ impl Lane {
         Ok(self.q.arm_wait()?)
     }
 
+    /// As [`Lane::arm`], and when a completion is already there, make the
+    /// wait fd readable so an event loop that waits anyway wakes at once.
+    pub fn arm_or_kick(&mut self) -> Result<bool> {
+        let ready = self.arm()?;
+        if ready {
+            self.q.kick_wait()?;
+        }
+        Ok(ready)
+    }
+
     /// Withdraw `arm` and consume the signal.
     pub fn disarm(&mut self) {
         self.q.disarm_wait();

@@ -65,7 +65,7 @@ impl CryptoError {
     pub fn errno(&self) -> i32 {
         match self {
             CryptoError::Invalid(_) => Status::Invalid.errno(),
-            CryptoError::Auth => 74,
+            CryptoError::Auth => Status::AuthFailed.errno(),
             CryptoError::Busy => Status::Again.errno(),
             CryptoError::Device { status, .. } => status.errno(),
         }

@@ -379,6 +379,42 @@ impl DigestCtx {
         Ok(d)
     }
 
+    /// An independent copy of the state (the key included for HMAC).
+    pub fn try_clone(&self) -> Result<DigestCtx> {
+        if !self.hmac.is_null() {
+            // SAFETY: no preconditions.
+            let hmac = unsafe { ffi::HMAC_CTX_new() };
+            if hmac.is_null() {
+                return Err(EvpError::Failed("HMAC_CTX_new"));
+            }
+            let copy = DigestCtx {
+                md_ctx: ptr::null_mut(),
+                hmac,
+                md: self.md,
+                hash: self.hash,
+            };
+            // SAFETY: both contexts are live; the source is only read.
+            let r = unsafe { ffi::HMAC_CTX_copy(copy.hmac, self.hmac) };
+            check(r, "HMAC_CTX_copy")?;
+            return Ok(copy);
+        }
+        // SAFETY: no preconditions.
+        let md_ctx = unsafe { ffi::EVP_MD_CTX_new() };
+        if md_ctx.is_null() {
+            return Err(EvpError::Failed("EVP_MD_CTX_new"));
+        }
+        let copy = DigestCtx {
+            md_ctx,
+            hmac: ptr::null_mut(),
+            md: self.md,
+            hash: self.hash,
+        };
+        // SAFETY: both contexts are live; the source is only read.
+        let r = unsafe { ffi::EVP_MD_CTX_copy_ex(copy.md_ctx, self.md_ctx) };
+        check(r, "EVP_MD_CTX_copy_ex")?;
+        Ok(copy)
+    }
+
     /// The hash function.
     pub fn hash(&self) -> Hash {
         self.hash

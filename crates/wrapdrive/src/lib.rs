@@ -115,6 +115,9 @@ extern "C" fn after_fork_in_child() {
 /// Bumped in every forked child: objects created before the fork notice
 /// they belong to the parent.
 pub(crate) fn fork_generation() -> u64 {
+    FORK_HOOK.call_once(|| {
+        let _ = wd_sys::on_fork_child(after_fork_in_child);
+    });
     FORK_GENERATION.load(Ordering::Relaxed)
 }
 
@@ -229,9 +232,7 @@ impl HostConn {
     }
 
     fn connect_inner(addr: &str, embedded: Option<Arc<wd_host::Host>>) -> Result<Arc<HostConn>> {
-        FORK_HOOK.call_once(|| {
-            let _ = wd_sys::on_fork_child(after_fork_in_child);
-        });
+        fork_generation();
         let sock = if let Some(name) = addr.strip_prefix('@') {
             use std::os::linux::net::SocketAddrExt;
             let a = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())

@@ -490,6 +490,13 @@ impl Queue {
             .map_err(|e| ClientError::new(Status::BadState, e.to_string()))
     }
 
+    /// Make [`Queue::wait_fd`] readable now (a waiter found work already
+    /// there but must still go through its event loop).
+    pub fn kick_wait(&mut self) -> Result<()> {
+        wd_sys::eventfd_signal(self.cq_event.as_fd())?;
+        Ok(())
+    }
+
     /// After waking: withdraw the request to be signalled and consume the
     /// signal.
     pub fn disarm_wait(&mut self) {
