@@ -50,8 +50,8 @@ enum Cmd {
         #[command(subcommand)]
         op: AttrOp,
     },
-    /// Measure the queue data path against the machine's limit and the legacy path.
-    Bench(bench::BenchArgs),
+    /// Benchmarks: the queue data path (default), and more (see `wd bench --help`).
+    Bench(bench::BenchCmd),
 }
 
 #[derive(Subcommand)]
@@ -194,7 +194,7 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
-        Cmd::Bench(args) => bench::run(args),
+        Cmd::Bench(b) => b.run(cli.host.as_deref()),
     }
 }
 
