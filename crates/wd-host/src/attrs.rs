@@ -30,6 +30,20 @@ pub fn list(host: &HostInner, prefix: &str) -> Vec<AttrEntry> {
         wd_proto::PROTOCOL_VERSION,
         false,
     ));
+    let st = host.iommu.stats();
+    out.push(entry(
+        "host/iommu/engines".into(),
+        host.iommu.engine_count(),
+        false,
+    ));
+    out.push(entry("host/iommu/commands".into(), st.commands, false));
+    out.push(entry("host/iommu/syncs".into(), st.syncs, false));
+    out.push(entry(
+        "host/iommu/waited_syncs".into(),
+        st.waited_syncs,
+        false,
+    ));
+    out.push(entry("host/iommu/sync_wait_ns".into(), st.wait_ns, false));
     for (n, d) in host.devices.iter().enumerate() {
         let base = format!("dev{n}");
         out.push(entry(format!("{base}/driver"), d.driver.name(), false));
@@ -104,11 +118,43 @@ pub fn list(host: &HostInner, prefix: &str) -> Vec<AttrEntry> {
                 q.fault_count.load(Ordering::Relaxed),
                 false,
             ));
+            iommu_attrs(&mut out, &format!("{qb}/iommu"), q);
         }
     }
     out.retain(|e| e.path.starts_with(prefix));
     out.truncate(wd_proto::limits::MAX_ATTRS);
     out
+}
+
+/// A queue's IOMMU state: what it translates through and that domain's
+/// policy and sizes.
+fn iommu_attrs(out: &mut Vec<AttrEntry>, base: &str, q: &crate::queue::Queue) {
+    let (attached, dom) = match q.endpoint.attachment() {
+        wd_iommu::Attachment::Blocked => ("blocked", q.domain().clone()),
+        wd_iommu::Attachment::Domain(d) if std::sync::Arc::ptr_eq(&d, q.domain()) => ("own", d),
+        wd_iommu::Attachment::Domain(d) => ("virtio", d),
+    };
+    let st = dom.stats();
+    let mode = match dom.mode() {
+        wd_iommu::InvalidationMode::Strict => "strict",
+        wd_iommu::InvalidationMode::Deferred => "deferred",
+    };
+    let policy = match dom.fault_policy() {
+        wd_iommu::FaultPolicy::Abort => "abort",
+        wd_iommu::FaultPolicy::Stall => "stall",
+    };
+    out.push(entry(format!("{base}/attached"), attached, false));
+    out.push(entry(format!("{base}/mode"), mode, false));
+    out.push(entry(format!("{base}/fault_policy"), policy, false));
+    out.push(entry(
+        format!("{base}/mapped_bytes"),
+        st.mapped_bytes,
+        false,
+    ));
+    out.push(entry(format!("{base}/table_pages"), st.table_pages, false));
+    out.push(entry(format!("{base}/fq_pending"), st.fq_pending, false));
+    out.push(entry(format!("{base}/flushes"), st.flushes, false));
+    out.push(entry(format!("{base}/stalled"), st.stalled, false));
 }
 
 /// One attribute's value.

@@ -8,7 +8,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use wd_device::DeviceQueue;
-use wd_iommu::{FaultQueue, Prot};
+use wd_iommu::virtio::{self, GuestMemory, ResvMem, VirtioIommu};
+use wd_iommu::{FaultPolicy, FaultRecord, InvalidationMode, Prot, Release, Resolution};
 use wd_ipc::{Channel, Frame, IpcError};
 use wd_proto::{limits, FaultEvent, Message, Status};
 use wd_ring::{Desc, RingLayout};
@@ -32,6 +33,30 @@ struct Conn<'a> {
     queues: HashMap<u32, Arc<Queue>>,
     /// The device side of legacy queues, which this thread serves itself.
     legacy: HashMap<u32, Box<dyn DeviceQueue>>,
+    /// The connection's virtio-iommu device: its endpoints are the
+    /// connection's queues, its guest memory what they shared.
+    virtio: VirtioIommu,
+}
+
+// Every queue of a connection can be a virtio-iommu endpoint.
+const _: () = assert!(MAX_QUEUES_PER_CONNECTION <= virtio::MAX_ENDPOINTS);
+
+/// IOVAs a client can never map through virtio-iommu: below the kernel's
+/// default `vm.mmap_min_addr`, no process memory lives there, so a device
+/// access there is a bug (a NULL-based address).
+const RESV_LOW: ResvMem = ResvMem {
+    subtype: virtio::VIRTIO_IOMMU_RESV_MEM_T_RESERVED,
+    start: 0,
+    end: 0xffff,
+};
+
+/// The connection's guest memory for virtio-iommu: what its queues shared.
+struct SharedMemory<'a>(&'a HashMap<u32, Arc<Queue>>);
+
+impl GuestMemory for SharedMemory<'_> {
+    fn resolve(&self, gpa: u64, size: u64) -> Option<(Vec<(u64, u64)>, Release)> {
+        self.0.values().find_map(|q| q.resolve_shared(gpa, size))
+    }
 }
 
 type Reply = (Message, Vec<OwnedFd>);
@@ -55,6 +80,7 @@ pub(crate) fn serve(host: &Arc<HostInner>, sock: UnixStream) {
         hello: false,
         queues: HashMap::new(),
         legacy: HashMap::new(),
+        virtio: VirtioIommu::new(&host.iommu, virtio::DeviceSettings::default()),
     };
     loop {
         if !conn.ch.has_buffered() {
@@ -193,13 +219,110 @@ impl Conn<'_> {
             }
             Message::ReadFaults { queue_id, max } => {
                 let q = self.queue(queue_id)?;
-                let mut fq = q.faults.lock().unwrap_or_else(|e| e.into_inner());
-                let events = drain_faults(&mut fq, max);
+                let (recs, total, lost) = q.drain_faults((max as usize).min(limits::MAX_FAULTS));
                 Ok((
                     Message::Faults {
-                        total: fq.total(),
-                        lost: fq.lost(),
-                        events,
+                        total,
+                        lost,
+                        events: fault_events(&recs),
+                    },
+                    none,
+                ))
+            }
+            Message::PeekFaults { queue_id, max } => {
+                let q = self
+                    .host
+                    .queues
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&queue_id)
+                    .cloned()
+                    .ok_or_else(|| err(Status::NotFound, format!("no queue {queue_id}")))?;
+                if q.owner.uid != self.cred.uid && !attrs::may_write(self.host, self.cred) {
+                    return Err(err(
+                        Status::Permission,
+                        format!(
+                            "queue {queue_id} belongs to uid {}: only it, the host's owner or root may read its faults",
+                            q.owner.uid
+                        ),
+                    ));
+                }
+                let (recs, total, lost) = q.peek_faults((max as usize).min(limits::MAX_FAULTS));
+                Ok((
+                    Message::Faults {
+                        total,
+                        lost,
+                        events: fault_events(&recs),
+                    },
+                    none,
+                ))
+            }
+            Message::IommuPolicy {
+                queue_id,
+                mode,
+                fault_policy,
+            } => {
+                let q = self.queue(queue_id)?;
+                let mode = match mode {
+                    0 => InvalidationMode::Strict,
+                    _ => InvalidationMode::Deferred,
+                };
+                let policy = match fault_policy {
+                    0 => FaultPolicy::Abort,
+                    _ => FaultPolicy::Stall,
+                };
+                q.set_iommu_policy(mode, policy);
+                // Requests aborted by leaving Stall complete at once.
+                self.host.devices[q.device].engines[q.engine].kick();
+                Ok((Message::Ok, none))
+            }
+            Message::FaultResume {
+                queue_id,
+                stag,
+                retry,
+            } => {
+                let q = self.queue(queue_id)?;
+                let r = if retry {
+                    Resolution::Retry
+                } else {
+                    Resolution::Abort
+                };
+                let cur = q.endpoint.fault_domain();
+                cur.resume(stag, r)
+                    .or_else(|_| q.domain().resume(stag, r))
+                    .map_err(|e| err(Status::NotFound, e.to_string()))?;
+                self.host.devices[q.device].engines[q.engine].kick();
+                Ok((Message::Ok, none))
+            }
+            Message::VirtioKick { requests } => {
+                let mut bufs: Vec<virtio::Buffer> = requests
+                    .into_iter()
+                    .map(|r| virtio::Buffer {
+                        readable: r.readable,
+                        writable: vec![0; r.writable_len as usize],
+                        used: 0,
+                    })
+                    .collect();
+                self.virtio.kick(&mut bufs, &SharedMemory(&self.queues));
+                let used = bufs
+                    .into_iter()
+                    .map(|mut b| {
+                        b.writable.truncate(b.used);
+                        b.writable
+                    })
+                    .collect();
+                Ok((Message::VirtioUsed { used }, none))
+            }
+            Message::VirtioConfig { offset, data } => {
+                if !data.is_empty() {
+                    self.virtio
+                        .write_config(offset as usize, &data)
+                        .map_err(|e| err(Status::Invalid, e.to_string()))?;
+                }
+                Ok((
+                    Message::VirtioConfigReply {
+                        features: self.virtio.features(),
+                        config: self.virtio.config_bytes().to_vec(),
                     },
                     none,
                 ))
@@ -350,7 +473,11 @@ impl Conn<'_> {
             engine_n,
             cq,
             ring_map,
+            &self.host.iommu,
         ));
+        // Cannot fail: a connection holds at most MAX_ENDPOINTS queues, and
+        // ids are unique.
+        let _ = self.virtio.add_endpoint(q.endpoint.clone(), vec![RESV_LOW]);
         self.host
             .queues
             .lock()
@@ -401,6 +528,8 @@ impl Conn<'_> {
         q.set_state(QueueState::Closing);
         let dev = &self.host.devices[q.device];
         dev.engines[q.engine].detach(id);
+        // Its virtio-iommu domain goes if it was the last endpoint.
+        self.virtio.remove_endpoint(id);
         q.unshare_all();
         self.host
             .queues
@@ -455,9 +584,8 @@ impl Conn<'_> {
     }
 }
 
-fn drain_faults(fq: &mut FaultQueue, max: u32) -> Vec<FaultEvent> {
-    fq.drain((max as usize).min(limits::MAX_FAULTS))
-        .into_iter()
+fn fault_events(recs: &[FaultRecord]) -> Vec<FaultEvent> {
+    recs.iter()
         .map(|r| FaultEvent {
             seq: r.seq,
             iova: r.fault.iova,

@@ -11,7 +11,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use wd_device::{status, DeviceQueue, Dma};
-use wd_iommu::{Access, Domain, Fault, FaultReason};
+use wd_iommu::{
+    Access, Attachment, Domain, EngineTlb, Fault, FaultOutcome, FaultReason, Iommu, Resolution,
+    Section,
+};
 use wd_ring::{Desc, HostState, RingView};
 
 use crate::queue::{MemModel, Queue, QueueState};
@@ -47,8 +50,13 @@ pub struct EngineHandle {
 }
 
 impl EngineHandle {
-    /// Start an engine thread for a device.
-    pub fn spawn(name: String, idle_spin: Duration) -> std::io::Result<EngineHandle> {
+    /// Start an engine thread for a device; it translates through its own
+    /// IOTLB on `iommu`.
+    pub fn spawn(
+        name: String,
+        idle_spin: Duration,
+        iommu: &Arc<Iommu>,
+    ) -> std::io::Result<EngineHandle> {
         let (tx, rx) = mpsc::channel();
         let doorbell =
             Arc::new(wd_sys::eventfd().map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?);
@@ -63,6 +71,7 @@ impl EngineHandle {
             runs_a: Vec::new(),
             runs_b: Vec::new(),
             bounce: Vec::new(),
+            tlb: EngineTlb::new(iommu),
         };
         let thread = std::thread::Builder::new()
             .name(name)
@@ -88,6 +97,11 @@ impl EngineHandle {
         self.command(EngineCmd::Attach(q, view, dev));
     }
 
+    /// Wake the engine (a stalled request was resolved).
+    pub fn kick(&self) {
+        let _ = wd_sys::eventfd_signal(self.doorbell.as_fd());
+    }
+
     /// Take a queue away; returns once the engine no longer touches it.
     pub fn detach(&self, id: u32) {
         let (tx, rx) = mpsc::channel();
@@ -108,10 +122,21 @@ impl Drop for EngineHandle {
     }
 }
 
+/// A request stalled on a translation fault, waiting for its resolution.
+struct Parked {
+    stag: u64,
+    dom: Arc<Domain>,
+    /// The descriptor as the client sent it (a retry starts over).
+    desc: Desc,
+    /// The domain's resolution generation when last looked at.
+    seen: u64,
+}
+
 struct Served {
     q: Arc<Queue>,
     view: RingView,
     dev: Box<dyn DeviceQueue>,
+    parked: Vec<Parked>,
 }
 
 struct EngineLoop {
@@ -123,6 +148,14 @@ struct EngineLoop {
     runs_a: Vec<(u64, u64)>,
     runs_b: Vec<(u64, u64)>,
     bounce: Vec<u8>,
+    tlb: EngineTlb,
+}
+
+/// Scratch buffers of the DMA path.
+struct Scratch<'a> {
+    runs_a: &'a mut Vec<(u64, u64)>,
+    runs_b: &'a mut Vec<(u64, u64)>,
+    bounce: &'a mut Vec<u8>,
 }
 
 impl EngineLoop {
@@ -179,7 +212,12 @@ impl EngineLoop {
     fn commands(&mut self) -> bool {
         loop {
             match self.rx.try_recv() {
-                Ok(EngineCmd::Attach(q, view, dev)) => self.queues.push(Served { q, view, dev }),
+                Ok(EngineCmd::Attach(q, view, dev)) => self.queues.push(Served {
+                    q,
+                    view,
+                    dev,
+                    parked: Vec::new(),
+                }),
                 Ok(EngineCmd::Detach(id, ack)) => {
                     if let Some(pos) = self.queues.iter().position(|s| s.q.id == id) {
                         let mut s = self.queues.swap_remove(pos);
@@ -214,51 +252,201 @@ impl EngineLoop {
     /// One pass over queue `i`: Err(()) when its ring is corrupt.
     fn serve(&mut self, i: usize, batch: &mut Vec<Desc>) -> Result<usize, ()> {
         batch.clear();
-        let s = &mut self.queues[i];
-        if s.q.state() != QueueState::Active {
+        if self.queues[i].q.state() != QueueState::Active {
             return Ok(0);
         }
-        let n = s.view.fetch(BATCH, batch).map_err(|_| ())?;
+        let mut worked = 0;
+        if !self.queues[i].parked.is_empty() {
+            worked += self.serve_parked(i, batch)?;
+            batch.clear();
+        }
+        let EngineLoop {
+            queues,
+            tlb,
+            runs_a,
+            runs_b,
+            bounce,
+            ..
+        } = self;
+        let s = &mut queues[i];
+        // Stalled requests keep their completion slots.
+        let max = if s.parked.is_empty() {
+            BATCH
+        } else {
+            (s.view.cq_space().map_err(|_| ())? as usize)
+                .saturating_sub(s.parked.len())
+                .min(BATCH)
+        };
+        let n = s.view.fetch(max, batch).map_err(|_| ())?;
         if n == 0 {
-            return Ok(0);
+            return Ok(worked);
         }
         let q = s.q.clone();
-        {
-            let dom = q.domain.read().unwrap_or_else(|e| e.into_inner());
-            let mut bytes = 0u64;
-            for d in batch.iter_mut() {
-                let mut dma = QueueDma {
-                    q: &q,
-                    dom: &dom,
-                    runs_a: &mut self.runs_a,
-                    runs_b: &mut self.runs_b,
-                    bounce: &mut self.bounce,
-                };
-                let dev = &mut self.queues[i].dev;
-                let r = catch_unwind(AssertUnwindSafe(|| dev.process(d, &mut dma)));
-                if r.is_err() {
-                    d.status = status::EIO;
-                    d.result = 0;
-                }
-                if d.status == 0 {
-                    bytes += d.result;
-                }
+        // One attachment and one section per batch: what the batch reaches
+        // through a translation is done with when the section ends, which
+        // is what an invalidation's sync waits for.
+        let att = q.endpoint.attachment();
+        let mut sec = tlb.enter();
+        let mut scratch = Scratch {
+            runs_a,
+            runs_b,
+            bounce,
+        };
+        let mut bytes = 0u64;
+        let mut keep = 0;
+        for j in 0..n {
+            let orig = batch[j];
+            let mut d = orig;
+            if let Some(p) = process(&mut sec, &q, &att, &mut s.dev, &mut d, &mut scratch, true) {
+                s.parked.push(Parked { desc: orig, ..p });
+                continue;
             }
-            q.requests.fetch_add(n as u64, Ordering::Relaxed);
-            q.bytes.fetch_add(bytes, Ordering::Relaxed);
+            if d.status == 0 {
+                bytes += d.result;
+            }
+            batch[keep] = d;
+            keep += 1;
         }
-        let s = &mut self.queues[i];
-        let signal = s.view.complete(batch).map_err(|_| ())?;
-        if signal {
+        drop(sec);
+        batch.truncate(keep);
+        q.requests.fetch_add(keep as u64, Ordering::Relaxed);
+        q.bytes.fetch_add(bytes, Ordering::Relaxed);
+        if s.view.complete(batch).map_err(|_| ())? {
             let _ = wd_sys::eventfd_signal(s.q.cq_event.as_fd());
         }
-        Ok(n)
+        Ok(worked + n)
+    }
+
+    /// Look at queue `i`'s stalled requests whose domain resolved a stall:
+    /// complete the aborted ones, run the retried ones again.
+    fn serve_parked(&mut self, i: usize, batch: &mut Vec<Desc>) -> Result<usize, ()> {
+        let EngineLoop {
+            queues,
+            tlb,
+            runs_a,
+            runs_b,
+            bounce,
+            ..
+        } = self;
+        let s = &mut queues[i];
+        if s.parked
+            .iter()
+            .all(|p| p.dom.resolution_generation() == p.seen)
+        {
+            return Ok(0);
+        }
+        let mut retry = Vec::new();
+        let mut j = 0;
+        while j < s.parked.len() {
+            let p = &mut s.parked[j];
+            p.seen = p.dom.resolution_generation();
+            match p.dom.take_resolution(p.stag) {
+                None => j += 1,
+                Some(r) => {
+                    let p = s.parked.swap_remove(j);
+                    match r {
+                        Resolution::Retry => retry.push(p.desc),
+                        Resolution::Abort => {
+                            let mut d = p.desc;
+                            d.status = status::EFAULT;
+                            d.result = 0;
+                            batch.push(d);
+                        }
+                    }
+                }
+            }
+        }
+        let q = s.q.clone();
+        let resolved = batch.len() + retry.len();
+        if !retry.is_empty() {
+            let att = q.endpoint.attachment();
+            let mut sec = tlb.enter();
+            let mut scratch = Scratch {
+                runs_a,
+                runs_b,
+                bounce,
+            };
+            for orig in retry {
+                let mut d = orig;
+                match process(&mut sec, &q, &att, &mut s.dev, &mut d, &mut scratch, true) {
+                    Some(p) => s.parked.push(Parked { desc: orig, ..p }),
+                    None => {
+                        if d.status == 0 {
+                            q.bytes.fetch_add(d.result, Ordering::Relaxed);
+                        }
+                        batch.push(d);
+                    }
+                }
+            }
+        }
+        q.requests.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        if s.view.complete(batch).map_err(|_| ())? {
+            let _ = wd_sys::eventfd_signal(q.cq_event.as_fd());
+        }
+        Ok(resolved)
     }
 }
 
-/// Fail whatever is still queued on a ring being torn down, then mark it stopped.
+/// Run one request through the device inside `sec`. A request that faulted
+/// (completed with -EFAULT) in a domain with the stall policy is not
+/// completed: it comes back as a [`Parked`] (its `desc` to be filled in).
+fn process(
+    sec: &mut Section<'_>,
+    q: &Queue,
+    att: &Attachment,
+    dev: &mut Box<dyn DeviceQueue>,
+    d: &mut Desc,
+    scratch: &mut Scratch<'_>,
+    stallable: bool,
+) -> Option<Parked> {
+    let dom = match att {
+        Attachment::Domain(x) => Some(&**x),
+        Attachment::Blocked => None,
+    };
+    let mut fault = None;
+    let mut dma = QueueDma {
+        q,
+        dom,
+        sec,
+        runs_a: scratch.runs_a,
+        runs_b: scratch.runs_b,
+        bounce: scratch.bounce,
+        fault: &mut fault,
+    };
+    if catch_unwind(AssertUnwindSafe(|| dev.process(d, &mut dma))).is_err() {
+        d.status = status::EIO;
+        d.result = 0;
+    }
+    let f = fault?;
+    q.fault_count.fetch_add(1, Ordering::Relaxed);
+    let fdom = match att {
+        Attachment::Domain(x) => x.clone(),
+        Attachment::Blocked => q.domain().clone(),
+    };
+    match fdom.report_fault(f, stallable && d.status == status::EFAULT) {
+        FaultOutcome::Aborted { .. } => None,
+        FaultOutcome::Stalled { stag } => Some(Parked {
+            stag,
+            seen: fdom.resolution_generation(),
+            dom: fdom,
+            desc: *d,
+        }),
+    }
+}
+
+/// Fail whatever is still queued on a ring being torn down (stalled
+/// requests included), then mark it stopped.
 fn cancel_pending(s: &mut Served) {
-    let mut left = Vec::new();
+    let mut left: Vec<Desc> = Vec::new();
+    for p in s.parked.drain(..) {
+        p.dom.cancel_stall(p.stag);
+        let mut d = p.desc;
+        d.status = status::ECANCELED;
+        d.result = 0;
+        left.push(d);
+    }
+    let _ = s.view.complete(&left);
+    left.clear();
     while let Ok(n) = s.view.fetch(BATCH, &mut left) {
         if n == 0 {
             break;
@@ -276,26 +464,58 @@ fn cancel_pending(s: &mut Served) {
     let _ = wd_sys::eventfd_signal(s.q.cq_event.as_fd());
 }
 
-/// Device memory of one queue, through its domain (and, for SHARE_ALL
-/// queues, through the client process for addresses not shared).
-struct QueueDma<'a> {
+/// Device memory of one request, through the queue's attachment and the
+/// engine's IOTLB (and, for SHARE_ALL queues, through the client process
+/// for addresses not shared). The first fault is kept for the stall policy.
+struct QueueDma<'a, 's> {
     q: &'a Queue,
-    dom: &'a Domain,
+    /// None: the endpoint is blocked (virtio-iommu, no domain, no bypass).
+    dom: Option<&'a Domain>,
+    sec: &'a mut Section<'s>,
     runs_a: &'a mut Vec<(u64, u64)>,
     runs_b: &'a mut Vec<(u64, u64)>,
     bounce: &'a mut Vec<u8>,
+    fault: &'a mut Option<Fault>,
+}
+
+/// Translate through `dom` (blocked: a "no domain" fault).
+#[allow(clippy::too_many_arguments)]
+fn translate(
+    sec: &mut Section<'_>,
+    dom: Option<&Domain>,
+    pasid: u32,
+    iova: u64,
+    len: u64,
+    access: Access,
+    runs: &mut Vec<(u64, u64)>,
+) -> Result<(), Fault> {
+    match dom {
+        Some(d) => sec.translate_range(d, pasid, iova, len, access, runs),
+        None => {
+            runs.clear();
+            if len == 0 {
+                return Ok(());
+            }
+            Err(Fault {
+                iova,
+                pasid,
+                access,
+                reason: FaultReason::NoDomain,
+            })
+        }
+    }
 }
 
 /// Largest bounce copy in one process_vm call.
 const BOUNCE_CHUNK: usize = 1 << 20;
 
-impl QueueDma<'_> {
-    fn fault(&self, f: Fault) -> Fault {
-        self.q.record_fault(f);
+impl QueueDma<'_, '_> {
+    fn fault(&mut self, f: Fault) -> Fault {
+        self.fault.get_or_insert(f);
         f
     }
 
-    fn pid_fault(&self, iova: u64, access: Access) -> Fault {
+    fn pid_fault(&mut self, iova: u64, access: Access) -> Fault {
         self.fault(Fault {
             iova,
             pasid: self.q.id,
@@ -312,27 +532,46 @@ impl QueueDma<'_> {
     }
 }
 
-impl Dma for QueueDma<'_> {
+impl Dma for QueueDma<'_, '_> {
     fn host_range(&mut self, iova: u64, len: u64, access: Access) -> Option<u64> {
         // A fault here is not recorded: the caller falls back to read/write,
         // which records it.
-        self.dom
-            .translate_range(iova, len, access, self.runs_a)
-            .ok()
-            .filter(|_| self.runs_a.len() == 1)
-            .map(|_| self.runs_a[0].0)
+        translate(
+            self.sec,
+            self.dom,
+            self.q.id,
+            iova,
+            len,
+            access,
+            self.runs_a,
+        )
+        .ok()
+        .filter(|_| self.runs_a.len() == 1)
+        .map(|_| self.runs_a[0].0)
     }
 
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Fault> {
         if len == 0 {
             return Ok(());
         }
-        let a = self
-            .dom
-            .translate_range(src, len, Access::Read, self.runs_a);
-        let b = self
-            .dom
-            .translate_range(dst, len, Access::Write, self.runs_b);
+        let a = translate(
+            self.sec,
+            self.dom,
+            self.q.id,
+            src,
+            len,
+            Access::Read,
+            self.runs_a,
+        );
+        let b = translate(
+            self.sec,
+            self.dom,
+            self.q.id,
+            dst,
+            len,
+            Access::Write,
+            self.runs_b,
+        );
         match (a, b) {
             (Ok(()), Ok(())) => {
                 copy_runs(self.runs_b, self.runs_a);
@@ -362,17 +601,24 @@ impl Dma for QueueDma<'_> {
     }
 
     fn read(&mut self, src: u64, buf: &mut [u8]) -> Result<(), Fault> {
-        match self
-            .dom
-            .translate_range(src, buf.len() as u64, Access::Read, self.runs_a)
-        {
+        let len = buf.len() as u64;
+        match translate(
+            self.sec,
+            self.dom,
+            self.q.id,
+            src,
+            len,
+            Access::Read,
+            self.runs_a,
+        ) {
             Ok(()) => {
                 let mut off = 0usize;
                 for &(p, l) in self.runs_a.iter() {
-                    // SAFETY: p..p+l was translated from the queue's domain,
-                    // which maps only live host mappings of shared memory
-                    // (unmapped only under the domain's write lock, which we
-                    // exclude by holding the read lock); buf is local memory.
+                    // SAFETY: p..p+l was translated, inside this engine's
+                    // section, from a domain that maps only live host mappings
+                    // of shared memory; a mapping is released only after an
+                    // invalidation whose sync waits for our section to end.
+                    // buf is local memory.
                     unsafe {
                         std::ptr::copy(p as *const u8, buf.as_mut_ptr().add(off), l as usize)
                     };
@@ -392,10 +638,16 @@ impl Dma for QueueDma<'_> {
     }
 
     fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), Fault> {
-        match self
-            .dom
-            .translate_range(dst, data.len() as u64, Access::Write, self.runs_b)
-        {
+        let len = data.len() as u64;
+        match translate(
+            self.sec,
+            self.dom,
+            self.q.id,
+            dst,
+            len,
+            Access::Write,
+            self.runs_b,
+        ) {
             Ok(()) => {
                 let mut off = 0usize;
                 for &(p, l) in self.runs_b.iter() {
@@ -424,7 +676,7 @@ fn copy_runs(dst: &[(u64, u64)], src: &[(u64, u64)]) {
     let (mut si, mut dj) = (0u64, 0u64);
     while i < src.len() && j < dst.len() {
         let n = (src[i].1 - si).min(dst[j].1 - dj);
-        // SAFETY: both runs were translated under the domain's read lock from
+        // SAFETY: both runs were translated inside the engine's section from
         // live host mappings (see QueueDma::read); ptr::copy tolerates the
         // overlap a client may ask for.
         unsafe {

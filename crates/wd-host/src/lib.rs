@@ -99,6 +99,20 @@ pub struct HostInner {
     pub owner_uid: u32,
     conns: Mutex<HashMap<u64, UnixStream>>,
     stopping: AtomicBool,
+    /// The software IOMMU every queue's device accesses go through.
+    pub iommu: Arc<wd_iommu::Iommu>,
+}
+
+/// How often the IOMMU's timers run (flush-queue and stall timeouts): half
+/// the default flush-queue timeout, so a deferred unmap waits at most about
+/// one and a half timeouts for its flush.
+const IOMMU_TICK: Duration = Duration::from_millis(5);
+
+fn iommu_timers(iommu: Arc<wd_iommu::Iommu>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(IOMMU_TICK);
+        iommu.housekeeping(std::time::Instant::now());
+    }
 }
 
 impl HostInner {
@@ -123,6 +137,7 @@ pub struct Host {
     inner: Arc<HostInner>,
     address: String,
     accept: Option<JoinHandle<()>>,
+    timers: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
     path: Option<std::path::PathBuf>,
 }
 
@@ -160,6 +175,7 @@ impl Host {
     pub fn start(cfg: &HostConfig) -> Result<Host, HostError> {
         cfg.validate()?;
         let (listener, path) = bind(&cfg.socket, cfg.socket_mode)?;
+        let iommu = wd_iommu::Iommu::new();
         let mut devices = Vec::new();
         for (n, dc) in cfg.devices.iter().enumerate() {
             let driver = drivers::by_name(&dc.driver)
@@ -169,6 +185,7 @@ impl Host {
                 engines.push(EngineHandle::spawn(
                     format!("wd-dev{n}-e{e}"),
                     Duration::from_micros(dc.idle_spin_us),
+                    &iommu,
                 )?);
             }
             let types = driver
@@ -200,15 +217,23 @@ impl Host {
             owner_uid: wd_sys::geteuid(),
             conns: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
+            iommu: iommu.clone(),
         });
+        let stop_timers = Arc::new(AtomicBool::new(false));
+        let st = stop_timers.clone();
+        let timers = std::thread::Builder::new()
+            .name("wd-iommu".into())
+            .spawn(move || iommu_timers(iommu, st))?;
         let acc = inner.clone();
         let accept = std::thread::Builder::new()
             .name("wd-accept".into())
-            .spawn(move || accept_loop(acc, listener))?;
+            .spawn(move || accept_loop(acc, listener))
+            .inspect_err(|_| stop_timers.store(true, Ordering::Relaxed))?;
         Ok(Host {
             inner,
             address: cfg.socket.clone(),
             accept: Some(accept),
+            timers: Some((stop_timers, timers)),
             path,
         })
     }
@@ -259,6 +284,12 @@ impl Host {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
         if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+        // After the connections released their queues (and so flushed
+        // their domains).
+        if let Some((stop, t)) = self.timers.take() {
+            stop.store(true, Ordering::Relaxed);
             let _ = t.join();
         }
         if let Some(p) = &self.path {

@@ -1,12 +1,16 @@
-//! A queue as the host keeps it: its ring, its IOMMU domain, the memory the
-//! client shared with it, its faults and counters.
+//! A queue as the host keeps it: its ring, its IOMMU endpoint (its own
+//! domain, or the virtio-iommu domain its client attached it to), the memory
+//! the client shared with it, and its counters.
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
-use wd_iommu::{Domain, Fault, FaultQueue, Prot};
+use wd_iommu::{
+    Attachment, Domain, DomainConfig, Endpoint, Fault, FaultPolicy, FaultRecord, InvalidationMode,
+    Iommu, IotlbGather, Prot, Release,
+};
 use wd_mem::ImportedRegion;
 use wd_proto::Status;
 use wd_sys::{Mapping, PeerCred};
@@ -65,12 +69,14 @@ pub struct Queue {
     pub model: MemModel,
     /// Engine serving it.
     pub engine: usize,
-    /// The queue's address space; engines translate under the read lock, so
-    /// unshare (write lock) returns only when no engine uses the range.
-    pub domain: RwLock<Domain>,
-    shares: Mutex<BTreeMap<u64, (u64, ImportedRegion)>>,
-    /// Fault log the client reads.
-    pub faults: Mutex<FaultQueue>,
+    /// What the queue's device accesses translate through: its own domain
+    /// (the memory the client shared, identity mapped; virtio-iommu's bypass
+    /// view), or a virtio-iommu domain. Engines translate through the IOTLB
+    /// and acknowledge invalidations, so an unshare returns (strict mode)
+    /// only when no engine can reach the range.
+    pub endpoint: Arc<Endpoint>,
+    /// Shared ranges by IOVA: (size, the host's mapping of them).
+    shares: Mutex<BTreeMap<u64, (u64, Arc<ImportedRegion>)>>,
     /// Requests completed.
     pub requests: AtomicU64,
     /// Bytes processed.
@@ -99,7 +105,10 @@ impl Queue {
         engine: usize,
         cq_event: OwnedFd,
         ring: Mapping,
+        iommu: &Arc<Iommu>,
     ) -> Queue {
+        let dom = Arc::new(Domain::new(iommu, id, DomainConfig::default()));
+        iommu.track(&dom);
         Queue {
             id,
             device,
@@ -110,13 +119,8 @@ impl Queue {
             flags,
             model,
             engine,
-            domain: RwLock::new(Domain::new(
-                &wd_iommu::Iommu::new(),
-                id,
-                wd_iommu::DomainConfig::default(),
-            )),
+            endpoint: Arc::new(Endpoint::new(id, dom)),
             shares: Mutex::new(BTreeMap::new()),
-            faults: Mutex::new(FaultQueue::new(FaultQueue::DEFAULT_CAPACITY)),
             requests: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             fault_count: AtomicU64::new(0),
@@ -140,16 +144,44 @@ impl Queue {
         self.state.store(s as u8, Ordering::Release);
     }
 
-    /// Record a translation fault.
-    pub fn record_fault(&self, f: Fault) {
-        self.fault_count.fetch_add(1, Ordering::Relaxed);
-        self.faults
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(f, false);
+    /// The queue's own domain (the memory it shared).
+    pub fn domain(&self) -> &Arc<Domain> {
+        self.endpoint.default_domain()
     }
 
-    /// Map client memory (already imported) at `iova` into the domain.
+    /// Record a translation fault of a request that cannot stall.
+    pub fn record_fault(&self, f: Fault) {
+        self.fault_count.fetch_add(1, Ordering::Relaxed);
+        self.endpoint.fault_domain().report_fault(f, false);
+    }
+
+    /// Remove and return up to `max` fault records of the domain the queue
+    /// translates through, with its totals (recorded, lost).
+    pub fn drain_faults(&self, max: usize) -> (Vec<FaultRecord>, u64, u64) {
+        self.endpoint.fault_domain().drain_faults(max)
+    }
+
+    /// The newest `max` fault records, not consumed, with the totals.
+    pub fn peek_faults(&self, max: usize) -> (Vec<FaultRecord>, u64, u64) {
+        self.endpoint.fault_domain().peek_faults(max)
+    }
+
+    /// Set the invalidation mode and fault policy of the queue's domain, and
+    /// of the virtio-iommu domain it is attached to.
+    pub fn set_iommu_policy(&self, mode: InvalidationMode, policy: FaultPolicy) {
+        let own = self.domain();
+        own.set_mode(mode);
+        own.set_fault_policy(policy);
+        if let Attachment::Domain(d) = self.endpoint.attachment() {
+            if !Arc::ptr_eq(&d, own) {
+                d.set_mode(mode);
+                d.set_fault_policy(policy);
+            }
+        }
+    }
+
+    /// Map client memory (already imported) at `iova` into the queue's
+    /// domain.
     pub fn share(&self, iova: u64, region: ImportedRegion, prot: Prot) -> Result<(), HostError> {
         let mut shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
         if shares.len() >= MAX_SHARES_PER_QUEUE {
@@ -159,21 +191,23 @@ impl Queue {
             ));
         }
         let size = region.len();
-        self.domain
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
+        self.domain()
             .map(iova, region.host_addr(), size, prot)
             .map_err(|e| {
-                HostError::Status(
-                    Status::Invalid,
-                    format!("cannot share {iova:#x}+{size:#x}: {e}"),
-                )
+                let st = match e {
+                    wd_iommu::IommuError::LimitExceeded { .. }
+                    | wd_iommu::IommuError::TableLimit { .. } => Status::NoMemory,
+                    _ => Status::Invalid,
+                };
+                HostError::Status(st, format!("cannot share {iova:#x}+{size:#x}: {e}"))
             })?;
-        shares.insert(iova, (size, region));
+        shares.insert(iova, (size, Arc::new(region)));
         Ok(())
     }
 
-    /// Undo a share made at exactly `iova` with exactly `size`.
+    /// Undo a share made at exactly `iova` with exactly `size`. In strict
+    /// mode it returns once no engine can reach the range; in deferred mode
+    /// the host keeps the memory mapped until the flush that invalidates it.
     pub fn unshare(&self, iova: u64, size: u64) -> Result<(), HostError> {
         let mut shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
         match shares.get(&iova) {
@@ -185,30 +219,44 @@ impl Queue {
                 ))
             }
         }
-        // The write lock waits for any engine translating under the read
-        // lock: after this, no request can reach the region.
-        self.domain
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .unmap(iova, size)
-            .map_err(|e| HostError::Status(Status::Invalid, e.to_string()))?;
-        shares.remove(&iova);
-        Ok(())
+        let dom = self.domain();
+        let mut g = IotlbGather::new();
+        let r = dom.unmap_fast(iova, size, &mut g);
+        if r.is_ok() {
+            if let Some((_, region)) = shares.remove(&iova) {
+                g.defer_release(Box::new(region));
+            }
+        }
+        dom.iotlb_sync(&mut g);
+        r.map(|_| ())
+            .map_err(|e| HostError::Status(Status::Invalid, e.to_string()))
     }
 
-    /// Drop every mapping and every imported region.
+    /// Drop every mapping and every imported region (queue teardown, after
+    /// the engine let go of the queue).
     pub fn unshare_all(&self) {
-        let mut shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
-        let dom = self.domain.write().unwrap_or_else(|e| e.into_inner());
-        for (iova, (size, _)) in shares.iter() {
-            let _ = dom.unmap(*iova, *size);
-        }
-        shares.clear();
+        let shares = std::mem::take(&mut *self.shares.lock().unwrap_or_else(|e| e.into_inner()));
+        // Invalidates on every engine and waits before the regions go.
+        self.domain().clear();
+        drop(shares);
     }
 
     /// Number of shared ranges.
     pub fn share_count(&self) -> usize {
         self.shares.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// The host's runs for `[gpa, gpa + size)` of memory this queue shared,
+    /// kept alive by the returned release (virtio-iommu guest memory).
+    pub fn resolve_shared(&self, gpa: u64, size: u64) -> Option<(Vec<(u64, u64)>, Release)> {
+        let shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+        let (&iova, (len, region)) = shares.range(..=gpa).next_back()?;
+        let end = gpa.checked_add(size)?;
+        if end > iova + len {
+            return None;
+        }
+        let host = region.host_addr() + (gpa - iova);
+        Some((vec![(host, size)], Box::new(region.clone())))
     }
 }
 

@@ -1013,6 +1013,34 @@ mod tests {
     }
 
     #[test]
+    fn housekeeping_enforces_the_timeouts() {
+        let iommu = Iommu::new();
+        let d = Arc::new(Domain::new(
+            &iommu,
+            1,
+            DomainConfig {
+                mode: InvalidationMode::Deferred,
+                fault_policy: FaultPolicy::Stall,
+                fq_timeout: Duration::from_millis(5),
+                stall_timeout: Duration::from_millis(5),
+                ..DomainConfig::default()
+            },
+        ));
+        iommu.track(&d);
+        d.map(0, 0, P, Prot::RW).unwrap();
+        d.unmap(0, P).unwrap();
+        let FaultOutcome::Stalled { stag } = d.report_fault(fault(0), true) else {
+            panic!("stalls")
+        };
+        assert_eq!(iommu.housekeeping(Instant::now()), (0, 0));
+        let later = Instant::now() + Duration::from_millis(10);
+        assert_eq!(iommu.housekeeping(later), (1, 1));
+        assert_eq!(d.take_resolution(stag), Some(Resolution::Abort));
+        drop(d);
+        assert_eq!(iommu.housekeeping(later), (0, 0));
+    }
+
+    #[test]
     fn clear_releases_everything() {
         let (_i, d) = dom(DomainConfig {
             mode: InvalidationMode::Deferred,

@@ -16,7 +16,7 @@
 //! the engine busy and waits for its acknowledgement (Dekker).
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Instant;
 
 use crate::iotlb::Iotlb;
@@ -95,6 +95,9 @@ pub struct Iommu {
     tail: AtomicU64,
     producer: Mutex<()>,
     engines: RwLock<Vec<Arc<EngineState>>>,
+    /// Domains whose flush-queue timeouts and stall timeouts
+    /// [`Iommu::housekeeping`] enforces.
+    tracked: Mutex<Vec<Weak<Domain>>>,
     commands: AtomicU64,
     syncs: AtomicU64,
     waited_syncs: AtomicU64,
@@ -118,6 +121,7 @@ impl Iommu {
             tail: AtomicU64::new(0),
             producer: Mutex::new(()),
             engines: RwLock::new(Vec::new()),
+            tracked: Mutex::new(Vec::new()),
             commands: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             waited_syncs: AtomicU64::new(0),
@@ -232,6 +236,32 @@ impl Iommu {
             self.wait_ns
                 .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
+    }
+
+    /// Have [`Iommu::housekeeping`] look after `d` while it lives.
+    pub fn track(&self, d: &Arc<Domain>) {
+        let mut t = self.tracked.lock().unwrap_or_else(|e| e.into_inner());
+        t.retain(|w| w.strong_count() > 0);
+        t.push(Arc::downgrade(d));
+    }
+
+    /// The timers of the tracked domains: flush the flush queues whose
+    /// oldest entry reached its timeout, abort stalls that waited too long.
+    /// Call it periodically (a few times per flush-queue timeout). Returns
+    /// (flush queues flushed, stalls aborted).
+    pub fn housekeeping(&self, now: Instant) -> (usize, usize) {
+        let doms: Vec<Arc<Domain>> = {
+            let mut t = self.tracked.lock().unwrap_or_else(|e| e.into_inner());
+            t.retain(|w| w.strong_count() > 0);
+            t.iter().filter_map(Weak::upgrade).collect()
+        };
+        let mut flushed = 0;
+        let mut expired = 0;
+        for d in doms {
+            flushed += d.flush_if_due(now) as usize;
+            expired += d.expire_stalls(now);
+        }
+        (flushed, expired)
     }
 
     /// Counters so far.

@@ -936,6 +936,7 @@ impl VirtioIommu {
                 cfg.mode = def.mode();
                 cfg.fault_policy = def.fault_policy();
                 let dom = Arc::new(Domain::new(&self.iommu, endpoint, cfg));
+                self.iommu.track(&dom);
                 self.domains.insert(
                     domain,
                     VDomain {

@@ -3,10 +3,11 @@
 
 use crate::limits::*;
 use crate::{
-    AttrEntry, FaultEvent, Header, Message, ProtoError, Status, HEADER_LEN, MAGIC, PROTOCOL_VERSION,
+    AttrEntry, FaultEvent, Header, Message, ProtoError, Status, VirtioReq, HEADER_LEN, MAGIC,
+    PROTOCOL_VERSION,
 };
 
-const MAX_KIND: u16 = 18;
+const MAX_KIND: u16 = 25;
 
 /// Decode and check a frame header.
 pub fn decode_header(b: &[u8; HEADER_LEN]) -> Result<Header, ProtoError> {
@@ -265,6 +266,70 @@ pub fn decode_body(h: &Header, body: &[u8]) -> Result<Message, ProtoError> {
                 message: r.string("message", MAX_MESSAGE)?,
             }
         }
+        19 => {
+            let m = Message::IommuPolicy {
+                queue_id: r.u32("queue_id")?,
+                mode: r.u8("mode")?,
+                fault_policy: r.u8("fault_policy")?,
+            };
+            if let Message::IommuPolicy {
+                mode, fault_policy, ..
+            } = m
+            {
+                if mode > 1 {
+                    return Err(ProtoError::Invalid("mode"));
+                }
+                if fault_policy > 1 {
+                    return Err(ProtoError::Invalid("fault_policy"));
+                }
+            }
+            m
+        }
+        20 => Message::FaultResume {
+            queue_id: r.u32("queue_id")?,
+            stag: r.u64("stag")?,
+            retry: r.bool("retry")?,
+        },
+        21 => {
+            let n = r.count("virtio requests", MAX_VIRTIO_REQS, 8)?;
+            let mut requests = Vec::with_capacity(n);
+            for _ in 0..n {
+                let readable = r.bytes("virtio readable", MAX_VIRTIO_READABLE)?;
+                let writable_len = r.u32("virtio writable_len")?;
+                if writable_len as usize > MAX_VIRTIO_WRITABLE {
+                    return Err(ProtoError::Limit {
+                        field: "virtio writable_len",
+                        len: writable_len as usize,
+                        max: MAX_VIRTIO_WRITABLE,
+                    });
+                }
+                requests.push(VirtioReq {
+                    readable,
+                    writable_len,
+                });
+            }
+            Message::VirtioKick { requests }
+        }
+        22 => {
+            let n = r.count("virtio used", MAX_VIRTIO_REQS, 4)?;
+            let mut used = Vec::with_capacity(n);
+            for _ in 0..n {
+                used.push(r.bytes("virtio written", MAX_VIRTIO_WRITABLE)?);
+            }
+            Message::VirtioUsed { used }
+        }
+        23 => Message::VirtioConfig {
+            offset: r.u32("offset")?,
+            data: r.bytes("config data", MAX_VIRTIO_CONFIG)?,
+        },
+        24 => Message::VirtioConfigReply {
+            features: r.u64("features")?,
+            config: r.bytes("config", MAX_VIRTIO_CONFIG)?,
+        },
+        25 => Message::PeekFaults {
+            queue_id: r.u32("queue_id")?,
+            max: r.u32("max")?,
+        },
         k => return Err(ProtoError::UnknownKind(k)),
     };
     if r.at != body.len() {
@@ -488,6 +553,62 @@ pub fn encode(msg: &Message, request_id: u32) -> Result<Vec<u8>, ProtoError> {
             w.u16(*status as u16);
             w.string(message, "message", MAX_MESSAGE, false)?;
         }
+        Message::IommuPolicy {
+            queue_id,
+            mode,
+            fault_policy,
+        } => {
+            if *mode > 1 {
+                return Err(ProtoError::Invalid("mode"));
+            }
+            if *fault_policy > 1 {
+                return Err(ProtoError::Invalid("fault_policy"));
+            }
+            w.u32(*queue_id);
+            w.u8(*mode);
+            w.u8(*fault_policy);
+        }
+        Message::FaultResume {
+            queue_id,
+            stag,
+            retry,
+        } => {
+            w.u32(*queue_id);
+            w.u64(*stag);
+            w.u8(*retry as u8);
+        }
+        Message::VirtioKick { requests } => {
+            w.count(requests.len(), "virtio requests", MAX_VIRTIO_REQS)?;
+            for q in requests {
+                w.bytes(&q.readable, "virtio readable", MAX_VIRTIO_READABLE)?;
+                if q.writable_len as usize > MAX_VIRTIO_WRITABLE {
+                    return Err(ProtoError::Limit {
+                        field: "virtio writable_len",
+                        len: q.writable_len as usize,
+                        max: MAX_VIRTIO_WRITABLE,
+                    });
+                }
+                w.u32(q.writable_len);
+            }
+        }
+        Message::VirtioUsed { used } => {
+            w.count(used.len(), "virtio used", MAX_VIRTIO_REQS)?;
+            for u in used {
+                w.bytes(u, "virtio written", MAX_VIRTIO_WRITABLE)?;
+            }
+        }
+        Message::VirtioConfig { offset, data } => {
+            w.u32(*offset);
+            w.bytes(data, "config data", MAX_VIRTIO_CONFIG)?;
+        }
+        Message::VirtioConfigReply { features, config } => {
+            w.u64(*features);
+            w.bytes(config, "config", MAX_VIRTIO_CONFIG)?;
+        }
+        Message::PeekFaults { queue_id, max } => {
+            w.u32(*queue_id);
+            w.u32(*max);
+        }
     }
     let body_len = w.0.len() - HEADER_LEN;
     if body_len > MAX_BODY {
@@ -589,6 +710,37 @@ mod tests {
             },
             Message::Ok,
             Message::error(Status::Busy, "busy"),
+            Message::IommuPolicy {
+                queue_id: 2,
+                mode: 1,
+                fault_policy: 1,
+            },
+            Message::FaultResume {
+                queue_id: 2,
+                stag: 17,
+                retry: true,
+            },
+            Message::VirtioKick {
+                requests: vec![VirtioReq {
+                    readable: vec![3, 0, 0, 0, 1, 0, 0, 0],
+                    writable_len: 4,
+                }],
+            },
+            Message::VirtioUsed {
+                used: vec![vec![0, 0, 0, 0], vec![]],
+            },
+            Message::VirtioConfig {
+                offset: 36,
+                data: vec![0],
+            },
+            Message::VirtioConfigReply {
+                features: 0x57,
+                config: vec![0; 40],
+            },
+            Message::PeekFaults {
+                queue_id: 3,
+                max: 8,
+            },
         ]
     }
 
@@ -630,6 +782,10 @@ mod tests {
         assert_eq!(
             decode_frame(&frame(0, &[])),
             Err(ProtoError::UnknownKind(0))
+        );
+        assert_eq!(
+            decode_frame(&frame(26, &[])),
+            Err(ProtoError::UnknownKind(26))
         );
         let mut bad = good.clone();
         bad[12..16].copy_from_slice(&(MAX_BODY as u32 + 1).to_le_bytes());
@@ -700,6 +856,35 @@ mod tests {
             decode_frame(&frame(11, &b)),
             Err(ProtoError::Invalid("prot"))
         );
+        // IOMMU policy values, virtio limits.
+        assert_eq!(
+            decode_frame(&frame(19, &[1, 0, 0, 0, 2, 0])),
+            Err(ProtoError::Invalid("mode"))
+        );
+        assert_eq!(
+            decode_frame(&frame(19, &[1, 0, 0, 0, 0, 2])),
+            Err(ProtoError::Invalid("fault_policy"))
+        );
+        assert_eq!(
+            decode_frame(&frame(20, &[0; 13])).map(|_| ()),
+            Ok(()),
+            "retry false"
+        );
+        let mut b = 1u32.to_le_bytes().to_vec();
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&((MAX_VIRTIO_WRITABLE + 1) as u32).to_le_bytes());
+        assert!(matches!(
+            decode_frame(&frame(21, &b)),
+            Err(ProtoError::Limit { .. })
+        ));
+        assert!(matches!(
+            decode_frame(&frame(21, &((MAX_VIRTIO_REQS + 1) as u32).to_le_bytes())),
+            Err(ProtoError::Limit { .. })
+        ));
+        assert!(matches!(
+            decode_frame(&frame(21, &100u32.to_le_bytes())),
+            Err(ProtoError::Truncated(_))
+        ));
     }
 
     #[test]

@@ -42,6 +42,14 @@ pub mod limits {
     pub const MAX_PAYLOAD: usize = 1 << 20;
     /// File descriptors accompanying one frame.
     pub const MAX_FDS: usize = 4;
+    /// virtio-iommu requests in one kick.
+    pub const MAX_VIRTIO_REQS: usize = 256;
+    /// Device-readable bytes of one virtio-iommu request.
+    pub const MAX_VIRTIO_READABLE: usize = 256;
+    /// Device-writable bytes of one virtio-iommu request.
+    pub const MAX_VIRTIO_WRITABLE: usize = 4096;
+    /// Bytes of a virtio-iommu config read or write.
+    pub const MAX_VIRTIO_CONFIG: usize = 64;
 }
 
 /// Errors decoding or encoding a frame.
@@ -104,6 +112,16 @@ pub struct FaultEvent {
     pub access: u8,
     /// 1 unmapped, 2 permission, 3 out of range, 4 no domain.
     pub reason: u8,
+}
+
+/// One virtio-iommu request of a kick: its device-readable bytes and the
+/// size of its device-writable buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VirtioReq {
+    /// Device-readable part (head and request fields).
+    pub readable: Vec<u8>,
+    /// Bytes of the device-writable part (properties and tail).
+    pub writable_len: u32,
 }
 
 /// Every message of the protocol.
@@ -253,6 +271,58 @@ pub enum Message {
         /// Human-readable reason.
         message: String,
     },
+    /// Set a queue's IOMMU policy (its own domain, and the virtio-iommu
+    /// domain it is attached to, if any).
+    IommuPolicy {
+        /// Queue id.
+        queue_id: u32,
+        /// 0 strict invalidation, 1 deferred (flush queue).
+        mode: u8,
+        /// 0 abort faulting requests, 1 stall them until resumed.
+        fault_policy: u8,
+    },
+    /// Resolve a stalled request (the fault record's `seq`).
+    FaultResume {
+        /// Queue id.
+        queue_id: u32,
+        /// Stall tag: the fault's sequence number.
+        stag: u64,
+        /// Retry the request (true) or fail it (false).
+        retry: bool,
+    },
+    /// A kick of the connection's virtio-iommu request queue.
+    VirtioKick {
+        /// The requests, handled in order.
+        requests: Vec<VirtioReq>,
+    },
+    /// What the device wrote for each request of a kick (its length is the
+    /// used length; empty: not written).
+    VirtioUsed {
+        /// Per request, the bytes written.
+        used: Vec<Vec<u8>>,
+    },
+    /// Read (empty `data`) or write the virtio-iommu config.
+    VirtioConfig {
+        /// Offset of the write.
+        offset: u32,
+        /// Bytes to write (none: a read).
+        data: Vec<u8>,
+    },
+    /// The virtio-iommu device's features and config.
+    VirtioConfigReply {
+        /// Feature bits offered.
+        features: u64,
+        /// `struct virtio_iommu_config`.
+        config: Vec<u8>,
+    },
+    /// Read a queue's newest faults without consuming them (the queue's
+    /// owner, the host's owner or root; for `wd faults`).
+    PeekFaults {
+        /// Queue id (any connection's).
+        queue_id: u32,
+        /// Most events wanted.
+        max: u32,
+    },
 }
 
 impl Message {
@@ -277,6 +347,13 @@ impl Message {
             Message::LegacyReply { .. } => 16,
             Message::Ok => 17,
             Message::Error { .. } => 18,
+            Message::IommuPolicy { .. } => 19,
+            Message::FaultResume { .. } => 20,
+            Message::VirtioKick { .. } => 21,
+            Message::VirtioUsed { .. } => 22,
+            Message::VirtioConfig { .. } => 23,
+            Message::VirtioConfigReply { .. } => 24,
+            Message::PeekFaults { .. } => 25,
         }
     }
 
@@ -310,6 +387,13 @@ impl Message {
             Message::LegacyReply { .. } => "LegacyReply",
             Message::Ok => "Ok",
             Message::Error { .. } => "Error",
+            Message::IommuPolicy { .. } => "IommuPolicy",
+            Message::FaultResume { .. } => "FaultResume",
+            Message::VirtioKick { .. } => "VirtioKick",
+            Message::VirtioUsed { .. } => "VirtioUsed",
+            Message::VirtioConfig { .. } => "VirtioConfig",
+            Message::VirtioConfigReply { .. } => "VirtioConfigReply",
+            Message::PeekFaults { .. } => "PeekFaults",
         }
     }
 

@@ -30,6 +30,8 @@ pub use buf::{alloc, free, SharedBuf};
 pub use queue::{Completion, FaultReport, Queue, QueueStats};
 pub use wd_device::dummy;
 pub use wd_host::{DeviceConfig, HostConfig};
+pub use wd_iommu::virtio;
+pub use wd_iommu::{FaultPolicy, InvalidationMode};
 pub use wd_proto::{AttrEntry, FaultEvent, Status};
 pub use wd_ring::Desc;
 
@@ -368,6 +370,114 @@ impl HostConn {
     pub fn request_queue(self: &Arc<Self>, capa: &Capability) -> Result<Queue> {
         Queue::request(self.clone(), capa)
     }
+}
+
+/// The para-virtual IOMMU: each connection has a virtio-iommu device whose
+/// endpoints are its queues (endpoint ID = queue id) and whose
+/// guest-physical memory is what its queues shared (addresses as shared).
+/// Requests follow the virtio specification's IOMMU device, byte for byte.
+impl HostConn {
+    /// Kick the request queue: the host handles `bufs` in order and writes
+    /// each one's device-writable part and used length.
+    pub fn virtio_kick(&self, bufs: &mut [virtio::Buffer]) -> Result<()> {
+        let requests = bufs
+            .iter()
+            .map(|b| wd_proto::VirtioReq {
+                readable: b.readable.clone(),
+                writable_len: b.writable.len() as u32,
+            })
+            .collect();
+        match self.call(&Message::VirtioKick { requests }, &[])?.0 {
+            Message::VirtioUsed { used } if used.len() == bufs.len() => {
+                for (b, u) in bufs.iter_mut().zip(used) {
+                    if u.len() > b.writable.len() {
+                        return Err(ClientError::new(
+                            Status::Protocol,
+                            "the host wrote past a virtio-iommu buffer",
+                        ));
+                    }
+                    b.writable[..u.len()].copy_from_slice(&u);
+                    b.used = u.len();
+                }
+                Ok(())
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Send virtio-iommu requests in one kick and return their statuses
+    /// (`None`: the device did not write the buffer).
+    pub fn virtio_requests(&self, reqs: &[virtio::Request]) -> Result<Vec<Option<virtio::Status>>> {
+        let mut bufs: Vec<virtio::Buffer> = reqs
+            .iter()
+            .map(|r| virtio::Buffer {
+                readable: r.encode(),
+                writable: vec![0; r.writable_len(virtio::PROBE_SIZE)],
+                used: 0,
+            })
+            .collect();
+        self.virtio_kick(&mut bufs)?;
+        Ok(bufs
+            .iter()
+            .map(|b| virtio::parse_tail(&b.writable[..b.used]))
+            .collect())
+    }
+
+    /// The device's feature bits and `struct virtio_iommu_config`.
+    pub fn virtio_config(&self) -> Result<(u64, Vec<u8>)> {
+        self.virtio_write_config(0, &[])
+    }
+
+    /// Write config bytes (only `bypass` is writable); returns the features
+    /// and config afterwards.
+    pub fn virtio_write_config(&self, offset: u32, data: &[u8]) -> Result<(u64, Vec<u8>)> {
+        let msg = Message::VirtioConfig {
+            offset,
+            data: data.to_vec(),
+        };
+        match self.call(&msg, &[])?.0 {
+            Message::VirtioConfigReply { features, config } => Ok((features, config)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The newest faults of any queue this user may look at (its own, or
+    /// any as the host's owner), without consuming them.
+    pub fn peek_faults(&self, queue_id: u32, max: u32) -> Result<FaultReport> {
+        match self.call(&Message::PeekFaults { queue_id, max }, &[])?.0 {
+            Message::Faults {
+                total,
+                lost,
+                events,
+            } => Ok(FaultReport {
+                total,
+                lost,
+                events,
+            }),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+/// A fault event as the virtio-iommu event queue reports it
+/// (`struct virtio_iommu_fault`).
+pub fn virtio_fault_record(e: &FaultEvent) -> [u8; virtio::FAULT_LEN] {
+    let reason = match e.reason {
+        1 => wd_iommu::FaultReason::Unmapped,
+        2 => wd_iommu::FaultReason::Permission,
+        3 => wd_iommu::FaultReason::OutOfRange,
+        _ => wd_iommu::FaultReason::NoDomain,
+    };
+    virtio::fault_record(&wd_iommu::Fault {
+        iova: e.iova,
+        pasid: e.pasid,
+        access: if e.access == 0 {
+            wd_iommu::Access::Read
+        } else {
+            wd_iommu::Access::Write
+        },
+        reason,
+    })
 }
 
 pub(crate) fn unexpected(m: &Message) -> ClientError {

@@ -11,6 +11,7 @@ use wd_ring::{Desc, HostState, RingView};
 use wd_sys::Mapping;
 
 use crate::{fork_generation, forked_error, unexpected, Capability, ClientError, HostConn, Result};
+use wd_iommu::{FaultPolicy, InvalidationMode};
 
 /// Descriptors moved per ring operation.
 const SCRATCH: usize = 32;
@@ -764,6 +765,45 @@ impl Queue {
             }),
             other => Err(unexpected(&other)),
         }
+    }
+
+    /// Choose how the queue's IOMMU domain invalidates (strict: an unshare
+    /// returns once no engine can reach the range; deferred: unshares are
+    /// invalidated in batches, the memory staying mapped in the host until
+    /// then) and what a translation fault does (abort the request, or stall
+    /// it until [`Queue::resume_fault`]).
+    pub fn set_iommu_policy(&mut self, mode: InvalidationMode, faults: FaultPolicy) -> Result<()> {
+        self.check()?;
+        let msg = Message::IommuPolicy {
+            queue_id: self.id,
+            mode: mode as u8,
+            fault_policy: faults as u8,
+        };
+        match self.host.call(&msg, &[])?.0 {
+            Message::Ok => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Resolve the request stalled by fault `seq` (a [`FaultEvent::seq`] of
+    /// this queue): run it again (after mapping what it needs) or fail it
+    /// with -EFAULT. `Status::NotFound` if no request waits on that fault.
+    pub fn resume_fault(&mut self, seq: u64, retry: bool) -> Result<()> {
+        self.check()?;
+        let msg = Message::FaultResume {
+            queue_id: self.id,
+            stag: seq,
+            retry,
+        };
+        match self.host.call(&msg, &[])?.0 {
+            Message::Ok => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The connection this queue belongs to (its virtio-iommu device).
+    pub fn host(&self) -> &Arc<HostConn> {
+        &self.host
     }
 
     /// Give the queue back (also done on drop).
