@@ -15,9 +15,9 @@
 //!    a memcpy of the same size.
 
 use std::io::{IsTerminal, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use wd_iommu::{
@@ -31,18 +31,27 @@ pub struct IommuArgs {
     #[arg(long)]
     json: bool,
     /// Repetitions per measurement (the median is reported).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 7)]
     reps: usize,
     /// Engine threads kept busy translating during the map/unmap runs
     /// (0: every sync finds the engines idle).
     #[arg(long, default_value_t = 1)]
     engines: usize,
     /// Seconds per DMA-stream measurement.
-    #[arg(long, default_value_t = 0.3)]
+    #[arg(long, default_value_t = 0.25)]
     seconds: f64,
     /// Bytes per request of the DMA stream.
     #[arg(long, default_value_t = 65536)]
     request_size: u64,
+    /// Requests of the DMA stream in flight (each with its own buffers).
+    #[arg(long, default_value_t = IN_FLIGHT)]
+    in_flight: usize,
+    /// Requests of the DMA stream mapped and sent per batch.
+    #[arg(long, default_value_t = STREAM_BATCH)]
+    batch: usize,
+    /// Rows of the DMA-stream table (no-iommu, the baseline, is always run).
+    #[arg(long, value_delimiter = ',', default_values_t = STREAM_PATHS.iter().map(|p| p.to_string()).collect::<Vec<_>>())]
+    paths: Vec<String>,
     /// Only these parts (comma separated: map, stream, translate).
     #[arg(long, value_delimiter = ',', default_values_t = vec!["map".to_string(), "stream".to_string(), "translate".to_string()])]
     parts: Vec<String>,
@@ -156,6 +165,9 @@ struct MapRow {
     unmap_syncs_after: f64,
     /// Mean time a sync waited for an engine acknowledgement, before.
     sync_wait_us_before: f64,
+    /// Share of the per-leaf syncs that found an engine busy (had to wait
+    /// for its acknowledgement).
+    syncs_waited_before: f64,
 }
 
 /// A busy engine: sections translating 64 KiB of its window and copying
@@ -164,6 +176,7 @@ fn busy_engine(
     iommu: Arc<Iommu>,
     dom: Arc<Domain>,
     stop: Arc<AtomicBool>,
+    sections: Arc<AtomicU64>,
 ) -> std::thread::JoinHandle<u64> {
     std::thread::spawn(move || {
         let mut e = EngineTlb::new(&iommu);
@@ -180,6 +193,7 @@ fn busy_engine(
             drop(s);
             at = (at + (64 << 10)) % ENGINE_WINDOW;
             n += 1;
+            sections.fetch_add(1, Ordering::Relaxed);
         }
         n
     })
@@ -222,9 +236,24 @@ fn map_table(args: &IommuArgs, prog: &mut Progress) -> Result<Vec<MapRow>, Strin
     dom.map(ENGINE_IOVA, 1 << 39, ENGINE_WINDOW, Prot::RW)
         .map_err(|e| e.to_string())?;
     let stop = Arc::new(AtomicBool::new(false));
+    let sections = Arc::new(AtomicU64::new(0));
     let engines: Vec<_> = (0..args.engines)
-        .map(|_| busy_engine(iommu.clone(), dom.clone(), stop.clone()))
+        .map(|_| busy_engine(iommu.clone(), dom.clone(), stop.clone(), sections.clone()))
         .collect();
+    // A shared machine may not be running the engines right now: start each
+    // measurement when they make progress (at most 100 ms later), so the
+    // per-page syncs meet an active device, as in the seed.
+    let engines_running = || {
+        if args.engines == 0 {
+            return;
+        }
+        let s0 = sections.load(Ordering::Relaxed);
+        let t = Instant::now();
+        while sections.load(Ordering::Relaxed) < s0 + 2 && t.elapsed() < Duration::from_millis(100)
+        {
+            std::thread::yield_now();
+        }
+    };
     // Let the engines get going before the first measurement.
     std::thread::sleep(std::time::Duration::from_millis(30));
     let mut rows = Vec::new();
@@ -238,6 +267,7 @@ fn map_table(args: &IommuArgs, prog: &mut Progress) -> Result<Vec<MapRow>, Strin
             let mut wait_ns = 0u64;
             for _ in 0..args.reps {
                 // Before: one call and one sync per leaf.
+                engines_running();
                 let t = Instant::now();
                 let mut at = MAP_IOVA;
                 for &(p, l) in &leaves {
@@ -248,6 +278,7 @@ fn map_table(args: &IommuArgs, prog: &mut Progress) -> Result<Vec<MapRow>, Strin
                     at += l;
                 }
                 mb.push(t.elapsed().as_secs_f64() * 1e6);
+                engines_running();
                 let s0 = iommu.stats();
                 let t = Instant::now();
                 let mut at = MAP_IOVA;
@@ -264,12 +295,14 @@ fn map_table(args: &IommuArgs, prog: &mut Progress) -> Result<Vec<MapRow>, Strin
                 wb += s1.waited_syncs - s0.waited_syncs;
                 wait_ns += s1.wait_ns - s0.wait_ns;
                 // After: one scatter-list call, one gathered invalidation.
+                engines_running();
                 let t = Instant::now();
                 if let Err(e) = dom.map_sg(MAP_IOVA, &leaves, Prot::RW) {
                     result = Err(e.to_string());
                     break 'outer;
                 }
                 ma.push(t.elapsed().as_secs_f64() * 1e6);
+                engines_running();
                 let s0 = iommu.stats();
                 let t = Instant::now();
                 let mut g = IotlbGather::new();
@@ -296,10 +329,11 @@ fn map_table(args: &IommuArgs, prog: &mut Progress) -> Result<Vec<MapRow>, Strin
                 unmap_syncs_before: sb as f64 / reps,
                 unmap_syncs_after: sa as f64 / reps,
                 sync_wait_us_before: if wb > 0 {
-                    wait_ns as f64 / 1e3 / sb as f64
+                    wait_ns as f64 / 1e3 / wb as f64
                 } else {
                     0.0
                 },
+                syncs_waited_before: wb as f64 / sb.max(1) as f64,
             });
         }
     }
@@ -415,10 +449,20 @@ fn run_iommu(args: IommuArgs) -> Result<(), String> {
             return Err(format!("unknown part '{p}' (map, stream, translate)"));
         }
     }
+    if let Some(p) = args
+        .paths
+        .iter()
+        .find(|p| !STREAM_PATHS.contains(&p.as_str()))
+    {
+        return Err(format!(
+            "unknown stream path '{p}' ({})",
+            STREAM_PATHS.join(", ")
+        ));
+    }
     let want = |p: &str| args.parts.iter().any(|x| x == p);
     let mut prog = Progress {
         total: want("map") as usize * 6
-            + want("stream") as usize * crate::bench_iommu::STREAM_ROWS
+            + want("stream") as usize * (1 + args.paths.len()).min(STREAM_ROWS) * args.reps
             + want("translate") as usize * 8,
         done: 0,
         tty: std::io::stderr().is_terminal() && !args.json,
@@ -482,11 +526,11 @@ fn run_iommu(args: IommuArgs) -> Result<(), String> {
             args.engines, args.reps
         );
         println!();
-        println!("| layout | size | leaves | map before | map after | x | unmap before | unmap after | x | syncs before/after | sync wait |");
-        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        println!("| layout | size | leaves | map before | map after | x | unmap before | unmap after | x | syncs before/after | syncs that waited | sync wait |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for r in &map_rows {
             println!(
-                "| {} | {} | {} | {:.1} us | {:.1} us | {:.1} | {:.1} us | {:.1} us | {:.1} | {:.0} / {:.0} | {:.2} us |",
+                "| {} | {} | {} | {:.1} us | {:.1} us | {:.1} | {:.1} us | {:.1} us | {:.1} | {:.0} / {:.0} | {:.0}% | {:.2} us |",
                 r.layout,
                 human(r.size),
                 r.leaves,
@@ -498,6 +542,7 @@ fn run_iommu(args: IommuArgs) -> Result<(), String> {
                 r.unmap_ratio,
                 r.unmap_syncs_before,
                 r.unmap_syncs_after,
+                r.syncs_waited_before * 100.0,
                 r.sync_wait_us_before
             );
         }
@@ -538,18 +583,579 @@ fn run_iommu(args: IommuArgs) -> Result<(), String> {
 
 // ------------------------------------------------------------ seed 001
 
+/// The rows of the stream table, in order.
+const STREAM_PATHS: [&str; 5] = [
+    "no-iommu",
+    "strict",
+    "deferred",
+    "virtio-strict",
+    "virtio-deferred",
+];
 /// Rows of the stream table (for the progress bar).
-const STREAM_ROWS: usize = 0;
+const STREAM_ROWS: usize = STREAM_PATHS.len();
+/// Requests in flight at most (default): a NIC-like ring of 256 buffers.
+const IN_FLIGHT: usize = 256;
+/// Requests mapped and sent per batch (default): a NAPI-like budget of 64.
+const STREAM_BATCH: usize = 64;
+/// First IOVA of the per-request mappings: above every user address, so
+/// never one of the identity mappings of shared memory.
+const STREAM_IOVA: u64 = 1 << 47;
+/// IOVA slots the per-request mappings rotate through (an IOVA is reused
+/// only long after its unmap, as an IOVA allocator does).
+const STREAM_SLOTS: u64 = 4096;
+/// Requests one kick may carry (the protocol's limit).
+const KICK_MAX: usize = wd_proto::limits::MAX_VIRTIO_REQS;
+/// virtio-iommu domain the virtio rows attach their queue to.
+const VIRTIO_DOMAIN: u32 = 1;
+
+#[derive(Clone, Debug, Serialize)]
+struct StreamRow {
+    path: &'static str,
+    /// What one request's mapping costs on this path.
+    model: &'static str,
+    ops_per_sec: f64,
+    gbytes_per_sec: f64,
+    /// Throughput / the no-iommu row's (median over the rounds of the ratio
+    /// within a round).
+    vs_no_iommu: f64,
+    /// CPU per request of no-iommu / this row's: the throughput ratio a
+    /// CPU-bound machine would see.
+    cpu_efficiency: f64,
+    /// IOMMU syncs per request (invalidations waited for).
+    syncs_per_req: f64,
+    /// Mean wait of a sync that found an engine busy.
+    sync_wait_us: f64,
+    /// Socket round trips per request (virtio-iommu kicks).
+    kicks_per_req: f64,
+    /// CPU time of the whole process (client, host threads, engine) per
+    /// request: what the path costs, whatever else the machine runs.
+    cpu_us_per_req: f64,
+}
 
 #[derive(Debug, Serialize)]
-struct StreamTable {}
-
-fn stream_table(_args: &IommuArgs, _prog: &mut Progress) -> Result<StreamTable, String> {
-    Err("the DMA-stream benchmark needs the host wiring (not built yet)".into())
+struct StreamTable {
+    request_size: u64,
+    in_flight: usize,
+    batch: usize,
+    rows: Vec<StreamRow>,
 }
 
-fn stream_targets(_s: &StreamTable) -> Vec<Target> {
-    Vec::new()
+/// How a row maps a request's buffers before it is sent and unmaps them
+/// after it completed.
+enum Mapper {
+    /// Buffers mapped once (their identity mappings); nothing per request.
+    Static,
+    /// The host's DMA API called directly (as a kernel driver would): one
+    /// map per buffer before, one unmap per buffer after, in the queue's own
+    /// domain (strict: each unmap waits for its invalidation; deferred: a
+    /// flush queue).
+    HostDma { dom: Arc<Domain>, next: u64 },
+    /// virtio-iommu, unoptimised: one kick with the request's MAPs before,
+    /// one kick with its UNMAPs after (strict domain).
+    VirtioEach {
+        h: Arc<wrapdrive::HostConn>,
+        next: u64,
+        kicks: u64,
+    },
+    /// virtio-iommu, batched and deferred: one kick per batch carrying the
+    /// MAPs of the batch and the UNMAPs queued since the last kick (deferred
+    /// domain: its flush queue completes them).
+    VirtioBatched {
+        h: Arc<wrapdrive::HostConn>,
+        next: u64,
+        kicks: u64,
+        pending: Vec<wrapdrive::virtio::Request>,
+    },
 }
 
-fn print_stream(_s: &StreamTable, _args: &IommuArgs) {}
+/// A request's buffers: (src, dst) in the client (guest-physical) and host
+/// address spaces.
+#[derive(Clone, Copy)]
+struct Pair {
+    gpa: (u64, u64),
+    host: (u64, u64),
+}
+
+fn vstatus_ok(st: &[Option<wrapdrive::virtio::Status>]) -> Result<(), String> {
+    match st
+        .iter()
+        .find(|s| **s != Some(wrapdrive::virtio::Status::Ok))
+    {
+        None => Ok(()),
+        Some(s) => Err(format!("virtio-iommu request failed: {s:?}")),
+    }
+}
+
+/// Send virtio-iommu requests in kicks of at most KICK_MAX; returns the
+/// kicks made.
+fn kick_all(h: &wrapdrive::HostConn, reqs: &[wrapdrive::virtio::Request]) -> Result<u64, String> {
+    let mut kicks = 0;
+    for chunk in reqs.chunks(KICK_MAX) {
+        let st = h.virtio_requests(chunk).map_err(|e| e.to_string())?;
+        vstatus_ok(&st)?;
+        kicks += 1;
+    }
+    Ok(kicks)
+}
+
+impl Mapper {
+    fn slot(next: &mut u64, size: u64) -> (u64, u64) {
+        let k = *next % STREAM_SLOTS;
+        *next += 1;
+        let base = STREAM_IOVA + k * 2 * size;
+        (base, base + size)
+    }
+
+    fn kicks(&self) -> u64 {
+        match self {
+            Mapper::VirtioEach { kicks, .. } | Mapper::VirtioBatched { kicks, .. } => *kicks,
+            _ => 0,
+        }
+    }
+
+    /// Map the buffers of a batch; returns the (src, dst) device addresses.
+    fn map(&mut self, pairs: &[Pair], size: u64, out: &mut Vec<(u64, u64)>) -> Result<(), String> {
+        use wrapdrive::virtio::{Request, VIRTIO_IOMMU_MAP_F_READ, VIRTIO_IOMMU_MAP_F_WRITE};
+        out.clear();
+        let map = |iova: u64, gpa: u64, flags: u32| Request::Map {
+            domain: VIRTIO_DOMAIN,
+            virt_start: iova,
+            virt_end: iova + size - 1,
+            phys_start: gpa,
+            flags,
+        };
+        match self {
+            Mapper::Static => out.extend(pairs.iter().map(|p| p.gpa)),
+            Mapper::HostDma { dom, next } => {
+                for p in pairs {
+                    let (s, d) = Mapper::slot(next, size);
+                    dom.map(s, p.host.0, size, Prot::READ)
+                        .and_then(|_| dom.map(d, p.host.1, size, Prot::WRITE))
+                        .map_err(|e| e.to_string())?;
+                    out.push((s, d));
+                }
+            }
+            Mapper::VirtioEach { h, next, kicks } => {
+                for p in pairs {
+                    let (s, d) = Mapper::slot(next, size);
+                    let st = h
+                        .virtio_requests(&[
+                            map(s, p.gpa.0, VIRTIO_IOMMU_MAP_F_READ),
+                            map(d, p.gpa.1, VIRTIO_IOMMU_MAP_F_WRITE),
+                        ])
+                        .map_err(|e| e.to_string())?;
+                    *kicks += 1;
+                    vstatus_ok(&st)?;
+                    out.push((s, d));
+                }
+            }
+            Mapper::VirtioBatched {
+                h,
+                next,
+                kicks,
+                pending,
+            } => {
+                // The queued UNMAPs go first, in the same kick when they fit.
+                let mut reqs = std::mem::take(pending);
+                for p in pairs {
+                    let (s, d) = Mapper::slot(next, size);
+                    reqs.push(map(s, p.gpa.0, VIRTIO_IOMMU_MAP_F_READ));
+                    reqs.push(map(d, p.gpa.1, VIRTIO_IOMMU_MAP_F_WRITE));
+                    out.push((s, d));
+                }
+                *kicks += kick_all(h, &reqs)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Unmap the buffers of completed requests.
+    fn unmap(&mut self, done: &[(u64, u64)], size: u64) -> Result<(), String> {
+        use wrapdrive::virtio::Request;
+        let unmap = |iova: u64| Request::Unmap {
+            domain: VIRTIO_DOMAIN,
+            virt_start: iova,
+            virt_end: iova + size - 1,
+            reserved: [0; 4],
+        };
+        match self {
+            Mapper::Static => {}
+            Mapper::HostDma { dom, .. } => {
+                for &(s, d) in done {
+                    dom.unmap(s, size).map_err(|e| e.to_string())?;
+                    dom.unmap(d, size).map_err(|e| e.to_string())?;
+                }
+            }
+            Mapper::VirtioEach { h, kicks, .. } => {
+                for &(s, d) in done {
+                    let st = h
+                        .virtio_requests(&[unmap(s), unmap(d)])
+                        .map_err(|e| e.to_string())?;
+                    *kicks += 1;
+                    vstatus_ok(&st)?;
+                }
+            }
+            Mapper::VirtioBatched {
+                h, kicks, pending, ..
+            } => {
+                for &(s, d) in done {
+                    pending.push(unmap(s));
+                    pending.push(unmap(d));
+                }
+                // Bounded: a long run of completions is sent on its own.
+                if pending.len() >= KICK_MAX {
+                    *kicks += kick_all(h, &std::mem::take(pending))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Send what is still queued (end of a measurement).
+    fn drain(&mut self) -> Result<(), String> {
+        if let Mapper::VirtioBatched {
+            h, kicks, pending, ..
+        } = self
+        {
+            if !pending.is_empty() {
+                *kicks += kick_all(h, &std::mem::take(pending))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+struct StreamPath {
+    name: &'static str,
+    q: wrapdrive::Queue,
+    mapper: Mapper,
+}
+
+/// Keep one request per buffer pair going for `secs`, mapping each batch
+/// before it is sent and unmapping each completion: returns requests/s and
+/// the requests done.
+fn stream_run(
+    p: &mut StreamPath,
+    pairs: &[Pair],
+    size: u64,
+    secs: f64,
+    batch: usize,
+) -> Result<(f64, u64, f64), String> {
+    let in_flight = pairs.len();
+    use wrapdrive::dummy::CopyMsg;
+    let mut free: Vec<usize> = (0..in_flight).collect();
+    let mut inflight: Vec<(u64, u64)> = vec![(0, 0); in_flight];
+    let mut iovas = Vec::with_capacity(batch);
+    let mut batch_pairs = Vec::with_capacity(batch);
+    let mut reqs = Vec::with_capacity(batch);
+    let mut done = Vec::with_capacity(in_flight);
+    let mut unmaps = Vec::with_capacity(in_flight);
+    let mut count = 0u64;
+    let warm = Duration::from_millis(30);
+    let total = Duration::from_secs_f64(secs) + warm;
+    let t0 = Instant::now();
+    let mut measured_from: Option<(Instant, u64, Duration)> = None;
+    loop {
+        let el = t0.elapsed();
+        if measured_from.is_none() && el >= warm {
+            measured_from = Some((Instant::now(), count, wd_sys::process_cpu_time()));
+        }
+        if el >= total {
+            break;
+        }
+        if free.len() >= batch {
+            let slots: Vec<usize> = (0..batch).map(|_| free.pop().expect("counted")).collect();
+            batch_pairs.clear();
+            batch_pairs.extend(slots.iter().map(|&k| pairs[k]));
+            p.mapper.map(&batch_pairs, size, &mut iovas)?;
+            reqs.clear();
+            for (k, &(s, d)) in slots.iter().zip(iovas.iter()) {
+                inflight[*k] = (s, d);
+                reqs.push((
+                    CopyMsg {
+                        src: s,
+                        dst: d,
+                        len: size,
+                    }
+                    .to_desc(0),
+                    *k as u64,
+                ));
+            }
+            let n = p.q.send_batch(&reqs).map_err(|e| e.to_string())?;
+            if n != reqs.len() {
+                return Err(format!("queue accepted {n} of {}", reqs.len()));
+            }
+        }
+        done.clear();
+        if free.is_empty() {
+            done.push(
+                p.q.recv_sync(Some(Duration::from_secs(10)))
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        p.q.recv_batch(&mut done, in_flight)
+            .map_err(|e| e.to_string())?;
+        unmaps.clear();
+        for c in &done {
+            if c.desc.status != 0 {
+                return Err(format!(
+                    "{}: request failed with status {}",
+                    p.name, c.desc.status
+                ));
+            }
+            let k = c.cookie as usize;
+            unmaps.push(inflight[k]);
+            free.push(k);
+        }
+        count += done.len() as u64;
+        p.mapper.unmap(&unmaps, size)?;
+    }
+    let (from, c0, cpu0) = measured_from.unwrap_or((t0, 0, Duration::ZERO));
+    let rate = (count - c0) as f64 / from.elapsed().as_secs_f64();
+    let cpu_us =
+        (wd_sys::process_cpu_time() - cpu0).as_secs_f64() * 1e6 / (count - c0).max(1) as f64;
+    // Let what is in flight finish, so the next run starts empty.
+    while free.len() < in_flight {
+        let c =
+            p.q.recv_sync(Some(Duration::from_secs(10)))
+                .map_err(|e| e.to_string())?;
+        free.push(c.cookie as usize);
+        let k = c.cookie as usize;
+        p.mapper.unmap(&[inflight[k]], size)?;
+    }
+    p.mapper.drain()?;
+    Ok((rate, count, cpu_us))
+}
+
+fn stream_table(args: &IommuArgs, prog: &mut Progress) -> Result<StreamTable, String> {
+    use wrapdrive::virtio::Request;
+    use wrapdrive::{Capability, FaultPolicy, HostConn, InvalidationMode, SharedBuf};
+    let size = args.request_size;
+    if size == 0 || size % PAGE_SIZE != 0 || size > (16 << 20) {
+        return Err("--request-size must be a multiple of 4096, at most 16 MiB".into());
+    }
+    let in_flight = args.in_flight;
+    if !(1..=4096).contains(&in_flight) || !(1..=in_flight).contains(&args.batch) {
+        return Err("need --in-flight in 1..=4096 and --batch in 1..=in-flight".into());
+    }
+    if in_flight as u64 * 2 * size > (1 << 30) {
+        return Err("--in-flight x --request-size x 2 buffers exceeds 1 GiB".into());
+    }
+    let host = Arc::new(
+        wd_host::Host::embedded(vec![wd_host::DeviceConfig::new("dummy")])
+            .map_err(|e| e.to_string())?,
+    );
+    let conn = HostConn::connect_to(&host).map_err(|e| e.to_string())?;
+    let bufs: Vec<(SharedBuf, SharedBuf)> = (0..in_flight)
+        .map(|_| {
+            let s = SharedBuf::new(size as usize)?;
+            let d = SharedBuf::new(size as usize)?;
+            s.write(0, &vec![0x5a; size as usize]);
+            Ok((s, d))
+        })
+        .collect::<Result<_, wrapdrive::ClientError>>()
+        .map_err(|e| e.to_string())?;
+    let mut paths = Vec::new();
+    let mut pairs: Vec<Pair> = Vec::new();
+    for name in STREAM_PATHS {
+        if name != "no-iommu" && !args.paths.iter().any(|p| p == name) {
+            continue;
+        }
+        // A virtio row's queue has a connection of its own, hence its own
+        // virtio-iommu device, domain and guest memory.
+        let c = if name.starts_with("virtio") {
+            HostConn::connect_to(&host).map_err(|e| e.to_string())?
+        } else {
+            conn.clone()
+        };
+        let mut q = c
+            .request_queue(&Capability::new("memcpy").depth(in_flight.next_power_of_two() as u32))
+            .map_err(|e| e.to_string())?;
+        // Registration: the buffers become the queue's memory (and the
+        // connection's guest-physical memory for virtio-iommu).
+        for (s, d) in &bufs {
+            q.share(s.addr(), s.len()).map_err(|e| e.to_string())?;
+            q.share(d.addr(), d.len()).map_err(|e| e.to_string())?;
+        }
+        let hq = host
+            .inner()
+            .queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&q.id())
+            .cloned()
+            .ok_or("the host does not know the queue")?;
+        let dom = hq.domain().clone();
+        if pairs.is_empty() {
+            for (s, d) in &bufs {
+                let host_of = |a: u64| dom.iova_to_phys(a).ok_or("shared memory not mapped");
+                pairs.push(Pair {
+                    gpa: (s.addr(), d.addr()),
+                    host: (host_of(s.addr())?, host_of(d.addr())?),
+                });
+            }
+        }
+        let deferred = name.ends_with("deferred");
+        let mode = if deferred {
+            InvalidationMode::Deferred
+        } else {
+            InvalidationMode::Strict
+        };
+        q.set_iommu_policy(mode, FaultPolicy::Abort)
+            .map_err(|e| e.to_string())?;
+        let mapper = match name {
+            "no-iommu" => Mapper::Static,
+            "strict" | "deferred" => Mapper::HostDma { dom, next: 0 },
+            _ => {
+                let h = q.host().clone();
+                let st = h
+                    .virtio_requests(&[Request::Attach {
+                        domain: VIRTIO_DOMAIN,
+                        endpoint: q.id(),
+                        flags: 0,
+                        reserved: [0; 4],
+                    }])
+                    .map_err(|e| e.to_string())?;
+                vstatus_ok(&st)?;
+                if deferred {
+                    Mapper::VirtioBatched {
+                        h,
+                        next: 0,
+                        kicks: 0,
+                        pending: Vec::new(),
+                    }
+                } else {
+                    Mapper::VirtioEach {
+                        h,
+                        next: 0,
+                        kicks: 0,
+                    }
+                }
+            }
+        };
+        paths.push(StreamPath { name, q, mapper });
+    }
+    let iommu = host.inner().iommu.clone();
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
+    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
+    let mut syncs = vec![0u64; paths.len()];
+    let mut waited = vec![0u64; paths.len()];
+    let mut wait_ns = vec![0u64; paths.len()];
+    let mut reqs = vec![0u64; paths.len()];
+    let mut kicks = vec![0u64; paths.len()];
+    // Repetitions interleave the rows, so drift on a shared machine hits
+    // them alike.
+    for _ in 0..args.reps {
+        for (i, p) in paths.iter_mut().enumerate() {
+            prog.step(&format!("stream {}", p.name));
+            let s0 = iommu.stats();
+            let k0 = p.mapper.kicks();
+            let (rate, n, c) = stream_run(p, &pairs, size, args.seconds, args.batch)?;
+            let s1 = iommu.stats();
+            rates[i].push(rate);
+            cpu[i].push(c);
+            syncs[i] += s1.syncs - s0.syncs;
+            waited[i] += s1.waited_syncs - s0.waited_syncs;
+            wait_ns[i] += s1.wait_ns - s0.wait_ns;
+            kicks[i] += p.mapper.kicks() - k0;
+            reqs[i] += n;
+        }
+    }
+    // Each row against the baseline measured in the same round, a moment
+    // earlier: the median of those ratios cancels the machine's drift.
+    let ratios: Vec<f64> = (0..paths.len())
+        .map(|i| median(rates[i].iter().zip(&rates[0]).map(|(r, b)| r / b).collect()))
+        .collect();
+    let medians: Vec<f64> = rates.into_iter().map(median).collect();
+    let cpu: Vec<f64> = cpu.into_iter().map(median).collect();
+    let rows = paths
+        .iter()
+        .enumerate()
+        .map(|(i, p)| StreamRow {
+            path: p.name,
+            model: match p.name {
+                "no-iommu" => "buffers mapped once; no per-request map/unmap",
+                "strict" => "host DMA API: map each buffer, unmap each after; every unmap waits for its invalidation",
+                "deferred" => "host DMA API: map each buffer, unmap each after; unmaps flushed in batches (flush queue)",
+                "virtio-strict" => "virtio-iommu: one kick of MAPs before each request, one kick of UNMAPs after; strict domain",
+                _ => "virtio-iommu: one kick per batch (its MAPs + UNMAPs queued since); deferred domain",
+            },
+            ops_per_sec: medians[i],
+            gbytes_per_sec: medians[i] * size as f64 / 1e9,
+            vs_no_iommu: ratios[i],
+            cpu_efficiency: cpu[0] / cpu[i],
+            syncs_per_req: syncs[i] as f64 / reqs[i].max(1) as f64,
+            // Host-wide counters: the timer's flushes of other rows' flush
+            // queues land in whichever row runs; only a row that syncs
+            // itself gets a figure.
+            sync_wait_us: if waited[i] > 0 && syncs[i] * 100 >= reqs[i] {
+                wait_ns[i] as f64 / 1e3 / waited[i] as f64
+            } else {
+                0.0
+            },
+            kicks_per_req: kicks[i] as f64 / reqs[i].max(1) as f64,
+            cpu_us_per_req: cpu[i],
+        })
+        .collect();
+    drop(paths);
+    drop(bufs);
+    Ok(StreamTable {
+        request_size: size,
+        in_flight,
+        batch: args.batch,
+        rows,
+    })
+}
+
+fn stream_targets(s: &StreamTable) -> Vec<Target> {
+    let row = |p: &str| s.rows.iter().find(|r| r.path == p).map(|r| r.vs_no_iommu);
+    let mut t = Vec::new();
+    if let Some(v) = row("deferred") {
+        t.push(at_least(
+            "deferred stream throughput / no-iommu".into(),
+            v,
+            0.9,
+        ));
+    }
+    if let Some(v) = row("virtio-deferred") {
+        t.push(at_least(
+            "virtio-iommu deferred stream throughput / no-iommu".into(),
+            v,
+            0.8,
+        ));
+    }
+    t
+}
+
+fn print_stream(s: &StreamTable, args: &IommuArgs) {
+    println!(
+        "DMA stream (seed 001): memcpy requests of {} through the dummy device, {} in flight, batches of {}, every request's buffers mapped before and unmapped after; medians of {} reps x {} s",
+        human(s.request_size),
+        s.in_flight,
+        s.batch,
+        args.reps,
+        args.seconds
+    );
+    println!();
+    println!("| path | req/s | GB/s | % of no-iommu | CPU us/req | CPU efficiency | syncs/req | sync wait | kicks/req |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &s.rows {
+        println!(
+            "| {} | {:.0} | {:.2} | {:.1}% | {:.2} | {:.1}% | {:.2} | {:.1} us | {:.3} |",
+            r.path,
+            r.ops_per_sec,
+            r.gbytes_per_sec,
+            r.vs_no_iommu * 100.0,
+            r.cpu_us_per_req,
+            r.cpu_efficiency * 100.0,
+            r.syncs_per_req,
+            r.sync_wait_us,
+            r.kicks_per_req
+        );
+    }
+    println!();
+    for r in &s.rows {
+        println!("  {}: {}", r.path, r.model);
+    }
+    println!();
+}

@@ -137,16 +137,28 @@ pub struct DomainStats {
 struct FqEntry {
     /// Flushes completed when this entry was queued.
     counter: u64,
-    range: Option<(u64, u64)>,
     tables: Vec<u32>,
     releases: Vec<Release>,
-    at: Instant,
 }
 
 struct Ctl {
     alloc: TableAlloc,
     pages: u64,
     fq: VecDeque<FqEntry>,
+    /// IOVA ranges waiting in the flush queue (start -> end), and the
+    /// longest, to find an overlap in O(log n).
+    fq_ranges: BTreeMap<u64, u64>,
+    fq_max_len: u64,
+    /// When the oldest entry of the flush queue was queued.
+    fq_since: Option<Instant>,
+}
+
+impl Ctl {
+    fn fq_overlaps(&self, lo: u64, hi: u64) -> bool {
+        self.fq_ranges
+            .range(lo.saturating_sub(self.fq_max_len)..hi)
+            .any(|(&s, &e)| s < hi && e > lo)
+    }
 }
 
 struct Stall {
@@ -207,6 +219,9 @@ impl Domain {
                 alloc,
                 pages: 0,
                 fq: VecDeque::new(),
+                fq_ranges: BTreeMap::new(),
+                fq_max_len: 0,
+                fq_since: None,
             }),
             faults: Mutex::new(FaultState {
                 log: FaultQueue::new(cfg.fault_capacity),
@@ -252,6 +267,10 @@ impl Domain {
         self.table.walk(iova)
     }
 
+    pub(crate) fn walk_run(&self, iova: u64, end: u64, out: &mut [Leaf]) -> usize {
+        self.table.walk_run(iova, end, out)
+    }
+
     // ------------------------------------------------------------ mapping
 
     /// Map `[iova, iova+size)` to `[phys, phys+size)` with blocks where
@@ -292,27 +311,24 @@ impl Domain {
                 limit_pages: self.cfg.max_pages,
             });
         }
-        if let Some(a) = self.table.first_mapped(iova, end) {
-            return Err(IommuError::Overlap { iova: a });
-        }
         // An IOVA waiting in the flush queue may still be cached by an
         // engine with its old translation: flush before reusing it.
-        if c.fq
-            .iter()
-            .any(|e| matches!(e.range, Some((s, x)) if s < end && iova < x))
-        {
+        if c.fq_overlaps(iova, end) {
             self.flush_fq(&mut c);
         }
         let mut retried = false;
-        while self
+        while let Err(stop) = self
             .table
             .map(&mut c.alloc, iova, end, sg, prot, self.cfg.blocks)
-            .is_err()
         {
-            // Out of table pages: undo what was mapped (engines may have
-            // cached it, so invalidate), then retry once after releasing the
-            // pages the flush queue holds.
-            self.rollback(&mut c, iova, end);
+            // Undo what this call mapped (engines may have cached it, so
+            // invalidate): the map stays atomic.
+            self.rollback(&mut c, iova, stop.at);
+            if let Some(a) = stop.overlap {
+                return Err(IommuError::Overlap { iova: a });
+            }
+            // Out of table pages: retry once after releasing the pages the
+            // flush queue holds.
             if retried || c.fq.is_empty() {
                 return Err(IommuError::TableLimit {
                     limit_pages: self.cfg.max_table_pages,
@@ -328,6 +344,9 @@ impl Domain {
     }
 
     fn rollback(&self, c: &mut Ctl, iova: u64, end: u64) {
+        if end <= iova {
+            return;
+        }
         let mut g = IotlbGather::new();
         self.table.unmap(&mut c.alloc, iova, end, &mut g);
         let parts = g.take();
@@ -372,11 +391,13 @@ impl Domain {
             return Err(IommuError::GatherMismatch);
         }
         let mut c = self.ctl();
-        if let Some(l) = self.table.split_block(iova, end) {
-            return Err(IommuError::WouldSplitBlock {
-                iova: l.iova,
-                size: l.size(),
-            });
+        if c.alloc.blocks > 0 {
+            if let Some(l) = self.table.split_block(iova, end) {
+                return Err(IommuError::WouldSplitBlock {
+                    iova: l.iova,
+                    size: l.size(),
+                });
+            }
         }
         let bytes = self.table.unmap(&mut c.alloc, iova, end, gather);
         c.pages -= bytes / PAGE_SIZE;
@@ -403,19 +424,21 @@ impl Domain {
             }
             InvalidationMode::Deferred => {
                 let mut c = self.ctl();
-                let now = Instant::now();
+                if c.fq.is_empty() {
+                    c.fq_since = Some(Instant::now());
+                }
+                if let Some((s, e)) = parts.range {
+                    let end = c.fq_ranges.entry(s).or_insert(e);
+                    *end = (*end).max(e);
+                    c.fq_max_len = c.fq_max_len.max(e - s);
+                }
                 c.fq.push_back(FqEntry {
                     counter: self.flushes.load(Ordering::Relaxed),
-                    range: parts.range,
                     tables: parts.tables,
                     releases: parts.releases,
-                    at: now,
                 });
-                let due = c.fq.len() >= self.cfg.fq_size.max(1)
-                    || c.fq
-                        .front()
-                        .is_some_and(|e| now.duration_since(e.at) >= self.cfg.fq_timeout);
-                if due {
+                // The size bound here; the time bound in `flush_if_due`.
+                if c.fq.len() >= self.cfg.fq_size.max(1) {
                     self.flush_fq(&mut c);
                 }
             }
@@ -436,18 +459,23 @@ impl Domain {
             self.table.free_pages(&mut c.alloc, &e.tables);
             releases.extend(e.releases);
         }
+        c.fq_ranges.clear();
+        c.fq_max_len = 0;
+        c.fq_since = None;
         self.flushes.store(done + 1, Ordering::Release);
         drop(releases);
     }
 
     /// Flush the flush queue if its oldest entry has waited its timeout;
-    /// returns whether it flushed. The host calls this periodically so a
-    /// deferred unmap is never held longer than the timeout.
+    /// returns whether it flushed. This is the flush queue's time bound:
+    /// call it periodically ([`Iommu::housekeeping`] does, for tracked
+    /// domains) so a deferred unmap is never held much longer than the
+    /// timeout.
     pub fn flush_if_due(&self, now: Instant) -> bool {
         let mut c = self.ctl();
-        let due =
-            c.fq.front()
-                .is_some_and(|e| now.saturating_duration_since(e.at) >= self.cfg.fq_timeout);
+        let due = c
+            .fq_since
+            .is_some_and(|t| now.saturating_duration_since(t) >= self.cfg.fq_timeout);
         if due {
             self.flush_fq(&mut c);
         }
@@ -486,6 +514,9 @@ impl Domain {
                 self.table.free_pages(&mut c.alloc, &e.tables);
                 releases.extend(e.releases);
             }
+            c.fq_ranges.clear();
+            c.fq_max_len = 0;
+            c.fq_since = None;
             self.flushes.fetch_add(1, Ordering::Release);
         }
         drop(c);

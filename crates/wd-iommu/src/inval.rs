@@ -512,10 +512,27 @@ impl Section<'_> {
             Some(e) if e <= IOVA_LIMIT => e,
             _ => return Err(fault(iova.min(IOVA_LIMIT), FaultReason::OutOfRange)),
         };
+        let tag = dom.tag();
         let mut a = iova;
         while a < end {
-            let Some(l) = self.leaf(dom, a) else {
-                return Err(fault(a, FaultReason::Unmapped));
+            let l = match self.e.tlb.lookup(tag, a) {
+                Some(l) => {
+                    self.e.stats.hits += 1;
+                    l
+                }
+                None => {
+                    // One descent caches the run of pages that follows.
+                    self.e.stats.misses += 1;
+                    let mut buf = [EMPTY_LEAF; WALK_RUN];
+                    let n = dom.walk_run(a, end, &mut buf);
+                    if n == 0 {
+                        return Err(fault(a, FaultReason::Unmapped));
+                    }
+                    for l in &buf[..n] {
+                        self.e.tlb.insert(tag, l);
+                    }
+                    buf[0]
+                }
             };
             if !l.prot.allows(access) {
                 return Err(fault(a, FaultReason::Permission));
@@ -531,6 +548,16 @@ impl Section<'_> {
         Ok(())
     }
 }
+
+/// Leaves one IOTLB miss caches at most (a run of consecutive pages).
+const WALK_RUN: usize = 16;
+
+const EMPTY_LEAF: Leaf = Leaf {
+    iova: 0,
+    shift: 0,
+    phys: 0,
+    prot: crate::Prot::NONE,
+};
 
 impl Drop for Section<'_> {
     fn drop(&mut self) {

@@ -98,12 +98,14 @@ impl Arena {
         }
     }
 
-    fn entry(&self, table: u32, i: usize) -> &AtomicU64 {
+    /// The 512 entries of table page `table`.
+    #[inline]
+    fn page(&self, table: u32) -> &[AtomicU64] {
         let (c, off) = chunk_of(table);
         let chunk = self.chunks[c]
             .get()
             .expect("a linked table page lies in an allocated chunk");
-        &chunk[off * ENTRIES + i]
+        &chunk[off * ENTRIES..(off + 1) * ENTRIES]
     }
 
     /// Make sure the chunk holding `table` exists (writer only).
@@ -128,11 +130,21 @@ pub(crate) struct TableAlloc {
     /// Pages allocated, root included (freed pages waiting for an
     /// invalidation count as allocated).
     live: u32,
+    /// Block leaves (2 MiB and 1 GiB) in the table: without any, no unmap
+    /// can split one.
+    pub(crate) blocks: u64,
 }
 
-/// The table ran out of pages (the domain's table-page limit).
+/// Why a map stopped before its end; everything below `at` was mapped by
+/// it and must be undone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct TableFull;
+pub(crate) struct MapStop {
+    /// First IOVA not mapped by this call.
+    pub(crate) at: u64,
+    /// Out of table pages (the domain's limit), or this IOVA was mapped
+    /// already.
+    pub(crate) overlap: Option<u64>,
+}
 
 /// A page table (see the module documentation).
 pub(crate) struct PageTable {
@@ -153,6 +165,7 @@ impl PageTable {
                 next: 1,
                 used: vec![0],
                 live: 1,
+                blocks: 0,
             },
         )
     }
@@ -162,13 +175,10 @@ impl PageTable {
         let mut t = ROOT;
         let mut level = TOP_LEVEL;
         loop {
-            // Acquire: pairs with the Release stores in `link` and `set_leaf`,
-            // so a lower table's zeroed entries and a leaf's address are
-            // visible before the entry that names them.
-            let p = self
-                .arena
-                .entry(t, index(iova, level))
-                .load(Ordering::Acquire);
+            // Acquire: pairs with the Release stores in `map_in`, so a lower
+            // table's zeroed entries and a leaf's address are visible before
+            // the entry that names them.
+            let p = self.arena.page(t)[index(iova, level)].load(Ordering::Acquire);
             if p & PTE_VALID == 0 {
                 return None;
             }
@@ -191,12 +201,70 @@ impl PageTable {
         }
     }
 
-    fn alloc_page(&self, a: &mut TableAlloc) -> Result<u32, TableFull> {
+    /// The leaf covering `iova` and, when it is a 4 KiB page, the valid
+    /// pages that follow it in the same leaf table below `end`, up to
+    /// `out.len()` leaves in all: one descent for a run of pages (what an
+    /// engine needs on an IOTLB miss in the middle of a request). Returns
+    /// how many leaves were written. Lock-free, like `walk`.
+    pub(crate) fn walk_run(&self, iova: u64, end: u64, out: &mut [Leaf]) -> usize {
+        if out.is_empty() {
+            return 0;
+        }
+        let mut t = ROOT;
+        let mut level = TOP_LEVEL;
+        let p = loop {
+            // Acquire: as in `walk`.
+            let p = self.arena.page(t)[index(iova, level)].load(Ordering::Acquire);
+            if p & PTE_VALID == 0 || (level == TOP_LEVEL && !is_table(p, level)) {
+                return 0;
+            }
+            if is_table(p, level) {
+                t = (p >> PAGE_SHIFT) as u32;
+                level -= 1;
+                continue;
+            }
+            break p;
+        };
+        let shift = level_shift(level);
+        let mask = (1u64 << shift) - 1;
+        out[0] = Leaf {
+            iova: iova & !mask,
+            shift,
+            phys: p & PTE_ADDR_MASK & !mask,
+            prot: pte_prot(p),
+        };
+        if level != 0 {
+            return 1;
+        }
+        let mut n = 1;
+        let mut at = (iova & !mask) + (1 << shift);
+        let mut i = index(iova, 0) + 1;
+        let page = self.arena.page(t);
+        while n < out.len() && i < ENTRIES && at < end {
+            // Acquire: as in `walk`.
+            let p = page[i].load(Ordering::Acquire);
+            if p & PTE_VALID == 0 {
+                break;
+            }
+            out[n] = Leaf {
+                iova: at,
+                shift,
+                phys: p & PTE_ADDR_MASK,
+                prot: pte_prot(p),
+            };
+            n += 1;
+            i += 1;
+            at += 1 << shift;
+        }
+        n
+    }
+
+    fn alloc_page(&self, a: &mut TableAlloc) -> Option<u32> {
         let idx = if let Some(i) = a.free.pop() {
             i
         } else {
             if a.next >= self.arena.capacity {
-                return Err(TableFull);
+                return None;
             }
             let i = a.next;
             a.next += 1;
@@ -206,14 +274,17 @@ impl PageTable {
         };
         a.live += 1;
         debug_assert_eq!(a.used[idx as usize], 0);
-        Ok(idx)
+        Some(idx)
     }
 
     /// Return table pages whose invalidation has completed.
     pub(crate) fn free_pages(&self, a: &mut TableAlloc, pages: &[u32]) {
         for &p in pages {
             debug_assert!(
-                (0..ENTRIES).all(|i| self.arena.entry(p, i).load(Ordering::Relaxed) == 0),
+                self.arena
+                    .page(p)
+                    .iter()
+                    .all(|e| e.load(Ordering::Relaxed) == 0),
                 "freed table pages are empty"
             );
             a.free.push(p);
@@ -226,37 +297,12 @@ impl PageTable {
         a.live as usize
     }
 
-    /// The first IOVA in `[lo, hi)` that is mapped, if any.
-    pub(crate) fn first_mapped(&self, lo: u64, hi: u64) -> Option<u64> {
-        self.first_mapped_in(ROOT, TOP_LEVEL, 0, lo, hi)
-    }
-
-    fn first_mapped_in(&self, t: u32, level: u32, base: u64, lo: u64, hi: u64) -> Option<u64> {
-        let span = 1u64 << level_shift(level);
-        let (first, last) = slots(base, span, lo, hi)?;
-        for i in first..=last {
-            let p = self.arena.entry(t, i).load(Ordering::Relaxed);
-            if p & PTE_VALID == 0 {
-                continue;
-            }
-            let sb = base + i as u64 * span;
-            if is_table(p, level) {
-                if let Some(a) =
-                    self.first_mapped_in((p >> PAGE_SHIFT) as u32, level - 1, sb, lo, hi)
-                {
-                    return Some(a);
-                }
-            } else {
-                return Some(lo.max(sb));
-            }
-        }
-        None
-    }
-
-    /// Map `[lo, hi)` (free, page aligned) to the physical runs of `sg`
-    /// (page aligned, `hi - lo` bytes in all) in one descent, using blocks
-    /// where `blocks` allows and a run covers an aligned block. On
-    /// `TableFull` the part already mapped is left for the caller to unmap.
+    /// Map `[lo, hi)` (page aligned) to the physical runs of `sg` (page
+    /// aligned, `hi - lo` bytes in all) in one descent, in IOVA order, using
+    /// blocks where `blocks` allows and a run covers an aligned block. It
+    /// stops at the first IOVA already mapped, or when the table runs out of
+    /// pages, leaving what it mapped below that point for the caller to
+    /// undo.
     pub(crate) fn map(
         &self,
         a: &mut TableAlloc,
@@ -265,7 +311,7 @@ impl PageTable {
         sg: &[(u64, u64)],
         prot: Prot,
         blocks: bool,
-    ) -> Result<(), TableFull> {
+    ) -> Result<(), MapStop> {
         let mut c = SgCursor {
             runs: sg,
             i: 0,
@@ -286,21 +332,23 @@ impl PageTable {
         c: &mut SgCursor<'_>,
         prot: Prot,
         blocks: bool,
-    ) -> Result<(), TableFull> {
+    ) -> Result<(), MapStop> {
         let span = 1u64 << level_shift(level);
         let Some((first, last)) = slots(base, span, lo, hi) else {
             return Ok(());
         };
         let prot_bits = ((prot.bits() as u64) << PTE_PROT_SHIFT) | PTE_VALID;
+        let page = self.arena.page(t);
         if level == 0 {
             let used = &mut a.used[t as usize];
-            for i in first..=last {
-                let e = self.arena.entry(t, i);
-                debug_assert_eq!(
-                    e.load(Ordering::Relaxed) & PTE_VALID,
-                    0,
-                    "map target is free"
-                );
+            for (i, e) in page.iter().enumerate().take(last + 1).skip(first) {
+                if e.load(Ordering::Relaxed) & PTE_VALID != 0 {
+                    let at = base + i as u64 * span;
+                    return Err(MapStop {
+                        at,
+                        overlap: Some(at),
+                    });
+                }
                 // Release: pairs with the Acquire load in `walk`.
                 e.store((c.phys() & PTE_ADDR_MASK) | prot_bits, Ordering::Release);
                 *used += 1;
@@ -308,12 +356,17 @@ impl PageTable {
             }
             return Ok(());
         }
-        for i in first..=last {
+        for (i, e) in page.iter().enumerate().take(last + 1).skip(first) {
             let sb = base + i as u64 * span;
             let s_lo = lo.max(sb);
             let s_hi = hi.min(sb + span);
-            let e = self.arena.entry(t, i);
             let cur = e.load(Ordering::Relaxed);
+            if cur & PTE_VALID != 0 && !is_table(cur, level) {
+                return Err(MapStop {
+                    at: s_lo,
+                    overlap: Some(s_lo),
+                });
+            }
             let whole = s_lo == sb && s_hi == sb + span;
             if blocks
                 && level <= 2
@@ -325,14 +378,19 @@ impl PageTable {
                 // Release: pairs with the Acquire load in `walk`.
                 e.store((c.phys() & PTE_ADDR_MASK) | prot_bits, Ordering::Release);
                 a.used[t as usize] += 1;
+                a.blocks += 1;
                 c.advance(span);
                 continue;
             }
             let child = if cur & PTE_VALID != 0 {
-                debug_assert!(is_table(cur, level), "map target is free");
                 (cur >> PAGE_SHIFT) as u32
             } else {
-                let n = self.alloc_page(a)?;
+                let Some(n) = self.alloc_page(a) else {
+                    return Err(MapStop {
+                        at: s_lo,
+                        overlap: None,
+                    });
+                };
                 // Release: the child's entries are zero (fresh, or emptied
                 // before being freed) before the link is visible to walkers.
                 e.store(
@@ -377,8 +435,8 @@ impl PageTable {
             return 0;
         };
         let mut bytes = 0;
-        for i in first..=last {
-            let e = self.arena.entry(t, i);
+        let page = self.arena.page(t);
+        for (i, e) in page.iter().enumerate().take(last + 1).skip(first) {
             let p = e.load(Ordering::Relaxed);
             if p & PTE_VALID == 0 {
                 continue;
@@ -400,6 +458,9 @@ impl PageTable {
                 // Release: pairs with the Acquire load in `walk`.
                 e.store(0, Ordering::Release);
                 a.used[t as usize] -= 1;
+                if level > 0 {
+                    a.blocks -= 1;
+                }
                 bytes += span;
                 g.add_range(sb, span);
             }
@@ -417,8 +478,8 @@ impl PageTable {
 
     fn collect(&self, t: u32, level: u32, base: u64, out: &mut Vec<Mapping>) {
         let span = 1u64 << level_shift(level);
-        for i in 0..ENTRIES {
-            let p = self.arena.entry(t, i).load(Ordering::Relaxed);
+        for (i, e) in self.arena.page(t).iter().enumerate() {
+            let p = e.load(Ordering::Relaxed);
             if p & PTE_VALID == 0 {
                 continue;
             }
@@ -451,8 +512,8 @@ impl PageTable {
     }
 
     fn count(&self, t: u32, level: u32, c: &mut [u64; 3]) {
-        for i in 0..ENTRIES {
-            let p = self.arena.entry(t, i).load(Ordering::Relaxed);
+        for e in self.arena.page(t) {
+            let p = e.load(Ordering::Relaxed);
             if p & PTE_VALID == 0 {
                 continue;
             }
@@ -586,6 +647,46 @@ mod tests {
     }
 
     #[test]
+    fn walk_run_follows_a_leaf_table() {
+        let (t, mut a) = PageTable::new(64);
+        t.map(
+            &mut a,
+            M2 - 2 * P,
+            M2 + 2 * P,
+            &[(0x1000_0000, 4 * P)],
+            Prot::RW,
+            true,
+        )
+        .unwrap();
+        t.map(
+            &mut a,
+            M2 + 3 * P,
+            M2 + 4 * P,
+            &[(0x9000_0000, P)],
+            Prot::READ,
+            true,
+        )
+        .unwrap();
+        let mut out = [Leaf {
+            iova: 0,
+            shift: 0,
+            phys: 0,
+            prot: Prot::NONE,
+        }; 8];
+        // Stops at the end of the leaf table.
+        assert_eq!(t.walk_run(M2 - 2 * P + 5, u64::MAX, &mut out), 2);
+        assert_eq!(out[1].phys, 0x1000_1000);
+        // Stops at a hole, at `end`, at the buffer's size.
+        assert_eq!(t.walk_run(M2, u64::MAX, &mut out), 2);
+        assert_eq!(t.walk_run(M2, M2 + 1, &mut out), 1);
+        assert_eq!(t.walk_run(M2, u64::MAX, &mut out[..1]), 1);
+        assert_eq!(t.walk_run(M2 + 2 * P, u64::MAX, &mut out), 0);
+        for (k, l) in out.iter().take(2).enumerate() {
+            assert_eq!(Some(*l), t.walk(M2 + k as u64 * P));
+        }
+    }
+
+    #[test]
     fn split_detection_and_table_limit() {
         let (t, mut a) = PageTable::new(64);
         t.map(&mut a, M2, 2 * M2, &[(0, M2)], Prot::RW, true)
@@ -593,14 +694,36 @@ mod tests {
         assert!(t.split_block(M2, M2 + P).is_some());
         assert!(t.split_block(M2 + P, 2 * M2).is_some());
         assert!(t.split_block(0, 3 * M2).is_none());
-        assert_eq!(t.first_mapped(0, M2), None);
-        assert_eq!(t.first_mapped(0, M2 + 1), Some(M2));
         // Three table pages at most: root + L2 + L1, no room for a leaf table.
         let (t, mut a) = PageTable::new(3);
         assert_eq!(
             t.map(&mut a, 0, P, &[(0, P)], Prot::RW, true),
-            Err(TableFull),
+            Err(MapStop {
+                at: 0,
+                overlap: None
+            }),
             "needs a fourth page"
+        );
+        // Overlaps stop the map where they start.
+        let (t, mut a) = PageTable::new(64);
+        t.map(&mut a, 3 * P, 4 * P, &[(0, P)], Prot::RW, true)
+            .unwrap();
+        assert_eq!(
+            t.map(&mut a, 0, 8 * P, &[(0, 8 * P)], Prot::RW, true),
+            Err(MapStop {
+                at: 3 * P,
+                overlap: Some(3 * P)
+            })
+        );
+        t.map(&mut a, M2, 2 * M2, &[(0, M2)], Prot::RW, true)
+            .unwrap();
+        assert_eq!(a.blocks, 1);
+        assert_eq!(
+            t.map(&mut a, M2 - P, M2 + P, &[(0, 2 * P)], Prot::RW, true),
+            Err(MapStop {
+                at: M2,
+                overlap: Some(M2)
+            })
         );
     }
 }

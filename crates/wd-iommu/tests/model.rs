@@ -331,7 +331,7 @@ fn run(ops: Vec<Op>, mode: InvalidationMode) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(96))]
+    #![proptest_config(ProptestConfig::with_cases(48))]
     #[test]
     fn strict_domain_matches_leaf_model(ops in proptest::collection::vec(op(), 1..60)) {
         run(ops, InvalidationMode::Strict)?;

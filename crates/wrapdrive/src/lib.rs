@@ -408,19 +408,19 @@ impl HostConn {
     /// Send virtio-iommu requests in one kick and return their statuses
     /// (`None`: the device did not write the buffer).
     pub fn virtio_requests(&self, reqs: &[virtio::Request]) -> Result<Vec<Option<virtio::Status>>> {
-        let mut bufs: Vec<virtio::Buffer> = reqs
+        let requests = reqs
             .iter()
-            .map(|r| virtio::Buffer {
+            .map(|r| wd_proto::VirtioReq {
                 readable: r.encode(),
-                writable: vec![0; r.writable_len(virtio::PROBE_SIZE)],
-                used: 0,
+                writable_len: r.writable_len(virtio::PROBE_SIZE) as u32,
             })
             .collect();
-        self.virtio_kick(&mut bufs)?;
-        Ok(bufs
-            .iter()
-            .map(|b| virtio::parse_tail(&b.writable[..b.used]))
-            .collect())
+        match self.call(&Message::VirtioKick { requests }, &[])?.0 {
+            Message::VirtioUsed { used } if used.len() == reqs.len() => {
+                Ok(used.iter().map(|u| virtio::parse_tail(u)).collect())
+            }
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// The device's feature bits and `struct virtio_iommu_config`.
