@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_iommu;
+mod faults;
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -52,6 +53,8 @@ enum Cmd {
     },
     /// Benchmarks: the queue data path (default), and more (see `wd bench --help`).
     Bench(bench::BenchCmd),
+    /// Show the newest IOMMU faults of a queue (not consuming them).
+    Faults(faults::FaultsArgs),
 }
 
 #[derive(Subcommand)]
@@ -195,6 +198,7 @@ fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Cmd::Bench(b) => b.run(cli.host.as_deref()),
+        Cmd::Faults(a) => faults::run(&*connect(&cli.host).map_err(|e| e.to_string())?, a),
     }
 }
 

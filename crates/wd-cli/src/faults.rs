@@ -1,0 +1,88 @@
+//! `wd faults QUEUE`: the newest IOMMU faults of a queue, without consuming
+//! them (the queue's owner, the host's owner or root).
+
+use wrapdrive::HostConn;
+
+/// Options of `wd faults`.
+#[derive(clap::Args)]
+pub struct FaultsArgs {
+    /// Queue id (as `wd ls` shows: dev0/queues/q<ID>).
+    queue: u32,
+    /// Most faults to show (the newest).
+    #[arg(long, default_value_t = 32)]
+    max: u32,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+fn access(a: u8) -> &'static str {
+    if a == 0 {
+        "read"
+    } else {
+        "write"
+    }
+}
+
+fn reason(r: u8) -> &'static str {
+    match r {
+        1 => "unmapped",
+        2 => "permission",
+        3 => "out of range",
+        _ => "no domain",
+    }
+}
+
+/// Print the faults of a queue.
+pub fn run(h: &HostConn, args: FaultsArgs) -> Result<(), String> {
+    let r = h
+        .peek_faults(args.queue, args.max)
+        .map_err(|e| e.to_string())?;
+    if args.json {
+        let events: Vec<_> = r
+            .events
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "seq": e.seq,
+                    "iova": format!("{:#x}", e.iova),
+                    "pasid": e.pasid,
+                    "access": access(e.access),
+                    "reason": reason(e.reason),
+                })
+            })
+            .collect();
+        let v = serde_json::json!({
+            "queue": args.queue,
+            "total": r.total,
+            "lost": r.lost,
+            "events": events,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+        return Ok(());
+    }
+    println!(
+        "queue {}: {} fault(s) recorded, {} lost to overflow, newest {} held:",
+        args.queue,
+        r.total,
+        r.lost,
+        r.events.len()
+    );
+    if !r.events.is_empty() {
+        println!(
+            "{:>8}  {:>18}  {:>6}  {:<6}  reason",
+            "seq", "iova", "pasid", "access"
+        );
+    }
+    for e in &r.events {
+        println!(
+            "{:>8}  {:>#18x}  {:>6}  {:<6}  {}",
+            e.seq,
+            e.iova,
+            e.pasid,
+            access(e.access),
+            reason(e.reason)
+        );
+    }
+    Ok(())
+}
