@@ -8,12 +8,12 @@ use libfuzzer_sys::fuzz_target;
 use wd_iommu::virtio::{
     parse_tail, DeviceSettings, GuestMemory, Request, ResvMem, VirtioIommu, REQ_TAIL_LEN,
 };
-use wd_iommu::{Domain, DomainConfig, Endpoint, Iommu, Release};
+use wd_iommu::{Domain, DomainConfig, Endpoint, Iommu, Prot, Release};
 
 /// Guest memory: 64 MiB at 0x1000_0000, anything else is not memory.
 struct Mem;
 impl GuestMemory for Mem {
-    fn resolve(&self, gpa: u64, size: u64) -> Option<(Vec<(u64, u64)>, Release)> {
+    fn resolve(&self, gpa: u64, size: u64, _prot: Prot) -> Option<(Vec<(u64, u64)>, Release)> {
         let end = gpa.checked_add(size)?;
         (gpa >= 0x1000_0000 && end <= 0x1400_0000).then(|| {
             (

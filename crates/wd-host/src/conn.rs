@@ -54,8 +54,10 @@ const RESV_LOW: ResvMem = ResvMem {
 struct SharedMemory<'a>(&'a HashMap<u32, Arc<Queue>>);
 
 impl GuestMemory for SharedMemory<'_> {
-    fn resolve(&self, gpa: u64, size: u64) -> Option<(Vec<(u64, u64)>, Release)> {
-        self.0.values().find_map(|q| q.resolve_shared(gpa, size))
+    fn resolve(&self, gpa: u64, size: u64, prot: Prot) -> Option<(Vec<(u64, u64)>, Release)> {
+        self.0
+            .values()
+            .find_map(|q| q.resolve_shared(gpa, size, prot))
     }
 }
 

@@ -49,6 +49,16 @@ pub enum QueueState {
     Broken = 2,
 }
 
+/// A range the client shared.
+struct Share {
+    size: u64,
+    /// The host's mapping of it (kept alive by virtio-iommu mappings and
+    /// deferred invalidations too).
+    region: Arc<ImportedRegion>,
+    /// The access the client granted.
+    prot: Prot,
+}
+
 /// A live queue.
 pub struct Queue {
     /// Host-wide queue id.
@@ -75,8 +85,8 @@ pub struct Queue {
     /// and acknowledge invalidations, so an unshare returns (strict mode)
     /// only when no engine can reach the range.
     pub endpoint: Arc<Endpoint>,
-    /// Shared ranges by IOVA: (size, the host's mapping of them).
-    shares: Mutex<BTreeMap<u64, (u64, Arc<ImportedRegion>)>>,
+    /// Shared ranges by IOVA.
+    shares: Mutex<BTreeMap<u64, Share>>,
     /// Requests completed.
     pub requests: AtomicU64,
     /// Bytes processed.
@@ -201,7 +211,14 @@ impl Queue {
                 };
                 HostError::Status(st, format!("cannot share {iova:#x}+{size:#x}: {e}"))
             })?;
-        shares.insert(iova, (size, Arc::new(region)));
+        shares.insert(
+            iova,
+            Share {
+                size,
+                region: Arc::new(region),
+                prot,
+            },
+        );
         Ok(())
     }
 
@@ -211,7 +228,7 @@ impl Queue {
     pub fn unshare(&self, iova: u64, size: u64) -> Result<(), HostError> {
         let mut shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
         match shares.get(&iova) {
-            Some((s, _)) if *s == size => {}
+            Some(s) if s.size == size => {}
             _ => {
                 return Err(HostError::Status(
                     Status::NotFound,
@@ -223,8 +240,8 @@ impl Queue {
         let mut g = IotlbGather::new();
         let r = dom.unmap_fast(iova, size, &mut g);
         if r.is_ok() {
-            if let Some((_, region)) = shares.remove(&iova) {
-                g.defer_release(Box::new(region));
+            if let Some(s) = shares.remove(&iova) {
+                g.defer_release(Box::new(s.region));
             }
         }
         dom.iotlb_sync(&mut g);
@@ -246,17 +263,23 @@ impl Queue {
         self.shares.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    /// The host's runs for `[gpa, gpa + size)` of memory this queue shared,
-    /// kept alive by the returned release (virtio-iommu guest memory).
-    pub fn resolve_shared(&self, gpa: u64, size: u64) -> Option<(Vec<(u64, u64)>, Release)> {
+    /// The host's runs for `[gpa, gpa + size)` of memory this queue shared
+    /// with at least `prot`, kept alive by the returned release
+    /// (virtio-iommu guest memory).
+    pub fn resolve_shared(
+        &self,
+        gpa: u64,
+        size: u64,
+        prot: Prot,
+    ) -> Option<(Vec<(u64, u64)>, Release)> {
         let shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
-        let (&iova, (len, region)) = shares.range(..=gpa).next_back()?;
+        let (&iova, s) = shares.range(..=gpa).next_back()?;
         let end = gpa.checked_add(size)?;
-        if end > iova + len {
+        if end > iova + s.size || !s.prot.contains(prot) {
             return None;
         }
-        let host = region.host_addr() + (gpa - iova);
-        Some((vec![(host, size)], Box::new(region.clone())))
+        let host = s.region.host_addr() + (gpa - iova);
+        Some((vec![(host, size)], Box::new(s.region.clone())))
     }
 }
 

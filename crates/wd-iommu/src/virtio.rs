@@ -21,7 +21,8 @@
 //! * `virt_end < virt_start` is `VIRTIO_IOMMU_S_INVAL`;
 //! * a MAP whose range overlaps a RESV_MEM region, or lies outside
 //!   `input_range`, is `VIRTIO_IOMMU_S_RANGE`;
-//! * a MAP whose physical range is not guest memory is
+//! * a MAP whose physical range is not guest memory, or is memory the
+//!   client did not share with the access the MAP asks for, is
 //!   `VIRTIO_IOMMU_S_FAULT` (bad address);
 //! * an ATTACH to a domain ID outside `domain_range` is
 //!   `VIRTIO_IOMMU_S_RANGE`;
@@ -522,8 +523,9 @@ impl FaultEvent {
 pub trait GuestMemory {
     /// Resolve `[gpa, gpa+size)` to host physical runs (page aligned,
     /// covering exactly `size` bytes in order) and something that keeps them
-    /// alive until released; `None` if any byte is not guest memory.
-    fn resolve(&self, gpa: u64, size: u64) -> Option<(Vec<(u64, u64)>, Release)>;
+    /// alive until released; `None` if any byte is not guest memory, or is
+    /// guest memory the driver may not give `prot` access to.
+    fn resolve(&self, gpa: u64, size: u64, prot: Prot) -> Option<(Vec<(u64, u64)>, Release)>;
 }
 
 /// Settings of a device instance.
@@ -1090,18 +1092,18 @@ impl VirtioIommu {
         if d.mappings.len() >= MAX_MAPPINGS {
             return Status::NoMem;
         }
-        let Some((sg, pin)) = mem.resolve(phys_start, size) else {
-            return Status::Fault;
-        };
-        if sg.iter().map(|r| r.1).sum::<u64>() != size {
-            return Status::DevErr;
-        }
         let mut prot = Prot::NONE;
         if flags & VIRTIO_IOMMU_MAP_F_READ != 0 {
             prot = prot | Prot::READ;
         }
         if flags & VIRTIO_IOMMU_MAP_F_WRITE != 0 {
             prot = prot | Prot::WRITE;
+        }
+        let Some((sg, pin)) = mem.resolve(phys_start, size, prot) else {
+            return Status::Fault;
+        };
+        if sg.iter().map(|r| r.1).sum::<u64>() != size {
+            return Status::DevErr;
         }
         let dom = d.dom.clone();
         match dom.map_sg(virt_start, &sg, prot) {

@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use wd_iommu::virtio::*;
 use wd_iommu::{
     Access, Attachment, Domain, DomainConfig, Endpoint, EngineTlb, Fault, FaultReason,
-    InvalidationMode, Iommu, Release, BLOCK_2M, IOVA_LIMIT, PAGE_SIZE,
+    InvalidationMode, Iommu, Prot, Release, BLOCK_2M, IOVA_LIMIT, PAGE_SIZE,
 };
 
 const P: u64 = PAGE_SIZE;
@@ -34,8 +34,12 @@ impl Drop for Pin {
 }
 
 impl GuestMemory for Mem {
-    fn resolve(&self, gpa: u64, size: u64) -> Option<(Vec<(u64, u64)>, Release)> {
+    fn resolve(&self, gpa: u64, size: u64, prot: Prot) -> Option<(Vec<(u64, u64)>, Release)> {
         if gpa < GPA || gpa.checked_add(size)? > GPA + GUEST_SIZE {
+            return None;
+        }
+        // The last 64 KiB of guest memory is read-only.
+        if prot.contains(Prot::WRITE) && gpa + size > GPA + GUEST_SIZE - 0x10000 {
             return None;
         }
         self.pins.fetch_add(1, Ordering::SeqCst);
@@ -426,6 +430,14 @@ fn map_rules() {
         "not guest memory"
     );
     assert_eq!(d.map(1, 0, P - 1, 0, RW), Status::Fault);
+    let ro = GPA + GUEST_SIZE - P;
+    assert_eq!(
+        d.map(1, 0, P - 1, ro, RW),
+        Status::Fault,
+        "read-only memory"
+    );
+    assert_eq!(d.map(1, 0, P - 1, ro, VIRTIO_IOMMU_MAP_F_READ), Status::Ok);
+    assert_eq!(d.unmap(1, 0, P - 1), Status::Ok);
     // Endpoint 2 reserves [0, 0xffff] and an MSI doorbell.
     assert_eq!(
         d.map(2, 0xf000, 0x1_ffff, GPA, RW),
