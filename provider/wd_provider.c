@@ -51,8 +51,13 @@ static int wd_finish_job(struct wd_job *job)
 	ASYNC_WAIT_CTX *wctx = ASYNC_get_wait_ctx(aj);
 	for (;;) {
 		int r = wd_job_poll(job);
-		if (r != -EAGAIN)
+		if (r != -EAGAIN) {
+			/* Other jobs of this thread may wait on the same descriptor:
+			 * leave it armed, or readable if their completions were
+			 * reaped meanwhile, so none of them sleeps through its own. */
+			wd_crypto_arm();
 			return r;
+		}
 		int fd = wd_crypto_wait_fd();
 		if (fd < 0)
 			return wd_job_wait(job);
