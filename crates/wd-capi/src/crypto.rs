@@ -57,6 +57,18 @@ thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The buffer of an exactly in-place request (`inp == out`).
+///
+/// # Safety
+/// `out` writable for `len` bytes when non-null.
+unsafe fn in_place<'a>(inp: *const c_void, out: *mut c_void, len: usize) -> Option<&'a mut [u8]> {
+    if len == 0 || out.is_null() || !std::ptr::eq(inp, out.cast_const()) {
+        return None;
+    }
+    // SAFETY: caller contract.
+    Some(unsafe { std::slice::from_raw_parts_mut(out as *mut u8, len) })
+}
+
 /// Run `f(input, output)` over C buffers that may alias.
 ///
 /// # Safety
@@ -260,6 +272,10 @@ pub unsafe extern "C" fn wd_cipher_update(
             return invalid("wd_cipher_update: bad session");
         };
         // SAFETY: caller contract.
+        if let Some(b) = unsafe { in_place(inp, out, len) } {
+            return c.c.update_in_place(b).map_or_else(err, |_| 0);
+        }
+        // SAFETY: caller contract.
         match unsafe { with_buffers(inp, out, len, |i, o| c.c.update(i, o)) } {
             None => invalid("wd_cipher_update: NULL buffer"),
             Some(Ok(_)) => 0,
@@ -290,7 +306,12 @@ pub unsafe extern "C" fn wd_cipher_start(
             return invalid("wd_cipher_start: NULL job pointer");
         }
         // SAFETY: caller contract.
-        match unsafe { with_buffers(inp, out, len, |i, o| c.c.start(i, o)) } {
+        let started = match unsafe { in_place(inp, out, len) } {
+            Some(b) => Some(c.c.start_in_place(b)),
+            // SAFETY: caller contract.
+            None => unsafe { with_buffers(inp, out, len, |i, o| c.c.start(i, o)) },
+        };
+        match started {
             None => invalid("wd_cipher_start: NULL buffer"),
             Some(Err(e)) => err(e),
             Some(Ok(j)) if j.is_done() => {

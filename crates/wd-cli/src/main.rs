@@ -2,6 +2,8 @@
 #![deny(unsafe_code)]
 
 mod bench;
+mod chart;
+mod speed;
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -51,6 +53,9 @@ enum Cmd {
     },
     /// Benchmarks: the queue data path (default), and more (see `wd bench --help`).
     Bench(bench::BenchCmd),
+    /// The seed's `openssl speed` table: legacy path, offload, async jobs,
+    /// default threshold and CPU only, in one run.
+    Speed(speed::SpeedArgs),
 }
 
 #[derive(Subcommand)]
@@ -194,6 +199,7 @@ fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Cmd::Bench(b) => b.run(cli.host.as_deref()),
+        Cmd::Speed(a) => speed::run(a, cli.host.as_deref()),
     }
 }
 
