@@ -52,6 +52,9 @@ int wd_cipher_get_iv(struct wd_cipher *c, void *iv, size_t iv_len);
 /* Process len bytes, continuing the message (chained across calls). ECB
  * and CBC take whole 16-byte blocks. Returns 0. */
 int wd_cipher_update(struct wd_cipher *c, const void *in, void *out, size_t len);
+/* As wd_cipher_update, on the device whatever the policy (for callers that
+ * route with wd_crypto_route themselves; no queue still means the CPU). */
+int wd_cipher_offload(struct wd_cipher *c, const void *in, void *out, size_t len);
 /* Start a request without waiting: *job is NULL when it was computed at
  * once, else finish it with wd_job_poll/wd_job_wait (in and out must stay
  * valid until then; requests of one session complete in order). */

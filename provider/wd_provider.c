@@ -396,6 +396,10 @@ static int wd_blocks(struct wd_cctx *x, unsigned char *out, const unsigned char 
 			return 0;
 		return job == NULL || wd_finish_job(job) == 0;
 	}
+	/* Routed already (or no inline path): the session's own routing
+	 * decides only when this provider could not. */
+	if (x->inner != NULL)
+		return wd_cipher_offload(x->c, in, out, len) == 0;
 	return wd_cipher_update(x->c, in, out, len) == 0;
 }
 

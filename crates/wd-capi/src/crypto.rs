@@ -267,6 +267,34 @@ pub unsafe extern "C" fn wd_cipher_update(
     out: *mut c_void,
     len: usize,
 ) -> c_int {
+    // SAFETY: caller contract.
+    unsafe { cipher_update(c, inp, out, len, false) }
+}
+
+/// Process data on the device, waiting.
+///
+/// # Safety
+/// Pointers as `include/wd_crypto.h` documents.
+#[no_mangle]
+pub unsafe extern "C" fn wd_cipher_offload(
+    c: *mut WdCipher,
+    inp: *const c_void,
+    out: *mut c_void,
+    len: usize,
+) -> c_int {
+    // SAFETY: caller contract.
+    unsafe { cipher_update(c, inp, out, len, true) }
+}
+
+/// # Safety
+/// Pointers as `include/wd_crypto.h` documents.
+unsafe fn cipher_update(
+    c: *mut WdCipher,
+    inp: *const c_void,
+    out: *mut c_void,
+    len: usize,
+    offload: bool,
+) -> c_int {
     guard_with(|| {
         // SAFETY: caller contract.
         let Some(c) = (unsafe { cipher(c) }) else {
@@ -274,10 +302,24 @@ pub unsafe extern "C" fn wd_cipher_update(
         };
         // SAFETY: caller contract.
         if let Some(b) = unsafe { in_place(inp, out, len) } {
-            return c.c.update_in_place(b).map_or_else(err, |_| 0);
+            let r = if offload {
+                c.c.update_in_place_offload(b)
+            } else {
+                c.c.update_in_place(b)
+            };
+            return r.map_or_else(err, |_| 0);
         }
         // SAFETY: caller contract.
-        match unsafe { with_buffers(inp, out, len, |i, o| c.c.update(i, o)) } {
+        let r = unsafe {
+            with_buffers(inp, out, len, |i, o| {
+                if offload {
+                    c.c.update_offload(i, o)
+                } else {
+                    c.c.update(i, o)
+                }
+            })
+        };
+        match r {
             None => invalid("wd_cipher_update: NULL buffer"),
             Some(Ok(_)) => 0,
             Some(Err(e)) => err(e),

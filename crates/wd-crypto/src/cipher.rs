@@ -292,13 +292,35 @@ impl Cipher {
     /// Encrypt or decrypt `input` into `output` (at least as long),
     /// continuing the stream. Waits for the result.
     pub fn update(&mut self, input: &[u8], output: &mut [u8]) -> Result<usize> {
+        self.update_copy(input, output, false)
+    }
+
+    /// As [`Cipher::update`], sent to the device whatever the policy (for
+    /// callers that route themselves); the CPU still takes over when there
+    /// is no queue.
+    pub fn update_offload(&mut self, input: &[u8], output: &mut [u8]) -> Result<usize> {
+        self.update_copy(input, output, true)
+    }
+
+    /// As [`Cipher::update_in_place`], sent to the device (see
+    /// [`Cipher::update_offload`]).
+    pub fn update_in_place_offload(&mut self, buf: &mut [u8]) -> Result<usize> {
+        self.update_buf(buf, true)
+    }
+
+    fn update_copy(&mut self, input: &[u8], output: &mut [u8], offload: bool) -> Result<usize> {
         if output.len() < input.len() {
             return Err(CryptoError::invalid("output shorter than input"));
         }
         let n = input.len();
         let output = &mut output[..n];
         self.check(n)?;
-        let timed = match self.route(n, false) {
+        let routed = if offload {
+            (Route::Device, false)
+        } else {
+            self.route(n, false)
+        };
+        let timed = match routed {
             (Route::Cpu(why), timed) => {
                 let watch = Stopwatch::start(timed);
                 self.cpu_update(Io::Copy(input, output))?;
@@ -327,9 +349,18 @@ impl Cipher {
 
     /// As [`Cipher::update`], transforming `buf` in place.
     pub fn update_in_place(&mut self, buf: &mut [u8]) -> Result<usize> {
+        self.update_buf(buf, false)
+    }
+
+    fn update_buf(&mut self, buf: &mut [u8], offload: bool) -> Result<usize> {
         let n = buf.len();
         self.check(n)?;
-        let timed = match self.route(n, false) {
+        let routed = if offload {
+            (Route::Device, false)
+        } else {
+            self.route(n, false)
+        };
+        let timed = match routed {
             (Route::Cpu(why), timed) => {
                 let watch = Stopwatch::start(timed);
                 self.cpu_update(Io::InPlace(buf))?;

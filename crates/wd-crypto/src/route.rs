@@ -71,6 +71,13 @@ pub fn choose_timed(kind: Kind, n: usize, asynchronous: bool) -> (Route, bool) {
     if n < config::threshold() {
         return (Route::Cpu(Why::Threshold), false);
     }
+    if let Some(no) = crate::lane::known_unavailable(kind) {
+        let why = match no {
+            crate::lane::NoLane::NoQueue => Why::NoQueue,
+            crate::lane::NoLane::HostGone => Why::HostGone,
+        };
+        return (Route::Cpu(why), false);
+    }
     if policy == Policy::Offload || asynchronous {
         return (Route::Device, false);
     }
