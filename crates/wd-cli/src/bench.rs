@@ -29,6 +29,16 @@ pub struct BenchArgs {
     /// Host to measure (default: an embedded host started for the run).
     #[arg(long)]
     host: Option<String>,
+    /// Another benchmark instead of the queue's.
+    #[command(subcommand)]
+    other: Option<Other>,
+}
+
+/// Benchmarks other than the queue's.
+#[derive(clap::Subcommand)]
+pub enum Other {
+    /// File loading into shareable buffers (`wd load`) against the seed's baselines.
+    Load(crate::bench_load::BenchLoadArgs),
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -308,6 +318,9 @@ fn human(n: u64) -> String {
 
 /// Run the benchmark.
 pub fn run(args: BenchArgs) -> Result<(), String> {
+    if let Some(Other::Load(a)) = args.other {
+        return crate::bench_load::run(a);
+    }
     if args.reps == 0 || !(0.01..=60.0).contains(&args.seconds) || args.sizes.is_empty() {
         return Err("need --reps >= 1, --seconds in 0.01..60 and at least one size".into());
     }

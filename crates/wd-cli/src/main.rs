@@ -2,6 +2,8 @@
 #![deny(unsafe_code)]
 
 mod bench;
+mod bench_load;
+mod load;
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -51,6 +53,8 @@ enum Cmd {
     },
     /// Measure the queue data path against the machine's limit and the legacy path.
     Bench(bench::BenchArgs),
+    /// Load a file into a shareable buffer (overlapped allocation and direct I/O).
+    Load(load::LoadArgs),
 }
 
 #[derive(Subcommand)]
@@ -194,6 +198,7 @@ fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Cmd::Bench(args) => bench::run(args),
+        Cmd::Load(args) => load::run(args),
     }
 }
 

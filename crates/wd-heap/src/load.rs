@@ -31,8 +31,12 @@ use crate::units::format_size;
 pub const DEFAULT_GATHER: u64 = 128 << 20;
 /// Default size of one read.
 pub const DEFAULT_CHUNK: u64 = 4 << 20;
-/// Default reads in flight.
+/// Reads in flight for direct I/O unless told otherwise.
 pub const DEFAULT_DEPTH: u32 = 8;
+/// Reads in flight for buffered I/O unless told otherwise: a buffered read
+/// of cached data is a CPU copy, and more of them in flight only adds
+/// io_uring worker threads fighting over the same page tables.
+pub const BUFFERED_DEPTH: u32 = 1;
 /// Most reads in flight.
 pub const MAX_DEPTH: u32 = 256;
 /// Smallest read.
@@ -101,7 +105,8 @@ pub struct LoadOptions {
     pub gather: u64,
     /// Bytes per read.
     pub chunk: u64,
-    /// Reads in flight.
+    /// Reads in flight (0: [`DEFAULT_DEPTH`] for direct I/O,
+    /// [`BUFFERED_DEPTH`] for buffered).
     pub depth: u32,
     /// Allocate the pages ahead of the reads (in gathers); off, the reads
     /// fault them in themselves.
@@ -124,7 +129,7 @@ impl Default for LoadOptions {
             engine: Engine::Auto,
             gather: DEFAULT_GATHER,
             chunk: DEFAULT_CHUNK,
-            depth: DEFAULT_DEPTH,
+            depth: 0,
             populate: true,
             overlap: true,
             pages: PagePolicy::Auto,
@@ -407,7 +412,7 @@ struct Shape {
     depth: u32,
 }
 
-fn shape(opts: &LoadOptions, align: u64, page: u64) -> Result<Shape, LoadError> {
+fn shape(opts: &LoadOptions, direct: bool, align: u64, page: u64) -> Result<Shape, LoadError> {
     if !(MIN_CHUNK..=MAX_CHUNK).contains(&opts.chunk) {
         return Err(LoadError::BadOptions(format!(
             "chunk {} is outside {}..={}",
@@ -416,10 +421,14 @@ fn shape(opts: &LoadOptions, align: u64, page: u64) -> Result<Shape, LoadError> 
             format_size(MAX_CHUNK)
         )));
     }
-    if !(1..=MAX_DEPTH).contains(&opts.depth) {
+    let depth = match opts.depth {
+        0 if direct => DEFAULT_DEPTH,
+        0 => BUFFERED_DEPTH,
+        d => d,
+    };
+    if depth > MAX_DEPTH {
         return Err(LoadError::BadOptions(format!(
-            "depth {} is outside 1..={MAX_DEPTH}",
-            opts.depth
+            "depth {depth} is outside 1..={MAX_DEPTH}"
         )));
     }
     if opts.gather == 0 || opts.gather > MAX_GATHER {
@@ -436,7 +445,7 @@ fn shape(opts: &LoadOptions, align: u64, page: u64) -> Result<Shape, LoadError> 
     Ok(Shape {
         chunk,
         gather,
-        depth: opts.depth,
+        depth,
     })
 }
 
@@ -513,27 +522,47 @@ impl Gathers {
     }
 }
 
-/// Allocate `[0, capacity)` of `map` gather by gather, publishing each.
-fn populate(
-    map: &Mapping,
-    fd: BorrowedFd<'_>,
+/// The allocation side of a load.
+#[derive(Clone, Copy)]
+struct Allocation<'a> {
+    map: &'a Mapping,
+    fd: BorrowedFd<'a>,
     kind: PageKind,
     capacity: u64,
+    /// Steady-state gather.
     gather: u64,
-    g: &Gathers,
-    t0: Instant,
-) {
+    /// First gather (then doubling up to `gather`).
+    first: u64,
+}
+
+/// Allocate `[0, capacity)` gather by gather, publishing each.
+fn populate(a: &Allocation<'_>, g: &Gathers, t0: Instant) {
+    let Allocation {
+        map,
+        fd,
+        kind,
+        capacity,
+        gather,
+        first,
+    } = *a;
     let mut off = 0u64;
+    let mut step = first.min(gather);
     while off < capacity {
         if g.stop.load(Ordering::Relaxed) {
             return;
         }
-        let len = gather.min(capacity - off);
-        let r = map.populate_write(off as usize, len as usize).or_else(|e| {
-            // Kernels before 5.14 lack MADV_POPULATE_WRITE: allocate
-            // the file's pages instead (the reads then only map them).
-            if e.errno() == libc::EINVAL {
-                wd_sys::pages::fallocate(fd, off, len)
+        // Ramp up: the first gathers are one chunk, then twice the last,
+        // up to the gather size, so the first read starts after one chunk's
+        // allocation rather than a whole gather's.
+        let len = step.min(capacity - off);
+        step = (step * 2).min(gather);
+        // Allocate the gather's pages in the file: one call, no page fault
+        // (several times faster than faulting them in through the mapping
+        // on a VM); the reads map them as they pin them.
+        let r = wd_sys::pages::fallocate(fd, off, len).or_else(|e| {
+            // A filesystem without fallocate (none we create): fault them in.
+            if e.errno() == libc::EOPNOTSUPP {
+                map.populate_write(off as usize, len as usize)
             } else {
                 Err(e)
             }
@@ -856,13 +885,7 @@ impl Heap {
             IoMode::Auto => {
                 // Files that cannot be mapped (some special filesystems)
                 // count as not cached.
-                let (res, total) =
-                    wd_sys::file::resident_pages(plain.as_fd(), size).unwrap_or((0, 1));
-                let frac = if total == 0 {
-                    1.0
-                } else {
-                    res as f64 / total as f64
-                };
+                let frac = wd_sys::file::resident_share(plain.as_fd(), size).unwrap_or(0.0);
                 cached_before = Some(frac);
                 if frac >= CACHED_THRESHOLD && size > 0 {
                     notes.push(format!(
@@ -955,7 +978,7 @@ impl Heap {
             }
         }
         let capacity = buffer.capacity();
-        let sh = shape(&opts, align, kind.page_bytes())?;
+        let sh = shape(&opts, direct, align, kind.page_bytes())?;
 
         // Engine.
         let ring = match opts.engine {
@@ -992,19 +1015,25 @@ impl Heap {
             align,
             direct,
         };
-        let threaded_alloc = opts.populate && opts.overlap && capacity > sh.gather;
+        // The first gather: one read's worth (whole pages).
+        let first = round_up(sh.chunk, kind.page_bytes()).min(sh.gather);
+        let threaded_alloc = opts.populate && opts.overlap && capacity > first;
         let g = Gathers::new(if opts.populate { 0 } else { capacity });
-        let bfd = buffer.fd();
+        let alloc = Allocation {
+            map,
+            fd: buffer.fd(),
+            kind,
+            capacity,
+            gather: sh.gather,
+            first,
+        };
         if opts.populate && !threaded_alloc {
-            populate(
-                map,
-                bfd,
-                kind,
-                capacity,
-                if opts.overlap { sh.gather } else { capacity },
-                &g,
-                t0,
-            );
+            let all = Allocation {
+                gather: capacity,
+                first: capacity,
+                ..alloc
+            };
+            populate(&all, &g, t0);
             if let Some(e) = g.take_failure() {
                 return Err(heap_err(path, e));
             }
@@ -1022,7 +1051,7 @@ impl Heap {
         };
         let result = std::thread::scope(|s| {
             if threaded_alloc {
-                s.spawn(|| populate(map, bfd, kind, capacity, sh.gather, &g, t0));
+                s.spawn(|| populate(&alloc, &g, t0));
             }
             let r = match ring {
                 Some(ring) => read_uring(&plan, ring, sh.depth, &g, &mut report),

@@ -399,7 +399,6 @@ fn bad_options_and_heap_limits() {
     let p = write_file(&dir.0, "f", &data);
     for opts in [
         LoadOptions::default().chunk(100),
-        LoadOptions::default().depth(0),
         LoadOptions::default().depth(100_000),
         LoadOptions::default().gather(0),
     ] {
