@@ -877,30 +877,13 @@ impl Heap {
                 .unwrap_or_else(|_| "this filesystem".into())
         };
 
-        // Direct or buffered.
+        // Direct or buffered: first whether the filesystem can do direct
+        // I/O at all, then (Auto) whether the page cache already holds the
+        // file.
         let mut cached_before = None;
-        let want_direct = match opts.io {
-            IoMode::Buffered => false,
-            IoMode::Direct => true,
-            IoMode::Auto => {
-                // Files that cannot be mapped (some special filesystems)
-                // count as not cached.
-                let frac = wd_sys::file::resident_share(plain.as_fd(), size).unwrap_or(0.0);
-                cached_before = Some(frac);
-                if frac >= CACHED_THRESHOLD && size > 0 {
-                    notes.push(format!(
-                        "{:.0}% of the file is in the page cache: reading it buffered (copying from the cache beats reading the device again)",
-                        frac * 100.0
-                    ));
-                    false
-                } else {
-                    size > 0
-                }
-            }
-        };
         let mut direct_fd: Option<OwnedFd> = None;
         let mut direct_info: Option<FileInfo> = None;
-        if want_direct {
+        if opts.io != IoMode::Buffered && size > 0 {
             match wd_sys::file::open_read(path, true) {
                 Ok(fd) => {
                     let di = wd_sys::file::file_info(fd.as_fd())?;
@@ -927,6 +910,20 @@ impl Heap {
                     ));
                 }
                 Err(e) => return Err(open_err(e)),
+            }
+        }
+        if opts.io == IoMode::Auto && direct_fd.is_some() {
+            // Files that cannot be mapped (some special filesystems) count
+            // as not cached.
+            let frac = wd_sys::file::resident_share(plain.as_fd(), size).unwrap_or(0.0);
+            cached_before = Some(frac);
+            if frac >= CACHED_THRESHOLD {
+                notes.push(format!(
+                    "{:.0}% of the file is in the page cache: reading it buffered (copying from the cache beats reading the device again)",
+                    frac * 100.0
+                ));
+                direct_fd = None;
+                direct_info = None;
             }
         }
         let direct = direct_fd.is_some();
