@@ -157,6 +157,17 @@ fn errors_name_the_problem() {
     assert!(!o.status.success());
     assert!(text(&o).contains("is not a size"), "{}", text(&o));
 
+    // The process heap's limit.
+    let (big, _, _) = file(&d.0, 3 << 20);
+    let o = wd()
+        .arg("load")
+        .arg(&big)
+        .env("WD_HEAP_LIMIT", "1M")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(text(&o).contains("heap limit of 1.00 MiB"), "{}", text(&o));
+
     // Unreadable: as an unprivileged user (root reads everything).
     let (p, _, _) = file(&d.0, 10);
     use std::os::unix::fs::PermissionsExt;
