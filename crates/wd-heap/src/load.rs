@@ -251,7 +251,8 @@ pub struct LoadReport {
     pub alloc_done: Option<Duration>,
     /// Read operations issued (short reads resumed count again).
     pub reads: u64,
-    /// Share of the file in the page cache before the load (Auto only).
+    /// Share of the file in the page cache before the load (Auto, where
+    /// direct I/O is possible: that is when it decides).
     pub cached_before: Option<f64>,
     /// Fallbacks and choices worth telling (io_uring, O_DIRECT, hugepages).
     pub notes: Vec<String>,
@@ -861,6 +862,8 @@ impl Heap {
             path: path.to_path_buf(),
             source,
         };
+        // Options are checked before anything is opened or allocated.
+        shape(&opts, true, 1, 4096)?;
         let mut notes = Vec::new();
         let plain = wd_sys::file::open_read(path, false).map_err(open_err)?;
         let info = wd_sys::file::file_info(plain.as_fd())?;
@@ -954,17 +957,18 @@ impl Heap {
         let read_end = round_up(size, align);
         let (mut kind, page_note) =
             choose_pages(read_end, opts.pages).map_err(|e| heap_err(path, e))?;
-        let alloc = AllocOptions {
+        // Pages are allocated below, in gathers, while the reads run.
+        let buffer_opts = AllocOptions {
             pages: opts.pages,
             populate: false,
             seal: true,
             node: opts.node,
         };
-        let mut buffer = match self.alloc_on(read_end, kind, &alloc) {
+        let mut buffer = match self.alloc_on(read_end, kind, &buffer_opts) {
             Err(HeapError::NoHugePages { .. }) if opts.pages == PagePolicy::Auto => {
                 notes.push("the hugetlb pool ran short while allocating: normal pages".into());
                 kind = PageKind::Normal;
-                self.alloc_on(read_end, kind, &alloc)
+                self.alloc_on(read_end, kind, &buffer_opts)
             }
             r => r,
         }
