@@ -22,9 +22,20 @@ cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude tests/c/test_wd.c \
     -Ltarget/release -lwd -Wl,-rpath,"$PWD/target/release" -o "$out/test_wd"
 # Only the documented symbols are exported.
 exported=$(nm -D --defined-only target/release/libwd.so | awk '{print $3}' | grep -v '^WD_0' | sort)
-undocumented=$(for s in $exported; do grep -q "\b$s(" include/wd.h || echo "$s"; done)
+undocumented=$(for s in $exported; do grep -q "\b$s(" include/wd.h include/wd_crypto.h || echo "$s"; done)
 if [ -n "$undocumented" ]; then echo "libwd.so exports symbols not in wd.h: $undocumented"; exit 1; fi
 "$out/test_wd"
+
+echo "== install + pkg-config"
+prefix=$PWD/target/install-test
+./scripts/install.sh "$prefix" >/dev/null
+PKG_CONFIG_PATH="$prefix/lib/pkgconfig" cc -std=c11 -D_GNU_SOURCE -Wall -Werror tests/c/test_wd.c \
+    $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs wd) \
+    -Wl,-rpath,"$prefix/lib" -o "$out/test_wd_pc"
+"$out/test_wd_pc" >/dev/null
+
+echo "== OpenSSL provider"
+./scripts/test-provider.sh
 
 echo "== fuzz targets"
 if cargo +nightly --version >/dev/null 2>&1 && cargo fuzz --help >/dev/null 2>&1; then

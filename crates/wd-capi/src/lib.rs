@@ -16,7 +16,10 @@ use std::sync::{Arc, Mutex, RwLock};
 use wrapdrive::dummy::CopyMsg;
 use wrapdrive::{Capability, ClientError, Desc, HostConn, Queue, Status};
 
+mod crypto;
+
 const EIO: c_int = 5;
+pub(crate) const EINVAL: c_int = 22;
 
 /// `struct wd_capa`.
 #[repr(C)]
@@ -101,9 +104,15 @@ fn set_last(msg: &str) {
     LAST_ERROR.with(|l| *l.borrow_mut() = c);
 }
 
-fn fail(errno: c_int, msg: &str) -> c_int {
+pub(crate) fn fail(errno: c_int, msg: &str) -> c_int {
     set_last(msg);
     -errno
+}
+
+/// Run an entry point that returns a C status itself; a panic is -EIO.
+pub(crate) fn guard_with(f: impl FnOnce() -> c_int) -> c_int {
+    catch_unwind(AssertUnwindSafe(f))
+        .unwrap_or_else(|_| fail(EIO, "internal error in libwd (panic caught)"))
 }
 
 /// Run an entry point: errors become negative errno, panics -EIO.
@@ -543,6 +552,7 @@ pub extern "C" fn wd_strerror(err: c_int) -> *const c_char {
         Status::HostGone => c"WrapDrive host not reachable",
         Status::Again => c"try again: queue full or nothing ready",
         Status::BadHandle => c"not a live queue handle",
+        Status::AuthFailed => c"authentication failed: the tag does not match",
     };
     s.as_ptr()
 }

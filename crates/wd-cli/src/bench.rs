@@ -11,7 +11,42 @@ use serde::Serialize;
 use wrapdrive::dummy::CopyMsg;
 use wrapdrive::{Capability, HostConn, Queue, SharedBuf, CAPA_ALLOW_LEGACY};
 
-/// Options of `wd bench`.
+/// Every path `wd bench` measures, in table order.
+const PATHS: [&str; 6] = ["raw", "sync", "async-b1", "async-b8", "async-b32", "legacy"];
+
+/// `wd bench [WHAT]`: the queue benchmark by default, or another one.
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchCmd {
+    #[command(subcommand)]
+    which: Option<Which>,
+    #[command(flatten)]
+    queue: BenchArgs,
+}
+
+/// The benchmarks `wd bench` knows.
+#[derive(clap::Subcommand)]
+enum Which {
+    /// The queue data path against the raw shared-memory limit and the legacy path (default).
+    Queue(BenchArgs),
+    /// Loading files into shareable buffers (`wd load`) against the seed's baselines.
+    Load(crate::bench_load::BenchLoadArgs),
+}
+
+impl BenchCmd {
+    /// Run the chosen benchmark against `host` (`wd --host`; default: an
+    /// embedded host started for the run, so nothing else is needed).
+    pub fn run(self, host: Option<&str>) -> Result<(), String> {
+        let host = host.unwrap_or("embedded");
+        match self.which {
+            None => run(self.queue, host),
+            Some(Which::Queue(a)) => run(a, host),
+            Some(Which::Load(a)) => crate::bench_load::run(a),
+        }
+    }
+}
+
+/// Options of `wd bench queue`.
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// Print JSON instead of a table.
@@ -26,19 +61,10 @@ pub struct BenchArgs {
     /// Request sizes in bytes.
     #[arg(long, value_delimiter = ',', default_values_t = vec![64u64, 4096, 65536])]
     sizes: Vec<u64>,
-    /// Host to measure (default: an embedded host started for the run).
-    #[arg(long)]
-    host: Option<String>,
-    /// Another benchmark instead of the queue's.
-    #[command(subcommand)]
-    other: Option<Other>,
-}
-
-/// Benchmarks other than the queue's.
-#[derive(clap::Subcommand)]
-pub enum Other {
-    /// File loading into shareable buffers (`wd load`) against the seed's baselines.
-    Load(crate::bench_load::BenchLoadArgs),
+    /// Paths to measure (raw and legacy are always measured: every ratio
+    /// is against them).
+    #[arg(long, value_delimiter = ',', default_values_t = PATHS.iter().map(|p| p.to_string()).collect::<Vec<_>>())]
+    paths: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -317,10 +343,7 @@ fn human(n: u64) -> String {
 }
 
 /// Run the benchmark.
-pub fn run(args: BenchArgs) -> Result<(), String> {
-    if let Some(Other::Load(a)) = args.other {
-        return crate::bench_load::run(a);
-    }
+fn run(args: BenchArgs, host: &str) -> Result<(), String> {
     if args.reps == 0 || !(0.01..=60.0).contains(&args.seconds) || args.sizes.is_empty() {
         return Err("need --reps >= 1, --seconds in 0.01..60 and at least one size".into());
     }
@@ -329,8 +352,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             "size {s} out of range 1..=1048576 (the legacy path carries at most 1 MiB)"
         ));
     }
-    let host =
-        HostConn::connect(args.host.as_deref().unwrap_or("embedded")).map_err(|e| e.to_string())?;
+    let host = HostConn::connect(host).map_err(|e| e.to_string())?;
     let mut q = host
         .request_queue(&Capability::new("memcpy").depth(256))
         .map_err(|e| e.to_string())?;
@@ -341,7 +363,14 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
                 .depth(256),
         )
         .map_err(|e| e.to_string())?;
-    let paths = ["raw", "sync", "async-b1", "async-b8", "async-b32", "legacy"];
+    if let Some(p) = args.paths.iter().find(|p| !PATHS.contains(&p.as_str())) {
+        return Err(format!("unknown path '{p}' (known: {})", PATHS.join(", ")));
+    }
+    let paths: Vec<&str> = PATHS
+        .iter()
+        .copied()
+        .filter(|p| matches!(*p, "raw" | "legacy") || args.paths.iter().any(|a| a == p))
+        .collect();
     let mut prog = Progress {
         total: paths.len() * args.sizes.len(),
         done: 0,
@@ -352,7 +381,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         let b = bufs(&mut q, size)?;
         let lb = bufs(&mut legacy, size)?;
         let mut samples: Vec<(&str, Sample)> = Vec::new();
-        for p in paths {
+        for &p in &paths {
             prog.step(&format!("{p} {}", human(size)));
             let s = match p {
                 "raw" => raw_round_trip(size, args.seconds, args.reps),

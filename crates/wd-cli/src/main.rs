@@ -3,7 +3,9 @@
 
 mod bench;
 mod bench_load;
+mod chart;
 mod load;
+mod speed;
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -51,8 +53,11 @@ enum Cmd {
         #[command(subcommand)]
         op: AttrOp,
     },
-    /// Measure the queue data path against the machine's limit and the legacy path.
-    Bench(bench::BenchArgs),
+    /// Benchmarks: the queue data path (default), and more (see `wd bench --help`).
+    Bench(bench::BenchCmd),
+    /// The seed's `openssl speed` table: legacy path, offload, async jobs,
+    /// default threshold and CPU only, in one run.
+    Speed(speed::SpeedArgs),
     /// Load a file into a shareable buffer (overlapped allocation and direct I/O).
     Load(load::LoadArgs),
 }
@@ -197,7 +202,8 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
-        Cmd::Bench(args) => bench::run(args),
+        Cmd::Bench(b) => b.run(cli.host.as_deref()),
+        Cmd::Speed(a) => speed::run(a, cli.host.as_deref()),
         Cmd::Load(args) => load::run(args),
     }
 }

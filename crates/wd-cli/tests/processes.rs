@@ -481,3 +481,104 @@ fn attributes_readable_by_all_writable_by_owner() {
     assert!(text.contains("7 Some(Permission)"), "child said: {text}");
     assert_eq!(attr(&h, "dev0/priority"), "7");
 }
+
+#[test]
+fn fork_child_cannot_use_the_parents_queue_but_can_ask_again() {
+    let host = HostProc::start("dummy");
+    let h = host.conn();
+    let mut q = h.request_queue(&Capability::new("memcpy")).unwrap();
+    assert_eq!(q.call(wrapdrive::Desc::default()).unwrap().status, 0);
+    let socket = host.socket.clone();
+    // SAFETY: the child only uses the library (which checks its fork
+    // generation before touching any lock or ring) and then _exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let code = (|| {
+            // The parent's queue and connection are refused, clearly.
+            match q.call(wrapdrive::Desc::default()) {
+                Err(e) if e.status() == Status::BadState => {}
+                _ => return 10,
+            }
+            if h.get_attr("dev0/driver").is_ok() {
+                return 11;
+            }
+            // A new connection gets a queue of the child's own.
+            let Ok(h2) = HostConn::connect(&socket) else {
+                return 12;
+            };
+            let Ok(mut q2) = h2.request_queue(&Capability::new("memcpy")) else {
+                return 13;
+            };
+            match q2.call(wrapdrive::Desc::default()) {
+                Ok(d) if d.status == 0 => 0,
+                _ => 14,
+            }
+        })();
+        // SAFETY: _exit in the forked child, skipping the parent's atexit state.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(libc::WIFEXITED(status), "child crashed: {status:#x}");
+    assert_eq!(libc::WEXITSTATUS(status), 0, "child check failed");
+    // The parent's queue still works, and the child's queue is gone.
+    assert_eq!(q.call(wrapdrive::Desc::default()).unwrap().status, 0);
+    wait_until("child's queue teardown", || queue_paths(&h).len() == 1);
+}
+
+#[test]
+fn malformed_descriptors_complete_with_a_status() {
+    let host = HostProc::start("dummy");
+    let h = host.conn();
+    let mut q = h
+        .request_queue(&Capability::new("memcpy").depth(64))
+        .unwrap();
+    let buf = SharedBuf::new(8192).unwrap();
+    q.share(buf.addr(), buf.len()).unwrap();
+    // Deterministic xorshift: every field random, lengths and addresses
+    // sometimes plausible.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let known = [0, -14, -22, -90, -95];
+    for round in 0..2000u64 {
+        let mut d = wrapdrive::Desc {
+            opcode: (next() % 4) as u16,
+            flags: if next() % 4 == 0 { next() as u16 } else { 0 },
+            reserved: if next() % 8 == 0 { next() } else { 0 },
+            status: next() as i32,
+            result: next(),
+            ..Default::default()
+        };
+        for chunk in d.payload.chunks_mut(8) {
+            let v = match next() % 4 {
+                0 => buf.addr() + next() % 8192,
+                1 => next() % 16384,
+                2 => 0,
+                _ => next(),
+            };
+            chunk.copy_from_slice(&v.to_le_bytes()[..chunk.len()]);
+        }
+        let done = q.call(d).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert!(
+            known.contains(&done.status),
+            "round {round}: unexpected status {}",
+            done.status
+        );
+    }
+    // The host survived and still serves this queue and others.
+    let good = CopyMsg {
+        src: buf.addr(),
+        dst: buf.addr() + 4096,
+        len: 4096,
+    };
+    assert_eq!(q.call(good.to_desc(0)).unwrap().status, 0);
+    let mut q2 = h.request_queue(&Capability::new("memcpy")).unwrap();
+    assert_eq!(q2.call(wrapdrive::Desc::default()).unwrap().status, 0);
+}

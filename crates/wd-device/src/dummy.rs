@@ -5,7 +5,7 @@
 //! [`OP_NOP`] completes at once (measures the queue alone), [`OP_COPY`]
 //! copies `len` bytes. The completion's `result` is the bytes copied.
 
-use crate::{status, AlgInfo, Dma, Driver, Engine};
+use crate::{status, AlgInfo, DeviceQueue, Dma, Driver, LegacyPlan};
 use wd_ring::Desc;
 
 /// Opcode: do nothing.
@@ -68,19 +68,6 @@ impl CopyMsg {
     }
 }
 
-/// How a request travels on the legacy (socket) path: which client ranges
-/// go into the request payload, which come back from the reply payload, and
-/// the descriptor rewritten to address those payloads.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LegacyPlan {
-    /// Client ranges (address, length) gathered, in order, into the payload.
-    pub inputs: Vec<(u64, u64)>,
-    /// Client ranges (address, length) scattered, in order, from the reply.
-    pub outputs: Vec<(u64, u64)>,
-    /// The descriptor to send.
-    pub desc: Desc,
-}
-
 /// The legacy plan of a memcpy request: source bytes travel in, the copy
 /// travels back.
 pub fn legacy_plan(d: &Desc) -> Result<LegacyPlan, i32> {
@@ -120,15 +107,16 @@ impl Driver for DummyDriver {
         }]
     }
 
-    fn new_engine(&self) -> Box<dyn Engine> {
-        Box::new(DummyEngine)
+    fn open_queue(&self, _alg: u32) -> Box<dyn DeviceQueue> {
+        Box::new(DummyQueue)
     }
 }
 
-struct DummyEngine;
+/// A memcpy queue: stateless.
+struct DummyQueue;
 
-impl Engine for DummyEngine {
-    fn process(&mut self, _alg: u32, desc: &mut Desc, dma: &mut dyn Dma) {
+impl DeviceQueue for DummyQueue {
+    fn process(&mut self, desc: &mut Desc, dma: &mut dyn Dma) {
         match CopyMsg::decode(desc) {
             Err(st) => {
                 desc.status = st;
@@ -194,14 +182,14 @@ mod tests {
     #[test]
     fn copies_and_faults() {
         let mut mem = Flat((0..4096u32).map(|i| i as u8).collect());
-        let mut e = DummyDriver.new_engine();
+        let mut e = DummyDriver.open_queue(0);
         let mut d = CopyMsg {
             src: 0x1000,
             dst: 0x1800,
             len: 16,
         }
         .to_desc(5);
-        e.process(0, &mut d, &mut mem);
+        e.process(&mut d, &mut mem);
         assert_eq!((d.status, d.result, d.tag), (0, 16, 5));
         assert_eq!(&mem.0[0x800..0x810], &mem.0[0..16].to_vec()[..]);
         let mut bad = CopyMsg {
@@ -210,19 +198,19 @@ mod tests {
             len: 16,
         }
         .to_desc(6);
-        e.process(0, &mut bad, &mut mem);
+        e.process(&mut bad, &mut mem);
         assert_eq!(bad.status, status::EFAULT);
     }
 
     #[test]
     fn malformed_messages_are_rejected() {
         let mut mem = Flat(vec![0; 4096]);
-        let mut e = DummyDriver.new_engine();
+        let mut e = DummyDriver.open_queue(0);
         let mut d = Desc {
             opcode: 99,
             ..Desc::default()
         };
-        e.process(0, &mut d, &mut mem);
+        e.process(&mut d, &mut mem);
         assert_eq!(d.status, status::EOPNOTSUPP);
         let mut d = CopyMsg {
             src: 0x1000,
@@ -230,7 +218,7 @@ mod tests {
             len: MAX_COPY + 1,
         }
         .to_desc(1);
-        e.process(0, &mut d, &mut mem);
+        e.process(&mut d, &mut mem);
         assert_eq!(d.status, status::EMSGSIZE);
         let mut d = CopyMsg {
             src: 0x1000,
@@ -239,14 +227,14 @@ mod tests {
         }
         .to_desc(1);
         d.payload[50] = 1;
-        e.process(0, &mut d, &mut mem);
+        e.process(&mut d, &mut mem);
         assert_eq!(d.status, status::EINVAL);
         let mut d = Desc {
             opcode: OP_NOP,
             flags: 3,
             ..Desc::default()
         };
-        e.process(0, &mut d, &mut mem);
+        e.process(&mut d, &mut mem);
         assert_eq!(d.status, status::EINVAL);
     }
 }

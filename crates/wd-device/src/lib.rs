@@ -9,7 +9,7 @@
 
 pub mod dummy;
 
-pub use wd_iommu::Fault;
+pub use wd_iommu::{Access, Fault};
 use wd_ring::Desc;
 
 /// Errors of device set-up.
@@ -46,13 +46,25 @@ pub trait Dma {
     fn read(&mut self, src: u64, buf: &mut [u8]) -> Result<(), Fault>;
     /// Write a local buffer to device memory.
     fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), Fault>;
+    /// The host address of `[iova, iova + len)` when the whole range is one
+    /// contiguous mapping allowing `access`, so a device can work in place
+    /// (zero copy). `None` means "use `read`/`write`", which also record
+    /// any fault. The address stays valid until the request completes; the
+    /// memory may change under the device (the client can write it), so it
+    /// is only ever handed to code that treats it as raw bytes.
+    fn host_range(&mut self, _iova: u64, _len: u64, _access: Access) -> Option<u64> {
+        None
+    }
 }
 
-/// Per-thread processing state of a device.
-pub trait Engine: Send {
+/// A device's side of one queue: its per-queue state (sessions, chaining
+/// state) and the processing of that queue's requests. Created when the
+/// queue is created, dropped when it is torn down (so nothing a client set
+/// up outlives its queue), and only ever used by one thread at a time.
+pub trait DeviceQueue: Send {
     /// Process one request in place: set `desc.status` (0 or a negative
     /// errno) and `desc.result`. Must not panic on any descriptor content.
-    fn process(&mut self, alg: u32, desc: &mut Desc, dma: &mut dyn Dma);
+    fn process(&mut self, desc: &mut Desc, dma: &mut dyn Dma);
 }
 
 /// A device driver.
@@ -66,8 +78,24 @@ pub trait Driver: Send + Sync {
     fn default_priority(&self) -> u32 {
         0
     }
-    /// One engine's state; called once per engine thread.
-    fn new_engine(&self) -> Box<dyn Engine>;
+    /// The device side of a new queue of algorithm `alg` (an index into
+    /// [`Driver::algorithms`]).
+    fn open_queue(&self, alg: u32) -> Box<dyn DeviceQueue>;
+}
+
+/// How a request travels on the legacy (socket) path: which client ranges
+/// go into the request payload, which come back from the reply payload, and
+/// the descriptor rewritten to address those payloads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LegacyPlan {
+    /// Client ranges (address, length) gathered, in order, into the payload.
+    pub inputs: Vec<(u64, u64)>,
+    /// Client ranges (address, length) scattered, in order, from the reply;
+    /// the last one receives whatever the reply holds, up to its length
+    /// (a digest's length is known only when it is produced).
+    pub outputs: Vec<(u64, u64)>,
+    /// The descriptor to send.
+    pub desc: Desc,
 }
 
 /// Negative errno values devices complete requests with.
@@ -84,15 +112,12 @@ pub mod status {
     pub const EMSGSIZE: i32 = -90;
     /// Queue torn down before the request ran.
     pub const ECANCELED: i32 = -125;
+    /// No such session.
+    pub const ENOENT: i32 = -2;
+    /// Session table full.
+    pub const ENOSPC: i32 = -28;
+    /// Authentication failed (AEAD tag mismatch).
+    pub const EBADMSG: i32 = -74;
+    /// Internal error of the device.
+    pub const EIO: i32 = -5;
 }
-
-/// Look up a driver by name.
-pub fn driver_by_name(name: &str) -> Option<Box<dyn Driver>> {
-    match name {
-        "dummy" => Some(Box::new(dummy::DummyDriver)),
-        _ => None,
-    }
-}
-
-/// Names of all built-in drivers.
-pub const DRIVERS: &[&str] = &["dummy"];

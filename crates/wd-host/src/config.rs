@@ -24,7 +24,7 @@ pub const MAX_DEVICES: usize = 64;
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceConfig {
-    /// Driver name ("dummy").
+    /// Driver name (see [`crate::drivers::NAMES`]).
     pub driver: String,
     /// Engine threads serving this device's queues.
     #[serde(default = "default_engines")]
@@ -98,11 +98,11 @@ impl DeviceConfig {
 
     /// Check ranges and that the driver exists.
     pub fn validate(&self) -> Result<(), HostError> {
-        if wd_device::driver_by_name(&self.driver).is_none() {
+        if crate::drivers::by_name(&self.driver).is_none() {
             return Err(HostError::Config(format!(
                 "unknown driver '{}' (available: {})",
                 self.driver,
-                wd_device::DRIVERS.join(", ")
+                crate::drivers::NAMES.join(", ")
             )));
         }
         if !(1..=MAX_ENGINES).contains(&self.engines) {
@@ -145,8 +145,29 @@ fn default_socket() -> String {
 fn default_mode() -> u32 {
     0o666
 }
-fn default_devices() -> Vec<DeviceConfig> {
-    vec![DeviceConfig::new("dummy")]
+/// The devices a host owns when none are named: one of each driver.
+pub fn default_devices() -> Vec<DeviceConfig> {
+    crate::drivers::NAMES
+        .iter()
+        .map(|d| DeviceConfig::new(d))
+        .collect()
+}
+
+/// Parse a list of device specs separated by `;` (as `WD_EMBEDDED_DEVICES`
+/// takes them): `dummy:engines=2;sec`.
+pub fn parse_spec_list(list: &str) -> Result<Vec<DeviceConfig>, HostError> {
+    let devs: Vec<DeviceConfig> = list
+        .split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(DeviceConfig::parse_spec)
+        .collect::<Result<_, _>>()?;
+    if devs.is_empty() || devs.len() > MAX_DEVICES {
+        return Err(HostError::Config(format!(
+            "between 1 and {MAX_DEVICES} devices are needed"
+        )));
+    }
+    Ok(devs)
 }
 
 impl Default for HostConfig {

@@ -7,7 +7,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use wd_device::Engine as DriverEngine;
+use wd_device::DeviceQueue;
 use wd_iommu::{FaultQueue, Prot};
 use wd_ipc::{Channel, Frame, IpcError};
 use wd_proto::{limits, FaultEvent, Message, Status};
@@ -30,7 +30,8 @@ struct Conn<'a> {
     ch: Channel,
     hello: bool,
     queues: HashMap<u32, Arc<Queue>>,
-    legacy: HashMap<u32, Box<dyn DriverEngine>>,
+    /// The device side of legacy queues, which this thread serves itself.
+    legacy: HashMap<u32, Box<dyn DeviceQueue>>,
 }
 
 type Reply = (Message, Vec<OwnedFd>);
@@ -356,7 +357,7 @@ impl Conn<'_> {
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, q.clone());
         self.queues.insert(id, q.clone());
-        engine.attach(q, view);
+        engine.attach(q, view, dev.driver.open_queue(type_n as u32));
         Ok((
             Message::QueueGranted {
                 queue_id: id,
@@ -426,14 +427,17 @@ impl Conn<'_> {
             )
         })?;
         let driver = &self.host.devices[q.device].driver;
-        let engine = self.legacy.entry(id).or_insert_with(|| driver.new_engine());
+        let dev = self
+            .legacy
+            .entry(id)
+            .or_insert_with(|| driver.open_queue(q.alg));
         let mut dma = LegacyDma {
             input: payload,
             output: Vec::new(),
             pasid: id,
         };
-        if catch_unwind(AssertUnwindSafe(|| engine.process(q.alg, &mut d, &mut dma))).is_err() {
-            d.status = -5;
+        if catch_unwind(AssertUnwindSafe(|| dev.process(&mut d, &mut dma))).is_err() {
+            d.status = wd_device::status::EIO;
         }
         q.requests.fetch_add(1, Ordering::Relaxed);
         if d.status == 0 {

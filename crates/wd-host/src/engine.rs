@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use wd_device::{status, Dma, Engine as DriverEngine};
+use wd_device::{status, DeviceQueue, Dma};
 use wd_iommu::{Access, Domain, Fault, FaultReason};
 use wd_ring::{Desc, HostState, RingView};
 
@@ -18,13 +18,16 @@ use crate::queue::{MemModel, Queue, QueueState};
 
 /// Requests taken from one ring per pass (fairness between queues).
 const BATCH: usize = 32;
+/// Idle passes between two reads of the clock.
+const IDLE_CLOCK_EVERY: u32 = 64;
 /// Longest an idle engine sleeps before it looks at its commands again.
 const SLEEP_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Commands to an engine thread.
 pub enum EngineCmd {
-    /// Start serving a queue through this (host-side) ring view.
-    Attach(Arc<Queue>, RingView),
+    /// Start serving a queue through this (host-side) ring view, with the
+    /// device's side of the queue.
+    Attach(Arc<Queue>, RingView, Box<dyn DeviceQueue>),
     /// Stop serving a queue: fail what is left, mark the ring stopped, ack.
     Detach(u32, mpsc::Sender<()>),
     /// Exit the thread.
@@ -45,11 +48,7 @@ pub struct EngineHandle {
 
 impl EngineHandle {
     /// Start an engine thread for a device.
-    pub fn spawn(
-        name: String,
-        engine: Box<dyn DriverEngine>,
-        idle_spin: Duration,
-    ) -> std::io::Result<EngineHandle> {
+    pub fn spawn(name: String, idle_spin: Duration) -> std::io::Result<EngineHandle> {
         let (tx, rx) = mpsc::channel();
         let doorbell =
             Arc::new(wd_sys::eventfd().map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?);
@@ -58,7 +57,6 @@ impl EngineHandle {
         let state = EngineLoop {
             rx,
             doorbell: doorbell.clone(),
-            engine,
             idle_spin,
             queues: Vec::new(),
             sleeping: sleeping.clone(),
@@ -85,9 +83,9 @@ impl EngineHandle {
     }
 
     /// Hand a queue to this engine.
-    pub fn attach(&self, q: Arc<Queue>, view: RingView) {
+    pub fn attach(&self, q: Arc<Queue>, view: RingView, dev: Box<dyn DeviceQueue>) {
         self.load.fetch_add(1, Ordering::Relaxed);
-        self.command(EngineCmd::Attach(q, view));
+        self.command(EngineCmd::Attach(q, view, dev));
     }
 
     /// Take a queue away; returns once the engine no longer touches it.
@@ -113,12 +111,12 @@ impl Drop for EngineHandle {
 struct Served {
     q: Arc<Queue>,
     view: RingView,
+    dev: Box<dyn DeviceQueue>,
 }
 
 struct EngineLoop {
     rx: mpsc::Receiver<EngineCmd>,
     doorbell: Arc<OwnedFd>,
-    engine: Box<dyn DriverEngine>,
     idle_spin: Duration,
     queues: Vec<Served>,
     sleeping: Arc<AtomicBool>,
@@ -131,6 +129,9 @@ impl EngineLoop {
     fn run(mut self) {
         let mut batch: Vec<Desc> = Vec::with_capacity(BATCH);
         let mut last_work = Instant::now();
+        // Idle passes since the clock was last read: reading it costs as
+        // much as a pass, so the idle deadline is checked every few passes.
+        let mut idle_passes = 0u32;
         loop {
             if !self.commands() {
                 break;
@@ -154,15 +155,19 @@ impl EngineLoop {
                 }
             }
             if worked {
-                last_work = Instant::now();
+                idle_passes = 0;
                 continue;
             }
-            if last_work.elapsed() < self.idle_spin {
+            if idle_passes == 0 {
+                last_work = Instant::now();
+            }
+            idle_passes += 1;
+            if idle_passes % IDLE_CLOCK_EVERY != 0 || last_work.elapsed() < self.idle_spin {
                 std::hint::spin_loop();
                 continue;
             }
             self.sleep();
-            last_work = Instant::now();
+            idle_passes = 0;
         }
         for s in self.queues.drain(..) {
             s.view.set_host_state(HostState::Stopped);
@@ -174,7 +179,7 @@ impl EngineLoop {
     fn commands(&mut self) -> bool {
         loop {
             match self.rx.try_recv() {
-                Ok(EngineCmd::Attach(q, view)) => self.queues.push(Served { q, view }),
+                Ok(EngineCmd::Attach(q, view, dev)) => self.queues.push(Served { q, view, dev }),
                 Ok(EngineCmd::Detach(id, ack)) => {
                     if let Some(pos) = self.queues.iter().position(|s| s.q.id == id) {
                         let mut s = self.queues.swap_remove(pos);
@@ -229,10 +234,10 @@ impl EngineLoop {
                     runs_b: &mut self.runs_b,
                     bounce: &mut self.bounce,
                 };
-                let engine = &mut self.engine;
-                let r = catch_unwind(AssertUnwindSafe(|| engine.process(q.alg, d, &mut dma)));
+                let dev = &mut self.queues[i].dev;
+                let r = catch_unwind(AssertUnwindSafe(|| dev.process(d, &mut dma)));
                 if r.is_err() {
-                    d.status = -libc_eio();
+                    d.status = status::EIO;
                     d.result = 0;
                 }
                 if d.status == 0 {
@@ -249,10 +254,6 @@ impl EngineLoop {
         }
         Ok(n)
     }
-}
-
-fn libc_eio() -> i32 {
-    5
 }
 
 /// Fail whatever is still queued on a ring being torn down, then mark it stopped.
@@ -312,6 +313,16 @@ impl QueueDma<'_> {
 }
 
 impl Dma for QueueDma<'_> {
+    fn host_range(&mut self, iova: u64, len: u64, access: Access) -> Option<u64> {
+        // A fault here is not recorded: the caller falls back to read/write,
+        // which records it.
+        self.dom
+            .translate_range(iova, len, access, self.runs_a)
+            .ok()
+            .filter(|_| self.runs_a.len() == 1)
+            .map(|_| self.runs_a[0].0)
+    }
+
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Fault> {
         if len == 0 {
             return Ok(());

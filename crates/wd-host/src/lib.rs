@@ -10,6 +10,7 @@
 pub mod attrs;
 pub mod config;
 mod conn;
+pub mod drivers;
 pub mod engine;
 pub mod queue;
 
@@ -161,13 +162,12 @@ impl Host {
         let (listener, path) = bind(&cfg.socket, cfg.socket_mode)?;
         let mut devices = Vec::new();
         for (n, dc) in cfg.devices.iter().enumerate() {
-            let driver = wd_device::driver_by_name(&dc.driver)
+            let driver = drivers::by_name(&dc.driver)
                 .ok_or_else(|| HostError::Config(format!("unknown driver '{}'", dc.driver)))?;
             let mut engines = Vec::new();
             for e in 0..dc.engines {
                 engines.push(EngineHandle::spawn(
                     format!("wd-dev{n}-e{e}"),
-                    driver.new_engine(),
                     Duration::from_micros(dc.idle_spin_us),
                 )?);
             }

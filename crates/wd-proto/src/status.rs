@@ -38,9 +38,11 @@ pub enum Status {
     Again = 15,
     /// Not a live handle (released or forged).
     BadHandle = 16,
+    /// Authentication failed (an AEAD tag did not match).
+    AuthFailed = 17,
 }
 
-const TABLE: [(Status, i32, &str); 17] = [
+const TABLE: [(Status, i32, &str); 18] = [
     (Status::Ok, 0, "success"),
     (Status::Invalid, 22, "invalid argument"),
     (Status::NoDevice, 19, "no device serves this algorithm"),
@@ -58,6 +60,7 @@ const TABLE: [(Status, i32, &str); 17] = [
     (Status::HostGone, 107, "host not reachable"),
     (Status::Again, 11, "try again"),
     (Status::BadHandle, 9, "not a live handle"),
+    (Status::AuthFailed, 74, "authentication failed"),
 ];
 
 impl Status {
@@ -100,7 +103,7 @@ mod tests {
             assert_eq!(Status::from_errno(t.0.errno()), t.0);
             assert_eq!(Status::from_errno(-t.0.errno()), t.0);
         }
-        assert_eq!(Status::from_u16(17), None);
+        assert_eq!(Status::from_u16(18), None);
         assert_eq!(Status::from_errno(13), Status::Permission);
         assert_eq!(Status::from_errno(9999), Status::Io);
     }

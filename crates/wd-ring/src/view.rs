@@ -60,6 +60,11 @@ pub struct RingView {
     sq_index: u32,
     /// Next completion index to read (client) or write (host).
     cq_index: u32,
+    /// Last validated value of the peer's consumer index of the ring this
+    /// side produces into (client: `sq_head`; host: `cq_head`). Re-read only
+    /// when it says the ring is full, so the hot path does not pull a cache
+    /// line the peer just wrote.
+    peer_head: u32,
 }
 
 // SAFETY: the view only touches shared memory through atomics and volatile
@@ -88,6 +93,7 @@ impl RingView {
             layout,
             sq_index: 0,
             cq_index: 0,
+            peer_head: 0,
         };
         v.word(off::MAGIC).store(RING_MAGIC, Ordering::Relaxed);
         v.word(off::VERSION).store(RING_VERSION, Ordering::Relaxed);
@@ -129,6 +135,7 @@ impl RingView {
             layout,
             sq_index: 0,
             cq_index: 0,
+            peer_head: 0,
         };
         // Acquire: pairs with the Release store of HOST_STATE in `create`.
         let _ = v.word(off::HOST_STATE).load(Ordering::Acquire);
@@ -145,11 +152,14 @@ impl RingView {
             return Err(RingError::BadHeader("descriptor size"));
         }
         // Start from wherever the host is (a fresh ring: zero).
+        let sq_index = v.word(off::SQ_TAIL).load(Ordering::Relaxed);
         let v = RingView {
-            sq_index: v.word(off::SQ_TAIL).load(Ordering::Relaxed),
+            sq_index,
             cq_index: v.word(off::CQ_HEAD).load(Ordering::Relaxed),
+            peer_head: v.word(off::SQ_HEAD).load(Ordering::Relaxed),
             ..v
         };
+        v.layout.pending(v.peer_head, sq_index)?;
         Ok(v)
     }
 
@@ -182,11 +192,15 @@ impl RingView {
     /// Client: write as many of `descs` as fit, publish them with one tail
     /// store, and return how many were queued.
     pub fn submit(&mut self, descs: &[Desc]) -> Result<usize, RingError> {
-        // Acquire: pairs with the host's Release store of SQ_HEAD in `fetch`;
-        // the host has finished copying slots we are about to overwrite.
-        let head = self.word(off::SQ_HEAD).load(Ordering::Acquire);
-        let used = self.layout.pending(head, self.sq_index)?;
-        let n = descs.len().min((self.layout.depth() - used) as usize);
+        let mut free = self.layout.depth() - self.layout.pending(self.peer_head, self.sq_index)?;
+        if (free as usize) < descs.len() {
+            // Acquire: pairs with the host's Release store of SQ_HEAD in
+            // `fetch`; the host has finished copying slots we overwrite.
+            let head = self.word(off::SQ_HEAD).load(Ordering::Acquire);
+            free = self.layout.depth() - self.layout.pending(head, self.sq_index)?;
+            self.peer_head = head;
+        }
+        let n = descs.len().min(free as usize);
         for (i, d) in descs[..n].iter().enumerate() {
             self.write_slot(self.layout.sq_slot(self.sq_index.wrapping_add(i as u32)), d);
         }
@@ -220,7 +234,7 @@ impl RingView {
         if n > 0 {
             self.cq_index = self.cq_index.wrapping_add(n as u32);
             // Release: pairs with the host's Acquire load of CQ_HEAD in
-            // `cq_space`; our copies are done before the host reuses slots.
+            // `cq_space_for`; our copies are done before the host reuses slots.
             self.word(off::CQ_HEAD)
                 .store(self.cq_index, Ordering::Release);
         }
@@ -265,10 +279,22 @@ impl RingView {
     // ------------------------------------------------------------ host
 
     /// Host: free completion slots (validated against the client's head).
-    pub fn cq_space(&self) -> Result<u32, RingError> {
+    pub fn cq_space(&mut self) -> Result<u32, RingError> {
+        // More than can ever be free: always re-read the client's head.
+        self.cq_space_for(self.layout.depth() + 1)
+    }
+
+    /// Host: free completion slots, re-reading the client's head only when
+    /// the cached one leaves fewer than `want`.
+    fn cq_space_for(&mut self, want: u32) -> Result<u32, RingError> {
+        let free = self.layout.depth() - self.layout.pending(self.peer_head, self.cq_index)?;
+        if free >= want {
+            return Ok(free);
+        }
         // Acquire: pairs with the client's Release store of CQ_HEAD in `reap`.
         let head = self.word(off::CQ_HEAD).load(Ordering::Acquire);
         let used = self.layout.pending(head, self.cq_index)?;
+        self.peer_head = head;
         Ok(self.layout.depth() - used)
     }
 
@@ -278,7 +304,11 @@ impl RingView {
         // Acquire: pairs with the client's Release store of SQ_TAIL in `submit`.
         let tail = self.word(off::SQ_TAIL).load(Ordering::Acquire);
         let avail = self.layout.pending(self.sq_index, tail)?;
-        let n = (avail as usize).min(max).min(self.cq_space()? as usize);
+        if avail == 0 || max == 0 {
+            return Ok(0);
+        }
+        let want = avail.min(max.min(u32::MAX as usize) as u32);
+        let n = (want as usize).min(self.cq_space_for(want)? as usize);
         for i in 0..n {
             out.push(self.read_slot(self.layout.sq_slot(self.sq_index.wrapping_add(i as u32))));
         }
@@ -304,7 +334,8 @@ impl RingView {
         if descs.is_empty() {
             return Ok(false);
         }
-        if (self.cq_space()? as usize) < descs.len() {
+        let want = descs.len().min(u32::MAX as usize) as u32;
+        if (self.cq_space_for(want)? as usize) < descs.len() {
             return Err(RingError::Full);
         }
         for (i, d) in descs.iter().enumerate() {

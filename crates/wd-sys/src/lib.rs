@@ -328,6 +328,31 @@ pub fn eventfd_drain(fd: BorrowedFd<'_>) -> Result<u64> {
     Ok(v)
 }
 
+/// One descriptor that is readable whenever any of `fds` is readable or
+/// hung up (an epoll set, level-triggered): what an event loop that takes
+/// a single fd per waiter (OpenSSL's async jobs) waits on.
+pub fn epoll_of(fds: &[BorrowedFd<'_>]) -> Result<OwnedFd> {
+    count();
+    // SAFETY: plain syscall.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    check("epoll_create1", ep as libc::c_long)?;
+    // SAFETY: fresh descriptor owned by nobody else.
+    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+    for fd in fds {
+        count();
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLHUP | libc::EPOLLERR) as u32,
+            u64: fd.as_raw_fd() as u64,
+        };
+        // SAFETY: both descriptors are open; ev is a valid epoll_event.
+        let r = unsafe {
+            libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd(), &mut ev)
+        };
+        check("epoll_ctl", r as libc::c_long)?;
+    }
+    Ok(ep)
+}
+
 /// Readiness of one descriptor after [`poll`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Ready {

@@ -8,11 +8,23 @@ use wd_proto::Status;
 
 use crate::{ClientError, Result};
 
-static ALLOCATOR: Mutex<Option<Allocator>> = Mutex::new(None);
+/// The allocator and the fork generation it belongs to.
+static ALLOCATOR: Mutex<Option<(u64, Allocator)>> = Mutex::new(None);
 
 fn with<T>(f: impl FnOnce(&mut Allocator) -> T) -> T {
     let mut g = ALLOCATOR.lock().unwrap_or_else(|e| e.into_inner());
-    f(g.get_or_insert_with(Allocator::default))
+    let generation = crate::fork_generation();
+    if g.as_ref().is_some_and(|(gen, _)| *gen != generation) {
+        // A forked child: the arenas are shared mappings it has in common
+        // with the parent, so carving more out of them would hand both
+        // processes the same pages. Start afresh; the inherited mappings
+        // stay mapped (the child may still use what it had).
+        if let Some((_, old)) = g.take() {
+            std::mem::forget(old);
+        }
+    }
+    let (_, a) = g.get_or_insert_with(|| (generation, Allocator::default()));
+    f(a)
 }
 
 fn mem_err(e: wd_mem::MemError) -> ClientError {

@@ -118,6 +118,9 @@ extern "C" fn after_fork_in_child() {
 /// Bumped in every forked child: objects created before the fork notice
 /// they belong to the parent.
 pub(crate) fn fork_generation() -> u64 {
+    FORK_HOOK.call_once(|| {
+        let _ = wd_sys::on_fork_child(after_fork_in_child);
+    });
     FORK_GENERATION.load(Ordering::Relaxed)
 }
 
@@ -189,11 +192,14 @@ fn embedded_host() -> Result<Arc<wd_host::Host>> {
     if let Some(h) = g.as_ref() {
         return Ok(h.clone());
     }
-    let h = Arc::new(
-        wd_host::Host::embedded(vec![DeviceConfig::new("dummy")]).map_err(|e| {
-            ClientError::new(e.status(), format!("cannot start the embedded host: {e}"))
-        })?,
-    );
+    let devices = match std::env::var("WD_EMBEDDED_DEVICES") {
+        Ok(list) => wd_host::config::parse_spec_list(&list)
+            .map_err(|e| ClientError::new(e.status(), format!("WD_EMBEDDED_DEVICES: {e}")))?,
+        Err(_) => wd_host::config::default_devices(),
+    };
+    let h = Arc::new(wd_host::Host::embedded(devices).map_err(|e| {
+        ClientError::new(e.status(), format!("cannot start the embedded host: {e}"))
+    })?);
     *g = Some(h.clone());
     Ok(h)
 }
@@ -215,7 +221,8 @@ impl HostConn {
     }
 
     /// Connect to this process's in-process host, starting it on first use
-    /// (one dummy device), so programs run with nothing else started.
+    /// (one device of each driver, or `WD_EMBEDDED_DEVICES`, e.g.
+    /// `dummy:engines=2;sec`), so programs run with nothing else started.
     pub fn embedded() -> Result<Arc<HostConn>> {
         let h = embedded_host()?;
         let addr = h.address().to_string();
@@ -228,9 +235,7 @@ impl HostConn {
     }
 
     fn connect_inner(addr: &str, embedded: Option<Arc<wd_host::Host>>) -> Result<Arc<HostConn>> {
-        FORK_HOOK.call_once(|| {
-            let _ = wd_sys::on_fork_child(after_fork_in_child);
-        });
+        fork_generation();
         let sock = if let Some(name) = addr.strip_prefix('@') {
             use std::os::linux::net::SocketAddrExt;
             let a = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())

@@ -12,6 +12,10 @@ use wd_sys::Mapping;
 
 use crate::{fork_generation, forked_error, unexpected, Capability, ClientError, HostConn, Result};
 
+/// Descriptors moved per ring operation.
+const SCRATCH: usize = 32;
+/// Spin iterations between two reads of the clock while waiting.
+const SPIN_CLOCK_EVERY: u32 = 32;
 /// How long a waiter polls the ring before it sleeps.
 const SPIN: Duration = Duration::from_micros(50);
 /// How often an idle non-blocking `recv` checks that the host lives.
@@ -73,10 +77,18 @@ pub struct Queue {
     doorbell: OwnedFd,
     cq_event: OwnedFd,
     socket: OwnedFd,
+    /// Readable when a completion is signalled or the host hangs up
+    /// (made on first use of [`Queue::wait_fd`]).
+    wait_set: Option<OwnedFd>,
     /// Cookie per in-flight tag slot.
     slots: Vec<Option<u64>>,
     free_slots: Vec<u32>,
     stash: VecDeque<Completion>,
+    /// Descriptors being submitted or reaped (allocated once, so the hot
+    /// path neither allocates nor clears memory).
+    scratch: Vec<Desc>,
+    /// Output vector of `recv`, kept to avoid an allocation per call.
+    recv_one: Vec<Completion>,
     shares: Vec<Share>,
     stats: QueueStats,
     last_liveness: Instant,
@@ -162,9 +174,12 @@ impl Queue {
             doorbell,
             cq_event,
             socket,
+            wait_set: None,
             slots: vec![None; depth as usize],
             free_slots: (0..depth).rev().collect(),
             stash: VecDeque::new(),
+            scratch: vec![Desc::default(); SCRATCH],
+            recv_one: Vec::with_capacity(1),
             shares: Vec::new(),
             stats: QueueStats::default(),
             last_liveness: Instant::now(),
@@ -255,23 +270,25 @@ impl Queue {
             return Ok(reqs.len());
         }
         let n = reqs.len().min(self.free_slots.len());
-        let mut descs = [Desc::default(); 32];
+        let mut descs = std::mem::take(&mut self.scratch);
         let mut done = 0;
         while done < n {
             let k = (n - done).min(descs.len());
-            for i in 0..k {
+            for (d, (req, cookie)) in descs[..k].iter_mut().zip(&reqs[done..done + k]) {
                 let slot = self.free_slots.pop().expect("counted free slots");
-                self.slots[slot as usize] = Some(reqs[done + i].1);
-                descs[i] = reqs[done + i].0;
-                descs[i].tag = slot as u64;
+                self.slots[slot as usize] = Some(*cookie);
+                *d = *req;
+                d.tag = slot as u64;
             }
-            let queued = self
-                .view
-                .submit(&descs[..k])
-                .map_err(|e| ClientError::new(Status::BadState, e.to_string()))?;
-            debug_assert_eq!(queued, k, "slots bound submissions to the depth");
+            let queued = self.view.submit(&descs[..k]);
+            if let Err(e) = queued {
+                self.scratch = descs;
+                return Err(ClientError::new(Status::BadState, e.to_string()));
+            }
+            debug_assert_eq!(queued, Ok(k), "slots bound submissions to the depth");
             done += k;
         }
+        self.scratch = descs;
         self.stats.sent += n as u64;
         if n > 0 && self.view.engine_needs_wakeup() {
             self.ring_doorbell()?;
@@ -334,32 +351,10 @@ impl Queue {
             return Ok(stashed);
         }
         let mut total = stashed;
-        let mut descs = [Desc::default(); 32];
-        while total < max {
-            let k = (max - total).min(descs.len());
-            let n = self
-                .view
-                .reap(&mut descs[..k])
-                .map_err(|e| ClientError::new(Status::BadState, e.to_string()))?;
-            for d in &descs[..n] {
-                let slot = d.tag as usize;
-                let cookie = match self.slots.get_mut(slot).and_then(|s| s.take()) {
-                    Some(c) => c,
-                    None => {
-                        return Err(ClientError::new(
-                            Status::Protocol,
-                            format!("host completed tag {} that is not in flight", d.tag),
-                        ))
-                    }
-                };
-                self.free_slots.push(slot as u32);
-                out.push(Completion { cookie, desc: *d });
-            }
-            total += n;
-            if n < k {
-                break;
-            }
-        }
+        let mut descs = std::mem::take(&mut self.scratch);
+        let r = self.reap_into(&mut descs, out, max - stashed);
+        self.scratch = descs;
+        total += r?;
         self.stats.received += total as u64;
         if total == 0 {
             if let Some(e) = self.ring_state_error() {
@@ -378,11 +373,48 @@ impl Queue {
         Ok(total)
     }
 
+    /// Reap up to `max` completions from the ring into `out`, turning
+    /// tags back into cookies.
+    fn reap_into(
+        &mut self,
+        descs: &mut [Desc],
+        out: &mut Vec<Completion>,
+        max: usize,
+    ) -> Result<usize> {
+        let mut total = 0;
+        while total < max {
+            let k = (max - total).min(descs.len());
+            let n = self
+                .view
+                .reap(&mut descs[..k])
+                .map_err(|e| ClientError::new(Status::BadState, e.to_string()))?;
+            for d in &descs[..n] {
+                let slot = d.tag as usize;
+                let Some(cookie) = self.slots.get_mut(slot).and_then(|s| s.take()) else {
+                    return Err(ClientError::new(
+                        Status::Protocol,
+                        format!("host completed tag {} that is not in flight", d.tag),
+                    ));
+                };
+                self.free_slots.push(slot as u32);
+                out.push(Completion { cookie, desc: *d });
+            }
+            total += n;
+            if n < k {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
     /// Receive one completion without blocking (`None` if none is ready).
     pub fn recv(&mut self) -> Result<Option<Completion>> {
-        let mut v = Vec::with_capacity(1);
-        self.recv_batch(&mut v, 1)?;
-        Ok(v.pop())
+        let mut one = std::mem::take(&mut self.recv_one);
+        one.clear();
+        let r = self.recv_batch(&mut one, 1);
+        let c = one.pop();
+        self.recv_one = one;
+        r.map(|_| c)
     }
 
     /// Receive one completion, waiting up to `timeout` (`None`: until one
@@ -431,14 +463,69 @@ impl Queue {
         }
     }
 
+    /// Whether completions are waiting to be received.
+    pub fn completions_ready(&self) -> bool {
+        !self.stash.is_empty() || self.view.completions_ready().unwrap_or(1) > 0
+    }
+
+    /// One descriptor for event loops: readable after [`Queue::arm_wait`]
+    /// once a completion is posted, or when the host goes away.
+    pub fn wait_fd(&mut self) -> Result<std::os::fd::BorrowedFd<'_>> {
+        if self.wait_set.is_none() {
+            let set = wd_sys::epoll_of(&[self.cq_event.as_fd(), self.socket.as_fd()])?;
+            self.wait_set = Some(set);
+        }
+        Ok(self.wait_set.as_ref().expect("made above").as_fd())
+    }
+
+    /// Ask the host to signal [`Queue::wait_fd`] at the next completion.
+    /// Returns true when a completion is already there (then do not wait:
+    /// the signal may never come). Undo with [`Queue::disarm_wait`].
+    pub fn arm_wait(&mut self) -> Result<bool> {
+        if !self.stash.is_empty() {
+            return Ok(true);
+        }
+        self.view
+            .client_prepare_wait()
+            .map_err(|e| ClientError::new(Status::BadState, e.to_string()))
+    }
+
+    /// Make [`Queue::wait_fd`] readable now (a waiter found work already
+    /// there but must still go through its event loop).
+    pub fn kick_wait(&mut self) -> Result<()> {
+        wd_sys::eventfd_signal(self.cq_event.as_fd())?;
+        Ok(())
+    }
+
+    /// After waking: withdraw the request to be signalled and consume the
+    /// signal.
+    pub fn disarm_wait(&mut self) {
+        self.view.client_end_wait();
+        let _ = wd_sys::eventfd_drain(self.cq_event.as_fd());
+    }
+
+    /// Block until a completion is ready (spin briefly, then sleep), the
+    /// timeout passes, or the host goes away (an error).
+    pub fn wait_completion(&mut self, timeout: Option<Duration>) -> Result<()> {
+        if !self.stash.is_empty() {
+            return Ok(());
+        }
+        self.wait(timeout)
+    }
+
     /// Wait until a completion is posted: spin briefly, then sleep on the
     /// completion doorbell and the control socket (which hangs up if the
     /// host dies).
     fn wait(&mut self, timeout: Option<Duration>) -> Result<()> {
         let start = Instant::now();
-        while start.elapsed() < SPIN {
+        let mut spins = 0u32;
+        loop {
             if self.view.completions_ready().unwrap_or(1) > 0 {
                 return Ok(());
+            }
+            spins += 1;
+            if spins % SPIN_CLOCK_EVERY == 0 && start.elapsed() >= SPIN {
+                break;
             }
             std::hint::spin_loop();
         }
@@ -482,7 +569,8 @@ impl Queue {
     fn send_legacy(&mut self, desc: Desc, cookie: u64) -> Result<()> {
         let plan = match self.alg.as_str() {
             "memcpy" => wd_device::dummy::legacy_plan(&desc),
-            _ => Err(-95),
+            "cipher" | "digest" => wd_sec::msg::legacy_plan(&desc).map_err(|e| e.status()),
+            _ => Err(wd_device::status::EOPNOTSUPP),
         };
         let plan = match plan {
             Ok(p) => p,
@@ -538,7 +626,15 @@ impl Queue {
             .ok_or_else(|| ClientError::new(Status::Protocol, "bad reply descriptor"))?;
         if done.status == 0 {
             let mut off = 0usize;
-            for &(a, l) in &plan.outputs {
+            let last = plan.outputs.len().saturating_sub(1);
+            for (i, &(a, l)) in plan.outputs.iter().enumerate() {
+                // The last range takes what the reply holds (a digest's
+                // length is known only once it is produced).
+                let l = if i == last {
+                    l.min(out.len().saturating_sub(off) as u64)
+                } else {
+                    l
+                };
                 let end = off + l as usize;
                 if end > out.len() {
                     return Err(ClientError::new(

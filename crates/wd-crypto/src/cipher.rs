@@ -1,0 +1,773 @@
+//! Block cipher sessions (AES-ECB, CBC, CTR, XTS): chained streams across
+//! requests, on the device or the CPU, switching between them without
+//! breaking the chain.
+//!
+//! The chaining value (CBC IV, CTR counter and position) is tracked here
+//! for requests sent to the device, and read back from libcrypto when a
+//! stream leaves the CPU, so a stream can move from the device to the CPU
+//! (host gone, small request) and back: the device continues its own chain
+//! while it holds it, and is given the tracked IV when it takes over.
+
+use wd_sec::evp::CipherCtx;
+use wd_sec::msg::{CipherOp, F_ENCRYPT, F_IV};
+use wd_sec::{Alg, Mode};
+
+use crate::lane::{self, device_status, Kind, Lane, LaneId, NoLane, SLOT};
+use crate::route::{self, Route, Stopwatch};
+use crate::stats::{self, Why};
+use crate::{CryptoError, Result};
+
+/// Encrypt or decrypt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// Plaintext in, ciphertext out.
+    Encrypt,
+    /// Ciphertext in, plaintext out.
+    Decrypt,
+}
+
+/// Where the chain of a stream currently lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Chain {
+    /// Nowhere yet: the next request starts from the tracked IV.
+    Fresh,
+    /// The device session on this lane holds it.
+    Device(LaneId),
+    /// The CPU context holds it (the tracked IV is stale until synced).
+    Cpu,
+}
+
+/// The data of one request: separate input and output, or one buffer
+/// transformed in place.
+enum Io<'a> {
+    Copy(&'a [u8], &'a mut [u8]),
+    InPlace(&'a mut [u8]),
+}
+
+impl<'a> Io<'a> {
+    fn run(self, ctx: &mut CipherCtx) -> Result<()> {
+        match self {
+            Io::Copy(i, o) => ctx.update(o, i)?,
+            Io::InPlace(b) => ctx.update_in_place(b)?,
+        };
+        Ok(())
+    }
+}
+
+/// Key bytes, wiped when dropped.
+struct Key(Vec<u8>);
+
+impl Drop for Key {
+    fn drop(&mut self) {
+        self.0.fill(0);
+        std::hint::black_box(&self.0);
+    }
+}
+
+/// A request in flight (see [`Cipher::start`]).
+#[derive(Debug)]
+#[must_use = "a started request must be finished to get its output and free its slots"]
+pub struct Job {
+    parts: Vec<Part>,
+    len: usize,
+    /// Computed at once on the CPU (the output is already written).
+    done_on_cpu: bool,
+}
+
+#[derive(Debug)]
+struct Part {
+    lane: LaneId,
+    token: u64,
+    slot: u16,
+    offset: usize,
+    len: usize,
+    /// CBC encryption: the chaining value comes from this part's output.
+    last_of_cbc_encrypt: bool,
+}
+
+impl Job {
+    fn cpu(len: usize) -> Job {
+        Job {
+            parts: Vec::new(),
+            len,
+            done_on_cpu: true,
+        }
+    }
+
+    /// Bytes this request produces.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it produces nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether the request was computed at once (on the CPU).
+    pub fn is_done(&self) -> bool {
+        self.done_on_cpu
+    }
+}
+
+/// The tracked part of a stream's state, saved to redo a request.
+type Saved = ([u8; 16], usize, bool);
+
+/// A cipher session.
+pub struct Cipher {
+    alg: Alg,
+    mode: Mode,
+    key: Key,
+    dir: Direction,
+    iv: [u8; 16],
+    iv_set: bool,
+    /// CTR: bytes already used of the current keystream block.
+    ctr_used: usize,
+    chain: Chain,
+    /// Device sessions of this key, per lane.
+    dev: Vec<(LaneId, u64)>,
+    cpu: Option<CipherCtx>,
+    /// Direction the CPU context's key schedule is for.
+    cpu_keyed: Option<Direction>,
+    /// Device requests of this stream not yet finished.
+    in_flight: usize,
+}
+
+impl std::fmt::Debug for Cipher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cipher")
+            .field("alg", &self.alg.name())
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+fn host_gone(message: &str) -> CryptoError {
+    CryptoError::Device {
+        status: wrapdrive::Status::HostGone,
+        message: message.into(),
+    }
+}
+
+impl Cipher {
+    /// A session for `name` (e.g. `aes-128-cbc`) with `key`.
+    pub fn new(name: &str, key: &[u8], dir: Direction) -> Result<Cipher> {
+        let alg = Alg::by_name(name)
+            .filter(|a| a.is_cipher())
+            .ok_or_else(|| CryptoError::invalid(format!("unknown cipher '{name}'")))?;
+        let Alg::Aes { mode, .. } = alg else {
+            unreachable!("ciphers are AES")
+        };
+        if mode == Mode::Gcm {
+            return Err(CryptoError::invalid(format!("{name} is an AEAD: use Aead")));
+        }
+        if key.len() != alg.key_len() {
+            return Err(CryptoError::invalid(format!(
+                "{name} needs a {}-byte key, got {}",
+                alg.key_len(),
+                key.len()
+            )));
+        }
+        if mode == Mode::Xts && key[..key.len() / 2] == key[key.len() / 2..] {
+            return Err(CryptoError::invalid("XTS needs two different key halves"));
+        }
+        Ok(Cipher {
+            alg,
+            mode,
+            key: Key(key.to_vec()),
+            dir,
+            iv: [0; 16],
+            iv_set: mode == Mode::Ecb,
+            ctr_used: 0,
+            chain: Chain::Fresh,
+            dev: Vec::new(),
+            cpu: None,
+            cpu_keyed: None,
+            in_flight: 0,
+        })
+    }
+
+    /// The algorithm.
+    pub fn alg(&self) -> Alg {
+        self.alg
+    }
+
+    /// The direction.
+    pub fn direction(&self) -> Direction {
+        self.dir
+    }
+
+    /// Change direction (keeps the key; a new IV is needed, except ECB).
+    pub fn set_direction(&mut self, dir: Direction) -> Result<()> {
+        self.idle()?;
+        if dir != self.dir {
+            self.dir = dir;
+            self.chain = Chain::Fresh;
+            self.iv_set = self.mode == Mode::Ecb;
+        }
+        Ok(())
+    }
+
+    /// Start a new message with `iv` (CBC IV, CTR counter block, XTS tweak).
+    pub fn set_iv(&mut self, iv: &[u8]) -> Result<()> {
+        self.idle()?;
+        if iv.len() != self.alg.iv_len() {
+            return Err(CryptoError::invalid(format!(
+                "{} needs a {}-byte IV, got {}",
+                self.alg.name(),
+                self.alg.iv_len(),
+                iv.len()
+            )));
+        }
+        self.iv[..iv.len()].copy_from_slice(iv);
+        self.iv_set = true;
+        self.ctr_used = 0;
+        self.chain = Chain::Fresh;
+        Ok(())
+    }
+
+    /// The current chaining value (CBC: the next IV; CTR: the counter).
+    pub fn iv(&mut self) -> &[u8] {
+        let _ = self.sync_from_cpu();
+        &self.iv[..self.alg.iv_len()]
+    }
+
+    fn idle(&self) -> Result<()> {
+        if self.in_flight > 0 {
+            return Err(CryptoError::invalid(
+                "requests of this session are still in flight",
+            ));
+        }
+        Ok(())
+    }
+
+    fn check(&self, n: usize) -> Result<()> {
+        if !self.iv_set {
+            return Err(CryptoError::invalid(match self.mode {
+                Mode::Xts => "XTS needs set_iv (the tweak) before every data unit",
+                _ => "set_iv first",
+            }));
+        }
+        if n as u64 % self.alg.granule() != 0 {
+            return Err(CryptoError::invalid(format!(
+                "{} works on whole 16-byte blocks; buffer partial blocks",
+                self.alg.name()
+            )));
+        }
+        if self.mode == Mode::Xts && n < 16 {
+            return Err(CryptoError::invalid(
+                "an XTS data unit is at least 16 bytes",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Encrypt or decrypt `input` into `output` (at least as long),
+    /// continuing the stream. Waits for the result.
+    pub fn update(&mut self, input: &[u8], output: &mut [u8]) -> Result<usize> {
+        if output.len() < input.len() {
+            return Err(CryptoError::invalid("output shorter than input"));
+        }
+        let n = input.len();
+        let output = &mut output[..n];
+        self.check(n)?;
+        let timed = match self.route(n, false) {
+            (Route::Cpu(why), timed) => {
+                let watch = Stopwatch::start(timed);
+                self.cpu_update(Io::Copy(input, output))?;
+                stats::on_cpu(n, why);
+                watch.stop(Kind::Cipher, n, true);
+                return Ok(n);
+            }
+            (Route::Device, timed) => timed,
+        };
+        let watch = Stopwatch::start(timed);
+        let head = self.ctr_head(n);
+        if head > 0 {
+            self.cpu_update(Io::Copy(&input[..head], &mut output[..head]))?;
+            stats::on_cpu(head, Why::Policy);
+        }
+        let saved = self.saved();
+        let alone = self.in_flight == 0;
+        let r = match self.submit(&input[head..], head)? {
+            Ok(job) => self.complete(job, output, true).map(|_| ()),
+            Err(why) => Err((host_gone("no queue"), Some(why))),
+        };
+        self.after_device(r, saved, alone, watch, n, |c| {
+            c.cpu_update(Io::Copy(&input[head..], &mut output[head..]))
+        })
+    }
+
+    /// As [`Cipher::update`], transforming `buf` in place.
+    pub fn update_in_place(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let n = buf.len();
+        self.check(n)?;
+        let timed = match self.route(n, false) {
+            (Route::Cpu(why), timed) => {
+                let watch = Stopwatch::start(timed);
+                self.cpu_update(Io::InPlace(buf))?;
+                stats::on_cpu(n, why);
+                watch.stop(Kind::Cipher, n, true);
+                return Ok(n);
+            }
+            (Route::Device, timed) => timed,
+        };
+        let watch = Stopwatch::start(timed);
+        let head = self.ctr_head(n);
+        if head > 0 {
+            self.cpu_update(Io::InPlace(&mut buf[..head]))?;
+            stats::on_cpu(head, Why::Policy);
+        }
+        let saved = self.saved();
+        let alone = self.in_flight == 0;
+        let r = match self.submit(&buf[head..], head)? {
+            Ok(job) => self.complete(job, buf, true).map(|_| ()),
+            Err(why) => Err((host_gone("no queue"), Some(why))),
+        };
+        self.after_device(r, saved, alone, watch, n, |c| {
+            c.cpu_update(Io::InPlace(&mut buf[head..]))
+        })
+    }
+
+    /// After a device attempt: on success report the time; when the host
+    /// died with the request (or there was no queue), redo it on the CPU:
+    /// the input is intact (the output is written only at completion) and
+    /// the chain was saved.
+    fn after_device(
+        &mut self,
+        r: std::result::Result<(), (CryptoError, Option<Why>)>,
+        saved: Saved,
+        alone: bool,
+        watch: Stopwatch,
+        n: usize,
+        redo: impl FnOnce(&mut Cipher) -> Result<()>,
+    ) -> Result<usize> {
+        match r {
+            Ok(()) => {
+                watch.stop(Kind::Cipher, n, false);
+                Ok(n)
+            }
+            Err((e, why)) if (e.host_gone() || why.is_some()) && alone => {
+                self.restore(saved);
+                redo(self)?;
+                stats::on_cpu(n, why.unwrap_or(Why::HostGone));
+                Ok(n)
+            }
+            Err((e, _)) => Err(e),
+        }
+    }
+
+    /// One message given as several pieces (a scatter list): the pieces
+    /// go to the device as one batch of chained requests.
+    pub fn update_sg(&mut self, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<usize> {
+        if inputs.len() != outputs.len() {
+            return Err(CryptoError::invalid("as many outputs as inputs are needed"));
+        }
+        let mut jobs = Vec::with_capacity(inputs.len());
+        let mut first_err = None;
+        for (i, o) in inputs.iter().zip(outputs.iter_mut()) {
+            match self.start(i, o) {
+                Ok(j) => jobs.push(j),
+                Err(e) => {
+                    first_err = Some(e);
+                    break;
+                }
+            }
+        }
+        let mut total = 0;
+        for (j, o) in jobs.into_iter().zip(outputs.iter_mut()) {
+            match self.finish(j, o) {
+                Ok(n) => total += n,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(total), Err)
+    }
+
+    /// Start a request without waiting (asynchronous use): computed at once
+    /// on the CPU when small, else sent to the device. `output` receives a
+    /// CPU result now; a device result is copied into the buffer given to
+    /// [`Cipher::finish`] or [`Cipher::poll`] (the same `output`).
+    pub fn start(&mut self, input: &[u8], output: &mut [u8]) -> Result<Job> {
+        if output.len() < input.len() {
+            return Err(CryptoError::invalid("output shorter than input"));
+        }
+        let n = input.len();
+        self.check(n)?;
+        if let (Route::Cpu(why), _) = self.route(n, true) {
+            self.cpu_update(Io::Copy(input, &mut output[..n]))?;
+            stats::on_cpu(n, why);
+            return Ok(Job::cpu(n));
+        }
+        let head = self.ctr_head(n);
+        if head > 0 {
+            self.cpu_update(Io::Copy(&input[..head], &mut output[..head]))?;
+            stats::on_cpu(head, Why::Policy);
+        }
+        let saved = self.saved();
+        match self.submit(&input[head..], head)? {
+            Ok(mut job) => {
+                job.len = n;
+                Ok(job)
+            }
+            Err(why) => {
+                self.restore(saved);
+                self.cpu_update(Io::Copy(&input[head..], &mut output[head..n]))?;
+                stats::on_cpu(n - head, why);
+                Ok(Job::cpu(n))
+            }
+        }
+    }
+
+    /// As [`Cipher::start`] in place: finish with the same `buf`.
+    pub fn start_in_place(&mut self, buf: &mut [u8]) -> Result<Job> {
+        let n = buf.len();
+        self.check(n)?;
+        if let (Route::Cpu(why), _) = self.route(n, true) {
+            self.cpu_update(Io::InPlace(buf))?;
+            stats::on_cpu(n, why);
+            return Ok(Job::cpu(n));
+        }
+        let head = self.ctr_head(n);
+        if head > 0 {
+            self.cpu_update(Io::InPlace(&mut buf[..head]))?;
+            stats::on_cpu(head, Why::Policy);
+        }
+        let saved = self.saved();
+        match self.submit(&buf[head..], head)? {
+            Ok(mut job) => {
+                job.len = n;
+                Ok(job)
+            }
+            Err(why) => {
+                self.restore(saved);
+                self.cpu_update(Io::InPlace(&mut buf[head..]))?;
+                stats::on_cpu(n - head, why);
+                Ok(Job::cpu(n))
+            }
+        }
+    }
+
+    /// Where a request of `n` bytes goes; a stream with requests on the
+    /// device stays there (order).
+    fn route(&self, n: usize, asynchronous: bool) -> (Route, bool) {
+        if self.in_flight > 0 {
+            return (Route::Device, false);
+        }
+        route::choose_timed(Kind::Cipher, n, asynchronous)
+    }
+
+    /// CTR in the middle of a keystream block: the device can only start
+    /// on a block boundary, so this many bytes are done here first.
+    fn ctr_head(&mut self, n: usize) -> usize {
+        if self.mode != Mode::Ctr || matches!(self.chain, Chain::Device(_)) {
+            return 0;
+        }
+        let _ = self.sync_from_cpu();
+        if self.ctr_used == 0 {
+            0
+        } else {
+            (16 - self.ctr_used).min(n)
+        }
+    }
+
+    fn saved(&mut self) -> Saved {
+        let _ = self.sync_from_cpu();
+        (self.iv, self.ctr_used, self.iv_set)
+    }
+
+    fn restore(&mut self, (iv, ctr_used, iv_set): Saved) {
+        self.iv = iv;
+        self.ctr_used = ctr_used;
+        self.iv_set = iv_set;
+        self.chain = Chain::Fresh;
+    }
+
+    /// When the CPU context holds the chain, copy it into the tracked
+    /// fields (so another path can continue from it).
+    fn sync_from_cpu(&mut self) -> Result<()> {
+        if self.chain != Chain::Cpu || !matches!(self.mode, Mode::Cbc | Mode::Ctr) {
+            return Ok(());
+        }
+        if let Some(ctx) = self.cpu.as_mut() {
+            let (iv, num) = ctx.chain_state()?;
+            self.iv = iv;
+            self.ctr_used = 0;
+            if self.mode == Mode::Ctr && num > 0 {
+                // libcrypto has already stepped its counter past the block
+                // it is using up; ours names that block.
+                self.iv = u128::from_be_bytes(iv).wrapping_sub(1).to_be_bytes();
+                self.ctr_used = num;
+            }
+        }
+        self.chain = Chain::Fresh;
+        Ok(())
+    }
+
+    fn handle_for(&mut self, lane: &mut Lane) -> Result<u64> {
+        if let Some(&(_, h)) = self.dev.iter().find(|(l, _)| *l == lane.id) {
+            return Ok(h);
+        }
+        let h = lane.new_session(self.alg, &self.key.0)?;
+        self.dev.push((lane.id, h));
+        Ok(h)
+    }
+
+    /// Send `input` to the device as chained requests; `Ok(Err(why))`
+    /// when there is no queue (the caller computes on the CPU).
+    fn submit(&mut self, input: &[u8], base: usize) -> Result<std::result::Result<Job, Why>> {
+        self.sync_from_cpu()?;
+        let r = lane::with_lane(Kind::Cipher, |lane| self.device_submit(lane, input, base));
+        match r {
+            Ok(Ok(parts)) => {
+                self.in_flight += parts.len();
+                Ok(Ok(Job {
+                    parts,
+                    len: base + input.len(),
+                    done_on_cpu: false,
+                }))
+            }
+            Ok(Err(e)) => Err(e),
+            Err(NoLane::NoQueue) if self.in_flight == 0 => Ok(Err(Why::NoQueue)),
+            Err(NoLane::HostGone) if self.in_flight == 0 => Ok(Err(Why::HostGone)),
+            Err(_) => Err(host_gone("the host went away with requests of this stream")),
+        }
+    }
+
+    /// Stage and submit `input` (cut into slots) as chained requests.
+    fn device_submit(&mut self, lane: &mut Lane, input: &[u8], base: usize) -> Result<Vec<Part>> {
+        let handle = self.handle_for(lane)?;
+        let mut parts = Vec::with_capacity(input.len().div_ceil(SLOT));
+        let mut off = 0;
+        while off < input.len() {
+            let len = (input.len() - off).min(SLOT);
+            let Some(slot) = lane.take_slot() else {
+                return Err(CryptoError::Busy);
+            };
+            let piece = &input[off..off + len];
+            lane.put(slot, 0, piece);
+            let mut flags = if self.dir == Direction::Encrypt {
+                F_ENCRYPT
+            } else {
+                0
+            };
+            let mut iv = [0u8; 16];
+            let mut iv_len = 0;
+            let continues = self.chain == Chain::Device(lane.id) && self.mode != Mode::Xts;
+            if !continues {
+                flags |= F_IV;
+                if self.mode != Mode::Ecb {
+                    iv = self.iv;
+                    iv_len = 16;
+                }
+            }
+            let addr = lane.slot_addr(slot);
+            let desc = CipherOp {
+                session: handle,
+                flags,
+                src: addr,
+                dst: addr,
+                len: len as u64,
+                iv,
+                iv_len,
+                aad: 0,
+                aad_len: 0,
+                tag: 0,
+                tag_len: 0,
+            }
+            .encode();
+            let token = match lane.submit(desc) {
+                Ok(t) => t,
+                Err(e) => {
+                    lane.put_slot(slot);
+                    return Err(e);
+                }
+            };
+            self.chain = Chain::Device(lane.id);
+            self.advance_chain(piece);
+            parts.push(Part {
+                lane: lane.id,
+                token,
+                slot,
+                offset: base + off,
+                len,
+                last_of_cbc_encrypt: self.mode == Mode::Cbc
+                    && self.dir == Direction::Encrypt
+                    && off + len == input.len(),
+            });
+            off += len;
+        }
+        Ok(parts)
+    }
+
+    /// Wait for a started request and copy its result into `output` (the
+    /// buffer given to `start`).
+    pub fn finish(&mut self, job: Job, output: &mut [u8]) -> Result<usize> {
+        match self.complete(job, output, true) {
+            Ok(Ok(n)) => Ok(n),
+            Ok(Err(_)) => unreachable!("a blocking finish completes"),
+            Err((e, _)) => Err(e),
+        }
+    }
+
+    /// Non-blocking [`Cipher::finish`]: `Err((job, None))` while the
+    /// device works (call again with the job), `Err((_, Some(e)))` if the
+    /// request failed.
+    pub fn poll(
+        &mut self,
+        job: Job,
+        output: &mut [u8],
+    ) -> std::result::Result<usize, (Job, Option<CryptoError>)> {
+        match self.complete(job, output, false) {
+            Ok(Ok(n)) => Ok(n),
+            Ok(Err(job)) => Err((job, None)),
+            Err((e, _)) => Err((Job::cpu(0), Some(e))),
+        }
+    }
+
+    /// Finish a job: `Ok(Err(job))` if not done (non-blocking), the error
+    /// with "no queue" otherwise.
+    #[allow(clippy::type_complexity)]
+    fn complete(
+        &mut self,
+        mut job: Job,
+        output: &mut [u8],
+        block: bool,
+    ) -> std::result::Result<std::result::Result<usize, Job>, (CryptoError, Option<Why>)> {
+        if job.done_on_cpu {
+            return Ok(Ok(job.len));
+        }
+        if output.len() < job.len {
+            self.abandon(&job);
+            return Err((
+                CryptoError::invalid("output shorter than the request"),
+                None,
+            ));
+        }
+        let mut first_err: Option<CryptoError> = None;
+        let r = lane::with_open_lane(Kind::Cipher, |lane| {
+            while let Some(p) = job.parts.first() {
+                if p.lane != lane.id {
+                    return Err(host_gone("the queue of this request is gone"));
+                }
+                let d = if block {
+                    lane.wait(p.token)?
+                } else {
+                    match lane.poll(p.token)? {
+                        Some(d) => d,
+                        None => return Ok(false),
+                    }
+                };
+                let p = job.parts.remove(0);
+                self.in_flight -= 1;
+                match device_status(d.status, "cipher") {
+                    Ok(()) => {
+                        let out = &mut output[p.offset..p.offset + p.len];
+                        lane.get(p.slot, 0, out);
+                        if p.last_of_cbc_encrypt && self.chain == Chain::Device(p.lane) {
+                            self.iv.copy_from_slice(&out[out.len() - 16..]);
+                        }
+                        stats::offloaded(p.len);
+                    }
+                    Err(e) => {
+                        // The device's chain is now unknown: restart it from
+                        // the tracked IV next time.
+                        self.chain = Chain::Fresh;
+                        first_err.get_or_insert(e);
+                    }
+                }
+                lane.put_slot(p.slot);
+            }
+            Ok(true)
+        });
+        match r {
+            Ok(Ok(true)) => match first_err {
+                Some(e) => Err((e, None)),
+                None => Ok(Ok(job.len)),
+            },
+            Ok(Ok(false)) => Ok(Err(job)),
+            Ok(Err(e)) => {
+                self.abandon(&job);
+                Err((e, None))
+            }
+            Err(_) => {
+                self.abandon(&job);
+                Err((
+                    host_gone("the host went away before the request completed"),
+                    Some(Why::HostGone),
+                ))
+            }
+        }
+    }
+
+    /// Forget the device parts of a job that can no longer complete.
+    fn abandon(&mut self, job: &Job) {
+        self.in_flight -= job.parts.len();
+        self.chain = Chain::Fresh;
+        self.dev
+            .retain(|(l, _)| job.parts.iter().all(|p| p.lane != *l));
+    }
+
+    /// Compute on the CPU, continuing the chain.
+    fn cpu_update(&mut self, io: Io<'_>) -> Result<()> {
+        if self.cpu.is_none() {
+            self.cpu = Some(CipherCtx::new(self.alg)?);
+        }
+        let ctx = self.cpu.as_mut().expect("made above");
+        if self.chain != Chain::Cpu || self.mode == Mode::Xts {
+            let key = (self.cpu_keyed != Some(self.dir)).then_some(&self.key.0[..]);
+            let iv = (self.mode != Mode::Ecb).then_some(&self.iv[..16]);
+            ctx.init(key, iv, self.dir == Direction::Encrypt)?;
+            self.cpu_keyed = Some(self.dir);
+            if self.mode == Mode::Ctr && self.ctr_used > 0 {
+                // Burn the used part of the current keystream block.
+                let mut skip = [0u8; 16];
+                ctx.update_in_place(&mut skip[..self.ctr_used])?;
+            }
+            self.chain = Chain::Cpu;
+        }
+        io.run(ctx)?;
+        if self.mode == Mode::Xts {
+            // One data unit per tweak.
+            self.iv_set = false;
+            self.chain = Chain::Fresh;
+        }
+        Ok(())
+    }
+
+    /// Track the chaining value after `input` was sent to the device (CBC
+    /// encryption learns it from the output at completion).
+    fn advance_chain(&mut self, input: &[u8]) {
+        let n = input.len();
+        match (self.mode, self.dir) {
+            (Mode::Cbc, Direction::Decrypt) => self.iv.copy_from_slice(&input[n - 16..]),
+            (Mode::Ctr, _) => {
+                let total = self.ctr_used + n;
+                let ctr = u128::from_be_bytes(self.iv).wrapping_add((total / 16) as u128);
+                self.iv = ctr.to_be_bytes();
+                self.ctr_used = total % 16;
+            }
+            (Mode::Xts, _) => self.iv_set = false,
+            _ => {}
+        }
+    }
+}
+
+impl Drop for Cipher {
+    fn drop(&mut self) {
+        let dev = std::mem::take(&mut self.dev);
+        if dev.is_empty() {
+            return;
+        }
+        let _ = lane::with_open_lane(Kind::Cipher, |lane| {
+            for (l, h) in &dev {
+                if *l == lane.id {
+                    lane.free_session(*h);
+                }
+            }
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,109 @@
+//! Process-wide settings of the algorithm libraries, from the environment
+//! at first use and from the API.
+//!
+//! * `WD_CRYPTO_THRESHOLD`: requests smaller than this many bytes are
+//!   computed on the CPU (0: always offload). Default [`DEFAULT_THRESHOLD`].
+//! * `WD_CRYPTO_POLICY`: `auto` (default: offload when it pays, see
+//!   [`Policy::Auto`]), `offload` (always, above the threshold) or `cpu`.
+//! * `WD_CRYPTO_LEGACY=1`: use queues with `WD_CAPA_ALLOW_LEGACY` (data
+//!   through the socket, a system call per request: the baseline).
+//! * `WD_CRYPTO_HOST`, else `WD_HOST`: which host (see `wrapdrive`).
+
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Once};
+
+use wrapdrive::HostConn;
+
+use crate::Result;
+
+/// Default small-request threshold in bytes.
+pub const DEFAULT_THRESHOLD: usize = 256;
+
+/// Where requests above the threshold go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Offload what the caller lets overlap (asynchronous requests); a
+    /// synchronous request goes to the device only when a measured
+    /// round trip there beats computing it here, so offloading never makes
+    /// a caller slower.
+    Auto = 0,
+    /// Offload everything at or above the threshold.
+    Offload = 1,
+    /// Compute everything on the CPU.
+    Cpu = 2,
+}
+
+static INIT: Once = Once::new();
+static THRESHOLD: AtomicUsize = AtomicUsize::new(DEFAULT_THRESHOLD);
+static POLICY: AtomicU8 = AtomicU8::new(Policy::Auto as u8);
+static LEGACY: AtomicBool = AtomicBool::new(false);
+
+fn init() {
+    INIT.call_once(|| {
+        if let Some(t) = std::env::var("WD_CRYPTO_THRESHOLD")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+        {
+            THRESHOLD.store(t, Ordering::Relaxed);
+        }
+        if let Ok(p) = std::env::var("WD_CRYPTO_POLICY") {
+            let p = match p.trim() {
+                "offload" => Policy::Offload,
+                "cpu" => Policy::Cpu,
+                _ => Policy::Auto,
+            };
+            POLICY.store(p as u8, Ordering::Relaxed);
+        }
+        if std::env::var("WD_CRYPTO_LEGACY").is_ok_and(|v| v == "1") {
+            LEGACY.store(true, Ordering::Relaxed);
+        }
+    });
+}
+
+/// The small-request threshold.
+pub fn threshold() -> usize {
+    init();
+    THRESHOLD.load(Ordering::Relaxed)
+}
+
+/// Set the small-request threshold (0: always offload).
+pub fn set_threshold(bytes: usize) {
+    init();
+    THRESHOLD.store(bytes, Ordering::Relaxed);
+}
+
+/// The routing policy.
+pub fn policy() -> Policy {
+    init();
+    match POLICY.load(Ordering::Relaxed) {
+        1 => Policy::Offload,
+        2 => Policy::Cpu,
+        _ => Policy::Auto,
+    }
+}
+
+/// Set the routing policy.
+pub fn set_policy(p: Policy) {
+    init();
+    POLICY.store(p as u8, Ordering::Relaxed);
+}
+
+/// Whether lanes use legacy (socket) queues.
+pub fn legacy() -> bool {
+    init();
+    LEGACY.load(Ordering::Relaxed)
+}
+
+/// Use legacy (socket) queues for lanes opened from now on.
+pub fn set_legacy(on: bool) {
+    init();
+    LEGACY.store(on, Ordering::Relaxed);
+}
+
+/// Connect to the configured host.
+pub fn connect() -> Result<Arc<HostConn>> {
+    let addr = std::env::var("WD_CRYPTO_HOST")
+        .or_else(|_| std::env::var("WD_HOST"))
+        .unwrap_or_else(|_| wrapdrive::DEFAULT_HOST.to_string());
+    Ok(HostConn::connect(&addr)?)
+}

@@ -1,0 +1,313 @@
+//! Digests and HMAC: small messages are gathered here and sent as one
+//! request (a one-shot digest is one round trip, no session needed for a
+//! plain hash); long ones stream through a device session.
+
+use wd_sec::evp::DigestCtx;
+use wd_sec::msg::{DigestOp, F_DIGEST_FINAL, F_INIT, MAX_DIGEST};
+use wd_sec::Alg;
+
+use crate::lane::{self, device_status, Kind, Lane, LaneId, NoLane, SLOT};
+use crate::route::{self, Route, Stopwatch};
+use crate::stats::{self, Why};
+use crate::{CryptoError, Result};
+
+/// Bytes gathered before a message starts streaming to its path.
+const GATHER: usize = SLOT - MAX_DIGEST;
+
+enum State {
+    /// Nothing sent anywhere: data waits in `buf`.
+    Gathering,
+    /// Streaming through a device session.
+    Device { lane: LaneId, handle: u64 },
+    /// Streaming through a CPU context.
+    Cpu(DigestCtx),
+}
+
+/// A digest or HMAC computation.
+pub struct Digest {
+    alg: Alg,
+    key: Vec<u8>,
+    buf: Vec<u8>,
+    state: State,
+    total: usize,
+}
+
+impl std::fmt::Debug for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Digest")
+            .field("alg", &self.alg.name())
+            .finish()
+    }
+}
+
+impl Digest {
+    /// A digest (`sha256`) or MAC (`hmac-sha256`, with `key`).
+    pub fn new(name: &str, key: &[u8]) -> Result<Digest> {
+        let alg = Alg::by_name(name)
+            .filter(|a| !a.is_cipher())
+            .ok_or_else(|| CryptoError::invalid(format!("unknown digest '{name}'")))?;
+        match alg {
+            Alg::Digest(_) if !key.is_empty() => {
+                return Err(CryptoError::invalid(format!("{name} takes no key")))
+            }
+            Alg::Hmac(_) if key.len() > wd_sec::msg::MAX_KEY => {
+                return Err(CryptoError::invalid(format!(
+                    "HMAC keys are at most {} bytes",
+                    wd_sec::msg::MAX_KEY
+                )))
+            }
+            _ => {}
+        }
+        Ok(Digest {
+            alg,
+            key: key.to_vec(),
+            buf: Vec::new(),
+            state: State::Gathering,
+            total: 0,
+        })
+    }
+
+    /// The algorithm.
+    pub fn alg(&self) -> Alg {
+        self.alg
+    }
+
+    /// Digest length in bytes.
+    pub fn len(&self) -> usize {
+        self.alg.digest_len()
+    }
+
+    /// Never empty (kept for the `len` convention).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// A copy of the computation so far; refused once a long message
+    /// streams through a device session (its state lives in the host).
+    pub fn try_clone(&self) -> Result<Digest> {
+        let state = match &self.state {
+            State::Gathering => State::Gathering,
+            State::Cpu(c) => State::Cpu(c.try_clone()?),
+            State::Device { .. } => {
+                return Err(CryptoError::Device {
+                    status: wrapdrive::Status::Unsupported,
+                    message: "a digest streaming on the device cannot be copied".into(),
+                })
+            }
+        };
+        Ok(Digest {
+            alg: self.alg,
+            key: self.key.clone(),
+            buf: self.buf.clone(),
+            state,
+            total: self.total,
+        })
+    }
+
+    /// Add data.
+    pub fn update(&mut self, data: &[u8]) -> Result<()> {
+        self.total += data.len();
+        if matches!(self.state, State::Gathering) {
+            if self.buf.len() + data.len() <= GATHER {
+                self.buf.extend_from_slice(data);
+                return Ok(());
+            }
+            // Too long to gather: start streaming on the path a message of
+            // this size deserves.
+            self.start_stream(self.buf.len() + data.len())?;
+        }
+        let pending = std::mem::take(&mut self.buf);
+        self.stream(&pending, false)?;
+        self.stream(data, false).map(|_| ())
+    }
+
+    /// The digest; the object starts over (same key) afterwards.
+    pub fn finish(&mut self) -> Result<Vec<u8>> {
+        let r = self.finish_inner();
+        self.buf.clear();
+        self.total = 0;
+        self.state = State::Gathering;
+        r
+    }
+
+    fn finish_inner(&mut self) -> Result<Vec<u8>> {
+        if matches!(self.state, State::Gathering) {
+            return self.one_shot();
+        }
+        let pending = std::mem::take(&mut self.buf);
+        self.stream(&pending, true)
+            .map(|d| d.expect("a final request yields the digest"))
+    }
+
+    fn cpu_ctx(&self) -> Result<DigestCtx> {
+        Ok(match self.alg {
+            Alg::Digest(h) => DigestCtx::new(h)?,
+            Alg::Hmac(h) => DigestCtx::hmac(h, &self.key)?,
+            Alg::Aes { .. } => unreachable!("checked in new"),
+        })
+    }
+
+    /// The whole message is in `buf`: one request on the chosen path.
+    fn one_shot(&mut self) -> Result<Vec<u8>> {
+        let n = self.buf.len();
+        let (route, timed) = route::choose_timed(Kind::Digest, n, false);
+        let watch = Stopwatch::start(timed);
+        if let Route::Device = route {
+            let r = lane::with_lane(Kind::Digest, |lane| {
+                let handle = match self.alg {
+                    Alg::Hmac(_) => lane.new_session(self.alg, &self.key)?,
+                    _ => 0,
+                };
+                let out = request(lane, self.alg, handle, F_INIT | F_DIGEST_FINAL, &self.buf);
+                if handle != 0 {
+                    lane.free_session(handle);
+                }
+                out
+            });
+            match r {
+                Ok(Ok(d)) => {
+                    stats::offloaded(n);
+                    watch.stop(Kind::Digest, n, false);
+                    return Ok(d.expect("final"));
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(no) => stats::on_cpu(n, why(no)),
+            }
+        } else if let Route::Cpu(w) = route {
+            stats::on_cpu(n, w);
+        }
+        let mut ctx = self.cpu_ctx()?;
+        ctx.update(&self.buf)?;
+        let mut out = [0u8; 64];
+        let len = ctx.finish(&mut out)?;
+        watch.stop(Kind::Digest, n, true);
+        Ok(out[..len].to_vec())
+    }
+
+    fn start_stream(&mut self, n: usize) -> Result<()> {
+        if let Route::Device = route::choose(Kind::Digest, n, false) {
+            let r = lane::with_lane(Kind::Digest, |lane| {
+                let handle = lane.new_session(self.alg, &self.key)?;
+                Ok((lane.id, handle))
+            });
+            match r {
+                Ok(Ok((lane, handle))) => {
+                    self.state = State::Device { lane, handle };
+                    return Ok(());
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {}
+            }
+        }
+        self.state = State::Cpu(self.cpu_ctx()?);
+        Ok(())
+    }
+
+    /// Feed `data` to the stream (and finish it when `last`).
+    fn stream(&mut self, data: &[u8], last: bool) -> Result<Option<Vec<u8>>> {
+        match &mut self.state {
+            State::Gathering => unreachable!("streams start first"),
+            State::Cpu(ctx) => {
+                ctx.update(data)?;
+                stats::on_cpu(data.len(), Why::Policy);
+                if !last {
+                    return Ok(None);
+                }
+                let mut out = [0u8; 64];
+                let len = ctx.finish(&mut out)?;
+                Ok(Some(out[..len].to_vec()))
+            }
+            State::Device { lane: id, handle } => {
+                let (id, handle) = (*id, *handle);
+                let alg = self.alg;
+                let r = lane::with_open_lane(Kind::Digest, |lane| {
+                    if lane.id != id {
+                        return Err(gone());
+                    }
+                    let mut out = None;
+                    let mut chunks = data.chunks(GATHER).peekable();
+                    if chunks.peek().is_none() && last {
+                        out = request(lane, alg, handle, F_DIGEST_FINAL, &[])?;
+                    }
+                    while let Some(c) = chunks.next() {
+                        let fin = last && chunks.peek().is_none();
+                        let flags = if fin { F_DIGEST_FINAL } else { 0 };
+                        out = request(lane, alg, handle, flags, c)?;
+                        stats::offloaded(c.len());
+                    }
+                    if last {
+                        lane.free_session(handle);
+                    }
+                    Ok(out)
+                });
+                match r {
+                    Ok(r) => r,
+                    Err(_) => Err(gone()),
+                }
+            }
+        }
+    }
+}
+
+fn gone() -> CryptoError {
+    CryptoError::Device {
+        status: wrapdrive::Status::HostGone,
+        message: "the host went away in the middle of this digest".into(),
+    }
+}
+
+fn why(no: NoLane) -> Why {
+    match no {
+        NoLane::HostGone => Why::HostGone,
+        NoLane::NoQueue => Why::NoQueue,
+    }
+}
+
+/// One digest request through a staging slot.
+fn request(
+    lane: &mut Lane,
+    alg: Alg,
+    handle: u64,
+    flags: u16,
+    data: &[u8],
+) -> Result<Option<Vec<u8>>> {
+    let slot = lane.take_slot().ok_or(CryptoError::Busy)?;
+    lane.put(slot, 0, data);
+    let addr = lane.slot_addr(slot);
+    let out = addr + (SLOT - MAX_DIGEST) as u64;
+    let desc = DigestOp {
+        session: handle,
+        alg: (handle == 0).then_some(alg),
+        flags,
+        src: addr,
+        len: data.len() as u64,
+        out,
+    }
+    .encode();
+    let r = lane.call(desc).and_then(|d| {
+        device_status(d.status, "digest")?;
+        if flags & F_DIGEST_FINAL == 0 {
+            return Ok(None);
+        }
+        let n = (d.result as usize).min(MAX_DIGEST);
+        let mut digest = vec![0u8; n];
+        lane.get(slot, SLOT - MAX_DIGEST, &mut digest);
+        Ok(Some(digest))
+    });
+    lane.put_slot(slot);
+    r
+}
+
+impl Drop for Digest {
+    fn drop(&mut self) {
+        self.key.fill(0);
+        if let State::Device { lane: id, handle } = self.state {
+            let _ = lane::with_open_lane(Kind::Digest, |lane| {
+                if lane.id == id {
+                    lane.free_session(handle);
+                }
+                Ok(())
+            });
+        }
+    }
+}

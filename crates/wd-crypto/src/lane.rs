@@ -1,0 +1,348 @@
+//! Lanes: a thread's queues to the sec device, each with a staging area of
+//! shared memory the device works in, and the table of completions that
+//! arrived for requests other than the one being waited for.
+//!
+//! The scheduler is per thread: each thread gets its own queues (chosen by
+//! the host from device priority and the thread's NUMA node), so sending
+//! never takes a lock shared with another thread.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wd_sec::msg::{SessionFree, SessionNew};
+use wrapdrive::{Capability, Completion, Desc, HostConn, Queue, SharedBuf, Status};
+
+use crate::{config, CryptoError, Result};
+
+/// Bytes of one staging slot: requests are cut into pieces of this size.
+pub const SLOT: usize = 64 << 10;
+/// Slots (and ring depth) of a lane: requests in flight per thread.
+pub const SLOTS: usize = 64;
+/// How long a thread computes on the CPU after failing to get a queue
+/// before it asks the host again.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Which queue type a lane serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// `cipher` queues (AES in every mode).
+    Cipher,
+    /// `digest` queues (SHA and HMAC).
+    Digest,
+}
+
+impl Kind {
+    fn alg(self) -> &'static str {
+        match self {
+            Kind::Cipher => "cipher",
+            Kind::Digest => "digest",
+        }
+    }
+}
+
+/// Unique id of a lane, so a session never uses a handle of another
+/// (possibly re-created) lane.
+pub type LaneId = u64;
+
+/// A queue with its staging area.
+pub struct Lane {
+    /// Unique id.
+    pub id: LaneId,
+    q: Queue,
+    stage: SharedBuf,
+    free_slots: Vec<u16>,
+    /// Completions reaped while waiting for another request.
+    done: HashMap<u64, Desc>,
+    /// Requests nobody waits for (session frees): dropped when reaped.
+    forget: std::collections::HashSet<u64>,
+    next_token: u64,
+}
+
+impl Lane {
+    fn open(host: &Arc<HostConn>, kind: Kind) -> Result<Lane> {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let mut capa = Capability::new(kind.alg()).depth(SLOTS as u32 * 2);
+        if config::legacy() {
+            capa = capa.flags(wrapdrive::CAPA_ALLOW_LEGACY);
+        }
+        capa.numa_node = current_node();
+        let mut q = host.request_queue(&capa)?;
+        let stage = SharedBuf::new(SLOT * SLOTS)?;
+        if !config::legacy() {
+            q.share(stage.addr(), stage.len())?;
+        }
+        Ok(Lane {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            q,
+            stage,
+            free_slots: (0..SLOTS as u16).rev().collect(),
+            done: HashMap::new(),
+            forget: std::collections::HashSet::new(),
+            next_token: 1,
+        })
+    }
+
+    /// Device address of slot `s`.
+    pub fn slot_addr(&self, s: u16) -> u64 {
+        self.stage.addr() + s as u64 * SLOT as u64
+    }
+
+    /// Copy `data` into slot `s` at `offset`.
+    pub fn put(&self, s: u16, offset: usize, data: &[u8]) {
+        self.stage
+            .write(s as u64 * SLOT as u64 + offset as u64, data);
+    }
+
+    /// Copy out of slot `s` at `offset`.
+    pub fn get(&self, s: u16, offset: usize, out: &mut [u8]) {
+        self.stage.read(s as u64 * SLOT as u64 + offset as u64, out);
+    }
+
+    /// Take a staging slot (None when all are in flight).
+    pub fn take_slot(&mut self) -> Option<u16> {
+        self.free_slots.pop()
+    }
+
+    /// Give a slot back.
+    pub fn put_slot(&mut self, s: u16) {
+        self.free_slots.push(s);
+    }
+
+    /// Requests in flight on this lane.
+    pub fn in_flight(&self) -> usize {
+        self.q.in_flight() as usize
+    }
+
+    /// Send without waiting; the token names the request in `poll`/`wait`.
+    pub fn submit(&mut self, d: Desc) -> Result<u64> {
+        let token = self.next_token;
+        self.next_token += 1;
+        self.q.send(d, token)?;
+        Ok(token)
+    }
+
+    fn reap(&mut self) -> Result<()> {
+        let mut v: Vec<Completion> = Vec::new();
+        self.q.recv_batch(&mut v, SLOTS * 2)?;
+        for c in v {
+            if !self.forget.remove(&c.cookie) {
+                self.done.insert(c.cookie, c.desc);
+            }
+        }
+        Ok(())
+    }
+
+    /// The completion of `token` if it has arrived (non-blocking).
+    pub fn poll(&mut self, token: u64) -> Result<Option<Desc>> {
+        if let Some(d) = self.done.remove(&token) {
+            return Ok(Some(d));
+        }
+        self.reap()?;
+        Ok(self.done.remove(&token))
+    }
+
+    /// Wait for the completion of `token`.
+    pub fn wait(&mut self, token: u64) -> Result<Desc> {
+        loop {
+            if let Some(d) = self.poll(token)? {
+                return Ok(d);
+            }
+            self.q.wait_completion(None)?;
+        }
+    }
+
+    /// Send and wait: one request in flight from this caller.
+    pub fn call(&mut self, d: Desc) -> Result<Desc> {
+        let t = self.submit(d)?;
+        self.wait(t)
+    }
+
+    /// Readable when a completion is signalled (after `arm`) or the host
+    /// goes away: the fd an event loop waits on.
+    pub fn wait_fd(&mut self) -> Result<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        Ok(self.q.wait_fd()?.as_raw_fd())
+    }
+
+    /// Ask to be signalled at the next completion; true when one is already
+    /// there (then do not sleep).
+    pub fn arm(&mut self) -> Result<bool> {
+        if !self.done.is_empty() {
+            return Ok(true);
+        }
+        Ok(self.q.arm_wait()?)
+    }
+
+    /// As [`Lane::arm`], and when a completion is already there, make the
+    /// wait fd readable so an event loop that waits anyway wakes at once.
+    pub fn arm_or_kick(&mut self) -> Result<bool> {
+        let ready = self.arm()?;
+        if ready {
+            self.q.kick_wait()?;
+        }
+        Ok(ready)
+    }
+
+    /// Withdraw `arm` and consume the signal.
+    pub fn disarm(&mut self) {
+        self.q.disarm_wait();
+    }
+
+    /// Create a device session; returns its handle.
+    pub fn new_session(&mut self, alg: wd_sec::Alg, key: &[u8]) -> Result<u64> {
+        let key_addr = if key.len() > wd_sec::msg::INLINE_KEY {
+            if key.len() > SLOT {
+                return Err(CryptoError::Invalid("key too long".into()));
+            }
+            let s = self.take_slot().ok_or(CryptoError::Busy)?;
+            self.put(s, 0, key);
+            Some(s)
+        } else {
+            None
+        };
+        let addr = key_addr.map_or(0, |s| self.slot_addr(s));
+        let r = self.call(SessionNew::new(alg, key, addr).encode());
+        if let Some(s) = key_addr {
+            // The key is in the host now; do not leave a copy behind.
+            self.put(s, 0, &vec![0u8; key.len()]);
+            self.put_slot(s);
+        }
+        let d = r?;
+        device_status(d.status, "session creation")?;
+        Ok(d.result)
+    }
+
+    /// Destroy a device session (best effort: the queue's teardown frees
+    /// whatever is left).
+    pub fn free_session(&mut self, handle: u64) {
+        if let Ok(t) = self.submit(SessionFree { session: handle }.encode()) {
+            // Nobody waits: drop the completion when it comes.
+            self.forget.insert(t);
+        }
+    }
+}
+
+/// Map a device completion status to an error.
+pub fn device_status(status: i32, what: &str) -> Result<()> {
+    match status {
+        0 => Ok(()),
+        -74 => Err(CryptoError::Auth),
+        s => Err(CryptoError::Device {
+            status: Status::from_errno(-s),
+            message: format!("{what} failed on the device: errno {}", -s),
+        }),
+    }
+}
+
+fn current_node() -> i32 {
+    // The host places memory and queues by NUMA node; without a way to
+    // tell ours, any node will do.
+    -1
+}
+
+/// A thread's connection and lanes.
+struct Channel {
+    host: Option<Arc<HostConn>>,
+    lanes: [Option<Lane>; 2],
+    /// After a failure, when to try the host again.
+    retry_at: [Option<Instant>; 2],
+}
+
+thread_local! {
+    static CHANNEL: RefCell<Channel> = const {
+        RefCell::new(Channel { host: None, lanes: [None, None], retry_at: [None, None] })
+    };
+}
+
+fn slot_of(kind: Kind) -> usize {
+    match kind {
+        Kind::Cipher => 0,
+        Kind::Digest => 1,
+    }
+}
+
+/// Why a lane is not available: the CPU computes instead, and the reason
+/// is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoLane {
+    /// No host, no device, or every queue in use.
+    NoQueue,
+    /// The host went away.
+    HostGone,
+}
+
+/// Run `f` with this thread's lane of `kind`, opening it on first use.
+/// `Err(NoLane)` when there is none (the caller computes on the CPU).
+pub fn with_lane<T>(
+    kind: Kind,
+    f: impl FnOnce(&mut Lane) -> Result<T>,
+) -> std::result::Result<Result<T>, NoLane> {
+    lane_call(kind, true, f)
+}
+
+/// As [`with_lane`], but never opens a lane (for finishing and freeing).
+pub fn with_open_lane<T>(
+    kind: Kind,
+    f: impl FnOnce(&mut Lane) -> Result<T>,
+) -> std::result::Result<Result<T>, NoLane> {
+    lane_call(kind, false, f)
+}
+
+fn lane_call<T>(
+    kind: Kind,
+    open: bool,
+    f: impl FnOnce(&mut Lane) -> Result<T>,
+) -> std::result::Result<Result<T>, NoLane> {
+    // try_with: objects dropped during thread exit find no lane.
+    let r = CHANNEL.try_with(|c| {
+        let Ok(mut c) = c.try_borrow_mut() else {
+            return Err(NoLane::NoQueue);
+        };
+        let i = slot_of(kind);
+        let stale = c.host.as_ref().is_some_and(|h| h.is_stale());
+        if stale {
+            // A forked child: the parent's queues are not ours (dropping
+            // them releases nothing of the parent's).
+            c.lanes = [None, None];
+            c.host = None;
+        }
+        if c.lanes[i].is_none() {
+            if !open {
+                return Err(NoLane::NoQueue);
+            }
+            if c.retry_at[i].is_some_and(|t| Instant::now() < t) {
+                return Err(NoLane::NoQueue);
+            }
+            let opened = (|| {
+                if c.host.is_none() {
+                    c.host = Some(config::connect()?);
+                }
+                Lane::open(c.host.as_ref().expect("set above"), kind)
+            })();
+            match opened {
+                Ok(l) => c.lanes[i] = Some(l),
+                Err(_) => {
+                    c.retry_at[i] = Some(Instant::now() + RETRY_AFTER);
+                    return Err(NoLane::NoQueue);
+                }
+            }
+        }
+        let lane = c.lanes[i].as_mut().expect("opened above");
+        let r = f(lane);
+        if let Err(e) = &r {
+            if e.host_gone() {
+                // Drop the lane (and the connection): the next request
+                // computes on the CPU until a host answers again.
+                c.lanes[i] = None;
+                c.host = None;
+                c.retry_at[i] = Some(Instant::now() + RETRY_AFTER);
+                return Err(NoLane::HostGone);
+            }
+        }
+        Ok(r)
+    });
+    r.unwrap_or(Err(NoLane::NoQueue))
+}

@@ -1,0 +1,137 @@
+//! Where a request runs: the threshold, the policy, and for synchronous
+//! requests under the `auto` policy, a per-thread measurement of what each
+//! path costs, so that offloading never makes a caller slower.
+//!
+//! A synchronous caller waits either way, so the device only pays when its
+//! round trip beats computing here. The router keeps, per request-size
+//! class, a moving average of nanoseconds per request on each path, timed
+//! on a sample of requests (timing every request would cost more than a
+//! small request itself), and sends each request to the cheaper path,
+//! re-measuring the other one now and then so a change is noticed.
+
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+use crate::config::{self, Policy};
+use crate::lane::Kind;
+use crate::stats::Why;
+
+/// A routing decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Compute here, counted under this reason.
+    Cpu(Why),
+    /// Send to the device.
+    Device,
+}
+
+/// Time one request in this many (per size class).
+const SAMPLE_EVERY: u32 = 16;
+/// Try the path that looks worse once in this many requests.
+const PROBE_EVERY: u32 = 256;
+/// Size classes: < 1 KiB, < 4 KiB, < 16 KiB, < 64 KiB, larger.
+const CLASSES: usize = 5;
+
+fn class(n: usize) -> usize {
+    match n {
+        0..1024 => 0,
+        1024..4096 => 1,
+        4096..16384 => 2,
+        16384..65536 => 3,
+        _ => 4,
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct Estimate {
+    /// Moving averages of ns per byte, CPU and device (None: unmeasured).
+    cpu: Option<f64>,
+    dev: Option<f64>,
+    count: u32,
+}
+
+thread_local! {
+    static EST: RefCell<[[Estimate; CLASSES]; 2]> = RefCell::new([[Estimate::default(); CLASSES]; 2]);
+}
+
+fn kind_index(k: Kind) -> usize {
+    match k {
+        Kind::Cipher => 0,
+        Kind::Digest => 1,
+    }
+}
+
+/// Decide where a request of `n` bytes goes; the second value says whether
+/// to time it (report with [`record`]).
+pub fn choose_timed(kind: Kind, n: usize, asynchronous: bool) -> (Route, bool) {
+    let policy = config::policy();
+    if policy == Policy::Cpu {
+        return (Route::Cpu(Why::Policy), false);
+    }
+    if n < config::threshold() {
+        return (Route::Cpu(Why::Threshold), false);
+    }
+    if policy == Policy::Offload || asynchronous {
+        return (Route::Device, false);
+    }
+    EST.with(|e| {
+        let mut e = e.borrow_mut();
+        let est = &mut e[kind_index(kind)][class(n)];
+        est.count = est.count.wrapping_add(1);
+        let sample = est.count % SAMPLE_EVERY == 0;
+        let probe = est.count % PROBE_EVERY == 0;
+        match (est.cpu, est.dev) {
+            (None, _) => (Route::Cpu(Why::Policy), true),
+            (_, None) => (Route::Device, true),
+            (Some(c), Some(d)) => {
+                let dev_better = d < c;
+                let take_dev = dev_better != probe;
+                let r = if take_dev {
+                    Route::Device
+                } else {
+                    Route::Cpu(Why::Policy)
+                };
+                (r, sample || probe)
+            }
+        }
+    })
+}
+
+/// Decide where a request goes (no timing).
+pub fn choose(kind: Kind, n: usize, asynchronous: bool) -> Route {
+    choose_timed(kind, n, asynchronous).0
+}
+
+/// Report how long a timed request of `n` bytes took on its path.
+pub fn record(kind: Kind, n: usize, on_cpu: bool, took: Duration) {
+    if n == 0 {
+        return;
+    }
+    let per_byte = took.as_nanos() as f64 / n as f64;
+    EST.with(|e| {
+        let mut e = e.borrow_mut();
+        let est = &mut e[kind_index(kind)][class(n)];
+        let slot = if on_cpu { &mut est.cpu } else { &mut est.dev };
+        *slot = Some(match *slot {
+            None => per_byte,
+            Some(old) => old * 0.75 + per_byte * 0.25,
+        });
+    });
+}
+
+/// A stopwatch that only runs for timed requests.
+pub struct Stopwatch(Option<Instant>);
+
+impl Stopwatch {
+    /// Start when `timed`.
+    pub fn start(timed: bool) -> Stopwatch {
+        Stopwatch(timed.then(Instant::now))
+    }
+
+    /// Report the elapsed time (if running).
+    pub fn stop(self, kind: Kind, n: usize, on_cpu: bool) {
+        if let Some(t) = self.0 {
+            record(kind, n, on_cpu, t.elapsed());
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! CPU fallback: with no host at all, and when the host is killed in the
+//! middle of a chained stream (the stream goes on, correct, on the CPU,
+//! and every fallback is counted).
+#![allow(unsafe_code)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use openssl::symm::{Cipher as OCipher, Crypter, Mode as OMode};
+use wd_crypto::{config, stats, Cipher, Digest, Direction, Policy};
+
+fn reference_cbc(key: &[u8], iv: &[u8], data: &[u8]) -> Vec<u8> {
+    let mut c = Crypter::new(OCipher::aes_128_cbc(), OMode::Encrypt, key, Some(iv)).unwrap();
+    c.pad(false);
+    let mut out = vec![0u8; data.len() + 16];
+    let n = c.update(data, &mut out).unwrap();
+    out.truncate(n);
+    out
+}
+
+/// Entry point of the host process; does nothing in a normal test run.
+#[test]
+fn host_entry() {
+    let Ok(sock) = std::env::var("WD_TEST_HOST_SOCKET") else {
+        return;
+    };
+    let cfg = wrapdrive::HostConfig {
+        socket: sock,
+        socket_mode: 0o600,
+        devices: vec![wrapdrive::DeviceConfig::new("sec")],
+    };
+    let _h = wd_host::Host::start(&cfg).expect("host starts");
+    loop {
+        std::thread::sleep(Duration::from_secs(60));
+    }
+}
+
+#[test]
+fn fallbacks_are_correct_and_counted() {
+    config::set_policy(Policy::Offload);
+    config::set_threshold(0);
+
+    // 1. No host: everything on the CPU, counted as "no queue".
+    std::env::set_var("WD_CRYPTO_HOST", "/nonexistent/wd.sock");
+    let key = [3u8; 16];
+    let iv = [9u8; 16];
+    let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i * 7 + 3) as u8).collect();
+    let want = reference_cbc(&key, &iv, &data);
+    let before = stats();
+    let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
+    c.set_iv(&iv).unwrap();
+    let mut out = vec![0u8; data.len()];
+    c.update(&data, &mut out).unwrap();
+    assert_eq!(out, want);
+    let mut d = Digest::new("sha256", &[]).unwrap();
+    d.update(b"abc").unwrap();
+    assert_eq!(d.finish().unwrap()[0], 0xba);
+    let s = stats();
+    assert!(s.cpu_no_queue - before.cpu_no_queue >= 2, "{s:?}");
+    assert_eq!(s.offload_requests, before.offload_requests);
+    drop(c);
+    // The failure is remembered for a while; let it pass before the next part.
+    std::thread::sleep(Duration::from_millis(1100));
+
+    // 2. A host in another process, killed in the middle of a stream.
+    let dir = std::env::temp_dir().join(format!("wd-crypto-fallback-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("wd.sock");
+    let mut host = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "host_entry", "--nocapture"])
+        .env("WD_TEST_HOST_SOCKET", &sock)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while wrapdrive::HostConn::connect(sock.to_str().unwrap()).is_err() {
+        assert!(t.elapsed() < Duration::from_secs(10), "host did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::env::set_var("WD_CRYPTO_HOST", &sock);
+    let before = stats();
+    let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
+    c.set_iv(&iv).unwrap();
+    let half = data.len() / 2;
+    let mut out = vec![0u8; data.len()];
+    c.update(&data[..half], &mut out[..half]).unwrap();
+    let mid = stats();
+    assert!(
+        mid.offload_bytes - before.offload_bytes >= half as u64,
+        "{mid:?}"
+    );
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(host.id() as i32, libc::SIGKILL) };
+    host.wait().unwrap();
+    c.update(&data[half..], &mut out[half..]).unwrap();
+    assert_eq!(out, want, "the chain survives the host's death");
+    let after = stats();
+    assert!(after.cpu_host_gone - mid.cpu_host_gone >= 1, "{after:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,391 @@
+//! The sec device: two queue types (`cipher`, `digest`), keys held in
+//! host-side sessions referenced by handle, and work done in place in the
+//! client's shared memory whenever the domain maps it contiguously.
+
+use wd_device::{status, AlgInfo, DeviceQueue, Dma, Driver};
+use wd_ring::Desc;
+
+use crate::evp::{self, CipherCtx, DigestCtx};
+use crate::msg::{
+    self, Alg, CipherOp, DigestOp, Hash, Mode, Request, SessionNew, F_DIGEST_FINAL, F_ENCRYPT,
+    F_FINAL, F_INIT, F_IV, INLINE_KEY, MAX_SESSIONS,
+};
+
+/// Queue type index of ciphers (AES in every mode, GCM included).
+pub const TYPE_CIPHER: u32 = 0;
+/// Queue type index of digests and HMAC.
+pub const TYPE_DIGEST: u32 = 1;
+
+/// `flags` bits of the `cipher` queue type: modes served.
+pub mod cipher_flags {
+    /// ECB.
+    pub const ECB: u32 = 1 << 0;
+    /// CBC.
+    pub const CBC: u32 = 1 << 1;
+    /// CTR.
+    pub const CTR: u32 = 1 << 2;
+    /// XTS.
+    pub const XTS: u32 = 1 << 3;
+    /// GCM.
+    pub const GCM: u32 = 1 << 4;
+}
+
+/// `flags` bits of the `digest` queue type: functions served.
+pub mod digest_flags {
+    /// SHA-1.
+    pub const SHA1: u32 = 1 << 0;
+    /// SHA-224.
+    pub const SHA224: u32 = 1 << 1;
+    /// SHA-256.
+    pub const SHA256: u32 = 1 << 2;
+    /// SHA-384.
+    pub const SHA384: u32 = 1 << 3;
+    /// SHA-512.
+    pub const SHA512: u32 = 1 << 4;
+    /// HMAC over each of them.
+    pub const HMAC: u32 = 1 << 8;
+}
+
+/// The sec driver.
+#[derive(Debug, Default)]
+pub struct SecDriver;
+
+impl Driver for SecDriver {
+    fn name(&self) -> &'static str {
+        "sec"
+    }
+
+    fn algorithms(&self) -> Vec<AlgInfo> {
+        use cipher_flags as c;
+        use digest_flags as d;
+        vec![
+            AlgInfo {
+                name: "cipher",
+                flags: c::ECB | c::CBC | c::CTR | c::XTS | c::GCM,
+                device_api: msg::DEVICE_API,
+            },
+            AlgInfo {
+                name: "digest",
+                flags: d::SHA1 | d::SHA224 | d::SHA256 | d::SHA384 | d::SHA512 | d::HMAC,
+                device_api: msg::DEVICE_API,
+            },
+        ]
+    }
+
+    fn default_priority(&self) -> u32 {
+        1
+    }
+
+    fn open_queue(&self, alg: u32) -> Box<dyn DeviceQueue> {
+        Box::new(SecQueue::new(alg))
+    }
+}
+
+/// Key bytes, wiped when dropped.
+struct Key(Vec<u8>);
+
+impl Drop for Key {
+    fn drop(&mut self) {
+        self.0.fill(0);
+        // Keeps the compiler from eliding stores to memory about to be freed.
+        std::hint::black_box(&self.0);
+    }
+}
+
+enum Work {
+    Cipher {
+        ctx: CipherCtx,
+        mode: Mode,
+        /// Direction the context is keyed for (None: not keyed yet).
+        keyed_for: Option<bool>,
+        /// Whether a message is under way (an IV was given).
+        started: bool,
+    },
+    Digest(DigestCtx),
+}
+
+struct Session {
+    alg: Alg,
+    key: Key,
+    work: Work,
+}
+
+/// Sessions of one queue: a slab indexed by handle, with a generation per
+/// slot so a stale handle never reaches a newer session.
+struct Sessions {
+    slots: Vec<(u32, Option<Session>)>,
+    free: Vec<u32>,
+}
+
+impl Sessions {
+    fn handle(index: u32, generation: u32) -> u64 {
+        (u64::from(generation) << 32) | u64::from(index + 1)
+    }
+
+    fn insert(&mut self, s: Session) -> Result<u64, i32> {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None if self.slots.len() < MAX_SESSIONS => {
+                self.slots.push((0, None));
+                self.slots.len() as u32 - 1
+            }
+            None => return Err(status::ENOSPC),
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.0 = slot.0.wrapping_add(1);
+        slot.1 = Some(s);
+        Ok(Sessions::handle(index, slot.0))
+    }
+
+    fn slot(&mut self, handle: u64) -> Result<&mut (u32, Option<Session>), i32> {
+        let index = (handle & 0xffff_ffff) as usize;
+        let generation = (handle >> 32) as u32;
+        match index.checked_sub(1).and_then(|i| self.slots.get_mut(i)) {
+            Some(slot) if slot.0 == generation && slot.1.is_some() => Ok(slot),
+            _ => Err(status::ENOENT),
+        }
+    }
+
+    fn get(&mut self, handle: u64) -> Result<&mut Session, i32> {
+        Ok(self.slot(handle)?.1.as_mut().expect("checked by slot"))
+    }
+
+    fn remove(&mut self, handle: u64) -> Result<(), i32> {
+        self.slot(handle)?.1 = None;
+        self.free.push((handle & 0xffff_ffff) as u32 - 1);
+        Ok(())
+    }
+}
+
+/// The device side of one sec queue.
+pub struct SecQueue {
+    queue_type: u32,
+    sessions: Sessions,
+    /// Contexts of session-less digests, one per hash, made on first use.
+    oneshot: Vec<(Hash, DigestCtx)>,
+    bounce: Vec<u8>,
+}
+
+impl SecQueue {
+    /// A queue of type `queue_type` ([`TYPE_CIPHER`] or [`TYPE_DIGEST`]).
+    pub fn new(queue_type: u32) -> SecQueue {
+        SecQueue {
+            queue_type,
+            sessions: Sessions {
+                slots: Vec::new(),
+                free: Vec::new(),
+            },
+            oneshot: Vec::new(),
+            bounce: Vec::new(),
+        }
+    }
+
+    /// Sessions alive on this queue.
+    pub fn session_count(&self) -> usize {
+        self.sessions.slots.iter().filter(|s| s.1.is_some()).count()
+    }
+
+    fn serves(&self, alg: Alg) -> bool {
+        (self.queue_type == TYPE_CIPHER) == alg.is_cipher()
+    }
+
+    fn session_new(&mut self, s: SessionNew, dma: &mut dyn Dma) -> Result<u64, i32> {
+        if !self.serves(s.alg) {
+            return Err(status::EOPNOTSUPP);
+        }
+        let len = s.key_len as usize;
+        let key = if len <= INLINE_KEY {
+            s.inline_key[..len].to_vec()
+        } else {
+            let mut k = vec![0u8; len];
+            dma.read(s.key_addr, &mut k).map_err(|_| status::EFAULT)?;
+            k
+        };
+        let key = Key(key);
+        let work = match s.alg {
+            Alg::Aes { mode, .. } => Work::Cipher {
+                ctx: CipherCtx::new(s.alg).map_err(|_| status::EOPNOTSUPP)?,
+                mode,
+                keyed_for: None,
+                started: false,
+            },
+            Alg::Digest(h) => Work::Digest(DigestCtx::new(h).map_err(|_| status::EOPNOTSUPP)?),
+            Alg::Hmac(h) => Work::Digest(DigestCtx::hmac(h, &key.0).map_err(|_| status::EINVAL)?),
+        };
+        // ECB needs no IV: a message is always under way.
+        let mut work = work;
+        if let Work::Cipher { started, mode, .. } = &mut work {
+            *started = *mode == Mode::Ecb;
+        }
+        self.sessions.insert(Session {
+            alg: s.alg,
+            key,
+            work,
+        })
+    }
+
+    fn cipher(&mut self, op: CipherOp, dma: &mut dyn Dma) -> Result<u64, i32> {
+        let s = self.sessions.get(op.session)?;
+        let alg = s.alg;
+        let Work::Cipher {
+            ctx,
+            mode,
+            keyed_for,
+            started,
+        } = &mut s.work
+        else {
+            return Err(status::EINVAL);
+        };
+        let mode = *mode;
+        let encrypt = op.flags & F_ENCRYPT != 0;
+        let gcm = mode == Mode::Gcm;
+        if op.len % alg.granule() != 0 {
+            return Err(status::EINVAL);
+        }
+        if !gcm && (op.flags & F_FINAL != 0 || op.aad_len != 0 || op.tag_len != 0) {
+            return Err(status::EINVAL);
+        }
+        if op.flags & F_IV != 0 {
+            let ok = match mode {
+                Mode::Ecb => op.iv_len == 0,
+                Mode::Gcm => op.iv_len >= 1,
+                _ => op.iv_len as usize == alg.iv_len(),
+            };
+            if !ok {
+                return Err(status::EINVAL);
+            }
+        } else if !*started || *keyed_for != Some(encrypt) {
+            // Chaining continues a message in the same direction only.
+            return Err(status::EINVAL);
+        }
+        if mode == Mode::Xts && (op.flags & F_IV == 0 || op.len < 16) {
+            return Err(status::EINVAL);
+        }
+        if gcm && op.flags & F_FINAL != 0 && !(4..=16).contains(&op.tag_len) {
+            return Err(status::EINVAL);
+        }
+        if op.flags & F_IV != 0 {
+            let key = (*keyed_for != Some(encrypt)).then_some(&s.key.0[..]);
+            let iv = (op.iv_len > 0).then_some(&op.iv[..op.iv_len as usize]);
+            ctx.init(key, iv, encrypt).map_err(|_| status::EINVAL)?;
+            *keyed_for = Some(encrypt);
+            *started = true;
+        }
+        if gcm && op.aad_len > 0 {
+            let mut aad = vec![0u8; op.aad_len as usize];
+            dma.read(op.aad, &mut aad).map_err(|_| status::EFAULT)?;
+            ctx.aad(&aad).map_err(|_| status::EIO)?;
+        }
+        let len = op.len as usize;
+        let whole_message = op.flags & (F_IV | F_FINAL) == F_IV | F_FINAL;
+        if gcm && !encrypt && whole_message {
+            // Release no plaintext unless the tag matches: decrypt into
+            // host memory, check, and only then write the result.
+            let mut tag = [0u8; 16];
+            let tag = &mut tag[..op.tag_len as usize];
+            dma.read(op.tag, tag).map_err(|_| status::EFAULT)?;
+            let mut buf = std::mem::take(&mut self.bounce);
+            buf.resize(len, 0);
+            let r = (|| {
+                dma.read(op.src, &mut buf).map_err(|_| status::EFAULT)?;
+                ctx.update_in_place(&mut buf).map_err(|_| status::EIO)?;
+                ctx.set_tag(tag).map_err(|_| status::EINVAL)?;
+                ctx.finish().map_err(|_| status::EBADMSG)?;
+                dma.write(op.dst, &buf).map_err(|_| status::EFAULT)
+            })();
+            buf.clear();
+            self.bounce = buf;
+            if let Work::Cipher { started, .. } = &mut s.work {
+                *started = false;
+            }
+            r?;
+            return Ok(op.len);
+        }
+        evp::cipher_dma(ctx, op.dst, op.src, len, dma, &mut self.bounce)?;
+        if gcm && op.flags & F_FINAL != 0 {
+            let mut tag = [0u8; 16];
+            let tag = &mut tag[..op.tag_len as usize];
+            if encrypt {
+                ctx.finish().map_err(|_| status::EIO)?;
+                ctx.tag(tag).map_err(|_| status::EIO)?;
+                dma.write(op.tag, tag).map_err(|_| status::EFAULT)?;
+            }
+            // The message ends here whatever the outcome: a new one needs an IV.
+            let verdict = if encrypt {
+                Ok(())
+            } else {
+                dma.read(op.tag, tag).map_err(|_| status::EFAULT)?;
+                ctx.set_tag(tag).map_err(|_| status::EINVAL)?;
+                ctx.finish().map_err(|_| status::EBADMSG)
+            };
+            if let Work::Cipher { started, .. } = &mut s.work {
+                *started = false;
+            }
+            verdict?;
+        }
+        Ok(op.len)
+    }
+
+    fn digest(&mut self, op: DigestOp, dma: &mut dyn Dma) -> Result<u64, i32> {
+        if self.queue_type != TYPE_DIGEST {
+            return Err(status::EOPNOTSUPP);
+        }
+        let ctx = match op.alg {
+            Some(Alg::Digest(h)) => {
+                let pos = match self.oneshot.iter().position(|(x, _)| *x == h) {
+                    Some(p) => p,
+                    None => {
+                        let c = DigestCtx::new(h).map_err(|_| status::EOPNOTSUPP)?;
+                        self.oneshot.push((h, c));
+                        self.oneshot.len() - 1
+                    }
+                };
+                &mut self.oneshot[pos].1
+            }
+            Some(_) => return Err(status::EINVAL),
+            None => match &mut self.sessions.get(op.session)?.work {
+                Work::Digest(c) => c,
+                Work::Cipher { .. } => return Err(status::EINVAL),
+            },
+        };
+        if op.flags & F_INIT != 0 {
+            ctx.restart().map_err(|_| status::EIO)?;
+        }
+        let r = evp::digest_dma(ctx, op.src, op.len as usize, dma, &mut self.bounce);
+        if r.is_err() {
+            // A failed request leaves no half-hashed state behind.
+            let _ = ctx.restart();
+        }
+        r?;
+        if op.flags & F_DIGEST_FINAL == 0 {
+            return Ok(0);
+        }
+        let mut out = [0u8; 64];
+        let n = ctx.finish(&mut out).map_err(|_| status::EIO)?;
+        dma.write(op.out, &out[..n]).map_err(|_| status::EFAULT)?;
+        Ok(n as u64)
+    }
+}
+
+impl DeviceQueue for SecQueue {
+    fn process(&mut self, desc: &mut Desc, dma: &mut dyn Dma) {
+        let r = match msg::decode(desc) {
+            Err(e) => Err(e.status()),
+            Ok(Request::Nop) => Ok(0),
+            Ok(Request::SessionNew(s)) => self.session_new(s, dma),
+            Ok(Request::SessionFree(f)) => self.sessions.remove(f.session).map(|_| 0),
+            Ok(Request::Cipher(c)) => self.cipher(c, dma),
+            Ok(Request::Digest(g)) => self.digest(g, dma),
+        };
+        match r {
+            Ok(v) => {
+                desc.status = status::OK;
+                desc.result = v;
+            }
+            Err(st) => {
+                desc.status = st;
+                desc.result = 0;
+            }
+        }
+    }
+}

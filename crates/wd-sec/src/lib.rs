@@ -1,0 +1,18 @@
+//! The sec device: AES in ECB, CBC, CTR, XTS and GCM modes, SHA-1/SHA-2
+//! digests and HMAC, served through WrapDrive queues.
+//!
+//! Keys live in host-side sessions referenced by handle (never re-sent
+//! per request); a session keeps its chaining state between requests, so
+//! CBC/CTR streams and incremental digests span many requests. The work is
+//! done by OpenSSL's libcrypto ([`evp`]), in place in the client's shared
+//! memory when the IOMMU domain maps it contiguously.
+//!
+//! [`msg`] is the message format both sides speak; [`device`] the driver.
+#![deny(unsafe_code)]
+
+pub mod device;
+pub mod evp;
+pub mod msg;
+
+pub use device::{SecDriver, SecQueue, TYPE_CIPHER, TYPE_DIGEST};
+pub use msg::{Alg, Hash, Mode};

@@ -1,0 +1,511 @@
+//! The sec device against OpenSSL's default provider (the `openssl` crate)
+//! on random keys, IVs, data and request splits, through both memory paths
+//! (in place and bounce), plus published known answers and error cases.
+#![allow(unsafe_code)]
+
+use openssl::symm::{Cipher, Crypter, Mode as Dir};
+use proptest::prelude::*;
+use wd_device::{Access, DeviceQueue, Dma, Fault};
+use wd_iommu::FaultReason;
+use wd_ring::Desc;
+use wd_sec::msg::{
+    self, CipherOp, DigestOp, SessionFree, SessionNew, F_DIGEST_FINAL, F_ENCRYPT, F_FINAL, F_INIT,
+    F_IV,
+};
+use wd_sec::{Alg, Hash, Mode, SecQueue, TYPE_CIPHER, TYPE_DIGEST};
+
+const BASE: u64 = 0x10_0000;
+
+/// Flat device memory at BASE; `direct` decides whether the device may work
+/// in place (host_range) or must bounce through read/write.
+struct Mem {
+    bytes: Vec<u8>,
+    direct: bool,
+}
+
+impl Mem {
+    fn new(size: usize, direct: bool) -> Mem {
+        Mem {
+            bytes: vec![0; size],
+            direct,
+        }
+    }
+    fn off(&self, a: u64, len: u64, access: Access) -> Result<usize, Fault> {
+        match a.checked_sub(BASE) {
+            Some(o) if o + len <= self.bytes.len() as u64 => Ok(o as usize),
+            _ => Err(Fault {
+                iova: a,
+                pasid: 1,
+                access,
+                reason: FaultReason::Unmapped,
+            }),
+        }
+    }
+    fn put(&mut self, a: u64, data: &[u8]) {
+        let o = (a - BASE) as usize;
+        self.bytes[o..o + data.len()].copy_from_slice(data);
+    }
+    fn get(&self, a: u64, len: usize) -> Vec<u8> {
+        let o = (a - BASE) as usize;
+        self.bytes[o..o + len].to_vec()
+    }
+}
+
+impl Dma for Mem {
+    fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Fault> {
+        let s = self.off(src, len, Access::Read)?;
+        let d = self.off(dst, len, Access::Write)?;
+        self.bytes.copy_within(s..s + len as usize, d);
+        Ok(())
+    }
+    fn read(&mut self, src: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        let s = self.off(src, buf.len() as u64, Access::Read)?;
+        buf.copy_from_slice(&self.bytes[s..s + buf.len()]);
+        Ok(())
+    }
+    fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), Fault> {
+        let d = self.off(dst, data.len() as u64, Access::Write)?;
+        self.bytes[d..d + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+    fn host_range(&mut self, iova: u64, len: u64, access: Access) -> Option<u64> {
+        if !self.direct {
+            return None;
+        }
+        let o = self.off(iova, len, access).ok()?;
+        Some(self.bytes.as_mut_ptr() as u64 + o as u64)
+    }
+}
+
+fn run(q: &mut SecQueue, mem: &mut Mem, d: Desc) -> Desc {
+    let mut d = d;
+    q.process(&mut d, mem);
+    d
+}
+
+fn session(q: &mut SecQueue, mem: &mut Mem, alg: Alg, key: &[u8]) -> u64 {
+    let key_addr = BASE + 0x8000;
+    mem.put(key_addr, key);
+    let d = run(q, mem, SessionNew::new(alg, key, key_addr).encode());
+    assert_eq!(d.status, 0, "session for {}", alg.name());
+    d.result
+}
+
+fn openssl_cipher(alg: Alg) -> Cipher {
+    Cipher::from_nid(match alg.name().as_str() {
+        "aes-128-ecb" => openssl::nid::Nid::AES_128_ECB,
+        "aes-192-ecb" => openssl::nid::Nid::AES_192_ECB,
+        "aes-256-ecb" => openssl::nid::Nid::AES_256_ECB,
+        "aes-128-cbc" => openssl::nid::Nid::AES_128_CBC,
+        "aes-192-cbc" => openssl::nid::Nid::AES_192_CBC,
+        "aes-256-cbc" => openssl::nid::Nid::AES_256_CBC,
+        "aes-128-ctr" => openssl::nid::Nid::AES_128_CTR,
+        "aes-192-ctr" => openssl::nid::Nid::AES_192_CTR,
+        "aes-256-ctr" => openssl::nid::Nid::AES_256_CTR,
+        "aes-128-xts" => openssl::nid::Nid::AES_128_XTS,
+        "aes-256-xts" => openssl::nid::Nid::AES_256_XTS,
+        "aes-128-gcm" => openssl::nid::Nid::AES_128_GCM,
+        "aes-256-gcm" => openssl::nid::Nid::AES_256_GCM,
+        n => panic!("{n}"),
+    })
+    .unwrap()
+}
+
+/// Reference: the whole message through OpenSSL in one go.
+fn reference(alg: Alg, key: &[u8], iv: &[u8], data: &[u8], encrypt: bool) -> Vec<u8> {
+    let c = openssl_cipher(alg);
+    let iv = (!iv.is_empty()).then_some(iv);
+    let mut cr = Crypter::new(
+        c,
+        if encrypt { Dir::Encrypt } else { Dir::Decrypt },
+        key,
+        iv,
+    )
+    .unwrap();
+    cr.pad(false);
+    let mut out = vec![0u8; data.len() + 32];
+    let n = cr.update(data, &mut out).unwrap();
+    let m = cr.finalize(&mut out[n..]).unwrap();
+    out.truncate(n + m);
+    out
+}
+
+fn cipher_op(session: u64, flags: u16, src: u64, dst: u64, len: usize, iv: &[u8]) -> Desc {
+    let mut ivb = [0u8; 16];
+    ivb[..iv.len()].copy_from_slice(iv);
+    CipherOp {
+        session,
+        flags: if flags & F_IV != 0 {
+            flags
+        } else {
+            flags & !F_IV
+        },
+        src,
+        dst,
+        len: len as u64,
+        iv: ivb,
+        iv_len: if flags & F_IV != 0 { iv.len() as u8 } else { 0 },
+        aad: 0,
+        aad_len: 0,
+        tag: 0,
+        tag_len: 0,
+    }
+    .encode()
+}
+
+const STREAM_MODES: [&str; 9] = [
+    "aes-128-ecb",
+    "aes-192-ecb",
+    "aes-256-ecb",
+    "aes-128-cbc",
+    "aes-192-cbc",
+    "aes-256-cbc",
+    "aes-128-ctr",
+    "aes-192-ctr",
+    "aes-256-ctr",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// ECB/CBC/CTR: a message split into chained requests (IV only on the
+    /// first) equals OpenSSL's one-shot result, in both directions, in
+    /// place or not, with or without zero copy.
+    #[test]
+    fn chained_stream_ciphers_match_openssl(
+        which in 0usize..STREAM_MODES.len(),
+        key in proptest::collection::vec(any::<u8>(), 32),
+        iv in proptest::collection::vec(any::<u8>(), 16),
+        blocks in proptest::collection::vec(0usize..40, 1..5),
+        seed in any::<u64>(),
+        in_place in any::<bool>(),
+        direct in any::<bool>(),
+        encrypt in any::<bool>(),
+    ) {
+        let alg = Alg::by_name(STREAM_MODES[which]).unwrap();
+        let key = &key[..alg.key_len()];
+        let iv = &iv[..alg.iv_len()];
+        let ctr = matches!(alg, Alg::Aes { mode: Mode::Ctr, .. });
+        // Request lengths: whole blocks, except CTR which takes any length.
+        let lens: Vec<usize> = blocks.iter().enumerate()
+            .map(|(i, b)| if ctr { b * 7 + (seed as usize >> i) % 5 } else { b * 16 })
+            .collect();
+        let total: usize = lens.iter().sum();
+        let data: Vec<u8> = (0..total).map(|i| (seed.wrapping_mul(i as u64 + 1) >> 13) as u8).collect();
+        let mut mem = Mem::new(0x10000 + 2 * total, direct);
+        let src = BASE;
+        let dst = if in_place { BASE } else { BASE + 0x10000 };
+        mem.put(src, &data);
+        let mut q = SecQueue::new(TYPE_CIPHER);
+        let s = session(&mut q, &mut mem, alg, key);
+        let mut off = 0;
+        for (i, &l) in lens.iter().enumerate() {
+            let mut flags = if encrypt { F_ENCRYPT } else { 0 };
+            if i == 0 && alg.iv_len() > 0 || i == 0 && !ctr && alg.iv_len() == 0 { flags |= F_IV; }
+            let d = run(&mut q, &mut mem, cipher_op(s, flags, src + off as u64, dst + off as u64, l, if flags & F_IV != 0 { iv } else { &[] }));
+            prop_assert_eq!(d.status, 0, "request {} of {}", i, alg.name());
+            prop_assert_eq!(d.result, l as u64);
+            off += l;
+        }
+        let want = reference(alg, key, iv, &data, encrypt);
+        prop_assert_eq!(mem.get(dst, total), want);
+    }
+
+    /// GCM one-shot: the tag and ciphertext match OpenSSL; decryption with
+    /// the right tag restores the plaintext, a flipped tag bit releases
+    /// nothing and says EBADMSG.
+    #[test]
+    fn gcm_matches_openssl_and_checks_tags(
+        big in any::<bool>(),
+        key in proptest::collection::vec(any::<u8>(), 32),
+        iv in proptest::collection::vec(any::<u8>(), 12),
+        aad in proptest::collection::vec(any::<u8>(), 0..40),
+        data in proptest::collection::vec(any::<u8>(), 0..300),
+        direct in any::<bool>(),
+        flip in 0usize..128,
+    ) {
+        let alg = Alg::by_name(if big { "aes-256-gcm" } else { "aes-128-gcm" }).unwrap();
+        let key = &key[..alg.key_len()];
+        let mut mem = Mem::new(0x10000, direct);
+        let (src, dst, aad_at, tag_at) = (BASE, BASE + 0x1000, BASE + 0x2000, BASE + 0x3000);
+        mem.put(src, &data);
+        mem.put(aad_at, &aad);
+        let mut q = SecQueue::new(TYPE_CIPHER);
+        let s = session(&mut q, &mut mem, alg, key);
+        let op = |flags: u16, src: u64, dst: u64| {
+            let mut ivb = [0u8; 16];
+            ivb[..12].copy_from_slice(&iv);
+            CipherOp { session: s, flags, src, dst, len: data.len() as u64, iv: ivb, iv_len: 12,
+                aad: aad_at, aad_len: aad.len() as u32, tag: tag_at, tag_len: 16 }.encode()
+        };
+        let d = run(&mut q, &mut mem, op(F_ENCRYPT | F_IV | F_FINAL, src, dst));
+        prop_assert_eq!(d.status, 0);
+        let mut want_tag = [0u8; 16];
+        let want = openssl::symm::encrypt_aead(openssl_cipher(alg), key, Some(&iv), &aad, &data, &mut want_tag).unwrap();
+        prop_assert_eq!(mem.get(dst, data.len()), want.clone());
+        prop_assert_eq!(mem.get(tag_at, 16), want_tag.to_vec());
+        // Decrypt back into a cleared area.
+        let back = BASE + 0x4000;
+        let d = run(&mut q, &mut mem, op(F_IV | F_FINAL, dst, back));
+        prop_assert_eq!(d.status, 0);
+        prop_assert_eq!(mem.get(back, data.len()), data.clone());
+        // A corrupted tag: authentication failure, no plaintext released.
+        let mut bad = want_tag;
+        bad[flip / 8] ^= 1 << (flip % 8);
+        mem.put(tag_at, &bad);
+        let clean = BASE + 0x5000;
+        let d = run(&mut q, &mut mem, op(F_IV | F_FINAL, dst, clean));
+        prop_assert_eq!(d.status, -74);
+        prop_assert!(mem.get(clean, data.len()).iter().all(|&b| b == 0));
+    }
+
+    /// Digests and HMAC fed in random pieces equal the one-shot reference.
+    #[test]
+    fn incremental_digests_match_openssl(
+        which in 0usize..5,
+        hmac in any::<bool>(),
+        key in proptest::collection::vec(any::<u8>(), 0..200),
+        data in proptest::collection::vec(any::<u8>(), 0..2000),
+        cuts in proptest::collection::vec(0usize..2000, 0..4),
+        direct in any::<bool>(),
+    ) {
+        let h = [Hash::Sha1, Hash::Sha224, Hash::Sha256, Hash::Sha384, Hash::Sha512][which];
+        let md = match h {
+            Hash::Sha1 => openssl::hash::MessageDigest::sha1(),
+            Hash::Sha224 => openssl::hash::MessageDigest::sha224(),
+            Hash::Sha256 => openssl::hash::MessageDigest::sha256(),
+            Hash::Sha384 => openssl::hash::MessageDigest::sha384(),
+            Hash::Sha512 => openssl::hash::MessageDigest::sha512(),
+        };
+        let want = if hmac {
+            let k = openssl::pkey::PKey::hmac(&key).unwrap();
+            let mut s = openssl::sign::Signer::new(md, &k).unwrap();
+            s.update(&data).unwrap();
+            s.sign_to_vec().unwrap()
+        } else {
+            openssl::hash::hash(md, &data).unwrap().to_vec()
+        };
+        let mut mem = Mem::new(0x10000, direct);
+        mem.put(BASE, &data);
+        let mut q = SecQueue::new(TYPE_DIGEST);
+        let alg = if hmac { Alg::Hmac(h) } else { Alg::Digest(h) };
+        let s = session(&mut q, &mut mem, alg, if hmac { &key } else { &[] });
+        let mut points: Vec<usize> = cuts.iter().map(|c| c % (data.len() + 1)).collect();
+        points.push(0);
+        points.push(data.len());
+        points.sort();
+        let out = BASE + 0x9000;
+        for (i, w) in points.windows(2).enumerate() {
+            let last = i + 2 == points.len();
+            let mut flags = if i == 0 { F_INIT } else { 0 };
+            if last { flags |= F_DIGEST_FINAL; }
+            let d = run(&mut q, &mut mem, DigestOp { session: s, alg: None, flags, src: BASE + w[0] as u64, len: (w[1] - w[0]) as u64, out }.encode());
+            prop_assert_eq!(d.status, 0);
+            if last { prop_assert_eq!(d.result as usize, h.digest_len()); }
+        }
+        prop_assert_eq!(mem.get(out, h.digest_len()), want.clone());
+        // The session restarted: the same data again gives the same digest.
+        let d = run(&mut q, &mut mem, DigestOp { session: s, alg: None, flags: F_DIGEST_FINAL, src: BASE, len: data.len() as u64, out }.encode());
+        prop_assert_eq!(d.status, 0);
+        prop_assert_eq!(mem.get(out, h.digest_len()), want.clone());
+        if !hmac {
+            // Session-less one-shot.
+            let d = run(&mut q, &mut mem, DigestOp { session: 0, alg: Some(Alg::Digest(h)), flags: F_INIT | F_DIGEST_FINAL, src: BASE, len: data.len() as u64, out }.encode());
+            prop_assert_eq!(d.status, 0);
+            prop_assert_eq!(mem.get(out, h.digest_len()), want);
+        }
+    }
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    let s: String = s.split_whitespace().collect();
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+#[test]
+fn xts_known_answer_ieee_1619_vector_4() {
+    // IEEE P1619/D16 annex B, vector 4 (AES-128-XTS, data unit 512 bytes).
+    let key = hex("2718281828459045235360287471352631415926535897932384626433832795");
+    let pt: Vec<u8> = (0..512).map(|i| i as u8).collect();
+    let want_start = hex("27a7479befa1d476489f308cd4cfa6e2a96e4bbe3208ff25287dd3819616e89c");
+    let alg = Alg::by_name("aes-128-xts").unwrap();
+    for direct in [true, false] {
+        let mut mem = Mem::new(0x10000, direct);
+        mem.put(BASE, &pt);
+        let mut q = SecQueue::new(TYPE_CIPHER);
+        let s = session(&mut q, &mut mem, alg, &key);
+        let d = run(
+            &mut q,
+            &mut mem,
+            cipher_op(s, F_ENCRYPT | F_IV, BASE, BASE + 0x1000, 512, &[0; 16]),
+        );
+        assert_eq!(d.status, 0);
+        assert_eq!(mem.get(BASE + 0x1000, 32), want_start);
+        assert_eq!(
+            mem.get(BASE + 0x1000, 512),
+            reference(alg, &key, &[0; 16], &pt, true)
+        );
+        // XTS has no chaining: each request is one data unit with its tweak.
+        let d = run(
+            &mut q,
+            &mut mem,
+            cipher_op(s, F_ENCRYPT, BASE, BASE + 0x1000, 512, &[]),
+        );
+        assert_eq!(d.status, -22);
+    }
+}
+
+#[test]
+fn gcm_known_answer_test_case_4() {
+    // GCM spec (McGrew & Viega) test case 4: AES-128, 60-byte plaintext,
+    // 20-byte AAD.
+    let key = hex("feffe9928665731c6d6a8f9467308308");
+    let iv = hex("cafebabefacedbaddecaf888");
+    let pt = hex(
+        "d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a72
+         1c3c0c95956809532fcf0e2449a6b525b16aedf5aa0de657ba637b39",
+    );
+    let aad = hex("feedfacedeadbeeffeedfacedeadbeefabaddad2");
+    let ct = hex(
+        "42831ec2217774244b7221b784d0d49ce3aa212f2c02a4e035c17e2329aca12e
+         21d514b25466931c7d8f6a5aac84aa051ba30b396a0aac973d58e091",
+    );
+    let tag = hex("5bc94fbc3221a5db94fae95ae7121a47");
+    let alg = Alg::by_name("aes-128-gcm").unwrap();
+    let mut mem = Mem::new(0x10000, true);
+    mem.put(BASE, &pt);
+    mem.put(BASE + 0x2000, &aad);
+    let mut q = SecQueue::new(TYPE_CIPHER);
+    let s = session(&mut q, &mut mem, alg, &key);
+    let mut ivb = [0u8; 16];
+    ivb[..12].copy_from_slice(&iv);
+    // Streaming: AAD + data, then a final request with no data.
+    let first = CipherOp {
+        session: s,
+        flags: F_ENCRYPT | F_IV,
+        src: BASE,
+        dst: BASE + 0x1000,
+        len: 60,
+        iv: ivb,
+        iv_len: 12,
+        aad: BASE + 0x2000,
+        aad_len: 20,
+        tag: 0,
+        tag_len: 0,
+    };
+    assert_eq!(run(&mut q, &mut mem, first.encode()).status, 0);
+    let fin = CipherOp {
+        flags: F_ENCRYPT | F_FINAL,
+        len: 0,
+        iv: [0; 16],
+        iv_len: 0,
+        aad: 0,
+        aad_len: 0,
+        tag: BASE + 0x3000,
+        tag_len: 16,
+        ..first
+    };
+    assert_eq!(run(&mut q, &mut mem, fin.encode()).status, 0);
+    assert_eq!(mem.get(BASE + 0x1000, 60), ct);
+    assert_eq!(mem.get(BASE + 0x3000, 16), tag);
+}
+
+#[test]
+fn sessions_are_bounded_checked_and_freed() {
+    let mut mem = Mem::new(0x10000, true);
+    let mut q = SecQueue::new(TYPE_CIPHER);
+    let alg = Alg::by_name("aes-128-cbc").unwrap();
+    let s = session(&mut q, &mut mem, alg, &[1; 16]);
+    // Unknown and stale handles.
+    let d = run(
+        &mut q,
+        &mut mem,
+        cipher_op(s + 1, F_ENCRYPT | F_IV, BASE, BASE, 16, &[0; 16]),
+    );
+    assert_eq!(d.status, -2);
+    assert_eq!(
+        run(&mut q, &mut mem, SessionFree { session: s }.encode()).status,
+        0
+    );
+    let d = run(
+        &mut q,
+        &mut mem,
+        cipher_op(s, F_ENCRYPT | F_IV, BASE, BASE, 16, &[0; 16]),
+    );
+    assert_eq!(d.status, -2, "freed handle");
+    let s2 = session(&mut q, &mut mem, alg, &[1; 16]);
+    assert_ne!(s2, s, "a reused slot gets a new generation");
+    // Chaining without an IV first, wrong lengths, wrong queue type.
+    let d = run(
+        &mut q,
+        &mut mem,
+        cipher_op(s2, F_ENCRYPT, BASE, BASE, 16, &[]),
+    );
+    assert_eq!(d.status, -22);
+    let d = run(
+        &mut q,
+        &mut mem,
+        cipher_op(s2, F_ENCRYPT | F_IV, BASE, BASE, 15, &[0; 16]),
+    );
+    assert_eq!(d.status, -22);
+    let d = run(
+        &mut q,
+        &mut mem,
+        cipher_op(s2, F_ENCRYPT | F_IV, BASE, BASE, 16, &[0; 8]),
+    );
+    assert_eq!(d.status, -22);
+    let d = run(
+        &mut q,
+        &mut mem,
+        SessionNew::new(Alg::Digest(Hash::Sha1), &[], 0).encode(),
+    );
+    assert_eq!(d.status, -95, "a cipher queue serves no digests");
+    // Faults: data outside device memory.
+    let d = run(
+        &mut q,
+        &mut mem,
+        cipher_op(s2, F_ENCRYPT | F_IV, 0x10, BASE, 16, &[0; 16]),
+    );
+    assert_eq!(d.status, -14);
+    // The table is bounded.
+    let mut n = q.session_count();
+    loop {
+        let d = run(&mut q, &mut mem, SessionNew::new(alg, &[1; 16], 0).encode());
+        if d.status != 0 {
+            assert_eq!(d.status, -28);
+            break;
+        }
+        n += 1;
+    }
+    assert_eq!(n, msg::MAX_SESSIONS);
+}
+
+#[test]
+fn long_hmac_keys_travel_by_address() {
+    let key = vec![0xaa; 131];
+    // RFC 4231 test case 6.
+    let data = b"Test Using Larger Than Block-Size Key - Hash Key First";
+    let want = hex("60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+    let mut mem = Mem::new(0x10000, false);
+    mem.put(BASE, data);
+    let mut q = SecQueue::new(TYPE_DIGEST);
+    let s = session(&mut q, &mut mem, Alg::Hmac(Hash::Sha256), &key);
+    let d = run(
+        &mut q,
+        &mut mem,
+        DigestOp {
+            session: s,
+            alg: None,
+            flags: F_INIT | F_DIGEST_FINAL,
+            src: BASE,
+            len: data.len() as u64,
+            out: BASE + 0x100,
+        }
+        .encode(),
+    );
+    assert_eq!((d.status, d.result), (0, 32));
+    assert_eq!(mem.get(BASE + 0x100, 32), want);
+}

@@ -1,0 +1,137 @@
+/* SPDX-License-Identifier: MIT OR Apache-2.0 */
+/*
+ * wd_crypto.h - WrapDrive cipher, AEAD and digest libraries (libwd).
+ *
+ * Sessions hold a key on the sec device (sent once, never per request).
+ * Each thread gets its own queues; requests are staged in shared memory
+ * and computed by the device, or on the CPU (OpenSSL's default
+ * implementation) when they are below the threshold, when no queue can be
+ * had, or when the host goes away. Every CPU request is counted
+ * (wd_crypto_get_stats): the library never falls back silently.
+ *
+ * Algorithms: aes-{128,192,256}-{ecb,cbc,ctr}, aes-{128,256}-xts,
+ * aes-{128,256}-gcm (wd_aead_*), sha1, sha224, sha256, sha384, sha512 and
+ * hmac-<sha> (wd_digest_*).
+ *
+ * ABI rules are those of wd.h: 0 or a count on success, a negative errno
+ * on failure (wd_strerror, wd_last_error); out-parameters written only on
+ * success; NULL where a pointer is required is -EINVAL. A session is used
+ * by one thread at a time (different sessions: any threads). Input and
+ * output may be the same buffer. Passing a freed session is undefined.
+ * After fork, sessions keep working in the child (on the child's own
+ * queues, or the CPU).
+ */
+#ifndef WD_CRYPTO_H
+#define WD_CRYPTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct wd_cipher;  /* block cipher session (ECB, CBC, CTR, XTS) */
+struct wd_aead;    /* AES-GCM session */
+struct wd_digest;  /* digest or HMAC */
+struct wd_job;     /* a request started without waiting */
+
+/* ---- block ciphers --------------------------------------------------- */
+
+/* A session; encrypt: 1 to encrypt, 0 to decrypt. -EINVAL: unknown
+ * algorithm or wrong key length (XTS: two different halves). */
+int wd_cipher_new(struct wd_cipher **out, const char *alg, const void *key,
+		  size_t key_len, int encrypt);
+/* Start a message: CBC IV, CTR counter block, XTS tweak (16 bytes; ECB
+ * takes none). XTS needs one before every data unit. */
+int wd_cipher_set_iv(struct wd_cipher *c, const void *iv, size_t iv_len);
+/* Change direction (a new IV is then needed, except ECB). */
+int wd_cipher_set_encrypt(struct wd_cipher *c, int encrypt);
+/* The current chaining value (next CBC IV / CTR counter): 16 bytes. */
+int wd_cipher_get_iv(struct wd_cipher *c, void *iv, size_t iv_len);
+/* Process len bytes, continuing the message (chained across calls). ECB
+ * and CBC take whole 16-byte blocks. Returns 0. */
+int wd_cipher_update(struct wd_cipher *c, const void *in, void *out, size_t len);
+/* Start a request without waiting: *job is NULL when it was computed at
+ * once, else finish it with wd_job_poll/wd_job_wait (in and out must stay
+ * valid until then; requests of one session complete in order). */
+int wd_cipher_start(struct wd_cipher *c, const void *in, void *out, size_t len,
+		    struct wd_job **job);
+void wd_cipher_free(struct wd_cipher *c);
+
+/* 0 and the job is freed: the output is written. -EAGAIN: not yet.
+ * Another negative errno: failed (the job is freed). */
+int wd_job_poll(struct wd_job *job);
+/* Wait for the job; 0 or a negative errno; the job is freed. */
+int wd_job_wait(struct wd_job *job);
+
+/* Event-loop support for wd_cipher_start (this thread's cipher queue):
+ * a descriptor that becomes readable after wd_crypto_arm() when a
+ * completion is posted or the host goes away. wd_crypto_arm returns 0 when
+ * armed, 1 when a completion is already there (the descriptor is then made
+ * readable, so waiting on it returns at once). wd_crypto_disarm after
+ * waking. */
+int wd_crypto_wait_fd(void);
+int wd_crypto_arm(void);
+void wd_crypto_disarm(void);
+
+/* ---- AES-GCM ---------------------------------------------------------- */
+
+int wd_aead_new(struct wd_aead **out, const char *alg, const void *key, size_t key_len);
+/* One-shot: tag_len 4..16. wd_aead_open returns -EBADMSG on a wrong tag and
+ * then writes no plaintext (pt is zeroed). */
+int wd_aead_seal(struct wd_aead *a, const void *iv, size_t iv_len, const void *aad,
+		 size_t aad_len, const void *pt, void *ct, size_t len, void *tag, size_t tag_len);
+int wd_aead_open(struct wd_aead *a, const void *iv, size_t iv_len, const void *aad,
+		 size_t aad_len, const void *ct, void *pt, size_t len, const void *tag,
+		 size_t tag_len);
+/* Streaming: begin, AAD (before data), data, then finish: encrypting
+ * writes the tag, decrypting checks it (-EBADMSG). */
+int wd_aead_begin(struct wd_aead *a, int encrypt, const void *iv, size_t iv_len);
+int wd_aead_aad(struct wd_aead *a, const void *aad, size_t len);
+int wd_aead_update(struct wd_aead *a, const void *in, void *out, size_t len);
+int wd_aead_finish(struct wd_aead *a, void *tag, size_t tag_len);
+void wd_aead_free(struct wd_aead *a);
+
+/* ---- digests and HMAC -------------------------------------------------- */
+
+/* key: NULL/0 for plain digests; the HMAC key otherwise (any length up to
+ * 1024 bytes). */
+int wd_digest_new(struct wd_digest **out, const char *alg, const void *key, size_t key_len);
+int wd_digest_update(struct wd_digest *d, const void *data, size_t len);
+/* Write the digest (out_len >= its size) and start over; returns its size. */
+int wd_digest_final(struct wd_digest *d, void *out, size_t out_len);
+/* Digest size in bytes of a session. */
+int wd_digest_size(struct wd_digest *d);
+/* A copy of the state (-EOPNOTSUPP once a long message streams on the
+ * device). */
+int wd_digest_dup(struct wd_digest *d, struct wd_digest **out);
+void wd_digest_free(struct wd_digest *d);
+
+/* ---- policy and counters ---------------------------------------------- */
+
+#define WD_CRYPTO_POLICY_AUTO    0 /* offload what pays (async; sync when faster) */
+#define WD_CRYPTO_POLICY_OFFLOAD 1 /* offload everything at or above the threshold */
+#define WD_CRYPTO_POLICY_CPU     2 /* compute everything here */
+
+/* Requests smaller than this run on the CPU; 0 = always offload. Also
+ * $WD_CRYPTO_THRESHOLD. */
+int wd_crypto_set_threshold(size_t bytes);
+/* Also $WD_CRYPTO_POLICY (auto, offload, cpu). */
+int wd_crypto_set_policy(int policy);
+
+struct wd_crypto_stats {
+	uint64_t offload_requests, offload_bytes;
+	uint64_t cpu_requests, cpu_bytes;
+	uint64_t cpu_below_threshold; /* small requests */
+	uint64_t cpu_no_queue;        /* no host, no device or all queues busy */
+	uint64_t cpu_host_gone;       /* the host went away */
+	uint64_t cpu_policy;          /* the policy found the CPU cheaper */
+};
+int wd_crypto_get_stats(struct wd_crypto_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* WD_CRYPTO_H */

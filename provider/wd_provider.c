@@ -1,0 +1,845 @@
+/* SPDX-License-Identifier: MIT OR Apache-2.0 */
+/*
+ * wd: an OpenSSL 3 provider that computes AES (ECB, CBC, CTR, XTS, GCM) and
+ * SHA-1/SHA-2 through WrapDrive's sec device (libwd, wd_crypto.h).
+ *
+ * Unmodified programs use it through -provider wd (openssl speed, enc,
+ * dgst) or an openssl.cnf that activates it (see provider/openssl-wd.cnf).
+ *
+ * Inside an OpenSSL ASYNC_JOB a request is submitted, the job paused with
+ * the thread's WrapDrive wait descriptor, and resumed on completion, so
+ * `openssl speed -async_jobs N` keeps N requests in flight from one thread.
+ *
+ * Parameters (provider config section, else environment):
+ *   threshold  (WD_PROVIDER_THRESHOLD)  requests below it run on the CPU;
+ *              0 = always offload; default: the library's (see wd_crypto.h)
+ *   policy     (WD_PROVIDER_POLICY)     auto | offload | cpu
+ *   legacy     (WD_CRYPTO_LEGACY=1)     queues through the socket (baseline)
+ * The host is $WD_CRYPTO_HOST or $WD_HOST (libwd). Without a host the
+ * library computes on the CPU and counts it (wd_crypto_get_stats).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/async.h>
+#include <openssl/core.h>
+#include <openssl/core_dispatch.h>
+#include <openssl/core_names.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+
+#include "wd.h"
+#include "wd_crypto.h"
+
+/* ---- provider context -------------------------------------------------- */
+
+struct wd_prov {
+	const OSSL_CORE_HANDLE *handle;
+	OSSL_FUNC_core_get_params_fn *core_get_params;
+};
+
+static int wd_async_key; /* address used as the ASYNC_WAIT_CTX key */
+
+/* Wait, inside an async job, for `job` to finish; outside one, block. */
+static int wd_finish_job(struct wd_job *job)
+{
+	ASYNC_JOB *aj = ASYNC_get_current_job();
+	if (aj == NULL)
+		return wd_job_wait(job);
+	ASYNC_WAIT_CTX *wctx = ASYNC_get_wait_ctx(aj);
+	for (;;) {
+		int r = wd_job_poll(job);
+		if (r != -EAGAIN) {
+			/* Other jobs of this thread may wait on the same descriptor:
+			 * leave it armed, or readable if their completions were
+			 * reaped meanwhile, so none of them sleeps through its own. */
+			wd_crypto_arm();
+			return r;
+		}
+		int fd = wd_crypto_wait_fd();
+		if (fd < 0)
+			return wd_job_wait(job);
+		OSSL_ASYNC_FD cur;
+		void *custom;
+		if (!ASYNC_WAIT_CTX_get_fd(wctx, &wd_async_key, &cur, &custom) || cur != fd) {
+			ASYNC_WAIT_CTX_clear_fd(wctx, &wd_async_key);
+			if (!ASYNC_WAIT_CTX_set_wait_fd(wctx, &wd_async_key, fd, NULL, NULL))
+				return wd_job_wait(job);
+		}
+		/* Armed, or already ready (then the fd was made readable). */
+		if (wd_crypto_arm() < 0)
+			return wd_job_wait(job);
+		ASYNC_pause_job();
+		wd_crypto_disarm();
+	}
+}
+
+/* ---- ciphers ------------------------------------------------------------ */
+
+struct wd_cipher_desc {
+	const char *name;   /* wd algorithm name */
+	unsigned int mode;  /* EVP_CIPH_*_MODE */
+	size_t keylen, ivlen, blocksize;
+};
+
+struct wd_cctx {
+	struct wd_prov *prov;
+	const struct wd_cipher_desc *d;
+	struct wd_cipher *c;  /* ECB, CBC, CTR, XTS */
+	struct wd_aead *a;    /* GCM */
+	int enc, pad, key_set, iv_set;
+	unsigned char key[64];
+	unsigned char iv[16];
+	size_t ivlen;
+	/* ECB/CBC: partial block kept between updates */
+	unsigned char buf[16];
+	size_t buflen;
+	/* GCM */
+	unsigned char tag[16];
+	size_t taglen;
+	int gcm_started;
+};
+
+static void *wd_cipher_newctx(void *provctx, const struct wd_cipher_desc *d)
+{
+	struct wd_cctx *x = OPENSSL_zalloc(sizeof(*x));
+	if (x == NULL)
+		return NULL;
+	x->prov = provctx;
+	x->d = d;
+	x->pad = 1;
+	x->ivlen = d->ivlen;
+	x->taglen = 16;
+	return x;
+}
+
+static void wd_cipher_freectx(void *vctx)
+{
+	struct wd_cctx *x = vctx;
+	if (x == NULL)
+		return;
+	if (x->c)
+		wd_cipher_free(x->c);
+	if (x->a)
+		wd_aead_free(x->a);
+	OPENSSL_clear_free(x, sizeof(*x));
+}
+
+static void *wd_cipher_dupctx(void *vctx)
+{
+	struct wd_cctx *x = vctx, *n;
+	if (x->gcm_started)
+		return NULL; /* a GCM message's state lives in the device */
+	n = OPENSSL_memdup(x, sizeof(*x));
+	if (n == NULL)
+		return NULL;
+	n->c = NULL;
+	n->a = NULL;
+	if (x->key_set) {
+		if (x->d->mode == EVP_CIPH_GCM_MODE) {
+			if (wd_aead_new(&n->a, x->d->name, x->key, x->d->keylen) != 0)
+				goto fail;
+		} else {
+			if (wd_cipher_new(&n->c, x->d->name, x->key, x->d->keylen, x->enc) != 0)
+				goto fail;
+			unsigned char iv[16];
+			if (x->iv_set && x->d->ivlen > 0 && wd_cipher_get_iv(x->c, iv, sizeof iv) > 0 &&
+			    wd_cipher_set_iv(n->c, iv, x->d->ivlen) != 0)
+				goto fail;
+		}
+	}
+	return n;
+fail:
+	wd_cipher_freectx(n);
+	return NULL;
+}
+
+static int wd_cipher_set_ctx_params(void *vctx, const OSSL_PARAM params[]);
+
+static int wd_cipher_init(struct wd_cctx *x, const unsigned char *key, size_t keylen,
+			  const unsigned char *iv, size_t ivlen, const OSSL_PARAM params[], int enc)
+{
+	x->enc = enc;
+	x->buflen = 0;
+	if (params != NULL && !wd_cipher_set_ctx_params(x, params))
+		return 0;
+	if (key != NULL) {
+		if (keylen != x->d->keylen) {
+			ERR_raise_data(ERR_LIB_PROV, 105, "key length %zu, expected %zu", keylen, x->d->keylen);
+			return 0;
+		}
+		memcpy(x->key, key, keylen);
+		if (x->c) {
+			wd_cipher_free(x->c);
+			x->c = NULL;
+		}
+		if (x->a) {
+			wd_aead_free(x->a);
+			x->a = NULL;
+		}
+		int r = x->d->mode == EVP_CIPH_GCM_MODE
+				? wd_aead_new(&x->a, x->d->name, key, keylen)
+				: wd_cipher_new(&x->c, x->d->name, key, keylen, enc);
+		if (r != 0) {
+			ERR_raise_data(ERR_LIB_PROV, 105, "wd: %s", wd_strerror(r));
+			return 0;
+		}
+		x->key_set = 1;
+	} else if (x->c != NULL && wd_cipher_set_encrypt(x->c, enc) != 0) {
+		return 0;
+	}
+	if (iv != NULL) {
+		if (x->d->mode == EVP_CIPH_GCM_MODE) {
+			if (ivlen == 0 || ivlen > 16)
+				return 0;
+			x->ivlen = ivlen;
+		} else if (ivlen < x->d->ivlen) {
+			return 0;
+		}
+		memcpy(x->iv, iv, x->d->mode == EVP_CIPH_GCM_MODE ? ivlen : x->d->ivlen);
+		x->iv_set = 1;
+		x->gcm_started = 0;
+	}
+	if (x->c != NULL && x->iv_set && x->d->ivlen > 0 && x->d->mode != EVP_CIPH_XTS_MODE &&
+	    (iv != NULL || key != NULL)) {
+		if (wd_cipher_set_iv(x->c, x->iv, x->d->ivlen) != 0)
+			return 0;
+	}
+	return 1;
+}
+
+static int wd_encrypt_init(void *vctx, const unsigned char *key, size_t keylen,
+			   const unsigned char *iv, size_t ivlen, const OSSL_PARAM params[])
+{
+	return wd_cipher_init(vctx, key, keylen, iv, ivlen, params, 1);
+}
+
+static int wd_decrypt_init(void *vctx, const unsigned char *key, size_t keylen,
+			   const unsigned char *iv, size_t ivlen, const OSSL_PARAM params[])
+{
+	return wd_cipher_init(vctx, key, keylen, iv, ivlen, params, 0);
+}
+
+/* Whole blocks (or any length for CTR, one data unit for XTS) through the
+ * library: asynchronously inside an async job, else synchronously. */
+static int wd_blocks(struct wd_cctx *x, unsigned char *out, const unsigned char *in, size_t len)
+{
+	if (len == 0)
+		return 1;
+	if (x->d->mode == EVP_CIPH_XTS_MODE && wd_cipher_set_iv(x->c, x->iv, 16) != 0)
+		return 0;
+	if (ASYNC_get_current_job() != NULL) {
+		struct wd_job *job = NULL;
+		if (wd_cipher_start(x->c, in, out, len, &job) != 0)
+			return 0;
+		return job == NULL || wd_finish_job(job) == 0;
+	}
+	return wd_cipher_update(x->c, in, out, len) == 0;
+}
+
+static int wd_gcm_update(struct wd_cctx *x, unsigned char *out, size_t *outl,
+			 const unsigned char *in, size_t inl)
+{
+	if (!x->gcm_started) {
+		if (!x->iv_set || wd_aead_begin(x->a, x->enc, x->iv, x->ivlen) != 0)
+			return 0;
+		x->gcm_started = 1;
+	}
+	if (out == NULL) { /* AAD */
+		*outl = inl;
+		return wd_aead_aad(x->a, in, inl) == 0;
+	}
+	*outl = inl;
+	return wd_aead_update(x->a, in, out, inl) == 0;
+}
+
+static int wd_cipher_update_fn(void *vctx, unsigned char *out, size_t *outl, size_t outsize,
+			       const unsigned char *in, size_t inl)
+{
+	struct wd_cctx *x = vctx;
+	if (!x->key_set)
+		return 0;
+	if (x->d->mode == EVP_CIPH_GCM_MODE)
+		return (out == NULL || outsize >= inl) && wd_gcm_update(x, out, outl, in, inl);
+	if (x->d->mode == EVP_CIPH_CTR_MODE || x->d->mode == EVP_CIPH_XTS_MODE) {
+		if (outsize < inl || (x->d->mode == EVP_CIPH_XTS_MODE && inl < 16))
+			return 0;
+		*outl = inl;
+		return wd_blocks(x, out, in, inl);
+	}
+	/* ECB/CBC: keep partial blocks; when decrypting with padding, keep the
+	 * last full block for final(). */
+	size_t total = x->buflen + inl;
+	size_t keep = total % 16;
+	if (!x->enc && x->pad && keep == 0 && total > 0)
+		keep = 16;
+	size_t n = total - keep;
+	if (outsize < n)
+		return 0;
+	size_t done = 0;
+	if (x->buflen > 0 && n > 0) {
+		size_t take = 16 - x->buflen;
+		memcpy(x->buf + x->buflen, in, take);
+		if (!wd_blocks(x, out, x->buf, 16))
+			return 0;
+		in += take;
+		inl -= take;
+		x->buflen = 0;
+		done = 16;
+	}
+	if (n > done) {
+		if (!wd_blocks(x, out + done, in, n - done))
+			return 0;
+		in += n - done;
+		inl -= n - done;
+	}
+	memcpy(x->buf + x->buflen, in, inl);
+	x->buflen += inl;
+	*outl = n;
+	return 1;
+}
+
+static int wd_cipher_final_fn(void *vctx, unsigned char *out, size_t *outl, size_t outsize)
+{
+	struct wd_cctx *x = vctx;
+	*outl = 0;
+	if (!x->key_set)
+		return 0;
+	switch (x->d->mode) {
+	case EVP_CIPH_GCM_MODE: {
+		if (!x->gcm_started && wd_gcm_update(x, out, outl, NULL, 0) == 0)
+			return 0;
+		*outl = 0;
+		x->gcm_started = 0;
+		if (x->enc)
+			return wd_aead_finish(x->a, x->tag, x->taglen) == 0;
+		return x->taglen >= 4 && wd_aead_finish(x->a, x->tag, x->taglen) == 0;
+	}
+	case EVP_CIPH_CTR_MODE:
+	case EVP_CIPH_XTS_MODE:
+		return 1;
+	}
+	if (!x->pad)
+		return x->buflen == 0;
+	if (x->enc) {
+		unsigned char p = (unsigned char)(16 - x->buflen);
+		memset(x->buf + x->buflen, p, p);
+		if (outsize < 16 || !wd_blocks(x, out, x->buf, 16))
+			return 0;
+		x->buflen = 0;
+		*outl = 16;
+		return 1;
+	}
+	if (x->buflen != 16)
+		return 0;
+	unsigned char blk[16];
+	if (!wd_blocks(x, blk, x->buf, 16))
+		return 0;
+	x->buflen = 0;
+	unsigned char p = blk[15];
+	if (p == 0 || p > 16)
+		return 0;
+	for (int i = 16 - p; i < 16; i++)
+		if (blk[i] != p)
+			return 0;
+	if (outsize < (size_t)(16 - p))
+		return 0;
+	memcpy(out, blk, 16 - p);
+	*outl = 16 - p;
+	OPENSSL_cleanse(blk, sizeof blk);
+	return 1;
+}
+
+/* EVP_Cipher(): the raw call openssl speed makes, no padding logic. */
+static int wd_cipher_fn(void *vctx, unsigned char *out, size_t *outl, size_t outsize,
+			const unsigned char *in, size_t inl)
+{
+	struct wd_cctx *x = vctx;
+	if (!x->key_set || outsize < inl)
+		return 0;
+	if (x->d->mode == EVP_CIPH_GCM_MODE)
+		return wd_gcm_update(x, out, outl, in, inl);
+	if ((x->d->mode == EVP_CIPH_ECB_MODE || x->d->mode == EVP_CIPH_CBC_MODE) && inl % 16 != 0)
+		return 0;
+	*outl = inl;
+	return wd_blocks(x, out, in, inl);
+}
+
+static int wd_cipher_get_ctx_params(void *vctx, OSSL_PARAM params[])
+{
+	struct wd_cctx *x = vctx;
+	OSSL_PARAM *p;
+	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_KEYLEN)) != NULL &&
+	    !OSSL_PARAM_set_size_t(p, x->d->keylen))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_IVLEN)) != NULL &&
+	    !OSSL_PARAM_set_size_t(p, x->ivlen))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_PADDING)) != NULL &&
+	    !OSSL_PARAM_set_uint(p, (unsigned int)x->pad))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_NUM)) != NULL &&
+	    !OSSL_PARAM_set_uint(p, 0))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_IV)) != NULL &&
+	    !OSSL_PARAM_set_octet_string(p, x->iv, x->ivlen) &&
+	    !OSSL_PARAM_set_octet_ptr(p, x->iv, x->ivlen))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_UPDATED_IV)) != NULL) {
+		unsigned char iv[16];
+		memcpy(iv, x->iv, sizeof iv);
+		if (x->c != NULL && x->d->ivlen > 0)
+			wd_cipher_get_iv(x->c, iv, sizeof iv);
+		if (!OSSL_PARAM_set_octet_string(p, iv, x->ivlen) &&
+		    !OSSL_PARAM_set_octet_ptr(p, x->iv, x->ivlen))
+			return 0;
+	}
+	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_AEAD_TAGLEN)) != NULL &&
+	    !OSSL_PARAM_set_size_t(p, x->taglen))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_AEAD_TAG)) != NULL) {
+		if (x->d->mode != EVP_CIPH_GCM_MODE || !x->enc || p->data_size == 0 || p->data_size > 16)
+			return 0;
+		if (!OSSL_PARAM_set_octet_string(p, x->tag, p->data_size))
+			return 0;
+	}
+	return 1;
+}
+
+static int wd_cipher_set_ctx_params(void *vctx, const OSSL_PARAM params[])
+{
+	struct wd_cctx *x = vctx;
+	const OSSL_PARAM *p;
+	if (params == NULL)
+		return 1;
+	if ((p = OSSL_PARAM_locate_const(params, OSSL_CIPHER_PARAM_PADDING)) != NULL) {
+		unsigned int pad;
+		if (!OSSL_PARAM_get_uint(p, &pad))
+			return 0;
+		x->pad = pad != 0;
+	}
+	if ((p = OSSL_PARAM_locate_const(params, OSSL_CIPHER_PARAM_KEYLEN)) != NULL) {
+		size_t k;
+		if (!OSSL_PARAM_get_size_t(p, &k) || k != x->d->keylen)
+			return 0;
+	}
+	if (x->d->mode == EVP_CIPH_GCM_MODE) {
+		if ((p = OSSL_PARAM_locate_const(params, OSSL_CIPHER_PARAM_AEAD_IVLEN)) != NULL) {
+			size_t n;
+			if (!OSSL_PARAM_get_size_t(p, &n) || n == 0 || n > 16)
+				return 0;
+			x->ivlen = n;
+		}
+		if ((p = OSSL_PARAM_locate_const(params, OSSL_CIPHER_PARAM_AEAD_TAG)) != NULL) {
+			void *v = x->tag;
+			size_t n;
+			if (p->data_size == 0 || p->data_size > 16)
+				return 0;
+			if (p->data == NULL) { /* only the length (encryption) */
+				x->taglen = p->data_size;
+			} else {
+				if (x->enc || !OSSL_PARAM_get_octet_string(p, &v, sizeof x->tag, &n))
+					return 0;
+				x->taglen = n;
+			}
+		}
+	}
+	return 1;
+}
+
+static const OSSL_PARAM wd_cipher_known_gettable[] = {
+	OSSL_PARAM_uint(OSSL_CIPHER_PARAM_MODE, NULL),
+	OSSL_PARAM_size_t(OSSL_CIPHER_PARAM_KEYLEN, NULL),
+	OSSL_PARAM_size_t(OSSL_CIPHER_PARAM_IVLEN, NULL),
+	OSSL_PARAM_size_t(OSSL_CIPHER_PARAM_BLOCK_SIZE, NULL),
+	OSSL_PARAM_int(OSSL_CIPHER_PARAM_AEAD, NULL),
+	OSSL_PARAM_int(OSSL_CIPHER_PARAM_CUSTOM_IV, NULL),
+	OSSL_PARAM_int(OSSL_CIPHER_PARAM_CTS, NULL),
+	OSSL_PARAM_int(OSSL_CIPHER_PARAM_TLS1_MULTIBLOCK, NULL),
+	OSSL_PARAM_int(OSSL_CIPHER_PARAM_HAS_RAND_KEY, NULL),
+	OSSL_PARAM_END,
+};
+
+static const OSSL_PARAM wd_cipher_known_ctx_gettable[] = {
+	OSSL_PARAM_size_t(OSSL_CIPHER_PARAM_KEYLEN, NULL),
+	OSSL_PARAM_size_t(OSSL_CIPHER_PARAM_IVLEN, NULL),
+	OSSL_PARAM_uint(OSSL_CIPHER_PARAM_PADDING, NULL),
+	OSSL_PARAM_uint(OSSL_CIPHER_PARAM_NUM, NULL),
+	OSSL_PARAM_octet_string(OSSL_CIPHER_PARAM_IV, NULL, 0),
+	OSSL_PARAM_octet_string(OSSL_CIPHER_PARAM_UPDATED_IV, NULL, 0),
+	OSSL_PARAM_size_t(OSSL_CIPHER_PARAM_AEAD_TAGLEN, NULL),
+	OSSL_PARAM_octet_string(OSSL_CIPHER_PARAM_AEAD_TAG, NULL, 0),
+	OSSL_PARAM_END,
+};
+
+static const OSSL_PARAM wd_cipher_known_ctx_settable[] = {
+	OSSL_PARAM_uint(OSSL_CIPHER_PARAM_PADDING, NULL),
+	OSSL_PARAM_size_t(OSSL_CIPHER_PARAM_KEYLEN, NULL),
+	OSSL_PARAM_size_t(OSSL_CIPHER_PARAM_AEAD_IVLEN, NULL),
+	OSSL_PARAM_octet_string(OSSL_CIPHER_PARAM_AEAD_TAG, NULL, 0),
+	OSSL_PARAM_END,
+};
+
+static const OSSL_PARAM *wd_cipher_gettable_params(void *provctx)
+{
+	(void)provctx;
+	return wd_cipher_known_gettable;
+}
+
+static const OSSL_PARAM *wd_cipher_gettable_ctx_params(void *cctx, void *provctx)
+{
+	(void)cctx;
+	(void)provctx;
+	return wd_cipher_known_ctx_gettable;
+}
+
+static const OSSL_PARAM *wd_cipher_settable_ctx_params(void *cctx, void *provctx)
+{
+	(void)cctx;
+	(void)provctx;
+	return wd_cipher_known_ctx_settable;
+}
+
+static int wd_cipher_get_params(const struct wd_cipher_desc *d, OSSL_PARAM params[])
+{
+	OSSL_PARAM *p;
+	int aead = d->mode == EVP_CIPH_GCM_MODE;
+	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_MODE)) != NULL &&
+	    !OSSL_PARAM_set_uint(p, d->mode))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_KEYLEN)) != NULL &&
+	    !OSSL_PARAM_set_size_t(p, d->keylen))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_IVLEN)) != NULL &&
+	    !OSSL_PARAM_set_size_t(p, d->ivlen))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_BLOCK_SIZE)) != NULL &&
+	    !OSSL_PARAM_set_size_t(p, d->blocksize))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_AEAD)) != NULL &&
+	    !OSSL_PARAM_set_int(p, aead))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_CUSTOM_IV)) != NULL &&
+	    !OSSL_PARAM_set_int(p, aead))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_CTS)) != NULL &&
+	    !OSSL_PARAM_set_int(p, 0))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_TLS1_MULTIBLOCK)) != NULL &&
+	    !OSSL_PARAM_set_int(p, 0))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_HAS_RAND_KEY)) != NULL &&
+	    !OSSL_PARAM_set_int(p, 0))
+		return 0;
+	return 1;
+}
+
+#define WD_CIPHER(id, nm, md, kl, il, bs)                                                     \
+	static const struct wd_cipher_desc wd_desc_##id = {nm, md, kl, il, bs};               \
+	static void *wd_newctx_##id(void *provctx)                                            \
+	{                                                                                     \
+		return wd_cipher_newctx(provctx, &wd_desc_##id);                              \
+	}                                                                                     \
+	static int wd_get_params_##id(OSSL_PARAM params[])                                    \
+	{                                                                                     \
+		return wd_cipher_get_params(&wd_desc_##id, params);                           \
+	}                                                                                     \
+	static const OSSL_DISPATCH wd_fns_##id[] = {                                          \
+		{OSSL_FUNC_CIPHER_NEWCTX, (void (*)(void))wd_newctx_##id},                    \
+		{OSSL_FUNC_CIPHER_FREECTX, (void (*)(void))wd_cipher_freectx},                \
+		{OSSL_FUNC_CIPHER_DUPCTX, (void (*)(void))wd_cipher_dupctx},                  \
+		{OSSL_FUNC_CIPHER_ENCRYPT_INIT, (void (*)(void))wd_encrypt_init},             \
+		{OSSL_FUNC_CIPHER_DECRYPT_INIT, (void (*)(void))wd_decrypt_init},             \
+		{OSSL_FUNC_CIPHER_UPDATE, (void (*)(void))wd_cipher_update_fn},               \
+		{OSSL_FUNC_CIPHER_FINAL, (void (*)(void))wd_cipher_final_fn},                 \
+		{OSSL_FUNC_CIPHER_CIPHER, (void (*)(void))wd_cipher_fn},                      \
+		{OSSL_FUNC_CIPHER_GET_PARAMS, (void (*)(void))wd_get_params_##id},            \
+		{OSSL_FUNC_CIPHER_GET_CTX_PARAMS, (void (*)(void))wd_cipher_get_ctx_params},  \
+		{OSSL_FUNC_CIPHER_SET_CTX_PARAMS, (void (*)(void))wd_cipher_set_ctx_params},  \
+		{OSSL_FUNC_CIPHER_GETTABLE_PARAMS, (void (*)(void))wd_cipher_gettable_params}, \
+		{OSSL_FUNC_CIPHER_GETTABLE_CTX_PARAMS,                                        \
+		 (void (*)(void))wd_cipher_gettable_ctx_params},                              \
+		{OSSL_FUNC_CIPHER_SETTABLE_CTX_PARAMS,                                        \
+		 (void (*)(void))wd_cipher_settable_ctx_params},                              \
+		{0, NULL}}
+
+WD_CIPHER(aes128ecb, "aes-128-ecb", EVP_CIPH_ECB_MODE, 16, 0, 16);
+WD_CIPHER(aes192ecb, "aes-192-ecb", EVP_CIPH_ECB_MODE, 24, 0, 16);
+WD_CIPHER(aes256ecb, "aes-256-ecb", EVP_CIPH_ECB_MODE, 32, 0, 16);
+WD_CIPHER(aes128cbc, "aes-128-cbc", EVP_CIPH_CBC_MODE, 16, 16, 16);
+WD_CIPHER(aes192cbc, "aes-192-cbc", EVP_CIPH_CBC_MODE, 24, 16, 16);
+WD_CIPHER(aes256cbc, "aes-256-cbc", EVP_CIPH_CBC_MODE, 32, 16, 16);
+WD_CIPHER(aes128ctr, "aes-128-ctr", EVP_CIPH_CTR_MODE, 16, 16, 1);
+WD_CIPHER(aes192ctr, "aes-192-ctr", EVP_CIPH_CTR_MODE, 24, 16, 1);
+WD_CIPHER(aes256ctr, "aes-256-ctr", EVP_CIPH_CTR_MODE, 32, 16, 1);
+WD_CIPHER(aes128xts, "aes-128-xts", EVP_CIPH_XTS_MODE, 32, 16, 1);
+WD_CIPHER(aes256xts, "aes-256-xts", EVP_CIPH_XTS_MODE, 64, 16, 1);
+WD_CIPHER(aes128gcm, "aes-128-gcm", EVP_CIPH_GCM_MODE, 16, 12, 1);
+WD_CIPHER(aes256gcm, "aes-256-gcm", EVP_CIPH_GCM_MODE, 32, 12, 1);
+
+#define WD_PROPS "provider=wd"
+
+static const OSSL_ALGORITHM wd_ciphers[] = {
+	{"AES-128-ECB:2.16.840.1.101.3.4.1.1", WD_PROPS, wd_fns_aes128ecb, "AES-128-ECB (WrapDrive)"},
+	{"AES-192-ECB:2.16.840.1.101.3.4.1.21", WD_PROPS, wd_fns_aes192ecb, "AES-192-ECB (WrapDrive)"},
+	{"AES-256-ECB:2.16.840.1.101.3.4.1.41", WD_PROPS, wd_fns_aes256ecb, "AES-256-ECB (WrapDrive)"},
+	{"AES-128-CBC:AES128:2.16.840.1.101.3.4.1.2", WD_PROPS, wd_fns_aes128cbc, "AES-128-CBC (WrapDrive)"},
+	{"AES-192-CBC:AES192:2.16.840.1.101.3.4.1.22", WD_PROPS, wd_fns_aes192cbc, "AES-192-CBC (WrapDrive)"},
+	{"AES-256-CBC:AES256:2.16.840.1.101.3.4.1.42", WD_PROPS, wd_fns_aes256cbc, "AES-256-CBC (WrapDrive)"},
+	{"AES-128-CTR", WD_PROPS, wd_fns_aes128ctr, "AES-128-CTR (WrapDrive)"},
+	{"AES-192-CTR", WD_PROPS, wd_fns_aes192ctr, "AES-192-CTR (WrapDrive)"},
+	{"AES-256-CTR", WD_PROPS, wd_fns_aes256ctr, "AES-256-CTR (WrapDrive)"},
+	{"AES-128-XTS:1.3.111.2.1619.0.1.1", WD_PROPS, wd_fns_aes128xts, "AES-128-XTS (WrapDrive)"},
+	{"AES-256-XTS:1.3.111.2.1619.0.1.2", WD_PROPS, wd_fns_aes256xts, "AES-256-XTS (WrapDrive)"},
+	{"AES-128-GCM:id-aes128-GCM:2.16.840.1.101.3.4.1.6", WD_PROPS, wd_fns_aes128gcm, "AES-128-GCM (WrapDrive)"},
+	{"AES-256-GCM:id-aes256-GCM:2.16.840.1.101.3.4.1.46", WD_PROPS, wd_fns_aes256gcm, "AES-256-GCM (WrapDrive)"},
+	{NULL, NULL, NULL, NULL},
+};
+
+/* ---- digests ------------------------------------------------------------ */
+
+struct wd_digest_desc {
+	const char *name;
+	size_t size, blocksize;
+};
+
+struct wd_dctx {
+	const struct wd_digest_desc *d;
+	struct wd_digest *s;
+};
+
+static void *wd_digest_newctx(const struct wd_digest_desc *d)
+{
+	struct wd_dctx *x = OPENSSL_zalloc(sizeof(*x));
+	if (x != NULL)
+		x->d = d;
+	return x;
+}
+
+static void wd_digest_freectx(void *vctx)
+{
+	struct wd_dctx *x = vctx;
+	if (x == NULL)
+		return;
+	if (x->s)
+		wd_digest_free(x->s);
+	OPENSSL_free(x);
+}
+
+static void *wd_digest_dupctx(void *vctx)
+{
+	struct wd_dctx *x = vctx;
+	struct wd_dctx *n = OPENSSL_zalloc(sizeof(*n));
+	if (n == NULL)
+		return NULL;
+	n->d = x->d;
+	if (x->s != NULL && wd_digest_dup(x->s, &n->s) != 0) {
+		OPENSSL_free(n);
+		return NULL;
+	}
+	return n;
+}
+
+static int wd_digest_init_fn(void *vctx, const OSSL_PARAM params[])
+{
+	struct wd_dctx *x = vctx;
+	(void)params;
+	if (x->s)
+		wd_digest_free(x->s);
+	x->s = NULL;
+	return wd_digest_new(&x->s, x->d->name, NULL, 0) == 0;
+}
+
+static int wd_digest_update_fn(void *vctx, const unsigned char *in, size_t inl)
+{
+	struct wd_dctx *x = vctx;
+	return x->s != NULL && wd_digest_update(x->s, in, inl) == 0;
+}
+
+static int wd_digest_final_fn(void *vctx, unsigned char *out, size_t *outl, size_t outsz)
+{
+	struct wd_dctx *x = vctx;
+	if (x->s == NULL || outsz < x->d->size)
+		return 0;
+	int n = wd_digest_final(x->s, out, outsz);
+	if (n < 0)
+		return 0;
+	*outl = (size_t)n;
+	return 1;
+}
+
+static const OSSL_PARAM wd_digest_known_gettable[] = {
+	OSSL_PARAM_size_t(OSSL_DIGEST_PARAM_BLOCK_SIZE, NULL),
+	OSSL_PARAM_size_t(OSSL_DIGEST_PARAM_SIZE, NULL),
+	OSSL_PARAM_int(OSSL_DIGEST_PARAM_XOF, NULL),
+	OSSL_PARAM_int(OSSL_DIGEST_PARAM_ALGID_ABSENT, NULL),
+	OSSL_PARAM_END,
+};
+
+static const OSSL_PARAM *wd_digest_gettable_params(void *provctx)
+{
+	(void)provctx;
+	return wd_digest_known_gettable;
+}
+
+static int wd_digest_get_params(const struct wd_digest_desc *d, OSSL_PARAM params[])
+{
+	OSSL_PARAM *p;
+	if ((p = OSSL_PARAM_locate(params, OSSL_DIGEST_PARAM_BLOCK_SIZE)) != NULL &&
+	    !OSSL_PARAM_set_size_t(p, d->blocksize))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_DIGEST_PARAM_SIZE)) != NULL &&
+	    !OSSL_PARAM_set_size_t(p, d->size))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_DIGEST_PARAM_XOF)) != NULL && !OSSL_PARAM_set_int(p, 0))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_DIGEST_PARAM_ALGID_ABSENT)) != NULL &&
+	    !OSSL_PARAM_set_int(p, 1))
+		return 0;
+	return 1;
+}
+
+#define WD_DIGEST(id, nm, sz, bs)                                                           \
+	static const struct wd_digest_desc wd_ddesc_##id = {nm, sz, bs};                    \
+	static void *wd_dnewctx_##id(void *provctx)                                         \
+	{                                                                                   \
+		(void)provctx;                                                              \
+		return wd_digest_newctx(&wd_ddesc_##id);                                    \
+	}                                                                                   \
+	static int wd_dget_params_##id(OSSL_PARAM params[])                                 \
+	{                                                                                   \
+		return wd_digest_get_params(&wd_ddesc_##id, params);                        \
+	}                                                                                   \
+	static const OSSL_DISPATCH wd_dfns_##id[] = {                                       \
+		{OSSL_FUNC_DIGEST_NEWCTX, (void (*)(void))wd_dnewctx_##id},                 \
+		{OSSL_FUNC_DIGEST_FREECTX, (void (*)(void))wd_digest_freectx},              \
+		{OSSL_FUNC_DIGEST_DUPCTX, (void (*)(void))wd_digest_dupctx},                \
+		{OSSL_FUNC_DIGEST_INIT, (void (*)(void))wd_digest_init_fn},                 \
+		{OSSL_FUNC_DIGEST_UPDATE, (void (*)(void))wd_digest_update_fn},             \
+		{OSSL_FUNC_DIGEST_FINAL, (void (*)(void))wd_digest_final_fn},               \
+		{OSSL_FUNC_DIGEST_GET_PARAMS, (void (*)(void))wd_dget_params_##id},         \
+		{OSSL_FUNC_DIGEST_GETTABLE_PARAMS, (void (*)(void))wd_digest_gettable_params}, \
+		{0, NULL}}
+
+WD_DIGEST(sha1, "sha1", 20, 64);
+WD_DIGEST(sha224, "sha224", 28, 64);
+WD_DIGEST(sha256, "sha256", 32, 64);
+WD_DIGEST(sha384, "sha384", 48, 128);
+WD_DIGEST(sha512, "sha512", 64, 128);
+
+static const OSSL_ALGORITHM wd_digests[] = {
+	{"SHA1:SHA-1:SSL3-SHA1:1.3.14.3.2.26", WD_PROPS, wd_dfns_sha1, "SHA-1 (WrapDrive)"},
+	{"SHA2-224:SHA-224:SHA224:2.16.840.1.101.3.4.2.4", WD_PROPS, wd_dfns_sha224, "SHA-224 (WrapDrive)"},
+	{"SHA2-256:SHA-256:SHA256:2.16.840.1.101.3.4.2.1", WD_PROPS, wd_dfns_sha256, "SHA-256 (WrapDrive)"},
+	{"SHA2-384:SHA-384:SHA384:2.16.840.1.101.3.4.2.2", WD_PROPS, wd_dfns_sha384, "SHA-384 (WrapDrive)"},
+	{"SHA2-512:SHA-512:SHA512:2.16.840.1.101.3.4.2.3", WD_PROPS, wd_dfns_sha512, "SHA-512 (WrapDrive)"},
+	{NULL, NULL, NULL, NULL},
+};
+
+/* ---- provider ----------------------------------------------------------- */
+
+static const OSSL_ALGORITHM *wd_query(void *provctx, int operation_id, int *no_cache)
+{
+	(void)provctx;
+	*no_cache = 0;
+	switch (operation_id) {
+	case OSSL_OP_CIPHER:
+		return wd_ciphers;
+	case OSSL_OP_DIGEST:
+		return wd_digests;
+	}
+	return NULL;
+}
+
+static const OSSL_PARAM wd_prov_gettable[] = {
+	OSSL_PARAM_utf8_ptr(OSSL_PROV_PARAM_NAME, NULL, 0),
+	OSSL_PARAM_utf8_ptr(OSSL_PROV_PARAM_VERSION, NULL, 0),
+	OSSL_PARAM_utf8_ptr(OSSL_PROV_PARAM_BUILDINFO, NULL, 0),
+	OSSL_PARAM_int(OSSL_PROV_PARAM_STATUS, NULL),
+	OSSL_PARAM_END,
+};
+
+static const OSSL_PARAM *wd_prov_gettable_params(void *provctx)
+{
+	(void)provctx;
+	return wd_prov_gettable;
+}
+
+static int wd_prov_get_params(void *provctx, OSSL_PARAM params[])
+{
+	OSSL_PARAM *p;
+	(void)provctx;
+	if ((p = OSSL_PARAM_locate(params, OSSL_PROV_PARAM_NAME)) != NULL &&
+	    !OSSL_PARAM_set_utf8_ptr(p, "WrapDrive provider"))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_PROV_PARAM_VERSION)) != NULL &&
+	    !OSSL_PARAM_set_utf8_ptr(p, "0.1.0"))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_PROV_PARAM_BUILDINFO)) != NULL &&
+	    !OSSL_PARAM_set_utf8_ptr(p, "wd-sec device_api 1"))
+		return 0;
+	if ((p = OSSL_PARAM_locate(params, OSSL_PROV_PARAM_STATUS)) != NULL && !OSSL_PARAM_set_int(p, 1))
+		return 0;
+	return 1;
+}
+
+static void wd_teardown(void *provctx)
+{
+	OPENSSL_free(provctx);
+}
+
+static const OSSL_DISPATCH wd_prov_fns[] = {
+	{OSSL_FUNC_PROVIDER_TEARDOWN, (void (*)(void))wd_teardown},
+	{OSSL_FUNC_PROVIDER_QUERY_OPERATION, (void (*)(void))wd_query},
+	{OSSL_FUNC_PROVIDER_GETTABLE_PARAMS, (void (*)(void))wd_prov_gettable_params},
+	{OSSL_FUNC_PROVIDER_GET_PARAMS, (void (*)(void))wd_prov_get_params},
+	{0, NULL},
+};
+
+/* A setting from the provider's config section, else the environment. */
+static const char *wd_setting(struct wd_prov *p, const char *key, const char *env)
+{
+	const char *v = getenv(env);
+	if (v != NULL)
+		return v;
+	if (p->core_get_params == NULL)
+		return NULL;
+	char *val = NULL;
+	OSSL_PARAM req[] = {OSSL_PARAM_utf8_ptr(key, &val, 0), OSSL_PARAM_END};
+	if (p->core_get_params(p->handle, req) && val != NULL)
+		return val;
+	return NULL;
+}
+
+int OSSL_provider_init(const OSSL_CORE_HANDLE *handle, const OSSL_DISPATCH *in,
+		       const OSSL_DISPATCH **out, void **provctx)
+{
+	struct wd_prov *p = OPENSSL_zalloc(sizeof(*p));
+	if (p == NULL)
+		return 0;
+	p->handle = handle;
+	for (; in->function_id != 0; in++)
+		if (in->function_id == OSSL_FUNC_CORE_GET_PARAMS)
+			p->core_get_params = OSSL_FUNC_core_get_params(in);
+	const char *t = wd_setting(p, "threshold", "WD_PROVIDER_THRESHOLD");
+	if (t != NULL) {
+		char *end;
+		unsigned long long v = strtoull(t, &end, 10);
+		if (*t != '\0' && *end == '\0')
+			wd_crypto_set_threshold((size_t)v);
+	}
+	const char *pol = wd_setting(p, "policy", "WD_PROVIDER_POLICY");
+	if (pol != NULL) {
+		if (strcmp(pol, "offload") == 0)
+			wd_crypto_set_policy(WD_CRYPTO_POLICY_OFFLOAD);
+		else if (strcmp(pol, "cpu") == 0)
+			wd_crypto_set_policy(WD_CRYPTO_POLICY_CPU);
+		else
+			wd_crypto_set_policy(WD_CRYPTO_POLICY_AUTO);
+	}
+	*out = wd_prov_fns;
+	*provctx = p;
+	return 1;
+}
