@@ -87,6 +87,9 @@ pub struct LoadArgs {
     /// Page size of the buffer: auto, normal, 2m, 1g.
     #[arg(long, value_enum, default_value = "auto")]
     pages: PagesArg,
+    /// NUMA node to put the buffer's pages on (advice; ignored without NUMA).
+    #[arg(long)]
+    node: Option<u32>,
     /// Verify the loaded bytes against this SHA-256 (hex); fail on mismatch.
     #[arg(long, value_name = "HEX")]
     sha256: Option<String>,
@@ -218,6 +221,7 @@ pub fn run(args: LoadArgs) -> Result<(), String> {
             PagesArg::Huge2M => PagePolicy::Huge2M,
             PagesArg::Huge1G => PagePolicy::Huge1G,
         });
+    opts.node = args.node;
     let show_bar = !args.quiet && !args.json && std::io::stderr().is_terminal();
     if show_bar {
         let mut bar = Bar {
