@@ -226,6 +226,33 @@ impl Cipher {
         Ok(())
     }
 
+    /// The chain as a caller continuing the stream elsewhere needs it: the
+    /// IV or counter block and, for CTR, the bytes used of that block.
+    pub fn chain(&mut self) -> Result<([u8; 16], usize)> {
+        self.idle()?;
+        self.sync_from_cpu()?;
+        Ok((self.iv, self.ctr_used))
+    }
+
+    /// Continue a stream from a chain computed elsewhere (see
+    /// [`Cipher::chain`]).
+    pub fn set_chain(&mut self, iv: &[u8; 16], ctr_used: usize) -> Result<()> {
+        self.idle()?;
+        if self.mode == Mode::Ecb || self.mode == Mode::Xts || ctr_used >= 16 {
+            return Err(CryptoError::invalid(
+                "only CBC and CTR streams carry a chain",
+            ));
+        }
+        if self.mode == Mode::Cbc && ctr_used != 0 {
+            return Err(CryptoError::invalid("a CBC chain is a whole block"));
+        }
+        self.iv = *iv;
+        self.ctr_used = ctr_used;
+        self.iv_set = true;
+        self.chain = Chain::Fresh;
+        Ok(())
+    }
+
     /// The current chaining value (CBC: the next IV; CTR: the counter).
     pub fn iv(&mut self) -> &[u8] {
         let _ = self.sync_from_cpu();

@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 use crate::config::{self, Policy};
-use crate::lane::Kind;
+pub use crate::lane::Kind;
 use crate::stats::Why;
 
 /// A routing decision.

@@ -26,10 +26,14 @@ pub struct Stats {
 
 /// Why a request ran on the CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Why {
+pub enum Why {
+    /// Below the threshold.
     Threshold,
+    /// No host, no device, or every queue in use.
     NoQueue,
+    /// The host went away.
     HostGone,
+    /// The policy chose the CPU (cheaper here, or `cpu`).
     Policy,
 }
 
@@ -85,6 +89,23 @@ fn add(i: usize, j: usize, k: usize, bytes: usize) {
 
 pub(crate) fn offloaded(bytes: usize) {
     add(0, 1, N, bytes);
+}
+
+/// Count `requests` computed on the CPU by a caller that routes requests
+/// itself (an OpenSSL provider's inline path), `bytes` in all.
+pub fn count_cpu(requests: u64, bytes: u64, why: Why) {
+    let k = match why {
+        Why::Threshold => 4,
+        Why::NoQueue => 5,
+        Why::HostGone => 6,
+        Why::Policy => 7,
+    };
+    let _ = MINE.try_with(|m| {
+        let c = &m.0 .0;
+        for (idx, v) in [(2, requests), (3, bytes), (k, requests)] {
+            c[idx].store(c[idx].load(Ordering::Relaxed) + v, Ordering::Relaxed);
+        }
+    });
 }
 
 pub(crate) fn on_cpu(bytes: usize, why: Why) {
