@@ -29,6 +29,8 @@ pub struct BenchCmd {
 enum Which {
     /// The queue data path against the raw shared-memory limit and the legacy path (default).
     Queue(BenchArgs),
+    /// Loading files into shareable buffers (`wd load`) against the seed's baselines.
+    Load(crate::bench_load::BenchLoadArgs),
 }
 
 impl BenchCmd {
@@ -39,6 +41,7 @@ impl BenchCmd {
         match self.which {
             None => run(self.queue, host),
             Some(Which::Queue(a)) => run(a, host),
+            Some(Which::Load(a)) => crate::bench_load::run(a),
         }
     }
 }

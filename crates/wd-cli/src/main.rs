@@ -2,7 +2,9 @@
 #![deny(unsafe_code)]
 
 mod bench;
+mod bench_load;
 mod chart;
+mod load;
 mod speed;
 
 use std::collections::BTreeMap;
@@ -56,6 +58,8 @@ enum Cmd {
     /// The seed's `openssl speed` table: legacy path, offload, async jobs,
     /// default threshold and CPU only, in one run.
     Speed(speed::SpeedArgs),
+    /// Load a file into a shareable buffer (overlapped allocation and direct I/O).
+    Load(load::LoadArgs),
 }
 
 #[derive(Subcommand)]
@@ -200,6 +204,7 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Cmd::Bench(b) => b.run(cli.host.as_deref()),
         Cmd::Speed(a) => speed::run(a, cli.host.as_deref()),
+        Cmd::Load(args) => load::run(args),
     }
 }
 
