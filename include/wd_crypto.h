@@ -52,6 +52,9 @@ int wd_cipher_get_iv(struct wd_cipher *c, void *iv, size_t iv_len);
 /* Process len bytes, continuing the message (chained across calls). ECB
  * and CBC take whole 16-byte blocks. Returns 0. */
 int wd_cipher_update(struct wd_cipher *c, const void *in, void *out, size_t len);
+/* As wd_cipher_update, on the device whatever the policy (for callers that
+ * route with wd_crypto_route themselves; no queue still means the CPU). */
+int wd_cipher_offload(struct wd_cipher *c, const void *in, void *out, size_t len);
 /* Start a request without waiting: *job is NULL when it was computed at
  * once, else finish it with wd_job_poll/wd_job_wait (in and out must stay
  * valid until then; requests of one session complete in order). */
@@ -119,6 +122,33 @@ void wd_digest_free(struct wd_digest *d);
 int wd_crypto_set_threshold(size_t bytes);
 /* Also $WD_CRYPTO_POLICY (auto, offload, cpu). */
 int wd_crypto_set_policy(int policy);
+
+/* The current threshold and policy. */
+size_t wd_crypto_get_threshold(void);
+int wd_crypto_get_policy(void);
+
+/* For callers that compute on the CPU themselves (an OpenSSL provider's
+ * inline path): where should a request of len bytes run? Returns
+ * WD_ROUTE_DEVICE, or a WD_CPU_* reason, possibly with WD_ROUTE_TIMED: then
+ * time the request and report it with wd_crypto_record (this is how the
+ * auto policy learns which path is cheaper). Count CPU requests with
+ * wd_crypto_count_cpu (batching is fine). kind: WD_KIND_*. */
+#define WD_KIND_CIPHER 0
+#define WD_KIND_DIGEST 1
+#define WD_CPU_THRESHOLD 1
+#define WD_CPU_NO_QUEUE  2
+#define WD_CPU_HOST_GONE 3
+#define WD_CPU_POLICY    4
+#define WD_ROUTE_DEVICE  0x100
+#define WD_ROUTE_TIMED   0x200
+int wd_crypto_route(int kind, size_t len, int async);
+void wd_crypto_record(int kind, size_t len, int on_cpu, uint64_t ns);
+void wd_crypto_count_cpu(uint64_t requests, uint64_t bytes, int reason);
+
+/* Move a CBC or CTR stream between a session and the caller: the chaining
+ * value (16 bytes) and, for CTR, the bytes used of that counter block. */
+int wd_cipher_get_chain(struct wd_cipher *c, void *iv, size_t *num);
+int wd_cipher_set_chain(struct wd_cipher *c, const void *iv, size_t num);
 
 struct wd_crypto_stats {
 	uint64_t offload_requests, offload_bytes;

@@ -18,9 +18,12 @@
  * The host is $WD_CRYPTO_HOST or $WD_HOST (libwd). Without a host the
  * library computes on the CPU and counts it (wd_crypto_get_stats).
  */
+#define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <openssl/async.h>
 #include <openssl/core.h>
@@ -29,6 +32,7 @@
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/params.h>
+#include <openssl/provider.h>
 
 #include "wd.h"
 #include "wd_crypto.h"
@@ -38,7 +42,51 @@
 struct wd_prov {
 	const OSSL_CORE_HANDLE *handle;
 	OSSL_FUNC_core_get_params_fn *core_get_params;
+	/* Settings read once: the inline CPU path runs without asking libwd. */
+	size_t threshold;
+	int policy;
 };
+
+/* A private library context with only OpenSSL's default provider: the
+ * inline CPU path for requests that stay here (never this provider again). */
+static OSSL_LIB_CTX *wd_cpu_libctx;
+static pthread_once_t wd_cpu_once = PTHREAD_ONCE_INIT;
+
+static void wd_cpu_init(void)
+{
+	OSSL_LIB_CTX *l = OSSL_LIB_CTX_new();
+	if (l != NULL && OSSL_PROVIDER_load(l, "default") != NULL)
+		wd_cpu_libctx = l;
+}
+
+/* Requests computed inline, counted per thread and handed to libwd's
+ * counters in batches (wd_crypto_get_stats shows them). */
+static __thread uint64_t wd_cpu_req[5], wd_cpu_bytes[5];
+
+static void wd_flush_counts(void)
+{
+	for (int r = 1; r <= 4; r++) {
+		if (wd_cpu_req[r] != 0) {
+			wd_crypto_count_cpu(wd_cpu_req[r], wd_cpu_bytes[r], r);
+			wd_cpu_req[r] = wd_cpu_bytes[r] = 0;
+		}
+	}
+}
+
+static void wd_count(size_t bytes, int reason)
+{
+	wd_cpu_req[reason]++;
+	wd_cpu_bytes[reason] += bytes;
+	if (wd_cpu_req[reason] >= 4096)
+		wd_flush_counts();
+}
+
+static uint64_t wd_now_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
 
 static int wd_async_key; /* address used as the ASYNC_WAIT_CTX key */
 
@@ -51,8 +99,13 @@ static int wd_finish_job(struct wd_job *job)
 	ASYNC_WAIT_CTX *wctx = ASYNC_get_wait_ctx(aj);
 	for (;;) {
 		int r = wd_job_poll(job);
-		if (r != -EAGAIN)
+		if (r != -EAGAIN) {
+			/* Other jobs of this thread may wait on the same descriptor:
+			 * leave it armed, or readable if their completions were
+			 * reaped meanwhile, so none of them sleeps through its own. */
+			wd_crypto_arm();
 			return r;
+		}
 		int fd = wd_crypto_wait_fd();
 		if (fd < 0)
 			return wd_job_wait(job);
@@ -83,6 +136,12 @@ struct wd_cctx {
 	struct wd_prov *prov;
 	const struct wd_cipher_desc *d;
 	struct wd_cipher *c;  /* ECB, CBC, CTR, XTS */
+	/* The inline CPU path (ECB, CBC, CTR, XTS): a default-provider context
+	 * of the same key, and whether it holds the stream's chain now (else
+	 * the session c does). */
+	EVP_CIPHER_CTX *inner;
+	EVP_CIPHER *inner_cipher;
+	int chain_here;
 	struct wd_aead *a;    /* GCM */
 	int enc, pad, key_set, iv_set;
 	unsigned char key[64];
@@ -119,6 +178,9 @@ static void wd_cipher_freectx(void *vctx)
 		wd_cipher_free(x->c);
 	if (x->a)
 		wd_aead_free(x->a);
+	EVP_CIPHER_CTX_free(x->inner);
+	EVP_CIPHER_free(x->inner_cipher);
+	wd_flush_counts();
 	OPENSSL_clear_free(x, sizeof(*x));
 }
 
@@ -132,6 +194,15 @@ static void *wd_cipher_dupctx(void *vctx)
 		return NULL;
 	n->c = NULL;
 	n->a = NULL;
+	n->inner = NULL;
+	n->inner_cipher = NULL;
+	if (x->inner != NULL) {
+		n->inner = EVP_CIPHER_CTX_new();
+		if (n->inner == NULL || !EVP_CIPHER_CTX_copy(n->inner, x->inner))
+			goto fail;
+		if (x->inner_cipher != NULL && EVP_CIPHER_up_ref(x->inner_cipher))
+			n->inner_cipher = x->inner_cipher;
+	}
 	if (x->key_set) {
 		if (x->d->mode == EVP_CIPH_GCM_MODE) {
 			if (wd_aead_new(&n->a, x->d->name, x->key, x->d->keylen) != 0)
@@ -152,6 +223,74 @@ fail:
 }
 
 static int wd_cipher_set_ctx_params(void *vctx, const OSSL_PARAM params[]);
+
+/* (Re)start the inline context from the key, IV and direction; the chain is
+ * then here. Without a private default provider, everything goes through
+ * libwd (which has its own CPU path). */
+static int wd_inner_init(struct wd_cctx *x)
+{
+	if (x->d->mode == EVP_CIPH_GCM_MODE || !x->key_set)
+		return 1;
+	pthread_once(&wd_cpu_once, wd_cpu_init);
+	if (wd_cpu_libctx == NULL)
+		return 1;
+	if (x->inner_cipher == NULL)
+		x->inner_cipher = EVP_CIPHER_fetch(wd_cpu_libctx, x->d->name, NULL);
+	if (x->inner == NULL)
+		x->inner = EVP_CIPHER_CTX_new();
+	if (x->inner_cipher == NULL || x->inner == NULL)
+		return 0;
+	const unsigned char *iv = x->iv_set && x->d->ivlen > 0 ? x->iv : NULL;
+	if (!EVP_CipherInit_ex2(x->inner, x->inner_cipher, x->key, iv, x->enc, NULL) ||
+	    !EVP_CIPHER_CTX_set_padding(x->inner, 0))
+		return 0;
+	x->chain_here = 1;
+	return 1;
+}
+
+/* Hand the chain from the inline context to the session (before a request
+ * goes to the device). */
+static int wd_chain_to_session(struct wd_cctx *x)
+{
+	if (!x->chain_here)
+		return 1;
+	x->chain_here = 0;
+	if (x->d->mode != EVP_CIPH_CBC_MODE && x->d->mode != EVP_CIPH_CTR_MODE)
+		return 1;
+	unsigned char iv[16];
+	if (!EVP_CIPHER_CTX_get_updated_iv(x->inner, iv, sizeof iv))
+		return 0;
+	int num = EVP_CIPHER_CTX_get_num(x->inner);
+	if (x->d->mode == EVP_CIPH_CTR_MODE && num > 0) {
+		/* libcrypto's counter already names the next block. */
+		for (int i = 15; i >= 0 && iv[i]-- == 0; i--)
+			;
+	} else {
+		num = 0;
+	}
+	return wd_cipher_set_chain(x->c, iv, (size_t)num) == 0;
+}
+
+/* Take the chain back from the session into the inline context. */
+static int wd_chain_from_session(struct wd_cctx *x)
+{
+	if (x->chain_here)
+		return 1;
+	x->chain_here = 1;
+	if (x->d->mode != EVP_CIPH_CBC_MODE && x->d->mode != EVP_CIPH_CTR_MODE)
+		return 1;
+	unsigned char iv[16];
+	size_t num = 0;
+	if (wd_cipher_get_chain(x->c, iv, &num) != 0 ||
+	    !EVP_CipherInit_ex2(x->inner, NULL, NULL, iv, x->enc, NULL))
+		return 0;
+	if (num > 0) {
+		unsigned char burn[16] = {0};
+		if (EVP_Cipher(x->inner, burn, burn, (unsigned int)num) < 0)
+			return 0;
+	}
+	return 1;
+}
 
 static int wd_cipher_init(struct wd_cctx *x, const unsigned char *key, size_t keylen,
 			  const unsigned char *iv, size_t ivlen, const OSSL_PARAM params[], int enc)
@@ -202,7 +341,7 @@ static int wd_cipher_init(struct wd_cctx *x, const unsigned char *key, size_t ke
 		if (wd_cipher_set_iv(x->c, x->iv, x->d->ivlen) != 0)
 			return 0;
 	}
-	return 1;
+	return wd_inner_init(x);
 }
 
 static int wd_encrypt_init(void *vctx, const unsigned char *key, size_t keylen,
@@ -223,14 +362,44 @@ static int wd_blocks(struct wd_cctx *x, unsigned char *out, const unsigned char 
 {
 	if (len == 0)
 		return 1;
+	int route, in_job = 0;
+	if (x->inner != NULL && (len < x->prov->threshold || x->prov->policy == WD_CRYPTO_POLICY_CPU)) {
+		route = len < x->prov->threshold ? WD_CPU_THRESHOLD : WD_CPU_POLICY;
+	} else {
+		in_job = ASYNC_get_current_job() != NULL;
+		route = wd_crypto_route(WD_KIND_CIPHER, len, in_job);
+		if (route < 0)
+			route = WD_ROUTE_DEVICE;
+	}
+	if (!(route & WD_ROUTE_DEVICE) && x->inner != NULL) {
+		/* Inline: straight to OpenSSL's default implementation. */
+		uint64_t t0 = route & WD_ROUTE_TIMED ? wd_now_ns() : 0;
+		if (!wd_chain_from_session(x))
+			return 0;
+		if (x->d->mode == EVP_CIPH_XTS_MODE &&
+		    !EVP_CipherInit_ex2(x->inner, NULL, NULL, x->iv, x->enc, NULL))
+			return 0;
+		if (EVP_Cipher(x->inner, out, in, (unsigned int)len) < 0)
+			return 0;
+		wd_count(len, route & 0xff);
+		if (t0 != 0)
+			wd_crypto_record(WD_KIND_CIPHER, len, 1, wd_now_ns() - t0);
+		return 1;
+	}
+	if (x->inner != NULL && !wd_chain_to_session(x))
+		return 0;
 	if (x->d->mode == EVP_CIPH_XTS_MODE && wd_cipher_set_iv(x->c, x->iv, 16) != 0)
 		return 0;
-	if (ASYNC_get_current_job() != NULL) {
+	if (in_job) {
 		struct wd_job *job = NULL;
 		if (wd_cipher_start(x->c, in, out, len, &job) != 0)
 			return 0;
 		return job == NULL || wd_finish_job(job) == 0;
 	}
+	/* Routed already (or no inline path): the session's own routing
+	 * decides only when this provider could not. */
+	if (x->inner != NULL)
+		return wd_cipher_offload(x->c, in, out, len) == 0;
 	return wd_cipher_update(x->c, in, out, len) == 0;
 }
 
@@ -814,6 +983,7 @@ int OSSL_provider_init(const OSSL_CORE_HANDLE *handle, const OSSL_DISPATCH *in,
 	struct wd_prov *p = OPENSSL_zalloc(sizeof(*p));
 	if (p == NULL)
 		return 0;
+	p->threshold = 0;
 	p->handle = handle;
 	for (; in->function_id != 0; in++)
 		if (in->function_id == OSSL_FUNC_CORE_GET_PARAMS)
@@ -834,6 +1004,8 @@ int OSSL_provider_init(const OSSL_CORE_HANDLE *handle, const OSSL_DISPATCH *in,
 		else
 			wd_crypto_set_policy(WD_CRYPTO_POLICY_AUTO);
 	}
+	p->threshold = wd_crypto_get_threshold();
+	p->policy = wd_crypto_get_policy();
 	*out = wd_prov_fns;
 	*provctx = p;
 	return 1;

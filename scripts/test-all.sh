@@ -34,6 +34,9 @@ PKG_CONFIG_PATH="$prefix/lib/pkgconfig" cc -std=c11 -D_GNU_SOURCE -Wall -Werror 
     -Wl,-rpath,"$prefix/lib" -o "$out/test_wd_pc"
 "$out/test_wd_pc" >/dev/null
 
+echo "== OpenSSL provider"
+./scripts/test-provider.sh
+
 echo "== fuzz targets"
 if cargo +nightly --version >/dev/null 2>&1 && cargo fuzz --help >/dev/null 2>&1; then
     (cd fuzz && for t in $(cargo +nightly fuzz list); do

@@ -9,7 +9,8 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::os::fd::RawFd;
 
-use wd_crypto::{config, Aead, Cipher, CryptoError, Digest, Direction, Job, Policy};
+use wd_crypto::route::{self, Kind, Route};
+use wd_crypto::{config, Aead, Cipher, CryptoError, Digest, Direction, Job, Policy, Why};
 
 use crate::{fail, guard_with, EINVAL};
 
@@ -55,6 +56,18 @@ fn invalid(msg: &str) -> c_int {
 
 thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The buffer of an exactly in-place request (`inp == out`).
+///
+/// # Safety
+/// `out` writable for `len` bytes when non-null.
+unsafe fn in_place<'a>(inp: *const c_void, out: *mut c_void, len: usize) -> Option<&'a mut [u8]> {
+    if len == 0 || out.is_null() || !std::ptr::eq(inp, out.cast_const()) {
+        return None;
+    }
+    // SAFETY: caller contract.
+    Some(unsafe { std::slice::from_raw_parts_mut(out as *mut u8, len) })
 }
 
 /// Run `f(input, output)` over C buffers that may alias.
@@ -254,13 +267,59 @@ pub unsafe extern "C" fn wd_cipher_update(
     out: *mut c_void,
     len: usize,
 ) -> c_int {
+    // SAFETY: caller contract.
+    unsafe { cipher_update(c, inp, out, len, false) }
+}
+
+/// Process data on the device, waiting.
+///
+/// # Safety
+/// Pointers as `include/wd_crypto.h` documents.
+#[no_mangle]
+pub unsafe extern "C" fn wd_cipher_offload(
+    c: *mut WdCipher,
+    inp: *const c_void,
+    out: *mut c_void,
+    len: usize,
+) -> c_int {
+    // SAFETY: caller contract.
+    unsafe { cipher_update(c, inp, out, len, true) }
+}
+
+/// # Safety
+/// Pointers as `include/wd_crypto.h` documents.
+unsafe fn cipher_update(
+    c: *mut WdCipher,
+    inp: *const c_void,
+    out: *mut c_void,
+    len: usize,
+    offload: bool,
+) -> c_int {
     guard_with(|| {
         // SAFETY: caller contract.
         let Some(c) = (unsafe { cipher(c) }) else {
             return invalid("wd_cipher_update: bad session");
         };
         // SAFETY: caller contract.
-        match unsafe { with_buffers(inp, out, len, |i, o| c.c.update(i, o)) } {
+        if let Some(b) = unsafe { in_place(inp, out, len) } {
+            let r = if offload {
+                c.c.update_in_place_offload(b)
+            } else {
+                c.c.update_in_place(b)
+            };
+            return r.map_or_else(err, |_| 0);
+        }
+        // SAFETY: caller contract.
+        let r = unsafe {
+            with_buffers(inp, out, len, |i, o| {
+                if offload {
+                    c.c.update_offload(i, o)
+                } else {
+                    c.c.update(i, o)
+                }
+            })
+        };
+        match r {
             None => invalid("wd_cipher_update: NULL buffer"),
             Some(Ok(_)) => 0,
             Some(Err(e)) => err(e),
@@ -290,7 +349,12 @@ pub unsafe extern "C" fn wd_cipher_start(
             return invalid("wd_cipher_start: NULL job pointer");
         }
         // SAFETY: caller contract.
-        match unsafe { with_buffers(inp, out, len, |i, o| c.c.start(i, o)) } {
+        let started = match unsafe { in_place(inp, out, len) } {
+            Some(b) => Some(c.c.start_in_place(b)),
+            // SAFETY: caller contract.
+            None => unsafe { with_buffers(inp, out, len, |i, o| c.c.start(i, o)) },
+        };
+        match started {
             None => invalid("wd_cipher_start: NULL buffer"),
             Some(Err(e)) => err(e),
             Some(Ok(j)) if j.is_done() => {
@@ -840,4 +904,124 @@ pub unsafe extern "C" fn wd_crypto_get_stats(out: *mut WdCryptoStats) -> c_int {
     // SAFETY: out is non-null and caller-owned.
     unsafe { out.write_unaligned(v) };
     0
+}
+
+/// Chain of a stream.
+///
+/// # Safety
+/// Pointers as `include/wd_crypto.h` documents.
+#[no_mangle]
+pub unsafe extern "C" fn wd_cipher_get_chain(
+    c: *mut WdCipher,
+    iv: *mut c_void,
+    num: *mut usize,
+) -> c_int {
+    guard_with(|| {
+        // SAFETY: caller contract.
+        let Some(c) = (unsafe { cipher(c) }) else {
+            return invalid("wd_cipher_get_chain: bad session");
+        };
+        if iv.is_null() || num.is_null() {
+            return invalid("wd_cipher_get_chain: NULL out-pointer");
+        }
+        match c.c.chain() {
+            Ok((v, n)) => {
+                // SAFETY: iv has room for 16 bytes, num for a size_t (header).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(v.as_ptr(), iv as *mut u8, 16);
+                    num.write(n);
+                }
+                0
+            }
+            Err(e) => err(e),
+        }
+    })
+}
+
+/// Continue a stream from a chain.
+///
+/// # Safety
+/// Pointers as `include/wd_crypto.h` documents.
+#[no_mangle]
+pub unsafe extern "C" fn wd_cipher_set_chain(
+    c: *mut WdCipher,
+    iv: *const c_void,
+    num: usize,
+) -> c_int {
+    guard_with(|| {
+        // SAFETY: caller contract.
+        let (Some(c), Some(iv)) = (unsafe { cipher(c) }, unsafe { bytes(iv, 16) }) else {
+            return invalid("wd_cipher_set_chain: bad session or NULL IV");
+        };
+        let iv: &[u8; 16] = iv.try_into().expect("16 bytes");
+        c.c.set_chain(iv, num).map_or_else(err, |_| 0)
+    })
+}
+
+fn kind(k: c_int) -> Option<Kind> {
+    match k {
+        0 => Some(Kind::Cipher),
+        1 => Some(Kind::Digest),
+        _ => None,
+    }
+}
+
+fn why_code(w: Why) -> c_int {
+    match w {
+        Why::Threshold => 1,
+        Why::NoQueue => 2,
+        Why::HostGone => 3,
+        Why::Policy => 4,
+    }
+}
+
+/// Route a request.
+#[no_mangle]
+pub extern "C" fn wd_crypto_route(k: c_int, len: usize, asynchronous: c_int) -> c_int {
+    guard_with(|| {
+        let Some(k) = kind(k) else {
+            return invalid("wd_crypto_route: unknown kind");
+        };
+        let (r, timed) = route::choose_timed(k, len, asynchronous != 0);
+        let t = if timed { 0x200 } else { 0 };
+        match r {
+            Route::Device => 0x100 | t,
+            Route::Cpu(w) => why_code(w) | t,
+        }
+    })
+}
+
+/// Report a timed request.
+#[no_mangle]
+pub extern "C" fn wd_crypto_record(k: c_int, len: usize, on_cpu: c_int, ns: u64) {
+    guard_with(|| {
+        if let Some(k) = kind(k) {
+            route::record(k, len, on_cpu != 0, std::time::Duration::from_nanos(ns));
+        }
+        0
+    });
+}
+
+/// Count requests computed by the caller.
+#[no_mangle]
+pub extern "C" fn wd_crypto_count_cpu(requests: u64, bytes: u64, reason: c_int) {
+    let w = match reason {
+        1 => Why::Threshold,
+        2 => Why::NoQueue,
+        3 => Why::HostGone,
+        _ => Why::Policy,
+    };
+    wd_crypto::count_cpu(requests, bytes, w);
+}
+
+/// The threshold.
+#[no_mangle]
+pub extern "C" fn wd_crypto_get_threshold() -> usize {
+    config::threshold()
+}
+
+/// The policy.
+#[no_mangle]
+pub extern "C" fn wd_crypto_get_policy() -> c_int {
+    config::policy() as c_int
 }

@@ -31,6 +31,8 @@ enum Which {
     Queue(BenchArgs),
     /// The software IOMMU: map/unmap invalidation cost, strict/deferred/virtio-iommu DMA streams, translation cost.
     Iommu(crate::bench_iommu::IommuArgs),
+    /// Loading files into shareable buffers (`wd load`) against the seed's baselines.
+    Load(crate::bench_load::BenchLoadArgs),
 }
 
 impl BenchCmd {
@@ -42,6 +44,7 @@ impl BenchCmd {
             None => run(self.queue, host),
             Some(Which::Queue(a)) => run(a, host),
             Some(Which::Iommu(a)) => crate::bench_iommu::run(a, host),
+            Some(Which::Load(a)) => crate::bench_load::run(a),
         }
     }
 }

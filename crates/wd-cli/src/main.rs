@@ -3,7 +3,11 @@
 
 mod bench;
 mod bench_iommu;
+mod bench_load;
+mod chart;
 mod faults;
+mod load;
+mod speed;
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -55,6 +59,11 @@ enum Cmd {
     Bench(bench::BenchCmd),
     /// Show the newest IOMMU faults of a queue (not consuming them).
     Faults(faults::FaultsArgs),
+    /// The seed's `openssl speed` table: legacy path, offload, async jobs,
+    /// default threshold and CPU only, in one run.
+    Speed(speed::SpeedArgs),
+    /// Load a file into a shareable buffer (overlapped allocation and direct I/O).
+    Load(load::LoadArgs),
 }
 
 #[derive(Subcommand)]
@@ -199,6 +208,8 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Cmd::Bench(b) => b.run(cli.host.as_deref()),
         Cmd::Faults(a) => faults::run(&*connect(&cli.host).map_err(|e| e.to_string())?, a),
+        Cmd::Speed(a) => speed::run(a, cli.host.as_deref()),
+        Cmd::Load(args) => load::run(args),
     }
 }
 

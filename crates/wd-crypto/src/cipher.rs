@@ -3,7 +3,8 @@
 //! breaking the chain.
 //!
 //! The chaining value (CBC IV, CTR counter and position) is tracked here
-//! for every request, so a stream can move from the device to the CPU
+//! for requests sent to the device, and read back from libcrypto when a
+//! stream leaves the CPU, so a stream can move from the device to the CPU
 //! (host gone, small request) and back: the device continues its own chain
 //! while it holds it, and is given the tracked IV when it takes over.
 
@@ -32,8 +33,25 @@ enum Chain {
     Fresh,
     /// The device session on this lane holds it.
     Device(LaneId),
-    /// The CPU context holds it.
+    /// The CPU context holds it (the tracked IV is stale until synced).
     Cpu,
+}
+
+/// The data of one request: separate input and output, or one buffer
+/// transformed in place.
+enum Io<'a> {
+    Copy(&'a [u8], &'a mut [u8]),
+    InPlace(&'a mut [u8]),
+}
+
+impl<'a> Io<'a> {
+    fn run(self, ctx: &mut CipherCtx) -> Result<()> {
+        match self {
+            Io::Copy(i, o) => ctx.update(o, i)?,
+            Io::InPlace(b) => ctx.update_in_place(b)?,
+        };
+        Ok(())
+    }
 }
 
 /// Key bytes, wiped when dropped.
@@ -52,7 +70,7 @@ impl Drop for Key {
 pub struct Job {
     parts: Vec<Part>,
     len: usize,
-    /// Bytes already in the output (computed on the CPU at start).
+    /// Computed at once on the CPU (the output is already written).
     done_on_cpu: bool,
 }
 
@@ -68,6 +86,14 @@ struct Part {
 }
 
 impl Job {
+    fn cpu(len: usize) -> Job {
+        Job {
+            parts: Vec::new(),
+            len,
+            done_on_cpu: true,
+        }
+    }
+
     /// Bytes this request produces.
     pub fn len(&self) -> usize {
         self.len
@@ -84,6 +110,9 @@ impl Job {
     }
 }
 
+/// The tracked part of a stream's state, saved to redo a request.
+type Saved = ([u8; 16], usize, bool);
+
 /// A cipher session.
 pub struct Cipher {
     alg: Alg,
@@ -98,6 +127,8 @@ pub struct Cipher {
     /// Device sessions of this key, per lane.
     dev: Vec<(LaneId, u64)>,
     cpu: Option<CipherCtx>,
+    /// Direction the CPU context's key schedule is for.
+    cpu_keyed: Option<Direction>,
     /// Device requests of this stream not yet finished.
     in_flight: usize,
 }
@@ -108,6 +139,13 @@ impl std::fmt::Debug for Cipher {
             .field("alg", &self.alg.name())
             .field("dir", &self.dir)
             .finish()
+    }
+}
+
+fn host_gone(message: &str) -> CryptoError {
+    CryptoError::Device {
+        status: wrapdrive::Status::HostGone,
+        message: message.into(),
     }
 }
 
@@ -144,6 +182,7 @@ impl Cipher {
             chain: Chain::Fresh,
             dev: Vec::new(),
             cpu: None,
+            cpu_keyed: None,
             in_flight: 0,
         })
     }
@@ -187,8 +226,36 @@ impl Cipher {
         Ok(())
     }
 
+    /// The chain as a caller continuing the stream elsewhere needs it: the
+    /// IV or counter block and, for CTR, the bytes used of that block.
+    pub fn chain(&mut self) -> Result<([u8; 16], usize)> {
+        self.idle()?;
+        self.sync_from_cpu()?;
+        Ok((self.iv, self.ctr_used))
+    }
+
+    /// Continue a stream from a chain computed elsewhere (see
+    /// [`Cipher::chain`]).
+    pub fn set_chain(&mut self, iv: &[u8; 16], ctr_used: usize) -> Result<()> {
+        self.idle()?;
+        if self.mode == Mode::Ecb || self.mode == Mode::Xts || ctr_used >= 16 {
+            return Err(CryptoError::invalid(
+                "only CBC and CTR streams carry a chain",
+            ));
+        }
+        if self.mode == Mode::Cbc && ctr_used != 0 {
+            return Err(CryptoError::invalid("a CBC chain is a whole block"));
+        }
+        self.iv = *iv;
+        self.ctr_used = ctr_used;
+        self.iv_set = true;
+        self.chain = Chain::Fresh;
+        Ok(())
+    }
+
     /// The current chaining value (CBC: the next IV; CTR: the counter).
-    pub fn iv(&self) -> &[u8] {
+    pub fn iv(&mut self) -> &[u8] {
+        let _ = self.sync_from_cpu();
         &self.iv[..self.alg.iv_len()]
     }
 
@@ -201,23 +268,20 @@ impl Cipher {
         Ok(())
     }
 
-    fn check(&self, input: &[u8], output: &[u8]) -> Result<()> {
-        if output.len() < input.len() {
-            return Err(CryptoError::invalid("output shorter than input"));
-        }
+    fn check(&self, n: usize) -> Result<()> {
         if !self.iv_set {
             return Err(CryptoError::invalid(match self.mode {
                 Mode::Xts => "XTS needs set_iv (the tweak) before every data unit",
                 _ => "set_iv first",
             }));
         }
-        if input.len() as u64 % self.alg.granule() != 0 {
+        if n as u64 % self.alg.granule() != 0 {
             return Err(CryptoError::invalid(format!(
                 "{} works on whole 16-byte blocks; buffer partial blocks",
                 self.alg.name()
             )));
         }
-        if self.mode == Mode::Xts && input.len() < 16 {
+        if self.mode == Mode::Xts && n < 16 {
             return Err(CryptoError::invalid(
                 "an XTS data unit is at least 16 bytes",
             ));
@@ -228,37 +292,127 @@ impl Cipher {
     /// Encrypt or decrypt `input` into `output` (at least as long),
     /// continuing the stream. Waits for the result.
     pub fn update(&mut self, input: &[u8], output: &mut [u8]) -> Result<usize> {
-        let saved = self.chain_state();
-        let alone = self.in_flight == 0;
-        let (job, watch) = self.start_routed(input, output, false)?;
-        let (n, on_cpu) = (job.len, job.done_on_cpu);
-        match self.finish(job, output) {
-            Ok(n) => {
-                watch.stop(Kind::Cipher, n, on_cpu);
-                Ok(n)
-            }
-            Err(e) if e.host_gone() && alone => {
-                // The host died with this request: nothing of the stream is
-                // lost (the input is here and the chain is tracked), so
-                // redo it on the CPU.
-                self.restore(saved);
-                self.cpu_update(input, output)?;
-                stats::on_cpu(n, Why::HostGone);
-                Ok(n)
-            }
-            Err(e) => Err(e),
+        self.update_copy(input, output, false)
+    }
+
+    /// As [`Cipher::update`], sent to the device whatever the policy (for
+    /// callers that route themselves); the CPU still takes over when there
+    /// is no queue.
+    pub fn update_offload(&mut self, input: &[u8], output: &mut [u8]) -> Result<usize> {
+        self.update_copy(input, output, true)
+    }
+
+    /// As [`Cipher::update_in_place`], sent to the device (see
+    /// [`Cipher::update_offload`]).
+    pub fn update_in_place_offload(&mut self, buf: &mut [u8]) -> Result<usize> {
+        self.update_buf(buf, true)
+    }
+
+    fn update_copy(&mut self, input: &[u8], output: &mut [u8], offload: bool) -> Result<usize> {
+        if output.len() < input.len() {
+            return Err(CryptoError::invalid("output shorter than input"));
         }
+        let n = input.len();
+        let output = &mut output[..n];
+        self.check(n)?;
+        let routed = if offload {
+            (Route::Device, false)
+        } else {
+            self.route(n, false)
+        };
+        let timed = match routed {
+            (Route::Cpu(why), timed) => {
+                let watch = Stopwatch::start(timed);
+                self.cpu_update(Io::Copy(input, output))?;
+                stats::on_cpu(n, why);
+                watch.stop(Kind::Cipher, n, true);
+                return Ok(n);
+            }
+            (Route::Device, timed) => timed,
+        };
+        let watch = Stopwatch::start(timed);
+        let head = self.ctr_head(n);
+        if head > 0 {
+            self.cpu_update(Io::Copy(&input[..head], &mut output[..head]))?;
+            stats::on_cpu(head, Why::Policy);
+        }
+        let saved = self.saved();
+        let alone = self.in_flight == 0;
+        let r = match self.submit(&input[head..], head)? {
+            Ok(job) => self.complete(job, output, true).map(|_| ()),
+            Err(why) => Err((host_gone("no queue"), Some(why))),
+        };
+        self.after_device(r, saved, alone, watch, n, |c| {
+            c.cpu_update(Io::Copy(&input[head..], &mut output[head..]))
+        })
     }
 
-    fn chain_state(&self) -> ([u8; 16], usize, bool) {
-        (self.iv, self.ctr_used, self.iv_set)
+    /// As [`Cipher::update`], transforming `buf` in place.
+    pub fn update_in_place(&mut self, buf: &mut [u8]) -> Result<usize> {
+        self.update_buf(buf, false)
     }
 
-    fn restore(&mut self, (iv, ctr_used, iv_set): ([u8; 16], usize, bool)) {
-        self.iv = iv;
-        self.ctr_used = ctr_used;
-        self.iv_set = iv_set;
-        self.chain = Chain::Fresh;
+    fn update_buf(&mut self, buf: &mut [u8], offload: bool) -> Result<usize> {
+        let n = buf.len();
+        self.check(n)?;
+        let routed = if offload {
+            (Route::Device, false)
+        } else {
+            self.route(n, false)
+        };
+        let timed = match routed {
+            (Route::Cpu(why), timed) => {
+                let watch = Stopwatch::start(timed);
+                self.cpu_update(Io::InPlace(buf))?;
+                stats::on_cpu(n, why);
+                watch.stop(Kind::Cipher, n, true);
+                return Ok(n);
+            }
+            (Route::Device, timed) => timed,
+        };
+        let watch = Stopwatch::start(timed);
+        let head = self.ctr_head(n);
+        if head > 0 {
+            self.cpu_update(Io::InPlace(&mut buf[..head]))?;
+            stats::on_cpu(head, Why::Policy);
+        }
+        let saved = self.saved();
+        let alone = self.in_flight == 0;
+        let r = match self.submit(&buf[head..], head)? {
+            Ok(job) => self.complete(job, buf, true).map(|_| ()),
+            Err(why) => Err((host_gone("no queue"), Some(why))),
+        };
+        self.after_device(r, saved, alone, watch, n, |c| {
+            c.cpu_update(Io::InPlace(&mut buf[head..]))
+        })
+    }
+
+    /// After a device attempt: on success report the time; when the host
+    /// died with the request (or there was no queue), redo it on the CPU:
+    /// the input is intact (the output is written only at completion) and
+    /// the chain was saved.
+    fn after_device(
+        &mut self,
+        r: std::result::Result<(), (CryptoError, Option<Why>)>,
+        saved: Saved,
+        alone: bool,
+        watch: Stopwatch,
+        n: usize,
+        redo: impl FnOnce(&mut Cipher) -> Result<()>,
+    ) -> Result<usize> {
+        match r {
+            Ok(()) => {
+                watch.stop(Kind::Cipher, n, false);
+                Ok(n)
+            }
+            Err((e, why)) if (e.host_gone() || why.is_some()) && alone => {
+                self.restore(saved);
+                redo(self)?;
+                stats::on_cpu(n, why.unwrap_or(Why::HostGone));
+                Ok(n)
+            }
+            Err((e, _)) => Err(e),
+        }
     }
 
     /// One message given as several pieces (a scatter list): the pieces
@@ -268,19 +422,17 @@ impl Cipher {
             return Err(CryptoError::invalid("as many outputs as inputs are needed"));
         }
         let mut jobs = Vec::with_capacity(inputs.len());
+        let mut first_err = None;
         for (i, o) in inputs.iter().zip(outputs.iter_mut()) {
-            match self.start_routed(i, o, true) {
-                Ok((j, _)) => jobs.push(j),
+            match self.start(i, o) {
+                Ok(j) => jobs.push(j),
                 Err(e) => {
-                    for (j, o) in jobs.into_iter().zip(outputs.iter_mut()) {
-                        let _ = self.finish(j, o);
-                    }
-                    return Err(e);
+                    first_err = Some(e);
+                    break;
                 }
             }
         }
         let mut total = 0;
-        let mut first_err = None;
         for (j, o) in jobs.into_iter().zip(outputs.iter_mut()) {
             match self.finish(j, o) {
                 Ok(n) => total += n,
@@ -293,96 +445,123 @@ impl Cipher {
     }
 
     /// Start a request without waiting (asynchronous use): computed at once
-    /// on the CPU when small, else sent to the device. `output` receives
-    /// the CPU result now; a device result is copied into the buffer given
-    /// to [`Cipher::finish`] or [`Cipher::poll`].
+    /// on the CPU when small, else sent to the device. `output` receives a
+    /// CPU result now; a device result is copied into the buffer given to
+    /// [`Cipher::finish`] or [`Cipher::poll`] (the same `output`).
     pub fn start(&mut self, input: &[u8], output: &mut [u8]) -> Result<Job> {
-        self.start_routed(input, output, true).map(|(j, _)| j)
-    }
-
-    fn start_routed(
-        &mut self,
-        input: &[u8],
-        output: &mut [u8],
-        asynchronous: bool,
-    ) -> Result<(Job, Stopwatch)> {
-        self.check(input, output)?;
+        if output.len() < input.len() {
+            return Err(CryptoError::invalid("output shorter than input"));
+        }
         let n = input.len();
-        let cpu_job = Job {
-            parts: Vec::new(),
-            len: n,
-            done_on_cpu: true,
-        };
-        if n == 0 {
-            return Ok((cpu_job, Stopwatch::start(false)));
-        }
-        // A stream with requests on the device stays there (order).
-        let (route, timed) = if self.in_flight > 0 {
-            (Route::Device, false)
-        } else {
-            route::choose_timed(Kind::Cipher, n, asynchronous)
-        };
-        let watch = Stopwatch::start(timed);
-        if let Route::Cpu(why) = route {
-            self.cpu_update(input, output)?;
+        self.check(n)?;
+        if let (Route::Cpu(why), _) = self.route(n, true) {
+            self.cpu_update(Io::Copy(input, &mut output[..n]))?;
             stats::on_cpu(n, why);
-            return Ok((cpu_job, watch));
+            return Ok(Job::cpu(n));
         }
-        // CTR in the middle of a keystream block: the device can only start
-        // on a block boundary, so finish the block here.
-        let mut head = 0;
-        if self.mode == Mode::Ctr && self.ctr_used != 0 && !self.device_holds_chain() {
-            head = (16 - self.ctr_used).min(n);
-            self.cpu_update(&input[..head], &mut output[..head])?;
+        let head = self.ctr_head(n);
+        if head > 0 {
+            self.cpu_update(Io::Copy(&input[..head], &mut output[..head]))?;
             stats::on_cpu(head, Why::Policy);
         }
-        let saved = self.chain_state();
-        let chain = self.chain;
-        let r = lane::with_lane(Kind::Cipher, |lane| {
-            self.device_submit(lane, &input[head..], head)
-        });
-        match r {
-            Ok(Ok(parts)) => {
-                self.in_flight += parts.len();
-                let job = Job {
-                    parts,
-                    len: n,
-                    done_on_cpu: false,
-                };
-                Ok((job, watch))
+        let saved = self.saved();
+        match self.submit(&input[head..], head)? {
+            Ok(mut job) => {
+                job.len = n;
+                Ok(job)
             }
-            Ok(Err(e)) => Err(e),
-            Err(no) => {
-                if self.in_flight > 0 {
-                    return Err(CryptoError::Device {
-                        status: wrapdrive::Status::HostGone,
-                        message: "the host went away with requests of this stream".into(),
-                    });
-                }
-                // Parts sent before the host went away will never complete:
-                // start over from the chain as it was.
+            Err(why) => {
                 self.restore(saved);
-                self.chain = if chain == Chain::Cpu {
-                    Chain::Cpu
-                } else {
-                    Chain::Fresh
-                };
-                self.cpu_update(&input[head..], &mut output[head..])?;
-                stats::on_cpu(
-                    n - head,
-                    if no == NoLane::HostGone {
-                        Why::HostGone
-                    } else {
-                        Why::NoQueue
-                    },
-                );
-                Ok((cpu_job, Stopwatch::start(false)))
+                self.cpu_update(Io::Copy(&input[head..], &mut output[head..n]))?;
+                stats::on_cpu(n - head, why);
+                Ok(Job::cpu(n))
             }
         }
     }
 
-    fn device_holds_chain(&self) -> bool {
-        matches!(self.chain, Chain::Device(_))
+    /// As [`Cipher::start`] in place: finish with the same `buf`.
+    pub fn start_in_place(&mut self, buf: &mut [u8]) -> Result<Job> {
+        let n = buf.len();
+        self.check(n)?;
+        if let (Route::Cpu(why), _) = self.route(n, true) {
+            self.cpu_update(Io::InPlace(buf))?;
+            stats::on_cpu(n, why);
+            return Ok(Job::cpu(n));
+        }
+        let head = self.ctr_head(n);
+        if head > 0 {
+            self.cpu_update(Io::InPlace(&mut buf[..head]))?;
+            stats::on_cpu(head, Why::Policy);
+        }
+        let saved = self.saved();
+        match self.submit(&buf[head..], head)? {
+            Ok(mut job) => {
+                job.len = n;
+                Ok(job)
+            }
+            Err(why) => {
+                self.restore(saved);
+                self.cpu_update(Io::InPlace(&mut buf[head..]))?;
+                stats::on_cpu(n - head, why);
+                Ok(Job::cpu(n))
+            }
+        }
+    }
+
+    /// Where a request of `n` bytes goes; a stream with requests on the
+    /// device stays there (order).
+    fn route(&self, n: usize, asynchronous: bool) -> (Route, bool) {
+        if self.in_flight > 0 {
+            return (Route::Device, false);
+        }
+        route::choose_timed(Kind::Cipher, n, asynchronous)
+    }
+
+    /// CTR in the middle of a keystream block: the device can only start
+    /// on a block boundary, so this many bytes are done here first.
+    fn ctr_head(&mut self, n: usize) -> usize {
+        if self.mode != Mode::Ctr || matches!(self.chain, Chain::Device(_)) {
+            return 0;
+        }
+        let _ = self.sync_from_cpu();
+        if self.ctr_used == 0 {
+            0
+        } else {
+            (16 - self.ctr_used).min(n)
+        }
+    }
+
+    fn saved(&mut self) -> Saved {
+        let _ = self.sync_from_cpu();
+        (self.iv, self.ctr_used, self.iv_set)
+    }
+
+    fn restore(&mut self, (iv, ctr_used, iv_set): Saved) {
+        self.iv = iv;
+        self.ctr_used = ctr_used;
+        self.iv_set = iv_set;
+        self.chain = Chain::Fresh;
+    }
+
+    /// When the CPU context holds the chain, copy it into the tracked
+    /// fields (so another path can continue from it).
+    fn sync_from_cpu(&mut self) -> Result<()> {
+        if self.chain != Chain::Cpu || !matches!(self.mode, Mode::Cbc | Mode::Ctr) {
+            return Ok(());
+        }
+        if let Some(ctx) = self.cpu.as_mut() {
+            let (iv, num) = ctx.chain_state()?;
+            self.iv = iv;
+            self.ctr_used = 0;
+            if self.mode == Mode::Ctr && num > 0 {
+                // libcrypto has already stepped its counter past the block
+                // it is using up; ours names that block.
+                self.iv = u128::from_be_bytes(iv).wrapping_sub(1).to_be_bytes();
+                self.ctr_used = num;
+            }
+        }
+        self.chain = Chain::Fresh;
+        Ok(())
     }
 
     fn handle_for(&mut self, lane: &mut Lane) -> Result<u64> {
@@ -394,6 +573,27 @@ impl Cipher {
         Ok(h)
     }
 
+    /// Send `input` to the device as chained requests; `Ok(Err(why))`
+    /// when there is no queue (the caller computes on the CPU).
+    fn submit(&mut self, input: &[u8], base: usize) -> Result<std::result::Result<Job, Why>> {
+        self.sync_from_cpu()?;
+        let r = lane::with_lane(Kind::Cipher, |lane| self.device_submit(lane, input, base));
+        match r {
+            Ok(Ok(parts)) => {
+                self.in_flight += parts.len();
+                Ok(Ok(Job {
+                    parts,
+                    len: base + input.len(),
+                    done_on_cpu: false,
+                }))
+            }
+            Ok(Err(e)) => Err(e),
+            Err(NoLane::NoQueue) if self.in_flight == 0 => Ok(Err(Why::NoQueue)),
+            Err(NoLane::HostGone) if self.in_flight == 0 => Ok(Err(Why::HostGone)),
+            Err(_) => Err(host_gone("the host went away with requests of this stream")),
+        }
+    }
+
     /// Stage and submit `input` (cut into slots) as chained requests.
     fn device_submit(&mut self, lane: &mut Lane, input: &[u8], base: usize) -> Result<Vec<Part>> {
         let handle = self.handle_for(lane)?;
@@ -402,15 +602,7 @@ impl Cipher {
         while off < input.len() {
             let len = (input.len() - off).min(SLOT);
             let Some(slot) = lane.take_slot() else {
-                // Give back what is staged but unsent? Everything staged is
-                // sent; the caller finishes those parts.
-                return if parts.is_empty() {
-                    Err(CryptoError::Busy)
-                } else {
-                    Err(CryptoError::invalid(
-                        "request larger than the free staging area",
-                    ))
-                };
+                return Err(CryptoError::Busy);
             };
             let piece = &input[off..off + len];
             lane.put(slot, 0, piece);
@@ -422,12 +614,12 @@ impl Cipher {
             let mut iv = [0u8; 16];
             let mut iv_len = 0;
             let continues = self.chain == Chain::Device(lane.id) && self.mode != Mode::Xts;
-            if !continues && self.mode != Mode::Ecb {
+            if !continues {
                 flags |= F_IV;
-                iv = self.iv;
-                iv_len = 16;
-            } else if !continues {
-                flags |= F_IV;
+                if self.mode != Mode::Ecb {
+                    iv = self.iv;
+                    iv_len = 16;
+                }
             }
             let addr = lane.slot_addr(slot);
             let desc = CipherOp {
@@ -452,28 +644,35 @@ impl Cipher {
                 }
             };
             self.chain = Chain::Device(lane.id);
-            let cbc_encrypt = self.mode == Mode::Cbc && self.dir == Direction::Encrypt;
-            self.advance_chain(piece, None);
+            self.advance_chain(piece);
             parts.push(Part {
                 lane: lane.id,
                 token,
                 slot,
                 offset: base + off,
                 len,
-                last_of_cbc_encrypt: cbc_encrypt && off + len == input.len(),
+                last_of_cbc_encrypt: self.mode == Mode::Cbc
+                    && self.dir == Direction::Encrypt
+                    && off + len == input.len(),
             });
             off += len;
         }
         Ok(parts)
     }
 
-    /// Wait for a started request and copy its result into `output`.
+    /// Wait for a started request and copy its result into `output` (the
+    /// buffer given to `start`).
     pub fn finish(&mut self, job: Job, output: &mut [u8]) -> Result<usize> {
-        self.complete(job, output, true).map(|r| r.expect("waited"))
+        match self.complete(job, output, true) {
+            Ok(Ok(n)) => Ok(n),
+            Ok(Err(_)) => unreachable!("a blocking finish completes"),
+            Err((e, _)) => Err(e),
+        }
     }
 
-    /// Non-blocking [`Cipher::finish`]: `Ok(None)` (and the job back) while
-    /// the device works.
+    /// Non-blocking [`Cipher::finish`]: `Err((job, None))` while the
+    /// device works (call again with the job), `Err((_, Some(e)))` if the
+    /// request failed.
     pub fn poll(
         &mut self,
         job: Job,
@@ -482,34 +681,34 @@ impl Cipher {
         match self.complete(job, output, false) {
             Ok(Ok(n)) => Ok(n),
             Ok(Err(job)) => Err((job, None)),
-            Err(e) => Err((
-                Job {
-                    parts: Vec::new(),
-                    len: 0,
-                    done_on_cpu: true,
-                },
-                Some(e),
-            )),
+            Err((e, _)) => Err((Job::cpu(0), Some(e))),
         }
     }
 
+    /// Finish a job: `Ok(Err(job))` if not done (non-blocking), the error
+    /// with "no queue" otherwise.
+    #[allow(clippy::type_complexity)]
     fn complete(
         &mut self,
         mut job: Job,
         output: &mut [u8],
         block: bool,
-    ) -> Result<std::result::Result<usize, Job>> {
+    ) -> std::result::Result<std::result::Result<usize, Job>, (CryptoError, Option<Why>)> {
         if job.done_on_cpu {
             return Ok(Ok(job.len));
+        }
+        if output.len() < job.len {
+            self.abandon(&job);
+            return Err((
+                CryptoError::invalid("output shorter than the request"),
+                None,
+            ));
         }
         let mut first_err: Option<CryptoError> = None;
         let r = lane::with_open_lane(Kind::Cipher, |lane| {
             while let Some(p) = job.parts.first() {
                 if p.lane != lane.id {
-                    return Err(CryptoError::Device {
-                        status: wrapdrive::Status::HostGone,
-                        message: "the queue of this request is gone".into(),
-                    });
+                    return Err(host_gone("the queue of this request is gone"));
                 }
                 let d = if block {
                     lane.wait(p.token)?
@@ -525,7 +724,7 @@ impl Cipher {
                     Ok(()) => {
                         let out = &mut output[p.offset..p.offset + p.len];
                         lane.get(p.slot, 0, out);
-                        if p.last_of_cbc_encrypt {
+                        if p.last_of_cbc_encrypt && self.chain == Chain::Device(p.lane) {
                             self.iv.copy_from_slice(&out[out.len() - 16..]);
                         }
                         stats::offloaded(p.len);
@@ -543,20 +742,20 @@ impl Cipher {
         });
         match r {
             Ok(Ok(true)) => match first_err {
-                Some(e) => Err(e),
+                Some(e) => Err((e, None)),
                 None => Ok(Ok(job.len)),
             },
             Ok(Ok(false)) => Ok(Err(job)),
             Ok(Err(e)) => {
                 self.abandon(&job);
-                Err(e)
+                Err((e, None))
             }
             Err(_) => {
                 self.abandon(&job);
-                Err(CryptoError::Device {
-                    status: wrapdrive::Status::HostGone,
-                    message: "the host went away before the request completed".into(),
-                })
+                Err((
+                    host_gone("the host went away before the request completed"),
+                    Some(Why::HostGone),
+                ))
             }
         }
     }
@@ -570,14 +769,16 @@ impl Cipher {
     }
 
     /// Compute on the CPU, continuing the chain.
-    fn cpu_update(&mut self, input: &[u8], output: &mut [u8]) -> Result<()> {
+    fn cpu_update(&mut self, io: Io<'_>) -> Result<()> {
         if self.cpu.is_none() {
             self.cpu = Some(CipherCtx::new(self.alg)?);
         }
         let ctx = self.cpu.as_mut().expect("made above");
         if self.chain != Chain::Cpu || self.mode == Mode::Xts {
+            let key = (self.cpu_keyed != Some(self.dir)).then_some(&self.key.0[..]);
             let iv = (self.mode != Mode::Ecb).then_some(&self.iv[..16]);
-            ctx.init(Some(&self.key.0), iv, self.dir == Direction::Encrypt)?;
+            ctx.init(key, iv, self.dir == Direction::Encrypt)?;
+            self.cpu_keyed = Some(self.dir);
             if self.mode == Mode::Ctr && self.ctr_used > 0 {
                 // Burn the used part of the current keystream block.
                 let mut skip = [0u8; 16];
@@ -585,34 +786,28 @@ impl Cipher {
             }
             self.chain = Chain::Cpu;
         }
-        let n = input.len();
-        ctx.update(&mut output[..n], input)?;
-        self.advance_chain(input, Some(&output[..n]));
+        io.run(ctx)?;
+        if self.mode == Mode::Xts {
+            // One data unit per tweak.
+            self.iv_set = false;
+            self.chain = Chain::Fresh;
+        }
         Ok(())
     }
 
-    /// Track the chaining value after `input` was processed (`output` when
-    /// known; CBC encryption on the device learns it at completion).
-    fn advance_chain(&mut self, input: &[u8], output: Option<&[u8]>) {
+    /// Track the chaining value after `input` was sent to the device (CBC
+    /// encryption learns it from the output at completion).
+    fn advance_chain(&mut self, input: &[u8]) {
         let n = input.len();
         match (self.mode, self.dir) {
             (Mode::Cbc, Direction::Decrypt) => self.iv.copy_from_slice(&input[n - 16..]),
-            (Mode::Cbc, Direction::Encrypt) => {
-                if let Some(o) = output {
-                    self.iv.copy_from_slice(&o[n - 16..]);
-                }
-            }
             (Mode::Ctr, _) => {
                 let total = self.ctr_used + n;
-                let blocks = (total / 16) as u128;
-                let ctr = u128::from_be_bytes(self.iv).wrapping_add(blocks);
+                let ctr = u128::from_be_bytes(self.iv).wrapping_add((total / 16) as u128);
                 self.iv = ctr.to_be_bytes();
                 self.ctr_used = total % 16;
             }
-            (Mode::Xts, _) => {
-                // One data unit per tweak.
-                self.iv_set = false;
-            }
+            (Mode::Xts, _) => self.iv_set = false,
             _ => {}
         }
     }

@@ -249,11 +249,21 @@ struct Channel {
     lanes: [Option<Lane>; 2],
     /// After a failure, when to try the host again.
     retry_at: [Option<Instant>; 2],
+    /// Why the lane is missing during `retry_at`.
+    lost: [NoLane; 2],
+    /// Calls of `known_unavailable` since the clock was last read.
+    clock_skips: u32,
 }
 
 thread_local! {
     static CHANNEL: RefCell<Channel> = const {
-        RefCell::new(Channel { host: None, lanes: [None, None], retry_at: [None, None] })
+        RefCell::new(Channel {
+            host: None,
+            lanes: [None, None],
+            retry_at: [None, None],
+            lost: [NoLane::NoQueue, NoLane::NoQueue],
+            clock_skips: 0,
+        })
     };
 }
 
@@ -262,6 +272,30 @@ fn slot_of(kind: Kind) -> usize {
         Kind::Cipher => 0,
         Kind::Digest => 1,
     }
+}
+
+/// Whether this thread knows it has no lane of `kind` for now (it failed
+/// to get one, or lost it, and waits before asking again): the router
+/// then sends requests straight to the CPU.
+pub fn known_unavailable(kind: Kind) -> Option<NoLane> {
+    CHANNEL
+        .try_with(|c| {
+            let mut c = c.try_borrow_mut().ok()?;
+            let i = slot_of(kind);
+            if c.lanes[i].is_some() {
+                return None;
+            }
+            let until = c.retry_at[i]?;
+            // Reading the clock costs as much as a small request: look at it
+            // once in a while only.
+            c.clock_skips = c.clock_skips.wrapping_add(1);
+            if c.clock_skips % 64 == 0 && Instant::now() >= until {
+                return None;
+            }
+            Some(c.lost[i])
+        })
+        .ok()
+        .flatten()
 }
 
 /// Why a lane is not available: the CPU computes instead, and the reason
@@ -326,6 +360,7 @@ fn lane_call<T>(
                 Ok(l) => c.lanes[i] = Some(l),
                 Err(_) => {
                     c.retry_at[i] = Some(Instant::now() + RETRY_AFTER);
+                    c.lost[i] = NoLane::NoQueue;
                     return Err(NoLane::NoQueue);
                 }
             }
@@ -339,6 +374,7 @@ fn lane_call<T>(
                 c.lanes[i] = None;
                 c.host = None;
                 c.retry_at[i] = Some(Instant::now() + RETRY_AFTER);
+                c.lost[i] = NoLane::HostGone;
                 return Err(NoLane::HostGone);
             }
         }

@@ -25,14 +25,14 @@ mod cipher;
 pub mod config;
 mod digest;
 pub mod lane;
-mod route;
+pub mod route;
 mod stats;
 
 pub use aead::Aead;
 pub use cipher::{Cipher, Direction, Job};
 pub use config::Policy;
 pub use digest::Digest;
-pub use stats::{stats, Stats};
+pub use stats::{count_cpu, stats, Stats, Why};
 pub use wd_sec::{Alg, Hash, Mode};
 
 use wrapdrive::{ClientError, Status};

@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 use crate::config::{self, Policy};
-use crate::lane::Kind;
+pub use crate::lane::Kind;
 use crate::stats::Why;
 
 /// A routing decision.
@@ -70,6 +70,13 @@ pub fn choose_timed(kind: Kind, n: usize, asynchronous: bool) -> (Route, bool) {
     }
     if n < config::threshold() {
         return (Route::Cpu(Why::Threshold), false);
+    }
+    if let Some(no) = crate::lane::known_unavailable(kind) {
+        let why = match no {
+            crate::lane::NoLane::NoQueue => Why::NoQueue,
+            crate::lane::NoLane::HostGone => Why::HostGone,
+        };
+        return (Route::Cpu(why), false);
     }
     if policy == Policy::Offload || asynchronous {
         return (Route::Device, false);

@@ -33,6 +33,15 @@ pub enum EvpError {
 
 type Result<T> = std::result::Result<T, EvpError>;
 
+extern "C" {
+    // libcrypto 3 (not bound by openssl-sys).
+    fn EVP_CIPHER_CTX_get_updated_iv(
+        ctx: *mut ffi::EVP_CIPHER_CTX,
+        buf: *mut c_void,
+        len: usize,
+    ) -> c_int;
+}
+
 fn check(ok: c_int, what: &'static str) -> Result<()> {
     if ok == 1 {
         Ok(())
@@ -247,6 +256,19 @@ impl CipherCtx {
         // SAFETY: the buffer is local and valid for its length; exact
         // aliasing is allowed.
         unsafe { self.update_raw(p, p, buf.len()) }
+    }
+
+    /// The chaining state libcrypto holds: the next IV (CBC) or counter
+    /// block (CTR), and for CTR the bytes used of the current keystream
+    /// block. Lets a stream continue elsewhere.
+    pub fn chain_state(&mut self) -> Result<([u8; 16], usize)> {
+        let mut iv = [0u8; 16];
+        // SAFETY: ctx is live; iv has room for the 16 bytes asked.
+        let r = unsafe { EVP_CIPHER_CTX_get_updated_iv(self.ctx, iv.as_mut_ptr().cast(), 16) };
+        check(r, "EVP_CIPHER_CTX_get_updated_iv")?;
+        // SAFETY: ctx is live.
+        let num = unsafe { ffi::EVP_CIPHER_CTX_get_num(self.ctx) };
+        Ok((iv, num.max(0) as usize))
     }
 
     /// AEAD additional data.

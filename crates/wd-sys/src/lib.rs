@@ -14,6 +14,10 @@ use std::os::unix::net::UnixStream;
 use std::ptr::NonNull;
 use std::time::Duration;
 
+pub mod file;
+pub mod pages;
+pub mod uring;
+
 /// Errors of the system-call layer: the failing call and its errno.
 #[derive(Debug, thiserror::Error)]
 pub enum SysError {
@@ -154,6 +158,8 @@ pub fn get_seals(fd: BorrowedFd<'_>) -> Result<i32> {
 pub struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
+    /// Mapped PROT_WRITE (writes through a read-only mapping would fault).
+    writable: bool,
 }
 
 // SAFETY: the mapping is plain shared memory; it has no thread affinity and
@@ -193,6 +199,7 @@ impl Mapping {
         Ok(Mapping {
             ptr: NonNull::new(p.cast()).expect("mmap returned NULL"),
             len,
+            writable: true,
         })
     }
 

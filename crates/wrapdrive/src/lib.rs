@@ -29,6 +29,9 @@ use std::sync::{Arc, Mutex, Once};
 pub use buf::{alloc, free, SharedBuf};
 pub use queue::{Completion, FaultReport, Queue, QueueStats};
 pub use wd_device::dummy;
+/// Shareable buffers on memfds (normal or hugetlb pages) and the fast file
+/// loader: share a [`heap::Buffer`] with [`Queue::share_buffer`].
+pub use wd_heap as heap;
 pub use wd_host::{DeviceConfig, HostConfig};
 pub use wd_iommu::virtio;
 pub use wd_iommu::{FaultPolicy, InvalidationMode};

@@ -711,6 +711,49 @@ impl Queue {
         }
     }
 
+    /// Share a heap buffer (e.g. a file loaded by
+    /// [`wd_heap::alloc_and_read`]) with the device, read-write and in
+    /// place: the host maps the buffer's memfd (after checking its seals)
+    /// at IOVA = [`wd_heap::Buffer::addr`], for its whole capacity. The
+    /// buffer must be sealed against shrinking (heap buffers are, unless
+    /// allocated with `seal: false`) and writable (not sealed against
+    /// writes).
+    pub fn share_buffer(&mut self, buf: &wd_heap::Buffer) -> Result<()> {
+        self.check()?;
+        if !buf.is_writable() {
+            return Err(ClientError::new(
+                Status::Invalid,
+                "cannot share a buffer that is read-only in this process",
+            ));
+        }
+        let (reply, _) = self.host.call(
+            &Message::MemShare {
+                queue_id: self.id,
+                iova: buf.addr(),
+                size: buf.capacity(),
+                fd_offset: 0,
+                prot: 3,
+            },
+            &[buf.fd()],
+        )?;
+        match reply {
+            Message::Ok => {
+                self.shares.push(Share {
+                    iova: buf.addr(),
+                    size: buf.capacity(),
+                });
+                Ok(())
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Undo [`Queue::share_buffer`]; returns once no engine can reach the
+    /// buffer any more (then it may be dropped or reused freely).
+    pub fn unshare_buffer(&mut self, buf: &wd_heap::Buffer) -> Result<()> {
+        self.unshare(buf.addr(), buf.capacity())
+    }
+
     /// Undo [`Queue::share`] for the same range; returns once no engine can
     /// reach it any more.
     pub fn unshare(&mut self, addr: u64, len: u64) -> Result<()> {

@@ -1,0 +1,445 @@
+//! `wd speed`: the seed's `openssl speed` table on this machine, in one
+//! run, with unmodified `openssl speed -elapsed` as the client: the legacy
+//! system-call path, WrapDrive synchronous offload, with 32 async jobs,
+//! with the default threshold, and the CPU alone.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Serialize;
+
+use crate::chart::{log_lines, Series};
+
+/// Options of `wd speed`.
+#[derive(clap::Args)]
+pub struct SpeedArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Where to write the SVG chart.
+    #[arg(long, default_value = "wd-speed.svg")]
+    svg: PathBuf,
+    /// Cipher to measure (as `openssl speed -evp` names it).
+    #[arg(long, default_value = "aes-128-cbc")]
+    cipher: String,
+    /// Seconds per block size and run (`openssl speed -seconds`).
+    #[arg(long, default_value_t = 1)]
+    seconds: u32,
+    /// Runs per row (the median of each cell is reported).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Async jobs of the async rows.
+    #[arg(long, default_value_t = 32)]
+    async_jobs: u32,
+    /// Engine threads of the host started for the run.
+    #[arg(long, default_value_t = 1)]
+    engines: usize,
+    /// Directory holding the provider `wd.so` (default: $WD_PROVIDER_DIR,
+    /// else `../provider` next to this program, as scripts/build-provider.sh
+    /// leaves it).
+    #[arg(long)]
+    provider_dir: Option<PathBuf>,
+    /// The openssl program.
+    #[arg(long, default_value = "openssl")]
+    openssl: String,
+}
+
+/// Block sizes of the table (`openssl speed`'s own list).
+const SIZES: [u64; 6] = [16, 64, 256, 1024, 8192, 16384];
+
+struct RowSpec {
+    key: &'static str,
+    label: &'static str,
+    memory: &'static str,
+    env: &'static [(&'static str, &'static str)],
+    provider: bool,
+    async_jobs: bool,
+}
+
+const ROWS: [RowSpec; 6] = [
+    RowSpec {
+        key: "legacy",
+        label: "legacy (syscall per request)",
+        memory: "socket: data copied into and out of each message (the AF_ALG-like path)",
+        env: &[
+            ("WD_CRYPTO_LEGACY", "1"),
+            ("WD_PROVIDER_POLICY", "offload"),
+            ("WD_PROVIDER_THRESHOLD", "0"),
+        ],
+        provider: true,
+        async_jobs: false,
+    },
+    RowSpec {
+        key: "sync",
+        label: "wd sync offload",
+        memory:
+            "shared staging buffer (memfd): copied in and out by the library, engine works in place",
+        env: &[
+            ("WD_PROVIDER_POLICY", "offload"),
+            ("WD_PROVIDER_THRESHOLD", "0"),
+        ],
+        provider: true,
+        async_jobs: false,
+    },
+    RowSpec {
+        key: "async",
+        label: "wd async jobs offload",
+        memory: "shared staging buffer, one slot per job in flight",
+        env: &[
+            ("WD_PROVIDER_POLICY", "offload"),
+            ("WD_PROVIDER_THRESHOLD", "0"),
+        ],
+        provider: true,
+        async_jobs: true,
+    },
+    RowSpec {
+        key: "default",
+        label: "wd default threshold",
+        memory: "CPU below the threshold; above it the measured cheaper path",
+        env: &[],
+        provider: true,
+        async_jobs: false,
+    },
+    RowSpec {
+        key: "default-async",
+        label: "wd default, async jobs",
+        memory:
+            "CPU below the threshold; above it offloaded, or computed here while the engine is busy",
+        env: &[],
+        provider: true,
+        async_jobs: true,
+    },
+    RowSpec {
+        key: "cpu",
+        label: "CPU only",
+        memory: "application memory, OpenSSL default provider",
+        env: &[],
+        provider: false,
+        async_jobs: false,
+    },
+];
+
+#[derive(Debug, Serialize)]
+struct Row {
+    key: String,
+    label: String,
+    memory_path: String,
+    /// Median throughput per block size, in 1000s of bytes per second.
+    kbytes_per_sec: Vec<f64>,
+    /// Each cell divided by the CPU-only cell.
+    vs_cpu: Vec<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct Target {
+    name: String,
+    value: f64,
+    op: &'static str,
+    target: f64,
+    met: bool,
+}
+
+fn provider_dir(args: &SpeedArgs) -> Result<PathBuf, String> {
+    let dir = args
+        .provider_dir
+        .clone()
+        .or_else(|| std::env::var_os("WD_PROVIDER_DIR").map(PathBuf::from))
+        .or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|e| e.parent().map(|p| p.join("../provider")))
+        })
+        .ok_or("cannot tell where the provider is: give --provider-dir")?;
+    if !dir.join("wd.so").is_file() {
+        return Err(format!(
+            "no provider at {}: build it with ./scripts/build-provider.sh (or give --provider-dir)",
+            dir.join("wd.so").display()
+        ));
+    }
+    Ok(dir)
+}
+
+/// Parse the result line of `openssl speed`: `NAME  1234.56k  ...`.
+fn parse_speed(out: &str, cipher: &str) -> Result<Vec<f64>, String> {
+    let want = cipher.to_uppercase();
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.split_whitespace().next() == Some(want.as_str()))
+        .ok_or_else(|| format!("openssl speed printed no {want} line:\n{out}"))?;
+    let vals: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.trim_end_matches('k').parse::<f64>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("cannot read '{line}': {e}"))?;
+    if vals.len() != SIZES.len() {
+        return Err(format!("expected {} sizes in '{line}'", SIZES.len()));
+    }
+    Ok(vals)
+}
+
+fn run_openssl(
+    args: &SpeedArgs,
+    row: &RowSpec,
+    dir: &Path,
+    socket: &str,
+) -> Result<Vec<f64>, String> {
+    let mut c = Command::new(&args.openssl);
+    c.args(["speed", "-elapsed", "-seconds", &args.seconds.to_string()]);
+    if row.provider {
+        c.arg("-provider-path").arg(dir);
+        c.args([
+            "-provider",
+            "wd",
+            "-provider",
+            "default",
+            "-propquery",
+            "provider=wd",
+        ]);
+    }
+    if row.async_jobs {
+        c.args(["-async_jobs", &args.async_jobs.to_string()]);
+    }
+    c.args(["-evp", &args.cipher]);
+    c.env("WD_HOST", socket);
+    for v in [
+        "WD_CRYPTO_LEGACY",
+        "WD_PROVIDER_POLICY",
+        "WD_PROVIDER_THRESHOLD",
+        "WD_CRYPTO_HOST",
+    ] {
+        c.env_remove(v);
+    }
+    for (k, v) in row.env {
+        c.env(k, v);
+    }
+    let out = c
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", args.openssl))?;
+    if !out.status.success() {
+        return Err(format!(
+            "openssl speed ({}) failed: {}",
+            row.label,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    parse_speed(&String::from_utf8_lossy(&out.stdout), &args.cipher)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Run `wd speed`.
+pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
+    if args.reps == 0 || args.seconds == 0 || args.async_jobs == 0 {
+        return Err("--reps, --seconds and --async-jobs must be at least 1".into());
+    }
+    let dir = provider_dir(&args)?;
+    // A host of our own unless one was named.
+    let (socket, _host, _tmp) = match host {
+        Some(h) => (h.to_string(), None, None),
+        None => {
+            let tmp = std::env::temp_dir().join(format!("wd-speed-{}", std::process::id()));
+            std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
+            let sock = tmp.join("wd.sock").to_string_lossy().into_owned();
+            let mut dev = wd_host::DeviceConfig::new("sec");
+            dev.engines = args.engines;
+            let cfg = wd_host::HostConfig {
+                socket: sock.clone(),
+                socket_mode: 0o600,
+                devices: vec![dev],
+            };
+            let h = wd_host::Host::start(&cfg).map_err(|e| e.to_string())?;
+            (sock, Some(h), Some(TempDir(tmp)))
+        }
+    };
+    let tty = std::io::stderr().is_terminal() && !args.json;
+    let total = ROWS.len() * args.reps;
+    let mut samples: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); SIZES.len()]; ROWS.len()];
+    let mut step = 0;
+    // Interleave repetitions so drift of a shared machine hits every row alike.
+    for _ in 0..args.reps {
+        for (i, row) in ROWS.iter().enumerate() {
+            step += 1;
+            if tty {
+                eprint!("\r[{step}/{total}] {:<40}", row.label);
+            }
+            let v = run_openssl(&args, row, &dir, &socket)?;
+            for (k, x) in v.into_iter().enumerate() {
+                samples[i][k].push(x);
+            }
+        }
+    }
+    if tty {
+        eprintln!();
+    }
+    let med: Vec<Vec<f64>> = samples
+        .into_iter()
+        .map(|r| r.into_iter().map(median).collect())
+        .collect();
+    let cpu = med[ROWS.len() - 1].clone();
+    let rows: Vec<Row> = ROWS
+        .iter()
+        .zip(&med)
+        .map(|(spec, vals)| Row {
+            key: spec.key.into(),
+            label: spec.label.into(),
+            memory_path: spec.memory.into(),
+            kbytes_per_sec: vals.clone(),
+            vs_cpu: vals.iter().zip(&cpu).map(|(v, c)| v / c).collect(),
+        })
+        .collect();
+    let targets = targets(&rows);
+    let labels: Vec<String> = SIZES.iter().map(|s| s.to_string()).collect();
+    let svg = log_lines(
+        &format!(
+            "openssl speed -evp {} (-elapsed), {} engine(s)",
+            args.cipher, args.engines
+        ),
+        &labels,
+        "bytes per second (log)",
+        &rows
+            .iter()
+            .map(|r| Series {
+                name: r.label.clone(),
+                values: r.kbytes_per_sec.iter().map(|v| Some(v * 1000.0)).collect(),
+            })
+            .collect::<Vec<_>>(),
+    );
+    std::fs::write(&args.svg, svg)
+        .map_err(|e| format!("cannot write {}: {e}", args.svg.display()))?;
+    if args.json {
+        let v = serde_json::json!({
+            "benchmark": "speed",
+            "cipher": args.cipher,
+            "seconds": args.seconds,
+            "reps": args.reps,
+            "async_jobs": args.async_jobs,
+            "engines": args.engines,
+            "block_sizes": SIZES,
+            "units": "1000s of bytes per second",
+            "rows": rows,
+            "targets": targets,
+            "svg": args.svg,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+        return Ok(());
+    }
+    print!("| {} (1000s of bytes/s) |", args.cipher);
+    for s in SIZES {
+        print!(" {s} |");
+    }
+    println!();
+    println!("|---|{}", "---:|".repeat(SIZES.len()));
+    for r in &rows {
+        print!("| {} |", r.label);
+        for (v, x) in r.kbytes_per_sec.iter().zip(&r.vs_cpu) {
+            print!(" {v:.2}k ({x:.3}) |");
+        }
+        println!();
+    }
+    println!("\nIn parentheses: ratio to CPU only in the same run. Medians of {} runs of `openssl speed -elapsed -seconds {}`.", args.reps, args.seconds);
+    println!("\nMemory path per row:");
+    for r in &rows {
+        println!("- {}: {}", r.label, r.memory_path);
+    }
+    println!();
+    for t in &targets {
+        println!(
+            "{} {}: {:.3} (target {}{})",
+            if t.met { "PASS" } else { "MISS" },
+            t.name,
+            t.value,
+            t.op,
+            t.target
+        );
+    }
+    println!("\nChart: {}", args.svg.display());
+    Ok(())
+}
+
+fn targets(rows: &[Row]) -> Vec<Target> {
+    let get = |key: &str| rows.iter().find(|r| r.key == key).expect("every row");
+    let at = |s: u64| SIZES.iter().position(|&x| x == s).expect("size listed");
+    let mut t = Vec::new();
+    let mut push = |name: String, value: f64, op: &'static str, target: f64| {
+        let met = if op == ">= " {
+            value >= target
+        } else {
+            value > target
+        };
+        t.push(Target {
+            name,
+            value,
+            op,
+            target,
+            met,
+        });
+    };
+    push(
+        "async / CPU at 8192 B".into(),
+        get("async").vs_cpu[at(8192)],
+        ">= ",
+        0.9,
+    );
+    push(
+        "sync / CPU at 8192 B".into(),
+        get("sync").vs_cpu[at(8192)],
+        ">= ",
+        0.8,
+    );
+    push(
+        "sync / CPU at 16 B".into(),
+        get("sync").vs_cpu[at(16)],
+        ">= ",
+        0.02,
+    );
+    let s16 = get("sync").kbytes_per_sec[at(16)] / get("legacy").kbytes_per_sec[at(16)];
+    push("sync / legacy at 16 B".into(), s16, ">= ", 20.0);
+    let worst = get("default")
+        .vs_cpu
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min);
+    push("default / CPU, worst size".into(), worst, ">= ", 0.95);
+    let stretch = get("default-async").vs_cpu[at(1024)..]
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min);
+    push(
+        "stretch: default async / CPU, worst size >= 1 KiB".into(),
+        stretch,
+        "> ",
+        1.0,
+    );
+    t
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_openssl_speed_output() {
+        let out = "Doing AES-128-CBC for 1s on 16 size blocks: 1 AES-128-CBC's in 1.00s\n\
+                   type             16 bytes     64 bytes    256 bytes   1024 bytes   8192 bytes  16384 bytes\n\
+                   AES-128-CBC     148502.99k   518093.31k   944646.91k  1241206.78k  1379811.33k  1379303.42k\n";
+        let v = parse_speed(out, "aes-128-cbc").unwrap();
+        assert_eq!(v.len(), 6);
+        assert_eq!(v[0], 148502.99);
+        assert!(parse_speed("nothing", "aes-128-cbc").is_err());
+        assert!(parse_speed("AES-128-CBC 1k 2k\n", "aes-128-cbc").is_err());
+    }
+}

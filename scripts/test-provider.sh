@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The OpenSSL provider, tested with unmodified `openssl` and a C program
+# against OpenSSL's default provider: every path (offloaded, default
+# threshold, no host, in-process host), async jobs, fork, threads, and a
+# host killed in the middle of a stream.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=$(./scripts/build-provider.sh)
+cargo build --release --locked -p wd-cli >&2
+out=target/provider
+cc -std=c11 -O1 -g -Wall -Wextra -Werror -Iinclude tests/c/test_provider.c \
+    -Ltarget/release -lwd -lcrypto -lpthread -Wl,-rpath,"$PWD/target/release" -o "$out/test_provider"
+
+tmp=$(mktemp -d)
+hosts=()
+cleanup() {
+    for p in "${hosts[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+start_host() { # socket -> pid in $host_pid
+    target/release/wd serve --socket "$1" --device sec:engines=1 2>/dev/null &
+    host_pid=$!
+    hosts+=("$host_pid")
+    for _ in $(seq 100); do [ -S "$1" ] && return 0; sleep 0.05; done
+    echo "host did not start"; exit 1
+}
+
+start_host "$tmp/wd.sock"
+export WD_HOST=$tmp/wd.sock
+P=(-provider-path "$dir" -provider wd -provider default -propquery provider=wd)
+
+echo "-- C differential tests (offloaded, default threshold, no host, in-process host)"
+WD_PROVIDER_POLICY=offload WD_PROVIDER_THRESHOLD=0 "$out/test_provider" "$dir"
+"$out/test_provider" "$dir"
+WD_HOST=$tmp/none.sock "$out/test_provider" "$dir"
+WD_HOST=embedded WD_PROVIDER_POLICY=offload WD_PROVIDER_THRESHOLD=0 "$out/test_provider" "$dir"
+
+echo "-- openssl enc / dgst round trips against the default provider"
+for size in 0 1 15 16 17 1000 65537 300001; do
+    head -c "$size" /dev/urandom > "$tmp/in"
+    for c in aes-128-cbc aes-192-cbc aes-256-cbc aes-128-ecb aes-256-ctr; do
+        bits=${c#aes-}; bits=${bits%%-*}
+        key=$(head -c $((bits / 8)) /dev/urandom | od -An -tx1 | tr -d ' \n')
+        iv=()
+        [ "${c##*-}" = ecb ] || iv=(-iv "$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')")
+        openssl enc -$c -K "$key" "${iv[@]}" -in "$tmp/in" -out "$tmp/ref"
+        WD_PROVIDER_POLICY=offload WD_PROVIDER_THRESHOLD=0 \
+            openssl enc "${P[@]}" -$c -K "$key" "${iv[@]}" -in "$tmp/in" -out "$tmp/wd"
+        cmp "$tmp/ref" "$tmp/wd"
+        WD_PROVIDER_POLICY=offload WD_PROVIDER_THRESHOLD=0 \
+            openssl enc "${P[@]}" -d -$c -K "$key" "${iv[@]}" -in "$tmp/wd" -out "$tmp/back"
+        cmp "$tmp/in" "$tmp/back"
+    done
+    for d in sha1 sha224 sha256 sha384 sha512; do
+        a=$(openssl dgst -$d -r "$tmp/in" | cut -d' ' -f1)
+        b=$(WD_PROVIDER_POLICY=offload WD_PROVIDER_THRESHOLD=0 openssl dgst "${P[@]}" -$d -r "$tmp/in" | cut -d' ' -f1)
+        [ "$a" = "$b" ] || { echo "dgst $d differs at size $size"; exit 1; }
+    done
+done
+echo "enc/dgst: every cipher and digest matches the default provider"
+
+echo "-- openssl.cnf activation"
+cp provider/openssl-wd.cnf "$tmp/openssl.cnf"
+OPENSSL_CONF=$tmp/openssl.cnf OPENSSL_MODULES=$dir openssl list -cipher-algorithms -provider wd 2>/dev/null \
+    | grep -q "AES-128-CBC.*@ wd" || { echo "openssl.cnf did not activate the provider"; exit 1; }
+a=$(OPENSSL_CONF=$tmp/openssl.cnf OPENSSL_MODULES=$dir openssl dgst -sha256 -r "$tmp/in" | cut -d' ' -f1)
+[ "$a" = "$(openssl dgst -sha256 -r "$tmp/in" | cut -d' ' -f1)" ]
+
+echo "-- openssl speed with async jobs"
+WD_PROVIDER_POLICY=offload WD_PROVIDER_THRESHOLD=0 openssl speed "${P[@]}" -elapsed -seconds 1 \
+    -bytes 4096 -async_jobs 8 -evp aes-128-cbc 2>/dev/null | grep -q "^AES-128-CBC"
+
+echo "-- host killed in the middle of a stream"
+start_host "$tmp/wd2.sock"
+WD_HOST=$tmp/wd2.sock WD_TEST_KILL_PID=$host_pid WD_PROVIDER_POLICY=offload WD_PROVIDER_THRESHOLD=0 \
+    "$out/test_provider" "$dir"
+wait "$host_pid" 2>/dev/null || true
+echo "provider: all tests passed"

@@ -1,0 +1,504 @@
+/* SPDX-License-Identifier: MIT OR Apache-2.0 */
+/*
+ * The WrapDrive OpenSSL provider against OpenSSL's default provider:
+ * known answers, differential tests on random keys, lengths and splits
+ * (odd lengths, in place, streaming), GCM tags (a wrong one fails), digest
+ * copies, async jobs, threads and fork.
+ *
+ * Usage: test_provider <dir of wd.so>. The host is $WD_HOST; set
+ * WD_PROVIDER_POLICY/WD_PROVIDER_THRESHOLD to choose paths. With
+ * WD_TEST_KILL_PID set, the host with that pid is killed in the middle of
+ * a CBC stream, which must still come out right (CPU fallback).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/select.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <openssl/async.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/provider.h>
+
+#include "wd_crypto.h"
+
+static int passed, failed;
+
+#define CHECK(cond, ...)                                                   \
+	do {                                                               \
+		if (cond) {                                                \
+			passed++;                                          \
+		} else {                                                   \
+			failed++;                                          \
+			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+			fprintf(stderr, __VA_ARGS__);                      \
+			fprintf(stderr, "\n");                             \
+			ERR_print_errors_fp(stderr);                       \
+		}                                                          \
+	} while (0)
+
+static unsigned long long rng = 0x9e3779b97f4a7c15ull;
+static unsigned rnd(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (unsigned)(rng >> 11);
+}
+static void fill(unsigned char *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (unsigned char)rnd();
+}
+
+static size_t unhex(const char *h, unsigned char *out)
+{
+	size_t n = 0;
+	while (h[0] && h[1]) {
+		sscanf(h, "%2hhx", &out[n++]);
+		h += 2;
+	}
+	return n;
+}
+
+/* Encrypt or decrypt `in` with a cipher, in random-sized updates. */
+static int run_cipher(EVP_CIPHER *c, int enc, int pad, const unsigned char *key,
+		      const unsigned char *iv, const unsigned char *in, size_t len,
+		      unsigned char *out, size_t *outl, int in_place)
+{
+	EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+	int ok = EVP_CipherInit_ex2(ctx, c, key, iv, enc, NULL);
+	ok = ok && EVP_CIPHER_CTX_set_padding(ctx, pad);
+	size_t off = 0, o = 0;
+	unsigned char *work = out;
+	if (in_place) {
+		memcpy(out, in, len);
+		in = out;
+	}
+	while (ok && off < len) {
+		size_t n = rnd() % 3 == 0 ? len - off : rnd() % (len - off + 1);
+		int l = 0;
+		/* In place only when input and output positions agree. */
+		if (in_place && o != off)
+			memmove(work + o, work + off, 0);
+		ok = EVP_CipherUpdate(ctx, work + o, &l, in + off, (int)n);
+		off += n;
+		o += (size_t)l;
+	}
+	int l = 0;
+	ok = ok && EVP_CipherFinal_ex(ctx, work + o, &l);
+	o += (size_t)l;
+	*outl = o;
+	EVP_CIPHER_CTX_free(ctx);
+	return ok;
+}
+
+static const char *stream_ciphers[] = {
+	"AES-128-ECB", "AES-192-ECB", "AES-256-ECB", "AES-128-CBC", "AES-192-CBC",
+	"AES-256-CBC", "AES-128-CTR", "AES-192-CTR", "AES-256-CTR",
+};
+
+static void test_kats(void)
+{
+	unsigned char key[64], iv[16], pt[512], want[512], out[600];
+	size_t kl, n, wl;
+	/* SP 800-38A F.2.1 (CBC) and F.5.1 (CTR), first block. */
+	EVP_CIPHER *cbc = EVP_CIPHER_fetch(NULL, "AES-128-CBC", "provider=wd");
+	EVP_CIPHER *ctr = EVP_CIPHER_fetch(NULL, "AES-128-CTR", "provider=wd");
+	CHECK(cbc && ctr, "fetch from the wd provider");
+	kl = unhex("2b7e151628aed2a6abf7158809cf4f3c", key);
+	unhex("000102030405060708090a0b0c0d0e0f", iv);
+	unhex("6bc1bee22e409f96e93d7e117393172a", pt);
+	wl = unhex("7649abac8119b246cee98e9b12e9197d", want);
+	CHECK(run_cipher(cbc, 1, 0, key, iv, pt, 16, out, &n, 0) && n == wl && !memcmp(out, want, n),
+	      "AES-128-CBC known answer");
+	unhex("f0f1f2f3f4f5f6f7f8f9fafbfcfdfeff", iv);
+	unhex("874d6191b620e3261bef6864990db6ce", want);
+	CHECK(run_cipher(ctr, 1, 0, key, iv, pt, 16, out, &n, 0) && !memcmp(out, want, 16),
+	      "AES-128-CTR known answer");
+	(void)kl;
+	/* IEEE 1619 XTS vector 4, first 32 bytes. */
+	EVP_CIPHER *xts = EVP_CIPHER_fetch(NULL, "AES-128-XTS", "provider=wd");
+	unhex("27182818284590452353602874713526"
+	      "31415926535897932384626433832795", key);
+	memset(iv, 0, 16);
+	for (int i = 0; i < 512; i++)
+		pt[i] = (unsigned char)i;
+	unhex("27a7479befa1d476489f308cd4cfa6e2a96e4bbe3208ff25287dd3819616e89c", want);
+	CHECK(xts && run_cipher(xts, 1, 0, key, iv, pt, 512, out, &n, 0) && n == 512 &&
+		      !memcmp(out, want, 32),
+	      "AES-128-XTS known answer");
+	/* GCM test case 4. */
+	EVP_CIPHER *gcm = EVP_CIPHER_fetch(NULL, "AES-128-GCM", "provider=wd");
+	unsigned char aad[20], tag[16], wtag[16];
+	unhex("feffe9928665731c6d6a8f9467308308", key);
+	unhex("cafebabefacedbaddecaf888", iv);
+	n = unhex("d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a72"
+		  "1c3c0c95956809532fcf0e2449a6b525b16aedf5aa0de657ba637b39", pt);
+	unhex("feedfacedeadbeeffeedfacedeadbeefabaddad2", aad);
+	unhex("42831ec2217774244b7221b784d0d49ce3aa212f2c02a4e035c17e2329aca12e"
+	      "21d514b25466931c7d8f6a5aac84aa051ba30b396a0aac973d58e091", want);
+	unhex("5bc94fbc3221a5db94fae95ae7121a47", wtag);
+	EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+	int l = 0, ok = gcm && EVP_EncryptInit_ex2(ctx, gcm, key, iv, NULL);
+	ok = ok && EVP_EncryptUpdate(ctx, NULL, &l, aad, 20);
+	ok = ok && EVP_EncryptUpdate(ctx, out, &l, pt, (int)n);
+	ok = ok && EVP_EncryptFinal_ex(ctx, out + l, &l);
+	ok = ok && EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_GET_TAG, 16, tag);
+	CHECK(ok && !memcmp(out, want, n) && !memcmp(tag, wtag, 16), "AES-128-GCM known answer");
+	EVP_CIPHER_CTX_free(ctx);
+	/* SHA-256("abc"). */
+	EVP_MD *md = EVP_MD_fetch(NULL, "SHA256", "provider=wd");
+	unsigned int dl = 0;
+	unhex("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", want);
+	CHECK(md && EVP_Digest("abc", 3, out, &dl, md, NULL) && dl == 32 && !memcmp(out, want, 32),
+	      "SHA-256 known answer");
+	EVP_MD_free(md);
+	EVP_CIPHER_free(cbc);
+	EVP_CIPHER_free(ctr);
+	EVP_CIPHER_free(xts);
+	EVP_CIPHER_free(gcm);
+}
+
+static void test_ciphers_differential(int rounds)
+{
+	static unsigned char in[70000], a[70100], b[70100], back[70200];
+	for (size_t ci = 0; ci < sizeof stream_ciphers / sizeof *stream_ciphers; ci++) {
+		const char *name = stream_ciphers[ci];
+		EVP_CIPHER *w = EVP_CIPHER_fetch(NULL, name, "provider=wd");
+		EVP_CIPHER *d = EVP_CIPHER_fetch(NULL, name, "provider=default");
+		CHECK(w && d, "fetch %s", name);
+		if (!w || !d)
+			continue;
+		int ctr = strstr(name, "CTR") != NULL;
+		for (int r = 0; r < rounds; r++) {
+			unsigned char key[32], iv[16];
+			fill(key, sizeof key);
+			fill(iv, sizeof iv);
+			size_t len = rnd() % 3 == 0 ? rnd() % 70000 : rnd() % 300;
+			fill(in, len);
+			int pad = ctr ? 0 : (int)(rnd() % 2);
+			if (!pad && !ctr)
+				len -= len % 16;
+			int in_place = (int)(rnd() % 2);
+			size_t al = 0, bl = 0, cl = 0;
+			int ok1 = run_cipher(w, 1, pad, key, iv, in, len, a, &al, in_place);
+			int ok2 = run_cipher(d, 1, pad, key, iv, in, len, b, &bl, 0);
+			CHECK(ok1 && ok2 && al == bl && !memcmp(a, b, al),
+			      "%s encrypt len %zu pad %d in-place %d", name, len, pad, in_place);
+			int ok3 = run_cipher(w, 0, pad, key, iv, b, bl, back, &cl, (int)(rnd() % 2));
+			CHECK(ok3 && cl == len && !memcmp(back, in, len), "%s decrypt len %zu", name, len);
+		}
+		EVP_CIPHER_free(w);
+		EVP_CIPHER_free(d);
+	}
+}
+
+static void test_gcm(int rounds)
+{
+	static unsigned char pt[20000], ct[20000], ct2[20000], back[20000];
+	const char *names[] = {"AES-128-GCM", "AES-256-GCM"};
+	for (int gi = 0; gi < 2; gi++) {
+		EVP_CIPHER *w = EVP_CIPHER_fetch(NULL, names[gi], "provider=wd");
+		EVP_CIPHER *d = EVP_CIPHER_fetch(NULL, names[gi], "provider=default");
+		for (int r = 0; r < rounds && w && d; r++) {
+			unsigned char key[32], iv[12], aad[64], tag[16], tag2[16];
+			fill(key, sizeof key);
+			fill(iv, sizeof iv);
+			size_t aadl = rnd() % 64, len = rnd() % 20000;
+			fill(aad, aadl);
+			fill(pt, len);
+			EVP_CIPHER *cs[2] = {w, d};
+			unsigned char *outs[2] = {ct, ct2};
+			unsigned char *tags[2] = {tag, tag2};
+			int ok = 1;
+			for (int k = 0; k < 2; k++) {
+				EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+				int l = 0;
+				size_t half = len / 3;
+				ok = ok && EVP_EncryptInit_ex2(c, cs[k], key, iv, NULL);
+				ok = ok && EVP_EncryptUpdate(c, NULL, &l, aad, (int)aadl);
+				ok = ok && EVP_EncryptUpdate(c, outs[k], &l, pt, (int)half);
+				ok = ok && EVP_EncryptUpdate(c, outs[k] + half, &l, pt + half, (int)(len - half));
+				ok = ok && EVP_EncryptFinal_ex(c, outs[k] + len, &l);
+				ok = ok && EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, 16, tags[k]);
+				EVP_CIPHER_CTX_free(c);
+			}
+			CHECK(ok && !memcmp(ct, ct2, len) && !memcmp(tag, tag2, 16), "%s seal len %zu",
+			      names[gi], len);
+			for (int bad = 0; bad < 2; bad++) {
+				EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+				int l = 0, l2 = 0;
+				if (bad)
+					tag[rnd() % 16] ^= (unsigned char)(1 + rnd() % 255);
+				int ok2 = EVP_DecryptInit_ex2(c, w, key, iv, NULL);
+				ok2 = ok2 && EVP_DecryptUpdate(c, NULL, &l, aad, (int)aadl);
+				ok2 = ok2 && EVP_DecryptUpdate(c, back, &l, ct, (int)len);
+				ok2 = ok2 && EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, 16, tag);
+				int fin = ok2 && EVP_DecryptFinal_ex(c, back + l, &l2);
+				if (bad)
+					CHECK(ok2 && !fin, "%s wrong tag must fail", names[gi]);
+				else
+					CHECK(fin && !memcmp(back, pt, len), "%s open len %zu", names[gi], len);
+				EVP_CIPHER_CTX_free(c);
+			}
+		}
+		EVP_CIPHER_free(w);
+		EVP_CIPHER_free(d);
+	}
+}
+
+static void test_digests(int rounds)
+{
+	static unsigned char in[100000];
+	const char *names[] = {"SHA1", "SHA224", "SHA256", "SHA384", "SHA512"};
+	for (int i = 0; i < 5; i++) {
+		EVP_MD *w = EVP_MD_fetch(NULL, names[i], "provider=wd");
+		EVP_MD *d = EVP_MD_fetch(NULL, names[i], "provider=default");
+		for (int r = 0; r < rounds && w && d; r++) {
+			size_t len = rnd() % 3 == 0 ? rnd() % 100000 : rnd() % 500;
+			fill(in, len);
+			unsigned char a[64], b[64], c[64];
+			unsigned int al = 0, bl = 0, cl = 0;
+			EVP_MD_CTX *x = EVP_MD_CTX_new(), *y = EVP_MD_CTX_new();
+			size_t cut = len ? rnd() % len : 0;
+			int ok = EVP_DigestInit_ex2(x, w, NULL) && EVP_DigestUpdate(x, in, cut);
+			/* A copy taken mid-way finishes to the same digest. */
+			int copied = EVP_MD_CTX_copy_ex(y, x);
+			ok = ok && EVP_DigestUpdate(x, in + cut, len - cut) && EVP_DigestFinal_ex(x, a, &al);
+			ok = ok && EVP_Digest(in, len, b, &bl, d, NULL);
+			CHECK(ok && al == bl && !memcmp(a, b, al), "%s len %zu", names[i], len);
+			if (copied) {
+				int ok2 = EVP_DigestUpdate(y, in + cut, len - cut) && EVP_DigestFinal_ex(y, c, &cl);
+				CHECK(ok2 && !memcmp(c, b, bl), "%s copy at %zu", names[i], cut);
+			}
+			EVP_MD_CTX_free(x);
+			EVP_MD_CTX_free(y);
+		}
+		EVP_MD_free(w);
+		EVP_MD_free(d);
+	}
+}
+
+/* ---- async jobs ---------------------------------------------------------- */
+
+struct job_arg {
+	EVP_CIPHER *c;
+	unsigned char key[16], iv[16], in[8192], out[8192];
+	int ok;
+};
+
+static int job_fn(void *varg)
+{
+	struct job_arg *a = *(struct job_arg **)varg;
+	EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+	int l = 0;
+	a->ok = EVP_EncryptInit_ex2(ctx, a->c, a->key, a->iv, NULL) &&
+		EVP_CIPHER_CTX_set_padding(ctx, 0) &&
+		EVP_EncryptUpdate(ctx, a->out, &l, a->in, sizeof a->in) && l == (int)sizeof a->in;
+	EVP_CIPHER_CTX_free(ctx);
+	return a->ok;
+}
+
+static void test_async(void)
+{
+	enum { N = 16 };
+	if (!ASYNC_is_capable()) {
+		fprintf(stderr, "skip: ASYNC jobs not supported here\n");
+		return;
+	}
+	EVP_CIPHER *w = EVP_CIPHER_fetch(NULL, "AES-128-CBC", "provider=wd");
+	EVP_CIPHER *d = EVP_CIPHER_fetch(NULL, "AES-128-CBC", "provider=default");
+	static struct job_arg args[N];
+	ASYNC_JOB *jobs[N] = {0};
+	ASYNC_WAIT_CTX *wctx[N];
+	int done[N] = {0}, left = N, ret;
+	for (int i = 0; i < N; i++) {
+		fill(args[i].key, 16);
+		fill(args[i].iv, 16);
+		fill(args[i].in, sizeof args[i].in);
+		args[i].c = w;
+		wctx[i] = ASYNC_WAIT_CTX_new();
+		struct job_arg *p = &args[i];
+		switch (ASYNC_start_job(&jobs[i], wctx[i], &ret, job_fn, &p, sizeof p)) {
+		case ASYNC_FINISH:
+			done[i] = 1;
+			left--;
+			break;
+		case ASYNC_PAUSE:
+			break;
+		default:
+			CHECK(0, "job %d failed to start", i);
+			done[i] = 1;
+			left--;
+		}
+	}
+	int rounds = 0;
+	while (left > 0 && rounds++ < 100000) {
+		fd_set set;
+		FD_ZERO(&set);
+		int maxfd = -1;
+		for (int i = 0; i < N; i++) {
+			size_t nfd = 0;
+			OSSL_ASYNC_FD fd;
+			if (done[i] || !ASYNC_WAIT_CTX_get_all_fds(wctx[i], NULL, &nfd) || nfd != 1)
+				continue;
+			ASYNC_WAIT_CTX_get_all_fds(wctx[i], &fd, &nfd);
+			FD_SET(fd, &set);
+			if (fd > maxfd)
+				maxfd = fd;
+		}
+		struct timeval tv = {5, 0};
+		if (maxfd >= 0)
+			CHECK(select(maxfd + 1, &set, NULL, NULL, &tv) > 0, "a paused job's fd became readable");
+		for (int i = 0; i < N; i++) {
+			if (done[i])
+				continue;
+			struct job_arg *p = &args[i];
+			int r = ASYNC_start_job(&jobs[i], wctx[i], &ret, job_fn, &p, sizeof p);
+			if (r == ASYNC_FINISH || r == ASYNC_ERR) {
+				done[i] = 1;
+				left--;
+			}
+		}
+	}
+	CHECK(left == 0, "all async jobs finished");
+	for (int i = 0; i < N; i++) {
+		unsigned char want[8192];
+		size_t wl = 0;
+		run_cipher(d, 1, 0, args[i].key, args[i].iv, args[i].in, sizeof args[i].in, want, &wl, 0);
+		CHECK(args[i].ok && !memcmp(want, args[i].out, wl), "async job %d result", i);
+		ASYNC_WAIT_CTX_free(wctx[i]);
+	}
+	EVP_CIPHER_free(w);
+	EVP_CIPHER_free(d);
+}
+
+/* ---- threads and fork ----------------------------------------------------- */
+
+static void *thread_fn(void *unused)
+{
+	(void)unused;
+	static __thread unsigned char in[4096], a[4200], b[4200];
+	EVP_CIPHER *w = EVP_CIPHER_fetch(NULL, "AES-256-CTR", "provider=wd");
+	EVP_CIPHER *d = EVP_CIPHER_fetch(NULL, "AES-256-CTR", "provider=default");
+	long bad = 0;
+	for (int r = 0; r < 200; r++) {
+		unsigned char key[32], iv[16];
+		for (int i = 0; i < 32; i++)
+			key[i] = (unsigned char)(r * 7 + i);
+		memset(iv, r, 16);
+		for (int i = 0; i < 4096; i++)
+			in[i] = (unsigned char)(i ^ r);
+		size_t al, bl;
+		if (!run_cipher(w, 1, 0, key, iv, in, 4096, a, &al, 0) ||
+		    !run_cipher(d, 1, 0, key, iv, in, 4096, b, &bl, 0) || memcmp(a, b, 4096))
+			bad++;
+	}
+	EVP_CIPHER_free(w);
+	EVP_CIPHER_free(d);
+	return (void *)bad;
+}
+
+static void test_threads(void)
+{
+	pthread_t t[4];
+	for (int i = 0; i < 4; i++)
+		pthread_create(&t[i], NULL, thread_fn, NULL);
+	for (int i = 0; i < 4; i++) {
+		void *bad;
+		pthread_join(t[i], &bad);
+		CHECK(bad == NULL, "thread %d: %ld mismatches", i, (long)bad);
+	}
+}
+
+static void test_fork(void)
+{
+	EVP_CIPHER *w = EVP_CIPHER_fetch(NULL, "AES-128-CBC", "provider=wd");
+	EVP_CIPHER *d = EVP_CIPHER_fetch(NULL, "AES-128-CBC", "provider=default");
+	unsigned char key[16] = {1}, iv[16] = {2}, in[4096], a[4200], b[4200];
+	fill(in, sizeof in);
+	size_t al, bl;
+	run_cipher(w, 1, 0, key, iv, in, sizeof in, a, &al, 0); /* the parent has queues now */
+	pid_t pid = fork();
+	if (pid == 0) {
+		int ok = run_cipher(w, 1, 0, key, iv, in, sizeof in, a, &al, 0) &&
+			 run_cipher(d, 1, 0, key, iv, in, sizeof in, b, &bl, 0) && !memcmp(a, b, al);
+		_exit(ok ? 0 : 1);
+	}
+	int st = 0;
+	waitpid(pid, &st, 0);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the provider works in a forked child");
+	CHECK(run_cipher(w, 1, 0, key, iv, in, sizeof in, a, &al, 0), "and still in the parent");
+	EVP_CIPHER_free(w);
+	EVP_CIPHER_free(d);
+}
+
+static void test_host_killed(pid_t host)
+{
+	EVP_CIPHER *w = EVP_CIPHER_fetch(NULL, "AES-128-CBC", "provider=wd");
+	EVP_CIPHER *d = EVP_CIPHER_fetch(NULL, "AES-128-CBC", "provider=default");
+	static unsigned char in[1 << 20], a[(1 << 20) + 16], b[(1 << 20) + 16];
+	unsigned char key[16], iv[16];
+	fill(key, 16);
+	fill(iv, 16);
+	fill(in, sizeof in);
+	struct wd_crypto_stats s0, s1;
+	wd_crypto_get_stats(&s0);
+	EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+	int l = 0, ok = EVP_EncryptInit_ex2(ctx, w, key, iv, NULL) && EVP_CIPHER_CTX_set_padding(ctx, 0);
+	size_t half = sizeof in / 2;
+	ok = ok && EVP_EncryptUpdate(ctx, a, &l, in, (int)half);
+	kill(host, SIGKILL);
+	usleep(100000);
+	ok = ok && EVP_EncryptUpdate(ctx, a + half, &l, in + half, (int)half);
+	EVP_CIPHER_CTX_free(ctx);
+	size_t bl;
+	run_cipher(d, 1, 0, key, iv, in, sizeof in, b, &bl, 0);
+	CHECK(ok && !memcmp(a, b, sizeof in), "a CBC stream survives the host's death");
+	wd_crypto_get_stats(&s1);
+	CHECK(s1.cpu_host_gone > s0.cpu_host_gone || s1.cpu_no_queue > s0.cpu_no_queue,
+	      "the fallback was counted");
+	EVP_CIPHER_free(w);
+	EVP_CIPHER_free(d);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		fprintf(stderr, "usage: %s <dir of wd.so>\n", argv[0]);
+		return 2;
+	}
+	OSSL_PROVIDER_set_default_search_path(NULL, argv[1]);
+	OSSL_PROVIDER *wd = OSSL_PROVIDER_load(NULL, "wd");
+	OSSL_PROVIDER *def = OSSL_PROVIDER_load(NULL, "default");
+	if (wd == NULL || def == NULL) {
+		ERR_print_errors_fp(stderr);
+		fprintf(stderr, "cannot load the providers\n");
+		return 1;
+	}
+	const char *kill_pid = getenv("WD_TEST_KILL_PID");
+	if (kill_pid != NULL) {
+		test_host_killed((pid_t)atoi(kill_pid));
+	} else {
+		test_kats();
+		test_ciphers_differential(12);
+		test_gcm(10);
+		test_digests(12);
+		test_async();
+		test_threads();
+		test_fork();
+	}
+	struct wd_crypto_stats s;
+	wd_crypto_get_stats(&s);
+	printf("%d passed, %d failed (offloaded %llu requests, %llu on the CPU)\n", passed, failed,
+	       (unsigned long long)s.offload_requests, (unsigned long long)s.cpu_requests);
+	OSSL_PROVIDER_unload(wd);
+	OSSL_PROVIDER_unload(def);
+	return failed != 0;
+}
