@@ -120,6 +120,21 @@ impl Lane {
     pub fn submit(&mut self, d: Desc) -> Result<u64> {
         let token = self.next_token;
         self.next_token += 1;
+        if token % 256 == 1 {
+            // Now and then, show the host (wd ls) where this process's
+            // requests went.
+            let s = crate::stats();
+            self.q.publish_stats(&[
+                s.offload_requests,
+                s.offload_bytes,
+                s.cpu_requests,
+                s.cpu_bytes,
+                s.cpu_below_threshold,
+                s.cpu_no_queue,
+                s.cpu_host_gone,
+                s.cpu_policy,
+            ]);
+        }
         self.q.send(d, token)?;
         Ok(token)
     }
@@ -277,7 +292,7 @@ fn slot_of(kind: Kind) -> usize {
 /// Whether this thread knows it has no lane of `kind` for now (it failed
 /// to get one, or lost it, and waits before asking again): the router
 /// then sends requests straight to the CPU.
-pub fn known_unavailable(kind: Kind) -> Option<NoLane> {
+pub fn known_unavailable(kind: Kind, n: usize) -> Option<NoLane> {
     CHANNEL
         .try_with(|c| {
             let mut c = c.try_borrow_mut().ok()?;
@@ -286,10 +301,10 @@ pub fn known_unavailable(kind: Kind) -> Option<NoLane> {
                 return None;
             }
             let until = c.retry_at[i]?;
-            // Reading the clock costs as much as a small request: look at it
-            // once in a while only.
+            // Reading the clock costs as much as a small request: for small
+            // ones look at it once in a while only.
             c.clock_skips = c.clock_skips.wrapping_add(1);
-            if c.clock_skips % 64 == 0 && Instant::now() >= until {
+            if (n >= 4096 || c.clock_skips % 64 == 0) && Instant::now() >= until {
                 return None;
             }
             Some(c.lost[i])

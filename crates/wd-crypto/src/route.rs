@@ -71,7 +71,7 @@ pub fn choose_timed(kind: Kind, n: usize, asynchronous: bool) -> (Route, bool) {
     if n < config::threshold() {
         return (Route::Cpu(Why::Threshold), false);
     }
-    if let Some(no) = crate::lane::known_unavailable(kind) {
+    if let Some(no) = crate::lane::known_unavailable(kind, n) {
         let why = match no {
             crate::lane::NoLane::NoQueue => Why::NoQueue,
             crate::lane::NoLane::HostGone => Why::HostGone,

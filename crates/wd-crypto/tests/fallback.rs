@@ -89,6 +89,19 @@ fn fallbacks_are_correct_and_counted() {
         mid.offload_bytes - before.offload_bytes >= half as u64,
         "{mid:?}"
     );
+    // The process's counters are visible in the host's tree (wd ls).
+    let h = wrapdrive::HostConn::connect(sock.to_str().unwrap()).unwrap();
+    let shown: Vec<_> = h
+        .attrs("dev0/queues/")
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.path.ends_with("/client/cpu_no_queue"))
+        .collect();
+    assert!(
+        shown.iter().any(|e| e.value.parse::<u64>().unwrap_or(0) >= 2),
+        "fallback counters not in the attribute tree: {shown:?}"
+    );
+    drop(h);
     // SAFETY: plain kill(2) of our own child.
     unsafe { libc::kill(host.id() as i32, libc::SIGKILL) };
     host.wait().unwrap();
