@@ -112,7 +112,9 @@ fn fallbacks_are_correct_and_counted() {
         .filter(|e| e.path.ends_with("/client/cpu_no_queue"))
         .collect();
     assert!(
-        shown.iter().any(|e| e.value.parse::<u64>().unwrap_or(0) >= 2),
+        shown
+            .iter()
+            .any(|e| e.value.parse::<u64>().unwrap_or(0) >= 2),
         "fallback counters not in the attribute tree: {shown:?}"
     );
     drop(h);
