@@ -47,38 +47,102 @@ struct wd_prov {
 	int policy;
 };
 
-/* A private library context with only OpenSSL's default provider: the
- * inline CPU path for requests that stay here (never this provider again). */
-static OSSL_LIB_CTX *wd_cpu_libctx;
+/* The inline CPU path: OpenSSL's default provider, loaded into a private
+ * library context (never this provider again), called directly through its
+ * dispatch table, so a request that stays here pays no second EVP layer. */
+static OSSL_PROVIDER *wd_cpu_prov;
+static void *wd_cpu_provctx;
+static const OSSL_ALGORITHM *wd_cpu_ciphers;
 static pthread_once_t wd_cpu_once = PTHREAD_ONCE_INIT;
 
 static void wd_cpu_init(void)
 {
 	OSSL_LIB_CTX *l = OSSL_LIB_CTX_new();
-	if (l != NULL && OSSL_PROVIDER_load(l, "default") != NULL)
-		wd_cpu_libctx = l;
+	OSSL_PROVIDER *p = l != NULL ? OSSL_PROVIDER_load(l, "default") : NULL;
+	int no_cache = 0;
+	if (p == NULL)
+		return;
+	wd_cpu_ciphers = OSSL_PROVIDER_query_operation(p, OSSL_OP_CIPHER, &no_cache);
+	wd_cpu_provctx = OSSL_PROVIDER_get0_provider_ctx(p);
+	wd_cpu_prov = p;
 }
 
-/* Requests computed inline, counted per thread and handed to libwd's
- * counters in batches (wd_crypto_get_stats shows them). */
-static __thread uint64_t wd_cpu_req[5], wd_cpu_bytes[5];
+/* The default provider's functions for one cipher. */
+struct wd_cpu_impl {
+	OSSL_FUNC_cipher_newctx_fn *newctx;
+	OSSL_FUNC_cipher_freectx_fn *freectx;
+	OSSL_FUNC_cipher_dupctx_fn *dupctx;
+	OSSL_FUNC_cipher_encrypt_init_fn *einit;
+	OSSL_FUNC_cipher_decrypt_init_fn *dinit;
+	OSSL_FUNC_cipher_cipher_fn *cipher;
+	OSSL_FUNC_cipher_update_fn *update;
+	OSSL_FUNC_cipher_get_ctx_params_fn *get_ctx_params;
+};
 
-static void wd_flush_counts(void)
+/* Does `names` ("A:B:C") list `name` (case-insensitively)? */
+static int wd_names_have(const char *names, const char *name)
+{
+	size_t n = strlen(name);
+	for (const char *p = names; p != NULL && *p != '\0';) {
+		const char *end = strchr(p, ':');
+		size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+		if (len == n && OPENSSL_strncasecmp(p, name, n) == 0)
+			return 1;
+		p = end != NULL ? end + 1 : NULL;
+	}
+	return 0;
+}
+
+static int wd_cpu_lookup(const char *name, struct wd_cpu_impl *impl)
+{
+	pthread_once(&wd_cpu_once, wd_cpu_init);
+	memset(impl, 0, sizeof(*impl));
+	for (const OSSL_ALGORITHM *a = wd_cpu_ciphers; a != NULL && a->algorithm_names != NULL; a++) {
+		if (!wd_names_have(a->algorithm_names, name))
+			continue;
+		for (const OSSL_DISPATCH *f = a->implementation; f->function_id != 0; f++) {
+			switch (f->function_id) {
+			case OSSL_FUNC_CIPHER_NEWCTX: impl->newctx = OSSL_FUNC_cipher_newctx(f); break;
+			case OSSL_FUNC_CIPHER_FREECTX: impl->freectx = OSSL_FUNC_cipher_freectx(f); break;
+			case OSSL_FUNC_CIPHER_DUPCTX: impl->dupctx = OSSL_FUNC_cipher_dupctx(f); break;
+			case OSSL_FUNC_CIPHER_ENCRYPT_INIT: impl->einit = OSSL_FUNC_cipher_encrypt_init(f); break;
+			case OSSL_FUNC_CIPHER_DECRYPT_INIT: impl->dinit = OSSL_FUNC_cipher_decrypt_init(f); break;
+			case OSSL_FUNC_CIPHER_CIPHER: impl->cipher = OSSL_FUNC_cipher_cipher(f); break;
+			case OSSL_FUNC_CIPHER_UPDATE: impl->update = OSSL_FUNC_cipher_update(f); break;
+			case OSSL_FUNC_CIPHER_GET_CTX_PARAMS:
+				impl->get_ctx_params = OSSL_FUNC_cipher_get_ctx_params(f);
+				break;
+			}
+		}
+		return impl->newctx && impl->freectx && impl->einit && impl->dinit && impl->cipher &&
+		       impl->update && impl->get_ctx_params;
+	}
+	return 0;
+}
+
+/* Requests computed inline are counted in their context (one thread at a
+ * time uses it) and handed to libwd's counters in batches, so
+ * wd_crypto_get_stats shows them. */
+struct wd_counts {
+	uint64_t req[5], bytes[5];
+};
+
+static void wd_flush_counts(struct wd_counts *c)
 {
 	for (int r = 1; r <= 4; r++) {
-		if (wd_cpu_req[r] != 0) {
-			wd_crypto_count_cpu(wd_cpu_req[r], wd_cpu_bytes[r], r);
-			wd_cpu_req[r] = wd_cpu_bytes[r] = 0;
+		if (c->req[r] != 0) {
+			wd_crypto_count_cpu(c->req[r], c->bytes[r], r);
+			c->req[r] = c->bytes[r] = 0;
 		}
 	}
 }
 
-static void wd_count(size_t bytes, int reason)
+static inline void wd_count(struct wd_counts *c, size_t bytes, int reason)
 {
-	wd_cpu_req[reason]++;
-	wd_cpu_bytes[reason] += bytes;
-	if (wd_cpu_req[reason] >= 4096)
-		wd_flush_counts();
+	c->req[reason]++;
+	c->bytes[reason] += bytes;
+	if (c->req[reason] >= 4096)
+		wd_flush_counts(c);
 }
 
 static uint64_t wd_now_ns(void)
@@ -139,9 +203,10 @@ struct wd_cctx {
 	/* The inline CPU path (ECB, CBC, CTR, XTS): a default-provider context
 	 * of the same key, and whether it holds the stream's chain now (else
 	 * the session c does). */
-	EVP_CIPHER_CTX *inner;
-	EVP_CIPHER *inner_cipher;
+	void *inner;                 /* the default provider's context */
+	struct wd_cpu_impl impl;
 	int chain_here;
+	struct wd_counts counts;
 	struct wd_aead *a;    /* GCM */
 	int enc, pad, key_set, iv_set;
 	unsigned char key[64];
@@ -178,9 +243,9 @@ static void wd_cipher_freectx(void *vctx)
 		wd_cipher_free(x->c);
 	if (x->a)
 		wd_aead_free(x->a);
-	EVP_CIPHER_CTX_free(x->inner);
-	EVP_CIPHER_free(x->inner_cipher);
-	wd_flush_counts();
+	if (x->inner != NULL)
+		x->impl.freectx(x->inner);
+	wd_flush_counts(&x->counts);
 	OPENSSL_clear_free(x, sizeof(*x));
 }
 
@@ -195,13 +260,10 @@ static void *wd_cipher_dupctx(void *vctx)
 	n->c = NULL;
 	n->a = NULL;
 	n->inner = NULL;
-	n->inner_cipher = NULL;
+	memset(&n->counts, 0, sizeof n->counts);
 	if (x->inner != NULL) {
-		n->inner = EVP_CIPHER_CTX_new();
-		if (n->inner == NULL || !EVP_CIPHER_CTX_copy(n->inner, x->inner))
+		if (x->impl.dupctx == NULL || (n->inner = x->impl.dupctx(x->inner)) == NULL)
 			goto fail;
-		if (x->inner_cipher != NULL && EVP_CIPHER_up_ref(x->inner_cipher))
-			n->inner_cipher = x->inner_cipher;
 	}
 	if (x->key_set) {
 		if (x->d->mode == EVP_CIPH_GCM_MODE) {
@@ -224,25 +286,46 @@ fail:
 
 static int wd_cipher_set_ctx_params(void *vctx, const OSSL_PARAM params[]);
 
+/* Start the inline context on `iv` (key when given), padding off. */
+static int wd_inner_iv(struct wd_cctx *x, const unsigned char *key, size_t keylen,
+		       const unsigned char *iv)
+{
+	unsigned int pad = 0;
+	OSSL_PARAM params[] = {OSSL_PARAM_construct_uint(OSSL_CIPHER_PARAM_PADDING, &pad),
+			       OSSL_PARAM_construct_end()};
+	size_t ivlen = iv != NULL ? x->d->ivlen : 0;
+	return x->enc ? x->impl.einit(x->inner, key, keylen, iv, ivlen, params)
+		      : x->impl.dinit(x->inner, key, keylen, iv, ivlen, params);
+}
+
+static int wd_inner_start(struct wd_cctx *x, const unsigned char *key, size_t keylen)
+{
+	const unsigned char *iv = x->iv_set && x->d->ivlen > 0 ? x->iv : NULL;
+	return wd_inner_iv(x, key, keylen, iv);
+}
+
+/* Run the inline context: the default provider's own cipher function. */
+static int wd_inner_run(struct wd_cctx *x, unsigned char *out, const unsigned char *in, size_t len)
+{
+	size_t outl = 0;
+	return x->impl.cipher(x->inner, out, &outl, len, in, len) && outl == len;
+}
+
 /* (Re)start the inline context from the key, IV and direction; the chain is
- * then here. Without a private default provider, everything goes through
- * libwd (which has its own CPU path). */
+ * then here. Without the default provider's functions, everything goes
+ * through libwd (which has its own CPU path). */
 static int wd_inner_init(struct wd_cctx *x)
 {
 	if (x->d->mode == EVP_CIPH_GCM_MODE || !x->key_set)
 		return 1;
-	pthread_once(&wd_cpu_once, wd_cpu_init);
-	if (wd_cpu_libctx == NULL)
-		return 1;
-	if (x->inner_cipher == NULL)
-		x->inner_cipher = EVP_CIPHER_fetch(wd_cpu_libctx, x->d->name, NULL);
-	if (x->inner == NULL)
-		x->inner = EVP_CIPHER_CTX_new();
-	if (x->inner_cipher == NULL || x->inner == NULL)
-		return 0;
-	const unsigned char *iv = x->iv_set && x->d->ivlen > 0 ? x->iv : NULL;
-	if (!EVP_CipherInit_ex2(x->inner, x->inner_cipher, x->key, iv, x->enc, NULL) ||
-	    !EVP_CIPHER_CTX_set_padding(x->inner, 0))
+	if (x->inner == NULL) {
+		if (!wd_cpu_lookup(x->d->name, &x->impl))
+			return 1; /* no inline path: libwd computes */
+		x->inner = x->impl.newctx(wd_cpu_provctx);
+		if (x->inner == NULL)
+			return 0;
+	}
+	if (!wd_inner_start(x, x->key, x->d->keylen))
 		return 0;
 	x->chain_here = 1;
 	return 1;
@@ -258,9 +341,13 @@ static int wd_chain_to_session(struct wd_cctx *x)
 	if (x->d->mode != EVP_CIPH_CBC_MODE && x->d->mode != EVP_CIPH_CTR_MODE)
 		return 1;
 	unsigned char iv[16];
-	if (!EVP_CIPHER_CTX_get_updated_iv(x->inner, iv, sizeof iv))
+	unsigned int unum = 0;
+	OSSL_PARAM params[] = {
+		OSSL_PARAM_construct_octet_string(OSSL_CIPHER_PARAM_UPDATED_IV, iv, sizeof iv),
+		OSSL_PARAM_construct_uint(OSSL_CIPHER_PARAM_NUM, &unum), OSSL_PARAM_construct_end()};
+	if (!x->impl.get_ctx_params(x->inner, params))
 		return 0;
-	int num = EVP_CIPHER_CTX_get_num(x->inner);
+	int num = (int)unum;
 	if (x->d->mode == EVP_CIPH_CTR_MODE && num > 0) {
 		/* libcrypto's counter already names the next block. */
 		for (int i = 15; i >= 0 && iv[i]-- == 0; i--)
@@ -281,12 +368,11 @@ static int wd_chain_from_session(struct wd_cctx *x)
 		return 1;
 	unsigned char iv[16];
 	size_t num = 0;
-	if (wd_cipher_get_chain(x->c, iv, &num) != 0 ||
-	    !EVP_CipherInit_ex2(x->inner, NULL, NULL, iv, x->enc, NULL))
+	if (wd_cipher_get_chain(x->c, iv, &num) != 0 || !wd_inner_iv(x, NULL, 0, iv))
 		return 0;
 	if (num > 0) {
 		unsigned char burn[16] = {0};
-		if (EVP_Cipher(x->inner, burn, burn, (unsigned int)num) < 0)
+		if (!wd_inner_run(x, burn, burn, num))
 			return 0;
 	}
 	return 1;
@@ -376,12 +462,11 @@ static int wd_blocks(struct wd_cctx *x, unsigned char *out, const unsigned char 
 		uint64_t t0 = route & WD_ROUTE_TIMED ? wd_now_ns() : 0;
 		if (!wd_chain_from_session(x))
 			return 0;
-		if (x->d->mode == EVP_CIPH_XTS_MODE &&
-		    !EVP_CipherInit_ex2(x->inner, NULL, NULL, x->iv, x->enc, NULL))
+		if (x->d->mode == EVP_CIPH_XTS_MODE && !wd_inner_iv(x, NULL, 0, x->iv))
 			return 0;
-		if (EVP_Cipher(x->inner, out, in, (unsigned int)len) < 0)
+		if (!wd_inner_run(x, out, in, len))
 			return 0;
-		wd_count(len, route & 0xff);
+		wd_count(&x->counts, len, route & 0xff);
 		if (t0 != 0)
 			wd_crypto_record(WD_KIND_CIPHER, len, 1, wd_now_ns() - t0);
 		return 1;
@@ -419,10 +504,31 @@ static int wd_gcm_update(struct wd_cctx *x, unsigned char *out, size_t *outl,
 	return wd_aead_update(x->a, in, out, inl) == 0;
 }
 
+/* Whether a request of `len` bytes runs inline without asking libwd. */
+static inline int wd_stays_here(const struct wd_cctx *x, size_t len)
+{
+	return x->inner != NULL && x->chain_here &&
+	       (len < x->prov->threshold || x->prov->policy == WD_CRYPTO_POLICY_CPU);
+}
+
+static inline int wd_reason(const struct wd_cctx *x, size_t len)
+{
+	return len < x->prov->threshold ? WD_CPU_THRESHOLD : WD_CPU_POLICY;
+}
+
 static int wd_cipher_update_fn(void *vctx, unsigned char *out, size_t *outl, size_t outsize,
 			       const unsigned char *in, size_t inl)
 {
 	struct wd_cctx *x = vctx;
+	/* Fast path: the whole request stays here and leaves nothing buffered,
+	 * so OpenSSL's own update can do it (one call, no extra layer). */
+	if (wd_stays_here(x, inl) && x->buflen == 0 &&
+	    (x->d->mode == EVP_CIPH_CTR_MODE ||
+	     ((x->d->mode == EVP_CIPH_CBC_MODE || x->d->mode == EVP_CIPH_ECB_MODE) && inl % 16 == 0 &&
+	      (x->enc || !x->pad)))) {
+		wd_count(&x->counts, inl, wd_reason(x, inl));
+		return x->impl.update(x->inner, out, outl, outsize, in, inl);
+	}
 	if (!x->key_set)
 		return 0;
 	if (x->d->mode == EVP_CIPH_GCM_MODE)
@@ -521,6 +627,10 @@ static int wd_cipher_fn(void *vctx, unsigned char *out, size_t *outl, size_t out
 			const unsigned char *in, size_t inl)
 {
 	struct wd_cctx *x = vctx;
+	if (wd_stays_here(x, inl) && x->d->mode != EVP_CIPH_XTS_MODE) {
+		wd_count(&x->counts, inl, wd_reason(x, inl));
+		return x->impl.cipher(x->inner, out, outl, outsize, in, inl);
+	}
 	if (!x->key_set || outsize < inl)
 		return 0;
 	if (x->d->mode == EVP_CIPH_GCM_MODE)

@@ -7,7 +7,6 @@
 //! never takes a lock shared with another thread.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,7 +54,10 @@ pub struct Lane {
     stage: SharedBuf,
     free_slots: Vec<u16>,
     /// Completions reaped while waiting for another request.
-    done: HashMap<u64, Desc>,
+    /// (At most the ring depth: a short list beats hashing.)
+    done: Vec<(u64, Desc)>,
+    /// Reaped completions (kept to avoid an allocation per reap).
+    reaped: Vec<Completion>,
     /// Requests nobody waits for (session frees): dropped when reaped.
     forget: std::collections::HashSet<u64>,
     next_token: u64,
@@ -79,7 +81,8 @@ impl Lane {
             q,
             stage,
             free_slots: (0..SLOTS as u16).rev().collect(),
-            done: HashMap::new(),
+            done: Vec::with_capacity(SLOTS * 2),
+            reaped: Vec::with_capacity(SLOTS * 2),
             forget: std::collections::HashSet::new(),
             next_token: 1,
         })
@@ -120,28 +123,50 @@ impl Lane {
     pub fn submit(&mut self, d: Desc) -> Result<u64> {
         let token = self.next_token;
         self.next_token += 1;
+        if token % 256 == 1 {
+            // Now and then, show the host (wd ls) where this process's
+            // requests went.
+            let s = crate::stats();
+            self.q.publish_stats(&[
+                s.offload_requests,
+                s.offload_bytes,
+                s.cpu_requests,
+                s.cpu_bytes,
+                s.cpu_below_threshold,
+                s.cpu_no_queue,
+                s.cpu_host_gone,
+                s.cpu_policy,
+            ]);
+        }
         self.q.send(d, token)?;
         Ok(token)
     }
 
     fn reap(&mut self) -> Result<()> {
-        let mut v: Vec<Completion> = Vec::new();
-        self.q.recv_batch(&mut v, SLOTS * 2)?;
-        for c in v {
-            if !self.forget.remove(&c.cookie) {
-                self.done.insert(c.cookie, c.desc);
+        let mut v = std::mem::take(&mut self.reaped);
+        v.clear();
+        let r = self.q.recv_batch(&mut v, SLOTS * 2);
+        for c in v.drain(..) {
+            if self.forget.is_empty() || !self.forget.remove(&c.cookie) {
+                self.done.push((c.cookie, c.desc));
             }
         }
-        Ok(())
+        self.reaped = v;
+        r.map(|_| ()).map_err(Into::into)
+    }
+
+    fn take_done(&mut self, token: u64) -> Option<Desc> {
+        let i = self.done.iter().position(|(t, _)| *t == token)?;
+        Some(self.done.swap_remove(i).1)
     }
 
     /// The completion of `token` if it has arrived (non-blocking).
     pub fn poll(&mut self, token: u64) -> Result<Option<Desc>> {
-        if let Some(d) = self.done.remove(&token) {
+        if let Some(d) = self.take_done(token) {
             return Ok(Some(d));
         }
         self.reap()?;
-        Ok(self.done.remove(&token))
+        Ok(self.take_done(token))
     }
 
     /// Wait for the completion of `token`.
@@ -277,7 +302,7 @@ fn slot_of(kind: Kind) -> usize {
 /// Whether this thread knows it has no lane of `kind` for now (it failed
 /// to get one, or lost it, and waits before asking again): the router
 /// then sends requests straight to the CPU.
-pub fn known_unavailable(kind: Kind) -> Option<NoLane> {
+pub fn known_unavailable(kind: Kind, n: usize) -> Option<NoLane> {
     CHANNEL
         .try_with(|c| {
             let mut c = c.try_borrow_mut().ok()?;
@@ -286,16 +311,28 @@ pub fn known_unavailable(kind: Kind) -> Option<NoLane> {
                 return None;
             }
             let until = c.retry_at[i]?;
-            // Reading the clock costs as much as a small request: look at it
-            // once in a while only.
+            // Reading the clock costs as much as a small request: for small
+            // ones look at it once in a while only.
             c.clock_skips = c.clock_skips.wrapping_add(1);
-            if c.clock_skips % 64 == 0 && Instant::now() >= until {
+            if (n >= 4096 || c.clock_skips % 64 == 0) && Instant::now() >= until {
                 return None;
             }
             Some(c.lost[i])
         })
         .ok()
         .flatten()
+}
+
+/// Requests this thread has in flight on its lane of `kind` (0 without one).
+pub fn in_flight(kind: Kind) -> usize {
+    CHANNEL
+        .try_with(|c| {
+            c.try_borrow()
+                .ok()
+                .and_then(|c| c.lanes[slot_of(kind)].as_ref().map(Lane::in_flight))
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
 }
 
 /// Why a lane is not available: the CPU computes instead, and the reason

@@ -2,6 +2,10 @@
 //! requests under the `auto` policy, a per-thread measurement of what each
 //! path costs, so that offloading never makes a caller slower.
 //!
+//! An asynchronous caller's thread is free while the device works, so its
+//! requests are offloaded, except when the device already has enough queued
+//! to stay busy: then the thread computes one itself (both work at once).
+//!
 //! A synchronous caller waits either way, so the device only pays when its
 //! round trip beats computing here. The router keeps, per request-size
 //! class, a moving average of nanoseconds per request on each path, timed
@@ -25,6 +29,9 @@ pub enum Route {
     Device,
 }
 
+/// Asynchronous requests in flight that keep a device busy; beyond them the
+/// caller's thread computes (policy `auto`).
+const KEEP_DEVICE_BUSY: usize = 2;
 /// Time one request in this many (per size class).
 const SAMPLE_EVERY: u32 = 16;
 /// Try the path that looks worse once in this many requests.
@@ -71,14 +78,23 @@ pub fn choose_timed(kind: Kind, n: usize, asynchronous: bool) -> (Route, bool) {
     if n < config::threshold() {
         return (Route::Cpu(Why::Threshold), false);
     }
-    if let Some(no) = crate::lane::known_unavailable(kind) {
+    if let Some(no) = crate::lane::known_unavailable(kind, n) {
         let why = match no {
             crate::lane::NoLane::NoQueue => Why::NoQueue,
             crate::lane::NoLane::HostGone => Why::HostGone,
         };
         return (Route::Cpu(why), false);
     }
-    if policy == Policy::Offload || asynchronous {
+    if policy == Policy::Offload {
+        return (Route::Device, false);
+    }
+    if asynchronous {
+        // The caller's thread is free while the device works: once the
+        // device has enough queued to stay busy, this thread computes the
+        // next request itself, so both work at once.
+        if crate::lane::in_flight(kind) >= KEEP_DEVICE_BUSY {
+            return (Route::Cpu(Why::Policy), false);
+        }
         return (Route::Device, false);
     }
     EST.with(|e| {

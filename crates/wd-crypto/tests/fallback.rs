@@ -29,9 +29,13 @@ fn host_entry() {
         socket_mode: 0o600,
         devices: vec![wrapdrive::DeviceConfig::new("sec")],
     };
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() };
     let _h = wd_host::Host::start(&cfg).expect("host starts");
-    loop {
-        std::thread::sleep(Duration::from_secs(60));
+    // Serve until killed, or until the test that started us is gone.
+    // SAFETY: as above.
+    while unsafe { libc::getppid() } == parent {
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 
@@ -66,12 +70,22 @@ fn fallbacks_are_correct_and_counted() {
     let dir = std::env::temp_dir().join(format!("wd-crypto-fallback-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let sock = dir.join("wd.sock");
-    let mut host = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "host_entry", "--nocapture"])
-        .env("WD_TEST_HOST_SOCKET", &sock)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    /// Kills the host process whatever happens to the test.
+    struct Killer(std::process::Child);
+    impl Drop for Killer {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut host = Killer(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "host_entry", "--nocapture"])
+            .env("WD_TEST_HOST_SOCKET", &sock)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let t = Instant::now();
     while wrapdrive::HostConn::connect(sock.to_str().unwrap()).is_err() {
         assert!(t.elapsed() < Duration::from_secs(10), "host did not start");
@@ -89,9 +103,24 @@ fn fallbacks_are_correct_and_counted() {
         mid.offload_bytes - before.offload_bytes >= half as u64,
         "{mid:?}"
     );
+    // The process's counters are visible in the host's tree (wd ls).
+    let h = wrapdrive::HostConn::connect(sock.to_str().unwrap()).unwrap();
+    let shown: Vec<_> = h
+        .attrs("dev0/queues/")
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.path.ends_with("/client/cpu_no_queue"))
+        .collect();
+    assert!(
+        shown
+            .iter()
+            .any(|e| e.value.parse::<u64>().unwrap_or(0) >= 2),
+        "fallback counters not in the attribute tree: {shown:?}"
+    );
+    drop(h);
     // SAFETY: plain kill(2) of our own child.
-    unsafe { libc::kill(host.id() as i32, libc::SIGKILL) };
-    host.wait().unwrap();
+    unsafe { libc::kill(host.0.id() as i32, libc::SIGKILL) };
+    host.0.wait().unwrap();
     c.update(&data[half..], &mut out[half..]).unwrap();
     assert_eq!(out, want, "the chain survives the host's death");
     let after = stats();

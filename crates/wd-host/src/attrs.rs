@@ -16,6 +16,18 @@ fn entry(path: String, value: impl ToString, writable: bool) -> AttrEntry {
     }
 }
 
+/// Names of the counters a client publishes in its ring, in order.
+pub const CLIENT_STAT_NAMES: [&str; wd_ring::CLIENT_STATS] = [
+    "offload_requests",
+    "offload_bytes",
+    "cpu_requests",
+    "cpu_bytes",
+    "cpu_below_threshold",
+    "cpu_no_queue",
+    "cpu_host_gone",
+    "cpu_policy",
+];
+
 /// Every attribute whose path starts with `prefix`.
 pub fn list(host: &HostInner, prefix: &str) -> Vec<AttrEntry> {
     let mut out = Vec::new();
@@ -119,6 +131,14 @@ pub fn list(host: &HostInner, prefix: &str) -> Vec<AttrEntry> {
                 false,
             ));
             iommu_attrs(&mut out, &format!("{qb}/iommu"), q);
+            // What the client's libraries report (e.g. wd-crypto's CPU
+            // fallbacks): shown, never trusted.
+            let cs = q.client_stats();
+            if cs.iter().any(|&v| v != 0) {
+                for (name, v) in CLIENT_STAT_NAMES.iter().zip(cs) {
+                    out.push(entry(format!("{qb}/client/{name}"), v, false));
+                }
+            }
         }
     }
     out.retain(|e| e.path.starts_with(prefix));

@@ -308,6 +308,16 @@ pub(crate) fn new_ring(
     Ok((fd, map, view))
 }
 
+impl Queue {
+    /// The counters the client publishes in its ring (informational).
+    #[allow(unsafe_code)]
+    pub fn client_stats(&self) -> [u64; wd_ring::CLIENT_STATS] {
+        // SAFETY: `ring` is this queue's live, page-aligned ring mapping,
+        // at least one header page long.
+        unsafe { wd_ring::read_client_stats(self.ring.as_ptr()) }
+    }
+}
+
 /// Read 8 bytes of a peer process (the SHARE_ALL probe).
 #[allow(unsafe_code)]
 pub(crate) fn read_peer(pid: u32, addr: u64, out: &mut [u8; 8]) -> Result<(), wd_sys::SysError> {

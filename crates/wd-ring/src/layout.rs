@@ -10,6 +10,9 @@ pub const RING_VERSION: u32 = 1;
 pub const DESC_SIZE: usize = 128;
 /// Bytes of device message carried by one descriptor.
 pub const PAYLOAD_SIZE: usize = 96;
+/// Counters a client publishes in its ring for `wd ls` (what its libraries
+/// computed where); informational, never trusted by the host.
+pub const CLIENT_STATS: usize = 8;
 /// Smallest ring depth.
 pub const MIN_DEPTH: u32 = 2;
 /// Largest ring depth (bounds host memory per queue: 2 x 4096 x 128 B = 1 MiB).
@@ -114,6 +117,7 @@ impl Desc {
 /// 320     cq_head    client -> host
 /// 384     cq_flags   client -> host (WAITING)
 /// 448     host_state host -> client (ALIVE / STOPPED / BROKEN)
+/// 512     client_stats client -> host, 8 x u64 (informational counters)
 /// 4096    submission slots  depth x 128 B
 /// ...     completion slots  depth x 128 B
 /// ```
@@ -135,6 +139,7 @@ pub(crate) mod off {
     pub const CQ_HEAD: usize = 320;
     pub const CQ_FLAGS: usize = 384;
     pub const HOST_STATE: usize = 448;
+    pub const CLIENT_STATS: usize = 512;
 }
 
 impl RingLayout {

@@ -11,9 +11,10 @@ mod layout;
 mod view;
 
 pub use layout::{
-    Desc, RingLayout, DESC_SIZE, MAX_DEPTH, MIN_DEPTH, PAYLOAD_SIZE, RING_MAGIC, RING_VERSION,
+    Desc, RingLayout, CLIENT_STATS, DESC_SIZE, MAX_DEPTH, MIN_DEPTH, PAYLOAD_SIZE, RING_MAGIC,
+    RING_VERSION,
 };
-pub use view::{HostState, RingView, CQ_WAITING, SQ_NEED_WAKEUP};
+pub use view::{read_client_stats, HostState, RingView, CQ_WAITING, SQ_NEED_WAKEUP};
 
 /// Errors of ring handling.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -17,8 +17,9 @@
 
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 
-use crate::layout::{off, Desc, RingLayout, DESC_SIZE, RING_MAGIC, RING_VERSION};
+use crate::layout::{off, Desc, RingLayout, CLIENT_STATS, DESC_SIZE, RING_MAGIC, RING_VERSION};
 use crate::RingError;
+use std::sync::atomic::AtomicU64;
 
 /// `sq_flags` bit: the engine sleeps; ring its doorbell after submitting.
 pub const SQ_NEED_WAKEUP: u32 = 1;
@@ -271,6 +272,17 @@ impl RingView {
             .fetch_and(!CQ_WAITING, Ordering::Relaxed);
     }
 
+    /// Client: publish counters for the host's attribute tree.
+    pub fn publish_client_stats(&self, v: &[u64; CLIENT_STATS]) {
+        for (i, x) in v.iter().enumerate() {
+            // SAFETY: CLIENT_STATS words at an 8-aligned header offset inside
+            // the mapping (the header page is 4096 bytes); atomics may be
+            // shared with another process.
+            let w = unsafe { AtomicU64::from_ptr(self.base.add(off::CLIENT_STATS + 8 * i).cast()) };
+            w.store(*x, Ordering::Relaxed);
+        }
+    }
+
     /// Either side: what the host says about this ring.
     pub fn host_state(&self) -> HostState {
         HostState::from_u32(self.word(off::HOST_STATE).load(Ordering::Acquire))
@@ -391,6 +403,23 @@ impl RingView {
         };
         self.word(o).store(v, Ordering::Release);
     }
+}
+
+/// Host: the counters a client published in its ring (any values: they are
+/// only displayed).
+///
+/// # Safety
+/// `base` must be the start of a live ring mapping (at least its 4096-byte
+/// header), 8-byte aligned.
+pub unsafe fn read_client_stats(base: *const u8) -> [u64; CLIENT_STATS] {
+    let mut v = [0u64; CLIENT_STATS];
+    for (i, x) in v.iter_mut().enumerate() {
+        // SAFETY: per the contract, the header holds these words; atomics
+        // tolerate a concurrent writer in another process.
+        let w = unsafe { AtomicU64::from_ptr(base.add(off::CLIENT_STATS + 8 * i) as *mut u64) };
+        *x = w.load(Ordering::Relaxed);
+    }
+    v
 }
 
 #[cfg(test)]

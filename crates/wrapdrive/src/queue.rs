@@ -464,6 +464,12 @@ impl Queue {
         }
     }
 
+    /// Publish counters in the ring, shown by `wd ls` under
+    /// `queues/q<ID>/client/` (see `wd_host::attrs::CLIENT_STAT_NAMES`).
+    pub fn publish_stats(&self, v: &[u64; wd_ring::CLIENT_STATS]) {
+        self.view.publish_client_stats(v);
+    }
+
     /// Whether completions are waiting to be received.
     pub fn completions_ready(&self) -> bool {
         !self.stash.is_empty() || self.view.completions_ready().unwrap_or(1) > 0
