@@ -887,7 +887,10 @@ fn stream_run(
             }
         }
         done.clear();
-        if free.is_empty() {
+        if free.len() < batch {
+            // Not enough room for the next batch: wait for a completion
+            // (as an interrupt-driven driver does) rather than poll hot,
+            // which would steal the engine's CPU on a small machine.
             done.push(
                 p.q.recv_sync(Some(Duration::from_secs(10)))
                     .map_err(|e| e.to_string())?,
