@@ -77,6 +77,11 @@ int wd_job_wait(struct wd_job *job);
 int wd_crypto_wait_fd(void);
 int wd_crypto_arm(void);
 void wd_crypto_disarm(void);
+/* After computing a request on the CPU inside an event loop while other
+ * requests of this thread are on the device: 1 when completions are
+ * waiting (the wait descriptor is made readable: yield to their owners),
+ * else 0 with the descriptor armed for them (nothing when none is out). */
+int wd_crypto_after_inline(void);
 
 /* ---- AES-GCM ---------------------------------------------------------- */
 

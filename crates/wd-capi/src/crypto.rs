@@ -481,6 +481,17 @@ pub extern "C" fn wd_crypto_arm() -> c_int {
     })
 }
 
+/// After an inline request inside an event loop (see the header).
+#[no_mangle]
+pub extern "C" fn wd_crypto_after_inline() -> c_int {
+    guard_with(|| {
+        match wd_crypto::lane::with_open_lane(wd_crypto::lane::Kind::Cipher, |l| l.after_inline()) {
+            Ok(Ok(ready)) => ready as c_int,
+            _ => 0,
+        }
+    })
+}
+
 /// Disarm the wait descriptor.
 #[no_mangle]
 pub extern "C" fn wd_crypto_disarm() {
