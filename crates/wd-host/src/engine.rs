@@ -16,6 +16,8 @@ use wd_ring::{Desc, HostState, RingView};
 
 use crate::queue::{MemModel, Queue, QueueState};
 
+/// Bytes of work after which a request's completion is posted at once.
+const POST_AT_ONCE: u64 = 2048;
 /// Requests taken from one ring per pass (fairness between queues).
 const BATCH: usize = 32;
 /// Idle passes between two reads of the clock.
@@ -223,35 +225,42 @@ impl EngineLoop {
             return Ok(0);
         }
         let q = s.q.clone();
-        {
-            let dom = q.domain.read().unwrap_or_else(|e| e.into_inner());
-            let mut bytes = 0u64;
-            for d in batch.iter_mut() {
-                let mut dma = QueueDma {
-                    q: &q,
-                    dom: &dom,
-                    runs_a: &mut self.runs_a,
-                    runs_b: &mut self.runs_b,
-                    bounce: &mut self.bounce,
-                };
-                let dev = &mut self.queues[i].dev;
-                let r = catch_unwind(AssertUnwindSafe(|| dev.process(d, &mut dma)));
-                if r.is_err() {
-                    d.status = status::EIO;
-                    d.result = 0;
-                }
-                if d.status == 0 {
-                    bytes += d.result;
-                }
+        let dom = q.domain.read().unwrap_or_else(|e| e.into_inner());
+        let mut bytes = 0u64;
+        let mut posted = 0;
+        for k in 0..n {
+            let d = &mut batch[k];
+            let mut dma = QueueDma {
+                q: &q,
+                dom: &dom,
+                runs_a: &mut self.runs_a,
+                runs_b: &mut self.runs_b,
+                bounce: &mut self.bounce,
+            };
+            let dev = &mut self.queues[i].dev;
+            let r = catch_unwind(AssertUnwindSafe(|| dev.process(d, &mut dma)));
+            if r.is_err() {
+                d.status = status::EIO;
+                d.result = 0;
             }
-            q.requests.fetch_add(n as u64, Ordering::Relaxed);
-            q.bytes.fetch_add(bytes, Ordering::Relaxed);
+            if d.status == 0 {
+                bytes += d.result;
+            }
+            // Post a large request's completion at once (its owner can use
+            // the result while the next ones are processed); small ones go
+            // out together at the end of the batch.
+            let big = d.status == 0 && d.result >= POST_AT_ONCE;
+            if big || k + 1 == n {
+                let s = &mut self.queues[i];
+                if s.view.complete(&batch[posted..=k]).map_err(|_| ())? {
+                    let _ = wd_sys::eventfd_signal(q.cq_event.as_fd());
+                }
+                posted = k + 1;
+            }
         }
-        let s = &mut self.queues[i];
-        let signal = s.view.complete(batch).map_err(|_| ())?;
-        if signal {
-            let _ = wd_sys::eventfd_signal(s.q.cq_event.as_fd());
-        }
+        drop(dom);
+        q.requests.fetch_add(n as u64, Ordering::Relaxed);
+        q.bytes.fetch_add(bytes, Ordering::Relaxed);
         Ok(n)
     }
 }
