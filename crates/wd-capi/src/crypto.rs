@@ -46,6 +46,16 @@ pub struct WdJob {
     len: usize,
 }
 
+/// Hand a new object to the caller through `out`; returns 0.
+///
+/// # Safety
+/// `out` must be non-null and writable.
+unsafe fn give<T>(out: *mut *mut T, v: T) -> c_int {
+    // SAFETY: caller contract.
+    unsafe { out.write(Box::into_raw(Box::new(v))) };
+    0
+}
+
 fn err(e: CryptoError) -> c_int {
     fail(e.errno(), &e.to_string())
 }
@@ -184,13 +194,16 @@ pub unsafe extern "C" fn wd_cipher_new(
         }
         match Cipher::new(alg, key, dir(encrypt)) {
             Ok(c) => {
-                let b = Box::into_raw(Box::new(WdCipher {
-                    magic: CIPHER_MAGIC,
-                    c,
-                }));
-                // SAFETY: out is non-null, caller-owned.
-                unsafe { out.write(b) };
-                0
+                // SAFETY: out was checked non-null.
+                unsafe {
+                    give(
+                        out,
+                        WdCipher {
+                            magic: CIPHER_MAGIC,
+                            c,
+                        },
+                    )
+                }
             }
             Err(e) => err(e),
         }
@@ -525,13 +538,16 @@ pub unsafe extern "C" fn wd_aead_new(
         }
         match Aead::new(alg, key) {
             Ok(a) => {
-                let b = Box::into_raw(Box::new(WdAead {
-                    magic: AEAD_MAGIC,
-                    a,
-                }));
-                // SAFETY: out is non-null.
-                unsafe { out.write(b) };
-                0
+                // SAFETY: out was checked non-null.
+                unsafe {
+                    give(
+                        out,
+                        WdAead {
+                            magic: AEAD_MAGIC,
+                            a,
+                        },
+                    )
+                }
             }
             Err(e) => err(e),
         }
@@ -737,13 +753,16 @@ pub unsafe extern "C" fn wd_digest_new(
         }
         match Digest::new(alg, key) {
             Ok(d) => {
-                let b = Box::into_raw(Box::new(WdDigest {
-                    magic: DIGEST_MAGIC,
-                    d,
-                }));
-                // SAFETY: out is non-null.
-                unsafe { out.write(b) };
-                0
+                // SAFETY: out was checked non-null.
+                unsafe {
+                    give(
+                        out,
+                        WdDigest {
+                            magic: DIGEST_MAGIC,
+                            d,
+                        },
+                    )
+                }
             }
             Err(e) => err(e),
         }
@@ -829,13 +848,16 @@ pub unsafe extern "C" fn wd_digest_dup(d: *mut WdDigest, out: *mut *mut WdDigest
         }
         match d.d.try_clone() {
             Ok(c) => {
-                let b = Box::into_raw(Box::new(WdDigest {
-                    magic: DIGEST_MAGIC,
-                    d: c,
-                }));
-                // SAFETY: out is non-null.
-                unsafe { out.write(b) };
-                0
+                // SAFETY: out was checked non-null.
+                unsafe {
+                    give(
+                        out,
+                        WdDigest {
+                            magic: DIGEST_MAGIC,
+                            d: c,
+                        },
+                    )
+                }
             }
             Err(e) => err(e),
         }

@@ -5,6 +5,7 @@ mod bench;
 mod bench_load;
 mod chart;
 mod load;
+mod report;
 mod speed;
 
 use std::collections::BTreeMap;
