@@ -127,6 +127,10 @@ void wd_digest_free(struct wd_digest *d);
 int wd_crypto_set_threshold(size_t bytes);
 /* Also $WD_CRYPTO_POLICY (auto, offload, cpu). */
 int wd_crypto_set_policy(int policy);
+/* 0: without a queue (no host, no device, host gone) requests fail with
+ * -ENODEV/-ENOTCONN instead of running on the CPU. Also
+ * $WD_CRYPTO_FALLBACK=0. Default 1. */
+int wd_crypto_set_fallback(int on);
 
 /* The current threshold and policy. */
 size_t wd_crypto_get_threshold(void);

@@ -14,6 +14,8 @@
  *   threshold  (WD_PROVIDER_THRESHOLD)  requests below it run on the CPU;
  *              0 = always offload; default: the library's (see wd_crypto.h)
  *   policy     (WD_PROVIDER_POLICY)     auto | offload | cpu
+ *   fallback   (WD_PROVIDER_FALLBACK)   1 (default): no host means the CPU;
+ *                                       0: requests above the threshold fail
  *   legacy     (WD_CRYPTO_LEGACY=1)     queues through the socket (baseline)
  * The host is $WD_CRYPTO_HOST or $WD_HOST (libwd). Without a host the
  * library computes on the CPU and counts it (wd_crypto_get_stats).
@@ -153,6 +155,16 @@ static uint64_t wd_now_ns(void)
 }
 
 static int wd_async_key; /* address used as the ASYNC_WAIT_CTX key */
+
+/* Report a libwd failure through OpenSSL's error queue (what `openssl`
+ * prints), with libwd's own message; returns 0 (failure) for the caller. */
+static int wd_fail(int rc)
+{
+	char msg[256];
+	wd_last_error(msg, sizeof msg);
+	ERR_raise_data(ERR_LIB_PROV, ERR_R_OPERATION_FAIL, "WrapDrive: %s (%s)", msg, wd_strerror(rc));
+	return 0;
+}
 
 /* Give the current async job's wait context this thread's WrapDrive wait
  * descriptor (once; again if the queue behind it changed). */
@@ -511,18 +523,21 @@ static int wd_blocks(struct wd_cctx *x, unsigned char *out, const unsigned char 
 		return 0;
 	if (in_job) {
 		struct wd_job *job = NULL;
-		if (wd_cipher_start(x->c, in, out, len, &job) != 0)
-			return 0;
-		return job == NULL || wd_finish_job(job) == 0;
+		int r = wd_cipher_start(x->c, in, out, len, &job);
+		if (r == 0 && job != NULL)
+			r = wd_finish_job(job);
+		return r == 0 || wd_fail(r);
 	}
 	/* Routed already (or no inline path): the session's own routing
 	 * decides only when this provider could not. */
 	uint64_t t0 = route & WD_ROUTE_TIMED ? wd_now_ns() : 0;
-	int ok = (x->inner != NULL ? wd_cipher_offload(x->c, in, out, len)
-				   : wd_cipher_update(x->c, in, out, len)) == 0;
-	if (ok && t0 != 0)
+	int r = x->inner != NULL ? wd_cipher_offload(x->c, in, out, len)
+				  : wd_cipher_update(x->c, in, out, len);
+	if (r != 0)
+		return wd_fail(r);
+	if (t0 != 0)
 		wd_crypto_record(WD_KIND_CIPHER, len, 0, wd_now_ns() - t0);
-	return ok;
+	return 1;
 }
 
 static int wd_gcm_update(struct wd_cctx *x, unsigned char *out, size_t *outl,
@@ -1151,6 +1166,9 @@ int OSSL_provider_init(const OSSL_CORE_HANDLE *handle, const OSSL_DISPATCH *in,
 		else
 			wd_crypto_set_policy(WD_CRYPTO_POLICY_AUTO);
 	}
+	const char *fb = wd_setting(p, "fallback", "WD_PROVIDER_FALLBACK");
+	if (fb != NULL)
+		wd_crypto_set_fallback(strcmp(fb, "0") != 0 && strcmp(fb, "no") != 0);
 	p->threshold = wd_crypto_get_threshold();
 	p->policy = wd_crypto_get_policy();
 	*out = wd_prov_fns;

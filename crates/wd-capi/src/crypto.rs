@@ -888,6 +888,13 @@ pub extern "C" fn wd_crypto_set_threshold(bytes: usize) -> c_int {
     0
 }
 
+/// Allow or forbid the CPU fallback without a queue.
+#[no_mangle]
+pub extern "C" fn wd_crypto_set_fallback(on: c_int) -> c_int {
+    config::set_fallback(on != 0);
+    0
+}
+
 /// Set the policy.
 #[no_mangle]
 pub extern "C" fn wd_crypto_set_policy(policy: c_int) -> c_int {

@@ -12,6 +12,7 @@ use wd_sec::evp::CipherCtx;
 use wd_sec::msg::{CipherOp, F_ENCRYPT, F_IV};
 use wd_sec::{Alg, Mode};
 
+use crate::config;
 use crate::lane::{self, device_status, Kind, Lane, LaneId, NoLane, SLOT};
 use crate::route::{self, Route, Stopwatch};
 use crate::stats::{self, Why};
@@ -147,6 +148,21 @@ impl std::fmt::Debug for Cipher {
             .field("dir", &self.dir)
             .finish()
     }
+}
+
+/// With the CPU fallback forbidden, the error a request gets without a queue.
+pub(crate) fn no_fallback(why: Why) -> Result<()> {
+    if config::fallback() {
+        return Ok(());
+    }
+    Err(CryptoError::Device {
+        status: if why == Why::HostGone {
+            wrapdrive::Status::HostGone
+        } else {
+            wrapdrive::Status::NoDevice
+        },
+        message: "no WrapDrive queue, and the CPU fallback is off (WD_CRYPTO_FALLBACK=0)".into(),
+    })
 }
 
 fn host_gone(message: &str) -> CryptoError {
@@ -412,12 +428,13 @@ impl Cipher {
                 watch.stop(Kind::Cipher, n, false);
                 Ok(n)
             }
-            Err((e, why)) if (e.host_gone() || why.is_some()) && alone => {
+            Err((e, why)) if (e.host_gone() || why.is_some()) && alone && config::fallback() => {
                 self.restore(saved);
                 redo(self)?;
                 stats::on_cpu(n, why.unwrap_or(Why::HostGone));
                 Ok(n)
             }
+            Err((_, Some(why))) if !config::fallback() => no_fallback(why).map(|_| n),
             Err((e, _)) => Err(e),
         }
     }
@@ -479,6 +496,7 @@ impl Cipher {
             }
             Err(why) => {
                 self.restore(saved);
+                no_fallback(why)?;
                 self.cpu_update(Io::Copy(&input[head..], &mut output[head..n]))?;
                 stats::on_cpu(n - head, why);
                 Ok(Job::cpu(n))
@@ -508,6 +526,7 @@ impl Cipher {
             }
             Err(why) => {
                 self.restore(saved);
+                no_fallback(why)?;
                 self.cpu_update(Io::InPlace(&mut buf[head..]))?;
                 stats::on_cpu(n - head, why);
                 Ok(Job::cpu(n))

@@ -80,6 +80,10 @@ pub fn choose_timed(kind: Kind, n: usize, asynchronous: bool) -> (Route, bool) {
     if n < config::threshold() {
         return (Route::Cpu(Why::Threshold), false);
     }
+    if !config::fallback() {
+        // Every request must reach the device (and fail clearly without one).
+        return (Route::Device, false);
+    }
     if let Some(no) = crate::lane::known_unavailable(kind, n) {
         let why = match no {
             crate::lane::NoLane::NoQueue => Why::NoQueue,
