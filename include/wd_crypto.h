@@ -77,6 +77,11 @@ int wd_job_wait(struct wd_job *job);
 int wd_crypto_wait_fd(void);
 int wd_crypto_arm(void);
 void wd_crypto_disarm(void);
+/* After computing a request on the CPU inside an event loop while other
+ * requests of this thread are on the device: 1 when completions are
+ * waiting (the wait descriptor is made readable: yield to their owners),
+ * else 0 with the descriptor armed for them (nothing when none is out). */
+int wd_crypto_after_inline(void);
 
 /* ---- AES-GCM ---------------------------------------------------------- */
 
@@ -122,6 +127,10 @@ void wd_digest_free(struct wd_digest *d);
 int wd_crypto_set_threshold(size_t bytes);
 /* Also $WD_CRYPTO_POLICY (auto, offload, cpu). */
 int wd_crypto_set_policy(int policy);
+/* 0: without a queue (no host, no device, host gone) requests fail with
+ * -ENODEV/-ENOTCONN instead of running on the CPU. Also
+ * $WD_CRYPTO_FALLBACK=0. Default 1. */
+int wd_crypto_set_fallback(int on);
 
 /* The current threshold and policy. */
 size_t wd_crypto_get_threshold(void);

@@ -14,6 +14,8 @@
  *   threshold  (WD_PROVIDER_THRESHOLD)  requests below it run on the CPU;
  *              0 = always offload; default: the library's (see wd_crypto.h)
  *   policy     (WD_PROVIDER_POLICY)     auto | offload | cpu
+ *   fallback   (WD_PROVIDER_FALLBACK)   1 (default): no host means the CPU;
+ *                                       0: requests above the threshold fail
  *   legacy     (WD_CRYPTO_LEGACY=1)     queues through the socket (baseline)
  * The host is $WD_CRYPTO_HOST or $WD_HOST (libwd). Without a host the
  * library computes on the CPU and counts it (wd_crypto_get_stats).
@@ -154,13 +156,43 @@ static uint64_t wd_now_ns(void)
 
 static int wd_async_key; /* address used as the ASYNC_WAIT_CTX key */
 
+/* Report a libwd failure through OpenSSL's error queue (what `openssl`
+ * prints), with libwd's own message; returns 0 (failure) for the caller. */
+static int wd_fail(int rc)
+{
+	char msg[256];
+	wd_last_error(msg, sizeof msg);
+	ERR_raise_data(ERR_LIB_PROV, ERR_R_OPERATION_FAIL, "WrapDrive: %s (%s)", msg, wd_strerror(rc));
+	return 0;
+}
+
+/* Give the current async job's wait context this thread's WrapDrive wait
+ * descriptor (once; again if the queue behind it changed). */
+static int wd_register_wait_fd(void)
+{
+	ASYNC_JOB *aj = ASYNC_get_current_job();
+	if (aj == NULL)
+		return 0;
+	ASYNC_WAIT_CTX *wctx = ASYNC_get_wait_ctx(aj);
+	int fd = wd_crypto_wait_fd();
+	if (fd < 0)
+		return 0;
+	OSSL_ASYNC_FD cur;
+	void *custom;
+	if (!ASYNC_WAIT_CTX_get_fd(wctx, &wd_async_key, &cur, &custom) || cur != fd) {
+		ASYNC_WAIT_CTX_clear_fd(wctx, &wd_async_key);
+		if (!ASYNC_WAIT_CTX_set_wait_fd(wctx, &wd_async_key, fd, NULL, NULL))
+			return 0;
+	}
+	return 1;
+}
+
 /* Wait, inside an async job, for `job` to finish; outside one, block. */
 static int wd_finish_job(struct wd_job *job)
 {
 	ASYNC_JOB *aj = ASYNC_get_current_job();
 	if (aj == NULL)
 		return wd_job_wait(job);
-	ASYNC_WAIT_CTX *wctx = ASYNC_get_wait_ctx(aj);
 	for (;;) {
 		int r = wd_job_poll(job);
 		if (r != -EAGAIN) {
@@ -170,16 +202,8 @@ static int wd_finish_job(struct wd_job *job)
 			wd_crypto_arm();
 			return r;
 		}
-		int fd = wd_crypto_wait_fd();
-		if (fd < 0)
+		if (!wd_register_wait_fd())
 			return wd_job_wait(job);
-		OSSL_ASYNC_FD cur;
-		void *custom;
-		if (!ASYNC_WAIT_CTX_get_fd(wctx, &wd_async_key, &cur, &custom) || cur != fd) {
-			ASYNC_WAIT_CTX_clear_fd(wctx, &wd_async_key);
-			if (!ASYNC_WAIT_CTX_set_wait_fd(wctx, &wd_async_key, fd, NULL, NULL))
-				return wd_job_wait(job);
-		}
 		/* Armed, or already ready (then the fd was made readable). */
 		if (wd_crypto_arm() < 0)
 			return wd_job_wait(job);
@@ -207,6 +231,9 @@ struct wd_cctx {
 	struct wd_cpu_impl impl;
 	int chain_here;
 	struct wd_counts counts;
+	/* The last routing decision above the threshold, reused for a while
+	 * (asking libwd per request would cost more than a small request). */
+	int route_cached, route_left, in_job_cached;
 	struct wd_aead *a;    /* GCM */
 	int enc, pad, key_set, iv_set;
 	unsigned char key[64];
@@ -451,11 +478,21 @@ static int wd_blocks(struct wd_cctx *x, unsigned char *out, const unsigned char 
 	int route, in_job = 0;
 	if (x->inner != NULL && (len < x->prov->threshold || x->prov->policy == WD_CRYPTO_POLICY_CPU)) {
 		route = len < x->prov->threshold ? WD_CPU_THRESHOLD : WD_CPU_POLICY;
+	} else if (x->route_left > 0 && x->inner != NULL) {
+		x->route_left--;
+		route = x->route_cached & ~WD_ROUTE_TIMED;
+		in_job = x->in_job_cached;
 	} else {
 		in_job = ASYNC_get_current_job() != NULL;
 		route = wd_crypto_route(WD_KIND_CIPHER, len, in_job);
 		if (route < 0)
 			route = WD_ROUTE_DEVICE;
+		/* Reuse a synchronous decision (the library measures the paths on
+		 * the requests it is asked about); re-ask for asynchronous ones,
+		 * which depend on what is in flight. */
+		x->route_cached = route;
+		x->in_job_cached = in_job;
+		x->route_left = in_job ? 0 : 15;
 	}
 	if (!(route & WD_ROUTE_DEVICE) && x->inner != NULL) {
 		/* Inline: straight to OpenSSL's default implementation. */
@@ -469,6 +506,15 @@ static int wd_blocks(struct wd_cctx *x, unsigned char *out, const unsigned char 
 		wd_count(&x->counts, len, route & 0xff);
 		if (t0 != 0)
 			wd_crypto_record(WD_KIND_CIPHER, len, 1, wd_now_ns() - t0);
+		/* Computed here while the device works: let the event loop resume
+		 * the jobs whose results came in meanwhile, and leave the wait
+		 * descriptor armed for the others (this job may finish without
+		 * pausing again). */
+		if (in_job && wd_crypto_after_inline() == 1 && wd_register_wait_fd()) {
+			ASYNC_pause_job();
+			wd_crypto_disarm();
+			wd_crypto_after_inline();
+		}
 		return 1;
 	}
 	if (x->inner != NULL && !wd_chain_to_session(x))
@@ -477,15 +523,21 @@ static int wd_blocks(struct wd_cctx *x, unsigned char *out, const unsigned char 
 		return 0;
 	if (in_job) {
 		struct wd_job *job = NULL;
-		if (wd_cipher_start(x->c, in, out, len, &job) != 0)
-			return 0;
-		return job == NULL || wd_finish_job(job) == 0;
+		int r = wd_cipher_start(x->c, in, out, len, &job);
+		if (r == 0 && job != NULL)
+			r = wd_finish_job(job);
+		return r == 0 || wd_fail(r);
 	}
 	/* Routed already (or no inline path): the session's own routing
 	 * decides only when this provider could not. */
-	if (x->inner != NULL)
-		return wd_cipher_offload(x->c, in, out, len) == 0;
-	return wd_cipher_update(x->c, in, out, len) == 0;
+	uint64_t t0 = route & WD_ROUTE_TIMED ? wd_now_ns() : 0;
+	int r = x->inner != NULL ? wd_cipher_offload(x->c, in, out, len)
+				  : wd_cipher_update(x->c, in, out, len);
+	if (r != 0)
+		return wd_fail(r);
+	if (t0 != 0)
+		wd_crypto_record(WD_KIND_CIPHER, len, 0, wd_now_ns() - t0);
+	return 1;
 }
 
 static int wd_gcm_update(struct wd_cctx *x, unsigned char *out, size_t *outl,
@@ -1114,6 +1166,9 @@ int OSSL_provider_init(const OSSL_CORE_HANDLE *handle, const OSSL_DISPATCH *in,
 		else
 			wd_crypto_set_policy(WD_CRYPTO_POLICY_AUTO);
 	}
+	const char *fb = wd_setting(p, "fallback", "WD_PROVIDER_FALLBACK");
+	if (fb != NULL)
+		wd_crypto_set_fallback(strcmp(fb, "0") != 0 && strcmp(fb, "no") != 0);
 	p->threshold = wd_crypto_get_threshold();
 	p->policy = wd_crypto_get_policy();
 	*out = wd_prov_fns;

@@ -60,6 +60,13 @@ for size in 0 1 15 16 17 1000 65537 300001; do
 done
 echo "enc/dgst: every cipher and digest matches the default provider"
 
+echo "-- no host, fallback off: a clear failure, not a silent CPU result"
+if WD_HOST=$tmp/none.sock WD_PROVIDER_FALLBACK=0 WD_PROVIDER_THRESHOLD=0 \
+    openssl enc "${P[@]}" -aes-128-cbc -K 000102030405060708090a0b0c0d0e0f \
+    -iv 000102030405060708090a0b0c0d0e0f -in "$tmp/in" -out "$tmp/wd" 2>/dev/null; then
+    echo "encryption without a host succeeded although the fallback is off"; exit 1
+fi
+
 echo "-- openssl.cnf activation"
 cp provider/openssl-wd.cnf "$tmp/openssl.cnf"
 OPENSSL_CONF=$tmp/openssl.cnf OPENSSL_MODULES=$dir openssl list -cipher-algorithms -provider wd 2>/dev/null \

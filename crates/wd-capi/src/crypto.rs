@@ -46,6 +46,16 @@ pub struct WdJob {
     len: usize,
 }
 
+/// Hand a new object to the caller through `out`; returns 0.
+///
+/// # Safety
+/// `out` must be non-null and writable.
+unsafe fn give<T>(out: *mut *mut T, v: T) -> c_int {
+    // SAFETY: caller contract.
+    unsafe { out.write(Box::into_raw(Box::new(v))) };
+    0
+}
+
 fn err(e: CryptoError) -> c_int {
     fail(e.errno(), &e.to_string())
 }
@@ -184,13 +194,16 @@ pub unsafe extern "C" fn wd_cipher_new(
         }
         match Cipher::new(alg, key, dir(encrypt)) {
             Ok(c) => {
-                let b = Box::into_raw(Box::new(WdCipher {
-                    magic: CIPHER_MAGIC,
-                    c,
-                }));
-                // SAFETY: out is non-null, caller-owned.
-                unsafe { out.write(b) };
-                0
+                // SAFETY: out was checked non-null.
+                unsafe {
+                    give(
+                        out,
+                        WdCipher {
+                            magic: CIPHER_MAGIC,
+                            c,
+                        },
+                    )
+                }
             }
             Err(e) => err(e),
         }
@@ -481,6 +494,17 @@ pub extern "C" fn wd_crypto_arm() -> c_int {
     })
 }
 
+/// After an inline request inside an event loop (see the header).
+#[no_mangle]
+pub extern "C" fn wd_crypto_after_inline() -> c_int {
+    guard_with(|| {
+        match wd_crypto::lane::with_open_lane(wd_crypto::lane::Kind::Cipher, |l| l.after_inline()) {
+            Ok(Ok(ready)) => ready as c_int,
+            _ => 0,
+        }
+    })
+}
+
 /// Disarm the wait descriptor.
 #[no_mangle]
 pub extern "C" fn wd_crypto_disarm() {
@@ -514,13 +538,16 @@ pub unsafe extern "C" fn wd_aead_new(
         }
         match Aead::new(alg, key) {
             Ok(a) => {
-                let b = Box::into_raw(Box::new(WdAead {
-                    magic: AEAD_MAGIC,
-                    a,
-                }));
-                // SAFETY: out is non-null.
-                unsafe { out.write(b) };
-                0
+                // SAFETY: out was checked non-null.
+                unsafe {
+                    give(
+                        out,
+                        WdAead {
+                            magic: AEAD_MAGIC,
+                            a,
+                        },
+                    )
+                }
             }
             Err(e) => err(e),
         }
@@ -726,13 +753,16 @@ pub unsafe extern "C" fn wd_digest_new(
         }
         match Digest::new(alg, key) {
             Ok(d) => {
-                let b = Box::into_raw(Box::new(WdDigest {
-                    magic: DIGEST_MAGIC,
-                    d,
-                }));
-                // SAFETY: out is non-null.
-                unsafe { out.write(b) };
-                0
+                // SAFETY: out was checked non-null.
+                unsafe {
+                    give(
+                        out,
+                        WdDigest {
+                            magic: DIGEST_MAGIC,
+                            d,
+                        },
+                    )
+                }
             }
             Err(e) => err(e),
         }
@@ -818,13 +848,16 @@ pub unsafe extern "C" fn wd_digest_dup(d: *mut WdDigest, out: *mut *mut WdDigest
         }
         match d.d.try_clone() {
             Ok(c) => {
-                let b = Box::into_raw(Box::new(WdDigest {
-                    magic: DIGEST_MAGIC,
-                    d: c,
-                }));
-                // SAFETY: out is non-null.
-                unsafe { out.write(b) };
-                0
+                // SAFETY: out was checked non-null.
+                unsafe {
+                    give(
+                        out,
+                        WdDigest {
+                            magic: DIGEST_MAGIC,
+                            d: c,
+                        },
+                    )
+                }
             }
             Err(e) => err(e),
         }
@@ -852,6 +885,13 @@ pub unsafe extern "C" fn wd_digest_free(d: *mut WdDigest) {
 #[no_mangle]
 pub extern "C" fn wd_crypto_set_threshold(bytes: usize) -> c_int {
     config::set_threshold(bytes);
+    0
+}
+
+/// Allow or forbid the CPU fallback without a queue.
+#[no_mangle]
+pub extern "C" fn wd_crypto_set_fallback(on: c_int) -> c_int {
+    config::set_fallback(on != 0);
     0
 }
 

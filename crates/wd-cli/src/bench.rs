@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+
+use crate::report::Target;
 use wrapdrive::dummy::CopyMsg;
 use wrapdrive::{Capability, HostConn, Queue, SharedBuf, CAPA_ALLOW_LEGACY};
 
@@ -448,14 +450,7 @@ fn run(args: BenchArgs, host: &str) -> Result<(), String> {
     }
     println!();
     for t in &targets {
-        println!(
-            "{} {}: {:.3} (target {}{})",
-            if t.met { "PASS" } else { "MISS" },
-            t.name,
-            t.value,
-            t.op,
-            t.target
-        );
+        println!("{}", t.line());
     }
     println!("\nSystem calls: {METHOD}");
     println!(
@@ -466,15 +461,6 @@ fn run(args: BenchArgs, host: &str) -> Result<(), String> {
 }
 
 const METHOD: &str = "every system call the client library makes goes through the wd-sys layer, which counts them per thread; syscalls/req is that counter's delta over the measured loop divided by the requests completed, and csw/req the thread's voluntary context switches (getrusage RUSAGE_THREAD), which any blocking call would raise";
-
-#[derive(Debug, Serialize)]
-struct Target {
-    name: String,
-    value: f64,
-    op: &'static str,
-    target: f64,
-    met: bool,
-}
 
 fn targets(rows: &[Row]) -> Vec<Target> {
     let find = |p: &str, s: u64| rows.iter().find(|r| r.path == p && r.size == s);
@@ -487,35 +473,29 @@ fn targets(rows: &[Row]) -> Vec<Target> {
     for &s in &sizes {
         if let (Some(raw), Some(sync)) = (find("raw", s), find("sync", s)) {
             let v = raw.ops_per_sec / sync.ops_per_sec;
-            t.push(Target {
-                name: format!("sync round trip / raw round trip at {}", human(s)),
-                value: v,
-                op: "<= ",
-                target: 2.0,
-                met: v <= 2.0,
-            });
+            t.push(Target::at_most(
+                format!("sync round trip / raw round trip at {}", human(s)),
+                v,
+                2.0,
+            ));
         }
     }
     if let Some(a) = find("async-b32", 64).or_else(|| find("async-b32", sizes[0])) {
-        t.push(Target {
-            name: format!("async batch-32 throughput / legacy at {}", human(a.size)),
-            value: a.vs_legacy,
-            op: ">= ",
-            target: 20.0,
-            met: a.vs_legacy >= 20.0,
-        });
+        t.push(Target::at_least(
+            format!("async batch-32 throughput / legacy at {}", human(a.size)),
+            a.vs_legacy,
+            20.0,
+        ));
     }
     let steady = rows
         .iter()
         .filter(|r| r.path.starts_with("async") || r.path == "sync")
         .map(|r| r.syscalls_per_req)
         .fold(0.0f64, f64::max);
-    t.push(Target {
-        name: "system calls per request, sync and async paths (worst row)".into(),
-        value: steady,
-        op: "<= ",
-        target: 0.01,
-        met: steady <= 0.01,
-    });
+    t.push(Target::at_most(
+        "system calls per request, sync and async paths (worst row)",
+        steady,
+        0.01,
+    ));
     t
 }

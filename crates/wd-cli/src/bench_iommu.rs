@@ -20,6 +20,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+
+use crate::report::Target;
 use wd_iommu::{
     Access, Domain, DomainConfig, EngineTlb, Iommu, IotlbGather, Prot, BLOCK_2M, PAGE_SIZE,
 };
@@ -114,25 +116,6 @@ fn human(n: u64) -> String {
         n if n >= 1 << 20 => format!("~{} MiB", (n + (1 << 19)) >> 20),
         n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
         n => format!("{n} B"),
-    }
-}
-
-#[derive(Debug, Serialize)]
-struct Target {
-    name: String,
-    value: f64,
-    op: &'static str,
-    target: f64,
-    met: bool,
-}
-
-fn at_least(name: String, value: f64, target: f64) -> Target {
-    Target {
-        name,
-        value,
-        op: ">=",
-        target,
-        met: value >= target,
     }
 }
 
@@ -489,7 +472,7 @@ fn run_iommu(args: IommuArgs) -> Result<(), String> {
         .iter()
         .filter(|r| r.layout == "4k-scatter" && r.size == MAP_SIZES[2])
     {
-        targets.push(at_least(
+        targets.push(Target::at_least(
             format!(
                 "unmap of {} (4 KiB pages): per-page / gathered",
                 human(r.size)
@@ -497,7 +480,7 @@ fn run_iommu(args: IommuArgs) -> Result<(), String> {
             r.unmap_ratio,
             27.0,
         ));
-        targets.push(at_least(
+        targets.push(Target::at_least(
             format!("map of {} (4 KiB pages): per-page / map_sg", human(r.size)),
             r.map_ratio,
             4.0,
@@ -569,14 +552,7 @@ fn run_iommu(args: IommuArgs) -> Result<(), String> {
         println!();
     }
     for t in &targets {
-        println!(
-            "{} {}: {:.2} (target {} {})",
-            if t.met { "PASS" } else { "MISS" },
-            t.name,
-            t.value,
-            t.op,
-            t.target
-        );
+        println!("{}", t.line());
     }
     Ok(())
 }
@@ -1114,15 +1090,15 @@ fn stream_targets(s: &StreamTable) -> Vec<Target> {
     let row = |p: &str| s.rows.iter().find(|r| r.path == p).map(|r| r.vs_no_iommu);
     let mut t = Vec::new();
     if let Some(v) = row("deferred") {
-        t.push(at_least(
-            "deferred stream throughput / no-iommu".into(),
+        t.push(Target::at_least(
+            "deferred stream throughput / no-iommu",
             v,
             0.9,
         ));
     }
     if let Some(v) = row("virtio-deferred") {
-        t.push(at_least(
-            "virtio-iommu deferred stream throughput / no-iommu".into(),
+        t.push(Target::at_least(
+            "virtio-iommu deferred stream throughput / no-iommu",
             v,
             0.8,
         ));

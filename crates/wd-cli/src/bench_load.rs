@@ -20,6 +20,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+
+use crate::report::Target;
 use wd_heap::units::{format_size, parse_size};
 use wd_heap::{AllocOptions, Buffer, Heap, HeapLimits, IoUsed, LoadOptions, PagePolicy};
 use wd_sys::file::{fadvise, open_read, resident_pages, Advice};
@@ -98,14 +100,6 @@ struct Row {
     vs_limit: f64,
     /// How `overlapped` read the file (direct / buffered, engine, pages).
     mode: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-struct Target {
-    name: String,
-    value: f64,
-    target: f64,
-    met: bool,
 }
 
 fn loadavg() -> String {
@@ -568,14 +562,7 @@ pub fn run(args: BenchLoadArgs) -> Result<(), String> {
     }
     let _ = writeln!(out);
     for t in &targets {
-        let _ = writeln!(
-            out,
-            "{} {}: {:.2} (target >= {})",
-            if t.met { "PASS" } else { "MISS" },
-            t.name,
-            t.value,
-            t.target
-        );
+        let _ = writeln!(out, "{}", t.line());
     }
     if !args.no_svg {
         let _ = writeln!(out, "\nchart: {}", args.svg.display());
@@ -600,33 +587,30 @@ fn targets(rows: &[Row]) -> Vec<Target> {
         .iter()
         .filter(|r| r.method == "overlapped" && r.cache == "cold" && r.size >= (1 << 30))
     {
-        t.push(Target {
-            name: format!("overlapped vs normal, cold {}", format_size(r.size)),
-            value: r.vs_normal,
-            target: 1.5,
-            met: r.vs_normal >= 1.5,
-        });
-        t.push(Target {
-            name: format!("overlapped vs device limit, cold {}", format_size(r.size)),
-            value: r.vs_limit,
-            target: 0.85,
-            met: r.vs_limit >= 0.85,
-        });
+        t.push(Target::at_least(
+            format!("overlapped vs normal, cold {}", format_size(r.size)),
+            r.vs_normal,
+            1.5,
+        ));
+        t.push(Target::at_least(
+            format!("overlapped vs device limit, cold {}", format_size(r.size)),
+            r.vs_limit,
+            0.85,
+        ));
         if let Some(n) = rows
             .iter()
             .find(|n| n.method == "normal" && n.cache == "cold" && n.size == r.size)
         {
             // The most any loader could gain over normal here: normal's time
             // over the storage's own.
-            t.push(Target {
-                name: format!(
+            t.push(Target::at_least(
+                format!(
                     "(ceiling) normal time / device-limit time, cold {}",
                     format_size(r.size)
                 ),
-                value: 1.0 / n.vs_limit,
-                target: 1.5,
-                met: 1.0 / n.vs_limit >= 1.5,
-            });
+                1.0 / n.vs_limit,
+                1.5,
+            ));
         }
     }
     t

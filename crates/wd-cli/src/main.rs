@@ -7,6 +7,7 @@ mod bench_load;
 mod chart;
 mod faults;
 mod load;
+mod report;
 mod speed;
 
 use std::collections::BTreeMap;

@@ -10,6 +10,7 @@ use std::process::Command;
 use serde::Serialize;
 
 use crate::chart::{log_lines, Series};
+use crate::report::Target;
 
 /// Options of `wd speed`.
 #[derive(clap::Args)]
@@ -129,15 +130,6 @@ struct Row {
     kbytes_per_sec: Vec<f64>,
     /// Each cell divided by the CPU-only cell.
     vs_cpu: Vec<f64>,
-}
-
-#[derive(Debug, Serialize)]
-struct Target {
-    name: String,
-    value: f64,
-    op: &'static str,
-    target: f64,
-    met: bool,
 }
 
 fn provider_dir(args: &SpeedArgs) -> Result<PathBuf, String> {
@@ -349,14 +341,7 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
     }
     println!();
     for t in &targets {
-        println!(
-            "{} {}: {:.3} (target {}{})",
-            if t.met { "PASS" } else { "MISS" },
-            t.name,
-            t.value,
-            t.op,
-            t.target
-        );
+        println!("{}", t.line());
     }
     println!("\nChart: {}", args.svg.display());
     Ok(())
@@ -365,57 +350,28 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
 fn targets(rows: &[Row]) -> Vec<Target> {
     let get = |key: &str| rows.iter().find(|r| r.key == key).expect("every row");
     let at = |s: u64| SIZES.iter().position(|&x| x == s).expect("size listed");
-    let mut t = Vec::new();
-    let mut push = |name: String, value: f64, op: &'static str, target: f64| {
-        let met = if op == ">= " {
-            value >= target
-        } else {
-            value > target
-        };
-        t.push(Target {
-            name,
-            value,
-            op,
-            target,
-            met,
-        });
-    };
-    push(
-        "async / CPU at 8192 B".into(),
-        get("async").vs_cpu[at(8192)],
-        ">= ",
-        0.9,
-    );
-    push(
-        "sync / CPU at 8192 B".into(),
-        get("sync").vs_cpu[at(8192)],
-        ">= ",
-        0.8,
-    );
-    push(
-        "sync / CPU at 16 B".into(),
-        get("sync").vs_cpu[at(16)],
-        ">= ",
-        0.02,
-    );
+    let mut t = vec![
+        Target::at_least("async / CPU at 8192 B", get("async").vs_cpu[at(8192)], 0.9),
+        Target::at_least("sync / CPU at 8192 B", get("sync").vs_cpu[at(8192)], 0.8),
+        Target::at_least("sync / CPU at 16 B", get("sync").vs_cpu[at(16)], 0.02),
+    ];
     let s16 = get("sync").kbytes_per_sec[at(16)] / get("legacy").kbytes_per_sec[at(16)];
-    push("sync / legacy at 16 B".into(), s16, ">= ", 20.0);
+    t.push(Target::at_least("sync / legacy at 16 B", s16, 20.0));
     let worst = get("default")
         .vs_cpu
         .iter()
         .copied()
         .fold(f64::INFINITY, f64::min);
-    push("default / CPU, worst size".into(), worst, ">= ", 0.95);
+    t.push(Target::at_least("default / CPU, worst size", worst, 0.95));
     let stretch = get("default-async").vs_cpu[at(1024)..]
         .iter()
         .copied()
         .fold(f64::INFINITY, f64::min);
-    push(
-        "stretch: default async / CPU, worst size >= 1 KiB".into(),
+    t.push(Target::above(
+        "stretch: default async / CPU, worst size >= 1 KiB",
         stretch,
-        "> ",
         1.0,
-    );
+    ));
     t
 }
 

@@ -134,7 +134,10 @@ impl Aead {
                         }
                         return r;
                     }
-                    Err(no) => stats::on_cpu(ct.len(), why(no)),
+                    Err(no) => {
+                        crate::cipher::no_fallback(why(no))?;
+                        stats::on_cpu(ct.len(), why(no));
+                    }
                 }
             }
         }
@@ -281,7 +284,10 @@ impl Aead {
                     return Ok(());
                 }
                 Ok(Err(e)) => return Err(e),
-                Err(no) => stats::on_cpu(n, why(no)),
+                Err(no) => {
+                    crate::cipher::no_fallback(why(no))?;
+                    stats::on_cpu(n, why(no));
+                }
             }
         } else {
             stats::on_cpu(n, Why::Threshold);

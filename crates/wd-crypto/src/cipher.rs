@@ -12,6 +12,7 @@ use wd_sec::evp::CipherCtx;
 use wd_sec::msg::{CipherOp, F_ENCRYPT, F_IV};
 use wd_sec::{Alg, Mode};
 
+use crate::config;
 use crate::lane::{self, device_status, Kind, Lane, LaneId, NoLane, SLOT};
 use crate::route::{self, Route, Stopwatch};
 use crate::stats::{self, Why};
@@ -110,6 +111,13 @@ impl Job {
     }
 }
 
+/// Synchronous requests from this size on are pipelined (see `submit`).
+const PIPELINE_FROM: usize = 4096;
+/// Pieces a pipelined request is cut into.
+const PIPELINE_PIECES: usize = 4;
+/// Smallest piece of a pipelined request.
+const PIPELINE_MIN_PIECE: usize = 1024;
+
 /// The tracked part of a stream's state, saved to redo a request.
 type Saved = ([u8; 16], usize, bool);
 
@@ -140,6 +148,21 @@ impl std::fmt::Debug for Cipher {
             .field("dir", &self.dir)
             .finish()
     }
+}
+
+/// With the CPU fallback forbidden, the error a request gets without a queue.
+pub(crate) fn no_fallback(why: Why) -> Result<()> {
+    if config::fallback() {
+        return Ok(());
+    }
+    Err(CryptoError::Device {
+        status: if why == Why::HostGone {
+            wrapdrive::Status::HostGone
+        } else {
+            wrapdrive::Status::NoDevice
+        },
+        message: "no WrapDrive queue, and the CPU fallback is off (WD_CRYPTO_FALLBACK=0)".into(),
+    })
 }
 
 fn host_gone(message: &str) -> CryptoError {
@@ -338,7 +361,7 @@ impl Cipher {
         }
         let saved = self.saved();
         let alone = self.in_flight == 0;
-        let r = match self.submit(&input[head..], head)? {
+        let r = match self.submit(&input[head..], head, true)? {
             Ok(job) => self.complete(job, output, true).map(|_| ()),
             Err(why) => Err((host_gone("no queue"), Some(why))),
         };
@@ -378,7 +401,7 @@ impl Cipher {
         }
         let saved = self.saved();
         let alone = self.in_flight == 0;
-        let r = match self.submit(&buf[head..], head)? {
+        let r = match self.submit(&buf[head..], head, true)? {
             Ok(job) => self.complete(job, buf, true).map(|_| ()),
             Err(why) => Err((host_gone("no queue"), Some(why))),
         };
@@ -405,12 +428,13 @@ impl Cipher {
                 watch.stop(Kind::Cipher, n, false);
                 Ok(n)
             }
-            Err((e, why)) if (e.host_gone() || why.is_some()) && alone => {
+            Err((e, why)) if (e.host_gone() || why.is_some()) && alone && config::fallback() => {
                 self.restore(saved);
                 redo(self)?;
                 stats::on_cpu(n, why.unwrap_or(Why::HostGone));
                 Ok(n)
             }
+            Err((_, Some(why))) if !config::fallback() => no_fallback(why).map(|_| n),
             Err((e, _)) => Err(e),
         }
     }
@@ -465,13 +489,14 @@ impl Cipher {
             stats::on_cpu(head, Why::Policy);
         }
         let saved = self.saved();
-        match self.submit(&input[head..], head)? {
+        match self.submit(&input[head..], head, false)? {
             Ok(mut job) => {
                 job.len = n;
                 Ok(job)
             }
             Err(why) => {
                 self.restore(saved);
+                no_fallback(why)?;
                 self.cpu_update(Io::Copy(&input[head..], &mut output[head..n]))?;
                 stats::on_cpu(n - head, why);
                 Ok(Job::cpu(n))
@@ -494,13 +519,14 @@ impl Cipher {
             stats::on_cpu(head, Why::Policy);
         }
         let saved = self.saved();
-        match self.submit(&buf[head..], head)? {
+        match self.submit(&buf[head..], head, false)? {
             Ok(mut job) => {
                 job.len = n;
                 Ok(job)
             }
             Err(why) => {
                 self.restore(saved);
+                no_fallback(why)?;
                 self.cpu_update(Io::InPlace(&mut buf[head..]))?;
                 stats::on_cpu(n - head, why);
                 Ok(Job::cpu(n))
@@ -575,9 +601,29 @@ impl Cipher {
 
     /// Send `input` to the device as chained requests; `Ok(Err(why))`
     /// when there is no queue (the caller computes on the CPU).
-    fn submit(&mut self, input: &[u8], base: usize) -> Result<std::result::Result<Job, Why>> {
+    ///
+    /// A synchronous caller (`pipeline`) gets a large request cut into a few
+    /// chained pieces: the device starts on the first while the next is
+    /// staged, and the caller copies a result out while the device works
+    /// on the next piece.
+    fn submit(
+        &mut self,
+        input: &[u8],
+        base: usize,
+        pipeline: bool,
+    ) -> Result<std::result::Result<Job, Why>> {
         self.sync_from_cpu()?;
-        let r = lane::with_lane(Kind::Cipher, |lane| self.device_submit(lane, input, base));
+        // An XTS request is one data unit: it cannot be cut.
+        let piece = if pipeline && input.len() >= PIPELINE_FROM && self.mode != Mode::Xts {
+            (input.len() / PIPELINE_PIECES)
+                .next_multiple_of(16)
+                .max(PIPELINE_MIN_PIECE)
+        } else {
+            SLOT
+        };
+        let r = lane::with_lane(Kind::Cipher, |lane| {
+            self.device_submit(lane, input, base, piece.min(SLOT))
+        });
         match r {
             Ok(Ok(parts)) => {
                 self.in_flight += parts.len();
@@ -595,12 +641,18 @@ impl Cipher {
     }
 
     /// Stage and submit `input` (cut into slots) as chained requests.
-    fn device_submit(&mut self, lane: &mut Lane, input: &[u8], base: usize) -> Result<Vec<Part>> {
+    fn device_submit(
+        &mut self,
+        lane: &mut Lane,
+        input: &[u8],
+        base: usize,
+        piece: usize,
+    ) -> Result<Vec<Part>> {
         let handle = self.handle_for(lane)?;
         let mut parts = Vec::with_capacity(input.len().div_ceil(SLOT));
         let mut off = 0;
         while off < input.len() {
-            let len = (input.len() - off).min(SLOT);
+            let len = (input.len() - off).min(piece);
             let Some(slot) = lane.take_slot() else {
                 return Err(CryptoError::Busy);
             };

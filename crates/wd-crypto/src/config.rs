@@ -7,6 +7,8 @@
 //!   [`Policy::Auto`]), `offload` (always, above the threshold) or `cpu`.
 //! * `WD_CRYPTO_LEGACY=1`: use queues with `WD_CAPA_ALLOW_LEGACY` (data
 //!   through the socket, a system call per request: the baseline).
+//! * `WD_CRYPTO_FALLBACK=0`: without a queue (no host, no device, host
+//!   gone) fail with a clear error instead of computing on the CPU.
 //! * `WD_CRYPTO_HOST`, else `WD_HOST`: which host (see `wrapdrive`).
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
@@ -37,6 +39,7 @@ static INIT: Once = Once::new();
 static THRESHOLD: AtomicUsize = AtomicUsize::new(DEFAULT_THRESHOLD);
 static POLICY: AtomicU8 = AtomicU8::new(Policy::Auto as u8);
 static LEGACY: AtomicBool = AtomicBool::new(false);
+static FALLBACK: AtomicBool = AtomicBool::new(true);
 
 fn init() {
     INIT.call_once(|| {
@@ -56,6 +59,9 @@ fn init() {
         }
         if std::env::var("WD_CRYPTO_LEGACY").is_ok_and(|v| v == "1") {
             LEGACY.store(true, Ordering::Relaxed);
+        }
+        if std::env::var("WD_CRYPTO_FALLBACK").is_ok_and(|v| v == "0") {
+            FALLBACK.store(false, Ordering::Relaxed);
         }
     });
 }
@@ -98,6 +104,18 @@ pub fn legacy() -> bool {
 pub fn set_legacy(on: bool) {
     init();
     LEGACY.store(on, Ordering::Relaxed);
+}
+
+/// Whether requests run on the CPU when there is no queue (else they fail).
+pub fn fallback() -> bool {
+    init();
+    FALLBACK.load(Ordering::Relaxed)
+}
+
+/// Allow or forbid the CPU fallback when there is no queue.
+pub fn set_fallback(on: bool) {
+    init();
+    FALLBACK.store(on, Ordering::Relaxed);
 }
 
 /// Connect to the configured host.

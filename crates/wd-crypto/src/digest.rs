@@ -171,7 +171,10 @@ impl Digest {
                     return Ok(d.expect("final"));
                 }
                 Ok(Err(e)) => return Err(e),
-                Err(no) => stats::on_cpu(n, why(no)),
+                Err(no) => {
+                    crate::cipher::no_fallback(why(no))?;
+                    stats::on_cpu(n, why(no));
+                }
             }
         } else if let Route::Cpu(w) = route {
             stats::on_cpu(n, w);
@@ -196,7 +199,7 @@ impl Digest {
                     return Ok(());
                 }
                 Ok(Err(e)) => return Err(e),
-                Err(_) => {}
+                Err(no) => crate::cipher::no_fallback(why(no))?,
             }
         }
         self.state = State::Cpu(self.cpu_ctx()?);

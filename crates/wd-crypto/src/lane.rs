@@ -211,6 +211,24 @@ impl Lane {
         Ok(ready)
     }
 
+    /// After computing a request on the CPU inside an event loop, while
+    /// other requests of this thread are on the device: when completions
+    /// are waiting, make the wait fd readable and return true (the caller
+    /// may yield to their owners); otherwise arm the fd for them. Nothing
+    /// at all when no request is out.
+    pub fn after_inline(&mut self) -> Result<bool> {
+        if self.done.is_empty() && self.in_flight() == 0 {
+            return Ok(false);
+        }
+        let ready = !self.done.is_empty() || self.q.completions_ready();
+        if ready {
+            self.q.kick_wait()?;
+            return Ok(true);
+        }
+        self.q.arm_wait()?;
+        Ok(false)
+    }
+
     /// Withdraw `arm` and consume the signal.
     pub fn disarm(&mut self) {
         self.q.disarm_wait();

@@ -29,6 +29,8 @@ pub enum Route {
     Device,
 }
 
+/// Smallest asynchronous request the `auto` policy offloads.
+pub const ASYNC_MIN: usize = 4096;
 /// Asynchronous requests in flight that keep a device busy; beyond them the
 /// caller's thread computes (policy `auto`).
 const KEEP_DEVICE_BUSY: usize = 2;
@@ -78,6 +80,10 @@ pub fn choose_timed(kind: Kind, n: usize, asynchronous: bool) -> (Route, bool) {
     if n < config::threshold() {
         return (Route::Cpu(Why::Threshold), false);
     }
+    if !config::fallback() {
+        // Every request must reach the device (and fail clearly without one).
+        return (Route::Device, false);
+    }
     if let Some(no) = crate::lane::known_unavailable(kind, n) {
         let why = match no {
             crate::lane::NoLane::NoQueue => Why::NoQueue,
@@ -89,6 +95,12 @@ pub fn choose_timed(kind: Kind, n: usize, asynchronous: bool) -> (Route, bool) {
         return (Route::Device, false);
     }
     if asynchronous {
+        // An asynchronous request still costs its caller's thread the
+        // staging copies and a wake-up: below ASYNC_MIN that is more than
+        // computing it here.
+        if n < ASYNC_MIN {
+            return (Route::Cpu(Why::Policy), false);
+        }
         // The caller's thread is free while the device works: once the
         // device has enough queued to stay busy, this thread computes the
         // next request itself, so both work at once.

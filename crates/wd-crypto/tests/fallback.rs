@@ -61,6 +61,16 @@ fn fallbacks_are_correct_and_counted() {
     assert_eq!(d.finish().unwrap()[0], 0xba);
     let s = stats();
     assert!(s.cpu_no_queue - before.cpu_no_queue >= 2, "{s:?}");
+    // Configured not to fall back: a clear error instead.
+    config::set_fallback(false);
+    let mut strict = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
+    strict.set_iv(&iv).unwrap();
+    let e = strict.update(&data[..4096], &mut out[..4096]).unwrap_err();
+    assert!(e.to_string().contains("WD_CRYPTO_FALLBACK"), "{e}");
+    let mut d = Digest::new("sha256", &[]).unwrap();
+    d.update(b"abc").unwrap();
+    assert!(d.finish().is_err());
+    config::set_fallback(true);
     assert_eq!(s.offload_requests, before.offload_requests);
     drop(c);
     // The failure is remembered for a while; let it pass before the next part.

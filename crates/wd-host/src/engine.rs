@@ -19,6 +19,8 @@ use wd_ring::{Desc, HostState, RingView};
 
 use crate::queue::{MemModel, Queue, QueueState};
 
+/// Bytes of work after which a request's completion is posted at once.
+const POST_AT_ONCE: u64 = 2048;
 /// Requests taken from one ring per pass (fairness between queues).
 const BATCH: usize = 32;
 /// Idle passes between two reads of the clock.
@@ -294,26 +296,36 @@ impl EngineLoop {
         };
         let mut bytes = 0u64;
         let mut keep = 0;
+        let mut posted = 0;
         for j in 0..n {
             let orig = batch[j];
             let mut d = orig;
-            if let Some(p) = process(&mut sec, &q, &att, &mut s.dev, &mut d, &mut scratch, true) {
-                s.parked.push(Parked { desc: orig, ..p });
-                continue;
+            let parked = process(&mut sec, &q, &att, &mut s.dev, &mut d, &mut scratch, true);
+            let big = parked.is_none() && d.status == 0 && d.result >= POST_AT_ONCE;
+            match parked {
+                Some(p) => s.parked.push(Parked { desc: orig, ..p }),
+                None => {
+                    if d.status == 0 {
+                        bytes += d.result;
+                    }
+                    batch[keep] = d;
+                    keep += 1;
+                }
             }
-            if d.status == 0 {
-                bytes += d.result;
+            // Post a large request's completion at once (its owner can use
+            // the result while the next ones are processed; a strict unshare
+            // of its buffers still waits for this section to end); small
+            // ones go out together at the end of the batch.
+            if (big || j + 1 == n) && posted < keep {
+                if s.view.complete(&batch[posted..keep]).map_err(|_| ())? {
+                    let _ = wd_sys::eventfd_signal(q.cq_event.as_fd());
+                }
+                posted = keep;
             }
-            batch[keep] = d;
-            keep += 1;
         }
         drop(sec);
-        batch.truncate(keep);
         q.requests.fetch_add(keep as u64, Ordering::Relaxed);
         q.bytes.fetch_add(bytes, Ordering::Relaxed);
-        if s.view.complete(batch).map_err(|_| ())? {
-            let _ = wd_sys::eventfd_signal(s.q.cq_event.as_fd());
-        }
         Ok(worked + n)
     }
 
