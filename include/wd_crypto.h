@@ -60,6 +60,10 @@ int wd_cipher_offload(struct wd_cipher *c, const void *in, void *out, size_t len
  * valid until then; requests of one session complete in order). */
 int wd_cipher_start(struct wd_cipher *c, const void *in, void *out, size_t len,
 		    struct wd_job **job);
+/* As wd_cipher_start, on the device whatever the policy (see
+ * wd_cipher_offload). */
+int wd_cipher_start_offload(struct wd_cipher *c, const void *in, void *out, size_t len,
+			    struct wd_job **job);
 void wd_cipher_free(struct wd_cipher *c);
 
 /* 0 and the job is freed: the output is written. -EAGAIN: not yet.

@@ -506,15 +506,11 @@ static int wd_blocks(struct wd_cctx *x, unsigned char *out, const unsigned char 
 		wd_count(&x->counts, len, route & 0xff);
 		if (t0 != 0)
 			wd_crypto_record(WD_KIND_CIPHER, len, 1, wd_now_ns() - t0);
-		/* Computed here while the device works: let the event loop resume
-		 * the jobs whose results came in meanwhile, and leave the wait
-		 * descriptor armed for the others (this job may finish without
-		 * pausing again). */
-		if (in_job && wd_crypto_after_inline() == 1 && wd_register_wait_fd()) {
-			ASYNC_pause_job();
-			wd_crypto_disarm();
+		/* Computed here while other jobs of this thread may wait on the
+		 * device: leave the wait descriptor armed for them, or readable
+		 * if their results came in (this job may finish without pausing). */
+		if (in_job)
 			wd_crypto_after_inline();
-		}
 		return 1;
 	}
 	if (x->inner != NULL && !wd_chain_to_session(x))
@@ -523,9 +519,12 @@ static int wd_blocks(struct wd_cctx *x, unsigned char *out, const unsigned char 
 		return 0;
 	if (in_job) {
 		struct wd_job *job = NULL;
-		int r = wd_cipher_start(x->c, in, out, len, &job);
+		int r = x->inner != NULL ? wd_cipher_start_offload(x->c, in, out, len, &job)
+					 : wd_cipher_start(x->c, in, out, len, &job);
 		if (r == 0 && job != NULL)
 			r = wd_finish_job(job);
+		else
+			wd_crypto_after_inline(); /* computed at once: keep others woken */
 		return r == 0 || wd_fail(r);
 	}
 	/* Routed already (or no inline path): the session's own routing

@@ -352,6 +352,36 @@ pub unsafe extern "C" fn wd_cipher_start(
     len: usize,
     job: *mut *mut WdJob,
 ) -> c_int {
+    // SAFETY: caller contract.
+    unsafe { cipher_start(c, inp, out, len, job, false) }
+}
+
+/// Start a request on the device.
+///
+/// # Safety
+/// Pointers as `include/wd_crypto.h` documents.
+#[no_mangle]
+pub unsafe extern "C" fn wd_cipher_start_offload(
+    c: *mut WdCipher,
+    inp: *const c_void,
+    out: *mut c_void,
+    len: usize,
+    job: *mut *mut WdJob,
+) -> c_int {
+    // SAFETY: caller contract.
+    unsafe { cipher_start(c, inp, out, len, job, true) }
+}
+
+/// # Safety
+/// Pointers as `include/wd_crypto.h` documents.
+unsafe fn cipher_start(
+    c: *mut WdCipher,
+    inp: *const c_void,
+    out: *mut c_void,
+    len: usize,
+    job: *mut *mut WdJob,
+    offload: bool,
+) -> c_int {
     guard_with(|| {
         let cp = c;
         // SAFETY: caller contract.
@@ -363,9 +393,18 @@ pub unsafe extern "C" fn wd_cipher_start(
         }
         // SAFETY: caller contract.
         let started = match unsafe { in_place(inp, out, len) } {
+            Some(b) if offload => Some(c.c.start_in_place_offload(b)),
             Some(b) => Some(c.c.start_in_place(b)),
             // SAFETY: caller contract.
-            None => unsafe { with_buffers(inp, out, len, |i, o| c.c.start(i, o)) },
+            None => unsafe {
+                with_buffers(inp, out, len, |i, o| {
+                    if offload {
+                        c.c.start_offload(i, o)
+                    } else {
+                        c.c.start(i, o)
+                    }
+                })
+            },
         };
         match started {
             None => invalid("wd_cipher_start: NULL buffer"),
@@ -375,18 +414,19 @@ pub unsafe extern "C" fn wd_cipher_start(
                 unsafe { job.write(std::ptr::null_mut()) };
                 0
             }
-            Some(Ok(j)) => {
-                let b = Box::into_raw(Box::new(WdJob {
-                    magic: JOB_MAGIC,
-                    cipher: cp,
-                    job: Some(j),
-                    out: out as *mut u8,
-                    len,
-                }));
-                // SAFETY: job is non-null.
-                unsafe { job.write(b) };
-                0
-            }
+            // SAFETY: job is non-null (checked above).
+            Some(Ok(j)) => unsafe {
+                give(
+                    job,
+                    WdJob {
+                        magic: JOB_MAGIC,
+                        cipher: cp,
+                        job: Some(j),
+                        out: out as *mut u8,
+                        len,
+                    },
+                )
+            },
         }
     })
 }

@@ -473,12 +473,29 @@ impl Cipher {
     /// CPU result now; a device result is copied into the buffer given to
     /// [`Cipher::finish`] or [`Cipher::poll`] (the same `output`).
     pub fn start(&mut self, input: &[u8], output: &mut [u8]) -> Result<Job> {
+        self.start_copy(input, output, false)
+    }
+
+    /// As [`Cipher::start`], sent to the device whatever the policy (for
+    /// callers that route themselves); the CPU still takes over without a
+    /// queue.
+    pub fn start_offload(&mut self, input: &[u8], output: &mut [u8]) -> Result<Job> {
+        self.start_copy(input, output, true)
+    }
+
+    /// As [`Cipher::start_in_place`], sent to the device (see
+    /// [`Cipher::start_offload`]).
+    pub fn start_in_place_offload(&mut self, buf: &mut [u8]) -> Result<Job> {
+        self.start_buf(buf, true)
+    }
+
+    fn start_copy(&mut self, input: &[u8], output: &mut [u8], offload: bool) -> Result<Job> {
         if output.len() < input.len() {
             return Err(CryptoError::invalid("output shorter than input"));
         }
         let n = input.len();
         self.check(n)?;
-        if let (Route::Cpu(why), _) = self.route(n, true) {
+        if let (Route::Cpu(why), _) = self.route_async(n, offload) {
             self.cpu_update(Io::Copy(input, &mut output[..n]))?;
             stats::on_cpu(n, why);
             return Ok(Job::cpu(n));
@@ -506,9 +523,13 @@ impl Cipher {
 
     /// As [`Cipher::start`] in place: finish with the same `buf`.
     pub fn start_in_place(&mut self, buf: &mut [u8]) -> Result<Job> {
+        self.start_buf(buf, false)
+    }
+
+    fn start_buf(&mut self, buf: &mut [u8], offload: bool) -> Result<Job> {
         let n = buf.len();
         self.check(n)?;
-        if let (Route::Cpu(why), _) = self.route(n, true) {
+        if let (Route::Cpu(why), _) = self.route_async(n, offload) {
             self.cpu_update(Io::InPlace(buf))?;
             stats::on_cpu(n, why);
             return Ok(Job::cpu(n));
@@ -541,6 +562,14 @@ impl Cipher {
             return (Route::Device, false);
         }
         route::choose_timed(Kind::Cipher, n, asynchronous)
+    }
+
+    fn route_async(&self, n: usize, offload: bool) -> (Route, bool) {
+        if offload {
+            (Route::Device, false)
+        } else {
+            self.route(n, true)
+        }
     }
 
     /// CTR in the middle of a keystream block: the device can only start

@@ -3,8 +3,8 @@
 //! path costs, so that offloading never makes a caller slower.
 //!
 //! An asynchronous caller's thread is free while the device works, so its
-//! requests are offloaded, except when the device already has enough queued
-//! to stay busy: then the thread computes one itself (both work at once).
+//! requests are offloaded from `ASYNC_MIN` up (below it the staging copies
+//! and the wake-up cost the caller more than the work itself).
 //!
 //! A synchronous caller waits either way, so the device only pays when its
 //! round trip beats computing here. The router keeps, per request-size
@@ -31,9 +31,6 @@ pub enum Route {
 
 /// Smallest asynchronous request the `auto` policy offloads.
 pub const ASYNC_MIN: usize = 4096;
-/// Asynchronous requests in flight that keep a device busy; beyond them the
-/// caller's thread computes (policy `auto`).
-const KEEP_DEVICE_BUSY: usize = 2;
 /// Time one request in this many (per size class).
 const SAMPLE_EVERY: u32 = 16;
 /// Try the path that looks worse once in this many requests.
@@ -99,12 +96,6 @@ pub fn choose_timed(kind: Kind, n: usize, asynchronous: bool) -> (Route, bool) {
         // staging copies and a wake-up: below ASYNC_MIN that is more than
         // computing it here.
         if n < ASYNC_MIN {
-            return (Route::Cpu(Why::Policy), false);
-        }
-        // The caller's thread is free while the device works: once the
-        // device has enough queued to stay busy, this thread computes the
-        // next request itself, so both work at once.
-        if crate::lane::in_flight(kind) >= KEEP_DEVICE_BUSY {
             return (Route::Cpu(Why::Policy), false);
         }
         return (Route::Device, false);
