@@ -27,8 +27,9 @@ pub struct SpeedArgs {
     /// Seconds per block size and run (`openssl speed -seconds`).
     #[arg(long, default_value_t = 1)]
     seconds: u32,
-    /// Runs per row (the median of each cell is reported).
-    #[arg(long, default_value_t = 3)]
+    /// Runs per row (the median of each cell is reported; this VM's
+    /// throughput varies by tens of percent from run to run).
+    #[arg(long, default_value_t = 5)]
     reps: usize,
     /// Async jobs of the async rows.
     #[arg(long, default_value_t = 32)]

@@ -111,13 +111,6 @@ impl Job {
     }
 }
 
-/// Synchronous requests from this size on are pipelined (see `submit`).
-const PIPELINE_FROM: usize = 4096;
-/// Pieces a pipelined request is cut into.
-const PIPELINE_PIECES: usize = 4;
-/// Smallest piece of a pipelined request.
-const PIPELINE_MIN_PIECE: usize = 1024;
-
 /// The tracked part of a stream's state, saved to redo a request.
 type Saved = ([u8; 16], usize, bool);
 
@@ -361,7 +354,7 @@ impl Cipher {
         }
         let saved = self.saved();
         let alone = self.in_flight == 0;
-        let r = match self.submit(&input[head..], head, true)? {
+        let r = match self.submit(&input[head..], head)? {
             Ok(job) => self.complete(job, output, true).map(|_| ()),
             Err(why) => Err((host_gone("no queue"), Some(why))),
         };
@@ -401,7 +394,7 @@ impl Cipher {
         }
         let saved = self.saved();
         let alone = self.in_flight == 0;
-        let r = match self.submit(&buf[head..], head, true)? {
+        let r = match self.submit(&buf[head..], head)? {
             Ok(job) => self.complete(job, buf, true).map(|_| ()),
             Err(why) => Err((host_gone("no queue"), Some(why))),
         };
@@ -506,7 +499,7 @@ impl Cipher {
             stats::on_cpu(head, Why::Policy);
         }
         let saved = self.saved();
-        match self.submit(&input[head..], head, false)? {
+        match self.submit(&input[head..], head)? {
             Ok(mut job) => {
                 job.len = n;
                 Ok(job)
@@ -540,7 +533,7 @@ impl Cipher {
             stats::on_cpu(head, Why::Policy);
         }
         let saved = self.saved();
-        match self.submit(&buf[head..], head, false)? {
+        match self.submit(&buf[head..], head)? {
             Ok(mut job) => {
                 job.len = n;
                 Ok(job)
@@ -630,29 +623,9 @@ impl Cipher {
 
     /// Send `input` to the device as chained requests; `Ok(Err(why))`
     /// when there is no queue (the caller computes on the CPU).
-    ///
-    /// A synchronous caller (`pipeline`) gets a large request cut into a few
-    /// chained pieces: the device starts on the first while the next is
-    /// staged, and the caller copies a result out while the device works
-    /// on the next piece.
-    fn submit(
-        &mut self,
-        input: &[u8],
-        base: usize,
-        pipeline: bool,
-    ) -> Result<std::result::Result<Job, Why>> {
+    fn submit(&mut self, input: &[u8], base: usize) -> Result<std::result::Result<Job, Why>> {
         self.sync_from_cpu()?;
-        // An XTS request is one data unit: it cannot be cut.
-        let piece = if pipeline && input.len() >= PIPELINE_FROM && self.mode != Mode::Xts {
-            (input.len() / PIPELINE_PIECES)
-                .next_multiple_of(16)
-                .max(PIPELINE_MIN_PIECE)
-        } else {
-            SLOT
-        };
-        let r = lane::with_lane(Kind::Cipher, |lane| {
-            self.device_submit(lane, input, base, piece.min(SLOT))
-        });
+        let r = lane::with_lane(Kind::Cipher, |lane| self.device_submit(lane, input, base));
         match r {
             Ok(Ok(parts)) => {
                 self.in_flight += parts.len();
@@ -670,18 +643,12 @@ impl Cipher {
     }
 
     /// Stage and submit `input` (cut into slots) as chained requests.
-    fn device_submit(
-        &mut self,
-        lane: &mut Lane,
-        input: &[u8],
-        base: usize,
-        piece: usize,
-    ) -> Result<Vec<Part>> {
+    fn device_submit(&mut self, lane: &mut Lane, input: &[u8], base: usize) -> Result<Vec<Part>> {
         let handle = self.handle_for(lane)?;
         let mut parts = Vec::with_capacity(input.len().div_ceil(SLOT));
         let mut off = 0;
         while off < input.len() {
-            let len = (input.len() - off).min(piece);
+            let len = (input.len() - off).min(SLOT);
             let Some(slot) = lane.take_slot() else {
                 return Err(CryptoError::Busy);
             };
