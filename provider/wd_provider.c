@@ -555,16 +555,23 @@ static int wd_gcm_update(struct wd_cctx *x, unsigned char *out, size_t *outl,
 	return wd_aead_update(x->a, in, out, inl) == 0;
 }
 
-/* Whether a request of `len` bytes runs inline without asking libwd. */
-static inline int wd_stays_here(const struct wd_cctx *x, size_t len)
+/* Whether a request of `len` bytes runs inline without asking libwd: the
+ * reason it does (a WD_CPU_* code), or 0. Below the threshold, or with the
+ * cpu policy, always; above it while a synchronous "CPU" decision of the
+ * router is being reused. */
+static inline int wd_stays_here(struct wd_cctx *x, size_t len)
 {
-	return x->inner != NULL && x->chain_here &&
-	       (len < x->prov->threshold || x->prov->policy == WD_CRYPTO_POLICY_CPU);
-}
-
-static inline int wd_reason(const struct wd_cctx *x, size_t len)
-{
-	return len < x->prov->threshold ? WD_CPU_THRESHOLD : WD_CPU_POLICY;
+	if (x->inner == NULL || !x->chain_here)
+		return 0;
+	if (len < x->prov->threshold)
+		return WD_CPU_THRESHOLD;
+	if (x->prov->policy == WD_CRYPTO_POLICY_CPU)
+		return WD_CPU_POLICY;
+	if (x->route_left > 0 && !(x->route_cached & WD_ROUTE_DEVICE) && !x->in_job_cached) {
+		x->route_left--;
+		return x->route_cached & 0xff;
+	}
+	return 0;
 }
 
 static int wd_cipher_update_fn(void *vctx, unsigned char *out, size_t *outl, size_t outsize,
@@ -573,11 +580,13 @@ static int wd_cipher_update_fn(void *vctx, unsigned char *out, size_t *outl, siz
 	struct wd_cctx *x = vctx;
 	/* Fast path: the whole request stays here and leaves nothing buffered,
 	 * so OpenSSL's own update can do it (one call, no extra layer). */
-	if (wd_stays_here(x, inl) && x->buflen == 0 &&
+	int why;
+	if (x->buflen == 0 &&
 	    (x->d->mode == EVP_CIPH_CTR_MODE ||
 	     ((x->d->mode == EVP_CIPH_CBC_MODE || x->d->mode == EVP_CIPH_ECB_MODE) && inl % 16 == 0 &&
-	      (x->enc || !x->pad)))) {
-		wd_count(&x->counts, inl, wd_reason(x, inl));
+	      (x->enc || !x->pad))) &&
+	    (why = wd_stays_here(x, inl)) != 0) {
+		wd_count(&x->counts, inl, why);
 		return x->impl.update(x->inner, out, outl, outsize, in, inl);
 	}
 	if (!x->key_set)
@@ -678,8 +687,9 @@ static int wd_cipher_fn(void *vctx, unsigned char *out, size_t *outl, size_t out
 			const unsigned char *in, size_t inl)
 {
 	struct wd_cctx *x = vctx;
-	if (wd_stays_here(x, inl) && x->d->mode != EVP_CIPH_XTS_MODE) {
-		wd_count(&x->counts, inl, wd_reason(x, inl));
+	int why;
+	if (x->d->mode != EVP_CIPH_XTS_MODE && (why = wd_stays_here(x, inl)) != 0) {
+		wd_count(&x->counts, inl, why);
 		return x->impl.cipher(x->inner, out, outl, outsize, in, inl);
 	}
 	if (!x->key_set || outsize < inl)

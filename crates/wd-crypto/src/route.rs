@@ -138,9 +138,13 @@ pub fn record(kind: Kind, n: usize, on_cpu: bool, took: Duration) {
         let mut e = e.borrow_mut();
         let est = &mut e[kind_index(kind)][class(n)];
         let slot = if on_cpu { &mut est.cpu } else { &mut est.dev };
+        // A running minimum that drifts up slowly: the first timing of a
+        // path includes cold caches and set-up, and must not make it look
+        // dear for long; a path that really got dearer is noticed within a
+        // few dozen samples.
         *slot = Some(match *slot {
             None => per_byte,
-            Some(old) => old * 0.75 + per_byte * 0.25,
+            Some(old) => per_byte.min(old * 1.05),
         });
     });
 }
