@@ -2,14 +2,13 @@
 //! machine's own limit (a raw shared-memory round trip between two threads)
 //! and against the legacy one-system-call-per-request path.
 
-use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::report::Target;
+use crate::report::{Progress, Target};
 use wrapdrive::dummy::CopyMsg;
 use wrapdrive::{Capability, HostConn, Queue, SharedBuf, CAPA_ALLOW_LEGACY};
 
@@ -310,35 +309,6 @@ fn async_stream(
     }
 }
 
-struct Progress {
-    total: usize,
-    done: usize,
-    tty: bool,
-}
-
-impl Progress {
-    fn step(&mut self, what: &str) {
-        self.done += 1;
-        if self.tty {
-            let w = 30;
-            let fill = w * self.done / self.total.max(1);
-            eprint!(
-                "\r[{}{}] {}/{} {what:<28}",
-                "#".repeat(fill),
-                " ".repeat(w - fill),
-                self.done,
-                self.total
-            );
-            let _ = std::io::stderr().flush();
-        }
-    }
-    fn finish(&self) {
-        if self.tty {
-            eprintln!();
-        }
-    }
-}
-
 fn human(n: u64) -> String {
     match n {
         n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
@@ -376,11 +346,7 @@ fn run(args: BenchArgs, host: &str) -> Result<(), String> {
         .copied()
         .filter(|p| matches!(*p, "raw" | "legacy") || args.paths.iter().any(|a| a == p))
         .collect();
-    let mut prog = Progress {
-        total: paths.len() * args.sizes.len(),
-        done: 0,
-        tty: std::io::stderr().is_terminal() && !args.json,
-    };
+    let mut prog = Progress::new(paths.len() * args.sizes.len(), !args.json);
     let mut rows: Vec<Row> = Vec::new();
     for &size in &args.sizes {
         let b = bufs(&mut q, size)?;

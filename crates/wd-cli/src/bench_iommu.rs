@@ -14,14 +14,13 @@
 //! 3. The hot path: translating a request's range with IOTLB hits, next to
 //!    a memcpy of the same size.
 
-use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::report::Target;
+use crate::report::{Progress, Target};
 use wd_iommu::{
     Access, Domain, DomainConfig, EngineTlb, Iommu, IotlbGather, Prot, BLOCK_2M, PAGE_SIZE,
 };
@@ -69,37 +68,6 @@ pub fn run(args: IommuArgs, host: &str) -> Result<(), String> {
         ));
     }
     run_iommu(args)
-}
-
-// ------------------------------------------------------------ progress
-
-struct Progress {
-    total: usize,
-    done: usize,
-    tty: bool,
-}
-
-impl Progress {
-    fn step(&mut self, what: &str) {
-        self.done += 1;
-        if self.tty {
-            let w = 30;
-            let fill = w * self.done.min(self.total) / self.total.max(1);
-            eprint!(
-                "\r[{}{}] {}/{} {what:<36}",
-                "#".repeat(fill),
-                " ".repeat(w - fill),
-                self.done,
-                self.total
-            );
-            let _ = std::io::stderr().flush();
-        }
-    }
-    fn finish(&self) {
-        if self.tty {
-            eprintln!();
-        }
-    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -443,13 +411,12 @@ fn run_iommu(args: IommuArgs) -> Result<(), String> {
         ));
     }
     let want = |p: &str| args.parts.iter().any(|x| x == p);
-    let mut prog = Progress {
-        total: want("map") as usize * 6
+    let mut prog = Progress::new(
+        want("map") as usize * 6
             + want("stream") as usize * (1 + args.paths.len()).min(STREAM_ROWS) * args.reps
             + want("translate") as usize * 8,
-        done: 0,
-        tty: std::io::stderr().is_terminal() && !args.json,
-    };
+        !args.json,
+    );
     let map_rows = if want("map") {
         map_table(&args, &mut prog)?
     } else {

@@ -1,7 +1,52 @@
 //! What every benchmark reports besides its table: its targets, each a
 //! measured ratio against a bound, met or missed.
 
+use std::io::{IsTerminal, Write};
+
 use serde::Serialize;
+
+/// A progress bar on standard error for long benchmarks (only on a
+/// terminal, and not when the output is JSON).
+pub struct Progress {
+    total: usize,
+    done: usize,
+    tty: bool,
+}
+
+impl Progress {
+    /// A bar of `total` steps, shown when `show` and stderr is a terminal.
+    pub fn new(total: usize, show: bool) -> Progress {
+        Progress {
+            total,
+            done: 0,
+            tty: show && std::io::stderr().is_terminal(),
+        }
+    }
+
+    /// One step done; `what` is being measured next.
+    pub fn step(&mut self, what: &str) {
+        self.done += 1;
+        if self.tty {
+            let w = 30;
+            let fill = w * self.done.min(self.total) / self.total.max(1);
+            eprint!(
+                "\r[{}{}] {}/{} {what:<36}",
+                "#".repeat(fill),
+                " ".repeat(w - fill),
+                self.done,
+                self.total
+            );
+            let _ = std::io::stderr().flush();
+        }
+    }
+
+    /// End the bar's line.
+    pub fn finish(&self) {
+        if self.tty {
+            eprintln!();
+        }
+    }
+}
 
 /// One target of a benchmark.
 #[derive(Debug, Serialize)]

@@ -171,6 +171,16 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     /// Map `len` bytes of `fd` at `offset`, shared, read-write.
     pub fn map_shared(fd: BorrowedFd<'_>, offset: u64, len: usize) -> Result<Mapping> {
+        Mapping::map_fd(fd, offset, len, true)
+    }
+
+    /// Map `len` bytes of `fd` at `offset`, shared, writable or not.
+    pub(crate) fn map_fd(
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+        writable: bool,
+    ) -> Result<Mapping> {
         if len == 0 {
             return Err(SysError::Invalid {
                 call: "mmap",
@@ -178,13 +188,18 @@ impl Mapping {
             });
         }
         count();
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
         // SAFETY: a fresh mapping chosen by the kernel (addr = NULL); no
         // existing memory is affected.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
-                libc::PROT_READ | libc::PROT_WRITE,
+                prot,
                 libc::MAP_SHARED,
                 fd.as_raw_fd(),
                 offset as libc::off_t,
@@ -199,7 +214,7 @@ impl Mapping {
         Ok(Mapping {
             ptr: NonNull::new(p.cast()).expect("mmap returned NULL"),
             len,
-            writable: true,
+            writable,
         })
     }
 

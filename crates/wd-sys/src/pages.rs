@@ -103,36 +103,7 @@ impl Mapping {
     /// Map `len` bytes of `fd` at `offset`, shared and read-only: how a
     /// buffer sealed against writes is imported.
     pub fn map_shared_readonly(fd: BorrowedFd<'_>, offset: u64, len: usize) -> Result<Mapping> {
-        if len == 0 {
-            return Err(SysError::Invalid {
-                call: "mmap",
-                what: "zero length",
-            });
-        }
-        count();
-        // SAFETY: a fresh mapping chosen by the kernel (addr = NULL); no
-        // existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                offset as libc::off_t,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(SysError::Call {
-                call: "mmap",
-                source: io::Error::last_os_error(),
-            });
-        }
-        Ok(Mapping {
-            ptr: std::ptr::NonNull::new(p.cast()).expect("mmap returned NULL"),
-            len,
-            writable: false,
-        })
+        Mapping::map_fd(fd, offset, len, false)
     }
 
     /// Whether the mapping may be written.
