@@ -264,7 +264,9 @@ proptest! {
     fn incremental_digests_match_openssl(
         which in 0usize..5,
         hmac in any::<bool>(),
-        key in proptest::collection::vec(any::<u8>(), 0..200),
+        // (OpenSSL's reference refuses an empty HMAC key; wd-crypto's tests
+        // check that case against a known answer.)
+        key in proptest::collection::vec(any::<u8>(), 1..200),
         data in proptest::collection::vec(any::<u8>(), 0..2000),
         cuts in proptest::collection::vec(0usize..2000, 0..4),
         direct in any::<bool>(),
