@@ -76,8 +76,8 @@ int wd_job_wait(struct wd_job *job);
  * a descriptor that becomes readable after wd_crypto_arm() when a
  * completion is posted or the host goes away. wd_crypto_arm returns 0 when
  * armed, 1 when a completion is already there (the descriptor is then made
- * readable, so waiting on it returns at once). wd_crypto_disarm after
- * waking. */
+ * readable, so waiting on it returns at once) or when this thread has no
+ * queue (nothing to wait for). wd_crypto_disarm after waking. */
 int wd_crypto_wait_fd(void);
 int wd_crypto_arm(void);
 void wd_crypto_disarm(void);
