@@ -746,10 +746,9 @@ pub unsafe extern "C" fn wd_aead_finish(a: *mut WdAead, tag: *mut c_void, tag_le
         }
         // SAFETY: tag valid for tag_len bytes (header).
         let t = unsafe { std::slice::from_raw_parts_mut(tag as *mut u8, tag_len) };
-        let r = a.a.finish_seal(t);
-        let r = match r {
-            Err(CryptoError::Invalid(m)) if m.contains("decrypts") => a.a.finish_open(t),
-            r => r,
+        let r = match a.a.direction() {
+            Direction::Encrypt => a.a.finish_seal(t),
+            Direction::Decrypt => a.a.finish_open(t),
         };
         r.map_or_else(err, |_| 0)
     })

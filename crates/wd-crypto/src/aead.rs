@@ -231,6 +231,11 @@ impl Aead {
         Ok(h)
     }
 
+    /// Direction of the current message.
+    pub fn direction(&self) -> Direction {
+        self.dir
+    }
+
     /// Start a message (streaming form).
     pub fn begin(&mut self, dir: Direction, iv: &[u8]) -> Result<()> {
         if iv.is_empty() || iv.len() > 16 {

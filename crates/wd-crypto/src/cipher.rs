@@ -46,6 +46,56 @@ enum Io<'a> {
 }
 
 impl<'a> Io<'a> {
+    /// Separate buffers (the output at least as long as the input).
+    fn copy(input: &'a [u8], output: &'a mut [u8]) -> Result<Io<'a>> {
+        if output.len() < input.len() {
+            return Err(CryptoError::invalid("output shorter than input"));
+        }
+        Ok(Io::Copy(input, &mut output[..input.len()]))
+    }
+
+    fn len(&self) -> usize {
+        self.input().len()
+    }
+
+    fn input(&self) -> &[u8] {
+        match self {
+            Io::Copy(i, _) => i,
+            Io::InPlace(b) => b,
+        }
+    }
+
+    fn output(&mut self) -> &mut [u8] {
+        match self {
+            Io::Copy(_, o) => o,
+            Io::InPlace(b) => b,
+        }
+    }
+
+    /// The same request for a shorter borrow (to use it more than once).
+    fn reborrow(&mut self) -> Io<'_> {
+        match self {
+            Io::Copy(i, o) => Io::Copy(i, o),
+            Io::InPlace(b) => Io::InPlace(b),
+        }
+    }
+
+    /// The bytes from `at` on.
+    fn tail(self, at: usize) -> Io<'a> {
+        match self {
+            Io::Copy(i, o) => Io::Copy(&i[at..], &mut o[at..]),
+            Io::InPlace(b) => Io::InPlace(&mut b[at..]),
+        }
+    }
+
+    /// The first `n` bytes.
+    fn head(self, n: usize) -> Io<'a> {
+        match self {
+            Io::Copy(i, o) => Io::Copy(&i[..n], &mut o[..n]),
+            Io::InPlace(b) => Io::InPlace(&mut b[..n]),
+        }
+    }
+
     fn run(self, ctx: &mut CipherCtx) -> Result<()> {
         match self {
             Io::Copy(i, o) => ctx.update(o, i)?,
@@ -308,68 +358,29 @@ impl Cipher {
     /// Encrypt or decrypt `input` into `output` (at least as long),
     /// continuing the stream. Waits for the result.
     pub fn update(&mut self, input: &[u8], output: &mut [u8]) -> Result<usize> {
-        self.update_copy(input, output, false)
+        self.update_io(Io::copy(input, output)?, false)
     }
 
     /// As [`Cipher::update`], sent to the device whatever the policy (for
     /// callers that route themselves); the CPU still takes over when there
     /// is no queue.
     pub fn update_offload(&mut self, input: &[u8], output: &mut [u8]) -> Result<usize> {
-        self.update_copy(input, output, true)
+        self.update_io(Io::copy(input, output)?, true)
     }
 
     /// As [`Cipher::update_in_place`], sent to the device (see
     /// [`Cipher::update_offload`]).
     pub fn update_in_place_offload(&mut self, buf: &mut [u8]) -> Result<usize> {
-        self.update_buf(buf, true)
-    }
-
-    fn update_copy(&mut self, input: &[u8], output: &mut [u8], offload: bool) -> Result<usize> {
-        if output.len() < input.len() {
-            return Err(CryptoError::invalid("output shorter than input"));
-        }
-        let n = input.len();
-        let output = &mut output[..n];
-        self.check(n)?;
-        let routed = if offload {
-            (Route::Device, false)
-        } else {
-            self.route(n, false)
-        };
-        let timed = match routed {
-            (Route::Cpu(why), timed) => {
-                let watch = Stopwatch::start(timed);
-                self.cpu_update(Io::Copy(input, output))?;
-                stats::on_cpu(n, why);
-                watch.stop(Kind::Cipher, n, true);
-                return Ok(n);
-            }
-            (Route::Device, timed) => timed,
-        };
-        let watch = Stopwatch::start(timed);
-        let head = self.ctr_head(n);
-        if head > 0 {
-            self.cpu_update(Io::Copy(&input[..head], &mut output[..head]))?;
-            stats::on_cpu(head, Why::Policy);
-        }
-        let saved = self.saved();
-        let alone = self.in_flight == 0;
-        let r = match self.submit(&input[head..], head)? {
-            Ok(job) => self.complete(job, output, true).map(|_| ()),
-            Err(why) => Err((host_gone("no queue"), Some(why))),
-        };
-        self.after_device(r, saved, alone, watch, n, |c| {
-            c.cpu_update(Io::Copy(&input[head..], &mut output[head..]))
-        })
+        self.update_io(Io::InPlace(buf), true)
     }
 
     /// As [`Cipher::update`], transforming `buf` in place.
     pub fn update_in_place(&mut self, buf: &mut [u8]) -> Result<usize> {
-        self.update_buf(buf, false)
+        self.update_io(Io::InPlace(buf), false)
     }
 
-    fn update_buf(&mut self, buf: &mut [u8], offload: bool) -> Result<usize> {
-        let n = buf.len();
+    fn update_io(&mut self, mut io: Io<'_>, offload: bool) -> Result<usize> {
+        let n = io.len();
         self.check(n)?;
         let routed = if offload {
             (Route::Device, false)
@@ -379,7 +390,7 @@ impl Cipher {
         let timed = match routed {
             (Route::Cpu(why), timed) => {
                 let watch = Stopwatch::start(timed);
-                self.cpu_update(Io::InPlace(buf))?;
+                self.cpu_update(io)?;
                 stats::on_cpu(n, why);
                 watch.stop(Kind::Cipher, n, true);
                 return Ok(n);
@@ -389,18 +400,16 @@ impl Cipher {
         let watch = Stopwatch::start(timed);
         let head = self.ctr_head(n);
         if head > 0 {
-            self.cpu_update(Io::InPlace(&mut buf[..head]))?;
+            self.cpu_update(io.reborrow().head(head))?;
             stats::on_cpu(head, Why::Policy);
         }
         let saved = self.saved();
         let alone = self.in_flight == 0;
-        let r = match self.submit(&buf[head..], head)? {
-            Ok(job) => self.complete(job, buf, true).map(|_| ()),
+        let r = match self.submit(&io.input()[head..], head)? {
+            Ok(job) => self.complete(job, io.output(), true).map(|_| ()),
             Err(why) => Err((host_gone("no queue"), Some(why))),
         };
-        self.after_device(r, saved, alone, watch, n, |c| {
-            c.cpu_update(Io::InPlace(&mut buf[head..]))
-        })
+        self.after_device(r, saved, alone, watch, n, |c| c.cpu_update(io.tail(head)))
     }
 
     /// After a device attempt: on success report the time; when the host
@@ -466,74 +475,42 @@ impl Cipher {
     /// CPU result now; a device result is copied into the buffer given to
     /// [`Cipher::finish`] or [`Cipher::poll`] (the same `output`).
     pub fn start(&mut self, input: &[u8], output: &mut [u8]) -> Result<Job> {
-        self.start_copy(input, output, false)
+        self.start_io(Io::copy(input, output)?, false)
     }
 
     /// As [`Cipher::start`], sent to the device whatever the policy (for
     /// callers that route themselves); the CPU still takes over without a
     /// queue.
     pub fn start_offload(&mut self, input: &[u8], output: &mut [u8]) -> Result<Job> {
-        self.start_copy(input, output, true)
+        self.start_io(Io::copy(input, output)?, true)
     }
 
     /// As [`Cipher::start_in_place`], sent to the device (see
     /// [`Cipher::start_offload`]).
     pub fn start_in_place_offload(&mut self, buf: &mut [u8]) -> Result<Job> {
-        self.start_buf(buf, true)
-    }
-
-    fn start_copy(&mut self, input: &[u8], output: &mut [u8], offload: bool) -> Result<Job> {
-        if output.len() < input.len() {
-            return Err(CryptoError::invalid("output shorter than input"));
-        }
-        let n = input.len();
-        self.check(n)?;
-        if let (Route::Cpu(why), _) = self.route_async(n, offload) {
-            self.cpu_update(Io::Copy(input, &mut output[..n]))?;
-            stats::on_cpu(n, why);
-            return Ok(Job::cpu(n));
-        }
-        let head = self.ctr_head(n);
-        if head > 0 {
-            self.cpu_update(Io::Copy(&input[..head], &mut output[..head]))?;
-            stats::on_cpu(head, Why::Policy);
-        }
-        let saved = self.saved();
-        match self.submit(&input[head..], head)? {
-            Ok(mut job) => {
-                job.len = n;
-                Ok(job)
-            }
-            Err(why) => {
-                self.restore(saved);
-                no_fallback(why)?;
-                self.cpu_update(Io::Copy(&input[head..], &mut output[head..n]))?;
-                stats::on_cpu(n - head, why);
-                Ok(Job::cpu(n))
-            }
-        }
+        self.start_io(Io::InPlace(buf), true)
     }
 
     /// As [`Cipher::start`] in place: finish with the same `buf`.
     pub fn start_in_place(&mut self, buf: &mut [u8]) -> Result<Job> {
-        self.start_buf(buf, false)
+        self.start_io(Io::InPlace(buf), false)
     }
 
-    fn start_buf(&mut self, buf: &mut [u8], offload: bool) -> Result<Job> {
-        let n = buf.len();
+    fn start_io(&mut self, mut io: Io<'_>, offload: bool) -> Result<Job> {
+        let n = io.len();
         self.check(n)?;
         if let (Route::Cpu(why), _) = self.route_async(n, offload) {
-            self.cpu_update(Io::InPlace(buf))?;
+            self.cpu_update(io)?;
             stats::on_cpu(n, why);
             return Ok(Job::cpu(n));
         }
         let head = self.ctr_head(n);
         if head > 0 {
-            self.cpu_update(Io::InPlace(&mut buf[..head]))?;
+            self.cpu_update(io.reborrow().head(head))?;
             stats::on_cpu(head, Why::Policy);
         }
         let saved = self.saved();
-        match self.submit(&buf[head..], head)? {
+        match self.submit(&io.input()[head..], head)? {
             Ok(mut job) => {
                 job.len = n;
                 Ok(job)
@@ -541,7 +518,7 @@ impl Cipher {
             Err(why) => {
                 self.restore(saved);
                 no_fallback(why)?;
-                self.cpu_update(Io::InPlace(&mut buf[head..]))?;
+                self.cpu_update(io.tail(head))?;
                 stats::on_cpu(n - head, why);
                 Ok(Job::cpu(n))
             }

@@ -341,18 +341,6 @@ pub fn known_unavailable(kind: Kind, n: usize) -> Option<NoLane> {
         .flatten()
 }
 
-/// Requests this thread has in flight on its lane of `kind` (0 without one).
-pub fn in_flight(kind: Kind) -> usize {
-    CHANNEL
-        .try_with(|c| {
-            c.try_borrow()
-                .ok()
-                .and_then(|c| c.lanes[slot_of(kind)].as_ref().map(Lane::in_flight))
-                .unwrap_or(0)
-        })
-        .unwrap_or(0)
-}
-
 /// Why a lane is not available: the CPU computes instead, and the reason
 /// is counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,7 +1,8 @@
 //! The drivers this host can own, by name: the one place that knows every
 //! device crate.
 
-use wd_device::Driver;
+use wd_device::{Driver, LegacyPlan};
+use wd_ring::Desc;
 
 /// Names of all built-in drivers.
 pub const NAMES: &[&str] = &["dummy", "sec"];
@@ -12,5 +13,16 @@ pub fn by_name(name: &str) -> Option<Box<dyn Driver>> {
         "dummy" => Some(Box::new(wd_device::dummy::DummyDriver)),
         "sec" => Some(Box::new(wd_sec::SecDriver)),
         _ => None,
+    }
+}
+
+/// How a request of queue type `alg` travels on the legacy (socket) path:
+/// the client ranges it gathers and scatters (each device decodes its own
+/// messages). `Err` is the status to complete a malformed request with.
+pub fn legacy_plan(alg: &str, d: &Desc) -> Result<LegacyPlan, i32> {
+    match alg {
+        "memcpy" => wd_device::dummy::legacy_plan(d),
+        "cipher" | "digest" => wd_sec::msg::legacy_plan(d).map_err(|e| e.status()),
+        _ => Err(wd_device::status::EOPNOTSUPP),
     }
 }

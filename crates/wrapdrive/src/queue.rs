@@ -574,11 +574,7 @@ impl Queue {
     }
 
     fn send_legacy(&mut self, desc: Desc, cookie: u64) -> Result<()> {
-        let plan = match self.alg.as_str() {
-            "memcpy" => wd_device::dummy::legacy_plan(&desc),
-            "cipher" | "digest" => wd_sec::msg::legacy_plan(&desc).map_err(|e| e.status()),
-            _ => Err(wd_device::status::EOPNOTSUPP),
-        };
+        let plan = wd_host::drivers::legacy_plan(&self.alg, &desc);
         let plan = match plan {
             Ok(p) => p,
             Err(st) => {
