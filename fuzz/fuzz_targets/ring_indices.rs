@@ -3,7 +3,7 @@
 //! of bounds or panicking.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use wd_ring::{Desc, RingLayout, RingView};
+use wd_ring::{RingLayout, RingView};
 
 fuzz_target!(|data: &[u8]| {
     let word = |i: usize| -> u32 {
@@ -34,5 +34,4 @@ fuzz_target!(|data: &[u8]| {
         let _ = host.host_prepare_sleep();
         let _ = host.cq_space();
     }
-    let _ = Desc::default();
 });
