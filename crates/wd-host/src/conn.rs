@@ -13,6 +13,7 @@ use wd_iommu::{FaultPolicy, FaultRecord, InvalidationMode, Prot, Release, Resolu
 use wd_ipc::{Channel, Frame, IpcError};
 use wd_proto::{limits, FaultEvent, Message, Status};
 use wd_ring::{Desc, RingLayout};
+use wd_sys::process_mem::ProcessMemory;
 use wd_sys::PeerCred;
 
 use crate::config::MAX_QUEUES_PER_CONNECTION;
@@ -182,7 +183,14 @@ impl Conn<'_> {
                 numa_node,
                 probe_addr,
                 probe_value,
-            } => self.request_queue(&alg, flags, depth, numa_node, probe_addr, probe_value),
+            } => self.request_queue(
+                &alg,
+                flags,
+                depth,
+                numa_node,
+                (probe_addr, probe_value),
+                fds,
+            ),
             Message::ReleaseQueue { queue_id } => {
                 self.queue(queue_id)?;
                 self.release(queue_id);
@@ -356,8 +364,8 @@ impl Conn<'_> {
         flags: u32,
         depth: u32,
         numa_node: i32,
-        probe_addr: u64,
-        probe_value: u64,
+        (probe_addr, probe_value): (u64, u64),
+        fds: Vec<OwnedFd>,
     ) -> Result<Reply, HostError> {
         if self.queues.len() >= MAX_QUEUES_PER_CONNECTION {
             return Err(err(
@@ -417,11 +425,13 @@ impl Conn<'_> {
 
         let mut model = MemModel::Shared;
         if flags & CAPA_SHARE_ALL != 0 {
-            if let Err(e) = self.verify_share_all(probe_addr, probe_value) {
-                give_back();
-                return Err(e);
+            match self.bind_share_all(fds, probe_addr, probe_value) {
+                Ok(mem) => model = MemModel::ShareAll(mem),
+                Err(e) => {
+                    give_back();
+                    return Err(e);
+                }
             }
-            model = MemModel::ShareAll { pid: self.cred.pid };
         }
 
         let built = queue::new_ring(layout).and_then(|ring| {
@@ -501,24 +511,38 @@ impl Conn<'_> {
         ))
     }
 
-    /// SHARE_ALL needs the kernel to let us read the peer: prove it by
-    /// reading the probe word the client put in its own memory.
-    fn verify_share_all(&self, addr: u64, want: u64) -> Result<(), HostError> {
+    /// SHARE_ALL: the client sends its own `/proc/self/mem` (opened with
+    /// its credentials, bound to its current image); the host proves the
+    /// descriptor is the asker's by reading the probe word through it.
+    fn bind_share_all(
+        &self,
+        mut fds: Vec<OwnedFd>,
+        addr: u64,
+        want: u64,
+    ) -> Result<ProcessMemory, HostError> {
+        let fd = fds.pop().ok_or_else(|| {
+            err(
+                Status::Protocol,
+                "WD_CAPA_SHARE_ALL needs the client's /proc/self/mem descriptor with the request",
+            )
+        })?;
+        let mem = ProcessMemory::bind(fd).map_err(|e| {
+            err(
+                Status::Invalid,
+                format!("WD_CAPA_SHARE_ALL descriptor refused: {e}"),
+            )
+        })?;
         let mut got = [0u8; 8];
-        let r = queue::read_peer(self.cred.pid, addr, &mut got);
-        match r {
+        match mem.read(addr, &mut got) {
             Err(e) => Err(err(
-                Status::Unsupported,
-                format!(
-                    "WD_CAPA_SHARE_ALL unavailable: the kernel refused to let the host read process {} ({e})",
-                    self.cred.pid
-                ),
+                Status::Permission,
+                format!("WD_CAPA_SHARE_ALL probe unreadable: {e}"),
             )),
             Ok(()) if u64::from_ne_bytes(got) != want => Err(err(
                 Status::Permission,
-                "WD_CAPA_SHARE_ALL probe mismatch: the peer is not the process that asked",
+                "WD_CAPA_SHARE_ALL probe mismatch: the descriptor is not the asking process's memory",
             )),
-            Ok(()) => Ok(()),
+            Ok(()) => Ok(mem),
         }
     }
 

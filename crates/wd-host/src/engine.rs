@@ -16,6 +16,7 @@ use wd_iommu::{
     Section,
 };
 use wd_ring::{Desc, HostState, RingView};
+use wd_sys::process_mem::{AccessError, ProcessMemory};
 
 use crate::queue::{MemModel, Queue, QueueState};
 
@@ -326,6 +327,10 @@ impl EngineLoop {
         drop(sec);
         q.requests.fetch_add(keep as u64, Ordering::Relaxed);
         q.bytes.fetch_add(bytes, Ordering::Relaxed);
+        if q.state() == QueueState::Broken {
+            // A device access found the client's memory gone.
+            return Err(());
+        }
         Ok(worked + n)
     }
 
@@ -518,10 +523,10 @@ fn translate(
     }
 }
 
-/// Largest bounce copy in one process_vm call.
+/// Largest bounce copy through the client's memory descriptor at once.
 const BOUNCE_CHUNK: usize = 1 << 20;
 
-impl QueueDma<'_, '_> {
+impl<'a> QueueDma<'a, '_> {
     fn fault(&mut self, f: Fault) -> Fault {
         self.fault.get_or_insert(f);
         f
@@ -536,10 +541,30 @@ impl QueueDma<'_, '_> {
         })
     }
 
-    fn share_all(&self) -> Option<u32> {
-        match self.q.model {
-            MemModel::ShareAll { pid } => Some(pid),
+    fn share_all(&self) -> Option<&'a ProcessMemory> {
+        match &self.q.model {
+            MemModel::ShareAll(mem) => Some(mem),
             MemModel::Shared => None,
+        }
+    }
+
+    /// The result of an access through the client's own memory
+    /// descriptor. Once the image it was bound to is gone (the client
+    /// exec'd, perhaps a setuid program), the queue is stopped: no later
+    /// request may reach whatever runs there now.
+    fn client_access(
+        &mut self,
+        r: Result<(), AccessError>,
+        iova: u64,
+        access: Access,
+    ) -> Result<(), Fault> {
+        match r {
+            Ok(()) => Ok(()),
+            Err(AccessError::ImageGone) => {
+                self.q.set_state(QueueState::Broken);
+                Err(self.pid_fault(iova, access))
+            }
+            Err(AccessError::Fault { .. }) => Err(self.pid_fault(iova, access)),
         }
     }
 }
@@ -594,7 +619,8 @@ impl Dma for QueueDma<'_, '_> {
                     return Err(self.fault(a.err().or(b.err()).expect("one side faulted")));
                 }
                 // SHARE_ALL: the client's whole address space, reached
-                // through the kernel (the analogue of an I/O page fault).
+                // through its own memory descriptor (the analogue of an
+                // I/O page fault).
                 let mut done = 0u64;
                 while done < len {
                     let n = (len - done).min(BOUNCE_CHUNK as u64) as usize;
@@ -639,10 +665,9 @@ impl Dma for QueueDma<'_, '_> {
                 Ok(())
             }
             Err(f) => match self.share_all() {
-                Some(pid) => {
-                    // SAFETY: buf is valid for buf.len() writable bytes.
-                    unsafe { wd_sys::process_vm_read(pid, src, buf.as_mut_ptr(), buf.len()) }
-                        .map_err(|_| self.pid_fault(src, Access::Read))
+                Some(mem) => {
+                    let r = mem.read(src, buf);
+                    self.client_access(r, src, Access::Read)
                 }
                 None => Err(self.fault(f)),
             },
@@ -671,10 +696,9 @@ impl Dma for QueueDma<'_, '_> {
                 Ok(())
             }
             Err(f) => match self.share_all() {
-                Some(pid) => {
-                    // SAFETY: data is valid for data.len() readable bytes.
-                    unsafe { wd_sys::process_vm_write(pid, dst, data.as_ptr(), data.len()) }
-                        .map_err(|_| self.pid_fault(dst, Access::Write))
+                Some(mem) => {
+                    let r = mem.write(dst, data);
+                    self.client_access(r, dst, Access::Write)
                 }
                 None => Err(self.fault(f)),
             },

@@ -18,23 +18,21 @@ use wd_sys::{Mapping, PeerCred};
 use crate::config::MAX_SHARES_PER_QUEUE;
 use crate::HostError;
 
-/// Client capability flag: any memory of the process may be named.
-pub const CAPA_SHARE_ALL: u32 = 1;
-/// Client capability flag: data may travel through the socket.
-pub const CAPA_ALLOW_LEGACY: u32 = 2;
+pub use wd_proto::{CAPA_ALLOW_LEGACY, CAPA_SHARE_ALL};
 /// All flags a client may ask for.
 pub const CAPA_KNOWN: u32 = CAPA_SHARE_ALL | CAPA_ALLOW_LEGACY;
 
 /// How the engine reaches the memory a request names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum MemModel {
     /// Only ranges shared with wd_mem_share (memfd, zero copy).
     Shared,
-    /// Shared ranges first, then the whole process through process_vm_*.
-    ShareAll {
-        /// The verified peer's pid.
-        pid: u32,
-    },
+    /// Shared ranges first, then the rest of the client's address space,
+    /// through the `/proc/self/mem` descriptor the client opened: the
+    /// kernel checked the client's right at open, and the descriptor reads
+    /// nothing once that image execs or exits (no access is ever made with
+    /// the host's privileges).
+    ShareAll(wd_sys::process_mem::ProcessMemory),
 }
 
 /// Lifecycle of a queue.
@@ -316,11 +314,4 @@ impl Queue {
         // at least one header page long.
         unsafe { wd_ring::read_client_stats(self.ring.as_ptr()) }
     }
-}
-
-/// Read 8 bytes of a peer process (the SHARE_ALL probe).
-#[allow(unsafe_code)]
-pub(crate) fn read_peer(pid: u32, addr: u64, out: &mut [u8; 8]) -> Result<(), wd_sys::SysError> {
-    // SAFETY: `out` is 8 writable bytes.
-    unsafe { wd_sys::process_vm_read(pid, addr, out.as_mut_ptr(), 8) }
 }

@@ -17,6 +17,12 @@ pub use status::Status;
 pub const MAGIC: u32 = 0x3150_4457;
 /// Protocol version spoken by this build.
 pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Queue capability flag: the device may name any memory of the client
+/// (the request carries the client's `/proc/self/mem` descriptor).
+pub const CAPA_SHARE_ALL: u32 = 1;
+/// Queue capability flag: request data may travel through the socket.
+pub const CAPA_ALLOW_LEGACY: u32 = 2;
 /// Bytes of the frame header.
 pub const HEADER_LEN: usize = 16;
 
@@ -361,6 +367,8 @@ impl Message {
     pub fn fds_expected(&self) -> usize {
         match self {
             Message::MemShare { .. } => 1,
+            // The client's own /proc/self/mem (see the host's SHARE_ALL).
+            Message::RequestQueue { flags, .. } if flags & CAPA_SHARE_ALL != 0 => 1,
             Message::QueueGranted { .. } => 3,
             _ => 0,
         }

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 pub mod file;
 pub mod pages;
+pub mod process_mem;
 pub mod uring;
 
 /// Errors of the system-call layer: the failing call and its errno.
@@ -607,83 +608,6 @@ pub fn pidfd_exited(pidfd: BorrowedFd<'_>) -> Result<bool> {
     Ok(r[0].readable || r[0].hangup)
 }
 
-/// Allow `pid` to use process_vm_readv/writev on us where Yama restricts
-/// ptrace to ancestors (harmless elsewhere).
-pub fn allow_tracer(pid: u32) -> Result<()> {
-    count();
-    // SAFETY: prctl with integer arguments.
-    let r = unsafe { libc::prctl(libc::PR_SET_PTRACER, pid as libc::c_ulong, 0, 0, 0) };
-    match check("prctl(PR_SET_PTRACER)", r as libc::c_long) {
-        Ok(_) => Ok(()),
-        // Kernels without Yama refuse the option: nothing to allow then.
-        Err(e) if e.errno() == libc::EINVAL => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// Copy `len` bytes from `remote` in process `pid` to `local`.
-///
-/// # Safety
-/// `local` must be valid for writes of `len` bytes.
-pub unsafe fn process_vm_read(pid: u32, remote: u64, local: *mut u8, len: usize) -> Result<()> {
-    let mut done = 0usize;
-    while done < len {
-        count();
-        let liov = libc::iovec {
-            // SAFETY: within the caller-guaranteed buffer.
-            iov_base: unsafe { local.add(done) }.cast(),
-            iov_len: len - done,
-        };
-        let riov = libc::iovec {
-            iov_base: (remote + done as u64) as *mut libc::c_void,
-            iov_len: len - done,
-        };
-        // SAFETY: liov describes caller-owned writable memory; riov is only
-        // interpreted by the kernel in the other process.
-        let r = unsafe { libc::process_vm_readv(pid as libc::pid_t, &liov, 1, &riov, 1, 0) };
-        let n = check("process_vm_readv", r as libc::c_long)? as usize;
-        if n == 0 {
-            return Err(SysError::Call {
-                call: "process_vm_readv",
-                source: io::Error::from_raw_os_error(libc::EFAULT),
-            });
-        }
-        done += n;
-    }
-    Ok(())
-}
-
-/// Copy `len` bytes from `local` to `remote` in process `pid`.
-///
-/// # Safety
-/// `local` must be valid for reads of `len` bytes.
-pub unsafe fn process_vm_write(pid: u32, remote: u64, local: *const u8, len: usize) -> Result<()> {
-    let mut done = 0usize;
-    while done < len {
-        count();
-        let liov = libc::iovec {
-            // SAFETY: within the caller-guaranteed buffer.
-            iov_base: unsafe { local.add(done) } as *mut libc::c_void,
-            iov_len: len - done,
-        };
-        let riov = libc::iovec {
-            iov_base: (remote + done as u64) as *mut libc::c_void,
-            iov_len: len - done,
-        };
-        // SAFETY: liov describes caller-owned readable memory.
-        let r = unsafe { libc::process_vm_writev(pid as libc::pid_t, &liov, 1, &riov, 1, 0) };
-        let n = check("process_vm_writev", r as libc::c_long)? as usize;
-        if n == 0 {
-            return Err(SysError::Call {
-                call: "process_vm_writev",
-                source: io::Error::from_raw_os_error(libc::EFAULT),
-            });
-        }
-        done += n;
-    }
-    Ok(())
-}
-
 /// Run `child` in every child process created by fork, before fork returns
 /// there. Used to invalidate queues that belong to the parent.
 pub fn on_fork_child(child: extern "C" fn()) -> Result<()> {
@@ -809,21 +733,6 @@ mod tests {
         send_with_fds(&a, b"x", &[e1.as_fd(), e2.as_fd()]).unwrap();
         let mut buf = [0u8; 8];
         assert!(recv_with_fds(&b, &mut buf, 1).is_err());
-    }
-
-    #[test]
-    fn process_vm_on_self() {
-        let src = [7u8; 64];
-        let mut dst = [0u8; 64];
-        // SAFETY: dst is 64 writable bytes.
-        let r = unsafe { process_vm_read(getpid(), src.as_ptr() as u64, dst.as_mut_ptr(), 64) };
-        match r {
-            Ok(()) => assert_eq!(dst, src),
-            Err(e) => eprintln!("skipping: process_vm_readv unavailable here: {e}"),
-        }
-        let mut bad = [0u8; 8];
-        // SAFETY: bad is 8 writable bytes; the remote address is unmapped.
-        assert!(unsafe { process_vm_read(getpid(), 8, bad.as_mut_ptr(), 8) }.is_err());
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use wd_proto::{FaultEvent, Message, Status};
 use wd_ring::{Desc, HostState, RingView};
+use wd_sys::process_mem::ProcessMemory;
 use wd_sys::Mapping;
 
 use crate::{fork_generation, forked_error, unexpected, Capability, ClientError, HostConn, Result};
@@ -106,21 +107,31 @@ impl std::fmt::Debug for Queue {
     }
 }
 
-/// Probe word for SHARE_ALL: the host proves it can read us by reading it.
+/// Probe word for SHARE_ALL: the host proves the memory descriptor we sent
+/// is ours by reading it there.
 static PROBE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Queue {
     pub(crate) fn request(host: Arc<HostConn>, capa: &Capability) -> Result<Queue> {
         let (mut probe_addr, mut probe_value) = (0u64, 0u64);
+        let mut mem_fd = None;
         if capa.flags & crate::CAPA_SHARE_ALL != 0 {
-            // Let the host (not our ancestor) read us where Yama asks.
-            let _ = wd_sys::allow_tracer(host.host_pid());
+            // The host reaches our memory only through a descriptor we
+            // open ourselves: the kernel checks our right, not the host's,
+            // and the descriptor dies with this image (an exec ends it).
+            mem_fd = Some(wd_sys::process_mem::open_self_mem().map_err(|e| {
+                ClientError::new(
+                    Status::Unsupported,
+                    format!("WD_CAPA_SHARE_ALL needs /proc/self/mem: {e}"),
+                )
+            })?);
             probe_value = 0x5744_5052_4f42_4500
                 ^ (wd_sys::getpid() as u64)
                 ^ (Instant::now().elapsed().as_nanos() as u64);
             PROBE.store(probe_value, std::sync::atomic::Ordering::SeqCst);
             probe_addr = &PROBE as *const _ as u64;
         }
+        let fds: Vec<_> = mem_fd.iter().map(|f| f.as_fd()).collect();
         let (reply, mut fds) = host.call(
             &Message::RequestQueue {
                 alg: capa.alg.clone(),
@@ -130,7 +141,7 @@ impl Queue {
                 probe_addr,
                 probe_value,
             },
-            &[],
+            &fds,
         )?;
         let Message::QueueGranted {
             queue_id,
@@ -597,11 +608,10 @@ impl Queue {
         }
         let mut payload = vec![0u8; total as usize];
         let mut off = 0usize;
-        let me = wd_sys::getpid();
+        // Through the kernel: a bad address is EFAULT, not a crash.
+        let me = ProcessMemory::own()?;
         for &(a, l) in &plan.inputs {
-            // Read through the kernel: a bad address is EFAULT, not a crash.
-            // SAFETY: the destination is inside `payload`.
-            unsafe { wd_sys::process_vm_read(me, a, payload.as_mut_ptr().add(off), l as usize) }
+            me.read(a, &mut payload[off..off + l as usize])
                 .map_err(|_| {
                     ClientError::new(
                         Status::Fault,
@@ -645,14 +655,12 @@ impl Queue {
                         "reply payload too short",
                     ));
                 }
-                // SAFETY: the source is inside `out`.
-                unsafe { wd_sys::process_vm_write(me, a, out.as_ptr().add(off), l as usize) }
-                    .map_err(|_| {
-                        ClientError::new(
-                            Status::Fault,
-                            format!("cannot write result memory at {a:#x}"),
-                        )
-                    })?;
+                me.write(a, &out[off..end]).map_err(|_| {
+                    ClientError::new(
+                        Status::Fault,
+                        format!("cannot write result memory at {a:#x}"),
+                    )
+                })?;
                 off = end;
             }
         }

@@ -1,0 +1,388 @@
+//! Security regressions against a real `wd serve` host run by root:
+//! what a local user must not be able to do through it.
+#![allow(unsafe_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use wd_proto::Message;
+use wrapdrive::dummy::CopyMsg;
+use wrapdrive::HostConn;
+
+/// Report a test that cannot run here: said on stderr and counted in
+/// `$WD_SKIP_LOG` (the test summary prints skips by reason).
+fn skip(test: &str, reason: &str) {
+    eprintln!("skip: {test}: {reason}");
+    if let Ok(p) = std::env::var("WD_SKIP_LOG") {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+        {
+            let _ = writeln!(f, "{test}: {reason}");
+        }
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+struct Dir(PathBuf);
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn dir(tag: &str, mode: u32) -> Dir {
+    let p =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("wd-sec-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    Dir(p)
+}
+
+/// A root host on a private socket, killed on drop.
+struct HostProc {
+    child: Child,
+    socket: String,
+    _dir: Dir,
+}
+
+impl HostProc {
+    fn start(devices: &[&str], extra: &[&str]) -> HostProc {
+        let d = dir("host", 0o755);
+        let socket = d.0.join("wd.sock").to_string_lossy().into_owned();
+        let mut c = Command::new(env!("CARGO_BIN_EXE_wd"));
+        c.args(["serve", "--socket", &socket, "--mode", "666"]);
+        for dev in devices {
+            c.args(["--device", dev]);
+        }
+        let child = c
+            .args(extra)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start wd serve");
+        let t = Instant::now();
+        while HostConn::connect(&socket).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(10), "host did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        HostProc {
+            child,
+            socket,
+            _dir: d,
+        }
+    }
+}
+
+impl Drop for HostProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A setuid-root stand-in for any privileged program: it loads a root-only
+/// secret into a global, prints where its secret and its flag word live
+/// (what a non-PIE binary gives away anyway), and creates a root-owned file
+/// if the flag word is set within 3 seconds.
+const VICTIM: &str = r#"
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+static char secret[64];
+static volatile unsigned flag;
+int main(int argc, char **argv) {
+    if (argc < 3) return 2;
+    int fd = open(argv[1], O_RDONLY);
+    if (fd < 0 || read(fd, secret, sizeof secret - 1) <= 0) return 3;
+    close(fd);
+    printf("%lx %lx\n", (unsigned long)secret, (unsigned long)&flag);
+    fflush(stdout);
+    for (int i = 0; i < 300 && flag != 0x57445744u; i++) usleep(10000);
+    if (flag == 0x57445744u) {
+        int f = open(argv[2], O_CREAT | O_WRONLY, 0644);
+        if (f >= 0) close(f);
+    }
+    return 0;
+}
+"#;
+
+/// Build the victim as a setuid-root program; None (with the reason) where
+/// this machine cannot.
+fn build_victim(d: &Path) -> Result<PathBuf, String> {
+    let src = d.join("victim.c");
+    let bin = d.join("victim");
+    std::fs::write(&src, VICTIM).unwrap();
+    let out = Command::new("cc")
+        .arg("-O1")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .map_err(|e| format!("no C compiler: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "cc failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    // SAFETY: a zeroed statvfs is a valid out-parameter; the path is a
+    // NUL-terminated copy.
+    let nosuid = unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        let c = std::ffi::CString::new(d.as_os_str().as_encoded_bytes()).unwrap();
+        libc::statvfs(c.as_ptr(), &mut st) == 0 && st.f_flag & libc::ST_NOSUID != 0
+    };
+    if nosuid {
+        return Err(format!("{} is mounted nosuid", d.display()));
+    }
+    Ok(bin)
+}
+
+/// Probe word the host reads through the attacker's memory descriptor.
+static PROBE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+const FLAG_VALUE: u32 = 0x5744_5744;
+
+/// The attacker, as an unprivileged user: opens a SHARE_ALL queue, forks a
+/// keeper that holds the connection and the ring, and execs the setuid
+/// victim in the process the queue was bound to. The keeper then asks the
+/// device to copy the victim's secret into memory it can read, and to write
+/// the victim's flag word. It prints `WD:<statuses> <leaked?>`.
+fn attacker() -> i32 {
+    let socket = std::env::var("WD_HOST").unwrap();
+    let victim = std::env::var("WD_VICTIM").unwrap();
+    let secret = std::env::var("WD_SECRET_FILE").unwrap();
+    let flag_file = std::env::var("WD_FLAG_FILE").unwrap();
+    let sock = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    let mut ch = wd_ipc::Channel::new(sock);
+    ch.call(
+        &Message::Hello {
+            version: wd_proto::PROTOCOL_VERSION,
+            client_pid: 0,
+        },
+        1,
+        &[],
+    )
+    .unwrap();
+    PROBE.store(0x1234_5678_9abc_def0, std::sync::atomic::Ordering::SeqCst);
+    let mem = wd_sys::process_mem::open_self_mem().unwrap();
+    let f = ch
+        .call(
+            &Message::RequestQueue {
+                alg: "memcpy".into(),
+                flags: wrapdrive::CAPA_SHARE_ALL,
+                depth: 8,
+                numa_node: -1,
+                probe_addr: &PROBE as *const _ as u64,
+                probe_value: 0x1234_5678_9abc_def0,
+            },
+            2,
+            &[mem.as_fd()],
+        )
+        .unwrap();
+    let Message::QueueGranted { ring_bytes, .. } = f.msg else {
+        println!("WD:refused {:?}", f.msg);
+        return 0;
+    };
+    drop(mem);
+    let ring = wd_sys::Mapping::map_shared(f.fds[0].as_fd(), 0, ring_bytes as usize).unwrap();
+    // SAFETY: `ring` is a live mapping of ring_bytes that outlives the view.
+    let mut view = unsafe { wd_ring::RingView::attach(ring.as_ptr(), ring.len(), 8) }.unwrap();
+    let doorbell = &f.fds[1];
+    // Memory the keeper can read back, shared with the queue: the stolen
+    // bytes land at offset 0, the flag value to plant sits at 2048.
+    let buf_fd = wd_sys::memfd_create("attacker", false).unwrap();
+    wd_sys::ftruncate(buf_fd.as_fd(), 4096).unwrap();
+    wd_sys::add_seals(buf_fd.as_fd(), wd_sys::SEAL_SHRINK | wd_sys::SEAL_GROW).unwrap();
+    let buf = wd_sys::Mapping::map_shared(buf_fd.as_fd(), 0, 4096).unwrap();
+    let base = buf.as_ptr() as u64;
+    // SAFETY: offset 2048 of a private 4 KiB mapping.
+    unsafe { std::ptr::write_volatile(buf.as_ptr().add(2048).cast::<u32>(), FLAG_VALUE) };
+    let r = ch
+        .call(
+            &Message::MemShare {
+                queue_id: match f.msg {
+                    Message::QueueGranted { queue_id, .. } => queue_id,
+                    _ => unreachable!(),
+                },
+                iova: base,
+                size: 4096,
+                fd_offset: 0,
+                prot: 3,
+            },
+            3,
+            &[buf_fd.as_fd()],
+        )
+        .unwrap();
+    assert!(matches!(r.msg, Message::Ok), "{:?}", r.msg);
+
+    let mut p = [0; 2];
+    // SAFETY: p is two writable ints.
+    assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+    // SAFETY: fresh descriptors owned by nobody else.
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+    // SAFETY: the child only calls dup2 and execv (async-signal-safe).
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid > 0 {
+        // The process the host bound the queue to becomes the victim.
+        let args: Vec<std::ffi::CString> = [victim.as_str(), secret.as_str(), flag_file.as_str()]
+            .iter()
+            .map(|s| std::ffi::CString::new(*s).unwrap())
+            .collect();
+        let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        // SAFETY: valid descriptors and NUL-terminated argument vectors.
+        unsafe {
+            libc::dup2(wr.as_raw_fd(), 1);
+            libc::execv(argv[0], argv.as_ptr());
+            libc::_exit(127);
+        }
+    }
+    // The keeper.
+    drop(wr);
+    let mut line = String::new();
+    BufReader::new(std::fs::File::from(rd))
+        .read_line(&mut line)
+        .unwrap();
+    let mut it = line.split_whitespace();
+    let (Some(secret_at), Some(flag_at)) = (it.next(), it.next()) else {
+        println!("WD:victim-silent");
+        return 0;
+    };
+    let secret_at = u64::from_str_radix(secret_at, 16).unwrap();
+    let flag_at = u64::from_str_radix(flag_at, 16).unwrap();
+    let steal = CopyMsg {
+        src: secret_at,
+        dst: base,
+        len: 32,
+    }
+    .to_desc(1);
+    let plant = CopyMsg {
+        src: base + 2048,
+        dst: flag_at,
+        len: 4,
+    }
+    .to_desc(2);
+    // Several attempts each: the host must refuse all of them.
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        if view.host_state() != wd_ring::HostState::Alive {
+            break;
+        }
+        let _ = view.submit(&[steal, plant]);
+        let _ = wd_sys::eventfd_signal(doorbell.as_fd());
+        let t = Instant::now();
+        let mut got = 0;
+        while got < 2 && t.elapsed() < Duration::from_millis(500) {
+            let mut out = [wrapdrive::Desc::default(); 2];
+            let n = view.reap(&mut out).unwrap_or(0);
+            for d in &out[..n] {
+                statuses.push(d.status);
+            }
+            got += n;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let mut stolen = [0u8; 32];
+    // SAFETY: the first 32 bytes of our own 4 KiB mapping.
+    unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), stolen.as_mut_ptr(), 32) };
+    let leaked = stolen.iter().any(|&b| b != 0);
+    println!(
+        "WD:{statuses:?} leaked={leaked} state={:?}",
+        view.host_state()
+    );
+    0
+}
+
+/// Entry point of the attacker process; does nothing in a normal run.
+#[test]
+fn child_entry() {
+    if std::env::var("WD_TEST_ROLE").as_deref() == Ok("attacker") {
+        let code = attacker();
+        std::io::stdout().flush().unwrap();
+        // SAFETY: leave without running the harness's teardown twice.
+        unsafe { libc::_exit(code) };
+    }
+}
+
+/// Issue 9, item 1: a SHARE_ALL queue must not reach a setuid program its
+/// client execs. Fails (secret leaked, root-owned file created) when the
+/// host reaches client memory by pid with its own privileges.
+#[test]
+fn share_all_does_not_cross_into_an_execd_setuid_program() {
+    const T: &str = "share_all_does_not_cross_into_an_execd_setuid_program";
+    if !is_root() {
+        return skip(
+            T,
+            "needs root (a root host, a setuid program, a second user)",
+        );
+    }
+    let d = dir("setuid", 0o755);
+    let victim = match build_victim(&d.0) {
+        Ok(v) => v,
+        Err(why) => return skip(T, &why),
+    };
+    // The secret: root-only.
+    let private = d.0.join("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let secret_file = private.join("secret");
+    let secret = format!("ROOT-ONLY-{:x}", std::process::id() as u64 * 0x9e37_79b9);
+    std::fs::write(&secret_file, &secret).unwrap();
+    std::fs::set_permissions(&secret_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let flag_file = d.0.join("created-by-root");
+
+    let host = HostProc::start(&["dummy"], &[]);
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .env("WD_TEST_ROLE", "attacker")
+        .env("WD_HOST", &host.socket)
+        .env("WD_VICTIM", &victim)
+        .env("WD_SECRET_FILE", &secret_file)
+        .env("WD_FLAG_FILE", &flag_file)
+        .stdout(Stdio::piped())
+        .uid(65534)
+        .gid(65534);
+    let mut child = c.spawn().unwrap();
+    let mut report = String::new();
+    let mut r = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while r.read_line(&mut line).unwrap_or(0) > 0 {
+        if let Some((_, rest)) = line.trim().split_once("WD:") {
+            report = rest.to_string();
+        }
+        line.clear();
+    }
+    let _ = child.wait();
+    eprintln!("attacker: {report}");
+    assert!(!report.is_empty(), "the attacker reported nothing");
+    assert!(
+        !report.contains("victim-silent"),
+        "the setuid victim did not run: {report}"
+    );
+    assert!(
+        report.contains("leaked=false"),
+        "bytes of the setuid program crossed: {report}"
+    );
+    assert!(
+        !flag_file.exists(),
+        "the setuid program was made to create a root-owned file: {report}"
+    );
+    assert!(
+        !report.contains(" 0,") && !report.contains("[0") && !report.contains(", 0]"),
+        "a request against the exec'd image succeeded: {report}"
+    );
+}
