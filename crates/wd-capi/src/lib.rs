@@ -553,6 +553,8 @@ pub extern "C" fn wd_strerror(err: c_int) -> *const c_char {
         Status::Again => c"try again: queue full or nothing ready",
         Status::BadHandle => c"not a live queue handle",
         Status::AuthFailed => c"authentication failed: the tag does not match",
+        Status::Quota => c"over a per-user limit of the host (see docs/security.md)",
+        Status::TooManyFiles => c"host out of file descriptors: try again later",
     };
     s.as_ptr()
 }

@@ -5,7 +5,7 @@
 //! [`OP_NOP`] completes at once (measures the queue alone), [`OP_COPY`]
 //! copies `len` bytes. The completion's `result` is the bytes copied.
 
-use crate::{status, AlgInfo, DeviceQueue, Dma, Driver, LegacyPlan};
+use crate::{status, AlgInfo, DeviceQueue, Dma, Driver, LegacyPlan, Progress};
 use wd_ring::Desc;
 
 /// Opcode: do nothing.
@@ -117,25 +117,41 @@ struct DummyQueue;
 
 impl DeviceQueue for DummyQueue {
     fn process(&mut self, desc: &mut Desc, dma: &mut dyn Dma) {
-        match CopyMsg::decode(desc) {
-            Err(st) => {
-                desc.status = st;
-                desc.result = 0;
-            }
-            Ok(None) => {
-                desc.status = status::OK;
-                desc.result = 0;
-            }
-            Ok(Some(m)) => match dma.copy(m.dst, m.src, m.len) {
-                Ok(()) => {
-                    desc.status = status::OK;
-                    desc.result = m.len;
-                }
-                Err(_) => {
-                    desc.status = status::EFAULT;
-                    desc.result = 0;
-                }
-            },
+        let _ = self.process_part(desc, dma, 0, u64::MAX);
+    }
+
+    fn process_part(
+        &mut self,
+        desc: &mut Desc,
+        dma: &mut dyn Dma,
+        done: u64,
+        budget: u64,
+    ) -> Progress {
+        let finish = |desc: &mut Desc, status: i32, result: u64| {
+            desc.status = status;
+            desc.result = result;
+            Progress::Done
+        };
+        let m = match CopyMsg::decode(desc) {
+            Err(st) => return finish(desc, st, 0),
+            Ok(None) => return finish(desc, status::OK, 0),
+            Ok(Some(m)) => m,
+        };
+        let done = done.min(m.len);
+        let n = (m.len - done).min(budget.max(1));
+        // Pieces run front to back, or back to front when the destination
+        // overlaps the source from above, so the pieces together move
+        // bytes as one overlapping copy (memmove) would.
+        let backwards = m.dst > m.src && m.dst - m.src < m.len;
+        let at = if backwards { m.len - done - n } else { done };
+        let piece = match (m.src.checked_add(at), m.dst.checked_add(at)) {
+            (Some(s), Some(d)) => dma.copy(d, s, n),
+            _ => return finish(desc, status::EFAULT, 0),
+        };
+        match piece {
+            Err(_) => finish(desc, status::EFAULT, 0),
+            Ok(()) if done + n < m.len => Progress::More(done + n),
+            Ok(()) => finish(desc, status::OK, m.len),
         }
     }
 }
@@ -200,6 +216,30 @@ mod tests {
         .to_desc(6);
         e.process(&mut bad, &mut mem);
         assert_eq!(bad.status, status::EFAULT);
+    }
+
+    #[test]
+    fn pieces_move_like_one_copy() {
+        for (src, dst) in [(0x1000, 0x1010), (0x1010, 0x1000), (0x1000, 0x1800)] {
+            let init: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+            let (mut whole, mut parts) = (Flat(init.clone()), Flat(init));
+            let mut e = DummyDriver.open_queue(0);
+            let d = CopyMsg {
+                src,
+                dst,
+                len: 1000,
+            }
+            .to_desc(1);
+            e.process(&mut d.clone(), &mut whole);
+            let (mut p, mut done, mut calls) = (d, 0, 0);
+            while let Progress::More(n) = e.process_part(&mut p, &mut parts, done, 64) {
+                assert!(n > done);
+                done = n;
+                calls += 1;
+            }
+            assert_eq!((p.status, p.result, calls), (0, 1000, 15));
+            assert!(whole.0 == parts.0, "{src:#x} -> {dst:#x}");
+        }
     }
 
     #[test]

@@ -65,6 +65,35 @@ pub trait DeviceQueue: Send {
     /// Process one request in place: set `desc.status` (0 or a negative
     /// errno) and `desc.result`. Must not panic on any descriptor content.
     fn process(&mut self, desc: &mut Desc, dma: &mut dyn Dma);
+
+    /// Process part of a request: about `budget` bytes of its work, the
+    /// first `done` bytes being finished already (0 for a new request).
+    /// The engine gives each queue a bounded amount of work per pass, so a
+    /// queue of huge requests cannot make another queue's small ones wait
+    /// behind all of it; a device whose requests can be cut without
+    /// per-request state says how far it got with [`Progress::More`], and
+    /// the engine calls again with `done` set in a later pass. The default
+    /// runs the whole request at once.
+    fn process_part(
+        &mut self,
+        desc: &mut Desc,
+        dma: &mut dyn Dma,
+        done: u64,
+        budget: u64,
+    ) -> Progress {
+        let _ = (done, budget);
+        self.process(desc, dma);
+        Progress::Done
+    }
+}
+
+/// How far [`DeviceQueue::process_part`] got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// The request is finished: its status and result are set.
+    Done,
+    /// The first this many bytes are done; call again for the rest.
+    More(u64),
 }
 
 /// A device driver.

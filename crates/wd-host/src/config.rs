@@ -137,6 +137,76 @@ pub struct HostConfig {
     /// Devices to own.
     #[serde(default = "default_devices", rename = "device")]
     pub devices: Vec<DeviceConfig>,
+    /// What one user may hold (`[limits]`).
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+/// What one user, and one queue, may take of the host: named limits so
+/// that no local user can lock the others out (see docs/security.md).
+/// Every refusal names the limit it hit.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Connections one uid may hold at once.
+    pub connections_per_uid: u32,
+    /// Queues one uid may hold at once, over every device.
+    pub queues_per_uid: u32,
+    /// Share of one queue type's instances (percent) one uid may hold.
+    pub queue_type_percent: u32,
+    /// Shared ranges one uid may have mapped into the host at once.
+    pub shares_per_uid: u32,
+    /// Bytes of client memory one uid may have mapped into the host.
+    pub mapped_bytes_per_uid: u64,
+    /// How long a new connection may take to say Hello, in milliseconds.
+    pub hello_timeout_ms: u64,
+    /// Connections held back for root and the host's owner once the rest
+    /// are taken.
+    pub reserved_connections: u32,
+    /// Whether root and the host's owner are exempt from the per-uid
+    /// limits (host-wide limits still apply to them).
+    pub exempt_owner: bool,
+    /// Bytes of work an engine does for one queue before it serves the
+    /// next (fair service: a queue of huge copies cannot starve others).
+    pub pass_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            connections_per_uid: 64,
+            queues_per_uid: 256,
+            queue_type_percent: 50,
+            shares_per_uid: 16384,
+            mapped_bytes_per_uid: 1 << 40,
+            hello_timeout_ms: 2000,
+            reserved_connections: 16,
+            exempt_owner: true,
+            pass_bytes: 256 << 10,
+        }
+    }
+}
+
+impl Limits {
+    fn validate(&self) -> Result<(), HostError> {
+        let bad = |what: &str| Err(HostError::Config(format!("limits.{what}")));
+        if self.connections_per_uid == 0 || self.queues_per_uid == 0 {
+            return bad("connections_per_uid and queues_per_uid must be at least 1");
+        }
+        if !(1..=100).contains(&self.queue_type_percent) {
+            return bad("queue_type_percent must be 1..=100");
+        }
+        if self.hello_timeout_ms == 0 || self.hello_timeout_ms > 600_000 {
+            return bad("hello_timeout_ms must be 1..=600000");
+        }
+        if self.reserved_connections as usize >= MAX_CONNECTIONS {
+            return bad("reserved_connections must be below the connection limit");
+        }
+        if self.pass_bytes < 4096 {
+            return bad("pass_bytes must be at least 4096");
+        }
+        Ok(())
+    }
 }
 
 fn default_socket() -> String {
@@ -176,6 +246,7 @@ impl Default for HostConfig {
             socket: default_socket(),
             socket_mode: default_mode(),
             devices: default_devices(),
+            limits: Limits::default(),
         }
     }
 }
@@ -209,6 +280,7 @@ impl HostConfig {
                 "socket_mode must be at most 0o777".into(),
             ));
         }
+        self.limits.validate()?;
         self.devices.iter().try_for_each(|d| d.validate())
     }
 }
@@ -237,5 +309,11 @@ mod tests {
         assert_eq!(c.devices[1].priority, 3);
         assert!(HostConfig::from_toml("sockett = 1").is_err());
         assert!(HostConfig::from_toml("[[device]]\ndriver = \"dummy\"\nengines = 999\n").is_err());
+        let c =
+            HostConfig::from_toml("[limits]\nqueues_per_uid = 3\nexempt_owner = false\n").unwrap();
+        assert_eq!(c.limits.queues_per_uid, 3);
+        assert_eq!(c.limits.shares_per_uid, Limits::default().shares_per_uid);
+        assert!(HostConfig::from_toml("[limits]\nqueue_type_percent = 0\n").is_err());
+        assert!(HostConfig::from_toml("[limits]\nnope = 1\n").is_err());
     }
 }

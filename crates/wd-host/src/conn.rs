@@ -6,6 +6,7 @@ use std::os::unix::net::UnixStream;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use wd_device::DeviceQueue;
 use wd_iommu::virtio::{self, GuestMemory, ResvMem, VirtioIommu};
@@ -21,6 +22,7 @@ use crate::engine::LegacyDma;
 use crate::queue::{
     self, MemModel, Queue, QueueState, CAPA_ALLOW_LEGACY, CAPA_KNOWN, CAPA_SHARE_ALL,
 };
+use crate::quota::{Charge, Resource};
 use crate::{attrs, HostError, HostInner};
 
 /// Depth used when a client asks for 0.
@@ -69,10 +71,7 @@ fn err(status: Status, msg: impl Into<String>) -> HostError {
 }
 
 /// Serve one connection until the peer closes it or its process exits.
-pub(crate) fn serve(host: &Arc<HostInner>, sock: UnixStream) {
-    let Ok(cred) = wd_sys::peer_cred(&sock) else {
-        return;
-    };
+pub(crate) fn serve(host: &Arc<HostInner>, sock: UnixStream, cred: PeerCred, _charge: Charge) {
     // A pidfd ties the queues to the process, not only to the socket: a
     // socket inherited by a child does not keep a dead parent's queues.
     let pidfd = wd_sys::pidfd_open(cred.pid).ok();
@@ -85,15 +84,37 @@ pub(crate) fn serve(host: &Arc<HostInner>, sock: UnixStream) {
         legacy: HashMap::new(),
         virtio: VirtioIommu::new(&host.iommu, virtio::DeviceSettings::default()),
     };
+    // A connection that does not say Hello in time is closed: idle
+    // sockets must not hold connection slots.
+    let hello_by = Instant::now() + Duration::from_millis(host.quotas.limits().hello_timeout_ms);
     loop {
         if !conn.ch.has_buffered() {
             let mut fds: Vec<BorrowedFd<'_>> = vec![conn.ch.socket().as_fd()];
             if let Some(p) = &pidfd {
                 fds.push(p.as_fd());
             }
-            match wd_sys::poll(&fds, None) {
+            let timeout = (!conn.hello).then(|| hello_by.saturating_duration_since(Instant::now()));
+            match wd_sys::poll(&fds, timeout) {
                 Ok(r) if r.len() > 1 && (r[1].readable || r[1].hangup) => break,
                 Ok(r) if r[0].readable || r[0].hangup => {}
+                Ok(_) if !conn.hello && Instant::now() >= hello_by => {
+                    let _ = conn
+                        .ch
+                        .socket()
+                        .set_write_timeout(Some(Duration::from_millis(100)));
+                    let _ = conn.ch.send(
+                        &Message::error(
+                            Status::Protocol,
+                            format!(
+                                "no Hello within {} ms (limits.hello_timeout_ms)",
+                                host.quotas.limits().hello_timeout_ms
+                            ),
+                        ),
+                        0,
+                        &[],
+                    );
+                    break;
+                }
                 Ok(_) => continue,
                 Err(_) => break,
             }
@@ -209,6 +230,10 @@ impl Conn<'_> {
                 let fd = fds
                     .pop()
                     .ok_or_else(|| err(Status::Protocol, "MemShare without a descriptor"))?;
+                let charge = self
+                    .host
+                    .quotas
+                    .charge(self.cred.uid, Resource::Share { bytes: size })?;
                 let region =
                     wd_mem::ImportedRegion::import(fd.as_fd(), fd_offset, size).map_err(|e| {
                         err(
@@ -216,7 +241,7 @@ impl Conn<'_> {
                             format!("cannot import shared memory: {e}"),
                         )
                     })?;
-                q.share(iova, region, prot)?;
+                q.share(iova, region, prot, charge)?;
                 Ok((Message::Ok, none))
             }
             Message::MemUnshare {
@@ -422,6 +447,21 @@ impl Conn<'_> {
                 .available
                 .fetch_add(1, Ordering::AcqRel);
         };
+        let charge = self.host.quotas.charge(
+            self.cred.uid,
+            Resource::Queue {
+                device: dev_n,
+                qtype: type_n,
+                instances: devs[dev_n].types[type_n].instances,
+            },
+        );
+        let charge = match charge {
+            Ok(c) => c,
+            Err(e) => {
+                give_back();
+                return Err(e);
+            }
+        };
 
         let mut model = MemModel::Shared;
         if flags & CAPA_SHARE_ALL != 0 {
@@ -486,6 +526,7 @@ impl Conn<'_> {
             cq,
             ring_map,
             &self.host.iommu,
+            charge,
         ));
         // Cannot fail: a connection holds at most MAX_ENDPOINTS queues, and
         // ids are unique.

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use wd_device::{status, DeviceQueue, Dma};
+use std::collections::VecDeque;
+
+use wd_device::{status, DeviceQueue, Dma, Progress};
 use wd_iommu::{
     Access, Attachment, Domain, EngineTlb, Fault, FaultOutcome, FaultReason, Iommu, Resolution,
     Section,
@@ -58,6 +60,7 @@ impl EngineHandle {
     pub fn spawn(
         name: String,
         idle_spin: Duration,
+        pass_bytes: u64,
         iommu: &Arc<Iommu>,
     ) -> std::io::Result<EngineHandle> {
         let (tx, rx) = mpsc::channel();
@@ -69,11 +72,13 @@ impl EngineHandle {
             rx,
             doorbell: doorbell.clone(),
             idle_spin,
+            pass_bytes,
             queues: Vec::new(),
             sleeping: sleeping.clone(),
             runs_a: Vec::new(),
             runs_b: Vec::new(),
             bounce: Vec::new(),
+            out: Vec::new(),
             tlb: EngineTlb::new(iommu),
         };
         let thread = std::thread::Builder::new()
@@ -140,17 +145,26 @@ struct Served {
     view: RingView,
     dev: Box<dyn DeviceQueue>,
     parked: Vec<Parked>,
+    /// A request cut in pieces: the descriptor as sent and the bytes done.
+    partial: Option<(Desc, u64)>,
+    /// Requests taken from the ring that the last pass had no budget for,
+    /// in ring order.
+    backlog: VecDeque<Desc>,
 }
 
 struct EngineLoop {
     rx: mpsc::Receiver<EngineCmd>,
     doorbell: Arc<OwnedFd>,
     idle_spin: Duration,
+    /// Bytes of work per queue per pass (`Limits::pass_bytes`).
+    pass_bytes: u64,
     queues: Vec<Served>,
     sleeping: Arc<AtomicBool>,
     runs_a: Vec<(u64, u64)>,
     runs_b: Vec<(u64, u64)>,
     bounce: Vec<u8>,
+    /// Completions of the pass being served.
+    out: Vec<Desc>,
     tlb: EngineTlb,
 }
 
@@ -220,6 +234,8 @@ impl EngineLoop {
                     view,
                     dev,
                     parked: Vec::new(),
+                    partial: None,
+                    backlog: VecDeque::new(),
                 }),
                 Ok(EngineCmd::Detach(id, ack)) => {
                     if let Some(pos) = self.queues.iter().position(|s| s.q.id == id) {
@@ -253,6 +269,11 @@ impl EngineLoop {
     }
 
     /// One pass over queue `i`: Err(()) when its ring is corrupt.
+    ///
+    /// A pass does at most `pass_bytes` of work for the queue (a request
+    /// is cut in pieces where its device can, see
+    /// `DeviceQueue::process_part`) so every queue of the engine is served
+    /// within a bounded time, whatever the others ask for.
     fn serve(&mut self, i: usize, batch: &mut Vec<Desc>) -> Result<usize, ()> {
         batch.clear();
         if self.queues[i].q.state() != QueueState::Active {
@@ -269,25 +290,34 @@ impl EngineLoop {
             runs_a,
             runs_b,
             bounce,
+            out,
+            pass_bytes,
             ..
         } = self;
+        let budget = *pass_bytes;
         let s = &mut queues[i];
-        // Stalled requests keep their completion slots.
-        let max = if s.parked.is_empty() {
-            BATCH
-        } else {
-            (s.view.cq_space().map_err(|_| ())? as usize)
-                .saturating_sub(s.parked.len())
-                .min(BATCH)
-        };
-        let n = s.view.fetch(max, batch).map_err(|_| ())?;
-        if n == 0 {
+        batch.extend(s.backlog.drain(..));
+        if s.partial.is_none() && batch.len() < BATCH {
+            // Requests taken and not yet completed keep their completion
+            // slots.
+            let held = s.parked.len() + batch.len();
+            let max = if held == 0 {
+                BATCH
+            } else {
+                (s.view.cq_space().map_err(|_| ())? as usize)
+                    .saturating_sub(held)
+                    .min(BATCH - batch.len())
+            };
+            s.view.fetch(max, batch).map_err(|_| ())?;
+        }
+        if s.partial.is_none() && batch.is_empty() {
             return Ok(worked);
         }
         let q = s.q.clone();
-        // One attachment and one section per batch: what the batch reaches
+        // One attachment and one section per pass: what the pass reaches
         // through a translation is done with when the section ends, which
-        // is what an invalidation's sync waits for.
+        // is what an invalidation's sync waits for. A request cut in
+        // pieces translates again in each pass.
         let att = q.endpoint.attachment();
         let mut sec = tlb.enter();
         let mut scratch = Scratch {
@@ -295,43 +325,70 @@ impl EngineLoop {
             runs_b,
             bounce,
         };
-        let mut bytes = 0u64;
-        let mut keep = 0;
-        let mut posted = 0;
-        for j in 0..n {
-            let orig = batch[j];
+        out.clear();
+        let (mut spent, mut bytes, mut posted, mut next) = (0u64, 0u64, 0usize, 0usize);
+        let mut current = s.partial.take();
+        loop {
+            let (orig, done) = match current.take() {
+                Some(w) => w,
+                None if next < batch.len() && spent < budget => {
+                    next += 1;
+                    (batch[next - 1], 0)
+                }
+                None => break,
+            };
             let mut d = orig;
-            let parked = process(&mut sec, &q, &att, &mut s.dev, &mut d, &mut scratch, true);
-            let big = parked.is_none() && d.status == 0 && d.result >= POST_AT_ONCE;
-            match parked {
-                Some(p) => s.parked.push(Parked { desc: orig, ..p }),
-                None => {
+            worked += 1;
+            let (parked, progress) = process(
+                &mut sec,
+                &q,
+                &att,
+                &mut s.dev,
+                &mut d,
+                &mut scratch,
+                true,
+                (done, budget - spent),
+            );
+            let mut big = false;
+            match (parked, progress) {
+                (Some(p), _) => s.parked.push(Parked { desc: orig, ..p }),
+                (None, Progress::More(upto)) => {
+                    s.partial = Some((orig, upto));
+                    break;
+                }
+                (None, Progress::Done) => {
                     if d.status == 0 {
                         bytes += d.result;
                     }
-                    batch[keep] = d;
-                    keep += 1;
+                    spent += d.result.saturating_sub(done).max(1);
+                    big = d.status == 0 && d.result >= POST_AT_ONCE;
+                    out.push(d);
                 }
             }
             // Post a large request's completion at once (its owner can use
             // the result while the next ones are processed; a strict unshare
             // of its buffers still waits for this section to end); small
-            // ones go out together at the end of the batch.
-            if (big || j + 1 == n) && posted < keep {
-                if s.view.complete(&batch[posted..keep]).map_err(|_| ())? {
+            // ones go out together at the end of the pass.
+            if big && posted < out.len() {
+                if s.view.complete(&out[posted..]).map_err(|_| ())? {
                     let _ = wd_sys::eventfd_signal(q.cq_event.as_fd());
                 }
-                posted = keep;
+                posted = out.len();
             }
         }
+        // What the budget did not reach waits for the next pass, in order.
+        s.backlog.extend(batch.drain(next..));
+        if posted < out.len() && s.view.complete(&out[posted..]).map_err(|_| ())? {
+            let _ = wd_sys::eventfd_signal(q.cq_event.as_fd());
+        }
         drop(sec);
-        q.requests.fetch_add(keep as u64, Ordering::Relaxed);
+        q.requests.fetch_add(out.len() as u64, Ordering::Relaxed);
         q.bytes.fetch_add(bytes, Ordering::Relaxed);
         if q.state() == QueueState::Broken {
             // A device access found the client's memory gone.
             return Err(());
         }
-        Ok(worked + n)
+        Ok(worked)
     }
 
     /// Look at queue `i`'s stalled requests whose domain resolved a stall:
@@ -385,7 +442,19 @@ impl EngineLoop {
             };
             for orig in retry {
                 let mut d = orig;
-                match process(&mut sec, &q, &att, &mut s.dev, &mut d, &mut scratch, true) {
+                let whole = (0, u64::MAX);
+                match process(
+                    &mut sec,
+                    &q,
+                    &att,
+                    &mut s.dev,
+                    &mut d,
+                    &mut scratch,
+                    true,
+                    whole,
+                )
+                .0
+                {
                     Some(p) => s.parked.push(Parked { desc: orig, ..p }),
                     None => {
                         if d.status == 0 {
@@ -404,9 +473,11 @@ impl EngineLoop {
     }
 }
 
-/// Run one request through the device inside `sec`. A request that faulted
-/// (completed with -EFAULT) in a domain with the stall policy is not
-/// completed: it comes back as a [`Parked`] (its `desc` to be filled in).
+/// Run one request (or, with `(done, budget)`, a piece of it) through the
+/// device inside `sec`. A request that faulted (completed with -EFAULT) in
+/// a domain with the stall policy is not completed: it comes back as a
+/// [`Parked`] (its `desc` to be filled in), and a retry starts it over.
+#[allow(clippy::too_many_arguments)]
 fn process(
     sec: &mut Section<'_>,
     q: &Queue,
@@ -415,7 +486,8 @@ fn process(
     d: &mut Desc,
     scratch: &mut Scratch<'_>,
     stallable: bool,
-) -> Option<Parked> {
+    (done, budget): (u64, u64),
+) -> (Option<Parked>, Progress) {
     let dom = match att {
         Attachment::Domain(x) => Some(&**x),
         Attachment::Blocked => None,
@@ -430,17 +502,25 @@ fn process(
         bounce: scratch.bounce,
         fault: &mut fault,
     };
-    if catch_unwind(AssertUnwindSafe(|| dev.process(d, &mut dma))).is_err() {
-        d.status = status::EIO;
-        d.result = 0;
-    }
-    let f = fault?;
+    let progress = match catch_unwind(AssertUnwindSafe(|| {
+        dev.process_part(d, &mut dma, done, budget)
+    })) {
+        Ok(p) => p,
+        Err(_) => {
+            d.status = status::EIO;
+            d.result = 0;
+            Progress::Done
+        }
+    };
+    let Some(f) = fault else {
+        return (None, progress);
+    };
     q.fault_count.fetch_add(1, Ordering::Relaxed);
     let fdom = match att {
         Attachment::Domain(x) => x.clone(),
         Attachment::Blocked => q.domain().clone(),
     };
-    match fdom.report_fault(f, stallable && d.status == status::EFAULT) {
+    let parked = match fdom.report_fault(f, stallable && d.status == status::EFAULT) {
         FaultOutcome::Aborted { .. } => None,
         FaultOutcome::Stalled { stag } => Some(Parked {
             stag,
@@ -448,7 +528,8 @@ fn process(
             dom: fdom,
             desc: *d,
         }),
-    }
+    };
+    (parked, progress)
 }
 
 /// Fail whatever is still queued on a ring being torn down (stalled
@@ -457,10 +538,13 @@ fn cancel_pending(s: &mut Served) {
     let mut left: Vec<Desc> = Vec::new();
     for p in s.parked.drain(..) {
         p.dom.cancel_stall(p.stag);
-        let mut d = p.desc;
+        left.push(p.desc);
+    }
+    left.extend(s.partial.take().map(|p| p.0));
+    left.extend(s.backlog.drain(..));
+    for d in left.iter_mut() {
         d.status = status::ECANCELED;
         d.result = 0;
-        left.push(d);
     }
     let _ = s.view.complete(&left);
     left.clear();

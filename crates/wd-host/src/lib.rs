@@ -13,6 +13,7 @@ mod conn;
 pub mod drivers;
 pub mod engine;
 pub mod queue;
+pub mod quota;
 
 use std::collections::HashMap;
 use std::os::fd::AsFd;
@@ -71,6 +72,8 @@ pub struct QueueType {
     pub info: AlgInfo,
     /// Instances left (`available_instances`).
     pub available: AtomicU32,
+    /// Instances in all.
+    pub instances: u32,
 }
 
 /// A device the host owns.
@@ -101,6 +104,8 @@ pub struct HostInner {
     stopping: AtomicBool,
     /// The software IOMMU every queue's device accesses go through.
     pub iommu: Arc<wd_iommu::Iommu>,
+    /// What each user holds, and the limits.
+    pub quotas: Arc<quota::Quotas>,
 }
 
 /// How often the IOMMU's timers run (flush-queue and stall timeouts): half
@@ -174,6 +179,9 @@ impl Host {
     /// Start the devices and serve `cfg.socket`.
     pub fn start(cfg: &HostConfig) -> Result<Host, HostError> {
         cfg.validate()?;
+        // Every connection costs descriptors: take what the hard limit
+        // allows, so the connection limits, not EMFILE, decide.
+        let _ = wd_sys::raise_nofile_limit();
         let (listener, path) = bind(&cfg.socket, cfg.socket_mode)?;
         let iommu = wd_iommu::Iommu::new();
         let mut devices = Vec::new();
@@ -185,6 +193,7 @@ impl Host {
                 engines.push(EngineHandle::spawn(
                     format!("wd-dev{n}-e{e}"),
                     Duration::from_micros(dc.idle_spin_us),
+                    cfg.limits.pass_bytes,
                     &iommu,
                 )?);
             }
@@ -194,6 +203,7 @@ impl Host {
                 .map(|info| QueueType {
                     info,
                     available: AtomicU32::new(dc.queues),
+                    instances: dc.queues,
                 })
                 .collect();
             let priority = if dc.priority == 0 {
@@ -215,6 +225,7 @@ impl Host {
             next_queue: AtomicU32::new(1),
             next_conn: AtomicU64::new(1),
             owner_uid: wd_sys::geteuid(),
+            quotas: quota::Quotas::new(cfg.limits.clone(), wd_sys::geteuid()),
             conns: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
             iommu: iommu.clone(),
@@ -250,6 +261,7 @@ impl Host {
             ),
             socket_mode: 0o600,
             devices,
+            ..HostConfig::default()
         };
         Host::start(&cfg)
     }
@@ -304,45 +316,99 @@ impl Drop for Host {
     }
 }
 
+/// Descriptors kept free for the host's own work (rings, eventfds,
+/// shares, files): a connection is refused once its socket's number comes
+/// this close to the limit (the kernel hands out the lowest free number, so
+/// the number is a floor on the descriptors open).
+const FD_HEADROOM: u64 = 64;
+/// How long the accept loop waits when the process is out of descriptors
+/// (instead of spinning on a listener that stays readable).
+const EMFILE_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Refuse a connection before any thread is spent on it.
+fn refuse(sock: UnixStream, status: Status, msg: &str) {
+    let _ = sock.set_write_timeout(Some(Duration::from_millis(100)));
+    let ch = wd_ipc::Channel::new(sock);
+    let _ = ch.send(&wd_proto::Message::error(status, msg), 0, &[]);
+}
+
 fn accept_loop(host: Arc<HostInner>, listener: UnixListener) {
+    use std::os::fd::AsRawFd;
     let mut threads: Vec<JoinHandle<()>> = Vec::new();
+    let fd_limit = wd_sys::nofile_limit().unwrap_or(1024);
     while !host.stopping.load(Ordering::SeqCst) {
         match wd_sys::poll(&[listener.as_fd()], Some(Duration::from_millis(100))) {
             Ok(r) if r[0].readable => {}
             _ => continue,
         }
-        let Ok((sock, _)) = listener.accept() else {
-            continue;
+        let sock = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if wd_sys::is_out_of_descriptors(&e) => {
+                std::thread::sleep(EMFILE_BACKOFF);
+                continue;
+            }
+            Err(_) => continue,
         };
         threads.retain(|t| !t.is_finished());
-        if threads.len() >= config::MAX_CONNECTIONS {
-            let ch = wd_ipc::Channel::new(sock);
-            let _ = ch.send(
-                &wd_proto::Message::error(Status::Busy, "host has too many connections"),
-                0,
-                &[],
+        if sock.as_raw_fd() as u64 + FD_HEADROOM >= fd_limit {
+            refuse(
+                sock,
+                Status::TooManyFiles,
+                "host is out of file descriptors; try again later",
             );
             continue;
         }
+        let Ok(cred) = wd_sys::peer_cred(&sock) else {
+            continue;
+        };
+        let charge = match host.quotas.charge(cred.uid, quota::Resource::Connection) {
+            Ok(c) => c,
+            Err(e) => {
+                refuse(sock, e.status(), &e.to_string());
+                continue;
+            }
+        };
         let id = host.next_conn.fetch_add(1, Ordering::Relaxed);
-        if let Ok(clone) = sock.try_clone() {
-            host.conns
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(id, clone);
-        }
+        let Ok(clone) = sock.try_clone() else {
+            refuse(
+                sock,
+                Status::TooManyFiles,
+                "host is out of file descriptors",
+            );
+            continue;
+        };
+        host.conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, clone);
         let h = host.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("wd-conn{id}"))
             .spawn(move || {
-                conn::serve(&h, sock);
+                conn::serve(&h, sock, cred, charge);
                 h.conns
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&id);
             });
-        if let Ok(t) = spawned {
-            threads.push(t);
+        match spawned {
+            Ok(t) => threads.push(t),
+            Err(_) => {
+                // The closure (socket and charge) is gone with the error;
+                // the stored clone must go too, or it leaks for good.
+                if let Some(s) = host
+                    .conns
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id)
+                {
+                    refuse(
+                        s,
+                        Status::NoMemory,
+                        "host cannot start a thread for this connection",
+                    );
+                }
+            }
         }
     }
     for t in threads {

@@ -16,6 +16,7 @@ use wd_proto::Status;
 use wd_sys::{Mapping, PeerCred};
 
 use crate::config::MAX_SHARES_PER_QUEUE;
+use crate::quota::Charge;
 use crate::HostError;
 
 pub use wd_proto::{CAPA_ALLOW_LEGACY, CAPA_SHARE_ALL};
@@ -52,9 +53,17 @@ struct Share {
     size: u64,
     /// The host's mapping of it (kept alive by virtio-iommu mappings and
     /// deferred invalidations too).
-    region: Arc<ImportedRegion>,
+    region: Arc<HostMapping>,
     /// The access the client granted.
     prot: Prot,
+}
+
+/// A host mapping of client memory and its charge to the client's uid:
+/// both end when the last holder (share table, virtio-iommu mapping,
+/// deferred invalidation) lets go, so the accounting follows the mapping.
+struct HostMapping {
+    region: ImportedRegion,
+    _charge: Charge,
 }
 
 /// A live queue.
@@ -96,6 +105,8 @@ pub struct Queue {
     /// The ring memory (its fd went to the client).
     pub ring: Mapping,
     state: AtomicU8,
+    /// The queue's charge to its owner's uid.
+    _charge: Charge,
 }
 
 impl Queue {
@@ -114,6 +125,7 @@ impl Queue {
         cq_event: OwnedFd,
         ring: Mapping,
         iommu: &Arc<Iommu>,
+        charge: Charge,
     ) -> Queue {
         let dom = Arc::new(Domain::new(iommu, id, DomainConfig::default()));
         iommu.track(&dom);
@@ -135,6 +147,7 @@ impl Queue {
             cq_event,
             ring,
             state: AtomicU8::new(QueueState::Active as u8),
+            _charge: charge,
         }
     }
 
@@ -190,7 +203,13 @@ impl Queue {
 
     /// Map client memory (already imported) at `iova` into the queue's
     /// domain.
-    pub fn share(&self, iova: u64, region: ImportedRegion, prot: Prot) -> Result<(), HostError> {
+    pub fn share(
+        &self,
+        iova: u64,
+        region: ImportedRegion,
+        prot: Prot,
+        charge: Charge,
+    ) -> Result<(), HostError> {
         let mut shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
         if shares.len() >= MAX_SHARES_PER_QUEUE {
             return Err(HostError::Status(
@@ -213,7 +232,10 @@ impl Queue {
             iova,
             Share {
                 size,
-                region: Arc::new(region),
+                region: Arc::new(HostMapping {
+                    region,
+                    _charge: charge,
+                }),
                 prot,
             },
         );
@@ -276,7 +298,7 @@ impl Queue {
         if end > iova + s.size || !s.prot.contains(prot) {
             return None;
         }
-        let host = s.region.host_addr() + (gpa - iova);
+        let host = s.region.region.host_addr() + (gpa - iova);
         Some((vec![(host, size)], Box::new(s.region.clone())))
     }
 }

@@ -193,9 +193,19 @@ impl Channel {
         request_id: u32,
         fds: &[BorrowedFd<'_>],
     ) -> Result<Frame, IpcError> {
-        self.send(msg, request_id, fds)?;
+        if let Err(e) = self.send(msg, request_id, fds) {
+            // A peer that refused us (too many connections, a quota, no
+            // Hello in time) says why before it closes: that reason beats
+            // the EPIPE our write got.
+            return match self.recv() {
+                Ok(f) if matches!(f.msg, Message::Error { .. }) => Ok(f),
+                _ => Err(e),
+            };
+        }
         let f = self.recv()?;
-        if f.request_id != request_id {
+        // Request id 0 is the host's unsolicited refusal of the connection.
+        let refusal = f.request_id == 0 && matches!(f.msg, Message::Error { .. });
+        if f.request_id != request_id && !refusal {
             return Err(IpcError::Unexpected {
                 want: request_id,
                 got: f.request_id,

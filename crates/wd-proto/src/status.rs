@@ -40,9 +40,14 @@ pub enum Status {
     BadHandle = 16,
     /// Authentication failed (an AEAD tag did not match).
     AuthFailed = 17,
+    /// Over a per-user limit of the host (queues, shares, mapped bytes,
+    /// connections).
+    Quota = 18,
+    /// The host is out of file descriptors.
+    TooManyFiles = 19,
 }
 
-const TABLE: [(Status, i32, &str); 18] = [
+const TABLE: [(Status, i32, &str); 20] = [
     (Status::Ok, 0, "success"),
     (Status::Invalid, 22, "invalid argument"),
     (Status::NoDevice, 19, "no device serves this algorithm"),
@@ -61,6 +66,8 @@ const TABLE: [(Status, i32, &str); 18] = [
     (Status::Again, 11, "try again"),
     (Status::BadHandle, 9, "not a live handle"),
     (Status::AuthFailed, 74, "authentication failed"),
+    (Status::Quota, 122, "over a per-user limit of the host"),
+    (Status::TooManyFiles, 24, "host out of file descriptors"),
 ];
 
 impl Status {
@@ -103,7 +110,7 @@ mod tests {
             assert_eq!(Status::from_errno(t.0.errno()), t.0);
             assert_eq!(Status::from_errno(-t.0.errno()), t.0);
         }
-        assert_eq!(Status::from_u16(18), None);
+        assert_eq!(Status::from_u16(20), None);
         assert_eq!(Status::from_errno(13), Status::Permission);
         assert_eq!(Status::from_errno(9999), Status::Io);
     }

@@ -608,6 +608,43 @@ pub fn pidfd_exited(pidfd: BorrowedFd<'_>) -> Result<bool> {
     Ok(r[0].readable || r[0].hangup)
 }
 
+fn get_nofile() -> Result<libc::rlimit> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    count();
+    // SAFETY: r is a writable rlimit.
+    let ret = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) };
+    check("getrlimit", ret as libc::c_long)?;
+    Ok(r)
+}
+
+/// The soft limit on open descriptors.
+pub fn nofile_limit() -> Result<u64> {
+    Ok(get_nofile()?.rlim_cur)
+}
+
+/// Raise the soft limit on open descriptors to the hard limit; returns the
+/// new soft limit.
+pub fn raise_nofile_limit() -> Result<u64> {
+    let mut r = get_nofile()?;
+    if r.rlim_cur < r.rlim_max {
+        r.rlim_cur = r.rlim_max;
+        count();
+        // SAFETY: r is a valid rlimit no higher than the hard limit.
+        let ret = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) };
+        check("setrlimit", ret as libc::c_long)?;
+    }
+    Ok(r.rlim_cur)
+}
+
+/// Whether an error means the process (EMFILE) or the system (ENFILE) is
+/// out of file descriptors.
+pub fn is_out_of_descriptors(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
 /// Run `child` in every child process created by fork, before fork returns
 /// there. Used to invalidate queues that belong to the parent.
 pub fn on_fork_child(child: extern "C" fn()) -> Result<()> {
