@@ -386,3 +386,244 @@ fn share_all_does_not_cross_into_an_execd_setuid_program() {
         "a request against the exec'd image succeeded: {report}"
     );
 }
+
+/// A host whose limits come from `limits` (a TOML `[limits]` body), with
+/// root and the owner not exempt, so these tests run as any user.
+fn limited_host(devices: &[&str], limits: &str) -> (HostProc, Dir) {
+    let d = dir("limits", 0o755);
+    let cfg = d.0.join("host.toml");
+    std::fs::write(&cfg, format!("[limits]\nexempt_owner = false\n{limits}\n")).unwrap();
+    let host = HostProc::start(devices, &["--config", cfg.to_str().unwrap()]);
+    (host, d)
+}
+
+/// A raw connection that never says Hello.
+fn idle(socket: &str) -> wd_ipc::Channel {
+    wd_ipc::Channel::new(std::os::unix::net::UnixStream::connect(socket).unwrap())
+}
+
+fn hello(ch: &mut wd_ipc::Channel) -> Result<(), (wd_proto::Status, String)> {
+    let hello = Message::Hello {
+        version: wd_proto::PROTOCOL_VERSION,
+        client_pid: 0,
+    };
+    match ch.call(&hello, 1, &[]) {
+        Ok(f) => match f.msg {
+            Message::HelloReply { .. } => Ok(()),
+            Message::Error { status, message } => Err((status, message)),
+            m => panic!("unexpected {m:?}"),
+        },
+        Err(e) => Err((wd_proto::Status::HostGone, e.to_string())),
+    }
+}
+
+/// Issue 9, item 3: idle connections of one user cannot take every slot,
+/// and a connection that never says Hello is closed with a reason.
+#[test]
+fn idle_connections_are_limited_and_timed_out() {
+    let (host, _d) = limited_host(
+        &["dummy"],
+        "connections_per_uid = 8\nhello_timeout_ms = 300",
+    );
+    // HostProc::start's own probe connections are gone by now.
+    std::thread::sleep(Duration::from_millis(50));
+    let held: Vec<_> = (0..8).map(|_| idle(&host.socket)).collect();
+    // The ninth is refused with the limit named, not a silent hang.
+    let mut ninth = idle(&host.socket);
+    let (st, msg) = hello(&mut ninth).unwrap_err();
+    assert_eq!(st, wd_proto::Status::Quota, "{msg}");
+    assert!(msg.contains("connections_per_uid"), "{msg}");
+    // The idle ones are closed after the deadline, with a reason.
+    std::thread::sleep(Duration::from_millis(600));
+    for mut ch in held {
+        let f = ch.recv().expect("a reason before the close");
+        match f.msg {
+            Message::Error { message, .. } => assert!(message.contains("Hello"), "{message}"),
+            m => panic!("unexpected {m:?}"),
+        }
+    }
+    // And the user can connect again.
+    let mut again = idle(&host.socket);
+    hello(&mut again).unwrap();
+}
+
+/// Issue 9, item 3: one user cannot take every queue of a device.
+#[test]
+fn one_user_cannot_take_every_queue() {
+    let (host, _d) = limited_host(&["dummy:queues=4"], "queue_type_percent = 50");
+    let h = HostConn::connect(&host.socket).unwrap();
+    let cap = wrapdrive::Capability::new("memcpy");
+    let a = h.request_queue(&cap).unwrap();
+    let _b = h.request_queue(&cap).unwrap();
+    let e = h.request_queue(&cap).unwrap_err();
+    assert_eq!(e.status(), wd_proto::Status::Quota, "{e}");
+    assert!(e.to_string().contains("queue_type_percent"), "{e}");
+    assert_eq!(e.status().errno(), libc::EDQUOT);
+    // Given back with the queue.
+    drop(a);
+    let _c = h.request_queue(&cap).unwrap();
+}
+
+/// Issue 9, item 3: shared ranges are limited per user, refused with
+/// -EDQUOT, and counted back when unshared.
+#[test]
+fn shared_ranges_are_limited_per_user() {
+    let (host, _d) = limited_host(&["dummy"], "shares_per_uid = 16");
+    let h = HostConn::connect(&host.socket).unwrap();
+    let mut q = h
+        .request_queue(&wrapdrive::Capability::new("memcpy"))
+        .unwrap();
+    let buf = wrapdrive::SharedBuf::new(32 * 4096).unwrap();
+    for i in 0..16 {
+        q.share(buf.addr() + i * 4096, 4096).unwrap();
+    }
+    let e = q.share(buf.addr() + 16 * 4096, 4096).unwrap_err();
+    assert_eq!(e.status(), wd_proto::Status::Quota, "{e}");
+    assert!(e.to_string().contains("shares_per_uid"), "{e}");
+    q.unshare(buf.addr(), 4096).unwrap();
+    q.share(buf.addr() + 16 * 4096, 4096).unwrap();
+}
+
+/// CPU seconds a process has used.
+fn cpu_seconds(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &s[s.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 (11 and 12 after the name).
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// Issue 9, item 3: a host out of descriptors refuses or defers new
+/// connections without spinning, and recovers when they close.
+#[test]
+fn descriptor_exhaustion_neither_spins_nor_sticks() {
+    let d = dir("nofile", 0o755);
+    let cfg = d.0.join("host.toml");
+    std::fs::write(
+        &cfg,
+        "[limits]\nexempt_owner = false\nconnections_per_uid = 1000\nhello_timeout_ms = 60000\n",
+    )
+    .unwrap();
+    let socket = d.0.join("wd.sock").to_string_lossy().into_owned();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_wd"));
+    c.args([
+        "serve", "--socket", &socket, "--mode", "666", "--device", "dummy",
+    ])
+    .args(["--config", cfg.to_str().unwrap()])
+    .stderr(Stdio::null());
+    // SAFETY: setrlimit in the child before exec (async-signal-safe).
+    unsafe {
+        c.pre_exec(|| {
+            let r = libc::rlimit {
+                rlim_cur: 128,
+                rlim_max: 128,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = c.spawn().unwrap();
+    let t = Instant::now();
+    while HostConn::connect(&socket).is_err() {
+        assert!(t.elapsed() < Duration::from_secs(10), "host did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = child.id();
+    // Far more idle connections than the host has descriptors for.
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for _ in 0..200 {
+        let mut ch = idle(&socket);
+        let _ = ch
+            .socket()
+            .set_read_timeout(Some(Duration::from_millis(200)));
+        match hello(&mut ch) {
+            Ok(()) => held.push(ch),
+            Err((st, msg)) => {
+                assert!(
+                    matches!(
+                        st,
+                        wd_proto::Status::TooManyFiles | wd_proto::Status::HostGone
+                    ),
+                    "{st:?}: {msg}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "200 connections fitted in 128 descriptors?");
+    // Saturated, the host must not burn a core.
+    let before = cpu_seconds(pid);
+    std::thread::sleep(Duration::from_secs(1));
+    let used = cpu_seconds(pid) - before;
+    drop(held);
+    std::thread::sleep(Duration::from_millis(300));
+    let ok = HostConn::connect(&socket).is_ok();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        used < 0.3,
+        "the host used {used:.2} s of CPU in 1 s while out of descriptors"
+    );
+    assert!(ok, "the host did not recover after the connections closed");
+}
+
+/// Issue 9, item 3: a queue full of huge copies does not make another
+/// client's small request wait for all of them.
+#[test]
+fn small_requests_do_not_wait_behind_huge_copies() {
+    let (host, _d) = limited_host(&["dummy"], "");
+    let h1 = HostConn::connect(&host.socket).unwrap();
+    let h2 = HostConn::connect(&host.socket).unwrap();
+    let cap = wrapdrive::Capability::new("memcpy").depth(16);
+    let mut flood = h1.request_queue(&cap).unwrap();
+    let mut small = h2.request_queue(&cap).unwrap();
+    const BIG: u64 = 64 << 20;
+    let a = wrapdrive::SharedBuf::new(BIG as usize).unwrap();
+    let b = wrapdrive::SharedBuf::new(BIG as usize).unwrap();
+    flood.share(a.addr(), BIG).unwrap();
+    flood.share(b.addr(), BIG).unwrap();
+    let s = wrapdrive::SharedBuf::new(8192).unwrap();
+    small.share(s.addr(), 8192).unwrap();
+    let big = CopyMsg {
+        src: a.addr(),
+        dst: b.addr(),
+        len: BIG,
+    }
+    .to_desc(0);
+    let reqs: Vec<_> = (0..8).map(|i| (big, i)).collect();
+    assert_eq!(flood.send_batch(&reqs).unwrap(), 8);
+    let d = small
+        .call(
+            CopyMsg {
+                src: s.addr(),
+                dst: s.addr() + 4096,
+                len: 64,
+            }
+            .to_desc(9),
+        )
+        .unwrap();
+    assert_eq!(d.status, 0);
+    // When the small request is back, most of the flood is still running.
+    let mut done = Vec::new();
+    flood.recv_batch(&mut done, 8).unwrap();
+    assert!(
+        done.len() <= 2,
+        "{} of 8 huge copies completed before one 64-byte request",
+        done.len()
+    );
+    // The flood still completes, correctly.
+    let t = Instant::now();
+    while done.len() < 8 {
+        assert!(t.elapsed() < Duration::from_secs(30));
+        flood.recv_batch(&mut done, 8).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(done
+        .iter()
+        .all(|c| c.desc.status == 0 && c.desc.result == BIG));
+}
