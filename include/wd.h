@@ -125,8 +125,13 @@ int wd_rcv_sync(struct wd_queue *q, void **req);
  * whole pages). flags: 0. -EINVAL if the memory is not from wd_alloc. */
 int wd_mem_share(struct wd_queue *q, const void *addr, size_t size, int flags);
 /* Undo wd_mem_share (same addr and size); returns once the device can no
- * longer reach the memory. */
+ * longer reach the memory. A range that is not exactly one shared range
+ * (part of one, or several) is refused and stays reachable: errno is then
+ * set (ENOENT, or EINVAL for a bad queue). Prefer wd_mem_unshare2. */
 void wd_mem_unshare(struct wd_queue *q, const void *addr, size_t size);
+/* As wd_mem_unshare, returning 0 or a negative errno (-ENOENT: not exactly
+ * one shared range, which stays shared). Since WD_0.2. */
+int wd_mem_unshare2(struct wd_queue *q, const void *addr, size_t size);
 
 /* ---- memory, capabilities, faults, errors ---------------------------- */
 

@@ -88,7 +88,12 @@ static void test_copy(void)
 
 	/* Sharing memory that is not from wd_alloc is refused clearly. */
 	CHECK(wd_mem_share(&q, not_shared, 4096, 0) == -EINVAL, "share foreign memory");
-	wd_mem_unshare(&q, src, 8192);
+	/* A partial unshare is refused and said so; the range stays shared. */
+	CHECK(wd_mem_unshare2(&q, src, 4096) == -ENOENT, "partial unshare refused");
+	errno = 0;
+	wd_mem_unshare(&q, (char *)src + 4096, 4096);
+	CHECK(errno == ENOENT, "partial unshare sets errno");
+	CHECK(wd_mem_unshare2(&q, src, 8192) == 0, "whole unshare");
 	wd_mem_unshare(&q, dst, 8192);
 	msgs[0].status = 1;
 	CHECK(wd_send_sync(&q, &msgs[0]) == 0 && wd_rcv_sync(&q, &got) == 0, "after unshare");

@@ -394,19 +394,37 @@ pub unsafe extern "C" fn wd_mem_share(
     })
 }
 
-/// Undo a share.
+/// Undo a share; a refusal (say, a range that is not exactly one shared
+/// range) sets errno, since the 0.1 signature returns nothing.
 ///
 /// # Safety
 /// Pointers must be NULL or valid as `include/wd.h` documents for this call.
 #[no_mangle]
 pub unsafe extern "C" fn wd_mem_unshare(q: *mut WdQueue, addr: *const c_void, size: usize) {
+    // SAFETY: the caller's contract is wd_mem_unshare2's.
+    let r = unsafe { wd_mem_unshare2(q, addr, size) };
+    if r < 0 {
+        wd_sys::set_errno(-r);
+    }
+}
+
+/// Undo a share and say whether it was undone.
+///
+/// # Safety
+/// Pointers must be NULL or valid as `include/wd.h` documents for this call.
+#[no_mangle]
+pub unsafe extern "C" fn wd_mem_unshare2(
+    q: *mut WdQueue,
+    addr: *const c_void,
+    size: usize,
+) -> c_int {
     guard(|| {
         let h = handle(q)?;
         h.q.lock()
             .unwrap_or_else(|e| e.into_inner())
             .unshare(addr as u64, size as u64)?;
         Ok(0)
-    });
+    })
 }
 
 /// Allocate shareable memory.

@@ -85,6 +85,14 @@ pub trait DeviceQueue: Send {
         self.process(desc, dma);
         Progress::Done
     }
+
+    /// Bytes of data a completed request processed, for the queue's
+    /// `bytes` counter. The default reads the result as a byte count;
+    /// devices whose results are something else (a session handle, a
+    /// digest length) say what the request really moved.
+    fn bytes_of(&self, done: &Desc) -> u64 {
+        done.result
+    }
 }
 
 /// How far [`DeviceQueue::process_part`] got.

@@ -637,7 +637,7 @@ impl Conn<'_> {
         }
         q.requests.fetch_add(1, Ordering::Relaxed);
         if d.status == 0 {
-            q.bytes.fetch_add(d.result, Ordering::Relaxed);
+            q.bytes.fetch_add(dev.bytes_of(&d), Ordering::Relaxed);
         } else if d.status == wd_device::status::EFAULT {
             q.fault_count.fetch_add(1, Ordering::Relaxed);
         }

@@ -358,7 +358,7 @@ impl EngineLoop {
                 }
                 (None, Progress::Done) => {
                     if d.status == 0 {
-                        bytes += d.result;
+                        bytes += s.dev.bytes_of(&d);
                     }
                     spent += d.result.saturating_sub(done).max(1);
                     big = d.status == 0 && d.result >= POST_AT_ONCE;
@@ -458,7 +458,7 @@ impl EngineLoop {
                     Some(p) => s.parked.push(Parked { desc: orig, ..p }),
                     None => {
                         if d.status == 0 {
-                            q.bytes.fetch_add(d.result, Ordering::Relaxed);
+                            q.bytes.fetch_add(s.dev.bytes_of(&d), Ordering::Relaxed);
                         }
                         batch.push(d);
                     }

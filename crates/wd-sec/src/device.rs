@@ -368,6 +368,16 @@ impl SecQueue {
 }
 
 impl DeviceQueue for SecQueue {
+    fn bytes_of(&self, done: &Desc) -> u64 {
+        // Session requests return a handle, digests their length: count the
+        // data each one read instead.
+        match msg::decode(done) {
+            Ok(Request::Cipher(c)) => c.len,
+            Ok(Request::Digest(g)) => g.len,
+            _ => 0,
+        }
+    }
+
     fn process(&mut self, desc: &mut Desc, dma: &mut dyn Dma) {
         let r = match msg::decode(desc) {
             Err(e) => Err(e.status()),

@@ -511,3 +511,36 @@ fn long_hmac_keys_travel_by_address() {
     assert_eq!((d.status, d.result), (0, 32));
     assert_eq!(mem.get(BASE + 0x100, 32), want);
 }
+
+/// Issue 9: a queue's `bytes` counter counts data, not session handles.
+#[test]
+fn bytes_count_data_not_handles() {
+    let mut mem = Mem::new(0x10000, true);
+    let mut q = SecQueue::new(TYPE_CIPHER);
+    let alg = Alg::by_name("aes-128-cbc").unwrap();
+    let key_addr = BASE + 0x8000;
+    let new = run(
+        &mut q,
+        &mut mem,
+        SessionNew::new(alg, &[1; 16], key_addr).encode(),
+    );
+    assert_eq!(new.status, 0);
+    assert_ne!(new.result, 0, "a handle");
+    assert_eq!(q.bytes_of(&new), 0);
+    let d = run(
+        &mut q,
+        &mut mem,
+        cipher_op(new.result, F_ENCRYPT | F_IV, BASE, BASE, 64, &[0; 16]),
+    );
+    assert_eq!(d.status, 0);
+    assert_eq!(q.bytes_of(&d), 64);
+    let free = run(
+        &mut q,
+        &mut mem,
+        SessionFree {
+            session: new.result,
+        }
+        .encode(),
+    );
+    assert_eq!(q.bytes_of(&free), 0);
+}

@@ -639,6 +639,12 @@ pub fn raise_nofile_limit() -> Result<u64> {
     Ok(r.rlim_cur)
 }
 
+/// Set this thread's errno (C entry points whose signature has no status).
+pub fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
 /// Whether an error means the process (EMFILE) or the system (ENFILE) is
 /// out of file descriptors.
 pub fn is_out_of_descriptors(e: &io::Error) -> bool {
