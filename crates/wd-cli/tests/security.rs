@@ -310,12 +310,70 @@ fn attacker() -> i32 {
 /// Entry point of the attacker process; does nothing in a normal run.
 #[test]
 fn child_entry() {
-    if std::env::var("WD_TEST_ROLE").as_deref() == Ok("attacker") {
-        let code = attacker();
-        std::io::stdout().flush().unwrap();
-        // SAFETY: leave without running the harness's teardown twice.
-        unsafe { libc::_exit(code) };
+    let code = match std::env::var("WD_TEST_ROLE").as_deref() {
+        Ok("attacker") => attacker(),
+        Ok("lister") => {
+            let h = HostConn::from_env().unwrap();
+            let mut q = h
+                .request_queue(&wrapdrive::Capability::new("memcpy"))
+                .unwrap();
+            assert_eq!(q.call(wrapdrive::Desc::default()).unwrap().status, 0);
+            let paths: Vec<String> = h
+                .attrs("")
+                .unwrap()
+                .into_iter()
+                .filter(|e| e.path.contains("/queues/") || e.path.starts_with("host/users/"))
+                .map(|e| format!("{}={}", e.path, e.value))
+                .collect();
+            println!("WD:{}", paths.join(" "));
+            0
+        }
+        _ => return,
+    };
+    std::io::stdout().flush().unwrap();
+    // SAFETY: leave without running the harness's teardown twice.
+    unsafe { libc::_exit(code) };
+}
+
+/// Issue 9, item 5: other users' queues are counted, not detailed.
+#[test]
+fn other_users_queues_are_counted_not_shown() {
+    const T: &str = "other_users_queues_are_counted_not_shown";
+    if !is_root() {
+        return skip(T, "needs root to run a second client as uid 65534");
     }
+    let host = HostProc::start(&["dummy"], &[]);
+    let h = HostConn::connect(&host.socket).unwrap();
+    let _mine = h
+        .request_queue(&wrapdrive::Capability::new("memcpy"))
+        .unwrap();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .env("WD_TEST_ROLE", "lister")
+        .env("WD_HOST", &host.socket)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let report = text
+        .lines()
+        .find_map(|l| l.split_once("WD:").map(|x| x.1.to_string()))
+        .unwrap_or_else(|| panic!("lister said: {text}"));
+    // Its own queue in detail, root's as a count, its own usage only.
+    assert!(report.contains("/uid=65534"), "{report}");
+    assert!(!report.contains("/uid=0"), "root's queue shown: {report}");
+    assert!(report.contains("dev0/queues/others=1"), "{report}");
+    assert!(report.contains("host/users/65534/queues=1"), "{report}");
+    assert!(!report.contains("host/users/0/"), "{report}");
+    // Root sees everything.
+    let all: Vec<_> = h
+        .attrs("dev0/queues/")
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.path.ends_with("/uid"))
+        .collect();
+    assert!(!all.is_empty());
 }
 
 /// Issue 9, item 1: a SHARE_ALL queue must not reach a setuid program its

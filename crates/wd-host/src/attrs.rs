@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use wd_proto::{AttrEntry, Status};
 use wd_sys::PeerCred;
 
+use crate::config::QueueDetails;
 use crate::{HostError, HostInner};
 
 fn entry(path: String, value: impl ToString, writable: bool) -> AttrEntry {
@@ -28,9 +29,16 @@ pub const CLIENT_STAT_NAMES: [&str; wd_ring::CLIENT_STATS] = [
     "cpu_policy",
 ];
 
-/// Every attribute whose path starts with `prefix`.
-pub fn list(host: &HostInner, prefix: &str) -> Vec<AttrEntry> {
+/// Every attribute whose path starts with `prefix`, as `who` may see it.
+///
+/// Under `QueueDetails::Owner` (the default) a queue's details (pid, uid,
+/// sizes, counters) are shown to its own uid, the host's owner and root;
+/// everyone else sees how many other queues a device has
+/// (`devN/queues/others`), as a kernel shows other users' processes only
+/// as far as /proc's policy allows.
+pub fn list(host: &HostInner, who: PeerCred, prefix: &str) -> Vec<AttrEntry> {
     let mut out = Vec::new();
+    let sees_all = host.queue_details == QueueDetails::All || may_write(host, who);
     out.push(entry(
         "host/version".into(),
         env!("CARGO_PKG_VERSION"),
@@ -98,7 +106,13 @@ pub fn list(host: &HostInner, prefix: &str) -> Vec<AttrEntry> {
         let queues = host.queues.lock().unwrap_or_else(|e| e.into_inner());
         let mut ids: Vec<_> = queues.values().filter(|q| q.device == n).collect();
         ids.sort_by_key(|q| q.id);
-        for q in ids {
+        let (mine, others): (Vec<_>, Vec<_>) = ids
+            .into_iter()
+            .partition(|q| sees_all || q.owner.uid == who.uid);
+        if !sees_all {
+            out.push(entry(format!("{base}/queues/others"), others.len(), false));
+        }
+        for q in mine {
             let qb = format!("{base}/queues/q{}", q.id);
             out.push(entry(format!("{qb}/pid"), q.owner.pid, false));
             out.push(entry(format!("{qb}/uid"), q.owner.uid, false));
@@ -141,9 +155,46 @@ pub fn list(host: &HostInner, prefix: &str) -> Vec<AttrEntry> {
             }
         }
     }
+    limit_attrs(&mut out, host, who, sees_all);
     out.retain(|e| e.path.starts_with(prefix));
     out.truncate(wd_proto::limits::MAX_ATTRS);
     out
+}
+
+/// The limits in force, and what each user holds (only one's own unless
+/// one may see everything).
+fn limit_attrs(out: &mut Vec<AttrEntry>, host: &HostInner, who: PeerCred, sees_all: bool) {
+    let l = host.quotas.limits();
+    for (name, v) in [
+        ("connections_per_uid", l.connections_per_uid as u64),
+        ("queues_per_uid", l.queues_per_uid as u64),
+        ("queue_type_percent", l.queue_type_percent as u64),
+        ("shares_per_uid", l.shares_per_uid as u64),
+        ("mapped_bytes_per_uid", l.mapped_bytes_per_uid),
+        ("hello_timeout_ms", l.hello_timeout_ms),
+        ("reserved_connections", l.reserved_connections as u64),
+        ("pass_bytes", l.pass_bytes),
+    ] {
+        out.push(entry(format!("host/limits/{name}"), v, false));
+    }
+    out.push(entry(
+        "host/limits/exempt_owner".into(),
+        l.exempt_owner,
+        false,
+    ));
+    let (maps, budget) = host.quotas.mappings();
+    out.push(entry("host/mappings".into(), maps, false));
+    out.push(entry("host/mappings_budget".into(), budget, false));
+    for (uid, u) in host.quotas.users() {
+        if !sees_all && uid != who.uid {
+            continue;
+        }
+        let b = format!("host/users/{uid}");
+        out.push(entry(format!("{b}/connections"), u.connections, false));
+        out.push(entry(format!("{b}/queues"), u.queues, false));
+        out.push(entry(format!("{b}/shares"), u.shares, false));
+        out.push(entry(format!("{b}/mapped_bytes"), u.mapped_bytes, false));
+    }
 }
 
 /// A queue's IOMMU state: what it translates through and that domain's
@@ -178,8 +229,8 @@ fn iommu_attrs(out: &mut Vec<AttrEntry>, base: &str, q: &crate::queue::Queue) {
 }
 
 /// One attribute's value.
-pub fn get(host: &HostInner, path: &str) -> Result<String, HostError> {
-    list(host, path)
+pub fn get(host: &HostInner, who: PeerCred, path: &str) -> Result<String, HostError> {
+    list(host, who, path)
         .into_iter()
         .find(|e| e.path == path)
         .map(|e| e.value)
@@ -205,7 +256,7 @@ pub fn set(host: &HostInner, who: PeerCred, path: &str, value: &str) -> Result<(
         .and_then(|n| host.devices.get(n))
         .ok_or_else(|| HostError::Status(Status::NotFound, format!("no device 'dev{dev}'")))?;
     if !matches!(attr, "numa_zone_id" | "priority") {
-        let exists = list(host, path).iter().any(|e| e.path == path);
+        let exists = list(host, who, path).iter().any(|e| e.path == path);
         let status = if exists {
             Status::Permission
         } else {

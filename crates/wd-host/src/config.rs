@@ -140,6 +140,20 @@ pub struct HostConfig {
     /// What one user may hold (`[limits]`).
     #[serde(default)]
     pub limits: Limits,
+    /// Who sees a queue's details in the attribute tree (`wd ls`).
+    #[serde(default)]
+    pub queue_details: QueueDetails,
+}
+
+/// Who sees the details (pid, uid, sizes, counters) of a queue.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueDetails {
+    /// Its owner's uid, the host's owner and root; others see counts.
+    #[default]
+    Owner,
+    /// Every client.
+    All,
 }
 
 /// What one user, and one queue, may take of the host: named limits so
@@ -247,6 +261,7 @@ impl Default for HostConfig {
             socket_mode: default_mode(),
             devices: default_devices(),
             limits: Limits::default(),
+            queue_details: QueueDetails::default(),
         }
     }
 }

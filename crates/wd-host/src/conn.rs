@@ -183,13 +183,13 @@ impl Conn<'_> {
         match f.msg {
             Message::ListAttrs { prefix } => Ok((
                 Message::Attrs {
-                    entries: attrs::list(self.host, &prefix),
+                    entries: attrs::list(self.host, self.cred, &prefix),
                 },
                 none,
             )),
             Message::GetAttr { path } => Ok((
                 Message::AttrValue {
-                    value: attrs::get(self.host, &path)?,
+                    value: attrs::get(self.host, self.cred, &path)?,
                 },
                 none,
             )),

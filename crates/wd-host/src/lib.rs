@@ -106,6 +106,8 @@ pub struct HostInner {
     pub iommu: Arc<wd_iommu::Iommu>,
     /// What each user holds, and the limits.
     pub quotas: Arc<quota::Quotas>,
+    /// Who sees queue details.
+    pub queue_details: config::QueueDetails,
 }
 
 /// How often the IOMMU's timers run (flush-queue and stall timeouts): half
@@ -226,6 +228,7 @@ impl Host {
             next_conn: AtomicU64::new(1),
             owner_uid: wd_sys::geteuid(),
             quotas: quota::Quotas::new(cfg.limits.clone(), wd_sys::geteuid()),
+            queue_details: cfg.queue_details,
             conns: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
             iommu: iommu.clone(),
