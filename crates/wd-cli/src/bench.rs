@@ -34,6 +34,8 @@ enum Which {
     Iommu(crate::bench_iommu::IommuArgs),
     /// Loading files into shareable buffers (`wd load`) against the seed's baselines.
     Load(crate::bench_load::BenchLoadArgs),
+    /// Latency of small requests while other clients flood the engine with huge copies.
+    Fairness(crate::bench_fair::FairArgs),
 }
 
 impl BenchCmd {
@@ -46,6 +48,7 @@ impl BenchCmd {
             Some(Which::Queue(a)) => run(a, host),
             Some(Which::Iommu(a)) => crate::bench_iommu::run(a, host),
             Some(Which::Load(a)) => crate::bench_load::run(a),
+            Some(Which::Fairness(a)) => crate::bench_fair::run(a, host),
         }
     }
 }

@@ -2,6 +2,7 @@
 #![deny(unsafe_code)]
 
 mod bench;
+mod bench_fair;
 mod bench_iommu;
 mod bench_load;
 mod chart;

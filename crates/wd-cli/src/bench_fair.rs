@@ -1,0 +1,273 @@
+//! `wd bench fairness`: how long a small request waits when other clients
+//! keep the same engine busy with huge copies. Each flooder is a client
+//! with its own connection and queue, keeping its ring full of large
+//! copies; the measured client sends 64-byte copies one at a time and
+//! records each round trip. Rows: 0 flooders (the baseline of the same
+//! run) and more.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::report::{Progress, Target};
+use wrapdrive::dummy::CopyMsg;
+use wrapdrive::{Capability, HostConn, SharedBuf};
+
+/// Options of `wd bench fairness`.
+#[derive(clap::Args)]
+pub struct FairArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Seconds the small client measures per repetition.
+    #[arg(long, default_value_t = 1.0)]
+    seconds: f64,
+    /// Repetitions per row (the median row by p99 is reported).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Numbers of flooding clients, one row each.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![0usize, 1, 2, 4])]
+    flooders: Vec<usize>,
+    /// Bytes of each flooding copy.
+    #[arg(long, default_value_t = 64 << 20)]
+    flood_bytes: u64,
+    /// Copies each flooder keeps in flight.
+    #[arg(long, default_value_t = 4)]
+    flood_depth: usize,
+    /// Bytes of each measured request.
+    #[arg(long, default_value_t = 64)]
+    size: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    flooders: usize,
+    requests: usize,
+    p50_ns: u64,
+    p99_ns: u64,
+    max_ns: u64,
+    /// Flooders' copy throughput meanwhile, bytes per second.
+    flood_bytes_per_sec: f64,
+}
+
+/// A client that keeps `depth` copies of `bytes` in flight until stopped.
+fn flooder(
+    host: &str,
+    bytes: u64,
+    depth: usize,
+    stop: Arc<AtomicBool>,
+    moved: Arc<AtomicU64>,
+    ready: std::sync::mpsc::Sender<Result<(), String>>,
+) {
+    let setup = || -> Result<_, String> {
+        let h = HostConn::connect(host).map_err(|e| e.to_string())?;
+        let mut q = h
+            .request_queue(&Capability::new("memcpy").depth(depth.max(1) as u32))
+            .map_err(|e| e.to_string())?;
+        let a = SharedBuf::new(bytes as usize).map_err(|e| e.to_string())?;
+        let b = SharedBuf::new(bytes as usize).map_err(|e| e.to_string())?;
+        q.share(a.addr(), bytes).map_err(|e| e.to_string())?;
+        q.share(b.addr(), bytes).map_err(|e| e.to_string())?;
+        Ok((h, q, a, b))
+    };
+    let (_h, mut q, a, b) = match setup() {
+        Ok(x) => {
+            let _ = ready.send(Ok(()));
+            x
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let d = CopyMsg {
+        src: a.addr(),
+        dst: b.addr(),
+        len: bytes,
+    }
+    .to_desc(0);
+    let reqs: Vec<_> = (0..depth as u64).map(|i| (d, i)).collect();
+    if q.send_batch(&reqs).is_err() {
+        return;
+    }
+    while !stop.load(Ordering::Relaxed) {
+        // Blocks on the completion eventfd: a flooder burns no CPU of its
+        // own, only the engine's.
+        if let Ok(c) = q.recv_sync(Some(Duration::from_millis(100))) {
+            if c.desc.status == 0 {
+                moved.fetch_add(c.desc.result, Ordering::Relaxed);
+            }
+            if q.send(d, c.cookie).is_err() {
+                return;
+            }
+        }
+    }
+    // Drain what is in flight before the buffers go.
+    let t = Instant::now();
+    while q.in_flight() > 0 && t.elapsed() < Duration::from_secs(30) {
+        let _ = q.recv_sync(Some(Duration::from_millis(100)));
+    }
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn one_rep(args: &FairArgs, host: &str, n: usize) -> Result<Row, String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let moved = Arc::new(AtomicU64::new(0));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut threads = Vec::new();
+    for _ in 0..n {
+        let (h, s, m, tx) = (host.to_string(), stop.clone(), moved.clone(), tx.clone());
+        let (bytes, depth) = (args.flood_bytes, args.flood_depth);
+        threads.push(std::thread::spawn(move || {
+            flooder(&h, bytes, depth, s, m, tx)
+        }));
+    }
+    let mut setup = Ok(());
+    for _ in 0..n {
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => setup = Err(format!("flooder: {e}")),
+            Err(_) => setup = Err("flooder died".into()),
+        }
+    }
+    let measured = setup.and_then(|()| {
+        let h = HostConn::connect(host).map_err(|e| e.to_string())?;
+        let mut q = h
+            .request_queue(&Capability::new("memcpy"))
+            .map_err(|e| e.to_string())?;
+        let buf = SharedBuf::new((2 * args.size).max(4096) as usize).map_err(|e| e.to_string())?;
+        q.share(buf.addr(), buf.len()).map_err(|e| e.to_string())?;
+        let d = CopyMsg {
+            src: buf.addr(),
+            dst: buf.addr() + args.size,
+            len: args.size,
+        }
+        .to_desc(1);
+        // Measure in steady state: every flooder has finished a copy (its
+        // pages are faulted in and its ring is full).
+        let warm = Instant::now();
+        while moved.load(Ordering::Relaxed) < n as u64 * args.flood_bytes
+            && warm.elapsed() < Duration::from_secs(30)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let m0 = moved.load(Ordering::Relaxed);
+        let mut lat = Vec::new();
+        let t0 = Instant::now();
+        while t0.elapsed().as_secs_f64() < args.seconds {
+            let t = Instant::now();
+            let r = q.call(d).map_err(|e| e.to_string())?;
+            lat.push(t.elapsed().as_nanos() as u64);
+            if r.status != 0 {
+                return Err(format!("measured request failed: {}", r.status));
+            }
+        }
+        let el = t0.elapsed().as_secs_f64();
+        let flood = (moved.load(Ordering::Relaxed) - m0) as f64 / el;
+        lat.sort_unstable();
+        Ok(Row {
+            flooders: n,
+            requests: lat.len(),
+            p50_ns: percentile(&lat, 0.5),
+            p99_ns: percentile(&lat, 0.99),
+            max_ns: lat.last().copied().unwrap_or(0),
+            flood_bytes_per_sec: flood,
+        })
+    });
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        let _ = t.join();
+    }
+    measured
+}
+
+/// Run `wd bench fairness` against `host`.
+pub fn run(args: FairArgs, host: &str) -> Result<(), String> {
+    if args.reps == 0
+        || !(0.05..=60.0).contains(&args.seconds)
+        || args.flooders.is_empty()
+        || args.flooders.iter().any(|&n| n > 64)
+        || !(4096..=(1 << 30)).contains(&args.flood_bytes)
+        || !(1..=256).contains(&args.flood_depth)
+        || !(1..=(1 << 20)).contains(&args.size)
+    {
+        return Err("need --reps >= 1, --seconds in 0.05..60, 1..=64 flooders per row, --flood-bytes 4096..=1 GiB, --flood-depth 1..=256, --size 1..=1 MiB".into());
+    }
+    let mut prog = Progress::new(args.flooders.len() * args.reps, !args.json);
+    let mut rows = Vec::new();
+    for &n in &args.flooders {
+        let mut reps = Vec::new();
+        for r in 0..args.reps {
+            prog.step(&format!("{n} flooders, rep {}", r + 1));
+            reps.push(one_rep(&args, host, n)?);
+        }
+        reps.sort_by_key(|r| r.p99_ns);
+        rows.push(reps.swap_remove(reps.len() / 2));
+    }
+    prog.finish();
+    let base = rows.iter().find(|r| r.flooders == 0).map(|r| r.p99_ns);
+    let mut targets = Vec::new();
+    if let Some(r) = rows
+        .iter()
+        .filter(|r| r.flooders >= 4)
+        .min_by_key(|r| r.flooders)
+    {
+        targets.push(Target::at_most(
+            format!(
+                "p99 latency of a {} B request with {} flooding clients (ms)",
+                args.size, r.flooders
+            ),
+            r.p99_ns as f64 / 1e6,
+            2.0,
+        ));
+    }
+    if args.json {
+        let v = serde_json::json!({
+            "benchmark": "fairness",
+            "seconds": args.seconds,
+            "reps": args.reps,
+            "flood_bytes": args.flood_bytes,
+            "flood_depth": args.flood_depth,
+            "size": args.size,
+            "rows": rows,
+            "targets": targets,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+        return Ok(());
+    }
+    println!("| flooders | requests | p50 | p99 | max | p99 / no flood | flood GB/s |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {:.1} us | {:.1} us | {:.2} ms | {} | {:.2} |",
+            r.flooders,
+            r.requests,
+            r.p50_ns as f64 / 1e3,
+            r.p99_ns as f64 / 1e3,
+            r.max_ns as f64 / 1e6,
+            base.filter(|&b| b > 0)
+                .map_or("-".into(), |b| format!("{:.1}", r.p99_ns as f64 / b as f64)),
+            r.flood_bytes_per_sec / 1e9
+        );
+    }
+    println!();
+    for t in &targets {
+        println!("{}", t.line());
+    }
+    println!(
+        "\nEach flooder keeps {} copies of {} MiB in flight on its own connection; rows are the median of {} repetitions by p99, {} s each.",
+        args.flood_depth,
+        args.flood_bytes >> 20,
+        args.reps,
+        args.seconds
+    );
+    Ok(())
+}
