@@ -6,10 +6,11 @@
 //! checks those seals and the size before it maps anything a client sent.
 #![deny(unsafe_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
+use wd_sys::window::{FileWindow, WindowMapping};
 use wd_sys::{Mapping, SysError};
 
 /// Allocation granule: buffers never share a page, so sharing one buffer
@@ -278,7 +279,56 @@ impl Allocator {
 /// Host side: a client's memory, checked and mapped into the host.
 #[derive(Debug)]
 pub struct ImportedRegion {
-    map: Mapping,
+    map: Backing,
+}
+
+#[derive(Debug)]
+enum Backing {
+    /// At the range's file offset in its file's window (merges with the
+    /// ranges it touches).
+    Window(WindowMapping),
+    /// Wherever the kernel chose.
+    Own(Mapping),
+}
+
+/// Largest file given a window: bigger ones are mapped range by range.
+const MAX_WINDOW: u64 = 4 << 30;
+/// Address space all windows together may reserve.
+const WINDOW_SPACE: u64 = 8 << 40;
+
+/// The window of each client file the host maps ranges of, by (device,
+/// inode); held weakly, so a window goes with its file's last range.
+type Windows = HashMap<((u32, u32), u64), Weak<FileWindow>>;
+static WINDOWS: Mutex<Option<Windows>> = Mutex::new(None);
+
+/// The window of the file behind `fd`, made on first use; None when the
+/// file is too large or the window budget is spent.
+fn window_of(fd: BorrowedFd<'_>, size: u64) -> Result<Option<Arc<FileWindow>>, MemError> {
+    // Huge pages need huge-page-aligned addresses: mapped on their own.
+    if wd_sys::file::fs_of(fd)?.1 > wd_sys::page_size() as u64 {
+        return Ok(None);
+    }
+    let info = wd_sys::file::file_info(fd)?;
+    let key = (info.dev, info.ino);
+    let mut g = WINDOWS.lock().unwrap_or_else(|e| e.into_inner());
+    let all = g.get_or_insert_with(HashMap::new);
+    if let Some(w) = all.get(&key).and_then(Weak::upgrade) {
+        return Ok(Some(w));
+    }
+    let page = wd_sys::page_size() as u64;
+    let len = size.div_ceil(page) * page;
+    all.retain(|_, w| w.strong_count() > 0);
+    let used: u64 = all
+        .values()
+        .filter_map(Weak::upgrade)
+        .map(|w| w.len())
+        .sum();
+    if len == 0 || len > MAX_WINDOW || used + len > WINDOW_SPACE {
+        return Ok(None);
+    }
+    let w = FileWindow::reserve(len)?;
+    all.insert(key, Arc::downgrade(&w));
+    Ok(Some(w))
 }
 
 impl ImportedRegion {
@@ -295,23 +345,40 @@ impl ImportedRegion {
         if offset.checked_add(len).is_none_or(|e| e > size) || offset % GRANULE as u64 != 0 {
             return Err(MemError::OutOfFile { offset, len, size });
         }
+        // In the file's window where it fits (touching ranges merge into
+        // one kernel mapping), else on its own.
+        if let Some(w) = window_of(fd, size)? {
+            if let Ok(Some(m)) = w.map(fd, offset, len) {
+                return Ok(ImportedRegion {
+                    map: Backing::Window(m),
+                });
+            }
+        }
         let map = Mapping::map_shared(fd, offset, len as usize)?;
-        Ok(ImportedRegion { map })
+        Ok(ImportedRegion {
+            map: Backing::Own(map),
+        })
     }
 
     /// Host address of the first byte.
     pub fn host_addr(&self) -> u64 {
-        self.map.as_ptr() as u64
+        match &self.map {
+            Backing::Window(m) => m.as_ptr() as u64,
+            Backing::Own(m) => m.as_ptr() as u64,
+        }
     }
 
     /// Length in bytes.
     pub fn len(&self) -> u64 {
-        self.map.len() as u64
+        match &self.map {
+            Backing::Window(m) => m.len(),
+            Backing::Own(m) => m.len() as u64,
+        }
     }
 
     /// Whether empty (never).
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.len() == 0
     }
 }
 
@@ -346,6 +413,33 @@ mod tests {
         a.alloc(64 << 10, None).unwrap();
         a.alloc(64 << 10, None).unwrap();
         assert!(matches!(a.alloc(1, None), Err(MemError::Limit { .. })));
+    }
+
+    #[test]
+    fn page_by_page_imports_coalesce() {
+        let name = format!("wd-coalesce-{}", std::process::id());
+        let vmas = || {
+            std::fs::read_to_string("/proc/self/maps")
+                .unwrap()
+                .lines()
+                .filter(|l| l.contains(&format!("/memfd:{name} ")))
+                .count()
+        };
+        let fd = wd_sys::memfd_create(&name, false).unwrap();
+        wd_sys::ftruncate(fd.as_fd(), 256 * 4096).unwrap();
+        wd_sys::add_seals(fd.as_fd(), wd_sys::SEAL_SHRINK).unwrap();
+        let mut regions: Vec<ImportedRegion> = (0..256)
+            .map(|i| ImportedRegion::import(fd.as_fd(), i * 4096, 4096).unwrap())
+            .collect();
+        assert_eq!(vmas(), 1, "256 touching shares, one host mapping");
+        // The same page shared twice (two queues) is mapped apart.
+        let twice = ImportedRegion::import(fd.as_fd(), 0, 4096).unwrap();
+        assert_ne!(twice.host_addr(), regions[0].host_addr());
+        assert_eq!(vmas(), 2);
+        regions.swap_remove(100);
+        drop(twice);
+        drop(regions);
+        assert_eq!(vmas(), 0);
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod file;
 pub mod pages;
 pub mod process_mem;
 pub mod uring;
+pub mod window;
 
 /// Errors of the system-call layer: the failing call and its errno.
 #[derive(Debug, thiserror::Error)]
