@@ -245,6 +245,7 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
                 socket: sock.clone(),
                 socket_mode: 0o600,
                 devices: vec![dev],
+                ..wd_host::HostConfig::default()
             };
             let h = wd_host::Host::start(&cfg).map_err(|e| e.to_string())?;
             (sock, Some(h), Some(TempDir(tmp)))

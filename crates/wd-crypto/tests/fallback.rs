@@ -28,6 +28,7 @@ fn host_entry() {
         socket: sock,
         socket_mode: 0o600,
         devices: vec![wrapdrive::DeviceConfig::new("sec")],
+        ..wrapdrive::HostConfig::default()
     };
     // SAFETY: getppid has no preconditions.
     let parent = unsafe { libc::getppid() };
