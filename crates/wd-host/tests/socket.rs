@@ -35,7 +35,8 @@ fn can_run_as_root(test: &str) -> bool {
             .append(true)
             .open(log)
         {
-            let _ = writeln!(f, "{test}: {reason}");
+            // One write per line: O_APPEND keeps parallel tests' lines whole.
+            let _ = f.write_all(format!("{test}: {reason}\n").as_bytes());
         }
     }
     false
