@@ -36,15 +36,25 @@ enum Cmd {
         /// Socket to listen on (a path, or @name for an abstract socket).
         #[arg(long)]
         socket: Option<String>,
-        /// TOML configuration file (socket, socket_mode, [[device]] tables).
+        /// TOML configuration file (socket, socket_mode, allow_uids, allow_gids,
+        /// [[device]] tables).
         #[arg(long)]
         config: Option<std::path::PathBuf>,
         /// Device to own, e.g. "dummy:engines=2,queues=16" (repeatable).
         #[arg(long = "device")]
         devices: Vec<String>,
-        /// Socket permission bits, octal (who may connect).
+        /// Who may connect, as octal permission bits: set on a path socket
+        /// and checked against every client's credentials (abstract sockets
+        /// too); a class needs both r and w (e.g. 600: this user and root).
         #[arg(long, value_parser = parse_octal)]
         mode: Option<u32>,
+        /// Also admit this uid whatever --mode says (repeatable).
+        #[arg(long = "allow-uid", value_name = "UID")]
+        allow_uids: Vec<u32>,
+        /// Also admit clients in this group, primary or supplementary,
+        /// whatever --mode says (repeatable).
+        #[arg(long = "allow-gid", value_name = "GID")]
+        allow_gids: Vec<u32>,
     },
     /// Show devices, queue types and live queues as a tree.
     Ls {
@@ -96,12 +106,25 @@ fn connect(host: &Option<String>) -> Result<std::sync::Arc<HostConn>, ClientErro
     }
 }
 
-fn serve(
+/// What `wd serve` was asked on its command line.
+struct ServeArgs {
     socket: Option<String>,
     config: Option<std::path::PathBuf>,
     devices: Vec<String>,
     mode: Option<u32>,
-) -> Result<(), String> {
+    allow_uids: Vec<u32>,
+    allow_gids: Vec<u32>,
+}
+
+fn serve(args: ServeArgs) -> Result<(), String> {
+    let ServeArgs {
+        socket,
+        config,
+        devices,
+        mode,
+        allow_uids,
+        allow_gids,
+    } = args;
     let mut cfg = match config {
         Some(p) => {
             let text = std::fs::read_to_string(&p)
@@ -116,6 +139,8 @@ fn serve(
     if let Some(m) = mode {
         cfg.socket_mode = m;
     }
+    cfg.allow_uids.extend(allow_uids);
+    cfg.allow_gids.extend(allow_gids);
     if !devices.is_empty() {
         cfg.devices = devices
             .iter()
@@ -181,7 +206,16 @@ fn run(cli: Cli) -> Result<(), String> {
             config,
             devices,
             mode,
-        } => serve(socket, config, devices, mode),
+            allow_uids,
+            allow_gids,
+        } => serve(ServeArgs {
+            socket,
+            config,
+            devices,
+            mode,
+            allow_uids,
+            allow_gids,
+        }),
         Cmd::Ls { json } => {
             let h = connect(&cli.host).map_err(|e| e.to_string())?;
             let entries = h.attrs("").map_err(|e| e.to_string())?;

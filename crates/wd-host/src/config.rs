@@ -131,9 +131,18 @@ pub struct HostConfig {
     /// Socket path; a leading '@' names an abstract socket.
     #[serde(default = "default_socket")]
     pub socket: String,
-    /// Permission bits of a filesystem socket (who may connect).
+    /// Permission bits saying who may connect: set on a path socket's file
+    /// and, for every kind of socket (abstract ones included), checked
+    /// against each peer's credentials (see [`crate::socket::AccessPolicy`]).
     #[serde(default = "default_mode")]
     pub socket_mode: u32,
+    /// Users admitted whatever `socket_mode` says.
+    #[serde(default)]
+    pub allow_uids: Vec<u32>,
+    /// Groups (a peer's primary or supplementary) admitted whatever
+    /// `socket_mode` says.
+    #[serde(default)]
+    pub allow_gids: Vec<u32>,
     /// Devices to own.
     #[serde(default = "default_devices", rename = "device")]
     pub devices: Vec<DeviceConfig>,
@@ -259,6 +268,8 @@ impl Default for HostConfig {
         HostConfig {
             socket: default_socket(),
             socket_mode: default_mode(),
+            allow_uids: Vec::new(),
+            allow_gids: Vec::new(),
             devices: default_devices(),
             limits: Limits::default(),
             queue_details: QueueDetails::default(),

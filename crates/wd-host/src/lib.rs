@@ -14,11 +14,11 @@ pub mod drivers;
 pub mod engine;
 pub mod queue;
 pub mod quota;
+pub mod socket;
 
 use std::collections::HashMap;
 use std::os::fd::AsFd;
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -36,15 +36,9 @@ pub enum HostError {
     /// Bad configuration.
     #[error("configuration: {0}")]
     Config(String),
-    /// Socket set-up failed.
-    #[error("socket {path}: {source}")]
-    Socket {
-        /// The socket address.
-        path: String,
-        /// What failed.
-        #[source]
-        source: std::io::Error,
-    },
+    /// The host could not take its socket.
+    #[error(transparent)]
+    Socket(#[from] socket::SocketError),
     /// A request failed with a protocol status and a message for the client.
     #[error("{1}")]
     Status(Status, String),
@@ -59,9 +53,8 @@ impl HostError {
         match self {
             HostError::Status(s, _) => *s,
             HostError::Config(_) => Status::Invalid,
-            HostError::Socket { source, .. } | HostError::Io(source) => {
-                Status::from_errno(source.raw_os_error().unwrap_or(5))
-            }
+            HostError::Socket(e) => e.status(),
+            HostError::Io(source) => Status::from_errno(source.raw_os_error().unwrap_or(5)),
         }
     }
 }
@@ -100,6 +93,8 @@ pub struct HostInner {
     next_conn: AtomicU64,
     /// Owner of the host: may write attributes.
     pub owner_uid: u32,
+    /// Who may connect at all.
+    pub access: socket::AccessPolicy,
     conns: Mutex<HashMap<u64, UnixStream>>,
     stopping: AtomicBool,
     /// The software IOMMU every queue's device accesses go through.
@@ -145,36 +140,7 @@ pub struct Host {
     address: String,
     accept: Option<JoinHandle<()>>,
     timers: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
-    path: Option<std::path::PathBuf>,
-}
-
-fn bind(address: &str, mode: u32) -> Result<(UnixListener, Option<std::path::PathBuf>), HostError> {
-    let err = |source| HostError::Socket {
-        path: address.to_string(),
-        source,
-    };
-    if let Some(name) = address.strip_prefix('@') {
-        let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(err)?;
-        return Ok((UnixListener::bind_addr(&addr).map_err(err)?, None));
-    }
-    let path = std::path::PathBuf::from(address);
-    if path.exists() {
-        // A live host answers; a stale socket file from a dead one does not.
-        if UnixStream::connect(&path).is_ok() {
-            return Err(err(std::io::Error::new(
-                std::io::ErrorKind::AddrInUse,
-                "another host is already serving this socket",
-            )));
-        }
-        std::fs::remove_file(&path).map_err(err)?;
-    }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(err)?;
-    }
-    let l = UnixListener::bind(&path).map_err(err)?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).map_err(err)?;
-    Ok((l, Some(path)))
+    socket_file: Option<socket::SocketFile>,
 }
 
 impl Host {
@@ -184,7 +150,10 @@ impl Host {
         // Every connection costs descriptors: take what the hard limit
         // allows, so the connection limits, not EMFILE, decide.
         let _ = wd_sys::raise_nofile_limit();
-        let (listener, path) = bind(&cfg.socket, cfg.socket_mode)?;
+        let socket::Bound {
+            listener,
+            file: socket_file,
+        } = socket::bind(&cfg.socket, cfg.socket_mode)?;
         let iommu = wd_iommu::Iommu::new();
         let mut devices = Vec::new();
         for (n, dc) in cfg.devices.iter().enumerate() {
@@ -229,6 +198,13 @@ impl Host {
             owner_uid: wd_sys::geteuid(),
             quotas: quota::Quotas::new(cfg.limits.clone(), wd_sys::geteuid()),
             queue_details: cfg.queue_details,
+            access: socket::AccessPolicy {
+                mode: cfg.socket_mode,
+                uid: wd_sys::geteuid(),
+                gid: wd_sys::getegid(),
+                allow_uids: cfg.allow_uids.clone(),
+                allow_gids: cfg.allow_gids.clone(),
+            },
             conns: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
             iommu: iommu.clone(),
@@ -248,7 +224,7 @@ impl Host {
             address: cfg.socket.clone(),
             accept: Some(accept),
             timers: Some((stop_timers, timers)),
-            path,
+            socket_file,
         })
     }
 
@@ -307,8 +283,8 @@ impl Host {
             stop.store(true, Ordering::Relaxed);
             let _ = t.join();
         }
-        if let Some(p) = &self.path {
-            let _ = std::fs::remove_file(p);
+        if let Some(f) = &self.socket_file {
+            f.remove();
         }
     }
 }
@@ -352,6 +328,10 @@ fn accept_loop(host: Arc<HostInner>, listener: UnixListener) {
             }
             Err(_) => continue,
         };
+        if let Err(why) = socket::admit(&host.access, &sock) {
+            refuse(sock, Status::Permission, &why);
+            continue;
+        }
         threads.retain(|t| !t.is_finished());
         if sock.as_raw_fd() as u64 + FD_HEADROOM >= fd_limit {
             refuse(

@@ -457,6 +457,62 @@ pub fn peer_cred(sock: &UnixStream) -> Result<PeerCred> {
     })
 }
 
+/// SO_PEERGROUPS (Linux 4.13): not exported by the `libc` crate for every
+/// target, and its number differs on a few architectures.
+#[cfg(any(target_arch = "mips", target_arch = "mips64"))]
+const SO_PEERGROUPS: libc::c_int = 59;
+#[cfg(any(target_arch = "sparc", target_arch = "sparc64"))]
+const SO_PEERGROUPS: libc::c_int = 0x3d;
+#[cfg(not(any(
+    target_arch = "mips",
+    target_arch = "mips64",
+    target_arch = "sparc",
+    target_arch = "sparc64"
+)))]
+const SO_PEERGROUPS: libc::c_int = 59;
+
+/// Most supplementary groups a process can have (`NGROUPS_MAX`): bounds the
+/// buffer a lying length could make us allocate.
+const MAX_PEER_GROUPS: usize = 65536;
+
+/// Supplementary groups of a socket peer (SO_PEERGROUPS), as the kernel
+/// recorded them at connect time, so access by group cannot be claimed
+/// after the fact.
+pub fn peer_groups(sock: &UnixStream) -> Result<Vec<u32>> {
+    let gid_size = std::mem::size_of::<libc::gid_t>();
+    let mut groups: Vec<libc::gid_t> = vec![0; 32];
+    loop {
+        count();
+        let mut len = (groups.len() * gid_size) as libc::socklen_t;
+        // SAFETY: groups has room for `len` bytes of gid_t values and len is
+        // a valid in/out pointer; the kernel writes at most `len` bytes.
+        let r = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        match check("getsockopt(SO_PEERGROUPS)", r as libc::c_long) {
+            Ok(_) => {
+                groups.truncate((len as usize / gid_size).min(groups.len()));
+                return Ok(groups);
+            }
+            // Too small: the kernel put the size it needs in len.
+            Err(e)
+                if e.errno() == libc::ERANGE
+                    && (len as usize / gid_size) > groups.len()
+                    && (len as usize / gid_size) <= MAX_PEER_GROUPS =>
+            {
+                groups.resize(len as usize / gid_size, 0);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 const CMSG_BUF: usize = 128;
 
 /// Send all of `bytes` on a stream socket, with `fds` attached to the first
@@ -590,6 +646,12 @@ pub fn getpid() -> u32 {
 pub fn geteuid() -> u32 {
     // SAFETY: no preconditions.
     unsafe { libc::geteuid() }
+}
+
+/// Effective group id of this process.
+pub fn getegid() -> u32 {
+    // SAFETY: no preconditions.
+    unsafe { libc::getegid() }
 }
 
 /// A pidfd for `pid`: a stable handle that cannot be confused with a later
@@ -767,6 +829,25 @@ mod tests {
         assert_eq!(eventfd_drain(e.as_fd()).unwrap(), 0);
         let c = peer_cred(&b).unwrap();
         assert_eq!(c.pid, getpid());
+    }
+
+    #[test]
+    fn peer_groups_are_this_process_groups() {
+        let (_a, b) = UnixStream::pair().unwrap();
+        let mut got = peer_groups(&b).unwrap();
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Groups:"))
+            .unwrap();
+        let mut want: Vec<u32> = line
+            .split_whitespace()
+            .map(|g| g.parse().unwrap())
+            .collect();
+        got.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(got, want);
+        assert_eq!(peer_cred(&b).unwrap().gid, getegid());
     }
 
     #[test]

@@ -206,6 +206,48 @@ fn embedded_host() -> Result<Arc<wd_host::Host>> {
     Ok(h)
 }
 
+/// Environment variable listing the uids, besides root and this user,
+/// whose hosts a client trusts (comma-separated).
+pub const HOST_UIDS_ENV: &str = "WD_HOST_UIDS";
+
+/// Trust only a host run by root, by this user or by a uid in
+/// `WD_HOST_UIDS`: whoever binds an abstract name (or a path in a shared
+/// directory) first would otherwise receive this process's keys and data.
+/// Checked before the first byte is sent.
+fn check_host_identity(addr: &str, sock: &std::os::unix::net::UnixStream) -> Result<()> {
+    let host = wd_sys::peer_cred(sock).map_err(|e| {
+        ClientError::new(
+            Status::Permission,
+            format!("cannot tell who runs the WrapDrive host at '{addr}': {e}"),
+        )
+    })?;
+    let me = wd_sys::geteuid();
+    if host.uid == 0 || host.uid == me {
+        return Ok(());
+    }
+    let listed = std::env::var(HOST_UIDS_ENV).unwrap_or_default();
+    for item in listed.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let uid: u32 = item.parse().map_err(|_| {
+            ClientError::new(
+                Status::Invalid,
+                format!(
+                    "{HOST_UIDS_ENV}: '{item}' is not a uid (expected comma-separated numbers)"
+                ),
+            )
+        })?;
+        if uid == host.uid {
+            return Ok(());
+        }
+    }
+    Err(ClientError::new(
+        Status::Permission,
+        format!(
+            "the WrapDrive host at '{addr}' runs as uid {} (pid {}), which is neither root nor this user (uid {me}); refusing to talk to it (if that user's host is trusted, add {} to {HOST_UIDS_ENV})",
+            host.uid, host.pid, host.uid
+        ),
+    ))
+}
+
 impl HostConn {
     /// Connect to the host at `addr` (a path, `@name` for an abstract
     /// socket, or `embedded` for an in-process host).
@@ -252,7 +294,11 @@ impl HostConn {
                 format!("cannot connect to the WrapDrive host at '{addr}': {e} (start one with `wd serve`, or set WD_HOST=embedded)"),
             )
         })?;
+        check_host_identity(addr, &sock)?;
         let mut ch = Channel::new(sock);
+        // A host that refuses the connection answers with an Error of
+        // request id 0, which `call` returns (even when the Hello could not
+        // be written).
         let reply = ch.call(
             &Message::Hello {
                 version: wd_proto::PROTOCOL_VERSION,

@@ -1,0 +1,137 @@
+//! `wd serve`'s access flags end to end: `--mode` holds for an abstract
+//! socket, `--allow-uid` admits one more user, and a second host on a held
+//! name is told who holds it. The other-uid client is this binary re-run
+//! as uid 65534; without root those parts are skipped.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use wrapdrive::HostConn;
+
+/// Whether a test that needs root can run; if not, say so on stderr and in
+/// `$WD_SKIP_LOG`.
+fn can_run_as_root(test: &str) -> bool {
+    if wd_sys::geteuid() == 0 {
+        return true;
+    }
+    let reason = "needs root to run a client as uid 65534";
+    eprintln!("skip: {reason}");
+    if let Ok(log) = std::env::var("WD_SKIP_LOG") {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+        {
+            // One write per line: O_APPEND keeps parallel tests' lines whole.
+            let _ = f.write_all(format!("{test}: {reason}\n").as_bytes());
+        }
+    }
+    false
+}
+
+/// A `wd serve` process, killed on drop.
+struct Serve(Child);
+
+impl Serve {
+    fn start(addr: &str, extra: &[&str]) -> Serve {
+        let child = Command::new(env!("CARGO_BIN_EXE_wd"))
+            .args(["serve", "--socket", addr, "--device", "dummy"])
+            .args(extra)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start wd serve");
+        let t = Instant::now();
+        while HostConn::connect(addr).is_err() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "host did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Serve(child)
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Connect to `addr` as uid 65534 and return "ok" or the error.
+fn connect_as_nobody(addr: &str) -> String {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .env("WD_ACCESS_TEST_ADDR", addr)
+        .uid(65534)
+        .gid(65534)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run a client as uid 65534");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let report = loop {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            break "child exited without reporting".to_string();
+        }
+        if let Some((_, rest)) = line.trim_end().split_once("WD:") {
+            break rest.to_string();
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    report
+}
+
+/// Entry point of the other-uid client; does nothing in a normal run.
+#[test]
+fn child_entry() {
+    let Ok(addr) = std::env::var("WD_ACCESS_TEST_ADDR") else {
+        return;
+    };
+    let r = match HostConn::connect(&addr) {
+        Ok(_) => "ok".to_string(),
+        Err(e) => format!("{:?} {e}", e.status()),
+    };
+    println!("WD:{r}");
+}
+
+#[test]
+fn serve_mode_and_allow_uid_hold_for_abstract_sockets() {
+    if !can_run_as_root("serve_mode_and_allow_uid_hold_for_abstract_sockets") {
+        return;
+    }
+    let addr = format!("@wd-serve-access-{}", std::process::id());
+    let host = Serve::start(&addr, &["--mode", "600"]);
+    let r = connect_as_nobody(&addr);
+    assert!(
+        r.starts_with("Permission uid 65534 is not allowed by this host's access policy"),
+        "{r}"
+    );
+    drop(host);
+    let addr = format!("@wd-serve-allow-{}", std::process::id());
+    let _host = Serve::start(&addr, &["--mode", "600", "--allow-uid", "65534"]);
+    assert_eq!(connect_as_nobody(&addr), "ok");
+}
+
+#[test]
+fn second_serve_on_a_held_name_names_the_holder() {
+    let addr = format!("@wd-serve-held-{}", std::process::id());
+    let first = Serve::start(&addr, &["--mode", "600"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_wd"))
+        .args(["serve", "--socket", &addr, "--device", "dummy"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let want = format!(
+        "{addr} is already served by uid {} (pid {})",
+        wd_sys::geteuid(),
+        first.0.id()
+    );
+    assert!(err.contains(&want), "{err}");
+}
