@@ -98,7 +98,8 @@ struct Sample {
     csw: f64,
 }
 
-fn percentile(sorted: &[u64], p: f64) -> u64 {
+/// The `p` quantile (0..=1) of sorted values (0 when empty).
+pub(crate) fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
     }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::bench::percentile;
 use crate::report::{Progress, Target};
 use wrapdrive::dummy::CopyMsg;
 use wrapdrive::{Capability, HostConn, SharedBuf};
@@ -109,13 +110,6 @@ fn flooder(
     while q.in_flight() > 0 && t.elapsed() < Duration::from_secs(30) {
         let _ = q.recv_sync(Some(Duration::from_millis(100)));
     }
-}
-
-fn percentile(sorted: &[u64], p: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 fn one_rep(args: &FairArgs, host: &str, n: usize) -> Result<Row, String> {
