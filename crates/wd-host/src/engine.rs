@@ -59,6 +59,8 @@ impl EngineHandle {
         idle_spin: Duration,
         iommu: &Arc<Iommu>,
     ) -> std::io::Result<EngineHandle> {
+        // Engines touch client memory that may vanish under them.
+        wd_sys::guard::install().map_err(std::io::Error::other)?;
         let (tx, rx) = mpsc::channel();
         let doorbell =
             Arc::new(wd_sys::eventfd().map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?);
@@ -180,8 +182,8 @@ impl EngineLoop {
                         i += 1;
                     }
                     Err(()) => {
-                        // Corrupt ring: stop serving it; the owner's
-                        // connection tears it down.
+                        // Corrupt ring, or memory that vanished: stop
+                        // serving it; the owner's connection tears it down.
                         let s = self.queues.swap_remove(i);
                         s.q.set_state(QueueState::Broken);
                         s.view.set_host_state(HostState::Broken);
@@ -251,7 +253,8 @@ impl EngineLoop {
         }
     }
 
-    /// One pass over queue `i`: Err(()) when its ring is corrupt.
+    /// One pass over queue `i`: Err(()) when its ring is corrupt or its
+    /// memory vanished.
     fn serve(&mut self, i: usize, batch: &mut Vec<Desc>) -> Result<usize, ()> {
         batch.clear();
         if self.queues[i].q.state() != QueueState::Active {
@@ -300,7 +303,14 @@ impl EngineLoop {
         for j in 0..n {
             let orig = batch[j];
             let mut d = orig;
-            let parked = process(&mut sec, &q, &att, &mut s.dev, &mut d, &mut scratch, true);
+            let parked = if q.state() == QueueState::Broken {
+                // An earlier request of the batch found the memory gone.
+                d.status = status::ECANCELED;
+                d.result = 0;
+                None
+            } else {
+                process(&mut sec, &q, &att, &mut s.dev, &mut d, &mut scratch, true)
+            };
             let big = parked.is_none() && d.status == 0 && d.result >= POST_AT_ONCE;
             match parked {
                 Some(p) => s.parked.push(Parked { desc: orig, ..p }),
@@ -326,6 +336,9 @@ impl EngineLoop {
         drop(sec);
         q.requests.fetch_add(keep as u64, Ordering::Relaxed);
         q.bytes.fetch_add(bytes, Ordering::Relaxed);
+        if q.state() == QueueState::Broken {
+            return Err(());
+        }
         Ok(worked + n)
     }
 
@@ -380,6 +393,12 @@ impl EngineLoop {
             };
             for orig in retry {
                 let mut d = orig;
+                if q.state() == QueueState::Broken {
+                    d.status = status::ECANCELED;
+                    d.result = 0;
+                    batch.push(d);
+                    continue;
+                }
                 match process(&mut sec, &q, &att, &mut s.dev, &mut d, &mut scratch, true) {
                     Some(p) => s.parked.push(Parked { desc: orig, ..p }),
                     None => {
@@ -394,6 +413,9 @@ impl EngineLoop {
         q.requests.fetch_add(batch.len() as u64, Ordering::Relaxed);
         if s.view.complete(batch).map_err(|_| ())? {
             let _ = wd_sys::eventfd_signal(q.cq_event.as_fd());
+        }
+        if q.state() == QueueState::Broken {
+            return Err(());
         }
         Ok(resolved)
     }
@@ -425,9 +447,31 @@ fn process(
         bounce: scratch.bounce,
         fault: &mut fault,
     };
-    if catch_unwind(AssertUnwindSafe(|| dev.process(d, &mut dma))).is_err() {
+    let (done, vanished) =
+        wd_sys::guard::guarded(|| catch_unwind(AssertUnwindSafe(|| dev.process(d, &mut dma))));
+    if done.is_err() {
         d.status = status::EIO;
         d.result = 0;
+    }
+    let mut stallable = stallable;
+    if let Some(addr) = vanished {
+        // Client memory vanished under the device (a hole punched in a
+        // hugetlb memfd the pool cannot fill again): the guard replaced the
+        // page with zeros, so the host's mapping is no longer the client's
+        // memory and nothing more is served on this queue (`serve` sees the
+        // state). SIGBUS does not tell reads from writes.
+        d.status = status::EFAULT;
+        d.result = 0;
+        stallable = false;
+        q.set_state(QueueState::Broken);
+        if let Some(iova) = q.iova_of_host(addr) {
+            fault.get_or_insert(Fault {
+                iova,
+                pasid: q.id,
+                access: Access::Read,
+                reason: FaultReason::Unmapped,
+            });
+        }
     }
     let f = fault?;
     q.fault_count.fetch_add(1, Ordering::Relaxed);

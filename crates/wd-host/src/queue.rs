@@ -258,6 +258,23 @@ impl Queue {
         drop(shares);
     }
 
+    /// The IOVA this queue shared the host address `host` at, to report a
+    /// vanished page where the client named it. Engines call this inside
+    /// their IOTLB section, while an unshare may hold the lock and wait for
+    /// that section to end: so it only tries the lock, and `None` also
+    /// means "busy".
+    pub fn iova_of_host(&self, host: u64) -> Option<u64> {
+        let shares = match self.shares.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        shares.iter().find_map(|(&iova, s)| {
+            let off = host.checked_sub(s.region.host_addr())?;
+            (off < s.size).then_some(iova + off)
+        })
+    }
+
     /// Number of shared ranges.
     pub fn share_count(&self) -> usize {
         self.shares.lock().unwrap_or_else(|e| e.into_inner()).len()
