@@ -310,7 +310,9 @@ pub(crate) fn new_ring(
     let sys = |e: wd_sys::SysError| HostError::Status(Status::from_errno(e.errno()), e.to_string());
     let fd = wd_sys::memfd_create("wd-ring", false).map_err(sys)?;
     wd_sys::ftruncate(fd.as_fd(), layout.total_bytes() as u64).map_err(sys)?;
-    // The client cannot shrink the ring under the host (no SIGBUS here).
+    // The client cannot shrink the ring under the host. It holds the fd
+    // and can punch holes, but on normal pages a hole faults in a zero page
+    // (no SIGBUS): at worst a corrupt ring, which the engine detects.
     wd_sys::add_seals(
         fd.as_fd(),
         wd_sys::SEAL_SHRINK | wd_sys::SEAL_GROW | wd_sys::SEAL_SEAL,
