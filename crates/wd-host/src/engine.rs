@@ -63,6 +63,8 @@ impl EngineHandle {
         pass_bytes: u64,
         iommu: &Arc<Iommu>,
     ) -> std::io::Result<EngineHandle> {
+        // Engines touch client memory that may vanish under them.
+        wd_sys::guard::install().map_err(std::io::Error::other)?;
         let (tx, rx) = mpsc::channel();
         let doorbell =
             Arc::new(wd_sys::eventfd().map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?);
@@ -195,8 +197,8 @@ impl EngineLoop {
                         i += 1;
                     }
                     Err(()) => {
-                        // Corrupt ring: stop serving it; the owner's
-                        // connection tears it down.
+                        // Corrupt ring, or memory that vanished: stop
+                        // serving it; the owner's connection tears it down.
                         let s = self.queues.swap_remove(i);
                         s.q.set_state(QueueState::Broken);
                         s.view.set_host_state(HostState::Broken);
@@ -268,7 +270,8 @@ impl EngineLoop {
         }
     }
 
-    /// One pass over queue `i`: Err(()) when its ring is corrupt.
+    /// One pass over queue `i`: Err(()) when its ring is corrupt or its
+    /// memory vanished.
     ///
     /// A pass does at most `pass_bytes` of work for the queue (a request
     /// is cut in pieces where its device can, see
@@ -339,16 +342,23 @@ impl EngineLoop {
             };
             let mut d = orig;
             worked += 1;
-            let (parked, progress) = process(
-                &mut sec,
-                &q,
-                &att,
-                &mut s.dev,
-                &mut d,
-                &mut scratch,
-                true,
-                (done, budget - spent),
-            );
+            let (parked, progress) = if q.state() == QueueState::Broken {
+                // An earlier request of the pass found the memory gone.
+                d.status = status::ECANCELED;
+                d.result = 0;
+                (None, Progress::Done)
+            } else {
+                process(
+                    &mut sec,
+                    &q,
+                    &att,
+                    &mut s.dev,
+                    &mut d,
+                    &mut scratch,
+                    true,
+                    (done, budget - spent),
+                )
+            };
             let mut big = false;
             match (parked, progress) {
                 (Some(p), _) => s.parked.push(Parked { desc: orig, ..p }),
@@ -442,6 +452,12 @@ impl EngineLoop {
             };
             for orig in retry {
                 let mut d = orig;
+                if q.state() == QueueState::Broken {
+                    d.status = status::ECANCELED;
+                    d.result = 0;
+                    batch.push(d);
+                    continue;
+                }
                 let whole = (0, u64::MAX);
                 match process(
                     &mut sec,
@@ -468,6 +484,9 @@ impl EngineLoop {
         q.requests.fetch_add(batch.len() as u64, Ordering::Relaxed);
         if s.view.complete(batch).map_err(|_| ())? {
             let _ = wd_sys::eventfd_signal(q.cq_event.as_fd());
+        }
+        if q.state() == QueueState::Broken {
+            return Err(());
         }
         Ok(resolved)
     }
@@ -502,9 +521,12 @@ fn process(
         bounce: scratch.bounce,
         fault: &mut fault,
     };
-    let progress = match catch_unwind(AssertUnwindSafe(|| {
-        dev.process_part(d, &mut dma, done, budget)
-    })) {
+    let (progress, vanished) = wd_sys::guard::guarded(|| {
+        catch_unwind(AssertUnwindSafe(|| {
+            dev.process_part(d, &mut dma, done, budget)
+        }))
+    });
+    let mut progress = match progress {
         Ok(p) => p,
         Err(_) => {
             d.status = status::EIO;
@@ -512,6 +534,27 @@ fn process(
             Progress::Done
         }
     };
+    let mut stallable = stallable;
+    if let Some(addr) = vanished {
+        // Client memory vanished under the device (a hole punched in a
+        // hugetlb memfd the pool cannot fill again): the guard replaced the
+        // page with zeros, so the host's mapping is no longer the client's
+        // memory and nothing more is served on this queue (`serve` sees the
+        // state). SIGBUS does not tell reads from writes.
+        d.status = status::EFAULT;
+        d.result = 0;
+        progress = Progress::Done;
+        stallable = false;
+        q.set_state(QueueState::Broken);
+        if let Some(iova) = q.iova_of_host(addr) {
+            fault.get_or_insert(Fault {
+                iova,
+                pasid: q.id,
+                access: Access::Read,
+                reason: FaultReason::Unmapped,
+            });
+        }
+    }
     let Some(f) = fault else {
         return (None, progress);
     };

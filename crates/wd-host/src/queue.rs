@@ -278,6 +278,23 @@ impl Queue {
         drop(shares);
     }
 
+    /// The IOVA this queue shared the host address `host` at, to report a
+    /// vanished page where the client named it. Engines call this inside
+    /// their IOTLB section, while an unshare may hold the lock and wait for
+    /// that section to end: so it only tries the lock, and `None` also
+    /// means "busy".
+    pub fn iova_of_host(&self, host: u64) -> Option<u64> {
+        let shares = match self.shares.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        shares.iter().find_map(|(&iova, s)| {
+            let off = host.checked_sub(s.region.region.host_addr())?;
+            (off < s.size).then_some(iova + off)
+        })
+    }
+
     /// Number of shared ranges.
     pub fn share_count(&self) -> usize {
         self.shares.lock().unwrap_or_else(|e| e.into_inner()).len()
@@ -313,7 +330,9 @@ pub(crate) fn new_ring(
     let sys = |e: wd_sys::SysError| HostError::Status(Status::from_errno(e.errno()), e.to_string());
     let fd = wd_sys::memfd_create("wd-ring", false).map_err(sys)?;
     wd_sys::ftruncate(fd.as_fd(), layout.total_bytes() as u64).map_err(sys)?;
-    // The client cannot shrink the ring under the host (no SIGBUS here).
+    // The client cannot shrink the ring under the host. It holds the fd
+    // and can punch holes, but on normal pages a hole faults in a zero page
+    // (no SIGBUS): at worst a corrupt ring, which the engine detects.
     wd_sys::add_seals(
         fd.as_fd(),
         wd_sys::SEAL_SHRINK | wd_sys::SEAL_GROW | wd_sys::SEAL_SEAL,

@@ -2,7 +2,9 @@
 //!
 //! The client side ([`Allocator`]) carves page-granular buffers out of
 //! memfd-backed arenas that are sealed against shrinking, so the host can map
-//! the same pages and never hit SIGBUS. The host side ([`ImportedRegion`])
+//! the same pages without them being cut short (a hole punched in them is
+//! another matter: engines touch them inside `wd_sys::guard` sections).
+//! The host side ([`ImportedRegion`])
 //! checks those seals and the size before it maps anything a client sent.
 #![deny(unsafe_code)]
 

@@ -15,6 +15,7 @@ use std::ptr::NonNull;
 use std::time::Duration;
 
 pub mod file;
+pub mod guard;
 pub mod pages;
 pub mod process_mem;
 pub mod uring;
@@ -126,7 +127,8 @@ pub fn file_size(fd: BorrowedFd<'_>) -> Result<u64> {
     Ok(unsafe { st.assume_init() }.st_size as u64)
 }
 
-/// Seal bit: the file cannot shrink (so a peer's mapping never hits SIGBUS).
+/// Seal bit: the file cannot shrink, so a peer's mapping is never cut short
+/// (a hole punched in it can still fault: see [`guard`]).
 pub const SEAL_SHRINK: i32 = libc::F_SEAL_SHRINK;
 /// Seal bit: the file cannot grow.
 pub const SEAL_GROW: i32 = libc::F_SEAL_GROW;

@@ -62,6 +62,25 @@ pub fn fallocate(fd: BorrowedFd<'_>, off: u64, len: u64) -> Result<()> {
     check("fallocate", r as libc::c_long).map(|_| ())
 }
 
+/// Free the backing pages of `[off, off+len)` of a file, keeping its size
+/// (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE). Seals against shrinking do
+/// not stop it: every mapping of the range then faults the pages in again,
+/// and on hugetlb, where that can fail, the fault is a SIGBUS (see
+/// [`crate::guard`]).
+pub fn punch_hole(fd: BorrowedFd<'_>, off: u64, len: u64) -> Result<()> {
+    count();
+    // SAFETY: plain syscall with integer arguments on a borrowed descriptor.
+    let r = unsafe {
+        libc::fallocate(
+            fd.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    check("fallocate(PUNCH_HOLE)", r as libc::c_long).map(|_| ())
+}
+
 /// A duplicate of `fd` that is inherited across exec (no FD_CLOEXEC): how
 /// a buffer is handed to a command.
 pub fn dup_inheritable(fd: BorrowedFd<'_>) -> Result<OwnedFd> {

@@ -258,7 +258,7 @@ impl Queue {
             )),
             HostState::Broken => Some(ClientError::new(
                 Status::BadState,
-                "the host found this queue's ring corrupt and stopped serving it",
+                "the host stopped serving this queue: its ring was corrupt, or memory it shared vanished (see its faults)",
             )),
         }
     }
