@@ -11,28 +11,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use wd_proto::Message;
+use wd_testutil::{is_root, skip};
 use wrapdrive::dummy::CopyMsg;
 use wrapdrive::HostConn;
-
-/// Report a test that cannot run here: said on stderr and counted in
-/// `$WD_SKIP_LOG` (the test summary prints skips by reason).
-fn skip(test: &str, reason: &str) {
-    eprintln!("skip: {test}: {reason}");
-    if let Ok(p) = std::env::var("WD_SKIP_LOG") {
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(p)
-        {
-            let _ = writeln!(f, "{test}: {reason}");
-        }
-    }
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 struct Dir(PathBuf);
 impl Drop for Dir {

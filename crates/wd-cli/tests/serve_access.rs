@@ -3,33 +3,12 @@
 //! name is told who holds it. The other-uid client is this binary re-run
 //! as uid 65534; without root those parts are skipped.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use wrapdrive::HostConn;
-
-/// Whether a test that needs root can run; if not, say so on stderr and in
-/// `$WD_SKIP_LOG`.
-fn can_run_as_root(test: &str) -> bool {
-    if wd_sys::geteuid() == 0 {
-        return true;
-    }
-    let reason = "needs root to run a client as uid 65534";
-    eprintln!("skip: {reason}");
-    if let Ok(log) = std::env::var("WD_SKIP_LOG") {
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-        {
-            // One write per line: O_APPEND keeps parallel tests' lines whole.
-            let _ = f.write_all(format!("{test}: {reason}\n").as_bytes());
-        }
-    }
-    false
-}
 
 /// A `wd serve` process, killed on drop.
 struct Serve(Child);
@@ -102,7 +81,10 @@ fn child_entry() {
 
 #[test]
 fn serve_mode_and_allow_uid_hold_for_abstract_sockets() {
-    if !can_run_as_root("serve_mode_and_allow_uid_hold_for_abstract_sockets") {
+    if !wd_testutil::root_or_skip(
+        "serve_mode_and_allow_uid_hold_for_abstract_sockets",
+        "to run a client as uid 65534",
+    ) {
         return;
     }
     let addr = format!("@wd-serve-access-{}", std::process::id());

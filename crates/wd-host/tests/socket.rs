@@ -21,27 +21,6 @@ use wd_proto::Message;
 /// The uid (and gid) other users' processes run as.
 const NOBODY: u32 = 65534;
 
-/// Whether a test that needs root can run; if not, say so on stderr and in
-/// `$WD_SKIP_LOG` (so a CI run lists what it did not check).
-fn can_run_as_root(test: &str) -> bool {
-    if wd_sys::geteuid() == 0 {
-        return true;
-    }
-    let reason = "needs root to run a process as uid 65534";
-    eprintln!("skip: {reason}");
-    if let Ok(log) = std::env::var("WD_SKIP_LOG") {
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-        {
-            // One write per line: O_APPEND keeps parallel tests' lines whole.
-            let _ = f.write_all(format!("{test}: {reason}\n").as_bytes());
-        }
-    }
-    false
-}
-
 fn unique(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     format!(
@@ -291,7 +270,10 @@ fn stale_socket_of_ours_is_replaced() {
 
 #[test]
 fn stale_socket_of_another_uid_is_refused_naming_it() {
-    if !can_run_as_root("stale_socket_of_another_uid_is_refused_naming_it") {
+    if !wd_testutil::root_or_skip(
+        "stale_socket_of_another_uid_is_refused_naming_it",
+        "to run a process as uid 65534",
+    ) {
         return;
     }
     let dir = TempDir::new("foreign", 0o755);
@@ -319,7 +301,10 @@ fn live_host_on_the_path_is_refused_naming_its_uid_and_pid() {
 
 #[test]
 fn abstract_name_held_by_another_uid_is_refused_naming_it() {
-    if !can_run_as_root("abstract_name_held_by_another_uid_is_refused_naming_it") {
+    if !wd_testutil::root_or_skip(
+        "abstract_name_held_by_another_uid_is_refused_naming_it",
+        "to run a process as uid 65534",
+    ) {
         return;
     }
     let addr = format!("@{}", unique("held"));
@@ -335,7 +320,10 @@ fn abstract_name_held_by_another_uid_is_refused_naming_it() {
 
 #[test]
 fn abstract_socket_with_mode_0600_refuses_other_uids_and_admits_root() {
-    if !can_run_as_root("abstract_socket_with_mode_0600_refuses_other_uids_and_admits_root") {
+    if !wd_testutil::root_or_skip(
+        "abstract_socket_with_mode_0600_refuses_other_uids_and_admits_root",
+        "to run a process as uid 65534",
+    ) {
         return;
     }
     let addr = format!("@{}", unique("private"));
@@ -358,7 +346,10 @@ fn abstract_socket_with_mode_0600_refuses_other_uids_and_admits_root() {
 
 #[test]
 fn path_socket_policy_follows_the_mode_too() {
-    if !can_run_as_root("path_socket_policy_follows_the_mode_too") {
+    if !wd_testutil::root_or_skip(
+        "path_socket_policy_follows_the_mode_too",
+        "to run a process as uid 65534",
+    ) {
         return;
     }
     // Others may write the socket file (the kernel lets them connect) but
@@ -372,7 +363,10 @@ fn path_socket_policy_follows_the_mode_too() {
 
 #[test]
 fn allow_lists_admit_a_uid_or_group_whatever_the_mode() {
-    if !can_run_as_root("allow_lists_admit_a_uid_or_group_whatever_the_mode") {
+    if !wd_testutil::root_or_skip(
+        "allow_lists_admit_a_uid_or_group_whatever_the_mode",
+        "to run a process as uid 65534",
+    ) {
         return;
     }
     let addr = format!("@{}", unique("allow-uid"));

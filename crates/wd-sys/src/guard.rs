@@ -326,20 +326,7 @@ mod tests {
     use crate::pages::{memfd_create_sealable, MemfdPages};
     use crate::Mapping;
     use std::os::fd::{AsFd, AsRawFd};
-
-    fn skip(test: &str, reason: &str) {
-        use std::io::Write;
-        eprintln!("skip: {reason}");
-        if let Some(path) = std::env::var_os("WD_SKIP_LOG") {
-            if let Ok(mut f) = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-            {
-                let _ = writeln!(f, "{test}: {reason}");
-            }
-        }
-    }
+    use wd_testutil::skip;
 
     /// Two pages mapped of a one-page memfd: the second raises SIGBUS.
     fn beyond_eof() -> (std::os::fd::OwnedFd, Mapping) {

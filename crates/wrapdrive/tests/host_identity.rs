@@ -14,27 +14,6 @@ use wrapdrive::{DeviceConfig, HostConfig, HostConn};
 
 const NOBODY: u32 = 65534;
 
-/// Whether a test that needs root can run; if not, say so on stderr and in
-/// `$WD_SKIP_LOG`.
-fn can_run_as_root(test: &str) -> bool {
-    if wd_sys::geteuid() == 0 {
-        return true;
-    }
-    let reason = "needs root to run a host as uid 65534";
-    eprintln!("skip: {reason}");
-    if let Ok(log) = std::env::var("WD_SKIP_LOG") {
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-        {
-            // One write per line: O_APPEND keeps parallel tests' lines whole.
-            let _ = f.write_all(format!("{test}: {reason}\n").as_bytes());
-        }
-    }
-    false
-}
-
 /// This test binary re-run in a role, killed on drop.
 struct Role {
     child: Child,
@@ -117,7 +96,10 @@ fn child_entry() {
 
 #[test]
 fn client_refuses_a_host_run_by_another_uid_unless_listed() {
-    if !can_run_as_root("client_refuses_a_host_run_by_another_uid_unless_listed") {
+    if !wd_testutil::root_or_skip(
+        "client_refuses_a_host_run_by_another_uid_unless_listed",
+        "to run a host as uid 65534",
+    ) {
         return;
     }
     let addr = format!("@wd-identity-{}", std::process::id());

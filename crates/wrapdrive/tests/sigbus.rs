@@ -8,9 +8,9 @@
 //! The host runs in this process (as `HostConn::embedded` starts it), so a
 //! host killed by SIGBUS is this test process dying.
 
-use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
+use wd_testutil::skip;
 
 use wrapdrive::dummy::CopyMsg;
 use wrapdrive::heap::{AllocOptions, Buffer, Heap, HeapLimits, PagePolicy};
@@ -21,20 +21,6 @@ const HUGE: u64 = 2 << 20;
 const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
 const FREE_2M: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages";
 const RESV_2M: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB/resv_hugepages";
-
-/// Report a test that cannot run here, where a person and CI both see it.
-fn skip(test: &str, reason: &str) {
-    eprintln!("skip: {reason}");
-    if let Some(path) = std::env::var_os("WD_SKIP_LOG") {
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
-            let _ = writeln!(f, "{test}: {reason}");
-        }
-    }
-}
 
 fn read_u64(path: &str) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
