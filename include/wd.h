@@ -106,7 +106,11 @@ struct wd_dummy_msg {
 /* ---- the queue API (the seed's eight calls) --------------------------- */
 
 /* Ask for a queue. -ENODEV: no device serves capa->alg; -EBUSY: all in use;
- * -EOPNOTSUPP: WD_CAPA_SHARE_ALL refused by the kernel; -ENOTCONN: no host. */
+ * -EDQUOT: over a per-user limit of the host (wd_last_error names it);
+ * -EOPNOTSUPP: WD_CAPA_SHARE_ALL without /proc/self/mem; -EPERM: the host
+ * is not trusted (WD_HOST_UIDS) or refused this user; -ENOTCONN: no host.
+ * A WD_CAPA_SHARE_ALL queue is bound to this process image: after an exec
+ * its requests fail with -EFAULT and the queue is broken. */
 int wd_request_queue(struct wd_queue *q, struct wd_capa *capa);
 /* Give the queue back; requests in flight are cancelled. */
 void wd_release_queue(struct wd_queue *q);

@@ -3,7 +3,7 @@
 //!
 //! An engine never sees raw client memory: it reaches request data through a
 //! [`Dma`] context, which translates every address through the queue's IOMMU
-//! domain (or the process_vm / legacy paths), so a driver cannot touch what
+//! domain (or the client-memory descriptor / legacy paths), so a driver cannot touch what
 //! the client did not share.
 #![deny(unsafe_code)]
 

@@ -2,6 +2,7 @@
 //! the device driver, post completions, and sleep when idle.
 #![allow(unsafe_code)]
 
+use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -9,8 +10,6 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-use std::collections::VecDeque;
 
 use wd_device::{status, DeviceQueue, Dma, Progress};
 use wd_iommu::{

@@ -42,7 +42,8 @@ use wd_ipc::{Channel, IpcError};
 use wd_proto::Message;
 
 /// Capability flag: the device may reach any memory of the process (no
-/// `share` needed); the host uses process_vm_readv/writev for it.
+/// `share` needed); the host reaches it only through this process's own
+/// `/proc/self/mem`, which the library opens and passes.
 pub const CAPA_SHARE_ALL: u32 = wd_host::queue::CAPA_SHARE_ALL;
 /// Capability flag: requests travel through the socket, one system call
 /// each (the AF_ALG-like path; no sharing needed).
