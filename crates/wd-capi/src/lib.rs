@@ -537,8 +537,8 @@ pub unsafe extern "C" fn wd_get_faults(q: *mut WdQueue, out: *mut WdFault, max: 
                 seq: e.seq,
                 iova: e.iova,
                 pasid: e.pasid,
-                write: e.access,
-                reason: e.reason,
+                write: e.access.into(),
+                reason: e.reason.into(),
                 reserved: 0,
             };
             // SAFETY: the host returns at most `max` events; out has room for max.

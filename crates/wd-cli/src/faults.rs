@@ -16,20 +16,19 @@ pub struct FaultsArgs {
     json: bool,
 }
 
-fn access(a: u8) -> &'static str {
-    if a == 0 {
-        "read"
-    } else {
-        "write"
+fn access(a: wd_proto::Access) -> &'static str {
+    match a {
+        wd_proto::Access::Read => "read",
+        wd_proto::Access::Write => "write",
     }
 }
 
-fn reason(r: u8) -> &'static str {
+fn reason(r: wd_proto::FaultReason) -> &'static str {
     match r {
-        1 => "unmapped",
-        2 => "permission",
-        3 => "out of range",
-        _ => "no domain",
+        wd_proto::FaultReason::Unmapped => "unmapped",
+        wd_proto::FaultReason::Permission => "permission",
+        wd_proto::FaultReason::OutOfRange => "out of range",
+        wd_proto::FaultReason::NoDomain => "no domain",
     }
 }
 

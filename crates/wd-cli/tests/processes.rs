@@ -329,7 +329,7 @@ fn clients_cannot_reach_each_others_memory() {
         f.total >= 3
             && f.events
                 .iter()
-                .any(|e| e.iova == secret_addr && e.reason == 1)
+                .any(|e| e.iova == secret_addr && e.reason == wd_proto::FaultReason::Unmapped)
     );
     assert!(
         attr(&h, &format!("dev0/queues/q{}/faults", q.id()))

@@ -201,7 +201,7 @@ fn attacker() -> i32 {
                 iova: base,
                 size: 4096,
                 fd_offset: 0,
-                prot: 3,
+                prot: wd_proto::Prot::RW,
             },
             3,
             &[buf_fd.as_fd()],

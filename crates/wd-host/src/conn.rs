@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use wd_device::DeviceQueue;
 use wd_iommu::virtio::{self, GuestMemory, ResvMem, VirtioIommu};
-use wd_iommu::{FaultPolicy, FaultRecord, InvalidationMode, Prot, Release, Resolution};
+use wd_iommu::{FaultRecord, Prot, Release, Resolution};
 use wd_ipc::{Channel, Frame, IpcError};
 use wd_proto::{limits, FaultEvent, Message, Status};
 use wd_ring::{Desc, RingLayout};
@@ -225,8 +225,6 @@ impl Conn<'_> {
                 prot,
             } => {
                 let q = self.queue(queue_id)?;
-                let prot = Prot::from_bits(prot)
-                    .ok_or_else(|| err(Status::Invalid, "bad protection bits"))?;
                 let fd = fds
                     .pop()
                     .ok_or_else(|| err(Status::Protocol, "MemShare without a descriptor"))?;
@@ -298,15 +296,7 @@ impl Conn<'_> {
                 fault_policy,
             } => {
                 let q = self.queue(queue_id)?;
-                let mode = match mode {
-                    0 => InvalidationMode::Strict,
-                    _ => InvalidationMode::Deferred,
-                };
-                let policy = match fault_policy {
-                    0 => FaultPolicy::Abort,
-                    _ => FaultPolicy::Stall,
-                };
-                q.set_iommu_policy(mode, policy);
+                q.set_iommu_policy(mode, fault_policy);
                 // Requests aborted by leaving Stall complete at once.
                 self.host.devices[q.device].engines[q.engine].kick();
                 Ok((Message::Ok, none))
@@ -657,11 +647,8 @@ fn fault_events(recs: &[FaultRecord]) -> Vec<FaultEvent> {
             seq: r.seq,
             iova: r.fault.iova,
             pasid: r.fault.pasid,
-            access: match r.fault.access {
-                wd_iommu::Access::Read => 0,
-                wd_iommu::Access::Write => 1,
-            },
-            reason: r.fault.reason as u8,
+            access: r.fault.access,
+            reason: r.fault.reason,
         })
         .collect()
 }

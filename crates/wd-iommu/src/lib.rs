@@ -227,3 +227,96 @@ pub struct Mapping {
     /// Permissions.
     pub prot: Prot,
 }
+
+/// A wire byte that names none of an enum's values (the protocol refuses
+/// it rather than guess).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{value} is not a valid {what}")]
+pub struct UnknownValue {
+    /// What was being decoded.
+    pub what: &'static str,
+    /// The byte received.
+    pub value: u8,
+}
+
+/// Each type's wire numbers, in one place: the protocol codec decodes
+/// bytes into these types and encodes them back with `u8::from`.
+macro_rules! wire_enum {
+    ($t:ty, $what:literal, $($v:literal => $e:expr),+ $(,)?) => {
+        impl TryFrom<u8> for $t {
+            type Error = UnknownValue;
+            fn try_from(b: u8) -> Result<Self, UnknownValue> {
+                match b {
+                    $($v => Ok($e),)+
+                    value => Err(UnknownValue { what: $what, value }),
+                }
+            }
+        }
+        impl From<$t> for u8 {
+            fn from(x: $t) -> u8 {
+                $(if x == $e { return $v; })+
+                unreachable!("every value has a wire number")
+            }
+        }
+    };
+}
+
+wire_enum!(InvalidationMode, "invalidation mode", 0 => InvalidationMode::Strict, 1 => InvalidationMode::Deferred);
+wire_enum!(FaultPolicy, "fault policy", 0 => FaultPolicy::Abort, 1 => FaultPolicy::Stall);
+wire_enum!(Access, "access", 0 => Access::Read, 1 => Access::Write);
+wire_enum!(
+    FaultReason,
+    "fault reason",
+    1 => FaultReason::Unmapped,
+    2 => FaultReason::Permission,
+    3 => FaultReason::OutOfRange,
+    4 => FaultReason::NoDomain,
+);
+
+impl TryFrom<u8> for Prot {
+    type Error = UnknownValue;
+    fn try_from(b: u8) -> Result<Prot, UnknownValue> {
+        Prot::from_bits(b).ok_or(UnknownValue {
+            what: "protection",
+            value: b,
+        })
+    }
+}
+
+impl From<Prot> for u8 {
+    fn from(p: Prot) -> u8 {
+        p.bits()
+    }
+}
+
+#[cfg(test)]
+mod wire_tests {
+    use super::*;
+
+    #[test]
+    fn wire_numbers_round_trip_and_unknown_bytes_are_refused() {
+        for b in 0..=255u8 {
+            if let Ok(m) = InvalidationMode::try_from(b) {
+                assert_eq!(u8::from(m), b);
+            }
+            if let Ok(m) = FaultPolicy::try_from(b) {
+                assert_eq!(u8::from(m), b);
+            }
+            if let Ok(m) = Access::try_from(b) {
+                assert_eq!(u8::from(m), b);
+            }
+            if let Ok(m) = FaultReason::try_from(b) {
+                assert_eq!(u8::from(m), b);
+            }
+            if let Ok(m) = Prot::try_from(b) {
+                assert_eq!(u8::from(m), b);
+            }
+        }
+        assert!(InvalidationMode::try_from(2).is_err());
+        assert!(FaultPolicy::try_from(2).is_err());
+        assert!(Access::try_from(2).is_err());
+        assert!(FaultReason::try_from(0).is_err());
+        assert!(FaultReason::try_from(5).is_err());
+        assert!(Prot::try_from(4).is_err());
+    }
+}

@@ -3,7 +3,7 @@
 
 use crate::limits::*;
 use crate::{
-    AttrEntry, FaultEvent, Header, Message, ProtoError, Status, VirtioReq, HEADER_LEN, MAGIC,
+    AttrEntry, FaultEvent, Header, Message, Prot, ProtoError, Status, VirtioReq, HEADER_LEN, MAGIC,
     PROTOCOL_VERSION,
 };
 
@@ -54,6 +54,12 @@ impl<'a> Reader<'a> {
     fn u8(&mut self, what: &'static str) -> Result<u8, ProtoError> {
         Ok(self.take(1, what)?[0])
     }
+
+    /// A byte decoded into its typed value; an unknown value is refused.
+    fn wire<T: TryFrom<u8>>(&mut self, what: &'static str) -> Result<T, ProtoError> {
+        T::try_from(self.u8(what)?).map_err(|_| ProtoError::Invalid(what))
+    }
+
     fn u16(&mut self, what: &'static str) -> Result<u16, ProtoError> {
         Ok(u16::from_le_bytes(
             self.take(2, what)?.try_into().expect("2 bytes"),
@@ -131,8 +137,9 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn prot_ok(p: u8) -> bool {
-    (1..=3).contains(&p)
+/// A share must grant some access.
+fn prot_ok(p: Prot) -> bool {
+    p != Prot::NONE
 }
 
 /// Decode a body whose header was already checked.
@@ -202,7 +209,7 @@ pub fn decode_body(h: &Header, body: &[u8]) -> Result<Message, ProtoError> {
                 iova: r.u64("iova")?,
                 size: r.u64("size")?,
                 fd_offset: r.u64("fd_offset")?,
-                prot: r.u8("prot")?,
+                prot: r.wire("prot")?,
             };
             if let Message::MemShare { prot, .. } = m {
                 if !prot_ok(prot) {
@@ -230,15 +237,9 @@ pub fn decode_body(h: &Header, body: &[u8]) -> Result<Message, ProtoError> {
                     seq: r.u64("seq")?,
                     iova: r.u64("iova")?,
                     pasid: r.u32("pasid")?,
-                    access: r.u8("access")?,
-                    reason: r.u8("reason")?,
+                    access: r.wire("access")?,
+                    reason: r.wire("reason")?,
                 };
-                if e.access > 1 {
-                    return Err(ProtoError::Invalid("access"));
-                }
-                if !(1..=4).contains(&e.reason) {
-                    return Err(ProtoError::Invalid("reason"));
-                }
                 events.push(e);
             }
             Message::Faults {
@@ -266,25 +267,11 @@ pub fn decode_body(h: &Header, body: &[u8]) -> Result<Message, ProtoError> {
                 message: r.string("message", MAX_MESSAGE)?,
             }
         }
-        19 => {
-            let m = Message::IommuPolicy {
-                queue_id: r.u32("queue_id")?,
-                mode: r.u8("mode")?,
-                fault_policy: r.u8("fault_policy")?,
-            };
-            if let Message::IommuPolicy {
-                mode, fault_policy, ..
-            } = m
-            {
-                if mode > 1 {
-                    return Err(ProtoError::Invalid("mode"));
-                }
-                if fault_policy > 1 {
-                    return Err(ProtoError::Invalid("fault_policy"));
-                }
-            }
-            m
-        }
+        19 => Message::IommuPolicy {
+            queue_id: r.u32("queue_id")?,
+            mode: r.wire("mode")?,
+            fault_policy: r.wire("fault_policy")?,
+        },
         20 => Message::FaultResume {
             queue_id: r.u32("queue_id")?,
             stag: r.u64("stag")?,
@@ -495,7 +482,7 @@ pub fn encode(msg: &Message, request_id: u32) -> Result<Vec<u8>, ProtoError> {
             w.u64(*iova);
             w.u64(*size);
             w.u64(*fd_offset);
-            w.u8(*prot);
+            w.u8((*prot).into());
         }
         Message::MemUnshare {
             queue_id,
@@ -519,17 +506,11 @@ pub fn encode(msg: &Message, request_id: u32) -> Result<Vec<u8>, ProtoError> {
             w.u64(*lost);
             w.count(events.len(), "faults", MAX_FAULTS)?;
             for e in events {
-                if e.access > 1 {
-                    return Err(ProtoError::Invalid("access"));
-                }
-                if !(1..=4).contains(&e.reason) {
-                    return Err(ProtoError::Invalid("reason"));
-                }
                 w.u64(e.seq);
                 w.u64(e.iova);
                 w.u32(e.pasid);
-                w.u8(e.access);
-                w.u8(e.reason);
+                w.u8(e.access.into());
+                w.u8(e.reason.into());
             }
         }
         Message::Legacy {
@@ -558,15 +539,9 @@ pub fn encode(msg: &Message, request_id: u32) -> Result<Vec<u8>, ProtoError> {
             mode,
             fault_policy,
         } => {
-            if *mode > 1 {
-                return Err(ProtoError::Invalid("mode"));
-            }
-            if *fault_policy > 1 {
-                return Err(ProtoError::Invalid("fault_policy"));
-            }
             w.u32(*queue_id);
-            w.u8(*mode);
-            w.u8(*fault_policy);
+            w.u8((*mode).into());
+            w.u8((*fault_policy).into());
         }
         Message::FaultResume {
             queue_id,
@@ -677,7 +652,7 @@ mod tests {
                 iova: 4096,
                 size: 8192,
                 fd_offset: 0,
-                prot: 3,
+                prot: Prot::RW,
             },
             Message::MemUnshare {
                 queue_id: 1,
@@ -695,8 +670,8 @@ mod tests {
                     seq: 3,
                     iova: 77,
                     pasid: 1,
-                    access: 1,
-                    reason: 2,
+                    access: crate::Access::Write,
+                    reason: crate::FaultReason::Permission,
                 }],
             },
             Message::Legacy {
@@ -712,8 +687,8 @@ mod tests {
             Message::error(Status::Busy, "busy"),
             Message::IommuPolicy {
                 queue_id: 2,
-                mode: 1,
-                fault_policy: 1,
+                mode: crate::InvalidationMode::Deferred,
+                fault_policy: crate::FaultPolicy::Stall,
             },
             Message::FaultResume {
                 queue_id: 2,
@@ -850,12 +825,15 @@ mod tests {
             decode_frame(&frame(18, &[99, 0, 0, 0])),
             Err(ProtoError::Invalid("status"))
         );
-        let mut b = vec![0u8; 28];
-        b.push(4);
-        assert_eq!(
-            decode_frame(&frame(11, &b)),
-            Err(ProtoError::Invalid("prot"))
-        );
+        for bad in [0u8, 4] {
+            let mut b = vec![0u8; 28];
+            b.push(bad);
+            assert_eq!(
+                decode_frame(&frame(11, &b)),
+                Err(ProtoError::Invalid("prot")),
+                "prot {bad}"
+            );
+        }
         // IOMMU policy values, virtio limits.
         assert_eq!(
             decode_frame(&frame(19, &[1, 0, 0, 0, 2, 0])),

@@ -18,6 +18,10 @@ pub const MAGIC: u32 = 0x3150_4457;
 /// Protocol version spoken by this build.
 pub const PROTOCOL_VERSION: u16 = 1;
 
+/// The typed values of the wire's enum and bit fields (decoded with
+/// `TryFrom<u8>`, unknown values refused).
+pub use wd_iommu::{Access, FaultPolicy, FaultReason, InvalidationMode, Prot};
+
 /// Queue capability flag: the device may name any memory of the client
 /// (the request carries the client's `/proc/self/mem` descriptor).
 pub const CAPA_SHARE_ALL: u32 = 1;
@@ -114,10 +118,10 @@ pub struct FaultEvent {
     pub iova: u64,
     /// Domain (queue) id.
     pub pasid: u32,
-    /// 0 read, 1 write.
-    pub access: u8,
-    /// 1 unmapped, 2 permission, 3 out of range, 4 no domain.
-    pub reason: u8,
+    /// Direction (wire: 0 read, 1 write).
+    pub access: Access,
+    /// Why (wire: 1 unmapped, 2 permission, 3 out of range, 4 no domain).
+    pub reason: FaultReason,
 }
 
 /// One virtio-iommu request of a kick: its device-readable bytes and the
@@ -224,8 +228,8 @@ pub enum Message {
         size: u64,
         /// Offset of the first byte in the memfd.
         fd_offset: u64,
-        /// 1 read, 2 write, 3 both.
-        prot: u8,
+        /// What the device may do (wire: 1 read, 2 write, 3 both).
+        prot: Prot,
     },
     /// Undo a share.
     MemUnshare {
@@ -282,10 +286,10 @@ pub enum Message {
     IommuPolicy {
         /// Queue id.
         queue_id: u32,
-        /// 0 strict invalidation, 1 deferred (flush queue).
-        mode: u8,
-        /// 0 abort faulting requests, 1 stall them until resumed.
-        fault_policy: u8,
+        /// Invalidation (wire: 0 strict, 1 deferred flush queue).
+        mode: InvalidationMode,
+        /// Faulting requests (wire: 0 abort, 1 stall until resumed).
+        fault_policy: FaultPolicy,
     },
     /// Resolve a stalled request (the fault record's `seq`).
     FaultResume {

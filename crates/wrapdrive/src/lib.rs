@@ -512,21 +512,11 @@ impl HostConn {
 /// A fault event as the virtio-iommu event queue reports it
 /// (`struct virtio_iommu_fault`).
 pub fn virtio_fault_record(e: &FaultEvent) -> [u8; virtio::FAULT_LEN] {
-    let reason = match e.reason {
-        1 => wd_iommu::FaultReason::Unmapped,
-        2 => wd_iommu::FaultReason::Permission,
-        3 => wd_iommu::FaultReason::OutOfRange,
-        _ => wd_iommu::FaultReason::NoDomain,
-    };
     virtio::fault_record(&wd_iommu::Fault {
         iova: e.iova,
         pasid: e.pasid,
-        access: if e.access == 0 {
-            wd_iommu::Access::Read
-        } else {
-            wd_iommu::Access::Write
-        },
-        reason,
+        access: e.access,
+        reason: e.reason,
     })
 }
 

@@ -705,7 +705,7 @@ impl Queue {
                 iova: start,
                 size: end - start,
                 fd_offset: loc.offset,
-                prot: 3,
+                prot: wd_proto::Prot::RW,
             },
             &[loc.arena.fd()],
         )?;
@@ -742,7 +742,7 @@ impl Queue {
                 iova: buf.addr(),
                 size: buf.capacity(),
                 fd_offset: 0,
-                prot: 3,
+                prot: wd_proto::Prot::RW,
             },
             &[buf.fd()],
         )?;
@@ -829,8 +829,8 @@ impl Queue {
         self.check()?;
         let msg = Message::IommuPolicy {
             queue_id: self.id,
-            mode: mode as u8,
-            fault_policy: faults as u8,
+            mode,
+            fault_policy: faults,
         };
         match self.host.call(&msg, &[])?.0 {
             Message::Ok => Ok(()),

@@ -46,7 +46,11 @@ fn strict_unshare_cuts_access_at_once() {
     assert_eq!(f.events.len(), 1);
     assert_eq!(
         (f.events[0].iova, f.events[0].access, f.events[0].reason),
-        (dst.addr(), 1, 1)
+        (
+            dst.addr(),
+            wd_proto::Access::Write,
+            wd_proto::FaultReason::Unmapped
+        )
     );
     // The same, read by another connection of the same user, unconsumed.
     let h2 = HostConn::embedded().unwrap();
@@ -197,7 +201,11 @@ fn a_client_manages_its_queue_through_virtio_iommu() {
         .unwrap();
     assert!(h.virtio_write_config(0, &[0]).is_err());
     assert_eq!(copy(&mut q, src.addr(), dst.addr(), 64), EFAULT);
-    assert_eq!(q.faults(8).unwrap().events[0].reason, 4, "no domain");
+    assert_eq!(
+        q.faults(8).unwrap().events[0].reason,
+        wd_proto::FaultReason::NoDomain,
+        "no domain"
+    );
     assert_eq!(attr(&h, &q, "attached"), "blocked");
     // Attach to domain 5 and map two IOVA windows onto the shared buffers.
     let (s_iova, d_iova) = (0x7000_0000_0000u64, 0x7000_0010_0000u64);
