@@ -20,7 +20,7 @@ use wd_sys::PeerCred;
 use crate::config::MAX_QUEUES_PER_CONNECTION;
 use crate::engine::LegacyDma;
 use crate::queue::{
-    self, MemModel, Queue, QueueState, CAPA_ALLOW_LEGACY, CAPA_KNOWN, CAPA_SHARE_ALL,
+    self, InstanceClaim, MemModel, Queue, QueueState, CAPA_ALLOW_LEGACY, CAPA_KNOWN, CAPA_SHARE_ALL,
 };
 use crate::quota::{Charge, Resource};
 use crate::{attrs, HostError, HostInner};
@@ -420,22 +420,16 @@ impl Conn<'_> {
                 std::cmp::Reverse(d.types[t].available.load(Ordering::Relaxed)),
             )
         });
-        let claimed = cands.iter().copied().find(|&(n, t)| {
-            devs[n].types[t]
-                .available
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |a| a.checked_sub(1))
-                .is_ok()
-        });
-        let Some((dev_n, type_n)) = claimed else {
+        // Given back when dropped: on any error below, or with the queue.
+        let claimed = cands
+            .iter()
+            .copied()
+            .find_map(|(n, t)| InstanceClaim::take(&devs[n].types[t].available).map(|c| (n, t, c)));
+        let Some((dev_n, type_n, instance)) = claimed else {
             return Err(err(
                 Status::Busy,
                 format!("every queue of '{alg}' is in use; try again later"),
             ));
-        };
-        let give_back = || {
-            devs[dev_n].types[type_n]
-                .available
-                .fetch_add(1, Ordering::AcqRel);
         };
         let charge = self.host.quotas.charge(
             self.cred.uid,
@@ -444,24 +438,11 @@ impl Conn<'_> {
                 qtype: type_n,
                 instances: devs[dev_n].types[type_n].instances,
             },
-        );
-        let charge = match charge {
-            Ok(c) => c,
-            Err(e) => {
-                give_back();
-                return Err(e);
-            }
-        };
+        )?;
 
         let mut model = MemModel::Shared;
         if flags & CAPA_SHARE_ALL != 0 {
-            match self.bind_share_all(fds, probe_addr, probe_value) {
-                Ok(mem) => model = MemModel::ShareAll(mem),
-                Err(e) => {
-                    give_back();
-                    return Err(e);
-                }
-            }
+            model = MemModel::ShareAll(self.bind_share_all(fds, probe_addr, probe_value)?);
         }
 
         let built = queue::new_ring(layout).and_then(|ring| {
@@ -469,13 +450,7 @@ impl Conn<'_> {
                 wd_sys::eventfd().map_err(|e| err(Status::from_errno(e.errno()), e.to_string()))?;
             Ok((ring, cq))
         });
-        let ((ring_fd, ring_map, view), cq) = match built {
-            Ok(b) => b,
-            Err(e) => {
-                give_back();
-                return Err(e);
-            }
-        };
+        let ((ring_fd, ring_map, view), cq) = built?;
         let dev = &devs[dev_n];
         let engine_n = (0..dev.engines.len())
             .min_by_key(|&e| dev.engines[e].load.load(Ordering::Relaxed))
@@ -488,21 +463,8 @@ impl Conn<'_> {
                 Status::from_errno(e.raw_os_error().unwrap_or(5)),
                 e.to_string(),
             )
-        });
-        let cq_dup = match cq_dup {
-            Ok(c) => c,
-            Err(e) => {
-                give_back();
-                return Err(e);
-            }
-        };
-        let doorbell = match engine.doorbell.try_clone() {
-            Ok(d) => d,
-            Err(e) => {
-                give_back();
-                return Err(e.into());
-            }
-        };
+        })?;
+        let doorbell = engine.doorbell.try_clone()?;
         let q = Arc::new(Queue::new(
             id,
             dev_n,
@@ -516,7 +478,7 @@ impl Conn<'_> {
             cq,
             ring_map,
             &self.host.iommu,
-            charge,
+            (charge, instance),
         ));
         // Cannot fail: a connection holds at most MAX_ENDPOINTS queues, and
         // ids are unique.
@@ -593,9 +555,7 @@ impl Conn<'_> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&id);
-        dev.types[q.alg as usize]
-            .available
-            .fetch_add(1, Ordering::AcqRel);
+        // The instance and the quota go back with the last reference (`q`).
     }
 
     fn legacy(&mut self, id: u32, desc: &[u8], payload: &[u8]) -> Result<Reply, HostError> {

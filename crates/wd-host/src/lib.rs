@@ -63,8 +63,9 @@ impl HostError {
 pub struct QueueType {
     /// What it serves.
     pub info: AlgInfo,
-    /// Instances left (`available_instances`).
-    pub available: AtomicU32,
+    /// Instances left (`available_instances`); each queue holds a
+    /// [`queue::InstanceClaim`] on it.
+    pub available: Arc<AtomicU32>,
     /// Instances in all.
     pub instances: u32,
 }
@@ -173,7 +174,7 @@ impl Host {
                 .into_iter()
                 .map(|info| QueueType {
                     info,
-                    available: AtomicU32::new(dc.queues),
+                    available: Arc::new(AtomicU32::new(dc.queues)),
                     instances: dc.queues,
                 })
                 .collect();

@@ -48,6 +48,27 @@ pub enum QueueState {
     Broken = 2,
 }
 
+/// One instance of a queue type, taken from its `available_instances` and
+/// given back when dropped (with its queue, whatever the teardown path).
+#[derive(Debug)]
+pub struct InstanceClaim(Arc<std::sync::atomic::AtomicU32>);
+
+impl InstanceClaim {
+    /// Take an instance if one is left.
+    pub fn take(available: &Arc<std::sync::atomic::AtomicU32>) -> Option<InstanceClaim> {
+        available
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |a| a.checked_sub(1))
+            .ok()
+            .map(|_| InstanceClaim(available.clone()))
+    }
+}
+
+impl Drop for InstanceClaim {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
 /// A range the client shared.
 struct Share {
     size: u64,
@@ -107,6 +128,8 @@ pub struct Queue {
     state: AtomicU8,
     /// The queue's charge to its owner's uid.
     _charge: Charge,
+    /// The device instance it occupies.
+    _instance: InstanceClaim,
 }
 
 impl Queue {
@@ -125,7 +148,7 @@ impl Queue {
         cq_event: OwnedFd,
         ring: Mapping,
         iommu: &Arc<Iommu>,
-        charge: Charge,
+        (charge, instance): (Charge, InstanceClaim),
     ) -> Queue {
         let dom = Arc::new(Domain::new(iommu, id, DomainConfig::default()));
         iommu.track(&dom);
@@ -148,6 +171,7 @@ impl Queue {
             ring,
             state: AtomicU8::new(QueueState::Active as u8),
             _charge: charge,
+            _instance: instance,
         }
     }
 
