@@ -2,7 +2,7 @@
 //! host-side sessions referenced by handle, and work done in place in the
 //! client's shared memory whenever the domain maps it contiguously.
 
-use wd_device::{status, AlgInfo, DeviceQueue, Dma, Driver};
+use wd_device::{status, AlgInfo, DeviceQueue, Dma, Driver, Progress};
 use wd_ring::Desc;
 
 use crate::evp::{self, CipherCtx, DigestCtx};
@@ -367,7 +367,109 @@ impl SecQueue {
     }
 }
 
+/// Smallest piece a long request is cut into (fewer, larger library calls
+/// below this cost more than the fairness they buy).
+const MIN_PIECE: u64 = 64 << 10;
+
+impl SecQueue {
+    /// Whether a cipher request can run as a chain of shorter ones: the
+    /// session chains (not XTS, whose data unit is one call), the request
+    /// is well formed, and no plaintext must be held back until a tag is
+    /// checked (a whole GCM decryption).
+    fn cuttable(&mut self, op: &CipherOp) -> bool {
+        let Ok(s) = self.sessions.get(op.session) else {
+            return false;
+        };
+        let Work::Cipher { mode, .. } = &s.work else {
+            return false;
+        };
+        let whole_message = op.flags & (F_IV | F_FINAL) == F_IV | F_FINAL;
+        let gcm = *mode == Mode::Gcm;
+        *mode != Mode::Xts
+            && op.len % s.alg.granule() == 0
+            && !(gcm && op.flags & F_ENCRYPT == 0 && whole_message)
+            && !(gcm && op.flags & F_FINAL != 0 && !(4..=16).contains(&op.tag_len))
+    }
+
+    /// Run bytes `done..` of a request cut in pieces, at most `piece` of
+    /// them: each piece is the request's own chained continuation (IV and
+    /// additional data with the first, tag and final digest with the
+    /// last), so the result is the whole request's.
+    fn piece(
+        &mut self,
+        req: Request,
+        dma: &mut dyn Dma,
+        done: u64,
+        piece: u64,
+    ) -> Option<(Result<u64, i32>, bool)> {
+        match req {
+            Request::Cipher(op) if done > 0 || (op.len > piece && self.cuttable(&op)) => {
+                let last = op.len - done <= piece;
+                let mut p = op;
+                p.src = op.src.checked_add(done)?;
+                p.dst = op.dst.checked_add(done)?;
+                p.len = if last { op.len - done } else { piece };
+                if done > 0 {
+                    p.flags &= !F_IV;
+                    p.aad_len = 0;
+                }
+                if !last {
+                    p.flags &= !F_FINAL;
+                }
+                Some((self.cipher(p, dma).map(|_| op.len), last))
+            }
+            Request::Digest(op) if done > 0 || op.len > piece => {
+                let last = op.len - done <= piece;
+                let mut p = op;
+                p.src = op.src.checked_add(done)?;
+                p.len = if last { op.len - done } else { piece };
+                if done > 0 {
+                    p.flags &= !F_INIT;
+                }
+                if !last {
+                    p.flags &= !F_DIGEST_FINAL;
+                }
+                Some((self.digest(p, dma), last))
+            }
+            _ => None,
+        }
+    }
+}
+
 impl DeviceQueue for SecQueue {
+    fn process_part(
+        &mut self,
+        desc: &mut Desc,
+        dma: &mut dyn Dma,
+        done: u64,
+        budget: u64,
+    ) -> Progress {
+        let piece = budget.max(MIN_PIECE) & !15;
+        let cut = match msg::decode(desc) {
+            Ok(req) => self.piece(req, dma, done, piece),
+            Err(_) => None,
+        };
+        let r = match cut {
+            None => {
+                self.process(desc, dma);
+                return Progress::Done;
+            }
+            Some((Ok(_), false)) => return Progress::More(done + piece),
+            Some((r, _)) => r,
+        };
+        match r {
+            Ok(v) => {
+                desc.status = status::OK;
+                desc.result = v;
+            }
+            Err(st) => {
+                desc.status = st;
+                desc.result = 0;
+            }
+        }
+        Progress::Done
+    }
+
     fn bytes_of(&self, done: &Desc) -> u64 {
         // Session requests return a handle, digests their length: count the
         // data each one read instead.

@@ -544,3 +544,132 @@ fn bytes_count_data_not_handles() {
     );
     assert_eq!(q.bytes_of(&free), 0);
 }
+
+/// Run a request the way a fair engine does: in pieces of the smallest
+/// size; returns the completed descriptor and how many calls it took.
+fn run_in_pieces(q: &mut SecQueue, mem: &mut Mem, d: Desc) -> (Desc, usize) {
+    let (mut d, mut done, mut calls) = (d, 0, 1);
+    while let wd_device::Progress::More(n) = q.process_part(&mut d, mem, done, 1) {
+        assert!(n > done, "no progress");
+        done = n;
+        calls += 1;
+    }
+    (d, calls)
+}
+
+/// Long requests cut in pieces (for fair service) give exactly the whole
+/// request's output, chaining state, tag and digest.
+#[test]
+fn pieces_equal_whole_requests() {
+    let len = 300 << 10;
+    let data: Vec<u8> = (0..len + 7).map(|i| (i * 31 % 251) as u8).collect();
+    // Clear of `session`'s key at BASE + 0x8000.
+    let (src, a, b, aad_at, tag_at) = (
+        BASE + 0x10000,
+        BASE + 0x80000,
+        BASE + 0x100000,
+        BASE + 0x180000,
+        BASE + 0x181000,
+    );
+    for (name, n, cuttable) in [
+        ("aes-128-cbc", len, true),
+        ("aes-256-ecb", len, true),
+        ("aes-128-ctr", len + 7, true),
+        ("aes-128-gcm", len + 7, true),
+        ("aes-256-xts", len, false),
+    ] {
+        let alg = Alg::by_name(name).unwrap();
+        let key: Vec<u8> = (0..alg.key_len() as u8).collect();
+        let mut mem = Mem::new(0x200000, true);
+        mem.put(src, &data[..n]);
+        mem.put(aad_at, b"additional data");
+        let (mut whole_q, mut piece_q) = (SecQueue::new(TYPE_CIPHER), SecQueue::new(TYPE_CIPHER));
+        let s1 = session(&mut whole_q, &mut mem, alg, &key);
+        let s2 = session(&mut piece_q, &mut mem, alg, &key);
+        let gcm = name.ends_with("gcm");
+        let op = |s: u64, flags: u16, from: u64, to: u64| {
+            let mut d = cipher_op(s, flags, from, to, n, &[7u8; 16][..alg.iv_len()]);
+            if gcm {
+                let mut c = match wd_sec::msg::decode(&d).unwrap() {
+                    wd_sec::msg::Request::Cipher(c) => c,
+                    _ => unreachable!(),
+                };
+                c.flags |= F_FINAL;
+                (c.aad, c.aad_len, c.tag, c.tag_len) = (aad_at, 15, tag_at, 16);
+                d = c.encode();
+            }
+            d
+        };
+        let w = run(&mut whole_q, &mut mem, op(s1, F_ENCRYPT | F_IV, src, a));
+        assert_eq!(w.status, 0, "{name}");
+        let want_tag = mem.get(tag_at, 16);
+        let (p, calls) = run_in_pieces(&mut piece_q, &mut mem, op(s2, F_ENCRYPT | F_IV, src, b));
+        assert_eq!((p.status, p.result), (0, n as u64), "{name}");
+        assert_eq!(calls > 1, cuttable, "{name}: {calls} calls");
+        assert!(
+            mem.get(a, n) == mem.get(b, n),
+            "{name}: pieces differ from the whole"
+        );
+        assert_eq!(mem.get(tag_at, 16), want_tag, "{name}: tag");
+        if !gcm && name != "aes-256-xts" {
+            // The chaining state after the pieces is the whole request's:
+            // a chained continuation agrees on both queues.
+            let w = run(
+                &mut whole_q,
+                &mut mem,
+                cipher_op(s1, F_ENCRYPT, src, a, 4096, &[]),
+            );
+            let p = run(
+                &mut piece_q,
+                &mut mem,
+                cipher_op(s2, F_ENCRYPT, src, b, 4096, &[]),
+            );
+            assert_eq!((w.status, p.status), (0, 0));
+            assert!(
+                mem.get(a, 4096) == mem.get(b, 4096),
+                "{name}: chaining state"
+            );
+        }
+        if gcm {
+            // A whole GCM decryption is never cut (no plaintext before the
+            // tag is checked), and it still authenticates.
+            let (d, calls) = run_in_pieces(&mut piece_q, &mut mem, op(s2, F_IV, b, a));
+            assert_eq!((d.status, calls), (0, 1));
+            let got = mem.get(a, n);
+            let first = got.iter().zip(&data[..n]).position(|(x, y)| x != y);
+            assert!(
+                first.is_none(),
+                "{name}: decrypted text differs from byte {first:?}"
+            );
+        }
+    }
+    // Digests: one long request against the same in pieces.
+    for alg in [Alg::Digest(Hash::Sha256), Alg::Hmac(Hash::Sha1)] {
+        let mut mem = Mem::new(0x200000, true);
+        mem.put(src, &data);
+        let (mut q1, mut q2) = (SecQueue::new(TYPE_DIGEST), SecQueue::new(TYPE_DIGEST));
+        let key = if matches!(alg, Alg::Hmac(_)) {
+            &b"key"[..]
+        } else {
+            &[][..]
+        };
+        let s1 = session(&mut q1, &mut mem, alg, key);
+        let s2 = session(&mut q2, &mut mem, alg, key);
+        let op = |s: u64, out: u64| {
+            DigestOp {
+                session: s,
+                alg: None,
+                flags: F_INIT | F_DIGEST_FINAL,
+                src,
+                len: data.len() as u64,
+                out,
+            }
+            .encode()
+        };
+        let w = run(&mut q1, &mut mem, op(s1, a));
+        let (p, calls) = run_in_pieces(&mut q2, &mut mem, op(s2, b));
+        assert_eq!((w.status, p.status, w.result), (0, 0, p.result));
+        assert!(calls > 1);
+        assert_eq!(mem.get(a, 64), mem.get(b, 64), "{alg:?}");
+    }
+}
