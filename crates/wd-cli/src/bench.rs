@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::report::{Progress, Target};
+use crate::report::{median_by, percentile, print_json, Progress, Target};
+use crate::units::{exact_size, size_arg};
 use wrapdrive::dummy::CopyMsg;
 use wrapdrive::{Capability, HostConn, Queue, SharedBuf, CAPA_ALLOW_LEGACY};
 
@@ -32,7 +33,7 @@ enum Which {
     Queue(BenchArgs),
     /// The software IOMMU: map/unmap invalidation cost, strict/deferred/virtio-iommu DMA streams, translation cost.
     Iommu(crate::bench_iommu::IommuArgs),
-    /// Loading files into shareable buffers (`wd load`) against the seed's baselines.
+    /// Loading files into shareable buffers (`wd load`) against buffered read(), O_DIRECT reads and the storage's own limit.
     Load(crate::bench_load::BenchLoadArgs),
     /// Latency of small requests while other clients flood the engine with huge copies.
     Fairness(crate::bench_fair::FairArgs),
@@ -65,8 +66,8 @@ pub struct BenchArgs {
     /// Repetitions per measurement (the median is reported).
     #[arg(long, default_value_t = 5)]
     reps: usize,
-    /// Request sizes in bytes.
-    #[arg(long, value_delimiter = ',', default_values_t = vec![64u64, 4096, 65536])]
+    /// Request sizes in bytes (e.g. 64,4k,64k).
+    #[arg(long, value_delimiter = ',', value_parser = size_arg, default_values_t = vec![64u64, 4096, 65536])]
     sizes: Vec<u64>,
     /// Paths to measure (raw and legacy are always measured: every ratio
     /// is against them).
@@ -98,14 +99,6 @@ struct Sample {
     csw: f64,
 }
 
-/// The `p` quantile (0..=1) of sorted values (0 when empty).
-pub(crate) fn percentile(sorted: &[u64], p: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
 /// Run `f` repeatedly for `secs`; `f` does some requests and returns their
 /// latencies (ns) appended to the vector.
 fn measure(secs: f64, mut f: impl FnMut(&mut Vec<u64>)) -> Sample {
@@ -134,10 +127,10 @@ fn measure(secs: f64, mut f: impl FnMut(&mut Vec<u64>)) -> Sample {
     }
 }
 
-fn median_sample(mut s: Vec<Sample>) -> Sample {
-    s.sort_by(|a, b| a.ops.total_cmp(&b.ops));
-    let mid = s.len() / 2;
-    let mut m = s.swap_remove(mid);
+/// The repetition of median throughput, its latencies sorted for
+/// [`percentile`].
+fn median_sample(s: Vec<Sample>) -> Sample {
+    let mut m = median_by(s, |a, b| a.ops.total_cmp(&b.ops));
     m.lat.sort_unstable();
     m
 }
@@ -191,6 +184,18 @@ struct Bufs {
     dst: SharedBuf,
 }
 
+impl Bufs {
+    /// The request every path sends: copy `size` bytes from src to dst.
+    fn copy_desc(&self, size: u64) -> wrapdrive::Desc {
+        CopyMsg {
+            src: self.src.addr(),
+            dst: self.dst.addr(),
+            len: size,
+        }
+        .to_desc(0)
+    }
+}
+
 fn bufs(q: &mut Queue, size: u64) -> Result<Bufs, String> {
     let src = SharedBuf::new(size as usize).map_err(|e| e.to_string())?;
     let dst = SharedBuf::new(size as usize).map_err(|e| e.to_string())?;
@@ -209,12 +214,7 @@ fn sync_round_trip(
     secs: f64,
     reps: usize,
 ) -> Result<Vec<Sample>, String> {
-    let desc = CopyMsg {
-        src: b.src.addr(),
-        dst: b.dst.addr(),
-        len: size,
-    }
-    .to_desc(0);
+    let desc = b.copy_desc(size);
     let mut err = None;
     let out = (0..reps)
         .map(|_| {
@@ -247,12 +247,7 @@ fn async_stream(
     secs: f64,
     reps: usize,
 ) -> Result<Vec<Sample>, String> {
-    let desc = CopyMsg {
-        src: b.src.addr(),
-        dst: b.dst.addr(),
-        len: size,
-    }
-    .to_desc(0);
+    let desc = b.copy_desc(size);
     let depth = q.depth() as usize;
     let mut sent_at: Vec<Instant> = vec![Instant::now(); depth];
     let mut free: Vec<u64> = (0..depth as u64).collect();
@@ -313,14 +308,6 @@ fn async_stream(
     }
 }
 
-fn human(n: u64) -> String {
-    match n {
-        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
-        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
-        n => format!("{n} B"),
-    }
-}
-
 /// Run the benchmark.
 fn run(args: BenchArgs, host: &str) -> Result<(), String> {
     if args.reps == 0 || !(0.01..=60.0).contains(&args.seconds) || args.sizes.is_empty() {
@@ -357,7 +344,7 @@ fn run(args: BenchArgs, host: &str) -> Result<(), String> {
         let lb = bufs(&mut legacy, size)?;
         let mut samples: Vec<(&str, Sample)> = Vec::new();
         for &p in &paths {
-            prog.step(&format!("{p} {}", human(size)));
+            prog.step(&format!("{p} {}", exact_size(size)));
             let s = match p {
                 "raw" => raw_round_trip(size, args.seconds, args.reps),
                 "sync" => sync_round_trip(&mut q, &b, size, args.seconds, args.reps)?,
@@ -399,7 +386,7 @@ fn run(args: BenchArgs, host: &str) -> Result<(), String> {
             "targets": targets,
             "syscall_counting": METHOD,
         });
-        println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+        print_json(&v);
         return Ok(());
     }
     println!("| path | size | ops/s | p50 | p99 | syscalls/req | csw/req | x limit | x legacy |");
@@ -408,7 +395,7 @@ fn run(args: BenchArgs, host: &str) -> Result<(), String> {
         println!(
             "| {} | {} | {:.0} | {:.2} us | {:.2} us | {:.3} | {:.3} | {:.2} | {:.1} |",
             r.path,
-            human(r.size),
+            exact_size(r.size),
             r.ops_per_sec,
             r.p50_ns as f64 / 1000.0,
             r.p99_ns as f64 / 1000.0,
@@ -444,7 +431,7 @@ fn targets(rows: &[Row]) -> Vec<Target> {
         if let (Some(raw), Some(sync)) = (find("raw", s), find("sync", s)) {
             let v = raw.ops_per_sec / sync.ops_per_sec;
             t.push(Target::at_most(
-                format!("sync round trip / raw round trip at {}", human(s)),
+                format!("sync round trip / raw round trip at {}", exact_size(s)),
                 v,
                 2.0,
             ));
@@ -452,7 +439,10 @@ fn targets(rows: &[Row]) -> Vec<Target> {
     }
     if let Some(a) = find("async-b32", 64).or_else(|| find("async-b32", sizes[0])) {
         t.push(Target::at_least(
-            format!("async batch-32 throughput / legacy at {}", human(a.size)),
+            format!(
+                "async batch-32 throughput / legacy at {}",
+                exact_size(a.size)
+            ),
             a.vs_legacy,
             20.0,
         ));

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::bench::percentile;
-use crate::report::{Progress, Target};
+use crate::report::{median_by, percentile, print_json, Progress, Target};
+use crate::units::{exact_size, size_arg};
 use wrapdrive::dummy::CopyMsg;
 use wrapdrive::{Capability, HostConn, SharedBuf};
 
@@ -31,14 +31,14 @@ pub struct FairArgs {
     /// Numbers of flooding clients, one row each.
     #[arg(long, value_delimiter = ',', default_values_t = vec![0usize, 1, 2, 4])]
     flooders: Vec<usize>,
-    /// Bytes of each flooding copy.
-    #[arg(long, default_value_t = 64 << 20)]
+    /// Bytes of each flooding copy (e.g. 64M).
+    #[arg(long, value_parser = size_arg, default_value_t = 64 << 20)]
     flood_bytes: u64,
     /// Copies each flooder keeps in flight.
     #[arg(long, default_value_t = 4)]
     flood_depth: usize,
-    /// Bytes of each measured request.
-    #[arg(long, default_value_t = 64)]
+    /// Bytes of each measured request (e.g. 64, 4k).
+    #[arg(long, value_parser = size_arg, default_value_t = 64)]
     size: u64,
 }
 
@@ -203,8 +203,7 @@ pub fn run(args: FairArgs, host: &str) -> Result<(), String> {
             prog.step(&format!("{n} flooders, rep {}", r + 1));
             reps.push(one_rep(&args, host, n)?);
         }
-        reps.sort_by_key(|r| r.p99_ns);
-        rows.push(reps.swap_remove(reps.len() / 2));
+        rows.push(median_by(reps, |a, b| a.p99_ns.cmp(&b.p99_ns)));
     }
     prog.finish();
     let base = rows.iter().find(|r| r.flooders == 0).map(|r| r.p99_ns);
@@ -216,8 +215,9 @@ pub fn run(args: FairArgs, host: &str) -> Result<(), String> {
     {
         targets.push(Target::at_most(
             format!(
-                "p99 latency of a {} B request with {} flooding clients (ms)",
-                args.size, r.flooders
+                "p99 latency of a {} request with {} flooding clients (ms)",
+                exact_size(args.size),
+                r.flooders
             ),
             r.p99_ns as f64 / 1e6,
             2.0,
@@ -234,7 +234,7 @@ pub fn run(args: FairArgs, host: &str) -> Result<(), String> {
             "rows": rows,
             "targets": targets,
         });
-        println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+        print_json(&v);
         return Ok(());
     }
     println!("| flooders | requests | p50 | p99 | max | p99 / no flood | flood GB/s |");
@@ -257,9 +257,9 @@ pub fn run(args: FairArgs, host: &str) -> Result<(), String> {
         println!("{}", t.line());
     }
     println!(
-        "\nEach flooder keeps {} copies of {} MiB in flight on its own connection; rows are the median of {} repetitions by p99, {} s each.",
+        "\nEach flooder keeps {} copies of {} in flight on its own connection; rows are the median of {} repetitions by p99, {} s each.",
         args.flood_depth,
-        args.flood_bytes >> 20,
+        exact_size(args.flood_bytes),
         args.reps,
         args.seconds
     );

@@ -1,16 +1,17 @@
 //! `wd bench iommu`: what the software IOMMU costs, in one run.
 //!
-//! 1. Seed 003 (batched TLB maintenance): map and unmap of 128 KiB, 4 MiB
-//!    and ~18 MiB scatter lists, one call and one synchronous invalidation
-//!    per leaf ("before") against one call and one gathered range
-//!    invalidation ("after"), for 4 KiB pages and for 2 MiB blocks where the
-//!    memory is contiguous. An engine thread keeps translating and copying
-//!    through the same domain meanwhile, as a device serving other requests
-//!    does, so every sync waits for a real acknowledgement.
-//! 2. Seed 001 (strict against deferred invalidation, emulated against
-//!    para-virtual IOMMU): a DMA stream through the dummy device where every
-//!    request's buffers are mapped before and unmapped after, as % of the
-//!    throughput without per-request mapping.
+//! 1. Map/unmap with batched TLB maintenance: map and unmap of 128 KiB,
+//!    4 MiB and ~18 MiB scatter lists, one call and one synchronous
+//!    invalidation per leaf ("before") against one call and one gathered
+//!    range invalidation ("after"), for 4 KiB pages and for 2 MiB blocks
+//!    where the memory is contiguous. An engine thread keeps translating and
+//!    copying through the same domain meanwhile, as a device serving other
+//!    requests does, so every sync waits for a real acknowledgement.
+//! 2. A DMA stream through the dummy device where every request's buffers
+//!    are mapped before and unmapped after, as % of the throughput without
+//!    per-request mapping: strict against deferred invalidation, through the
+//!    host's DMA API (emulated IOMMU) and through virtio-iommu requests
+//!    (para-virtual IOMMU).
 //! 3. The hot path: translating a request's range with IOTLB hits, next to
 //!    a memcpy of the same size.
 
@@ -20,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::report::{Progress, Target};
+use crate::report::{median, print_json, Progress, Target};
+use crate::units::{exact_size, size_arg};
 use wd_iommu::{
     Access, Domain, DomainConfig, EngineTlb, Iommu, IotlbGather, Prot, BLOCK_2M, PAGE_SIZE,
 };
@@ -41,8 +43,8 @@ pub struct IommuArgs {
     /// Seconds per DMA-stream measurement.
     #[arg(long, default_value_t = 0.25)]
     seconds: f64,
-    /// Bytes per request of the DMA stream.
-    #[arg(long, default_value_t = 65536)]
+    /// Bytes per request of the DMA stream (e.g. 64k).
+    #[arg(long, value_parser = size_arg, default_value_t = 65536)]
     request_size: u64,
     /// Requests of the DMA stream in flight (each with its own buffers).
     #[arg(long, default_value_t = IN_FLIGHT)]
@@ -70,27 +72,11 @@ pub fn run(args: IommuArgs, host: &str) -> Result<(), String> {
     run_iommu(args)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return 0.0;
-    }
-    v[v.len() / 2]
-}
+// ------------------------------------------------------------ map/unmap
 
-fn human(n: u64) -> String {
-    match n {
-        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
-        n if n >= 1 << 20 => format!("~{} MiB", (n + (1 << 19)) >> 20),
-        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
-        n => format!("{n} B"),
-    }
-}
-
-// ------------------------------------------------------------ seed 003
-
-/// Sizes of the seed's table: 128 KiB, 4 MiB and ~18 MiB (18 MiB + 340 KiB,
-/// "around 17-19M" in the seed).
+/// Sizes of the map/unmap table: 128 KiB, 4 MiB and ~18 MiB. The last,
+/// 18 MiB + 340 KiB, stands for a large buffer of no round size: its
+/// contiguous layout is 9 blocks of 2 MiB and a tail of 85 pages of 4 KiB.
 const MAP_SIZES: [u64; 3] = [128 << 10, 4 << 20, (18 << 20) + (340 << 10)];
 /// IOVA of the measured range.
 const MAP_IOVA: u64 = 1 << 32;
@@ -193,7 +179,7 @@ fn map_table(args: &IommuArgs, prog: &mut Progress) -> Result<Vec<MapRow>, Strin
         .collect();
     // A shared machine may not be running the engines right now: start each
     // measurement when they make progress (at most 100 ms later), so the
-    // per-page syncs meet an active device, as in the seed.
+    // per-page syncs meet an active device, as they do on a busy machine.
     let engines_running = || {
         if args.engines == 0 {
             return;
@@ -211,7 +197,7 @@ fn map_table(args: &IommuArgs, prog: &mut Progress) -> Result<Vec<MapRow>, Strin
     let mut result = Ok(());
     'outer: for layout in ["4k-scatter", "2m-contiguous"] {
         for &size in &MAP_SIZES {
-            prog.step(&format!("map/unmap {layout} {}", human(size)));
+            prog.step(&format!("map/unmap {layout} {}", exact_size(size)));
             let leaves = layout_leaves(layout, size);
             let (mut mb, mut ma, mut ub, mut ua) = (vec![], vec![], vec![], vec![]);
             let (mut sb, mut sa, mut wb) = (0u64, 0u64, 0u64);
@@ -266,7 +252,7 @@ fn map_table(args: &IommuArgs, prog: &mut Progress) -> Result<Vec<MapRow>, Strin
                 sa += iommu.stats().syncs - s0.syncs;
             }
             let reps = args.reps as f64;
-            let (mb, ma, ub, ua) = (median(mb), median(ma), median(ub), median(ua));
+            let (mb, ma, ub, ua) = (median(&mb), median(&ma), median(&ub), median(&ua));
             rows.push(MapRow {
                 layout,
                 size,
@@ -340,7 +326,7 @@ fn translate_table(args: &IommuArgs, prog: &mut Progress) -> Result<Vec<Translat
     let mut rows = Vec::new();
     for (layout, d) in [("4k-pages", &pages), ("2m-block", &blocks)] {
         for size in [64u64, 4096, 65536, 2 << 20] {
-            prog.step(&format!("translate {layout} {}", human(size)));
+            prog.step(&format!("translate {layout} {}", exact_size(size)));
             let iters = ((64 << 20) / size.max(4096)).clamp(256, 200_000);
             let mut tv = Vec::new();
             let mut mv = Vec::new();
@@ -373,7 +359,7 @@ fn translate_table(args: &IommuArgs, prog: &mut Progress) -> Result<Vec<Translat
                     iters,
                 ));
             }
-            let (t, m) = (median(tv), median(mv));
+            let (t, m) = (median(&tv), median(&mv));
             rows.push(TranslateRow {
                 layout,
                 size,
@@ -442,13 +428,16 @@ fn run_iommu(args: IommuArgs) -> Result<(), String> {
         targets.push(Target::at_least(
             format!(
                 "unmap of {} (4 KiB pages): per-page / gathered",
-                human(r.size)
+                exact_size(r.size)
             ),
             r.unmap_ratio,
             27.0,
         ));
         targets.push(Target::at_least(
-            format!("map of {} (4 KiB pages): per-page / map_sg", human(r.size)),
+            format!(
+                "map of {} (4 KiB pages): per-page / map_sg",
+                exact_size(r.size)
+            ),
             r.map_ratio,
             4.0,
         ));
@@ -467,13 +456,16 @@ fn run_iommu(args: IommuArgs) -> Result<(), String> {
             "translate": tr_rows,
             "targets": targets,
         });
-        println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+        print_json(&v);
         return Ok(());
     }
     if !map_rows.is_empty() {
+        let sizes: Vec<String> = MAP_SIZES.iter().map(|&s| exact_size(s)).collect();
         println!(
-            "Map/unmap (seed 003): one call + one sync per leaf (before) vs one call + one gathered sync (after); {} busy engine(s); medians of {} reps",
-            args.engines, args.reps
+            "Map/unmap, {}; 4 KiB pages (scattered) and 2 MiB blocks (contiguous): one call + one sync per leaf (before) vs one call + one gathered sync (after); {} busy engine(s); medians of {} reps",
+            sizes.join(", "),
+            args.engines,
+            args.reps
         );
         println!();
         println!("| layout | size | leaves | map before | map after | x | unmap before | unmap after | x | syncs before/after | syncs that waited | sync wait |");
@@ -482,7 +474,7 @@ fn run_iommu(args: IommuArgs) -> Result<(), String> {
             println!(
                 "| {} | {} | {} | {:.1} us | {:.1} us | {:.1} | {:.1} us | {:.1} us | {:.1} | {:.0} / {:.0} | {:.0}% | {:.2} us |",
                 r.layout,
-                human(r.size),
+                exact_size(r.size),
                 r.leaves,
                 r.map_before_us,
                 r.map_after_us,
@@ -510,7 +502,7 @@ fn run_iommu(args: IommuArgs) -> Result<(), String> {
             println!(
                 "| {} | {} | {:.1} ns | {:.1} ns | {:.3} |",
                 r.layout,
-                human(r.size),
+                exact_size(r.size),
                 r.translate_ns,
                 r.memcpy_ns,
                 r.ratio
@@ -524,7 +516,7 @@ fn run_iommu(args: IommuArgs) -> Result<(), String> {
     Ok(())
 }
 
-// ------------------------------------------------------------ seed 001
+// ------------------------------------------------------------ DMA stream
 
 /// The rows of the stream table, in order.
 const STREAM_PATHS: [&str; 5] = [
@@ -1010,10 +1002,13 @@ fn stream_table(args: &IommuArgs, prog: &mut Progress) -> Result<StreamTable, St
     // Each row against the baseline measured in the same round, a moment
     // earlier: the median of those ratios cancels the machine's drift.
     let ratios: Vec<f64> = (0..paths.len())
-        .map(|i| median(rates[i].iter().zip(&rates[0]).map(|(r, b)| r / b).collect()))
+        .map(|i| {
+            let r: Vec<f64> = rates[i].iter().zip(&rates[0]).map(|(r, b)| r / b).collect();
+            median(&r)
+        })
         .collect();
-    let medians: Vec<f64> = rates.into_iter().map(median).collect();
-    let cpu: Vec<f64> = cpu.into_iter().map(median).collect();
+    let medians: Vec<f64> = rates.iter().map(|r| median(r)).collect();
+    let cpu: Vec<f64> = cpu.iter().map(|c| median(c)).collect();
     let rows = paths
         .iter()
         .enumerate()
@@ -1075,8 +1070,8 @@ fn stream_targets(s: &StreamTable) -> Vec<Target> {
 
 fn print_stream(s: &StreamTable, args: &IommuArgs) {
     println!(
-        "DMA stream (seed 001): memcpy requests of {} through the dummy device, {} in flight, batches of {}, every request's buffers mapped before and unmapped after; medians of {} reps x {} s",
-        human(s.request_size),
+        "DMA stream, strict vs deferred invalidation, host DMA API vs virtio-iommu: memcpy requests of {} through the dummy device, {} in flight, batches of {}, every request's buffers mapped before and unmapped after; medians of {} reps x {} s",
+        exact_size(s.request_size),
         s.in_flight,
         s.batch,
         args.reps,

@@ -1,13 +1,13 @@
-//! `wd bench load`: the seed's table, reproduced on this machine in one
+//! `wd bench load`: what loading a file into a shareable buffer costs on
+//! this machine, against the usual ways and the storage's own limit, in one
 //! run. For each file size, cold (page cache evicted with posix_fadvise
 //! DONTNEED, checked with mincore) and warm, it times:
 //!
 //! * `normal`: allocate a buffer, then buffered read() into its mapping
-//!   (the seed's baseline: dma-heap alloc + mmap + read);
+//!   (the usual way, dma-heap alloc + mmap + read; every ratio's baseline);
 //! * `memfd+direct`: allocate a memfd buffer, then O_DIRECT reads of 4 MiB
 //!   one after another (the udmabuf-style path);
-//! * `single-direct`: allocate, then one O_DIRECT read of the whole file
-//!   (the seed's "patch 1");
+//! * `single-direct`: allocate, then one O_DIRECT read of the whole file;
 //! * `overlapped`: `alloc_and_read` with default options (ours);
 //! * `device-limit`: the same file read with O_DIRECT at queue depth 32
 //!   into a buffer allocated beforehand (no allocation, no copy): what the
@@ -21,8 +21,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::report::Target;
-use wd_heap::units::{format_size, parse_size};
+use crate::chart::esc;
+use crate::report::{emit, median, print_json, Progress, Target};
+use crate::units::{format_size, size_arg};
 use wd_heap::{AllocOptions, Buffer, Heap, HeapLimits, IoUsed, LoadOptions, PagePolicy};
 use wd_sys::file::{fadvise, open_read, resident_pages, Advice};
 
@@ -33,18 +34,13 @@ const STEP: u64 = 4 << 20;
 /// Scratch buffer the device-limit reads cycle through.
 const LIMIT_SCRATCH: u64 = LIMIT_DEPTH as u64 * STEP;
 
-fn size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| e.to_string())
-}
-
 /// Options of `wd bench load`.
 #[derive(clap::Args, Debug)]
 pub struct BenchLoadArgs {
-    /// File sizes (the seed's: 512K,8M,1G,3G).
+    /// File sizes (e.g. 64k, 2M, 1G; the targets apply to 1 GiB and more).
     #[arg(long, value_delimiter = ',', value_parser = size_arg, default_values = ["512K", "8M", "1G", "3G"])]
     sizes: Vec<u64>,
-    /// Repetitions of every measurement (medians are reported; the seed
-    /// averaged 5).
+    /// Repetitions of every measurement (medians are reported).
     #[arg(long, default_value_t = 5)]
     reps: usize,
     /// Directory for the test files: a filesystem on the storage to measure
@@ -78,7 +74,7 @@ const METHODS: [&str; 5] = [
 
 fn describe(m: &str) -> &'static str {
     match m {
-        "normal" => "allocate, mmap, buffered read() (the seed's baseline)",
+        "normal" => "allocate, mmap, buffered read() (the baseline)",
         "memfd+direct" => "memfd allocated, then O_DIRECT 4 MiB reads one by one (udmabuf-style)",
         "single-direct" => "allocate, then one O_DIRECT read of the whole file",
         "overlapped" => "alloc_and_read, default options (ours)",
@@ -345,12 +341,6 @@ fn verify(buf: &Buffer, path: &Path, size: u64) -> Result<(), String> {
     Ok(())
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s[s.len() / 2]
-}
-
 /// Run the benchmark.
 pub fn run(args: BenchLoadArgs) -> Result<(), String> {
     if args.reps == 0 || args.sizes.is_empty() {
@@ -382,20 +372,7 @@ pub fn run(args: BenchLoadArgs) -> Result<(), String> {
     let load_start = loadavg();
     let passes = if args.cold_only { 1 } else { 2 };
     let steps = args.sizes.len() * passes * args.reps * METHODS.len();
-    let mut step = 0usize;
-    let mut note = |what: &str| {
-        step += 1;
-        if tty {
-            let w = 30;
-            let fill = w * step / steps.max(1);
-            eprint!(
-                "\r[{}{}] {step}/{steps} {what:<40}",
-                "#".repeat(fill),
-                ".".repeat(w - fill)
-            );
-            let _ = std::io::stderr().flush();
-        }
-    };
+    let mut prog = Progress::new(steps, !args.json);
     if tty {
         eprintln!(
             "wd bench load: {} of test files in {} ({fs})",
@@ -437,7 +414,7 @@ pub fn run(args: BenchLoadArgs) -> Result<(), String> {
                 for k in 0..METHODS.len() {
                     let i = (k + rep) % METHODS.len();
                     let m = METHODS[i];
-                    note(&format!("{cache} {} {m}", format_size(size)));
+                    prog.step(&format!("{cache} {} {m}", format_size(size)));
                     if cache == "cold" {
                         max_left_after_evict = max_left_after_evict.max(evict(&path)?);
                     }
@@ -468,9 +445,7 @@ pub fn run(args: BenchLoadArgs) -> Result<(), String> {
             }
         }
     }
-    if tty {
-        eprintln!();
-    }
+    prog.finish();
     if !args.keep {
         for f in &files {
             let _ = std::fs::remove_file(f);
@@ -501,8 +476,7 @@ pub fn run(args: BenchLoadArgs) -> Result<(), String> {
             "targets": targets,
             "svg": (!args.no_svg).then(|| args.svg.display().to_string()),
         });
-        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&v).expect("json"));
-        crate::load::emit(&out);
+        print_json(&v);
         return Ok(());
     }
     let _ = writeln!(out,
@@ -567,7 +541,7 @@ pub fn run(args: BenchLoadArgs) -> Result<(), String> {
     if !args.no_svg {
         let _ = writeln!(out, "\nchart: {}", args.svg.display());
     }
-    crate::load::emit(&out);
+    emit(&out);
     Ok(())
 }
 
@@ -614,12 +588,6 @@ fn targets(rows: &[Row]) -> Vec<Target> {
         }
     }
     t
-}
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }
 
 /// Grouped bar chart of throughput: one panel per cache state, one group

@@ -1,5 +1,6 @@
 //! Small SVG charts for benchmark results: a log-scale line chart of
-//! throughput per block size, one line per configuration.
+//! throughput per block size, one line per configuration, and the escaping
+//! every chart's text needs.
 
 use std::fmt::Write;
 
@@ -15,10 +16,15 @@ const COLORS: [&str; 8] = [
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
 ];
 
-fn esc(s: &str) -> String {
+/// `s` as SVG (XML) text or attribute value: labels come from the command
+/// line (a cipher name, a directory, a load average) and must not end the
+/// element or the attribute they are written into. `&` goes first, so the
+/// entities made for the others are not escaped again.
+pub fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 /// A line chart with categorical x labels and a logarithmic y axis.
@@ -133,6 +139,14 @@ fn human(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn escapes_markup_once() {
+        assert_eq!(esc(""), "");
+        assert_eq!(esc("aes-128-cbc"), "aes-128-cbc");
+        assert_eq!(esc("a<b>&\"c\""), "a&lt;b&gt;&amp;&quot;c&quot;");
+        assert_eq!(esc("&lt;"), "&amp;lt;");
+    }
 
     #[test]
     fn chart_has_every_series_and_label() {

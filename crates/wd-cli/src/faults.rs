@@ -57,7 +57,7 @@ pub fn run(h: &HostConn, args: FaultsArgs) -> Result<(), String> {
             "lost": r.lost,
             "events": events,
         });
-        println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+        crate::report::print_json(&v);
         return Ok(());
     }
     println!(

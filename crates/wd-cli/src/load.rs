@@ -7,8 +7,9 @@ use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::report::emit;
+use crate::units::{format_rate, format_size, size_arg};
 use sha2::{Digest, Sha256};
-use wd_heap::units::{format_rate, format_size, parse_size};
 use wd_heap::{
     alloc_and_read, Buffer, Engine, EngineUsed, IoMode, IoUsed, LoadOptions, PagePolicy,
 };
@@ -48,10 +49,6 @@ pub enum PagesArg {
     /// 1 GiB hugetlb pages, or fail.
     #[value(name = "1g")]
     Huge1G,
-}
-
-fn size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| e.to_string())
 }
 
 /// Options of `wd load`.
@@ -175,13 +172,6 @@ pub fn sha256(buf: &Buffer) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect::<String>()
-}
-
-/// Print to stdout; a closed stdout (`| head`) is not an error.
-pub fn emit(text: &str) {
-    let mut o = std::io::stdout().lock();
-    let _ = o.write_all(text.as_bytes());
-    let _ = o.flush();
 }
 
 /// Run `wd load`.

@@ -10,6 +10,7 @@ mod faults;
 mod load;
 mod report;
 mod speed;
+mod units;
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -32,30 +33,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a device host until SIGINT/SIGTERM.
-    Serve {
-        /// Socket to listen on (a path, or @name for an abstract socket).
-        #[arg(long)]
-        socket: Option<String>,
-        /// TOML configuration file (socket, socket_mode, allow_uids, allow_gids,
-        /// [[device]] tables).
-        #[arg(long)]
-        config: Option<std::path::PathBuf>,
-        /// Device to own, e.g. "dummy:engines=2,queues=16" (repeatable).
-        #[arg(long = "device")]
-        devices: Vec<String>,
-        /// Who may connect, as octal permission bits: set on a path socket
-        /// and checked against every client's credentials (abstract sockets
-        /// too); a class needs both r and w (e.g. 600: this user and root).
-        #[arg(long, value_parser = parse_octal)]
-        mode: Option<u32>,
-        /// Also admit this uid whatever --mode says (repeatable).
-        #[arg(long = "allow-uid", value_name = "UID")]
-        allow_uids: Vec<u32>,
-        /// Also admit clients in this group, primary or supplementary,
-        /// whatever --mode says (repeatable).
-        #[arg(long = "allow-gid", value_name = "GID")]
-        allow_gids: Vec<u32>,
-    },
+    Serve(ServeArgs),
     /// Show devices, queue types and live queues as a tree.
     Ls {
         /// Machine-readable output.
@@ -71,8 +49,9 @@ enum Cmd {
     Bench(bench::BenchCmd),
     /// Show the newest IOMMU faults of a queue (not consuming them).
     Faults(faults::FaultsArgs),
-    /// The seed's `openssl speed` table: legacy path, offload, async jobs,
-    /// default threshold and CPU only, in one run.
+    /// `openssl speed` throughput per block size through WrapDrive (legacy
+    /// path, offload, async jobs, default threshold) against the CPU alone,
+    /// in one run.
     Speed(speed::SpeedArgs),
     /// Load a file into a shareable buffer (overlapped allocation and direct I/O).
     Load(load::LoadArgs),
@@ -106,13 +85,30 @@ fn connect(host: &Option<String>) -> Result<std::sync::Arc<HostConn>, ClientErro
     }
 }
 
-/// What `wd serve` was asked on its command line.
+/// Options of `wd serve`.
+#[derive(clap::Args)]
 struct ServeArgs {
+    /// Socket to listen on (a path, or @name for an abstract socket).
+    #[arg(long)]
     socket: Option<String>,
+    /// TOML configuration file (socket, socket_mode, allow_uids, allow_gids,
+    /// [[device]] tables).
+    #[arg(long)]
     config: Option<std::path::PathBuf>,
+    /// Device to own, e.g. "dummy:engines=2,queues=16" (repeatable).
+    #[arg(long = "device")]
     devices: Vec<String>,
+    /// Who may connect, as octal permission bits: set on a path socket
+    /// and checked against every client's credentials (abstract sockets
+    /// too); a class needs both r and w (e.g. 600: this user and root).
+    #[arg(long, value_parser = parse_octal)]
     mode: Option<u32>,
+    /// Also admit this uid whatever --mode says (repeatable).
+    #[arg(long = "allow-uid", value_name = "UID")]
     allow_uids: Vec<u32>,
+    /// Also admit clients in this group, primary or supplementary,
+    /// whatever --mode says (repeatable).
+    #[arg(long = "allow-gid", value_name = "GID")]
     allow_gids: Vec<u32>,
 }
 
@@ -201,21 +197,7 @@ fn print_tree(entries: &[wrapdrive::AttrEntry]) {
 
 fn run(cli: Cli) -> Result<(), String> {
     match cli.cmd {
-        Cmd::Serve {
-            socket,
-            config,
-            devices,
-            mode,
-            allow_uids,
-            allow_gids,
-        } => serve(ServeArgs {
-            socket,
-            config,
-            devices,
-            mode,
-            allow_uids,
-            allow_gids,
-        }),
+        Cmd::Serve(args) => serve(args),
         Cmd::Ls { json } => {
             let h = connect(&cli.host).map_err(|e| e.to_string())?;
             let entries = h.attrs("").map_err(|e| e.to_string())?;
@@ -224,7 +206,7 @@ fn run(cli: Cli) -> Result<(), String> {
                     .iter()
                     .map(|e| serde_json::json!({"path": e.path, "value": e.value, "writable": e.writable}))
                     .collect();
-                println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+                report::print_json(&serde_json::Value::Array(v));
             } else {
                 print_tree(&entries);
             }

@@ -1,16 +1,16 @@
-//! `wd speed`: the seed's `openssl speed` table on this machine, in one
-//! run, with unmodified `openssl speed -elapsed` as the client: the legacy
-//! system-call path, WrapDrive synchronous offload, with 32 async jobs,
-//! with the default threshold, and the CPU alone.
+//! `wd speed`: `openssl speed` throughput per block size on this machine,
+//! in one run, with unmodified `openssl speed -elapsed` as the client: the
+//! legacy system-call path, WrapDrive synchronous offload, with 32 async
+//! jobs, with the default threshold, each against the CPU alone (OpenSSL's
+//! default provider, measured in the same run).
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde::Serialize;
 
 use crate::chart::{log_lines, Series};
-use crate::report::Target;
+use crate::report::{median, print_json, Progress, Target};
 
 /// Options of `wd speed`.
 #[derive(clap::Args)]
@@ -221,11 +221,6 @@ fn run_openssl(
     parse_speed(&String::from_utf8_lossy(&out.stdout), &args.cipher)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// Run `wd speed`.
 pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
     if args.reps == 0 || args.seconds == 0 || args.async_jobs == 0 {
@@ -251,29 +246,22 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
             (sock, Some(h), Some(TempDir(tmp)))
         }
     };
-    let tty = std::io::stderr().is_terminal() && !args.json;
-    let total = ROWS.len() * args.reps;
+    let mut prog = Progress::new(ROWS.len() * args.reps, !args.json);
     let mut samples: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); SIZES.len()]; ROWS.len()];
-    let mut step = 0;
     // Interleave repetitions so drift of a shared machine hits every row alike.
     for _ in 0..args.reps {
         for (i, row) in ROWS.iter().enumerate() {
-            step += 1;
-            if tty {
-                eprint!("\r[{step}/{total}] {:<40}", row.label);
-            }
+            prog.step(row.label);
             let v = run_openssl(&args, row, &dir, &socket)?;
             for (k, x) in v.into_iter().enumerate() {
                 samples[i][k].push(x);
             }
         }
     }
-    if tty {
-        eprintln!();
-    }
+    prog.finish();
     let med: Vec<Vec<f64>> = samples
         .into_iter()
-        .map(|r| r.into_iter().map(median).collect())
+        .map(|r| r.iter().map(|c| median(c)).collect())
         .collect();
     let cpu = med[ROWS.len() - 1].clone();
     let rows: Vec<Row> = ROWS
@@ -320,7 +308,7 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
             "targets": targets,
             "svg": args.svg,
         });
-        println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+        print_json(&v);
         return Ok(());
     }
     print!("| {} (1000s of bytes/s) |", args.cipher);

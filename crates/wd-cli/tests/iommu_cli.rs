@@ -2,44 +2,16 @@
 //! client's fault is visible to another process of the same user without
 //! being consumed, and the queue's IOMMU state shows in the attribute tree.
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use wrapdrive::dummy::CopyMsg;
 use wrapdrive::{Capability, FaultPolicy, HostConn, InvalidationMode, SharedBuf};
 
-struct Host {
-    child: Child,
-    dir: std::path::PathBuf,
-    socket: String,
-}
+mod common;
+use common::{tempdir, HostProc};
 
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn host() -> Host {
-    let dir = std::env::temp_dir().join(format!("wd-iommu-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let socket = dir.join("wd.sock").to_string_lossy().into_owned();
-    let child = Command::new(env!("CARGO_BIN_EXE_wd"))
-        .args(["serve", "--socket", &socket, "--device", "dummy"])
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start wd serve");
-    let t = Instant::now();
-    while HostConn::connect(&socket).is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "host did not come up"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Host { child, dir, socket }
+fn host() -> HostProc {
+    HostProc::serve_in(tempdir("wd-iommu-cli"), &["--device", "dummy"])
 }
 
 fn wd(socket: &str, args: &[&str]) -> (bool, String, String) {

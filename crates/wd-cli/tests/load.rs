@@ -9,26 +9,11 @@ use std::process::{Command, Output};
 
 use sha2::{Digest, Sha256};
 
-struct TempDir(PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+mod common;
 
-fn tempdir(tag: &str) -> TempDir {
-    use std::os::unix::fs::PermissionsExt;
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let p = std::env::temp_dir().join(format!(
-        "wd-load-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&p).unwrap();
-    // Another user (the permission test) must reach the files inside.
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    TempDir(p)
+/// A private directory for one test's files.
+fn tempdir(tag: &str) -> common::TempDir {
+    common::tempdir(&format!("wd-load-{tag}"))
 }
 
 fn file(dir: &Path, size: usize) -> (PathBuf, Vec<u8>, String) {

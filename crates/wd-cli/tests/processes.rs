@@ -6,82 +6,22 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use wrapdrive::dummy::CopyMsg;
 use wrapdrive::{Capability, HostConn, SharedBuf, Status};
 
-/// A host process on a private socket, killed on drop.
-struct HostProc {
-    child: Child,
-    socket: String,
-    _dir: TempDir,
-}
+mod common;
+use common::{tempdir, wait_until, HostProc};
 
-struct TempDir(std::path::PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn tempdir(tag: &str) -> TempDir {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let p = std::env::temp_dir().join(format!(
-        "wd-test-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&p).unwrap();
-    // Other users (the uid test) must reach the socket inside.
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    TempDir(p)
-}
-
-impl HostProc {
-    fn start(device: &str) -> HostProc {
-        let dir = tempdir("host");
-        let socket = dir.0.join("wd.sock").to_string_lossy().into_owned();
-        let child = Command::new(env!("CARGO_BIN_EXE_wd"))
-            .args([
-                "serve", "--socket", &socket, "--device", device, "--mode", "666",
-            ])
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start wd serve");
-        let t = Instant::now();
-        while HostConn::connect(&socket).is_err() {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "host did not come up"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        HostProc {
-            child,
-            socket,
-            _dir: dir,
-        }
-    }
-
-    fn conn(&self) -> Arc<HostConn> {
-        HostConn::connect(&self.socket).expect("connect")
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-}
-
-impl Drop for HostProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A host on a private socket owning `device`, open to every user (the
+/// tests run clients as other uids).
+fn start_host(device: &str) -> HostProc {
+    HostProc::serve_in(
+        tempdir("wd-test-host"),
+        &["--device", device, "--mode", "666"],
+    )
 }
 
 fn attr(h: &HostConn, path: &str) -> String {
@@ -97,17 +37,6 @@ fn queue_paths(h: &HostConn) -> Vec<String> {
         .filter(|e| e.path.ends_with("/pid"))
         .map(|e| e.path)
         .collect()
-}
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Re-run this test binary as a client process playing `role`.
@@ -200,7 +129,7 @@ fn child_entry() {
 
 #[test]
 fn capability_listing_and_exhaustion() {
-    let host = HostProc::start("dummy:queues=2");
+    let host = start_host("dummy:queues=2");
     let h = host.conn();
     assert_eq!(attr(&h, AVAIL), "2");
     assert_eq!(
@@ -226,7 +155,7 @@ fn capability_listing_and_exhaustion() {
 
 #[test]
 fn kill_9_with_requests_in_flight_leaves_nothing() {
-    let host = HostProc::start("dummy:queues=4,engines=2");
+    let host = start_host("dummy:queues=4,engines=2");
     let h = host.conn();
     for round in 0..5 {
         let mut c = client("busy", &host.socket, &[]).spawn().unwrap();
@@ -248,7 +177,7 @@ fn kill_9_with_requests_in_flight_leaves_nothing() {
 
 #[test]
 fn host_killed_while_client_waits_is_an_error_not_a_hang() {
-    let host = HostProc::start("dummy");
+    let host = start_host("dummy");
     let h = host.conn();
     let mut q = h.request_queue(&Capability::new("memcpy")).unwrap();
     // Freeze the host so the request stays in flight, then kill it.
@@ -286,7 +215,7 @@ fn host_killed_while_client_waits_is_an_error_not_a_hang() {
 
 #[test]
 fn clients_cannot_reach_each_others_memory() {
-    let host = HostProc::start("dummy");
+    let host = start_host("dummy");
     let mut a = client("secret", &host.socket, &[])
         .stdin(Stdio::piped())
         .spawn()
@@ -343,7 +272,7 @@ fn clients_cannot_reach_each_others_memory() {
 
 #[test]
 fn malformed_control_messages_get_a_status() {
-    let host = HostProc::start("dummy");
+    let host = start_host("dummy");
     let read_error = |s: &mut UnixStream| -> Option<Status> {
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let mut buf = vec![0u8; 4096];
@@ -402,7 +331,7 @@ fn malformed_control_messages_get_a_status() {
 
 #[test]
 fn corrupt_ring_indices_stop_only_that_queue() {
-    let host = HostProc::start("dummy");
+    let host = start_host("dummy");
     let sock = UnixStream::connect(&host.socket).unwrap();
     let mut ch = wd_ipc::Channel::new(sock);
     ch.call(
@@ -453,7 +382,7 @@ fn corrupt_ring_indices_stop_only_that_queue() {
 
 #[test]
 fn attributes_readable_by_all_writable_by_owner() {
-    let host = HostProc::start("dummy");
+    let host = start_host("dummy");
     let h = host.conn();
     h.set_attr("dev0/priority", "7").unwrap();
     assert_eq!(attr(&h, "dev0/priority"), "7");
@@ -484,7 +413,7 @@ fn attributes_readable_by_all_writable_by_owner() {
 
 #[test]
 fn fork_child_cannot_use_the_parents_queue_but_can_ask_again() {
-    let host = HostProc::start("dummy");
+    let host = start_host("dummy");
     let h = host.conn();
     let mut q = h.request_queue(&Capability::new("memcpy")).unwrap();
     assert_eq!(q.call(wrapdrive::Desc::default()).unwrap().status, 0);
@@ -530,7 +459,7 @@ fn fork_child_cannot_use_the_parents_queue_but_can_ask_again() {
 
 #[test]
 fn malformed_descriptors_complete_with_a_status() {
-    let host = HostProc::start("dummy");
+    let host = start_host("dummy");
     let h = host.conn();
     let mut q = h
         .request_queue(&Capability::new("memcpy").depth(64))

@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use wd_proto::Message;
@@ -15,61 +15,26 @@ use wd_testutil::{is_root, skip};
 use wrapdrive::dummy::CopyMsg;
 use wrapdrive::HostConn;
 
-struct Dir(PathBuf);
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+mod common;
+use common::{tempdir_in, HostProc, TempDir as Dir};
 
+/// A private directory under the target's temp directory with `mode`.
 fn dir(tag: &str, mode: u32) -> Dir {
-    let p =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("wd-sec-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&p);
-    std::fs::create_dir_all(&p).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
-    Dir(p)
+    tempdir_in(
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+        &format!("wd-sec-{tag}"),
+        mode,
+    )
 }
 
-/// A root host on a private socket, killed on drop.
-struct HostProc {
-    child: Child,
-    socket: String,
-    _dir: Dir,
-}
-
-impl HostProc {
-    fn start(devices: &[&str], extra: &[&str]) -> HostProc {
-        let d = dir("host", 0o755);
-        let socket = d.0.join("wd.sock").to_string_lossy().into_owned();
-        let mut c = Command::new(env!("CARGO_BIN_EXE_wd"));
-        c.args(["serve", "--socket", &socket, "--mode", "666"]);
-        for dev in devices {
-            c.args(["--device", dev]);
-        }
-        let child = c
-            .args(extra)
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start wd serve");
-        let t = Instant::now();
-        while HostConn::connect(&socket).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(10), "host did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        HostProc {
-            child,
-            socket,
-            _dir: d,
-        }
+/// A root host on a private socket, open to every user, killed on drop.
+fn start_host(devices: &[&str], extra: &[&str]) -> HostProc {
+    let mut args = vec!["--mode", "666"];
+    for dev in devices {
+        args.extend(["--device", dev]);
     }
-}
-
-impl Drop for HostProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    args.extend(extra);
+    HostProc::serve_in(dir("host", 0o755), &args)
 }
 
 /// A setuid-root stand-in for any privileged program: it loads a root-only
@@ -323,7 +288,7 @@ fn other_users_queues_are_counted_not_shown() {
     if !is_root() {
         return skip(T, "needs root to run a second client as uid 65534");
     }
-    let host = HostProc::start(&["dummy"], &[]);
+    let host = start_host(&["dummy"], &[]);
     let h = HostConn::connect(&host.socket).unwrap();
     let _mine = h
         .request_queue(&wrapdrive::Capability::new("memcpy"))
@@ -384,7 +349,7 @@ fn share_all_does_not_cross_into_an_execd_setuid_program() {
     std::fs::set_permissions(&secret_file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let flag_file = d.0.join("created-by-root");
 
-    let host = HostProc::start(&["dummy"], &[]);
+    let host = start_host(&["dummy"], &[]);
     let mut c = Command::new(std::env::current_exe().unwrap());
     c.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
         .env("WD_TEST_ROLE", "attacker")
@@ -432,7 +397,7 @@ fn limited_host(devices: &[&str], limits: &str) -> (HostProc, Dir) {
     let d = dir("limits", 0o755);
     let cfg = d.0.join("host.toml");
     std::fs::write(&cfg, format!("[limits]\nexempt_owner = false\n{limits}\n")).unwrap();
-    let host = HostProc::start(devices, &["--config", cfg.to_str().unwrap()]);
+    let host = start_host(devices, &["--config", cfg.to_str().unwrap()]);
     (host, d)
 }
 
@@ -464,7 +429,7 @@ fn idle_connections_are_limited_and_timed_out() {
         &["dummy"],
         "connections_per_uid = 8\nhello_timeout_ms = 300",
     );
-    // HostProc::start's own probe connections are gone by now.
+    // HostProc::serve's own probe connections are gone by now.
     std::thread::sleep(Duration::from_millis(50));
     let held: Vec<_> = (0..8).map(|_| idle(&host.socket)).collect();
     // The ninth is refused with the limit named, not a silent hang.

@@ -5,40 +5,12 @@
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
 
 use wrapdrive::HostConn;
 
-/// A `wd serve` process, killed on drop.
-struct Serve(Child);
-
-impl Serve {
-    fn start(addr: &str, extra: &[&str]) -> Serve {
-        let child = Command::new(env!("CARGO_BIN_EXE_wd"))
-            .args(["serve", "--socket", addr, "--device", "dummy"])
-            .args(extra)
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start wd serve");
-        let t = Instant::now();
-        while HostConn::connect(addr).is_err() {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "host did not come up"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Serve(child)
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+mod common;
+use common::HostProc;
 
 /// Connect to `addr` as uid 65534 and return "ok" or the error.
 fn connect_as_nobody(addr: &str) -> String {
@@ -88,7 +60,7 @@ fn serve_mode_and_allow_uid_hold_for_abstract_sockets() {
         return;
     }
     let addr = format!("@wd-serve-access-{}", std::process::id());
-    let host = Serve::start(&addr, &["--mode", "600"]);
+    let host = HostProc::serve(&addr, &["--device", "dummy", "--mode", "600"]);
     let r = connect_as_nobody(&addr);
     assert!(
         r.starts_with("Permission uid 65534 is not allowed by this host's access policy"),
@@ -96,14 +68,17 @@ fn serve_mode_and_allow_uid_hold_for_abstract_sockets() {
     );
     drop(host);
     let addr = format!("@wd-serve-allow-{}", std::process::id());
-    let _host = Serve::start(&addr, &["--mode", "600", "--allow-uid", "65534"]);
+    let _host = HostProc::serve(
+        &addr,
+        &["--device", "dummy", "--mode", "600", "--allow-uid", "65534"],
+    );
     assert_eq!(connect_as_nobody(&addr), "ok");
 }
 
 #[test]
 fn second_serve_on_a_held_name_names_the_holder() {
     let addr = format!("@wd-serve-held-{}", std::process::id());
-    let first = Serve::start(&addr, &["--mode", "600"]);
+    let first = HostProc::serve(&addr, &["--device", "dummy", "--mode", "600"]);
     let out = Command::new(env!("CARGO_BIN_EXE_wd"))
         .args(["serve", "--socket", &addr, "--device", "dummy"])
         .output()
@@ -113,7 +88,7 @@ fn second_serve_on_a_held_name_names_the_holder() {
     let want = format!(
         "{addr} is already served by uid {} (pid {})",
         wd_sys::geteuid(),
-        first.0.id()
+        first.pid()
     );
     assert!(err.contains(&want), "{err}");
 }
