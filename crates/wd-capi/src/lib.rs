@@ -439,8 +439,12 @@ pub unsafe extern "C" fn wd_alloc(size: usize, numa_node: c_int, out: *mut *mut 
         }
         let node = (numa_node >= 0).then_some(numa_node as u32);
         let a = wrapdrive::alloc(size, node)?;
-        // SAFETY: out is non-null and points to a caller-owned void *.
-        unsafe { out.write_unaligned(a as *mut c_void) };
+        // SAFETY: a..a+size is the allocation just made, mapped until
+        // wd_free; out is non-null and points to a caller-owned void *.
+        unsafe {
+            let mem = wd_sys::devmem::DeviceSlice::from_host_addr(a, size);
+            out.write_unaligned(mem.as_ptr().cast::<c_void>())
+        };
         Ok(0)
     })
 }

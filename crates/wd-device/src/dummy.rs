@@ -116,14 +116,14 @@ impl Driver for DummyDriver {
 struct DummyQueue;
 
 impl DeviceQueue for DummyQueue {
-    fn process(&mut self, desc: &mut Desc, dma: &mut dyn Dma) {
+    fn process(&mut self, desc: &mut Desc, dma: &mut dyn Dma<'_>) {
         let _ = self.process_part(desc, dma, 0, u64::MAX);
     }
 
     fn process_part(
         &mut self,
         desc: &mut Desc,
-        dma: &mut dyn Dma,
+        dma: &mut dyn Dma<'_>,
         done: u64,
         budget: u64,
     ) -> Progress {
@@ -176,7 +176,7 @@ mod tests {
             Ok((a - 0x1000) as usize)
         }
     }
-    impl Dma for Flat {
+    impl Dma<'_> for Flat {
         fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Fault> {
             let s = self.range(src, len, Access::Read)?;
             let d = self.range(dst, len, Access::Write)?;

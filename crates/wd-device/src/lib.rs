@@ -11,6 +11,7 @@ pub mod dummy;
 
 pub use wd_iommu::{Access, Fault};
 use wd_ring::Desc;
+pub use wd_sys::devmem::DeviceSlice;
 
 /// Errors of device set-up.
 #[derive(Debug, thiserror::Error)]
@@ -38,21 +39,22 @@ pub struct AlgInfo {
 }
 
 /// Device memory access for one request, already bound to the request's
-/// queue and memory model.
-pub trait Dma {
+/// queue and memory model. `'m` is how long translated memory stays
+/// reachable: the engine's translation section, which ends before the
+/// request's completion is posted and before any unshare returns.
+pub trait Dma<'m> {
     /// Copy `len` bytes from device address `src` to `dst` (both translated).
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Fault>;
     /// Read device memory into a local buffer.
     fn read(&mut self, src: u64, buf: &mut [u8]) -> Result<(), Fault>;
     /// Write a local buffer to device memory.
     fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), Fault>;
-    /// The host address of `[iova, iova + len)` when the whole range is one
-    /// contiguous mapping allowing `access`, so a device can work in place
-    /// (zero copy). `None` means "use `read`/`write`", which also record
-    /// any fault. The address stays valid until the request completes; the
-    /// memory may change under the device (the client can write it), so it
-    /// is only ever handed to code that treats it as raw bytes.
-    fn host_range(&mut self, _iova: u64, _len: u64, _access: Access) -> Option<u64> {
+    /// `[iova, iova + len)` as one slice of host memory when the whole
+    /// range is one contiguous mapping allowing `access`, so a device can
+    /// work in place (zero copy). `None` means "use `read`/`write`", which
+    /// also record any fault. The memory may change under the device (the
+    /// client can write it), which [`DeviceSlice`] allows for.
+    fn slice(&mut self, _iova: u64, _len: u64, _access: Access) -> Option<DeviceSlice<'m>> {
         None
     }
 }
@@ -64,7 +66,7 @@ pub trait Dma {
 pub trait DeviceQueue: Send {
     /// Process one request in place: set `desc.status` (0 or a negative
     /// errno) and `desc.result`. Must not panic on any descriptor content.
-    fn process(&mut self, desc: &mut Desc, dma: &mut dyn Dma);
+    fn process(&mut self, desc: &mut Desc, dma: &mut dyn Dma<'_>);
 
     /// Process part of a request: about `budget` bytes of its work, the
     /// first `done` bytes being finished already (0 for a new request).
@@ -77,7 +79,7 @@ pub trait DeviceQueue: Send {
     fn process_part(
         &mut self,
         desc: &mut Desc,
-        dma: &mut dyn Dma,
+        dma: &mut dyn Dma<'_>,
         done: u64,
         budget: u64,
     ) -> Progress {

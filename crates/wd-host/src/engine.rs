@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use wd_device::{status, DeviceQueue, Dma, Progress};
+use wd_device::{status, DeviceQueue, DeviceSlice, Dma, Progress};
 use wd_iommu::{
     Access, Attachment, Domain, EngineTlb, Fault, FaultOutcome, FaultReason, Iommu, Resolution,
     Section,
@@ -695,8 +695,8 @@ impl<'a> QueueDma<'a, '_> {
     }
 }
 
-impl Dma for QueueDma<'_, '_> {
-    fn host_range(&mut self, iova: u64, len: u64, access: Access) -> Option<u64> {
+impl<'a> Dma<'a> for QueueDma<'a, '_> {
+    fn slice(&mut self, iova: u64, len: u64, access: Access) -> Option<DeviceSlice<'a>> {
         // A fault here is not recorded: the caller falls back to read/write,
         // which records it.
         translate(
@@ -710,7 +710,9 @@ impl Dma for QueueDma<'_, '_> {
         )
         .ok()
         .filter(|_| self.runs_a.len() == 1)
-        .map(|_| self.runs_a[0].0)
+        // SAFETY: translated just now inside the section this QueueDma
+        // borrows for 'a (see `run_slice`).
+        .map(|_| unsafe { run_slice(self.runs_a[0]) })
     }
 
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Fault> {
@@ -737,7 +739,9 @@ impl Dma for QueueDma<'_, '_> {
         );
         match (a, b) {
             (Ok(()), Ok(())) => {
-                copy_runs(self.runs_b, self.runs_a);
+                // SAFETY: both run lists were translated just now, inside
+                // the section this QueueDma borrows.
+                unsafe { copy_runs(self.runs_b, self.runs_a) };
                 Ok(())
             }
             (a, b) => {
@@ -777,16 +781,11 @@ impl Dma for QueueDma<'_, '_> {
         ) {
             Ok(()) => {
                 let mut off = 0usize;
-                for &(p, l) in self.runs_a.iter() {
-                    // SAFETY: p..p+l was translated, inside this engine's
-                    // section, from a domain that maps only live host mappings
-                    // of shared memory; a mapping is released only after an
-                    // invalidation whose sync waits for our section to end.
-                    // buf is local memory.
-                    unsafe {
-                        std::ptr::copy(p as *const u8, buf.as_mut_ptr().add(off), l as usize)
-                    };
-                    off += l as usize;
+                for &run in self.runs_a.iter() {
+                    // SAFETY: translated just now inside our section.
+                    let m = unsafe { run_slice(run) };
+                    m.read_into(0, &mut buf[off..off + m.len()]);
+                    off += m.len();
                 }
                 Ok(())
             }
@@ -813,11 +812,12 @@ impl Dma for QueueDma<'_, '_> {
         ) {
             Ok(()) => {
                 let mut off = 0usize;
-                for &(p, l) in self.runs_b.iter() {
-                    // SAFETY: as in `read`, with write permission checked by
-                    // the translation.
-                    unsafe { std::ptr::copy(data.as_ptr().add(off), p as *mut u8, l as usize) };
-                    off += l as usize;
+                for &run in self.runs_b.iter() {
+                    // SAFETY: translated just now inside our section, with
+                    // write permission checked by the translation.
+                    let m = unsafe { run_slice(run) };
+                    m.write_from(0, &data[off..off + m.len()]);
+                    off += m.len();
                 }
                 Ok(())
             }
@@ -832,22 +832,32 @@ impl Dma for QueueDma<'_, '_> {
     }
 }
 
+/// One translated run (host address, length) as device memory.
+///
+/// # Safety
+/// The run must come from a translation made inside an engine section that
+/// outlives `'a`: the domain maps only live host mappings of shared memory,
+/// and a mapping is released only after an invalidation whose sync waits
+/// for that section to end.
+unsafe fn run_slice<'a>((addr, len): (u64, u64)) -> DeviceSlice<'a> {
+    // SAFETY: the caller's contract is DeviceSlice::from_host_addr's.
+    unsafe { DeviceSlice::from_host_addr(addr, len as usize) }
+}
+
 /// Copy between two run lists describing equally long byte ranges.
-fn copy_runs(dst: &[(u64, u64)], src: &[(u64, u64)]) {
+///
+/// # Safety
+/// As [`run_slice`], for every run of both lists.
+unsafe fn copy_runs(dst: &[(u64, u64)], src: &[(u64, u64)]) {
     let (mut i, mut j) = (0usize, 0usize);
     let (mut si, mut dj) = (0u64, 0u64);
     while i < src.len() && j < dst.len() {
         let n = (src[i].1 - si).min(dst[j].1 - dj);
-        // SAFETY: both runs were translated inside the engine's section from
-        // live host mappings (see QueueDma::read); ptr::copy tolerates the
-        // overlap a client may ask for.
-        unsafe {
-            std::ptr::copy(
-                (src[i].0 + si) as *const u8,
-                (dst[j].0 + dj) as *mut u8,
-                n as usize,
-            )
-        };
+        // SAFETY: the caller's contract; copy_to tolerates the overlap a
+        // client may ask for.
+        let (s, d) = unsafe { (run_slice(src[i]), run_slice(dst[j])) };
+        s.subslice(si as usize, n as usize)
+            .copy_to(&d.subslice(dj as usize, n as usize));
         si += n;
         dj += n;
         if si == src[i].1 {
@@ -883,7 +893,7 @@ impl LegacyDma<'_> {
     }
 }
 
-impl Dma for LegacyDma<'_> {
+impl Dma<'_> for LegacyDma<'_> {
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Fault> {
         let end = src
             .checked_add(len)
@@ -929,7 +939,8 @@ mod tests {
         let mut dst = vec![0u8; 64];
         let s = src.as_ptr() as u64;
         let d = dst.as_mut_ptr() as u64;
-        copy_runs(&[(d, 10), (d + 10, 54)], &[(s, 30), (s + 30, 34)]);
+        // SAFETY: both lists cover the two live local buffers.
+        unsafe { copy_runs(&[(d, 10), (d + 10, 54)], &[(s, 30), (s + 30, 34)]) };
         assert_eq!(src, dst);
     }
 

@@ -189,7 +189,7 @@ impl SecQueue {
         (self.queue_type == TYPE_CIPHER) == alg.is_cipher()
     }
 
-    fn session_new(&mut self, s: SessionNew, dma: &mut dyn Dma) -> Result<u64, i32> {
+    fn session_new(&mut self, s: SessionNew, dma: &mut dyn Dma<'_>) -> Result<u64, i32> {
         if !self.serves(s.alg) {
             return Err(status::EOPNOTSUPP);
         }
@@ -224,7 +224,7 @@ impl SecQueue {
         })
     }
 
-    fn cipher(&mut self, op: CipherOp, dma: &mut dyn Dma) -> Result<u64, i32> {
+    fn cipher(&mut self, op: CipherOp, dma: &mut dyn Dma<'_>) -> Result<u64, i32> {
         let s = self.sessions.get(op.session)?;
         let alg = s.alg;
         let Work::Cipher {
@@ -326,7 +326,7 @@ impl SecQueue {
         Ok(op.len)
     }
 
-    fn digest(&mut self, op: DigestOp, dma: &mut dyn Dma) -> Result<u64, i32> {
+    fn digest(&mut self, op: DigestOp, dma: &mut dyn Dma<'_>) -> Result<u64, i32> {
         if self.queue_type != TYPE_DIGEST {
             return Err(status::EOPNOTSUPP);
         }
@@ -398,7 +398,7 @@ impl SecQueue {
     fn piece(
         &mut self,
         req: Request,
-        dma: &mut dyn Dma,
+        dma: &mut dyn Dma<'_>,
         done: u64,
         piece: u64,
     ) -> Option<(Result<u64, i32>, bool)> {
@@ -440,7 +440,7 @@ impl DeviceQueue for SecQueue {
     fn process_part(
         &mut self,
         desc: &mut Desc,
-        dma: &mut dyn Dma,
+        dma: &mut dyn Dma<'_>,
         done: u64,
         budget: u64,
     ) -> Progress {
@@ -480,7 +480,7 @@ impl DeviceQueue for SecQueue {
         }
     }
 
-    fn process(&mut self, desc: &mut Desc, dma: &mut dyn Dma) {
+    fn process(&mut self, desc: &mut Desc, dma: &mut dyn Dma<'_>) {
         let r = match msg::decode(desc) {
             Err(e) => Err(e.status()),
             Ok(Request::Nop) => Ok(0),

@@ -13,6 +13,7 @@
 use std::ffi::{c_int, c_uint, c_void, CString};
 use std::ptr;
 use std::sync::OnceLock;
+use wd_device::DeviceSlice;
 
 use openssl_sys as ffi;
 
@@ -212,12 +213,22 @@ impl CipherCtx {
         Ok(())
     }
 
+    /// Process device memory: `src` into `dst` (of at least `src`'s
+    /// length), which may alias `src` exactly; partial overlap is the
+    /// client's own memory and only garbles its own result.
+    pub fn update_device(&mut self, dst: &DeviceSlice<'_>, src: &DeviceSlice<'_>) -> Result<usize> {
+        let d = dst.subslice(0, src.len());
+        // SAFETY: both slices are live device memory of src.len() bytes
+        // (DeviceSlice's contract); libcrypto only reads src and writes dst.
+        unsafe { self.update_ptrs(d.as_ptr(), src.as_ptr(), src.len()) }
+    }
+
     /// Process `len` bytes from `src` to `dst` (which may be equal).
     ///
     /// # Safety
     /// `src` must be valid for reads and `dst` for writes of `len` bytes for
     /// the duration of the call; they may alias exactly or not at all.
-    pub unsafe fn update_raw(&mut self, dst: u64, src: u64, len: usize) -> Result<usize> {
+    unsafe fn update_ptrs(&mut self, dst: *mut u8, src: *const u8, len: usize) -> Result<usize> {
         let mut done = 0usize;
         while done < len {
             let n = (len - done).min(c_int::MAX as usize & !15);
@@ -227,9 +238,9 @@ impl CipherCtx {
                 unsafe {
                     ffi::EVP_CipherUpdate(
                         self.ctx,
-                        (dst as *mut u8).add(done),
+                        dst.add(done),
                         &mut outl,
-                        (src as *const u8).add(done),
+                        src.add(done),
                         n as c_int,
                     )
                 },
@@ -247,15 +258,15 @@ impl CipherCtx {
     pub fn update(&mut self, dst: &mut [u8], src: &[u8]) -> Result<usize> {
         assert!(dst.len() >= src.len(), "output shorter than input");
         // SAFETY: both slices are local and valid for src.len() bytes.
-        unsafe { self.update_raw(dst.as_mut_ptr() as u64, src.as_ptr() as u64, src.len()) }
+        unsafe { self.update_ptrs(dst.as_mut_ptr(), src.as_ptr(), src.len()) }
     }
 
     /// Process `src` in place.
     pub fn update_in_place(&mut self, buf: &mut [u8]) -> Result<usize> {
-        let p = buf.as_mut_ptr() as u64;
+        let p = buf.as_mut_ptr();
         // SAFETY: the buffer is local and valid for its length; exact
         // aliasing is allowed.
-        unsafe { self.update_raw(p, p, buf.len()) }
+        unsafe { self.update_ptrs(p, p, buf.len()) }
     }
 
     /// The chaining state libcrypto holds: the next IV (CBC) or counter
@@ -460,24 +471,30 @@ impl DigestCtx {
         )
     }
 
+    /// Hash device memory.
+    pub fn update_device(&mut self, src: &DeviceSlice<'_>) -> Result<()> {
+        // SAFETY: a live device slice of src.len() readable bytes.
+        unsafe { self.update_ptr(src.as_ptr(), src.len()) }
+    }
+
     /// Hash `len` bytes at `src`.
     ///
     /// # Safety
     /// `src` must be valid for reads of `len` bytes for the call.
-    pub unsafe fn update_raw(&mut self, src: u64, len: usize) -> Result<()> {
+    unsafe fn update_ptr(&mut self, src: *const u8, len: usize) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
         if !self.hmac.is_null() {
             return check(
                 // SAFETY: the caller guarantees the range; hmac is live.
-                unsafe { ffi::HMAC_Update(self.hmac, src as *const u8, len) },
+                unsafe { ffi::HMAC_Update(self.hmac, src, len) },
                 "HMAC_Update",
             );
         }
         check(
             // SAFETY: the caller guarantees the range; md_ctx is live.
-            unsafe { ffi::EVP_DigestUpdate(self.md_ctx, src as *const c_void, len) },
+            unsafe { ffi::EVP_DigestUpdate(self.md_ctx, src.cast::<c_void>(), len) },
             "EVP_DigestUpdate",
         )
     }
@@ -485,7 +502,7 @@ impl DigestCtx {
     /// Hash a local buffer.
     pub fn update(&mut self, data: &[u8]) -> Result<()> {
         // SAFETY: data is local and valid for its length.
-        unsafe { self.update_raw(data.as_ptr() as u64, data.len()) }
+        unsafe { self.update_ptr(data.as_ptr(), data.len()) }
     }
 
     /// Write the digest into `out` (at least 64 bytes), return its length,
@@ -531,20 +548,16 @@ pub fn cipher_dma(
     dst: u64,
     src: u64,
     len: usize,
-    dma: &mut dyn Dma,
+    dma: &mut dyn Dma<'_>,
     bounce: &mut Vec<u8>,
 ) -> std::result::Result<(), i32> {
     if len == 0 {
         return Ok(());
     }
-    let s = dma.host_range(src, len as u64, Access::Read);
-    let d = s.and_then(|_| dma.host_range(dst, len as u64, Access::Write));
+    let s = dma.slice(src, len as u64, Access::Read);
+    let d = s.and_then(|_| dma.slice(dst, len as u64, Access::Write));
     if let (Some(s), Some(d)) = (s, d) {
-        // Exact aliasing is allowed; partial overlap is the client's own
-        // memory and only garbles its own result.
-        // SAFETY: `Dma::host_range` promises live host memory of `len`
-        // bytes with the needed access until the request completes.
-        unsafe { ctx.update_raw(d, s, len) }.map_err(|_| status::EIO)?;
+        ctx.update_device(&d, &s).map_err(|_| status::EIO)?;
         return Ok(());
     }
     let mut done = 0usize;
@@ -566,15 +579,14 @@ pub fn digest_dma(
     ctx: &mut DigestCtx,
     src: u64,
     len: usize,
-    dma: &mut dyn Dma,
+    dma: &mut dyn Dma<'_>,
     bounce: &mut Vec<u8>,
 ) -> std::result::Result<(), i32> {
     if len == 0 {
         return Ok(());
     }
-    if let Some(s) = dma.host_range(src, len as u64, Access::Read) {
-        // SAFETY: as in cipher_dma, for reads.
-        return unsafe { ctx.update_raw(s, len) }.map_err(|_| status::EIO);
+    if let Some(s) = dma.slice(src, len as u64, Access::Read) {
+        return ctx.update_device(&s).map_err(|_| status::EIO);
     }
     let mut done = 0usize;
     while done < len {

@@ -5,7 +5,7 @@
 
 use openssl::symm::{Cipher, Crypter, Mode as Dir};
 use proptest::prelude::*;
-use wd_device::{Access, DeviceQueue, Dma, Fault};
+use wd_device::{Access, DeviceQueue, DeviceSlice, Dma, Fault};
 use wd_iommu::FaultReason;
 use wd_ring::Desc;
 use wd_sec::msg::{
@@ -17,7 +17,7 @@ use wd_sec::{Alg, Hash, Mode, SecQueue, TYPE_CIPHER, TYPE_DIGEST};
 const BASE: u64 = 0x10_0000;
 
 /// Flat device memory at BASE; `direct` decides whether the device may work
-/// in place (host_range) or must bounce through read/write.
+/// in place (slice) or must bounce through read/write.
 struct Mem {
     bytes: Vec<u8>,
     direct: bool,
@@ -51,7 +51,7 @@ impl Mem {
     }
 }
 
-impl Dma for Mem {
+impl Dma<'static> for Mem {
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Fault> {
         let s = self.off(src, len, Access::Read)?;
         let d = self.off(dst, len, Access::Write)?;
@@ -68,12 +68,14 @@ impl Dma for Mem {
         self.bytes[d..d + data.len()].copy_from_slice(data);
         Ok(())
     }
-    fn host_range(&mut self, iova: u64, len: u64, access: Access) -> Option<u64> {
+    fn slice(&mut self, iova: u64, len: u64, access: Access) -> Option<DeviceSlice<'static>> {
         if !self.direct {
             return None;
         }
         let o = self.off(iova, len, access).ok()?;
-        Some(self.bytes.as_mut_ptr() as u64 + o as u64)
+        // SAFETY: inside `bytes`, which is never resized and outlives every
+        // request a test runs (the 'static is the test's promise).
+        Some(unsafe { DeviceSlice::from_raw(self.bytes.as_mut_ptr().add(o), len as usize) })
     }
 }
 

@@ -14,6 +14,7 @@ use std::os::unix::net::UnixStream;
 use std::ptr::NonNull;
 use std::time::Duration;
 
+pub mod devmem;
 pub mod file;
 pub mod guard;
 pub mod pages;

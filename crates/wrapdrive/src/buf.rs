@@ -2,6 +2,7 @@
 #![allow(unsafe_code)]
 
 use std::sync::Mutex;
+use wd_sys::devmem::DeviceSlice;
 
 use wd_mem::{Allocator, Location};
 use wd_proto::Status;
@@ -91,28 +92,26 @@ impl SharedBuf {
         self.len == 0
     }
 
+    /// The buffer as device memory (it is shared: the device may write it).
+    fn mem(&self) -> DeviceSlice<'_> {
+        // SAFETY: addr..addr+len is this live allocation, which stays mapped
+        // while `self` is borrowed.
+        unsafe { DeviceSlice::from_host_addr(self.addr, self.len as usize) }
+    }
+
     /// Copy `data` in at `offset`.
     pub fn write(&self, offset: u64, data: &[u8]) {
         assert!(
             offset + data.len() as u64 <= self.len,
             "write beyond buffer"
         );
-        // SAFETY: the range is inside this live allocation; ptr::copy does
-        // not create references into memory the device may write.
-        unsafe { std::ptr::copy(data.as_ptr(), (self.addr + offset) as *mut u8, data.len()) }
+        self.mem().write_from(offset as usize, data);
     }
 
     /// Copy out `out.len()` bytes at `offset`.
     pub fn read(&self, offset: u64, out: &mut [u8]) {
         assert!(offset + out.len() as u64 <= self.len, "read beyond buffer");
-        // SAFETY: as in `write`.
-        unsafe {
-            std::ptr::copy(
-                (self.addr + offset) as *const u8,
-                out.as_mut_ptr(),
-                out.len(),
-            )
-        }
+        self.mem().read_into(offset as usize, out);
     }
 
     /// The whole contents.
