@@ -137,12 +137,15 @@ fn median_sample(s: Vec<Sample>) -> Sample {
 
 /// The physical limit: one thread hands a request to another through
 /// shared memory, the other copies `size` bytes and answers.
-fn raw_round_trip(size: u64, secs: f64, reps: usize) -> Vec<Sample> {
+fn raw_round_trip(size: u64, secs: f64, reps: usize, cpu: Option<usize>) -> Vec<Sample> {
     let req = Arc::new(AtomicU64::new(0));
     let resp = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let (r2, p2, s2) = (req.clone(), resp.clone(), stop.clone());
     let worker = std::thread::spawn(move || {
+        if let Some(c) = cpu {
+            let _ = wd_sys::pin_thread(c);
+        }
         let src = vec![7u8; size as usize];
         let mut dst = vec![0u8; size as usize];
         let mut last = 0;
@@ -318,7 +321,16 @@ fn run(args: BenchArgs, host: &str) -> Result<(), String> {
             "size {s} out of range 1..=1048576 (the legacy path carries at most 1 MiB)"
         ));
     }
+    let mut pinning = pin_ends(host);
     let host = HostConn::connect(host).map_err(|e| e.to_string())?;
+    // After the embedded host started, so its other threads keep the
+    // process's affinity.
+    if pinning.responder.is_some() && wd_sys::pin_thread(0).is_err() {
+        pinning = Pinning {
+            responder: None,
+            text: "not pinned (sched_setaffinity refused)".into(),
+        };
+    }
     let mut q = host
         .request_queue(&Capability::new("memcpy").depth(256))
         .map_err(|e| e.to_string())?;
@@ -337,24 +349,38 @@ fn run(args: BenchArgs, host: &str) -> Result<(), String> {
         .copied()
         .filter(|p| matches!(*p, "raw" | "legacy") || args.paths.iter().any(|a| a == p))
         .collect();
-    let mut prog = Progress::new(paths.len() * args.sizes.len(), !args.json);
+    let mut prog = Progress::new(paths.len() * args.sizes.len() * args.reps, !args.json);
     let mut rows: Vec<Row> = Vec::new();
     for &size in &args.sizes {
         let b = bufs(&mut q, size)?;
         let lb = bufs(&mut legacy, size)?;
-        let mut samples: Vec<(&str, Sample)> = Vec::new();
-        for &p in &paths {
-            prog.step(&format!("{p} {}", exact_size(size)));
-            let s = match p {
-                "raw" => raw_round_trip(size, args.seconds, args.reps),
-                "sync" => sync_round_trip(&mut q, &b, size, args.seconds, args.reps)?,
-                "async-b1" => async_stream(&mut q, &b, size, 1, args.seconds, args.reps)?,
-                "async-b8" => async_stream(&mut q, &b, size, 8, args.seconds, args.reps)?,
-                "async-b32" => async_stream(&mut q, &b, size, 32, args.seconds, args.reps)?,
-                _ => sync_round_trip(&mut legacy, &lb, size, args.seconds, args.reps)?,
-            };
-            samples.push((p, median_sample(s)));
+        // Repetitions interleave the paths, so slow and fast moments of a
+        // shared machine fall on every path alike.
+        let mut per: Vec<Vec<Sample>> = paths.iter().map(|_| Vec::new()).collect();
+        for rep in 0..args.reps {
+            for (i, &p) in paths.iter().enumerate() {
+                prog.step(&format!(
+                    "{p} {} ({}/{})",
+                    exact_size(size),
+                    rep + 1,
+                    args.reps
+                ));
+                let mut s = match p {
+                    "raw" => raw_round_trip(size, args.seconds, 1, pinning.responder),
+                    "sync" => sync_round_trip(&mut q, &b, size, args.seconds, 1)?,
+                    "async-b1" => async_stream(&mut q, &b, size, 1, args.seconds, 1)?,
+                    "async-b8" => async_stream(&mut q, &b, size, 8, args.seconds, 1)?,
+                    "async-b32" => async_stream(&mut q, &b, size, 32, args.seconds, 1)?,
+                    _ => sync_round_trip(&mut legacy, &lb, size, args.seconds, 1)?,
+                };
+                per[i].append(&mut s);
+            }
         }
+        let samples: Vec<(&str, Sample)> = paths
+            .iter()
+            .zip(per)
+            .map(|(&p, s)| (p, median_sample(s)))
+            .collect();
         q.unshare(b.src.addr(), b.src.len())
             .map_err(|e| e.to_string())?;
         q.unshare(b.dst.addr(), b.dst.len())
@@ -385,6 +411,7 @@ fn run(args: BenchArgs, host: &str) -> Result<(), String> {
             "rows": rows,
             "targets": targets,
             "syscall_counting": METHOD,
+            "pinning": pinning.text,
         });
         print_json(&v);
         return Ok(());
@@ -410,11 +437,45 @@ fn run(args: BenchArgs, host: &str) -> Result<(), String> {
         println!("{}", t.line());
     }
     println!("\nSystem calls: {METHOD}");
+    println!("CPUs: {}", pinning.text);
     println!(
         "Medians of {} repetitions x {} s each.",
         args.reps, args.seconds
     );
     Ok(())
+}
+
+/// Where the two ends of every measurement run.
+struct Pinning {
+    /// CPU of the raw measurement's responder (the engine's stand-in).
+    responder: Option<usize>,
+    text: String,
+}
+
+/// Plan the pinning: this (client) thread on CPU 0 (pinned by the caller
+/// once connected), the engine of an embedded host and the raw responder
+/// on CPU 1, so the raw limit and the queue paths are measured between the
+/// same two CPUs.
+fn pin_ends(host: &str) -> Pinning {
+    if wd_sys::usable_cpus() < 2 {
+        return Pinning {
+            responder: None,
+            text: "not pinned (fewer than two usable CPUs)".into(),
+        };
+    }
+    let engine = if host != "embedded" {
+        "the external host's engine where that host put it".to_string()
+    } else if std::env::var_os("WD_EMBEDDED_DEVICES").is_some() {
+        "the engine where WD_EMBEDDED_DEVICES put it".to_string()
+    } else {
+        // Read when the embedded host starts (the connection below).
+        std::env::set_var("WD_EMBEDDED_DEVICES", "dummy:cpu=1");
+        "the engine on CPU 1".to_string()
+    };
+    Pinning {
+        responder: Some(1),
+        text: format!("client thread on CPU 0, raw responder on CPU 1, {engine}"),
+    }
 }
 
 const METHOD: &str = "every system call the client library makes goes through the wd-sys layer, which counts them per thread; syscalls/req is that counter's delta over the measured loop divided by the requests completed, and csw/req the thread's voluntary context switches (getrusage RUSAGE_THREAD), which any blocking call would raise";

@@ -41,6 +41,10 @@ pub struct DeviceConfig {
     /// How long an idle engine polls before it sleeps, in microseconds.
     #[serde(default = "default_idle_spin_us")]
     pub idle_spin_us: u64,
+    /// Pin engine `e` to CPU `cpu + e` (modulo the CPUs online), so that a
+    /// benchmark's ends stay on known CPUs; unpinned when absent.
+    #[serde(default)]
+    pub cpu: Option<usize>,
 }
 
 fn default_engines() -> usize {
@@ -63,6 +67,7 @@ impl DeviceConfig {
             numa_zone_id: 0,
             priority: 0,
             idle_spin_us: default_idle_spin_us(),
+            cpu: None,
         }
     }
 
@@ -85,9 +90,10 @@ impl DeviceConfig {
                 "numa" | "numa_zone_id" => d.numa_zone_id = num(v)?.min(i32::MAX as u64) as i32,
                 "priority" => d.priority = num(v)?.min(u32::MAX as u64) as u32,
                 "idle_spin_us" => d.idle_spin_us = num(v)?,
+                "cpu" => d.cpu = Some(num(v)?.min(4095) as usize),
                 _ => {
                     return Err(HostError::Config(format!(
-                    "unknown device option '{k}' (engines, queues, numa, priority, idle_spin_us)"
+                    "unknown device option '{k}' (engines, queues, numa, priority, idle_spin_us, cpu)"
                 )))
                 }
             }

@@ -60,6 +60,7 @@ impl EngineHandle {
         name: String,
         idle_spin: Duration,
         pass_bytes: u64,
+        cpu: Option<usize>,
         iommu: &Arc<Iommu>,
     ) -> std::io::Result<EngineHandle> {
         // Engines touch client memory that may vanish under them.
@@ -82,9 +83,13 @@ impl EngineHandle {
             out: Vec::new(),
             tlb: EngineTlb::new(iommu),
         };
-        let thread = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || state.run())?;
+        let thread = std::thread::Builder::new().name(name).spawn(move || {
+            if let Some(c) = cpu {
+                // Best effort: an engine that cannot be pinned still serves.
+                let _ = wd_sys::pin_thread(c);
+            }
+            state.run()
+        })?;
         Ok(EngineHandle {
             tx,
             doorbell,

@@ -166,6 +166,7 @@ impl Host {
                     format!("wd-dev{n}-e{e}"),
                     Duration::from_micros(dc.idle_spin_us),
                     cfg.limits.pass_bytes,
+                    dc.cpu.map(|c| (c + e) % wd_sys::online_cpus()),
                     &iommu,
                 )?);
             }

@@ -705,6 +705,37 @@ pub fn raise_nofile_limit() -> Result<u64> {
     Ok(r.rlim_cur)
 }
 
+/// Run the calling thread on `cpu` only (benchmarks pin both ends of a
+/// measurement so that runs compare like with like).
+pub fn pin_thread(cpu: usize) -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t is an empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if cpu >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
+        return Err(SysError::Invalid {
+            call: "sched_setaffinity",
+            what: "CPU number out of range",
+        });
+    }
+    // SAFETY: cpu is inside the set (checked above).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    count();
+    // SAFETY: pid 0 is the calling thread; set is a valid cpu_set_t.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    check("sched_setaffinity", r as libc::c_long).map(|_| ())
+}
+
+/// CPUs the calling thread may run on now (its affinity).
+pub fn usable_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// CPUs online in the machine, whatever the calling thread's affinity.
+pub fn online_cpus() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    n.max(1) as usize
+}
+
 /// Set this thread's errno (C entry points whose signature has no status).
 pub fn set_errno(e: i32) {
     // SAFETY: __errno_location returns this thread's errno slot.
