@@ -457,16 +457,7 @@ impl DeviceQueue for SecQueue {
             Some((Ok(_), false)) => return Progress::More(done + piece),
             Some((r, _)) => r,
         };
-        match r {
-            Ok(v) => {
-                desc.status = status::OK;
-                desc.result = v;
-            }
-            Err(st) => {
-                desc.status = st;
-                desc.result = 0;
-            }
-        }
+        complete(desc, r);
         Progress::Done
     }
 
@@ -489,15 +480,14 @@ impl DeviceQueue for SecQueue {
             Ok(Request::Cipher(c)) => self.cipher(c, dma),
             Ok(Request::Digest(g)) => self.digest(g, dma),
         };
-        match r {
-            Ok(v) => {
-                desc.status = status::OK;
-                desc.result = v;
-            }
-            Err(st) => {
-                desc.status = st;
-                desc.result = 0;
-            }
-        }
+        complete(desc, r);
     }
+}
+
+/// Set a request's outcome: its result, or a negative errno and no result.
+fn complete(desc: &mut Desc, r: Result<u64, i32>) {
+    (desc.status, desc.result) = match r {
+        Ok(v) => (status::OK, v),
+        Err(st) => (st, 0),
+    };
 }
