@@ -296,6 +296,11 @@ pub struct EngineTlb {
     tlb: Iotlb,
     /// Next sequence number to read.
     cursor: u64,
+    /// Commands up to here were applied before the oldest translation a
+    /// device still uses outside any section (a request it holds).
+    pinned: Option<u64>,
+    /// Inside a section now.
+    in_section: bool,
     stats: TlbStats,
 }
 
@@ -326,6 +331,8 @@ impl EngineTlb {
             state,
             tlb: Iotlb::new(),
             cursor: tail + 1,
+            pinned: None,
+            in_section: false,
             stats: TlbStats::default(),
         }
     }
@@ -334,8 +341,27 @@ impl EngineTlb {
     pub fn enter(&mut self) -> Section<'_> {
         // SeqCst: the Dekker pair of the tail store in `Iommu::submit`.
         self.state.busy.store(true, Ordering::SeqCst);
+        self.in_section = true;
         self.consume();
         Section { e: self }
+    }
+
+    /// Keep the translations made at sequence `seq` (a [`Section::seq`])
+    /// or later valid outside any section, for requests a device holds
+    /// past the section it got them in (asynchronous devices); `None` when
+    /// no request is held. While pinned, the engine acknowledges no
+    /// command after `seq` and counts as busy, so a sync (an unshare, a
+    /// domain's destruction) waits until the held requests complete and
+    /// the pin moves on.
+    pub fn pin(&mut self, seq: Option<u64>) {
+        self.pinned = seq;
+        self.consume();
+        if !self.in_section {
+            // SeqCst: as in Section's drop.
+            self.state
+                .busy
+                .store(self.pinned.is_some(), Ordering::SeqCst);
+        }
     }
 
     /// Consume pending commands outside a section (housekeeping; an idle
@@ -382,6 +408,7 @@ impl EngineTlb {
         // SeqCst: the Dekker pair of `busy` (see `enter`).
         let tail = self.iommu.tail.load(Ordering::SeqCst);
         if self.cursor > tail {
+            self.publish(tail);
             return;
         }
         if tail - self.cursor >= CMDQ_ENTRIES as u64 {
@@ -400,8 +427,15 @@ impl EngineTlb {
                 }
             }
         }
+        self.publish(tail);
+    }
+
+    /// Acknowledge commands up to `tail` (all applied), but none after a
+    /// pin: what a held request uses must stay mapped.
+    fn publish(&self, tail: u64) {
+        let ack = self.pinned.map_or(tail, |p| p.min(tail));
         // Release: our IOTLB no longer holds what the commands dropped.
-        self.state.acked.store(tail, Ordering::SeqCst);
+        self.state.acked.store(ack, Ordering::SeqCst);
     }
 
     /// We fell a full ring behind: dropping everything covers whatever we
@@ -448,6 +482,12 @@ pub struct Section<'a> {
 }
 
 impl Section<'_> {
+    /// The command sequence this section's translations reflect: pass it
+    /// to [`EngineTlb::pin`] to keep them valid past the section.
+    pub fn seq(&self) -> u64 {
+        self.e.cursor - 1
+    }
+
     #[inline]
     fn leaf(&mut self, dom: &Domain, iova: u64) -> Option<Leaf> {
         let tag = dom.tag();
@@ -565,7 +605,11 @@ impl Drop for Section<'_> {
         // store (a Release) so our memory accesses happen before a sync that
         // sees us idle.
         self.e.consume();
-        self.e.state.busy.store(false, Ordering::SeqCst);
+        self.e.in_section = false;
+        self.e
+            .state
+            .busy
+            .store(self.e.pinned.is_some(), Ordering::SeqCst);
     }
 }
 
@@ -574,6 +618,42 @@ mod tests {
     use super::*;
     use crate::{DomainConfig, Prot, PAGE_SIZE};
     use std::time::Duration;
+
+    #[test]
+    fn a_pin_holds_syncs_until_released() {
+        let iommu = Iommu::new();
+        let mut e = EngineTlb::new(&iommu);
+        let seq = {
+            let s = e.enter();
+            s.seq()
+        };
+        // A device holds a request translated in that section.
+        e.pin(Some(seq));
+        let i2 = iommu.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = std::thread::spawn(move || {
+            i2.sync();
+            tx.send(()).unwrap();
+        });
+        // Sections come and go; the sync still waits for the pin.
+        for _ in 0..5 {
+            drop(e.enter());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            rx.try_recv().is_err(),
+            "a sync returned while a request was held"
+        );
+        // The held request completes: the next pin (none) lets it through.
+        e.pin(None);
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("sync after the pin");
+        h.join().unwrap();
+        // Unpinned and outside a section: syncs are immediate again.
+        let t = Instant::now();
+        iommu.sync();
+        assert!(t.elapsed() < Duration::from_millis(200));
+    }
 
     #[test]
     fn sync_waits_for_a_busy_engine_only() {
