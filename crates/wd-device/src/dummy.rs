@@ -113,7 +113,7 @@ impl Driver for DummyDriver {
 }
 
 /// A memcpy queue: stateless.
-struct DummyQueue;
+pub(crate) struct DummyQueue;
 
 impl DeviceQueue for DummyQueue {
     fn process(&mut self, desc: &mut Desc, dma: &mut dyn Dma<'_>) {

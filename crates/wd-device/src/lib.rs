@@ -8,10 +8,11 @@
 #![deny(unsafe_code)]
 
 pub mod dummy;
+pub mod dummy_async;
 
 pub use wd_iommu::{Access, Fault};
 use wd_ring::Desc;
-pub use wd_sys::devmem::DeviceSlice;
+pub use wd_sys::devmem::{DeviceSlice, HeldSlice};
 
 /// Errors of device set-up.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +58,14 @@ pub trait Dma<'m> {
     fn slice(&mut self, _iova: u64, _len: u64, _access: Access) -> Option<DeviceSlice<'m>> {
         None
     }
+    /// Like [`Dma::slice`], for a request the device will hold past this
+    /// call: the engine keeps the translation valid (an unshare waits)
+    /// until the device reports the request complete. `None` when the
+    /// range cannot be held (not one mapping, or not shared memory): then
+    /// complete the request now through `read`/`write`.
+    fn hold(&mut self, _iova: u64, _len: u64, _access: Access) -> Option<HeldSlice> {
+        None
+    }
 }
 
 /// A device's side of one queue: its per-queue state (sessions, chaining
@@ -88,6 +97,38 @@ pub trait DeviceQueue: Send {
         Progress::Done
     }
 
+    /// Start a request that may finish later: complete it now (fill in
+    /// `desc`'s status and result, return [`Started::Done`]) or keep it
+    /// and report it from [`DeviceQueue::poll`] with its `token`
+    /// ([`Started::Held`]). Only called for devices whose
+    /// [`DeviceQueue::asynchronous`] is true; the default runs it now.
+    fn start(&mut self, token: u64, desc: &mut Desc, dma: &mut dyn Dma<'_>) -> Started {
+        let _ = token;
+        self.process(desc, dma);
+        Started::Done
+    }
+
+    /// Whether this device may hold requests (`start`, `poll`, `abort`).
+    /// A simple device answers false and only implements `process`.
+    fn asynchronous(&self) -> bool {
+        false
+    }
+
+    /// Append the held requests that finished, in any order: each one's
+    /// token and completed descriptor. Called on every
+    /// engine pass while requests are held; must not block.
+    fn poll(&mut self, _done: &mut Vec<(u64, Desc)>) {}
+
+    /// Requests held now.
+    fn in_flight(&self) -> usize {
+        0
+    }
+
+    /// Teardown: stop every held request and append it (token and
+    /// descriptor) unfinished; on
+    /// return the device touches none of their memory any more.
+    fn abort(&mut self, _stopped: &mut Vec<(u64, Desc)>) {}
+
     /// Bytes of data a completed request processed, for the queue's
     /// `bytes` counter. The default reads the result as a byte count;
     /// devices whose results are something else (a session handle, a
@@ -95,6 +136,15 @@ pub trait DeviceQueue: Send {
     fn bytes_of(&self, done: &Desc) -> u64 {
         done.result
     }
+}
+
+/// What [`DeviceQueue::start`] did with a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Started {
+    /// Completed now: its descriptor has its status and result.
+    Done,
+    /// Held: it completes through a later [`DeviceQueue::poll`].
+    Held,
 }
 
 /// How far [`DeviceQueue::process_part`] got.

@@ -140,6 +140,11 @@ pub fn list(host: &HostInner, who: PeerCred, prefix: &str) -> Vec<AttrEntry> {
                 false,
             ));
             out.push(entry(
+                format!("{qb}/in_flight"),
+                q.in_flight.load(Ordering::Relaxed),
+                false,
+            ));
+            out.push(entry(
                 format!("{qb}/faults"),
                 q.fault_count.load(Ordering::Relaxed),
                 false,

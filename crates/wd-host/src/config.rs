@@ -246,7 +246,7 @@ fn default_mode() -> u32 {
 }
 /// The devices a host owns when none are named: one of each driver.
 pub fn default_devices() -> Vec<DeviceConfig> {
-    crate::drivers::NAMES
+    crate::drivers::DEFAULTS
         .iter()
         .map(|d| DeviceConfig::new(d))
         .collect()

@@ -2,7 +2,7 @@
 //! the device driver, post completions, and sleep when idle.
 #![allow(unsafe_code)]
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::{AsFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use wd_device::{status, DeviceQueue, DeviceSlice, Dma, Progress};
+use wd_device::{status, DeviceQueue, DeviceSlice, Dma, HeldSlice, Progress, Started};
 use wd_iommu::{
     Access, Attachment, Domain, EngineTlb, Fault, FaultOutcome, FaultReason, Iommu, Resolution,
     Section,
@@ -81,6 +81,10 @@ impl EngineHandle {
             runs_b: Vec::new(),
             bounce: Vec::new(),
             out: Vec::new(),
+            held_seqs: BTreeMap::new(),
+            pinned: None,
+            next_token: 0,
+            reported: Vec::new(),
             tlb: EngineTlb::new(iommu),
         };
         let thread = std::thread::Builder::new().name(name).spawn(move || {
@@ -156,6 +160,9 @@ struct Served {
     /// Requests taken from the ring that the last pass had no budget for,
     /// in ring order.
     backlog: VecDeque<Desc>,
+    /// Requests the (asynchronous) device holds: token -> the section
+    /// sequence their memory was translated at.
+    held: HashMap<u64, u64>,
 }
 
 struct EngineLoop {
@@ -171,6 +178,14 @@ struct EngineLoop {
     bounce: Vec<u8>,
     /// Completions of the pass being served.
     out: Vec<Desc>,
+    /// Held requests of every queue by translation sequence (count): the
+    /// oldest is what the IOTLB must keep pinned.
+    held_seqs: BTreeMap<u64, u32>,
+    /// The pin last given to the IOTLB.
+    pinned: Option<u64>,
+    next_token: u64,
+    /// Completions an asynchronous device reports.
+    reported: Vec<(u64, Desc)>,
     tlb: EngineTlb,
 }
 
@@ -203,13 +218,15 @@ impl EngineLoop {
                     Err(()) => {
                         // Corrupt ring, or memory that vanished: stop
                         // serving it; the owner's connection tears it down.
-                        let s = self.queues.swap_remove(i);
+                        let mut s = self.queues.swap_remove(i);
+                        self.drop_holds(&mut s);
                         s.q.set_state(QueueState::Broken);
                         s.view.set_host_state(HostState::Broken);
                         let _ = wd_sys::eventfd_signal(s.q.cq_event.as_fd());
                     }
                 }
             }
+            self.update_pin();
             if worked {
                 idle_passes = 0;
                 continue;
@@ -218,17 +235,65 @@ impl EngineLoop {
                 last_work = Instant::now();
             }
             idle_passes += 1;
-            if idle_passes % IDLE_CLOCK_EVERY != 0 || last_work.elapsed() < self.idle_spin {
+            // A device that holds requests owes completions: poll, never
+            // sleep.
+            if !self.held_seqs.is_empty()
+                || idle_passes % IDLE_CLOCK_EVERY != 0
+                || last_work.elapsed() < self.idle_spin
+            {
                 std::hint::spin_loop();
                 continue;
             }
             self.sleep();
             idle_passes = 0;
         }
-        for s in self.queues.drain(..) {
+        let queues = std::mem::take(&mut self.queues);
+        for mut s in queues {
+            self.drop_holds(&mut s);
             s.view.set_host_state(HostState::Stopped);
             let _ = wd_sys::eventfd_signal(s.q.cq_event.as_fd());
         }
+        self.update_pin();
+    }
+
+    /// Give the IOTLB the oldest translation a held request still uses.
+    fn update_pin(&mut self) {
+        let want = self.held_seqs.keys().next().copied();
+        if want != self.pinned {
+            self.pinned = want;
+            self.tlb.pin(want);
+        }
+    }
+
+    /// Forget a held request's pin.
+    fn unhold(held_seqs: &mut BTreeMap<u64, u32>, seq: u64) {
+        if let Some(n) = held_seqs.get_mut(&seq) {
+            *n -= 1;
+            if *n == 0 {
+                held_seqs.remove(&seq);
+            }
+        }
+    }
+
+    /// Stop a queue's held requests (teardown): the device lets go of
+    /// their memory, they complete with -ECANCELED, their pins go.
+    fn drop_holds(&mut self, s: &mut Served) -> Vec<Desc> {
+        let mut stopped = Vec::new();
+        if !s.held.is_empty() {
+            let _ = catch_unwind(AssertUnwindSafe(|| s.dev.abort(&mut stopped)));
+        }
+        for (_, seq) in s.held.drain() {
+            Self::unhold(&mut self.held_seqs, seq);
+        }
+        s.q.in_flight.store(0, Ordering::Relaxed);
+        stopped
+            .into_iter()
+            .map(|(_, mut d)| {
+                d.status = status::ECANCELED;
+                d.result = 0;
+                d
+            })
+            .collect()
     }
 
     /// Apply pending commands; false when the engine must exit.
@@ -242,11 +307,16 @@ impl EngineLoop {
                     parked: Vec::new(),
                     partial: None,
                     backlog: VecDeque::new(),
+                    held: HashMap::new(),
                 }),
                 Ok(EngineCmd::Detach(id, ack)) => {
                     if let Some(pos) = self.queues.iter().position(|s| s.q.id == id) {
                         let mut s = self.queues.swap_remove(pos);
-                        cancel_pending(&mut s);
+                        let stopped = self.drop_holds(&mut s);
+                        // Before the ack: the teardown's sync must not wait
+                        // for requests nobody will complete.
+                        self.update_pin();
+                        cancel_pending(&mut s, stopped);
                     }
                     let _ = ack.send(());
                 }
@@ -290,6 +360,9 @@ impl EngineLoop {
         if !self.queues[i].parked.is_empty() {
             worked += self.serve_parked(i, batch)?;
             batch.clear();
+        }
+        if self.queues[i].dev.asynchronous() {
+            return self.serve_async(i, batch).map(|n| n + worked);
         }
         let EngineLoop {
             queues,
@@ -400,6 +473,102 @@ impl EngineLoop {
         q.bytes.fetch_add(bytes, Ordering::Relaxed);
         if q.state() == QueueState::Broken {
             // A device access found the client's memory gone.
+            return Err(());
+        }
+        Ok(worked)
+    }
+
+    /// One pass over a queue whose device may hold requests: collect what
+    /// it finished, then hand it what the ring has; it completes each now
+    /// or later, in any order. The memory of a held request stays pinned
+    /// (an unshare's sync waits) until the device reports it.
+    fn serve_async(&mut self, i: usize, batch: &mut Vec<Desc>) -> Result<usize, ()> {
+        let EngineLoop {
+            queues,
+            tlb,
+            runs_a,
+            runs_b,
+            bounce,
+            out,
+            held_seqs,
+            pinned,
+            next_token,
+            reported,
+            ..
+        } = self;
+        let s = &mut queues[i];
+        let q = s.q.clone();
+        out.clear();
+        let mut worked = 0;
+        if !s.held.is_empty() {
+            reported.clear();
+            let (r, vanished) =
+                wd_sys::guard::guarded(|| catch_unwind(AssertUnwindSafe(|| s.dev.poll(reported))));
+            if r.is_err() || vanished.is_some() {
+                q.set_state(QueueState::Broken);
+                return Err(());
+            }
+            for (token, d) in reported.drain(..) {
+                // An unknown token is a device bug: nothing to complete.
+                if let Some(seq) = s.held.remove(&token) {
+                    Self::unhold(held_seqs, seq);
+                    out.push(d);
+                }
+            }
+            worked += out.len();
+        }
+        // Held and stalled requests keep their completion slots.
+        let kept = s.held.len() + s.parked.len();
+        let max = if kept == 0 {
+            BATCH
+        } else {
+            (s.view.cq_space().map_err(|_| ())? as usize)
+                .saturating_sub(kept)
+                .min(BATCH)
+        };
+        s.view.fetch(max, batch).map_err(|_| ())?;
+        if !batch.is_empty() {
+            let att = q.endpoint.attachment();
+            let mut sec = tlb.enter();
+            let seq = sec.seq();
+            let mut scratch = Scratch {
+                runs_a,
+                runs_b,
+                bounce,
+            };
+            for &orig in batch.iter() {
+                let token = *next_token;
+                *next_token += 1;
+                let mut d = orig;
+                match start(&mut sec, &q, &att, &mut s.dev, token, &mut d, &mut scratch) {
+                    Started::Held => {
+                        s.held.insert(token, seq);
+                        *held_seqs.entry(seq).or_default() += 1;
+                    }
+                    Started::Done => out.push(d),
+                }
+            }
+            // Pinned before the section ends: no sync may slip between.
+            let oldest = held_seqs.keys().next().copied();
+            sec.pin(oldest);
+            *pinned = oldest;
+            drop(sec);
+            worked += batch.len();
+        }
+        q.in_flight.store(s.held.len() as u64, Ordering::Relaxed);
+        if !out.is_empty() {
+            let bytes: u64 = out
+                .iter()
+                .filter(|d| d.status == 0)
+                .map(|d| s.dev.bytes_of(d))
+                .sum();
+            if s.view.complete(out).map_err(|_| ())? {
+                let _ = wd_sys::eventfd_signal(q.cq_event.as_fd());
+            }
+            q.requests.fetch_add(out.len() as u64, Ordering::Relaxed);
+            q.bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+        if q.state() == QueueState::Broken {
             return Err(());
         }
         Ok(worked)
@@ -579,10 +748,62 @@ fn process(
     (parked, progress)
 }
 
+/// Start one request on an asynchronous device inside `sec`. Faults are
+/// recorded and abort the request (no stall: the device decides at once
+/// whether it can hold the memory).
+fn start(
+    sec: &mut Section<'_>,
+    q: &Queue,
+    att: &Attachment,
+    dev: &mut Box<dyn DeviceQueue>,
+    token: u64,
+    d: &mut Desc,
+    scratch: &mut Scratch<'_>,
+) -> Started {
+    let dom = match att {
+        Attachment::Domain(x) => Some(&**x),
+        Attachment::Blocked => None,
+    };
+    let mut fault = None;
+    let mut dma = QueueDma {
+        q,
+        dom,
+        sec,
+        runs_a: scratch.runs_a,
+        runs_b: scratch.runs_b,
+        bounce: scratch.bounce,
+        fault: &mut fault,
+    };
+    let (r, vanished) =
+        wd_sys::guard::guarded(|| catch_unwind(AssertUnwindSafe(|| dev.start(token, d, &mut dma))));
+    let started = r.unwrap_or_else(|_| {
+        d.status = status::EIO;
+        d.result = 0;
+        Started::Done
+    });
+    if vanished.is_some() {
+        // As in `process`: the memory is no longer the client's.
+        q.set_state(QueueState::Broken);
+        if started == Started::Done {
+            d.status = status::EFAULT;
+            d.result = 0;
+        }
+    }
+    if let Some(f) = fault {
+        q.fault_count.fetch_add(1, Ordering::Relaxed);
+        let fdom = match att {
+            Attachment::Domain(x) => x.clone(),
+            Attachment::Blocked => q.domain().clone(),
+        };
+        let _ = fdom.report_fault(f, false);
+    }
+    started
+}
+
 /// Fail whatever is still queued on a ring being torn down (stalled
 /// requests included), then mark it stopped.
-fn cancel_pending(s: &mut Served) {
-    let mut left: Vec<Desc> = Vec::new();
+fn cancel_pending(s: &mut Served, stopped: Vec<Desc>) {
+    let mut left: Vec<Desc> = stopped;
     for p in s.parked.drain(..) {
         p.dom.cancel_stall(p.stag);
         left.push(p.desc);
@@ -701,6 +922,25 @@ impl<'a> QueueDma<'a, '_> {
 }
 
 impl<'a> Dma<'a> for QueueDma<'a, '_> {
+    fn hold(&mut self, iova: u64, len: u64, access: Access) -> Option<HeldSlice> {
+        translate(
+            self.sec,
+            self.dom,
+            self.q.id,
+            iova,
+            len,
+            access,
+            self.runs_a,
+        )
+        .ok()
+        .filter(|_| self.runs_a.len() == 1)
+        // SAFETY: translated just now inside the section; `serve_async`
+        // pins this section's translations before it ends and keeps the
+        // pin until the device reports the request, so the mapping stays
+        // (an unshare's sync waits for the pin).
+        .map(|_| unsafe { HeldSlice::from_host_addr(self.runs_a[0].0, self.runs_a[0].1 as usize) })
+    }
+
     fn slice(&mut self, iova: u64, len: u64, access: Access) -> Option<DeviceSlice<'a>> {
         // A fault here is not recorded: the caller falls back to read/write,
         // which records it.

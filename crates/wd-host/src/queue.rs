@@ -121,6 +121,8 @@ pub struct Queue {
     pub bytes: AtomicU64,
     /// Faults seen.
     pub fault_count: AtomicU64,
+    /// Requests its device holds now (asynchronous devices).
+    pub in_flight: AtomicU64,
     /// Signalled when the client sleeps on completions.
     pub cq_event: OwnedFd,
     /// The ring memory (its fd went to the client).
@@ -167,6 +169,7 @@ impl Queue {
             requests: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             fault_count: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
             cq_event,
             ring,
             state: AtomicU8::new(QueueState::Active as u8),

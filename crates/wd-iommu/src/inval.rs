@@ -488,6 +488,13 @@ impl Section<'_> {
         self.e.cursor - 1
     }
 
+    /// Pin from inside the section (see [`EngineTlb::pin`]): takes effect
+    /// as the section ends, so no sync can slip between the section's end
+    /// and the pin.
+    pub fn pin(&mut self, seq: Option<u64>) {
+        self.e.pinned = seq;
+    }
+
     #[inline]
     fn leaf(&mut self, dom: &Domain, iova: u64) -> Option<Leaf> {
         let tag = dom.tag();

@@ -129,6 +129,61 @@ impl<'a> DeviceSlice<'a> {
     }
 }
 
+/// Device memory a device keeps past the call that translated it, for a
+/// request it completes later (an asynchronous device handing the buffer
+/// to the kernel, say). The engine keeps the translation pinned until the
+/// device reports the request complete; after that the device must not use
+/// it. It has no lifetime, so using it is the device's `unsafe`: only the
+/// pointer and length are offered.
+#[derive(Debug)]
+pub struct HeldSlice {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a pointer and a length; the memory's validity is the engine's
+// pin, not a thread's.
+unsafe impl Send for HeldSlice {}
+
+impl HeldSlice {
+    /// Held device memory.
+    ///
+    /// # Safety
+    /// As [`DeviceSlice::from_host_addr`], for as long as the request that
+    /// holds it is in flight.
+    pub unsafe fn from_host_addr(addr: u64, len: usize) -> HeldSlice {
+        HeldSlice {
+            ptr: NonNull::new(addr as usize as *mut u8).unwrap_or(NonNull::dangling()),
+            len,
+        }
+    }
+
+    /// First byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The memory as a slice for the duration of a borrow.
+    ///
+    /// # Safety
+    /// The request holding it must still be in flight (not reported
+    /// complete).
+    pub unsafe fn slice(&self) -> DeviceSlice<'_> {
+        // SAFETY: the caller's contract keeps the memory mapped.
+        unsafe { DeviceSlice::from_raw(self.ptr.as_ptr(), self.len) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,124 @@
+//! A memcpy device that completes later, for exercising the engine's
+//! asynchronous path. Its held copies run outside any translation
+//! section, from memory the engine keeps pinned: the one use of `unsafe`
+//! a device needs for that.
+#![allow(unsafe_code)]
+
+use crate::dummy::{CopyMsg, DummyQueue, DEVICE_API};
+use crate::{status, Access, AlgInfo, DeviceQueue, Dma, Driver, HeldSlice, Started};
+use wd_ring::Desc;
+
+/// A memcpy device that completes later: it holds each copy for
+/// [`HOLD`], does it then from the memory it held, and finishes the
+/// newest first. It exists to exercise the engine's asynchronous path
+/// (held memory, completion out of order, teardown with requests in
+/// flight) the way a storage or multi-buffer device will.
+#[derive(Debug, Default)]
+pub struct DummyAsyncDriver;
+
+/// How long a held copy waits before it is done: long enough that a test
+/// can act (unshare, release, kill) while requests are held.
+pub const HOLD: std::time::Duration = std::time::Duration::from_millis(20);
+
+impl Driver for DummyAsyncDriver {
+    fn name(&self) -> &'static str {
+        "dummy-async"
+    }
+
+    fn algorithms(&self) -> Vec<AlgInfo> {
+        vec![AlgInfo {
+            name: "memcpy-async",
+            flags: 0,
+            device_api: DEVICE_API,
+        }]
+    }
+
+    fn open_queue(&self, _alg: u32) -> Box<dyn DeviceQueue> {
+        Box::new(AsyncCopyQueue { held: Vec::new() })
+    }
+}
+
+struct HeldCopy {
+    token: u64,
+    desc: Desc,
+    src: HeldSlice,
+    dst: HeldSlice,
+    until: std::time::Instant,
+}
+
+struct AsyncCopyQueue {
+    held: Vec<HeldCopy>,
+}
+
+impl DeviceQueue for AsyncCopyQueue {
+    fn process(&mut self, desc: &mut Desc, dma: &mut dyn Dma<'_>) {
+        DummyQueue.process(desc, dma);
+    }
+
+    fn asynchronous(&self) -> bool {
+        true
+    }
+
+    fn start(&mut self, token: u64, desc: &mut Desc, dma: &mut dyn Dma<'_>) -> Started {
+        let m = match CopyMsg::decode(desc) {
+            Ok(Some(m)) if m.len > 0 => m,
+            _ => {
+                self.process(desc, dma);
+                return Started::Done;
+            }
+        };
+        let src = dma.hold(m.src, m.len, Access::Read);
+        let dst = src
+            .as_ref()
+            .and_then(|_| dma.hold(m.dst, m.len, Access::Write));
+        match (src, dst) {
+            (Some(src), Some(dst)) => {
+                self.held.push(HeldCopy {
+                    token,
+                    desc: *desc,
+                    src,
+                    dst,
+                    until: std::time::Instant::now() + HOLD,
+                });
+                Started::Held
+            }
+            // Not holdable (split across mappings, a fault, SHARE_ALL
+            // memory): done now, through the engine.
+            _ => {
+                self.process(desc, dma);
+                Started::Done
+            }
+        }
+    }
+
+    fn poll(&mut self, done: &mut Vec<(u64, Desc)>) {
+        if self.held.is_empty() {
+            return;
+        }
+        let now = std::time::Instant::now();
+        // Newest first: completions leave in another order than requests
+        // came.
+        let mut i = self.held.len();
+        while i > 0 {
+            i -= 1;
+            if self.held[i].until > now {
+                continue;
+            }
+            let mut h = self.held.remove(i);
+            // SAFETY: the request is still held (not reported yet), so the
+            // engine keeps both ranges mapped.
+            unsafe { h.src.slice().copy_to(&h.dst.slice()) };
+            h.desc.status = status::OK;
+            h.desc.result = h.src.len() as u64;
+            done.push((h.token, h.desc));
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.held.len()
+    }
+
+    fn abort(&mut self, stopped: &mut Vec<(u64, Desc)>) {
+        stopped.extend(self.held.drain(..).map(|h| (h.token, h.desc)));
+    }
+}
