@@ -214,3 +214,93 @@ impl Channel {
         Ok(f)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsFd;
+
+    fn pair() -> (Channel, Channel) {
+        let (a, b) = UnixStream::pair().unwrap();
+        (Channel::new(a), Channel::new(b))
+    }
+
+    #[test]
+    fn frames_split_across_reads_and_descriptors_travel() {
+        let (mut a, b) = pair();
+        // A frame written a byte at a time still arrives whole.
+        let bytes = wd_proto::encode(&Message::ReleaseQueue { queue_id: 9 }, 3).unwrap();
+        let mut raw = b.socket().try_clone().unwrap();
+        for byte in &bytes {
+            raw.write_all(std::slice::from_ref(byte)).unwrap();
+        }
+        let f = a.recv().unwrap();
+        assert_eq!(
+            (f.request_id, f.msg),
+            (3, Message::ReleaseQueue { queue_id: 9 })
+        );
+        // A descriptor goes with the message that expects it.
+        let fd = wd_sys::eventfd().unwrap();
+        let share = Message::MemShare {
+            queue_id: 1,
+            iova: 0x1000,
+            size: 4096,
+            fd_offset: 0,
+            prot: wd_proto::Prot::RW,
+        };
+        b.send(&share, 4, &[fd.as_fd()]).unwrap();
+        let f = a.recv().unwrap();
+        assert_eq!(f.fds.len(), 1);
+        // The wrong number of descriptors is refused before anything is sent.
+        assert!(matches!(
+            b.send(&share, 5, &[]),
+            Err(IpcError::Fds {
+                want: 1,
+                got: 0,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_refusal_answers_the_call_even_when_the_request_cannot_be_sent() {
+        let (mut client, host) = pair();
+        // The host refuses at once (request id 0) and hangs up.
+        host.send(
+            &Message::error(wd_proto::Status::Quota, "over the limit"),
+            0,
+            &[],
+        )
+        .unwrap();
+        drop(host);
+        let hello = Message::Hello {
+            version: wd_proto::PROTOCOL_VERSION,
+            client_pid: 0,
+        };
+        let f = client.call(&hello, 1, &[]).unwrap();
+        match f.msg {
+            Message::Error { status, message } => {
+                assert_eq!(status, wd_proto::Status::Quota);
+                assert_eq!(message, "over the limit");
+            }
+            m => panic!("unexpected {m:?}"),
+        }
+    }
+
+    #[test]
+    fn a_reply_to_another_request_is_refused() {
+        let (mut client, host) = pair();
+        host.send(&Message::Ok, 5, &[]).unwrap();
+        assert!(matches!(
+            client.call(
+                &Message::ListAttrs {
+                    prefix: String::new()
+                },
+                1,
+                &[]
+            ),
+            Err(IpcError::Unexpected { want: 1, got: 5 })
+        ));
+    }
+}
