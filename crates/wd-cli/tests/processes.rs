@@ -367,11 +367,14 @@ fn corrupt_ring_indices_stop_only_that_queue() {
     };
     let map = wd_sys::Mapping::map_shared(f.fds[0].as_fd(), 0, ring_bytes as usize).unwrap();
     // SAFETY: map is a live mapping of ring_bytes that outlives the view.
-    let view = unsafe { wd_ring::RingView::attach(map.as_ptr(), map.len(), 8) }.unwrap();
-    view.poke_index("sq_tail", 1_000_000);
-    wd_sys::eventfd_signal(f.fds[1].as_fd()).unwrap();
+    let mut view = unsafe { wd_ring::RingView::attach(map.as_ptr(), map.len(), 8) }.unwrap();
+    // A completion head far ahead of what the host posted: the host finds
+    // it when the ring looks full to it and it re-reads the head.
+    view.poke_index("cq_head", 1_000_000);
     let h = host.conn();
     wait_until("queue marked broken", || {
+        let _ = view.submit(&[wrapdrive::Desc::default(); 8]);
+        wd_sys::eventfd_signal(f.fds[1].as_fd()).unwrap();
         attr(&h, &format!("dev0/queues/q{queue_id}/state")) == "broken"
     });
     assert_eq!(view.host_state(), wd_ring::HostState::Broken);

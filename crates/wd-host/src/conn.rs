@@ -496,7 +496,7 @@ impl Conn<'_> {
                 device: format!("dev{dev_n}"),
                 device_api: info.device_api,
                 depth,
-                desc_size: wd_ring::DESC_SIZE as u32,
+                desc_size: wd_ring::ENTRY_SIZE as u32,
                 ring_bytes: layout.total_bytes() as u64,
                 flags,
             },

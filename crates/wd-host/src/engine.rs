@@ -331,7 +331,7 @@ impl EngineLoop {
         let mut work = false;
         for s in &self.queues {
             // host_prepare_sleep sets NEED_WAKEUP then re-checks the ring.
-            work |= s.view.host_prepare_sleep().unwrap_or(true);
+            work |= s.view.host_prepare_sleep();
         }
         if !work {
             self.sleeping.store(true, Ordering::Relaxed);

@@ -1,34 +1,53 @@
-//! Pure layout arithmetic and the descriptor format.
+//! Pure layout arithmetic, the descriptor, and the ring entry formats.
 
 use crate::RingError;
 
 /// Magic number at offset 0 of every ring ("WDRG").
 pub const RING_MAGIC: u32 = 0x4752_4457;
-/// Layout version; a client refuses rings of another version.
-pub const RING_VERSION: u32 = 1;
-/// Bytes per descriptor, submission and completion alike (two cache lines).
+/// Layout version; a client refuses rings of another version. Version 1
+/// had 128-byte entries and index words; version 2 has one-cache-line
+/// entries that carry their own sequence number.
+pub const RING_VERSION: u32 = 2;
+/// Bytes of a [`Desc`] on the socket (the legacy path and tests); ring
+/// entries are [`ENTRY_SIZE`].
 pub const DESC_SIZE: usize = 128;
-/// Bytes of device message carried by one descriptor.
+/// Bytes per ring entry, submission and completion alike: one cache line.
+pub const ENTRY_SIZE: usize = 64;
+/// Bytes of device message a [`Desc`] carries.
 pub const PAYLOAD_SIZE: usize = 96;
+/// Message bytes that travel inside a submission entry; the rest of a
+/// longer message goes in the entry's extension line.
+pub const INLINE_PAYLOAD: usize = 48;
+/// Message bytes a completion entry echoes back (device results beyond
+/// `status` and `result`, e.g. a checksum).
+pub const COMPLETION_PAYLOAD: usize = 40;
 /// Counters a client publishes in its ring for `wd ls` (what its libraries
 /// computed where); informational, never trusted by the host.
 pub const CLIENT_STATS: usize = 8;
 /// Smallest ring depth.
 pub const MIN_DEPTH: u32 = 2;
-/// Largest ring depth (bounds host memory per queue: 2 x 4096 x 128 B = 1 MiB).
+/// Largest ring depth (bounds host memory per queue: 4 KiB + 3 x 4096 x
+/// 64 B = 772 KiB).
 pub const MAX_DEPTH: u32 = 4096;
+
+/// Submission-entry flag: the message continues in the entry's extension
+/// line ([`PAYLOAD_SIZE`] - [`INLINE_PAYLOAD`] more bytes).
+pub const SQE_CONTINUED: u32 = 1;
 
 const HEADER_BYTES: usize = 4096;
 
-/// One request or completion as it sits in a ring slot.
+/// One request or completion as the client library and the devices see it.
 ///
-/// Plain old data: every bit pattern is a valid `Desc`, so reading one that a
-/// hostile peer wrote is safe; its meaning is validated by the device that
-/// decodes `payload`.
+/// Plain old data: every bit pattern is a valid `Desc`, so decoding one
+/// that a hostile peer wrote is safe; its meaning is validated by the device
+/// that decodes `payload`. In a ring it travels as a 64-byte entry (see
+/// [`encode_sqe`], [`encode_cqe`]): the tag as 32 bits, a message longer
+/// than [`INLINE_PAYLOAD`] through the extension line, and a completion
+/// with the first [`COMPLETION_PAYLOAD`] message bytes only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(C, align(64))]
 pub struct Desc {
-    /// Client cookie, echoed unchanged in the completion.
+    /// Client cookie, echoed unchanged in the completion (32 bits in a ring).
     pub tag: u64,
     /// Device-specific operation code.
     pub opcode: u16,
@@ -38,7 +57,8 @@ pub struct Desc {
     pub status: i32,
     /// Completion result (e.g. bytes produced).
     pub result: u64,
-    /// Reserved, zero.
+    /// Zero. A submission entry with flag bits this version does not know
+    /// arrives with them here, so devices refuse it.
     pub reserved: u64,
     /// The device message.
     pub payload: [u8; PAYLOAD_SIZE],
@@ -104,22 +124,134 @@ impl Desc {
             payload,
         })
     }
+
+    fn payload_words<const N: usize>(&self, from: usize) -> [u64; N] {
+        let mut w = [0u64; N];
+        for (k, x) in w.iter_mut().enumerate() {
+            *x = self.payload_u64(from + 8 * k);
+        }
+        w
+    }
+
+    fn set_payload_words(&mut self, from: usize, w: &[u64]) {
+        for (k, x) in w.iter().enumerate() {
+            self.set_payload_u64(from + 8 * k, *x);
+        }
+    }
+}
+
+/// A ring entry past its sequence word: the word at byte 4 and the seven
+/// words at bytes 8..64. The sequence word (bytes 0..4) is published
+/// separately, last, so the peer sees either the old entry or this one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EntryBody {
+    /// Bytes 4..8.
+    pub word: u32,
+    /// Bytes 8..64.
+    pub rest: [u64; 7],
+}
+
+/// The extension line of a submission entry: message bytes 48..96.
+pub type Extension = [u64; 6];
+
+/// Submission entry (64 bytes):
+///
+/// ```text
+/// 0   seq u32       index + 1 of the submission it holds (written last)
+/// 4   opcode u16, flags u16
+/// 8   tag u32, entry flags u32 (SQE_CONTINUED)
+/// 16  message bytes 0..48
+/// ```
+///
+/// A message whose bytes 48..96 are not all zero continues in the entry's
+/// extension line; the returned extension is then `Some`.
+pub fn encode_sqe(d: &Desc) -> (EntryBody, Option<Extension>) {
+    let ext: Extension = d.payload_words(INLINE_PAYLOAD);
+    let continued = ext.iter().any(|&w| w != 0);
+    let flags = if continued { SQE_CONTINUED } else { 0 };
+    let inline: [u64; 6] = d.payload_words(0);
+    let mut rest = [0u64; 7];
+    rest[0] = (d.tag & 0xffff_ffff) | (u64::from(flags) << 32);
+    rest[1..].copy_from_slice(&inline);
+    let body = EntryBody {
+        word: u32::from(d.opcode) | (u32::from(d.flags) << 16),
+        rest,
+    };
+    (body, continued.then_some(ext))
+}
+
+/// Whether a submission entry says its message continues in its extension.
+pub fn sqe_continued(body: &EntryBody) -> bool {
+    (body.rest[0] >> 32) as u32 & SQE_CONTINUED != 0
+}
+
+/// Decode a submission entry (any bits: the peer may be hostile). Entry
+/// flags this version does not know end up in [`Desc::reserved`], which
+/// every device requires to be zero.
+pub fn decode_sqe(body: &EntryBody, ext: Option<&Extension>) -> Desc {
+    let entry_flags = (body.rest[0] >> 32) as u32;
+    let mut d = Desc {
+        tag: body.rest[0] & 0xffff_ffff,
+        opcode: body.word as u16,
+        flags: (body.word >> 16) as u16,
+        reserved: u64::from(entry_flags & !SQE_CONTINUED),
+        ..Desc::default()
+    };
+    d.set_payload_words(0, &body.rest[1..]);
+    if let Some(e) = ext {
+        d.set_payload_words(INLINE_PAYLOAD, e);
+    }
+    d
+}
+
+/// Completion entry (64 bytes):
+///
+/// ```text
+/// 0   seq u32       index + 1 of the completion it holds (written last)
+/// 4   status i32
+/// 8   result u64
+/// 16  tag u32, opcode u16, flags u16
+/// 24  message bytes 0..40 as the device left them
+/// ```
+pub fn encode_cqe(d: &Desc) -> EntryBody {
+    let mut rest = [0u64; 7];
+    rest[0] = d.result;
+    rest[1] = (d.tag & 0xffff_ffff) | (u64::from(d.opcode) << 32) | (u64::from(d.flags) << 48);
+    let p: [u64; 5] = d.payload_words(0);
+    rest[2..].copy_from_slice(&p);
+    EntryBody {
+        word: d.status as u32,
+        rest,
+    }
+}
+
+/// Decode a completion entry (any bits: the peer may be hostile).
+pub fn decode_cqe(body: &EntryBody) -> Desc {
+    let mut d = Desc {
+        tag: body.rest[1] & 0xffff_ffff,
+        opcode: (body.rest[1] >> 32) as u16,
+        flags: (body.rest[1] >> 48) as u16,
+        status: body.word as i32,
+        result: body.rest[0],
+        ..Desc::default()
+    };
+    d.set_payload_words(0, &body.rest[2..]);
+    d
 }
 
 /// Where everything lives in a ring's shared memory.
 ///
 /// ```text
-/// 0       header: magic, version, depth, offsets      (host writes once)
-/// 64      sq_tail    client -> host                    (own cache line)
-/// 128     sq_head    host -> client
-/// 192     sq_flags   host -> client (NEED_WAKEUP)
-/// 256     cq_tail    host -> client
-/// 320     cq_head    client -> host
-/// 384     cq_flags   client -> host (WAITING)
-/// 448     host_state host -> client (ALIVE / STOPPED / BROKEN)
-/// 512     client_stats client -> host, 8 x u64 (informational counters)
-/// 4096    submission slots  depth x 128 B
-/// ...     completion slots  depth x 128 B
+/// 0       header: magic, version, depth, entry size   (host writes once)
+/// 64      sq_head    host -> client (read only when the ring looks full)
+/// 128     sq_flags   host -> client (NEED_WAKEUP)
+/// 192     cq_head    client -> host (read only when the ring looks full)
+/// 256     cq_flags   client -> host (WAITING)
+/// 320     host_state host -> client (ALIVE / STOPPED / BROKEN)
+/// 384     client_stats client -> host, 8 x u64 (informational counters)
+/// 4096    submission entries  depth x 64 B
+/// ...     completion entries  depth x 64 B
+/// ...     submission extensions depth x 64 B (message bytes 48..96)
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RingLayout {
@@ -131,19 +263,17 @@ pub(crate) mod off {
     pub const MAGIC: usize = 0;
     pub const VERSION: usize = 4;
     pub const DEPTH: usize = 8;
-    pub const DESC_SIZE: usize = 12;
-    pub const SQ_TAIL: usize = 64;
-    pub const SQ_HEAD: usize = 128;
-    pub const SQ_FLAGS: usize = 192;
-    pub const CQ_TAIL: usize = 256;
-    pub const CQ_HEAD: usize = 320;
-    pub const CQ_FLAGS: usize = 384;
-    pub const HOST_STATE: usize = 448;
-    pub const CLIENT_STATS: usize = 512;
+    pub const ENTRY_SIZE: usize = 12;
+    pub const SQ_HEAD: usize = 64;
+    pub const SQ_FLAGS: usize = 128;
+    pub const CQ_HEAD: usize = 192;
+    pub const CQ_FLAGS: usize = 256;
+    pub const HOST_STATE: usize = 320;
+    pub const CLIENT_STATS: usize = 384;
 }
 
 impl RingLayout {
-    /// A layout for `depth` slots per ring.
+    /// A layout for `depth` entries per ring.
     pub fn new(depth: u32) -> Result<RingLayout, RingError> {
         if !depth.is_power_of_two() || !(MIN_DEPTH..=MAX_DEPTH).contains(&depth) {
             return Err(RingError::BadDepth(depth));
@@ -151,7 +281,7 @@ impl RingLayout {
         Ok(RingLayout { depth })
     }
 
-    /// Slots per ring.
+    /// Entries per ring.
     pub fn depth(&self) -> u32 {
         self.depth
     }
@@ -161,37 +291,55 @@ impl RingLayout {
         self.depth - 1
     }
 
-    /// Offset of the submission slots.
+    /// The sequence word an entry holds once free-running index `i` is in
+    /// it: twice the lap number, plus one. Always odd, so fresh memory
+    /// (zero) never looks full, and consecutive laps of an entry differ,
+    /// also where the u32 indices wrap around.
+    pub fn seq(&self, i: u32) -> u32 {
+        ((i >> self.depth.trailing_zeros()) << 1) | 1
+    }
+
+    /// Offset of the submission entries.
     pub fn sq_offset(&self) -> usize {
         HEADER_BYTES
     }
 
-    /// Offset of the completion slots.
+    /// Offset of the completion entries.
     pub fn cq_offset(&self) -> usize {
-        HEADER_BYTES + self.depth as usize * DESC_SIZE
+        HEADER_BYTES + self.depth as usize * ENTRY_SIZE
     }
 
-    /// Total bytes of ring memory (a multiple of 4096).
+    /// Offset of the submission extensions.
+    pub fn ext_offset(&self) -> usize {
+        HEADER_BYTES + 2 * self.depth as usize * ENTRY_SIZE
+    }
+
+    /// Total bytes of ring memory, rounded up to whole 4 KiB pages.
     pub fn total_bytes(&self) -> usize {
-        HEADER_BYTES + 2 * self.depth as usize * DESC_SIZE
+        (HEADER_BYTES + 3 * self.depth as usize * ENTRY_SIZE).next_multiple_of(4096)
     }
 
-    /// Offset of submission slot for free-running index `i`.
+    /// Offset of the submission entry for free-running index `i`.
     pub fn sq_slot(&self, i: u32) -> usize {
-        self.sq_offset() + (i & self.mask()) as usize * DESC_SIZE
+        self.sq_offset() + (i & self.mask()) as usize * ENTRY_SIZE
     }
 
-    /// Offset of completion slot for free-running index `i`.
+    /// Offset of the completion entry for free-running index `i`.
     pub fn cq_slot(&self, i: u32) -> usize {
-        self.cq_offset() + (i & self.mask()) as usize * DESC_SIZE
+        self.cq_offset() + (i & self.mask()) as usize * ENTRY_SIZE
     }
 
-    /// Entries between `head` and `tail` as a consumer sees them; an
+    /// Offset of the extension line of submission index `i`.
+    pub fn ext_slot(&self, i: u32) -> usize {
+        self.ext_offset() + (i & self.mask()) as usize * ENTRY_SIZE
+    }
+
+    /// Entries between `head` and `tail` as a producer sees them; an
     /// impossible distance (more than the depth) means the peer is lying.
     pub fn pending(&self, head: u32, tail: u32) -> Result<u32, RingError> {
         let n = tail.wrapping_sub(head);
         if n > self.depth {
-            return Err(RingError::Corrupt("tail is more than depth ahead of head"));
+            return Err(RingError::Corrupt("head is behind by more than the depth"));
         }
         Ok(n)
     }
@@ -207,10 +355,14 @@ mod tests {
         assert!(RingLayout::new(3).is_err());
         assert!(RingLayout::new(1).is_err());
         assert!(RingLayout::new(8192).is_err());
+        for depth in [2, 64, 4096] {
+            let l = RingLayout::new(depth).unwrap();
+            assert_eq!(l.total_bytes() % 4096, 0);
+            assert!(l.ext_slot(depth - 1) + ENTRY_SIZE <= l.total_bytes());
+        }
         let l = RingLayout::new(64).unwrap();
-        assert_eq!(l.total_bytes() % 4096, 0);
         assert_eq!(l.sq_slot(64), l.sq_slot(0));
-        assert_eq!(l.cq_slot(65), l.cq_offset() + DESC_SIZE);
+        assert_eq!(l.cq_slot(65), l.cq_offset() + ENTRY_SIZE);
     }
 
     #[test]
@@ -220,6 +372,83 @@ mod tests {
         assert_eq!(l.pending(5, 13), Ok(8));
         assert!(l.pending(5, 14).is_err());
         assert!(l.pending(6, 5).is_err());
+    }
+
+    #[test]
+    fn seq_never_matches_fresh_memory_or_the_previous_lap() {
+        for depth in [2u32, 8, 4096] {
+            let l = RingLayout::new(depth).unwrap();
+            for i in [0u32, 1, depth - 1, depth, u32::MAX - depth, u32::MAX] {
+                assert_ne!(l.seq(i), l.seq(i.wrapping_sub(depth)), "{depth} {i}");
+                assert_ne!(l.seq(i), 0);
+                // Every index of one lap shares the lap's value.
+                assert_eq!(l.seq(i), l.seq(i & !l.mask()));
+            }
+        }
+    }
+
+    fn sample() -> Desc {
+        let mut d = Desc {
+            tag: 0x1234_5678,
+            opcode: 0xbeef,
+            flags: 0x00f1,
+            ..Desc::default()
+        };
+        for (i, b) in d.payload.iter_mut().enumerate().take(INLINE_PAYLOAD) {
+            *b = i as u8 + 1;
+        }
+        d
+    }
+
+    #[test]
+    fn short_messages_travel_inline() {
+        let d = sample();
+        let (body, ext) = encode_sqe(&d);
+        assert!(ext.is_none() && !sqe_continued(&body));
+        assert_eq!(decode_sqe(&body, None), d);
+    }
+
+    #[test]
+    fn long_messages_continue_in_the_extension() {
+        let mut d = sample();
+        d.payload[PAYLOAD_SIZE - 1] = 9;
+        let (body, ext) = encode_sqe(&d);
+        assert!(sqe_continued(&body));
+        assert_eq!(decode_sqe(&body, ext.as_ref()), d);
+    }
+
+    #[test]
+    fn unknown_entry_flags_reach_the_device_as_reserved() {
+        let (mut body, _) = encode_sqe(&sample());
+        body.rest[0] |= 0x8000_0000u64 << 32;
+        assert_eq!(decode_sqe(&body, None).reserved, 0x8000_0000);
+    }
+
+    #[test]
+    fn completions_carry_status_result_and_the_first_payload_bytes() {
+        let mut d = sample();
+        d.status = -14;
+        d.result = u64::MAX - 3;
+        d.payload[COMPLETION_PAYLOAD] = 0xff; // not carried
+        let back = decode_cqe(&encode_cqe(&d));
+        assert_eq!(
+            (back.tag, back.opcode, back.flags),
+            (d.tag, d.opcode, d.flags)
+        );
+        assert_eq!((back.status, back.result), (-14, u64::MAX - 3));
+        assert_eq!(
+            back.payload[..COMPLETION_PAYLOAD],
+            d.payload[..COMPLETION_PAYLOAD]
+        );
+        assert!(back.payload[COMPLETION_PAYLOAD..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn tags_travel_as_32_bits() {
+        let mut d = sample();
+        d.tag = 0xffff_0000_0000_0007;
+        assert_eq!(decode_sqe(&encode_sqe(&d).0, None).tag, 7);
+        assert_eq!(decode_cqe(&encode_cqe(&d)).tag, 7);
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! Submission and completion rings in memory shared between a client and the
 //! device host.
 //!
-//! The layout ([`RingLayout`]) and the descriptor format ([`Desc`]) are pure
-//! data; [`RingView`] applies the ordering contract of `docs/rings.md` to a
-//! mapped ring. Either side may be hostile: every index read from shared
+//! The layout ([`RingLayout`]), the descriptor ([`Desc`]) and the 64-byte
+//! entry formats ([`encode_sqe`], [`encode_cqe`]) are pure data;
+//! [`RingView`] applies the ordering contract of `docs/rings.md` to a
+//! mapped ring: each side polls the entry it waits for, whose sequence
+//! word says when it is full, so a round trip moves two cache lines. Either side may be hostile: every index read from shared
 //! memory is checked ([`RingError::Corrupt`]) before it is used.
 #![deny(unsafe_code)]
 
@@ -11,8 +13,9 @@ mod layout;
 mod view;
 
 pub use layout::{
-    Desc, RingLayout, CLIENT_STATS, DESC_SIZE, MAX_DEPTH, MIN_DEPTH, PAYLOAD_SIZE, RING_MAGIC,
-    RING_VERSION,
+    decode_cqe, decode_sqe, encode_cqe, encode_sqe, sqe_continued, Desc, EntryBody, Extension,
+    RingLayout, CLIENT_STATS, COMPLETION_PAYLOAD, DESC_SIZE, ENTRY_SIZE, INLINE_PAYLOAD, MAX_DEPTH,
+    MIN_DEPTH, PAYLOAD_SIZE, RING_MAGIC, RING_VERSION, SQE_CONTINUED,
 };
 pub use view::{read_client_stats, HostState, RingView, CQ_WAITING, SQ_NEED_WAKEUP};
 
@@ -33,6 +36,9 @@ pub enum RingError {
     /// The ring header does not describe a ring this code understands.
     #[error("ring header invalid: {0}")]
     BadHeader(&'static str),
+    /// The ring was formatted by a host speaking another ring version.
+    #[error("ring version {0} is not version {RING_VERSION}, the one this library speaks: the host and the client library must be upgraded together")]
+    Version(u32),
     /// The peer wrote indices that cannot be right (more entries than the depth).
     #[error("ring corrupt: {0}")]
     Corrupt(&'static str),

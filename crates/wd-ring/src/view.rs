@@ -1,25 +1,29 @@
 //! The ring protocol applied to mapped shared memory.
 //!
 //! Ordering contract (see docs/rings.md):
-//! * a producer writes slots, then publishes its tail with a Release store;
-//!   the consumer loads that tail with Acquire before reading those slots;
-//! * a consumer publishes its head with a Release store after it has copied
-//!   the slots out; the producer loads that head with Acquire before it
-//!   overwrites them;
+//! * a producer writes an entry's body, then its sequence word with a
+//!   Release store; the consumer polls that word with Acquire loads and
+//!   reads the body once it holds the index it waits for;
+//! * a consumer publishes how far it got (its head) with a Release store
+//!   after it has copied entries out; the producer loads that head with
+//!   Acquire, and only when its cached copy says the ring is full, before
+//!   it overwrites them;
 //! * sleeping uses the store-buffer pattern: the sleeper sets its flag and
-//!   then re-reads the index, the waker publishes the index and then reads
-//!   the flag, each side with a SeqCst fence between its store and its load,
-//!   so at least one of them sees the other's store.
+//!   then re-reads the entry it waits for, the waker publishes an entry and
+//!   then reads the flag, each side with a SeqCst fence between its store
+//!   and its load, so at least one of them sees the other's store.
 //!
-//! Only atomics are ever referenced in shared memory; descriptors are moved
+//! Only atomics are ever referenced in shared memory; entry bodies are moved
 //! with volatile copies, never borrowed.
 #![allow(unsafe_code)]
 
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
-use crate::layout::{off, Desc, RingLayout, CLIENT_STATS, DESC_SIZE, RING_MAGIC, RING_VERSION};
+use crate::layout::{
+    decode_cqe, decode_sqe, encode_cqe, encode_sqe, off, sqe_continued, Desc, EntryBody, Extension,
+    RingLayout, CLIENT_STATS, ENTRY_SIZE, RING_MAGIC, RING_VERSION,
+};
 use crate::RingError;
-use std::sync::atomic::AtomicU64;
 
 /// `sq_flags` bit: the engine sleeps; ring its doorbell after submitting.
 pub const SQ_NEED_WAKEUP: u32 = 1;
@@ -52,7 +56,8 @@ impl HostState {
 ///
 /// Local copies of the indices this side owns are kept here and never read
 /// back from shared memory, so a hostile peer can only lie about its own
-/// indices, which are validated on every load.
+/// head, which is validated on every load, or write entries that are
+/// decoded as untrusted data.
 #[derive(Debug)]
 pub struct RingView {
     base: *mut u8,
@@ -61,8 +66,8 @@ pub struct RingView {
     sq_index: u32,
     /// Next completion index to read (client) or write (host).
     cq_index: u32,
-    /// Last validated value of the peer's consumer index of the ring this
-    /// side produces into (client: `sq_head`; host: `cq_head`). Re-read only
+    /// Last validated value of the peer's head of the ring this side
+    /// produces into (client: `sq_head`; host: `cq_head`). Re-read only
     /// when it says the ring is full, so the hot path does not pull a cache
     /// line the peer just wrote.
     peer_head: u32,
@@ -99,27 +104,26 @@ impl RingView {
         v.word(off::MAGIC).store(RING_MAGIC, Ordering::Relaxed);
         v.word(off::VERSION).store(RING_VERSION, Ordering::Relaxed);
         v.word(off::DEPTH).store(layout.depth(), Ordering::Relaxed);
-        v.word(off::DESC_SIZE)
-            .store(DESC_SIZE as u32, Ordering::Relaxed);
-        for o in [
-            off::SQ_TAIL,
-            off::SQ_HEAD,
-            off::SQ_FLAGS,
-            off::CQ_TAIL,
-            off::CQ_HEAD,
-            off::CQ_FLAGS,
-        ] {
+        v.word(off::ENTRY_SIZE)
+            .store(ENTRY_SIZE as u32, Ordering::Relaxed);
+        for o in [off::SQ_HEAD, off::SQ_FLAGS, off::CQ_HEAD, off::CQ_FLAGS] {
             v.word(o).store(0, Ordering::Relaxed);
         }
+        // No entry may look full before it is written.
+        for i in 0..layout.depth() {
+            v.word(layout.sq_slot(i)).store(0, Ordering::Relaxed);
+            v.word(layout.cq_slot(i)).store(0, Ordering::Relaxed);
+        }
         // Release: pairs with the Acquire load of HOST_STATE in `attach`, so a
-        // client that sees Alive also sees the header above.
+        // client that sees Alive also sees the header and entries above.
         v.word(off::HOST_STATE)
             .store(HostState::Alive as u32, Ordering::Release);
         Ok(v)
     }
 
     /// Attach to ring memory the host formatted (client side), checking the
-    /// header against what the host announced.
+    /// header against what the host announced. The view starts at the
+    /// heads published in the ring (a fresh ring: zero).
     ///
     /// # Safety
     /// As for [`RingView::create`].
@@ -143,25 +147,23 @@ impl RingView {
         if v.word(off::MAGIC).load(Ordering::Relaxed) != RING_MAGIC {
             return Err(RingError::BadHeader("magic"));
         }
-        if v.word(off::VERSION).load(Ordering::Relaxed) != RING_VERSION {
-            return Err(RingError::BadHeader("version"));
+        let version = v.word(off::VERSION).load(Ordering::Relaxed);
+        if version != RING_VERSION {
+            return Err(RingError::Version(version));
         }
         if v.word(off::DEPTH).load(Ordering::Relaxed) != depth {
             return Err(RingError::BadHeader("depth differs from the grant"));
         }
-        if v.word(off::DESC_SIZE).load(Ordering::Relaxed) != DESC_SIZE as u32 {
-            return Err(RingError::BadHeader("descriptor size"));
+        if v.word(off::ENTRY_SIZE).load(Ordering::Relaxed) != ENTRY_SIZE as u32 {
+            return Err(RingError::BadHeader("entry size"));
         }
-        // Start from wherever the host is (a fresh ring: zero).
-        let sq_index = v.word(off::SQ_TAIL).load(Ordering::Relaxed);
-        let v = RingView {
+        let sq_index = v.word(off::SQ_HEAD).load(Ordering::Relaxed);
+        Ok(RingView {
             sq_index,
             cq_index: v.word(off::CQ_HEAD).load(Ordering::Relaxed),
-            peer_head: v.word(off::SQ_HEAD).load(Ordering::Relaxed),
+            peer_head: sq_index,
             ..v
-        };
-        v.layout.pending(v.peer_head, sq_index)?;
-        Ok(v)
+        })
     }
 
     /// The ring's layout.
@@ -169,101 +171,147 @@ impl RingView {
         self.layout
     }
 
+    /// The 32-bit word at `offset`: a header field, or an entry's sequence
+    /// word (the entry's first four bytes).
     fn word(&self, offset: usize) -> &AtomicU32 {
-        // SAFETY: offset is one of the header offsets, 4-byte aligned and
-        // inside the mapping (checked at construction); atomics may be shared
-        // with another process, and the mapping outlives `self`.
+        // SAFETY: offset is a header offset or an entry offset from
+        // RingLayout, 4-byte aligned and inside the mapping (its length was
+        // checked at construction); atomics may be shared with another
+        // process, and the mapping outlives `self`.
         unsafe { AtomicU32::from_ptr(self.base.add(offset).cast()) }
     }
 
-    fn write_slot(&self, offset: usize, d: &Desc) {
-        // SAFETY: slot offsets come from RingLayout and lie within the mapping;
-        // they are 128-byte aligned as Desc requires. A volatile write: the
-        // peer may read concurrently, and we never form a reference.
-        unsafe { std::ptr::write_volatile(self.base.add(offset).cast::<Desc>(), *d) }
+    /// Write an entry's body (everything but its sequence word).
+    fn write_body(&self, offset: usize, b: &EntryBody) {
+        // SAFETY: entry offsets come from RingLayout: 64-byte aligned, the
+        // whole entry inside the mapping. Volatile writes: the peer may read
+        // concurrently, and no reference into shared memory is formed.
+        unsafe {
+            std::ptr::write_volatile(self.base.add(offset + 4).cast::<u32>(), b.word);
+            std::ptr::write_volatile(self.base.add(offset + 8).cast::<[u64; 7]>(), b.rest);
+        }
     }
 
-    fn read_slot(&self, offset: usize) -> Desc {
-        // SAFETY: as in write_slot; every bit pattern is a valid Desc.
-        unsafe { std::ptr::read_volatile(self.base.add(offset).cast::<Desc>()) }
+    /// Read an entry's body; any bits are a valid body.
+    fn read_body(&self, offset: usize) -> EntryBody {
+        // SAFETY: as in write_body.
+        unsafe {
+            EntryBody {
+                word: std::ptr::read_volatile(self.base.add(offset + 4).cast::<u32>()),
+                rest: std::ptr::read_volatile(self.base.add(offset + 8).cast::<[u64; 7]>()),
+            }
+        }
+    }
+
+    fn write_ext(&self, offset: usize, e: &Extension) {
+        // SAFETY: extension offsets come from RingLayout: 64-byte aligned,
+        // inside the mapping; volatile as in write_body.
+        unsafe { std::ptr::write_volatile(self.base.add(offset).cast::<Extension>(), *e) }
+    }
+
+    fn read_ext(&self, offset: usize) -> Extension {
+        // SAFETY: as in write_ext; any bits are valid.
+        unsafe { std::ptr::read_volatile(self.base.add(offset).cast::<Extension>()) }
+    }
+
+    /// Whether the entry at `offset` holds free-running index `i`.
+    fn holds(&self, offset: usize, i: u32) -> bool {
+        // Acquire: pairs with the producer's Release store of the sequence
+        // word (`put_sqe` for submissions, `complete` for completions), so
+        // the body read after this sees what was written before it.
+        self.word(offset).load(Ordering::Acquire) == self.layout.seq(i)
     }
 
     // ------------------------------------------------------------ client
 
-    /// Client: write as many of `descs` as fit, publish them with one tail
-    /// store, and return how many were queued.
+    /// Client: free submission entries, re-reading the host's head only
+    /// when the cached one leaves fewer than `want`.
+    fn sq_free(&mut self, want: usize) -> Result<usize, RingError> {
+        let free = self.layout.depth() - self.layout.pending(self.peer_head, self.sq_index)?;
+        if free as usize >= want {
+            return Ok(free as usize);
+        }
+        // Acquire: pairs with the host's Release store of SQ_HEAD in
+        // `fetch`; the host has finished copying entries we overwrite.
+        let head = self.word(off::SQ_HEAD).load(Ordering::Acquire);
+        let used = self.layout.pending(head, self.sq_index)?;
+        self.peer_head = head;
+        Ok((self.layout.depth() - used) as usize)
+    }
+
+    fn put_sqe(&self, i: u32, d: &Desc) {
+        let (body, ext) = encode_sqe(d);
+        if let Some(e) = ext {
+            self.write_ext(self.layout.ext_slot(i), &e);
+        }
+        let o = self.layout.sq_slot(i);
+        self.write_body(o, &body);
+        // Release: pairs with the host's Acquire load of this sequence word
+        // in `fetch` (`holds`), publishing the body and extension above.
+        self.word(o).store(self.layout.seq(i), Ordering::Release);
+    }
+
+    /// Client: write as many of `descs` as fit (each entry published by its
+    /// own sequence word, no shared index) and return how many were queued.
+    /// Then call [`RingView::engine_needs_wakeup`] once for the batch.
     pub fn submit(&mut self, descs: &[Desc]) -> Result<usize, RingError> {
-        let mut free = self.layout.depth() - self.layout.pending(self.peer_head, self.sq_index)?;
-        if (free as usize) < descs.len() {
-            // Acquire: pairs with the host's Release store of SQ_HEAD in
-            // `fetch`; the host has finished copying slots we overwrite.
-            let head = self.word(off::SQ_HEAD).load(Ordering::Acquire);
-            free = self.layout.depth() - self.layout.pending(head, self.sq_index)?;
-            self.peer_head = head;
+        let n = descs.len().min(self.sq_free(descs.len())?);
+        for (k, d) in descs[..n].iter().enumerate() {
+            self.put_sqe(self.sq_index.wrapping_add(k as u32), d);
         }
-        let n = descs.len().min(free as usize);
-        for (i, d) in descs[..n].iter().enumerate() {
-            self.write_slot(self.layout.sq_slot(self.sq_index.wrapping_add(i as u32)), d);
-        }
-        if n > 0 {
-            self.sq_index = self.sq_index.wrapping_add(n as u32);
-            // Release: pairs with the host's Acquire load of SQ_TAIL in
-            // `fetch`, publishing the slot writes above.
-            self.word(off::SQ_TAIL)
-                .store(self.sq_index, Ordering::Release);
-        }
+        self.sq_index = self.sq_index.wrapping_add(n as u32);
         Ok(n)
     }
 
-    /// Client, after `submit`: whether the engine sleeps and needs its doorbell.
+    /// Client, after a batch of `submit`s: whether the engine sleeps and
+    /// needs its doorbell.
     pub fn engine_needs_wakeup(&self) -> bool {
-        // SeqCst fence: pairs with the fence in `host_prepare_sleep`; orders our
-        // SQ_TAIL store before the SQ_FLAGS load (store-buffer pattern).
+        // SeqCst fence: pairs with the fence in `host_prepare_sleep`; orders
+        // our sequence-word stores before the SQ_FLAGS load (store-buffer
+        // pattern).
         fence(Ordering::SeqCst);
         self.word(off::SQ_FLAGS).load(Ordering::Relaxed) & SQ_NEED_WAKEUP != 0
     }
 
-    /// Client: copy up to `out.len()` completions out and free their slots.
-    pub fn reap(&mut self, out: &mut [Desc]) -> Result<usize, RingError> {
-        // Acquire: pairs with the host's Release store of CQ_TAIL in `complete`.
-        let tail = self.word(off::CQ_TAIL).load(Ordering::Acquire);
-        let ready = self.layout.pending(self.cq_index, tail)?;
-        let n = out.len().min(ready as usize);
-        for (i, o) in out[..n].iter_mut().enumerate() {
-            *o = self.read_slot(self.layout.cq_slot(self.cq_index.wrapping_add(i as u32)));
+    /// Client: copy up to `out.len()` completions out and free their
+    /// entries (one head store for the batch).
+    pub fn reap(&mut self, out: &mut [Desc]) -> usize {
+        let mut n = 0;
+        while n < out.len() {
+            let i = self.cq_index.wrapping_add(n as u32);
+            let o = self.layout.cq_slot(i);
+            if !self.holds(o, i) {
+                break;
+            }
+            out[n] = decode_cqe(&self.read_body(o));
+            n += 1;
         }
         if n > 0 {
             self.cq_index = self.cq_index.wrapping_add(n as u32);
             // Release: pairs with the host's Acquire load of CQ_HEAD in
-            // `cq_space_for`; our copies are done before the host reuses slots.
+            // `cq_space_for`; our copies are done before the host reuses
+            // the entries.
             self.word(off::CQ_HEAD)
                 .store(self.cq_index, Ordering::Release);
         }
-        Ok(n)
+        n
     }
 
-    /// Client: completions waiting to be reaped.
-    pub fn completions_ready(&self) -> Result<u32, RingError> {
-        // Acquire: as in `reap`.
-        let tail = self.word(off::CQ_TAIL).load(Ordering::Acquire);
-        self.layout.pending(self.cq_index, tail)
-    }
-
-    /// Client: requests submitted and not yet taken by the host.
-    pub fn submissions_pending(&self) -> Result<u32, RingError> {
-        let head = self.word(off::SQ_HEAD).load(Ordering::Acquire);
-        self.layout.pending(head, self.sq_index)
+    /// Client: whether a completion waits to be reaped (one load of the
+    /// entry it would come in).
+    pub fn completions_ready(&self) -> bool {
+        self.holds(self.layout.cq_slot(self.cq_index), self.cq_index)
     }
 
     /// Client, before sleeping: announce the wait; returns true when a
     /// completion arrived meanwhile (then do not sleep).
-    pub fn client_prepare_wait(&self) -> Result<bool, RingError> {
+    pub fn client_prepare_wait(&self) -> bool {
         self.word(off::CQ_FLAGS)
             .fetch_or(CQ_WAITING, Ordering::SeqCst);
         // SeqCst fence: pairs with the fence in `complete`; our flag store is
-        // ordered before our CQ_TAIL load.
+        // ordered before our load of the completion entry.
         fence(Ordering::SeqCst);
-        Ok(self.completions_ready()? > 0)
+        self.completions_ready()
     }
 
     /// Client, after waking: withdraw the wait announcement.
@@ -290,14 +338,14 @@ impl RingView {
 
     // ------------------------------------------------------------ host
 
-    /// Host: free completion slots (validated against the client's head).
+    /// Host: free completion entries (validated against the client's head).
     pub fn cq_space(&mut self) -> Result<u32, RingError> {
         // More than can ever be free: always re-read the client's head.
         self.cq_space_for(self.layout.depth() + 1)
     }
 
-    /// Host: free completion slots, re-reading the client's head only when
-    /// the cached one leaves fewer than `want`.
+    /// Host: free completion entries, re-reading the client's head only
+    /// when the cached one leaves fewer than `want`.
     fn cq_space_for(&mut self, want: u32) -> Result<u32, RingError> {
         let free = self.layout.depth() - self.layout.pending(self.peer_head, self.cq_index)?;
         if free >= want {
@@ -313,31 +361,38 @@ impl RingView {
     /// Host: take up to `max` submissions, never more than there is room to
     /// complete, appending copies to `out`. Returns how many were taken.
     pub fn fetch(&mut self, max: usize, out: &mut Vec<Desc>) -> Result<usize, RingError> {
-        // Acquire: pairs with the client's Release store of SQ_TAIL in `submit`.
-        let tail = self.word(off::SQ_TAIL).load(Ordering::Acquire);
-        let avail = self.layout.pending(self.sq_index, tail)?;
-        if avail == 0 || max == 0 {
+        // An idle poll touches only the entry it waits for.
+        if max == 0 || !self.submissions_ready() {
             return Ok(0);
         }
-        let want = avail.min(max.min(u32::MAX as usize) as u32);
-        let n = (want as usize).min(self.cq_space_for(want)? as usize);
-        for i in 0..n {
-            out.push(self.read_slot(self.layout.sq_slot(self.sq_index.wrapping_add(i as u32))));
+        let want = max.min(self.layout.depth() as usize) as u32;
+        let room = want.min(self.cq_space_for(want)?);
+        let mut n = 0;
+        while n < room {
+            let i = self.sq_index.wrapping_add(n);
+            let o = self.layout.sq_slot(i);
+            if !self.holds(o, i) {
+                break;
+            }
+            let body = self.read_body(o);
+            let ext = sqe_continued(&body).then(|| self.read_ext(self.layout.ext_slot(i)));
+            out.push(decode_sqe(&body, ext.as_ref()));
+            n += 1;
         }
         if n > 0 {
-            self.sq_index = self.sq_index.wrapping_add(n as u32);
+            self.sq_index = self.sq_index.wrapping_add(n);
             // Release: pairs with the client's Acquire load of SQ_HEAD in
-            // `submit`; the copies above are complete.
+            // `sq_free`; the copies above are complete.
             self.word(off::SQ_HEAD)
                 .store(self.sq_index, Ordering::Release);
         }
-        Ok(n)
+        Ok(n as usize)
     }
 
-    /// Host: whether submissions are waiting (validated).
-    pub fn submissions_ready(&self) -> Result<u32, RingError> {
-        let tail = self.word(off::SQ_TAIL).load(Ordering::Acquire);
-        self.layout.pending(self.sq_index, tail)
+    /// Host: whether a submission waits (one load of the entry it would
+    /// come in).
+    pub fn submissions_ready(&self) -> bool {
+        self.holds(self.layout.sq_slot(self.sq_index), self.sq_index)
     }
 
     /// Host: post completions (the caller took them with `fetch`, so there
@@ -350,14 +405,17 @@ impl RingView {
         if (self.cq_space_for(want)? as usize) < descs.len() {
             return Err(RingError::Full);
         }
-        for (i, d) in descs.iter().enumerate() {
-            self.write_slot(self.layout.cq_slot(self.cq_index.wrapping_add(i as u32)), d);
+        for (k, d) in descs.iter().enumerate() {
+            let i = self.cq_index.wrapping_add(k as u32);
+            let o = self.layout.cq_slot(i);
+            self.write_body(o, &encode_cqe(d));
+            // Release: pairs with the client's Acquire load of this sequence
+            // word in `reap` (`holds`), publishing the body above.
+            self.word(o).store(self.layout.seq(i), Ordering::Release);
         }
         self.cq_index = self.cq_index.wrapping_add(descs.len() as u32);
-        // Release: pairs with the client's Acquire load of CQ_TAIL in `reap`.
-        self.word(off::CQ_TAIL)
-            .store(self.cq_index, Ordering::Release);
-        // SeqCst fence: pairs with the fence in `client_prepare_wait`.
+        // SeqCst fence: pairs with the fence in `client_prepare_wait`; our
+        // sequence-word stores are ordered before the CQ_FLAGS load.
         fence(Ordering::SeqCst);
         let flags = self.word(off::CQ_FLAGS).load(Ordering::Relaxed);
         if flags & CQ_WAITING != 0 {
@@ -370,12 +428,12 @@ impl RingView {
 
     /// Host, before sleeping: set NEED_WAKEUP; returns true when work arrived
     /// meanwhile (then do not sleep).
-    pub fn host_prepare_sleep(&self) -> Result<bool, RingError> {
+    pub fn host_prepare_sleep(&self) -> bool {
         self.word(off::SQ_FLAGS)
             .fetch_or(SQ_NEED_WAKEUP, Ordering::SeqCst);
         // SeqCst fence: pairs with the fence in `engine_needs_wakeup`.
         fence(Ordering::SeqCst);
-        Ok(self.submissions_ready()? > 0)
+        self.submissions_ready()
     }
 
     /// Host, awake again: the client need not ring the doorbell.
@@ -391,13 +449,12 @@ impl RingView {
             .store(s as u32, Ordering::Release);
     }
 
-    /// Test support: write a raw header word as a hostile peer would.
+    /// Test support: write a raw header word as a hostile peer would
+    /// ("sq_head", "cq_head"; anything else writes the magic).
     #[doc(hidden)]
     pub fn poke_index(&self, which: &str, v: u32) {
         let o = match which {
-            "sq_tail" => off::SQ_TAIL,
             "sq_head" => off::SQ_HEAD,
-            "cq_tail" => off::CQ_TAIL,
             "cq_head" => off::CQ_HEAD,
             _ => off::MAGIC,
         };
@@ -468,7 +525,7 @@ mod tests {
         let mut more = Vec::new();
         assert_eq!(host.fetch(16, &mut more).unwrap(), 0);
         let mut out = [Desc::default(); 8];
-        assert_eq!(client.reap(&mut out).unwrap(), 4);
+        assert_eq!(client.reap(&mut out), 4);
         assert_eq!(
             out[..4].iter().map(|x| x.tag).collect::<Vec<_>>(),
             [1, 2, 3, 4]
@@ -477,12 +534,55 @@ mod tests {
     }
 
     #[test]
+    fn indices_wrap_around_u32() {
+        let l = RingLayout::new(4).unwrap();
+        let mut mem = Mem::new(l.total_bytes());
+        let (mut host, mut client) = pair(4, &mut mem);
+        // Both sides just before the wrap, as after 2^32 - 3 requests.
+        let start = u32::MAX - 2;
+        host.sq_index = start;
+        host.cq_index = start;
+        host.peer_head = start;
+        client.sq_index = start;
+        client.cq_index = start;
+        client.peer_head = start;
+        client.poke_index("sq_head", start);
+        client.poke_index("cq_head", start);
+        for round in 0..6u64 {
+            assert_eq!(client.submit(&[d(round), d(round + 100)]).unwrap(), 2);
+            let mut got = Vec::new();
+            assert_eq!(host.fetch(8, &mut got).unwrap(), 2);
+            host.complete(&got).unwrap();
+            let mut out = [Desc::default(); 4];
+            assert_eq!(client.reap(&mut out), 2);
+            assert_eq!((out[0].tag, out[1].tag), (round, round + 100));
+        }
+    }
+
+    #[test]
+    fn long_messages_use_the_extension_line() {
+        let mut mem = Mem::new(RingLayout::new(4).unwrap().total_bytes());
+        let (mut host, mut client) = pair(4, &mut mem);
+        let mut long = d(7);
+        long.payload[95] = 0x5a;
+        long.payload[0] = 1;
+        client.submit(&[long, d(8)]).unwrap();
+        let mut got = Vec::new();
+        host.fetch(4, &mut got).unwrap();
+        assert_eq!(got, [long, d(8)]);
+    }
+
+    #[test]
     fn wakeup_flags() {
         let mut mem = Mem::new(RingLayout::new(4).unwrap().total_bytes());
         let (host, mut client) = pair(4, &mut mem);
-        assert!(!host.host_prepare_sleep().unwrap());
+        assert!(!host.host_prepare_sleep());
         client.submit(&[d(1)]).unwrap();
         assert!(client.engine_needs_wakeup());
+        assert!(
+            host.host_prepare_sleep(),
+            "the entry is seen before sleeping"
+        );
         host.host_end_sleep();
         assert!(!client.engine_needs_wakeup());
     }
@@ -494,27 +594,40 @@ mod tests {
         client.submit(&[d(1)]).unwrap();
         let mut got = Vec::new();
         host.fetch(4, &mut got).unwrap();
-        assert!(!client.client_prepare_wait().unwrap());
+        assert!(!client.client_prepare_wait());
         assert!(
             host.complete(&got).unwrap(),
             "waiting client must be signalled"
         );
         assert!(!host.complete(&[]).unwrap());
+        assert!(client.completions_ready());
     }
 
     #[test]
-    fn hostile_indices_are_detected() {
+    fn hostile_heads_are_detected() {
         let mut mem = Mem::new(RingLayout::new(4).unwrap().total_bytes());
-        let (mut host, client) = pair(4, &mut mem);
-        client.poke_index("sq_tail", 1000);
-        let mut got = Vec::new();
-        assert!(matches!(
-            host.fetch(4, &mut got),
-            Err(RingError::Corrupt(_))
-        ));
-        client.poke_index("sq_tail", 0);
+        let (mut host, mut client) = pair(4, &mut mem);
+        // A client head ahead of what the host posted.
         client.poke_index("cq_head", 77);
         assert!(matches!(host.cq_space(), Err(RingError::Corrupt(_))));
+        client.poke_index("cq_head", 0);
+        // A host head ahead of what the client submitted, seen when the
+        // client's cached head says the ring is full.
+        host.poke_index("sq_head", 1000);
+        assert_eq!(client.submit(&[d(1); 4]).unwrap(), 4);
+        assert!(matches!(client.submit(&[d(1)]), Err(RingError::Corrupt(_))));
+    }
+
+    #[test]
+    fn stale_entries_are_not_taken_again() {
+        let mut mem = Mem::new(RingLayout::new(2).unwrap().total_bytes());
+        let (mut host, mut client) = pair(2, &mut mem);
+        client.submit(&[d(1), d(2)]).unwrap();
+        let mut got = Vec::new();
+        assert_eq!(host.fetch(2, &mut got).unwrap(), 2);
+        // The entries still hold the previous lap: nothing new.
+        assert!(!host.submissions_ready());
+        assert_eq!(host.fetch(2, &mut got).unwrap(), 0);
     }
 
     #[test]
@@ -526,9 +639,15 @@ mod tests {
         let r = unsafe { RingView::attach(p, l.total_bytes(), 8) };
         assert_eq!(r.unwrap_err(), RingError::BadHeader("magic"));
         // SAFETY: as above.
-        let _h = unsafe { RingView::create(p, l.total_bytes(), l) }.unwrap();
+        let h = unsafe { RingView::create(p, l.total_bytes(), l) }.unwrap();
         // SAFETY: as above.
         let r = unsafe { RingView::attach(p, l.total_bytes(), 16) };
         assert!(r.is_err());
+        // A version-1 ring is refused by name.
+        h.word(off::VERSION).store(1, Ordering::Relaxed);
+        // SAFETY: as above.
+        let r = unsafe { RingView::attach(p, l.total_bytes(), 8) };
+        assert_eq!(r.unwrap_err(), RingError::Version(1));
+        assert!(RingError::Version(1).to_string().contains("version 2"));
     }
 }

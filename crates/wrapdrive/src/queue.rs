@@ -396,10 +396,7 @@ impl Queue {
         let mut total = 0;
         while total < max {
             let k = (max - total).min(descs.len());
-            let n = self
-                .view
-                .reap(&mut descs[..k])
-                .map_err(|e| ClientError::new(Status::BadState, e.to_string()))?;
+            let n = self.view.reap(&mut descs[..k]);
             for d in &descs[..n] {
                 let slot = d.tag as usize;
                 let Some(cookie) = self.slots.get_mut(slot).and_then(|s| s.take()) else {
@@ -483,7 +480,7 @@ impl Queue {
 
     /// Whether completions are waiting to be received.
     pub fn completions_ready(&self) -> bool {
-        !self.stash.is_empty() || self.view.completions_ready().unwrap_or(1) > 0
+        !self.stash.is_empty() || self.view.completions_ready()
     }
 
     /// One descriptor for event loops: readable after [`Queue::arm_wait`]
@@ -503,9 +500,7 @@ impl Queue {
         if !self.stash.is_empty() {
             return Ok(true);
         }
-        self.view
-            .client_prepare_wait()
-            .map_err(|e| ClientError::new(Status::BadState, e.to_string()))
+        Ok(self.view.client_prepare_wait())
     }
 
     /// Make [`Queue::wait_fd`] readable now (a waiter found work already
@@ -538,7 +533,7 @@ impl Queue {
         let start = Instant::now();
         let mut spins = 0u32;
         loop {
-            if self.view.completions_ready().unwrap_or(1) > 0 {
+            if self.view.completions_ready() {
                 return Ok(());
             }
             spins += 1;
@@ -548,10 +543,7 @@ impl Queue {
             std::hint::spin_loop();
         }
         loop {
-            let ready = self
-                .view
-                .client_prepare_wait()
-                .map_err(|e| ClientError::new(Status::BadState, e.to_string()))?;
+            let ready = self.view.client_prepare_wait();
             if ready {
                 self.view.client_end_wait();
                 return Ok(());
@@ -573,7 +565,7 @@ impl Queue {
                     "the WrapDrive host is gone",
                 ));
             }
-            if self.view.completions_ready().unwrap_or(1) > 0 {
+            if self.view.completions_ready() {
                 return Ok(());
             }
             if let Some(t) = timeout {
