@@ -125,6 +125,16 @@ int wd_send_sync(struct wd_queue *q, void *req);
  * -ENOTCONN if the host goes away). */
 int wd_rcv_sync(struct wd_queue *q, void **req);
 
+/* Queue up to n requests with one wake-up of the device at most: returns
+ * how many were queued (from the first; fewer than n when the queue fills),
+ * -EAGAIN if none fit. A NULL request ends the batch: the ones before it
+ * are queued and counted, and if it is the first, the call returns -EINVAL.
+ * Since WD_0.3. */
+int wd_send_batch(struct wd_queue *q, void *const *reqs, size_t n);
+/* Take up to max completions: writes the request pointers given to wd_send
+ * into reqs[0..count) and returns count (-EAGAIN: none ready). Since WD_0.3. */
+int wd_rcv_batch(struct wd_queue *q, void **reqs, size_t max);
+
 /* Let the device use [addr, addr+size) of memory from wd_alloc (widened to
  * whole pages). flags: 0. -EINVAL if the memory is not from wd_alloc. */
 int wd_mem_share(struct wd_queue *q, const void *addr, size_t size, int flags);

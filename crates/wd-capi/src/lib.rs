@@ -333,6 +333,110 @@ fn rcv(q: *mut WdQueue, out: *mut *mut c_void, sync: bool) -> c_int {
     })
 }
 
+/// Largest batch one call moves (bounds the stack arrays below).
+const BATCH_MAX: usize = 64;
+
+fn send_batch(q: *mut WdQueue, reqs: *const *mut c_void, n: usize) -> c_int {
+    guard(|| {
+        if reqs.is_null() {
+            return Err(invalid("wd_send_batch: NULL request array"));
+        }
+        let h = handle(q)?;
+        let mut queue = h.q.lock().unwrap_or_else(|e| e.into_inner());
+        let mut batch = [(Desc::default(), 0u64); BATCH_MAX];
+        let mut sent = 0usize;
+        let mut bad = None;
+        while sent < n && bad.is_none() {
+            let mut k = (n - sent).min(BATCH_MAX);
+            for i in 0..k {
+                // SAFETY: reqs is non-null and points to n request pointers
+                // (ABI rule); sent + i < n.
+                let req = unsafe { reqs.add(sent + i).read_unaligned() };
+                match to_desc(h.family, req) {
+                    Ok(d) => batch[i] = (d, req as u64),
+                    Err(e) => {
+                        // The requests before it still go.
+                        bad = Some(e);
+                        k = i;
+                        break;
+                    }
+                }
+            }
+            let took = queue.send_batch(&batch[..k])?;
+            sent += took;
+            if took < k {
+                break;
+            }
+        }
+        if let (0, Some(e)) = (sent, bad) {
+            return Err(e);
+        }
+        if sent == 0 && n > 0 {
+            return Err(ClientError::new(
+                Status::Again,
+                "queue full: receive completions first",
+            ));
+        }
+        Ok(sent as c_int)
+    })
+}
+
+fn rcv_batch(q: *mut WdQueue, out: *mut *mut c_void, max: usize) -> c_int {
+    guard(|| {
+        if out.is_null() {
+            return Err(invalid("wd_rcv_batch: NULL out-array"));
+        }
+        let h = handle(q)?;
+        let mut queue = h.q.lock().unwrap_or_else(|e| e.into_inner());
+        let mut done = Vec::with_capacity(max.min(BATCH_MAX));
+        let mut got = 0usize;
+        while got < max {
+            done.clear();
+            let k = queue.recv_batch(&mut done, (max - got).min(BATCH_MAX))?;
+            for (i, c) in done.iter().enumerate() {
+                let p = complete(h.family, c.cookie, &c.desc);
+                // SAFETY: out is non-null and has room for max pointers
+                // (ABI rule); got + i < max.
+                unsafe { out.add(got + i).write_unaligned(p) };
+            }
+            got += k;
+            if k == 0 {
+                break;
+            }
+        }
+        if got == 0 && max > 0 {
+            return Err(ClientError::new(Status::Again, "no completion ready"));
+        }
+        Ok(got as c_int)
+    })
+}
+
+/// Queue up to `n` requests at once.
+///
+/// # Safety
+/// Pointers must be NULL or valid as `include/wd.h` documents for this call.
+#[no_mangle]
+pub unsafe extern "C" fn wd_send_batch(
+    q: *mut WdQueue,
+    reqs: *const *mut c_void,
+    n: usize,
+) -> c_int {
+    send_batch(q, reqs, n.min(c_int::MAX as usize))
+}
+
+/// Take up to `max` completions at once.
+///
+/// # Safety
+/// Pointers must be NULL or valid as `include/wd.h` documents for this call.
+#[no_mangle]
+pub unsafe extern "C" fn wd_rcv_batch(
+    q: *mut WdQueue,
+    reqs: *mut *mut c_void,
+    max: usize,
+) -> c_int {
+    rcv_batch(q, reqs, max.min(c_int::MAX as usize))
+}
+
 /// Queue a request.
 ///
 /// # Safety
