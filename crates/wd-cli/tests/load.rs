@@ -9,11 +9,9 @@ use std::process::{Command, Output};
 
 use sha2::{Digest, Sha256};
 
-mod common;
-
 /// A private directory for one test's files.
-fn tempdir(tag: &str) -> common::TempDir {
-    common::tempdir(&format!("wd-load-{tag}"))
+fn tempdir(tag: &str) -> wd_testutil::TempDir {
+    wd_testutil::tempdir(&format!("wd-load-{tag}"))
 }
 
 fn file(dir: &Path, size: usize) -> (PathBuf, Vec<u8>, String) {

@@ -16,7 +16,8 @@ use wrapdrive::dummy::CopyMsg;
 use wrapdrive::HostConn;
 
 mod common;
-use common::{tempdir_in, HostProc, TempDir as Dir};
+use common::HostProc;
+use wd_testutil::{tempdir_in, TempDir as Dir};
 
 /// A private directory under the target's temp directory with `mode`.
 fn dir(tag: &str, mode: u32) -> Dir {
