@@ -14,6 +14,11 @@
 //!    (para-virtual IOMMU).
 //! 3. The hot path: translating a request's range with IOTLB hits, next to
 //!    a memcpy of the same size.
+//!
+//! One module per measurement (`map`, `stream`, `translate`), each with its
+//! rows, table and targets; this one checks the options, runs the parts
+//! asked for and prints them. The host is seen only through its inspection
+//! API (`wd_host::Host::queue_dma`, `iommu_stats`).
 
 mod map;
 mod stream;

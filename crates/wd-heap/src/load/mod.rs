@@ -13,6 +13,11 @@
 //! kernel returns only the bytes that exist), and whatever lies beyond the
 //! file's end in the buffer is zeroed. A file that changes size or is
 //! modified while being read is an error, never a short buffer.
+//!
+//! Here, [`Heap::load`] chooses the mode, the pages and the engine and runs
+//! them; the options and the report, the allocation (`populate` publishing
+//! through `gather`) and the two engines (`uring`, `threads`, sharing
+//! `plan`) live in their own modules.
 
 mod error;
 mod gather;
