@@ -6,17 +6,16 @@
 //! Tests that need another uid re-run this binary as uid 65534 in a
 //! "role" (see `child_entry`); they need root and are skipped without it.
 
-use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 
 use wd_host::{DeviceConfig, Host, HostConfig};
 use wd_ipc::Channel;
 use wd_proto::Message;
-use wd_testutil::TempDir;
+use wd_testutil::{report, Role, TempDir};
 
 /// The uid (and gid) other users' processes run as.
 const NOBODY: u32 = 65534;
@@ -108,72 +107,32 @@ fn hello(addr: &str) -> String {
     }
 }
 
-/// This test binary re-run as uid 65534 in a role, killed on drop.
-struct Other {
-    child: Child,
-    out: BufReader<std::process::ChildStdout>,
-}
-
-impl Other {
-    fn start(role: &str, addr: &str) -> Other {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-            .env("WD_SOCKET_TEST_ROLE", role)
-            .env("WD_SOCKET_TEST_ADDR", addr)
-            .uid(NOBODY)
-            .gid(NOBODY)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("run a child as uid 65534");
-        let out = BufReader::new(child.stdout.take().unwrap());
-        Other { child, out }
-    }
-
-    /// The child's report: the rest of its first "WD:" line.
-    fn report(&mut self) -> String {
-        let mut line = String::new();
-        loop {
-            line.clear();
-            assert!(
-                self.out.read_line(&mut line).unwrap() > 0,
-                "child exited without reporting"
-            );
-            if let Some((_, rest)) = line.trim_end().split_once("WD:") {
-                return rest.to_string();
-            }
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Other {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// This test binary re-run as uid 65534 in `role` with the address `addr`,
+/// stdin held open until it is dropped.
+fn as_nobody(role: &str, addr: &str) -> Role {
+    let mut c = Role::command(role);
+    c.env("WD_SOCKET_TEST_ADDR", addr)
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(Stdio::piped());
+    Role::spawn(c)
 }
 
 /// What `hello` says when run as uid 65534.
 fn hello_as_nobody(addr: &str) -> String {
-    Other::start("hello", addr).report()
+    as_nobody("hello", addr).read_report()
 }
 
 /// Entry point of the other-uid processes; does nothing in a normal run.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var("WD_SOCKET_TEST_ROLE") else {
+    let Some(role) = wd_testutil::role() else {
         return;
     };
     let addr = std::env::var("WD_SOCKET_TEST_ADDR").unwrap();
-    let out = std::io::stdout();
     match role.as_str() {
         "hello" => {
-            let r = hello(&addr);
-            writeln!(out.lock(), "WD:{r}").unwrap();
+            report(&hello(&addr));
         }
         // Hold an abstract name until the test closes our stdin (or dies).
         "hold" => {
@@ -181,7 +140,7 @@ fn child_entry() {
             let name = addr.strip_prefix('@').unwrap();
             let a = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
             let _l = UnixListener::bind_addr(&a).unwrap();
-            writeln!(out.lock(), "WD:ready").unwrap();
+            report("ready");
             let mut sink = Vec::new();
             let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
         }
@@ -300,8 +259,8 @@ fn abstract_name_held_by_another_uid_is_refused_naming_it() {
         return;
     }
     let addr = format!("@{}", unique("held"));
-    let mut holder = Other::start("hold", &addr);
-    assert_eq!(holder.report(), "ready");
+    let mut holder = as_nobody("hold", &addr);
+    assert_eq!(holder.read_report(), "ready");
     let e = start_err(&config(&addr, 0o600));
     let want = format!(
         "{addr} is already served by uid 65534 (pid {})",
