@@ -8,7 +8,8 @@ use wrapdrive::dummy::CopyMsg;
 use wrapdrive::{Capability, FaultPolicy, HostConn, InvalidationMode, SharedBuf};
 
 mod common;
-use common::{tempdir, HostProc};
+use common::HostProc;
+use wd_testutil::tempdir;
 
 fn host() -> HostProc {
     HostProc::serve_in(tempdir("wd-iommu-cli"), &["--device", "dummy"])

@@ -9,11 +9,9 @@ use std::process::{Command, Output};
 
 use sha2::{Digest, Sha256};
 
-mod common;
-
 /// A private directory for one test's files.
-fn tempdir(tag: &str) -> common::TempDir {
-    common::tempdir(&format!("wd-load-{tag}"))
+fn tempdir(tag: &str) -> wd_testutil::TempDir {
+    wd_testutil::tempdir(&format!("wd-load-{tag}"))
 }
 
 fn file(dir: &Path, size: usize) -> (PathBuf, Vec<u8>, String) {
@@ -185,7 +183,10 @@ fn progress_bar_on_a_terminal() {
     {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("skipping: no `script` to make a terminal: {e}");
+            wd_testutil::skip(
+                "progress_bar_on_a_terminal",
+                &format!("no `script` to make a terminal: {e}"),
+            );
             return;
         }
     };
@@ -216,11 +217,17 @@ fn a_filesystem_without_direct_io_falls_back_or_fails_clearly() {
     let o = match o {
         Ok(o) if o.status.code() != Some(77) && o.status.success() => o,
         Ok(o) => {
-            eprintln!("skipping: cannot mount ramfs here: {}", text(&o));
+            wd_testutil::skip(
+                "a_filesystem_without_direct_io_falls_back_or_fails_clearly",
+                &format!("cannot mount ramfs here: {}", text(&o).trim()),
+            );
             return;
         }
         Err(e) => {
-            eprintln!("skipping: no unshare: {e}");
+            wd_testutil::skip(
+                "a_filesystem_without_direct_io_falls_back_or_fails_clearly",
+                &format!("no unshare: {e}"),
+            );
             return;
         }
     };

@@ -3,10 +3,10 @@
 //! name is told who holds it. The other-uid client is this binary re-run
 //! as uid 65534; without root those parts are skipped.
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
+use wd_testutil::{report, Role};
 use wrapdrive::HostConn;
 
 mod common;
@@ -14,41 +14,23 @@ use common::HostProc;
 
 /// Connect to `addr` as uid 65534 and return "ok" or the error.
 fn connect_as_nobody(addr: &str) -> String {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-        .env("WD_ACCESS_TEST_ADDR", addr)
-        .uid(65534)
-        .gid(65534)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("run a client as uid 65534");
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    let report = loop {
-        line.clear();
-        if out.read_line(&mut line).unwrap() == 0 {
-            break "child exited without reporting".to_string();
-        }
-        if let Some((_, rest)) = line.trim_end().split_once("WD:") {
-            break rest.to_string();
-        }
-    };
-    let _ = child.kill();
-    let _ = child.wait();
-    report
+    let mut c = Role::command("connect");
+    c.env("WD_ACCESS_TEST_ADDR", addr).uid(65534).gid(65534);
+    Role::spawn(c).read_report()
 }
 
 /// Entry point of the other-uid client; does nothing in a normal run.
 #[test]
 fn child_entry() {
-    let Ok(addr) = std::env::var("WD_ACCESS_TEST_ADDR") else {
+    if wd_testutil::role().is_none() {
         return;
-    };
+    }
+    let addr = std::env::var("WD_ACCESS_TEST_ADDR").unwrap();
     let r = match HostConn::connect(&addr) {
         Ok(_) => "ok".to_string(),
         Err(e) => format!("{:?} {e}", e.status()),
     };
-    println!("WD:{r}");
+    report(&r);
 }
 
 #[test]

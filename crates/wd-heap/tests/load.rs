@@ -12,23 +12,10 @@ use wd_heap::{
     Engine, EngineUsed, Heap, HeapLimits, IoMode, IoUsed, LoadError, LoadOptions, PagePolicy,
 };
 
-struct TempDir(PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use wd_testutil::TempDir;
 
 fn tempdir(tag: &str) -> TempDir {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let p = std::env::temp_dir().join(format!(
-        "wd-heap-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&p).unwrap();
-    TempDir(p)
+    wd_testutil::tempdir(&format!("wd-heap-{tag}"))
 }
 
 /// Deterministic bytes that differ at every offset and between sizes.
@@ -294,7 +281,10 @@ fn filesystems_without_direct_io() {
     // sysfs: no O_DIRECT, and its files claim 4096 bytes but hold fewer.
     let p = Path::new("/sys/kernel/mm/transparent_hugepage/enabled");
     if !p.exists() {
-        eprintln!("skipping: {} absent", p.display());
+        wd_testutil::skip(
+            "filesystems_without_direct_io",
+            &format!("{} absent", p.display()),
+        );
         return;
     }
     let e = heap()
@@ -426,13 +416,19 @@ fn bad_options_and_heap_limits() {
 #[test]
 fn hugetlb_buffers_when_the_machine_has_them() {
     let Some(pool) = wd_heap::system::huge_pool(wd_sys::pages::MemfdPages::Huge2M) else {
-        eprintln!("skipping: no 2 MiB hugetlb pool");
+        wd_testutil::skip(
+            "hugetlb_buffers_when_the_machine_has_them",
+            "no 2 MiB hugetlb pool",
+        );
         return;
     };
     if pool.available < 4 {
-        eprintln!(
-            "skipping: {} free 2 MiB hugepages (reserve some in /sys/kernel/mm/hugepages to run this)",
-            pool.available
+        wd_testutil::skip(
+            "hugetlb_buffers_when_the_machine_has_them",
+            &format!(
+                "{} free 2 MiB hugepages (reserve some in /sys/kernel/mm/hugepages to run this)",
+                pool.available
+            ),
         );
         return;
     }
@@ -495,7 +491,10 @@ fn without_io_uring_the_loader_falls_back_to_threads() {
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     if !out.status.success() && text.contains("install the seccomp filter") {
-        eprintln!("skipping: seccomp unavailable here");
+        wd_testutil::skip(
+            "without_io_uring_the_loader_falls_back_to_threads",
+            "seccomp unavailable here",
+        );
         return;
     }
     assert!(out.status.success(), "child failed:\n{text}");

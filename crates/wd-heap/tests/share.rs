@@ -50,7 +50,8 @@ fn export_import_across_processes() {
         importer();
         return;
     }
-    let path = std::env::temp_dir().join(format!("wd-heap-share-{}", std::process::id()));
+    let dir = wd_testutil::tempdir("wd-heap-share");
+    let path = dir.path().join("data");
     let data: Vec<u8> = (0..(1 << 20) + 777).map(|i: u32| (i % 253) as u8).collect();
     let mut f = std::fs::File::create(&path).unwrap();
     f.write_all(&data).unwrap();
@@ -77,5 +78,4 @@ fn export_import_across_processes() {
     wd_sys::send_with_fds(&a, b"p", &[]).unwrap();
     expect(&a, b"k");
     assert!(child.wait().unwrap().success(), "importer failed");
-    std::fs::remove_file(&path).unwrap();
 }

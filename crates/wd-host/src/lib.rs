@@ -12,6 +12,7 @@ pub mod config;
 mod conn;
 pub mod drivers;
 pub mod engine;
+mod inspect;
 pub mod queue;
 pub mod quota;
 pub mod socket;
@@ -26,6 +27,7 @@ use std::time::Duration;
 
 pub use config::{DeviceConfig, HostConfig};
 use engine::EngineHandle;
+pub use inspect::QueueIommuStats;
 use queue::Queue;
 use wd_device::{AlgInfo, Driver};
 use wd_proto::Status;
@@ -250,11 +252,6 @@ impl Host {
     /// The address clients connect to.
     pub fn address(&self) -> &str {
         &self.address
-    }
-
-    /// Shared state (attributes, queue table).
-    pub fn inner(&self) -> &Arc<HostInner> {
-        &self.inner
     }
 
     /// Stop serving: every client sees the host go away.

@@ -6,58 +6,49 @@
 //! Tests that need another uid re-run this binary as uid 65534 in a
 //! "role" (see `child_entry`); they need root and are skipped without it.
 
-use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::path::Path;
+use std::process::Stdio;
 
 use wd_host::{DeviceConfig, Host, HostConfig};
 use wd_ipc::Channel;
 use wd_proto::Message;
+use wd_testutil::{report, Role, TempDir};
 
 /// The uid (and gid) other users' processes run as.
 const NOBODY: u32 = 65534;
 
 fn unique(tag: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "wd-sock-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
+    wd_testutil::unique(&format!("wd-sock-{tag}"))
 }
 
-/// A directory for one test, removed on drop.
-struct TempDir(PathBuf);
+/// A directory for one test with permission bits `mode`, removed on drop.
+fn tempdir(tag: &str, mode: u32) -> TempDir {
+    wd_testutil::tempdir_in(&std::env::temp_dir(), &format!("wd-sock-{tag}"), mode)
+}
 
-impl TempDir {
-    fn new(tag: &str, mode: u32) -> TempDir {
-        let p = std::env::temp_dir().join(unique(tag));
-        std::fs::create_dir(&p).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
-        TempDir(p)
-    }
+/// What these tests look at in their directory.
+trait SocketDir {
+    /// The socket path inside it.
+    fn socket(&self) -> String;
+    /// Its entries, sorted.
+    fn entries(&self) -> Vec<String>;
+}
 
+impl SocketDir for TempDir {
     fn socket(&self) -> String {
-        self.0.join("wd.sock").to_string_lossy().into_owned()
+        self.join("wd.sock")
     }
 
     fn entries(&self) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(&self.0)
+        let mut v: Vec<String> = std::fs::read_dir(self.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         v.sort();
         v
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -116,72 +107,32 @@ fn hello(addr: &str) -> String {
     }
 }
 
-/// This test binary re-run as uid 65534 in a role, killed on drop.
-struct Other {
-    child: Child,
-    out: BufReader<std::process::ChildStdout>,
-}
-
-impl Other {
-    fn start(role: &str, addr: &str) -> Other {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-            .env("WD_SOCKET_TEST_ROLE", role)
-            .env("WD_SOCKET_TEST_ADDR", addr)
-            .uid(NOBODY)
-            .gid(NOBODY)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("run a child as uid 65534");
-        let out = BufReader::new(child.stdout.take().unwrap());
-        Other { child, out }
-    }
-
-    /// The child's report: the rest of its first "WD:" line.
-    fn report(&mut self) -> String {
-        let mut line = String::new();
-        loop {
-            line.clear();
-            assert!(
-                self.out.read_line(&mut line).unwrap() > 0,
-                "child exited without reporting"
-            );
-            if let Some((_, rest)) = line.trim_end().split_once("WD:") {
-                return rest.to_string();
-            }
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Other {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// This test binary re-run as uid 65534 in `role` with the address `addr`,
+/// stdin held open until it is dropped.
+fn as_nobody(role: &str, addr: &str) -> Role {
+    let mut c = Role::command(role);
+    c.env("WD_SOCKET_TEST_ADDR", addr)
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(Stdio::piped());
+    Role::spawn(c)
 }
 
 /// What `hello` says when run as uid 65534.
 fn hello_as_nobody(addr: &str) -> String {
-    Other::start("hello", addr).report()
+    as_nobody("hello", addr).read_report()
 }
 
 /// Entry point of the other-uid processes; does nothing in a normal run.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var("WD_SOCKET_TEST_ROLE") else {
+    let Some(role) = wd_testutil::role() else {
         return;
     };
     let addr = std::env::var("WD_SOCKET_TEST_ADDR").unwrap();
-    let out = std::io::stdout();
     match role.as_str() {
         "hello" => {
-            let r = hello(&addr);
-            writeln!(out.lock(), "WD:{r}").unwrap();
+            report(&hello(&addr));
         }
         // Hold an abstract name until the test closes our stdin (or dies).
         "hold" => {
@@ -189,7 +140,7 @@ fn child_entry() {
             let name = addr.strip_prefix('@').unwrap();
             let a = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
             let _l = UnixListener::bind_addr(&a).unwrap();
-            writeln!(out.lock(), "WD:ready").unwrap();
+            report("ready");
             let mut sink = Vec::new();
             let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
         }
@@ -199,7 +150,7 @@ fn child_entry() {
 
 #[test]
 fn symlink_at_the_socket_path_is_refused_and_its_target_keeps_its_mode() {
-    let dir = TempDir::new("symlink", 0o755);
+    let dir = tempdir("symlink", 0o755);
     let target = dir.0.join("precious");
     std::fs::write(&target, b"secret").unwrap();
     std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -217,7 +168,7 @@ fn symlink_at_the_socket_path_is_refused_and_its_target_keeps_its_mode() {
 
 #[test]
 fn other_things_at_the_socket_path_are_refused_by_name() {
-    let dir = TempDir::new("occupied", 0o755);
+    let dir = tempdir("occupied", 0o755);
     std::fs::write(dir.0.join("wd.sock"), b"").unwrap();
     let e = start_err(&config(&dir.socket(), 0o600));
     assert!(e.contains("is a regular file, not a socket"), "{e}");
@@ -229,16 +180,16 @@ fn other_things_at_the_socket_path_are_refused_by_name() {
 
 #[test]
 fn directory_writable_by_others_is_refused_unless_sticky() {
-    let open = TempDir::new("open", 0o777);
+    let open = tempdir("open", 0o777);
     let e = start_err(&config(&open.socket(), 0o600));
     assert!(e.contains("writable by group or others"), "{e}");
     assert!(e.contains("mode 0777"), "{e}");
     assert!(open.entries().is_empty(), "{:?}", open.entries());
-    let group = TempDir::new("group", 0o770);
+    let group = tempdir("group", 0o770);
     let e = start_err(&config(&group.socket(), 0o600));
     assert!(e.contains("writable by group or others"), "{e}");
     // Sticky (like /tmp): others cannot rename or remove our entries.
-    let sticky = TempDir::new("sticky", 0o1777);
+    let sticky = tempdir("sticky", 0o1777);
     let h = Host::start(&config(&sticky.socket(), 0o600)).unwrap();
     assert_eq!(hello(&sticky.socket()), "ok");
     h.shutdown();
@@ -247,7 +198,7 @@ fn directory_writable_by_others_is_refused_unless_sticky() {
 #[test]
 fn socket_file_gets_exactly_the_configured_mode() {
     for mode in [0o600, 0o640, 0o666, 0o604] {
-        let dir = TempDir::new("mode", 0o755);
+        let dir = tempdir("mode", 0o755);
         let h = Host::start(&config(&dir.socket(), mode)).unwrap();
         assert_eq!(mode_of(Path::new(&dir.socket())), mode, "mode {mode:o}");
         // The private directory it was bound in is gone.
@@ -260,7 +211,7 @@ fn socket_file_gets_exactly_the_configured_mode() {
 
 #[test]
 fn stale_socket_of_ours_is_replaced() {
-    let dir = TempDir::new("stale", 0o755);
+    let dir = tempdir("stale", 0o755);
     drop(UnixListener::bind(dir.socket()).unwrap());
     let h = Host::start(&config(&dir.socket(), 0o600)).unwrap();
     assert_eq!(hello(&dir.socket()), "ok");
@@ -276,7 +227,7 @@ fn stale_socket_of_another_uid_is_refused_naming_it() {
     ) {
         return;
     }
-    let dir = TempDir::new("foreign", 0o755);
+    let dir = tempdir("foreign", 0o755);
     drop(UnixListener::bind(dir.socket()).unwrap());
     std::os::unix::fs::lchown(dir.socket(), Some(NOBODY), Some(NOBODY)).unwrap();
     let e = start_err(&config(&dir.socket(), 0o600));
@@ -285,7 +236,7 @@ fn stale_socket_of_another_uid_is_refused_naming_it() {
 
 #[test]
 fn live_host_on_the_path_is_refused_naming_its_uid_and_pid() {
-    let dir = TempDir::new("live", 0o755);
+    let dir = tempdir("live", 0o755);
     let h = Host::start(&config(&dir.socket(), 0o600)).unwrap();
     let e = start_err(&config(&dir.socket(), 0o600));
     let want = format!(
@@ -308,8 +259,8 @@ fn abstract_name_held_by_another_uid_is_refused_naming_it() {
         return;
     }
     let addr = format!("@{}", unique("held"));
-    let mut holder = Other::start("hold", &addr);
-    assert_eq!(holder.report(), "ready");
+    let mut holder = as_nobody("hold", &addr);
+    assert_eq!(holder.read_report(), "ready");
     let e = start_err(&config(&addr, 0o600));
     let want = format!(
         "{addr} is already served by uid 65534 (pid {})",
@@ -354,7 +305,7 @@ fn path_socket_policy_follows_the_mode_too() {
     }
     // Others may write the socket file (the kernel lets them connect) but
     // not read it: the policy needs both.
-    let dir = TempDir::new("wonly", 0o755);
+    let dir = tempdir("wonly", 0o755);
     let h = Host::start(&config(&dir.socket(), 0o622)).unwrap();
     let r = hello_as_nobody(&dir.socket());
     assert!(r.contains("uid 65534 is not allowed"), "{r}");

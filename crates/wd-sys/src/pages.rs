@@ -220,7 +220,10 @@ mod tests {
         // With no free 2 MiB pages, allocating one must be an error, not a
         // crash; with some reserved, it works.
         let Ok(fd) = memfd_create_sealable("t", MemfdPages::Huge2M) else {
-            eprintln!("skipping: hugetlb memfds unsupported here");
+            wd_testutil::skip(
+                "wd_sys::pages::hugetlb_without_a_pool_fails_cleanly",
+                "hugetlb memfds unsupported here",
+            );
             return;
         };
         crate::ftruncate(fd.as_fd(), 2 << 20).unwrap();

@@ -234,7 +234,10 @@ mod tests {
     #[test]
     fn reads_land_in_the_mapping() {
         if let Err(e) = probe() {
-            eprintln!("skipping: io_uring unavailable: {e}");
+            wd_testutil::skip(
+                "wd_sys::uring::reads_land_in_the_mapping",
+                &format!("io_uring unavailable: {e}"),
+            );
             return;
         }
         let p = std::env::temp_dir().join(format!("wd-sys-uring-{}", std::process::id()));

@@ -3,9 +3,17 @@
 //! A test that needs what the machine lacks (root, a hugetlb pool, a C
 //! compiler) must not pass silently: it says so on stderr and appends a
 //! line to `$WD_SKIP_LOG`, which `scripts/test-all.sh` counts by reason.
+//!
+//! Besides: private temporary directories, waiting for a condition with a
+//! deadline, and re-running the test binary as another process in a
+//! "role" (a client to kill, a host to lose), written once.
 #![deny(unsafe_code)]
 
-use std::io::Write;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 /// Report that `test` did not run, and why.
 pub fn skip(test: &str, reason: &str) {
@@ -39,6 +47,144 @@ pub fn root_or_skip(test: &str, why: &str) -> bool {
     false
 }
 
+/// A directory removed with its contents on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// `NAME` inside it, as a string (socket addresses are strings).
+    pub fn join(&self, name: &str) -> String {
+        self.0.join(name).to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A name unique per process and call, so tests running in parallel (and
+/// test binaries running at once) never share one.
+pub fn unique(name: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A new directory `base/NAME-PID-N` with permission bits `mode`; a
+/// leftover of an earlier run with the same name is removed first.
+pub fn tempdir_in(base: &Path, name: &str, mode: u32) -> TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let p = base.join(unique(name));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    TempDir(p)
+}
+
+/// A new directory in the temp directory, open to other users (0755): the
+/// tests that run a client as another uid need to reach what is inside.
+pub fn tempdir(name: &str) -> TempDir {
+    tempdir_in(&std::env::temp_dir(), name, 0o755)
+}
+
+/// Poll `f` every 20 ms until it holds; fail the test after 10 s (a
+/// condition that never comes must not hang the suite).
+pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The environment variable naming the role of a re-run test binary.
+pub const ROLE_ENV: &str = "WD_TEST_ROLE";
+
+/// The role this process was started in by [`Role::command`], if any. A
+/// test binary that uses roles has a test named `child_entry` that returns
+/// at once when this is `None` and otherwise plays the role.
+pub fn role() -> Option<String> {
+    std::env::var(ROLE_ENV).ok()
+}
+
+/// Tell the parent something: one "WD:" line on stdout (libtest prints
+/// its own lines around it), flushed at once.
+pub fn report(what: &str) {
+    let out = std::io::stdout();
+    let mut out = out.lock();
+    writeln!(out, "WD:{what}").unwrap();
+    out.flush().unwrap();
+}
+
+/// This test binary re-run as another process playing a role (its
+/// `child_entry` test), killed and reaped on drop.
+pub struct Role {
+    /// The process.
+    pub child: Child,
+    out: Option<BufReader<ChildStdout>>,
+}
+
+impl Role {
+    /// The command that re-runs this test binary in `role`, stdout piped;
+    /// add environment, stdin or credentials, then [`Role::spawn`] it.
+    pub fn command(role: &str) -> Command {
+        let mut c = Command::new(std::env::current_exe().unwrap());
+        c.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+            .env(ROLE_ENV, role)
+            .stdout(Stdio::piped());
+        c
+    }
+
+    /// Start `c` (from [`Role::command`]).
+    pub fn spawn(mut c: Command) -> Role {
+        let mut child = c.spawn().expect("re-run the test binary in a role");
+        let out = child.stdout.take().map(BufReader::new);
+        Role { child, out }
+    }
+
+    /// The rest of the child's next "WD:" line; the reader stays alive, so
+    /// the child never writes into a closed pipe.
+    pub fn read_report(&mut self) -> String {
+        let out = self.out.as_mut().expect("the role's stdout is piped");
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "child exited without reporting"
+            );
+            // libtest may print "test child_entry ... " on the same line.
+            if let Some((_, rest)) = line.trim_end().split_once("WD:") {
+                return rest.to_string();
+            }
+        }
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -51,5 +197,17 @@ mod tests {
         let text = std::fs::read_to_string(&p).unwrap();
         let _ = std::fs::remove_file(&p);
         assert_eq!(text, "t: no reason\n");
+    }
+
+    #[test]
+    fn tempdirs_are_private_and_removed() {
+        let p = {
+            let d = super::tempdir_in(&std::env::temp_dir(), "wd-testutil", 0o700);
+            let d2 = super::tempdir_in(&std::env::temp_dir(), "wd-testutil", 0o700);
+            assert_ne!(d.path(), d2.path());
+            assert!(d.path().is_dir());
+            d.path().to_path_buf()
+        };
+        assert!(!p.exists());
     }
 }

@@ -6,69 +6,30 @@
 //! the clients are re-runs too, so each gets its own `WD_HOST_UIDS`.
 //! Without root the test is skipped.
 
-use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
+use wd_testutil::{report, Role};
 use wrapdrive::{DeviceConfig, HostConfig, HostConn};
 
 const NOBODY: u32 = 65534;
 
-/// This test binary re-run in a role, killed on drop.
-struct Role {
-    child: Child,
-    out: BufReader<std::process::ChildStdout>,
-}
-
-impl Role {
-    fn start(role: &str, addr: &str, setup: impl FnOnce(&mut Command)) -> Role {
-        let mut c = Command::new(std::env::current_exe().unwrap());
-        c.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-            .env("WD_IDENTITY_TEST_ROLE", role)
-            .env("WD_IDENTITY_TEST_ADDR", addr)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        setup(&mut c);
-        let mut child = c.spawn().expect("run a child");
-        let out = BufReader::new(child.stdout.take().unwrap());
-        Role { child, out }
-    }
-
-    /// The rest of the child's first "WD:" line.
-    fn report(&mut self) -> String {
-        let mut line = String::new();
-        loop {
-            line.clear();
-            assert!(
-                self.out.read_line(&mut line).unwrap() > 0,
-                "child exited without reporting"
-            );
-            if let Some((_, rest)) = line.trim_end().split_once("WD:") {
-                return rest.to_string();
-            }
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Role {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// This test binary re-run in `role` with the host's address, stdin held
+/// open until it is dropped.
+fn start(role: &str, addr: &str, setup: impl FnOnce(&mut Command)) -> Role {
+    let mut c = Role::command(role);
+    c.env("WD_IDENTITY_TEST_ADDR", addr).stdin(Stdio::piped());
+    setup(&mut c);
+    Role::spawn(c)
 }
 
 /// Entry point of the roles; does nothing in a normal run.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var("WD_IDENTITY_TEST_ROLE") else {
+    let Some(role) = wd_testutil::role() else {
         return;
     };
     let addr = std::env::var("WD_IDENTITY_TEST_ADDR").unwrap();
-    let out = std::io::stdout();
     match role.as_str() {
         // Serve a host anyone may use until stdin closes.
         "host" => {
@@ -79,7 +40,7 @@ fn child_entry() {
                 ..HostConfig::default()
             };
             let _h = wd_host::Host::start(&cfg).expect("host starts");
-            writeln!(out.lock(), "WD:ready").unwrap();
+            report("ready");
             let mut sink = Vec::new();
             let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
         }
@@ -88,7 +49,7 @@ fn child_entry() {
                 Ok(h) => format!("ok {}", h.host_pid()),
                 Err(e) => format!("err {:?} {e}", e.status()),
             };
-            writeln!(out.lock(), "WD:{r}").unwrap();
+            report(&r);
         }
         other => panic!("unknown role {other}"),
     }
@@ -103,18 +64,18 @@ fn client_refuses_a_host_run_by_another_uid_unless_listed() {
         return;
     }
     let addr = format!("@wd-identity-{}", std::process::id());
-    let mut host = Role::start("host", &addr, |c| {
+    let mut host = start("host", &addr, |c| {
         c.uid(NOBODY).gid(NOBODY);
     });
-    assert_eq!(host.report(), "ready");
+    assert_eq!(host.read_report(), "ready");
     let connect = |uids: Option<&str>| {
-        Role::start("connect", &addr, |c| {
+        start("connect", &addr, |c| {
             match uids {
                 Some(u) => c.env("WD_HOST_UIDS", u),
                 None => c.env_remove("WD_HOST_UIDS"),
             };
         })
-        .report()
+        .read_report()
     };
     let r = connect(None);
     let want = format!(

@@ -1,62 +1,17 @@
 //! What every integration test of `wd` needs, written once: a private
-//! directory and a `wd serve` process, both gone when the test ends, pass
-//! or fail.
+//! directory (from wd-testutil) and a `wd serve` process, both gone when
+//! the test ends, pass or fail.
 
 // Each test binary compiles this module and uses a part of it.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use wrapdrive::HostConn;
 
-/// A directory removed with its contents on drop.
-pub struct TempDir(pub PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A new directory `base/NAME-PID-N` with permission bits `mode`: unique
-/// per process and call, so tests running in parallel never share one; a
-/// leftover of an earlier run with the same name is removed first.
-pub fn tempdir_in(base: &Path, name: &str, mode: u32) -> TempDir {
-    use std::os::unix::fs::PermissionsExt;
-    static N: AtomicU32 = AtomicU32::new(0);
-    let p = base.join(format!(
-        "{name}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&p);
-    std::fs::create_dir_all(&p).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
-    TempDir(p)
-}
-
-/// A new directory in the temp directory, open to other users (0755): the
-/// tests that run a client as another uid need to reach what is inside.
-pub fn tempdir(name: &str) -> TempDir {
-    tempdir_in(&std::env::temp_dir(), name, 0o755)
-}
-
-/// Poll `f` every 20 ms until it holds; fail the test after 10 s (a
-/// condition that never comes must not hang the suite).
-pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+// Directories and waiting: wd-testutil, every crate's.
+use wd_testutil::{wait_until, TempDir};
 
 /// A `wd serve` process, killed on drop (before its directory goes).
 pub struct HostProc {

@@ -1,27 +1,55 @@
-//! Integration tests across real processes: a `wd serve` host process and
-//! client processes (this test binary re-executed in a "role").
+//! The host facing real client processes (this test binary re-run as a
+//! client, see `child_entry`) and hostile ones: a queue dies with its
+//! process (kill -9 included), clients cannot reach each other's memory,
+//! malformed control messages, ring indices and descriptors cost only their
+//! sender, attributes are everyone's to read and the owner's to write.
+//!
+//! The host runs in this process, on a private socket; the clients are the
+//! `wrapdrive` library, here or in a child.
 #![allow(unsafe_code)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
 
+use wd_host::{DeviceConfig, Host, HostConfig};
+use wd_testutil::{report, tempdir, wait_until, Role, TempDir};
 use wrapdrive::dummy::CopyMsg;
 use wrapdrive::{Capability, HostConn, SharedBuf, Status};
 
-mod common;
-use common::{tempdir, wait_until, HostProc};
+/// A host in this process on a private socket, owning `device` (a `wd
+/// serve --device` spec), open to every user (clients may run as other
+/// uids); stopped before its directory goes.
+struct TestHost {
+    _host: Host,
+    socket: String,
+    _dir: TempDir,
+}
 
-/// A host on a private socket owning `device`, open to every user (the
-/// tests run clients as other uids).
-fn start_host(device: &str) -> HostProc {
-    HostProc::serve_in(
-        tempdir("wd-test-host"),
-        &["--device", device, "--mode", "666"],
-    )
+impl TestHost {
+    fn conn(&self) -> Arc<HostConn> {
+        HostConn::connect(&self.socket).expect("connect")
+    }
+}
+
+fn start_host(device: &str) -> TestHost {
+    let dir = tempdir("wd-test-host");
+    let socket = dir.join("wd.sock");
+    let cfg = HostConfig {
+        socket: socket.clone(),
+        socket_mode: 0o666,
+        devices: vec![DeviceConfig::parse_spec(device).unwrap()],
+        ..HostConfig::default()
+    };
+    TestHost {
+        _host: Host::start(&cfg).expect("host starts"),
+        socket,
+        _dir: dir,
+    }
 }
 
 fn attr(h: &HostConn, path: &str) -> String {
@@ -39,45 +67,20 @@ fn queue_paths(h: &HostConn) -> Vec<String> {
         .collect()
 }
 
-/// Re-run this test binary as a client process playing `role`.
-fn client(role: &str, socket: &str, extra: &[(&str, String)]) -> Command {
-    let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-        .env("WD_TEST_ROLE", role)
-        .env("WD_HOST", socket)
-        .stdout(Stdio::piped());
-    for (k, v) in extra {
-        c.env(k, v);
-    }
+/// This test binary re-run as a client process playing `role`.
+fn client(role: &str, socket: &str) -> std::process::Command {
+    let mut c = Role::command(role);
+    c.env("WD_HOST", socket);
     c
-}
-
-/// Read the child's stdout up to its first "WD:" line (libtest prints its
-/// own lines first) and return the rest of that line; keep the reader alive
-/// so the child never writes into a closed pipe.
-fn read_marked(r: &mut BufReader<std::process::ChildStdout>) -> String {
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(
-            r.read_line(&mut line).unwrap() > 0,
-            "child exited without reporting"
-        );
-        // libtest may print "test child_entry ... " on the same line.
-        if let Some((_, rest)) = line.trim().split_once("WD:") {
-            return rest.to_string();
-        }
-    }
 }
 
 /// Entry point of client processes; does nothing in a normal test run.
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var("WD_TEST_ROLE") else {
+    let Some(role) = wd_testutil::role() else {
         return;
     };
     let h = HostConn::from_env().expect("child connects");
-    let out = std::io::stdout();
     match role.as_str() {
         // Hold a queue with shared memory and requests in flight, then wait
         // to be killed.
@@ -97,7 +100,7 @@ fn child_entry() {
             .to_desc(0);
             let reqs: Vec<_> = (0..64).map(|i| (d, i)).collect();
             q.send_batch(&reqs).unwrap();
-            writeln!(out.lock(), "WD:ready").unwrap();
+            report("ready");
             loop {
                 // Keep the queue full of work until killed.
                 let mut v = Vec::new();
@@ -112,7 +115,7 @@ fn child_entry() {
             let s = SharedBuf::new(4096).unwrap();
             s.write(0, b"TOP-SECRET-OF-A");
             q.share(s.addr(), s.len()).unwrap();
-            writeln!(out.lock(), "WD:{}", s.addr()).unwrap();
+            report(&s.addr().to_string());
             let mut sink = Vec::new();
             let _ = std::io::stdin().read_to_end(&mut sink);
         }
@@ -121,7 +124,7 @@ fn child_entry() {
             let v = h.get_attr("dev0/priority").unwrap();
             let set = h.set_attr("dev0/priority", "9");
             let st = set.err().map(|e| e.status());
-            writeln!(out.lock(), "WD:{v} {st:?}").unwrap();
+            report(&format!("{v} {st:?}"));
         }
         other => panic!("unknown role {other}"),
     }
@@ -158,14 +161,13 @@ fn kill_9_with_requests_in_flight_leaves_nothing() {
     let host = start_host("dummy:queues=4,engines=2");
     let h = host.conn();
     for round in 0..5 {
-        let mut c = client("busy", &host.socket, &[]).spawn().unwrap();
-        let mut out = BufReader::new(c.stdout.take().unwrap());
-        assert_eq!(read_marked(&mut out), "ready", "round {round}");
+        let mut c = Role::spawn(client("busy", &host.socket));
+        assert_eq!(c.read_report(), "ready", "round {round}");
         assert_eq!(attr(&h, AVAIL), "3");
         assert_eq!(queue_paths(&h).len(), 1);
         // SAFETY: plain kill(2) of our own child.
-        unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
-        c.wait().unwrap();
+        unsafe { libc::kill(c.pid(), libc::SIGKILL) };
+        c.child.wait().unwrap();
         wait_until("queue teardown", || {
             attr(&h, AVAIL) == "4" && queue_paths(&h).is_empty()
         });
@@ -176,52 +178,12 @@ fn kill_9_with_requests_in_flight_leaves_nothing() {
 }
 
 #[test]
-fn host_killed_while_client_waits_is_an_error_not_a_hang() {
-    let host = start_host("dummy");
-    let h = host.conn();
-    let mut q = h.request_queue(&Capability::new("memcpy")).unwrap();
-    // Freeze the host so the request stays in flight, then kill it.
-    // SAFETY: plain kill(2) of our own child.
-    unsafe { libc::kill(host.pid(), libc::SIGSTOP) };
-    // kill() returns before every thread has stopped: wait for the stop.
-    let stat = format!("/proc/{}/stat", host.pid());
-    wait_until("host stopped", || {
-        std::fs::read_to_string(&stat)
-            .map(|s| {
-                s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('T')
-            })
-            .unwrap_or(false)
-    });
-    q.send(wrapdrive::Desc::default(), 1).unwrap();
-    let pid = host.pid();
-    let killer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(300));
-        // SAFETY: plain kill(2) of our own child.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    });
-    let t = Instant::now();
-    let e = q.recv_sync(None).unwrap_err();
-    killer.join().unwrap();
-    assert_eq!(e.status(), Status::HostGone, "{e}");
-    assert!(t.elapsed() < Duration::from_secs(5));
-    // Next calls fail clearly too.
-    assert!(h.attrs("").is_err());
-    drop(q);
-}
-
-#[test]
 fn clients_cannot_reach_each_others_memory() {
     let host = start_host("dummy");
-    let mut a = client("secret", &host.socket, &[])
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut a_out = BufReader::new(a.stdout.take().unwrap());
-    let secret_addr: u64 = read_marked(&mut a_out).parse().unwrap();
+    let mut c = client("secret", &host.socket);
+    c.stdin(Stdio::piped());
+    let mut a = Role::spawn(c);
+    let secret_addr: u64 = a.read_report().parse().unwrap();
 
     let h = host.conn();
     let mut q = h.request_queue(&Capability::new("memcpy")).unwrap();
@@ -266,8 +228,8 @@ fn clients_cannot_reach_each_others_memory() {
             .unwrap()
             >= 3
     );
-    drop(a.stdin.take());
-    a.wait().unwrap();
+    drop(a.child.stdin.take());
+    a.child.wait().unwrap();
 }
 
 #[test]
@@ -401,63 +363,18 @@ fn attributes_readable_by_all_writable_by_owner() {
         h.set_attr("dev9/priority", "1").unwrap_err().status(),
         Status::NotFound
     );
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skip: the other-uid half needs root to run a client as nobody");
+    if !wd_testutil::root_or_skip(
+        "attributes_readable_by_all_writable_by_owner (other-uid half)",
+        "to run a client as nobody",
+    ) {
         return;
     }
-    let mut c = client("reader", &host.socket, &[]);
+    let mut c = client("reader", &host.socket);
     c.uid(65534).gid(65534);
     let out = c.output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("7 Some(Permission)"), "child said: {text}");
     assert_eq!(attr(&h, "dev0/priority"), "7");
-}
-
-#[test]
-fn fork_child_cannot_use_the_parents_queue_but_can_ask_again() {
-    let host = start_host("dummy");
-    let h = host.conn();
-    let mut q = h.request_queue(&Capability::new("memcpy")).unwrap();
-    assert_eq!(q.call(wrapdrive::Desc::default()).unwrap().status, 0);
-    let socket = host.socket.clone();
-    // SAFETY: the child only uses the library (which checks its fork
-    // generation before touching any lock or ring) and then _exits.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork failed");
-    if pid == 0 {
-        let code = (|| {
-            // The parent's queue and connection are refused, clearly.
-            match q.call(wrapdrive::Desc::default()) {
-                Err(e) if e.status() == Status::BadState => {}
-                _ => return 10,
-            }
-            if h.get_attr("dev0/driver").is_ok() {
-                return 11;
-            }
-            // A new connection gets a queue of the child's own.
-            let Ok(h2) = HostConn::connect(&socket) else {
-                return 12;
-            };
-            let Ok(mut q2) = h2.request_queue(&Capability::new("memcpy")) else {
-                return 13;
-            };
-            match q2.call(wrapdrive::Desc::default()) {
-                Ok(d) if d.status == 0 => 0,
-                _ => 14,
-            }
-        })();
-        // SAFETY: _exit in the forked child, skipping the parent's atexit state.
-        unsafe { libc::_exit(code) };
-    }
-    let mut status = 0;
-    // SAFETY: waiting for our own child.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
-    assert!(libc::WIFEXITED(status), "child crashed: {status:#x}");
-    assert_eq!(libc::WEXITSTATUS(status), 0, "child check failed");
-    // The parent's queue still works, and the child's queue is gone.
-    assert_eq!(q.call(wrapdrive::Desc::default()).unwrap().status, 0);
-    wait_until("child's queue teardown", || queue_paths(&h).len() == 1);
 }
 
 #[test]

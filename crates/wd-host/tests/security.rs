@@ -1,5 +1,8 @@
-//! Security regressions against a real `wd serve` host run by root:
-//! what a local user must not be able to do through it.
+//! Security regressions against a host run by root: what a local user must
+//! not be able to do through it. The host runs in this process on a private
+//! socket open to every user (as `wd serve --mode 666`), except where its
+//! own process needs a limit of its own; attackers and other users are
+//! this test binary re-run in a role (see `child_entry`).
 #![allow(unsafe_code)]
 
 use std::io::{BufRead, BufReader, Write};
@@ -10,13 +13,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use wd_host::config::Limits;
+use wd_host::{DeviceConfig, Host, HostConfig};
 use wd_proto::Message;
-use wd_testutil::{is_root, skip};
+use wd_testutil::{is_root, report, skip, tempdir_in, wait_until, Role, TempDir as Dir};
 use wrapdrive::dummy::CopyMsg;
 use wrapdrive::HostConn;
-
-mod common;
-use common::{tempdir_in, HostProc, TempDir as Dir};
 
 /// A private directory under the target's temp directory with `mode`.
 fn dir(tag: &str, mode: u32) -> Dir {
@@ -27,14 +29,43 @@ fn dir(tag: &str, mode: u32) -> Dir {
     )
 }
 
-/// A root host on a private socket, open to every user, killed on drop.
-fn start_host(devices: &[&str], extra: &[&str]) -> HostProc {
-    let mut args = vec!["--mode", "666"];
-    for dev in devices {
-        args.extend(["--device", dev]);
+/// A host in this process on a private socket open to every user, stopped
+/// before its directory goes.
+struct TestHost {
+    _host: Host,
+    socket: String,
+    _dir: Dir,
+}
+
+/// The configuration of a host on `socket` open to every user, owning
+/// `devices` (`wd serve --device` specs), with `limits`.
+fn config(socket: &str, devices: &[&str], limits: Limits) -> HostConfig {
+    HostConfig {
+        socket: socket.to_string(),
+        socket_mode: 0o666,
+        devices: devices
+            .iter()
+            .map(|d| DeviceConfig::parse_spec(d).unwrap())
+            .collect(),
+        limits,
+        ..HostConfig::default()
     }
-    args.extend(extra);
-    HostProc::serve_in(dir("host", 0o755), &args)
+}
+
+fn start_host(devices: &[&str], limits: Limits) -> TestHost {
+    let d = dir("host", 0o755);
+    let socket = d.join("wd.sock");
+    TestHost {
+        _host: Host::start(&config(&socket, devices, limits)).expect("host starts"),
+        socket,
+        _dir: d,
+    }
+}
+
+/// `limits` (a TOML `[limits]` body), with root and the owner not exempt,
+/// so these tests run as any user.
+fn limits(body: &str) -> Limits {
+    toml::from_str(&format!("exempt_owner = false\n{body}\n")).unwrap()
 }
 
 /// A setuid-root stand-in for any privileged program: it loads a root-only
@@ -253,12 +284,26 @@ fn attacker() -> i32 {
     0
 }
 
-/// Entry point of the attacker process; does nothing in a normal run.
+/// Entry point of the re-run roles; does nothing in a normal run.
 #[test]
 fn child_entry() {
-    let code = match std::env::var("WD_TEST_ROLE").as_deref() {
-        Ok("attacker") => attacker(),
-        Ok("lister") => {
+    let code = match wd_testutil::role().as_deref() {
+        Some("attacker") => attacker(),
+        // A host in a process of its own (its descriptor limit is the
+        // test's subject), serving until stdin closes.
+        Some("host") => {
+            let cfg = config(
+                &std::env::var("WD_TEST_SOCKET").unwrap(),
+                &["dummy"],
+                limits(&std::env::var("WD_TEST_LIMITS").unwrap()),
+            );
+            let _h = Host::start(&cfg).expect("host starts");
+            report("ready");
+            let mut sink = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+            0
+        }
+        Some("lister") => {
             let h = HostConn::from_env().unwrap();
             let mut q = h
                 .request_queue(&wrapdrive::Capability::new("memcpy"))
@@ -288,14 +333,12 @@ fn other_users_queues_are_counted_not_shown() {
     if !is_root() {
         return skip(T, "needs root to run a second client as uid 65534");
     }
-    let host = start_host(&["dummy"], &[]);
+    let host = start_host(&["dummy"], Limits::default());
     let h = HostConn::connect(&host.socket).unwrap();
     let _mine = h
         .request_queue(&wrapdrive::Capability::new("memcpy"))
         .unwrap();
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-        .env("WD_TEST_ROLE", "lister")
+    let out = Role::command("lister")
         .env("WD_HOST", &host.socket)
         .uid(65534)
         .gid(65534)
@@ -349,15 +392,12 @@ fn share_all_does_not_cross_into_an_execd_setuid_program() {
     std::fs::set_permissions(&secret_file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let flag_file = d.0.join("created-by-root");
 
-    let host = start_host(&["dummy"], &[]);
-    let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
-        .env("WD_TEST_ROLE", "attacker")
-        .env("WD_HOST", &host.socket)
+    let host = start_host(&["dummy"], Limits::default());
+    let mut c = Role::command("attacker");
+    c.env("WD_HOST", &host.socket)
         .env("WD_VICTIM", &victim)
         .env("WD_SECRET_FILE", &secret_file)
         .env("WD_FLAG_FILE", &flag_file)
-        .stdout(Stdio::piped())
         .uid(65534)
         .gid(65534);
     let mut child = c.spawn().unwrap();
@@ -391,14 +431,10 @@ fn share_all_does_not_cross_into_an_execd_setuid_program() {
     );
 }
 
-/// A host whose limits come from `limits` (a TOML `[limits]` body), with
-/// root and the owner not exempt, so these tests run as any user.
-fn limited_host(devices: &[&str], limits: &str) -> (HostProc, Dir) {
-    let d = dir("limits", 0o755);
-    let cfg = d.0.join("host.toml");
-    std::fs::write(&cfg, format!("[limits]\nexempt_owner = false\n{limits}\n")).unwrap();
-    let host = start_host(devices, &["--config", cfg.to_str().unwrap()]);
-    (host, d)
+/// A host in this process whose limits are `body` (a TOML `[limits]` body;
+/// root and the owner not exempt).
+fn limited_host(devices: &[&str], body: &str) -> TestHost {
+    start_host(devices, limits(body))
 }
 
 /// A raw connection that never says Hello.
@@ -425,12 +461,10 @@ fn hello(ch: &mut wd_ipc::Channel) -> Result<(), (wd_proto::Status, String)> {
 /// and a connection that never says Hello is closed with a reason.
 #[test]
 fn idle_connections_are_limited_and_timed_out() {
-    let (host, _d) = limited_host(
+    let host = limited_host(
         &["dummy"],
         "connections_per_uid = 8\nhello_timeout_ms = 300",
     );
-    // HostProc::serve's own probe connections are gone by now.
-    std::thread::sleep(Duration::from_millis(50));
     let held: Vec<_> = (0..8).map(|_| idle(&host.socket)).collect();
     // The ninth is refused with the limit named, not a silent hang.
     let mut ninth = idle(&host.socket);
@@ -454,7 +488,7 @@ fn idle_connections_are_limited_and_timed_out() {
 /// Issue 9, item 3: one user cannot take every queue of a device.
 #[test]
 fn one_user_cannot_take_every_queue() {
-    let (host, _d) = limited_host(&["dummy:queues=4"], "queue_type_percent = 50");
+    let host = limited_host(&["dummy:queues=4"], "queue_type_percent = 50");
     let h = HostConn::connect(&host.socket).unwrap();
     let cap = wrapdrive::Capability::new("memcpy");
     let a = h.request_queue(&cap).unwrap();
@@ -472,7 +506,7 @@ fn one_user_cannot_take_every_queue() {
 /// -EDQUOT, and counted back when unshared.
 #[test]
 fn shared_ranges_are_limited_per_user() {
-    let (host, _d) = limited_host(&["dummy"], "shares_per_uid = 16");
+    let host = limited_host(&["dummy"], "shares_per_uid = 16");
     let h = HostConn::connect(&host.socket).unwrap();
     let mut q = h
         .request_queue(&wrapdrive::Capability::new("memcpy"))
@@ -504,19 +538,15 @@ fn cpu_seconds(pid: u32) -> f64 {
 #[test]
 fn descriptor_exhaustion_neither_spins_nor_sticks() {
     let d = dir("nofile", 0o755);
-    let cfg = d.0.join("host.toml");
-    std::fs::write(
-        &cfg,
-        "[limits]\nexempt_owner = false\nconnections_per_uid = 1000\nhello_timeout_ms = 60000\n",
-    )
-    .unwrap();
-    let socket = d.0.join("wd.sock").to_string_lossy().into_owned();
-    let mut c = Command::new(env!("CARGO_BIN_EXE_wd"));
-    c.args([
-        "serve", "--socket", &socket, "--mode", "666", "--device", "dummy",
-    ])
-    .args(["--config", cfg.to_str().unwrap()])
-    .stderr(Stdio::null());
+    let socket = d.join("wd.sock");
+    let mut c = Role::command("host");
+    c.env("WD_TEST_SOCKET", &socket)
+        .env(
+            "WD_TEST_LIMITS",
+            "connections_per_uid = 1000\nhello_timeout_ms = 60000",
+        )
+        .stdin(Stdio::piped())
+        .stderr(Stdio::null());
     // SAFETY: setrlimit in the child before exec (async-signal-safe).
     unsafe {
         c.pre_exec(|| {
@@ -530,13 +560,12 @@ fn descriptor_exhaustion_neither_spins_nor_sticks() {
             Ok(())
         });
     }
-    let mut child = c.spawn().unwrap();
-    let t = Instant::now();
-    while HostConn::connect(&socket).is_err() {
-        assert!(t.elapsed() < Duration::from_secs(10), "host did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let pid = child.id();
+    let mut host = Role::spawn(c);
+    assert_eq!(host.read_report(), "ready");
+    wait_until("the host to accept connections", || {
+        HostConn::connect(&socket).is_ok()
+    });
+    let pid = host.child.id();
     // Far more idle connections than the host has descriptors for.
     let mut held = Vec::new();
     let mut refused = 0;
@@ -567,8 +596,7 @@ fn descriptor_exhaustion_neither_spins_nor_sticks() {
     drop(held);
     std::thread::sleep(Duration::from_millis(300));
     let ok = HostConn::connect(&socket).is_ok();
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(host);
     assert!(
         used < 0.3,
         "the host used {used:.2} s of CPU in 1 s while out of descriptors"
@@ -580,7 +608,7 @@ fn descriptor_exhaustion_neither_spins_nor_sticks() {
 /// client's small request wait for all of them.
 #[test]
 fn small_requests_do_not_wait_behind_huge_copies() {
-    let (host, _d) = limited_host(&["dummy"], "");
+    let host = limited_host(&["dummy"], "");
     let h1 = HostConn::connect(&host.socket).unwrap();
     let h2 = HostConn::connect(&host.socket).unwrap();
     let cap = wrapdrive::Capability::new("memcpy").depth(16);
