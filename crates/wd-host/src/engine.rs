@@ -50,6 +50,9 @@ pub struct EngineHandle {
     pub load: Arc<AtomicUsize>,
     /// Whether the engine is asleep (for `wd ls` and tests).
     pub sleeping: Arc<AtomicBool>,
+    /// Set after a command is sent: the engine looks at its channel only
+    /// then, not on every pass.
+    commands: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -70,8 +73,10 @@ impl EngineHandle {
             Arc::new(wd_sys::eventfd().map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?);
         let load = Arc::new(AtomicUsize::new(0));
         let sleeping = Arc::new(AtomicBool::new(false));
+        let commands = Arc::new(AtomicBool::new(false));
         let state = EngineLoop {
             rx,
+            commands: commands.clone(),
             doorbell: doorbell.clone(),
             idle_spin,
             pass_bytes,
@@ -99,12 +104,16 @@ impl EngineHandle {
             doorbell,
             load,
             sleeping,
+            commands,
             thread: Some(thread),
         })
     }
 
     fn command(&self, c: EngineCmd) {
         if self.tx.send(c).is_ok() {
+            // Release: pairs with the Acquire swap in `EngineLoop::run`; the
+            // command is in the channel before the engine looks.
+            self.commands.store(true, Ordering::Release);
             let _ = wd_sys::eventfd_signal(self.doorbell.as_fd());
         }
     }
@@ -154,6 +163,8 @@ struct Served {
     q: Arc<Queue>,
     view: RingView,
     dev: Box<dyn DeviceQueue>,
+    /// `dev.asynchronous()`, asked once.
+    asynchronous: bool,
     parked: Vec<Parked>,
     /// A request cut in pieces: the descriptor as sent and the bytes done.
     partial: Option<(Desc, u64)>,
@@ -167,6 +178,8 @@ struct Served {
 
 struct EngineLoop {
     rx: mpsc::Receiver<EngineCmd>,
+    /// Commands wait in `rx` (see `EngineHandle::commands`).
+    commands: Arc<AtomicBool>,
     doorbell: Arc<OwnedFd>,
     idle_spin: Duration,
     /// Bytes of work per queue per pass (`Limits::pass_bytes`).
@@ -199,12 +212,18 @@ struct Scratch<'a> {
 impl EngineLoop {
     fn run(mut self) {
         let mut batch: Vec<Desc> = Vec::with_capacity(BATCH);
-        let mut last_work = Instant::now();
-        // Idle passes since the clock was last read: reading it costs as
-        // much as a pass, so the idle deadline is checked every few passes.
+        // When the engine found itself idle (read lazily: reading the clock
+        // costs as much as a pass, so it is read every few idle passes and
+        // never right after work).
+        let mut idle_since: Option<Instant> = None;
         let mut idle_passes = 0u32;
         loop {
-            if !self.commands() {
+            // Acquire: pairs with the Release store in
+            // `EngineHandle::command`.
+            if self.commands.load(Ordering::Relaxed)
+                && self.commands.swap(false, Ordering::Acquire)
+                && !self.commands()
+            {
                 break;
             }
             let mut worked = false;
@@ -229,23 +248,23 @@ impl EngineLoop {
             self.update_pin();
             if worked {
                 idle_passes = 0;
+                idle_since = None;
                 continue;
             }
-            if idle_passes == 0 {
-                last_work = Instant::now();
-            }
-            idle_passes += 1;
+            idle_passes = idle_passes.wrapping_add(1);
             // A device that holds requests owes completions: poll, never
             // sleep.
-            if !self.held_seqs.is_empty()
-                || idle_passes % IDLE_CLOCK_EVERY != 0
-                || last_work.elapsed() < self.idle_spin
-            {
-                std::hint::spin_loop();
+            if !self.held_seqs.is_empty() || idle_passes % IDLE_CLOCK_EVERY != 0 {
+                continue;
+            }
+            std::hint::spin_loop();
+            let now = Instant::now();
+            if now.duration_since(*idle_since.get_or_insert(now)) < self.idle_spin {
                 continue;
             }
             self.sleep();
             idle_passes = 0;
+            idle_since = None;
         }
         let queues = std::mem::take(&mut self.queues);
         for mut s in queues {
@@ -303,6 +322,7 @@ impl EngineLoop {
                 Ok(EngineCmd::Attach(q, view, dev)) => self.queues.push(Served {
                     q,
                     view,
+                    asynchronous: dev.asynchronous(),
                     dev,
                     parked: Vec::new(),
                     partial: None,
@@ -361,7 +381,7 @@ impl EngineLoop {
             worked += self.serve_parked(i, batch)?;
             batch.clear();
         }
-        if self.queues[i].dev.asynchronous() {
+        if self.queues[i].asynchronous {
             return self.serve_async(i, batch).map(|n| n + worked);
         }
         let EngineLoop {
@@ -376,7 +396,9 @@ impl EngineLoop {
         } = self;
         let budget = *pass_bytes;
         let s = &mut queues[i];
-        batch.extend(s.backlog.drain(..));
+        if !s.backlog.is_empty() {
+            batch.extend(s.backlog.drain(..));
+        }
         if s.partial.is_none() && batch.len() < BATCH {
             // Requests taken and not yet completed keep their completion
             // slots.
@@ -464,7 +486,9 @@ impl EngineLoop {
             }
         }
         // What the budget did not reach waits for the next pass, in order.
-        s.backlog.extend(batch.drain(next..));
+        if next < batch.len() {
+            s.backlog.extend(batch.drain(next..));
+        }
         if posted < out.len() && s.view.complete(&out[posted..]).map_err(|_| ())? {
             let _ = wd_sys::eventfd_signal(q.cq_event.as_fd());
         }

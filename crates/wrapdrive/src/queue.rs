@@ -89,8 +89,6 @@ pub struct Queue {
     /// Descriptors being submitted or reaped (allocated once, so the hot
     /// path neither allocates nor clears memory).
     scratch: Vec<Desc>,
-    /// Output vector of `recv`, kept to avoid an allocation per call.
-    recv_one: Vec<Completion>,
     shares: Vec<Share>,
     stats: QueueStats,
     last_liveness: Instant,
@@ -194,7 +192,6 @@ impl Queue {
             free_slots: (0..depth).rev().collect(),
             stash: VecDeque::new(),
             scratch: vec![Desc::default(); SCRATCH],
-            recv_one: Vec::with_capacity(1),
             shares: Vec::new(),
             stats: QueueStats::default(),
             last_liveness: Instant::now(),
@@ -361,7 +358,9 @@ impl Queue {
         // Completions already taken off the ring (legacy replies, or those
         // `call` set aside) come first.
         let stashed = max.min(self.stash.len());
-        out.extend(self.stash.drain(..stashed));
+        if stashed > 0 {
+            out.extend(self.stash.drain(..stashed));
+        }
         if self.legacy() {
             self.stats.received += stashed as u64;
             return Ok(stashed);
@@ -373,26 +372,33 @@ impl Queue {
         total += r?;
         self.stats.received += total as u64;
         if total == 0 {
-            if let Some(e) = self.ring_state_error() {
-                return Err(e);
-            }
-            // Reading the clock costs as much as a poll of the ring: look
-            // at it only every few empty polls.
-            self.empty_polls = self.empty_polls.wrapping_add(1);
-            if self.in_flight() > 0
-                && self.empty_polls % SPIN_CLOCK_EVERY == 0
-                && self.last_liveness.elapsed() > LIVENESS_INTERVAL
-            {
-                self.last_liveness = Instant::now();
-                if self.host.host_gone() {
-                    return Err(ClientError::new(
-                        Status::HostGone,
-                        "the WrapDrive host is gone",
-                    ));
-                }
-            }
+            self.idle_checks()?;
         }
         Ok(total)
+    }
+
+    /// After a receive found nothing: report a stopped or broken ring, and
+    /// now and then whether the host still lives.
+    fn idle_checks(&mut self) -> Result<()> {
+        if let Some(e) = self.ring_state_error() {
+            return Err(e);
+        }
+        // Reading the clock costs as much as a poll of the ring: look at it
+        // only every few empty polls.
+        self.empty_polls = self.empty_polls.wrapping_add(1);
+        if self.in_flight() > 0
+            && self.empty_polls % SPIN_CLOCK_EVERY == 0
+            && self.last_liveness.elapsed() > LIVENESS_INTERVAL
+        {
+            self.last_liveness = Instant::now();
+            if self.host.host_gone() {
+                return Err(ClientError::new(
+                    Status::HostGone,
+                    "the WrapDrive host is gone",
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Reap up to `max` completions from the ring into `out`, turning
@@ -408,15 +414,8 @@ impl Queue {
             let k = (max - total).min(descs.len());
             let n = self.view.reap(&mut descs[..k]);
             for d in &descs[..n] {
-                let slot = d.tag as usize;
-                let Some(cookie) = self.slots.get_mut(slot).and_then(|s| s.take()) else {
-                    return Err(ClientError::new(
-                        Status::Protocol,
-                        format!("host completed tag {} that is not in flight", d.tag),
-                    ));
-                };
-                self.free_slots.push(slot as u32);
-                out.push(Completion { cookie, desc: *d });
+                let c = self.completion_of(d)?;
+                out.push(c);
             }
             total += n;
             if n < k {
@@ -428,12 +427,35 @@ impl Queue {
 
     /// Receive one completion without blocking (`None` if none is ready).
     pub fn recv(&mut self) -> Result<Option<Completion>> {
-        let mut one = std::mem::take(&mut self.recv_one);
-        one.clear();
-        let r = self.recv_batch(&mut one, 1);
-        let c = one.pop();
-        self.recv_one = one;
-        r.map(|_| c)
+        self.check()?;
+        if let Some(c) = self.stash.pop_front() {
+            self.stats.received += 1;
+            return Ok(Some(c));
+        }
+        if self.legacy() {
+            return Ok(None);
+        }
+        let mut d = [Desc::default()];
+        if self.view.reap(&mut d) == 1 {
+            self.stats.received += 1;
+            return self.completion_of(&d[0]).map(Some);
+        }
+        self.idle_checks()?;
+        Ok(None)
+    }
+
+    /// The completion of a reaped descriptor: its tag back to the cookie
+    /// (a tag that is not in flight is the host's lie).
+    fn completion_of(&mut self, d: &Desc) -> Result<Completion> {
+        let slot = d.tag as usize;
+        let Some(cookie) = self.slots.get_mut(slot).and_then(|s| s.take()) else {
+            return Err(ClientError::new(
+                Status::Protocol,
+                format!("host completed tag {} that is not in flight", d.tag),
+            ));
+        };
+        self.free_slots.push(slot as u32);
+        Ok(Completion { cookie, desc: *d })
     }
 
     /// Receive one completion, waiting up to `timeout` (`None`: until one
