@@ -185,7 +185,9 @@ int main(void)
 	if (!getenv("WD_HOST")) {
 		int r = wd_use_embedded_host();
 		if (r) {
-			fprintf(stderr, "cannot start embedded host: %s\n", wd_strerror(r));
+			char why[512];
+			wd_last_error(why, sizeof why);
+			fprintf(stderr, "cannot start embedded host: %s (%s)\n", wd_strerror(r), why);
 			return 1;
 		}
 	}

@@ -9,7 +9,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use wrapdrive::dummy::CopyMsg;
+use wd_dummy_msg::CopyMsg;
 use wrapdrive::{Capability, HostConn, SharedBuf, Status};
 
 mod common;

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use wd_dummy_msg::CopyMsg;
 use wd_proto::Message;
 use wd_testutil::{is_root, skip};
-use wrapdrive::dummy::CopyMsg;
 use wrapdrive::HostConn;
 
 mod common;

@@ -10,7 +10,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 
-use wrapdrive::{DeviceConfig, HostConfig, HostConn};
+use wd_host::{DeviceConfig, HostConfig};
+use wrapdrive::HostConn;
 
 const NOBODY: u32 = 65534;
 
@@ -135,7 +136,7 @@ fn client_refuses_a_host_run_by_another_uid_unless_listed() {
 
 #[test]
 fn client_trusts_its_own_and_the_embedded_host() {
-    let h = HostConn::embedded().unwrap();
+    let h = wd_embedded::connect().unwrap();
     assert_eq!(h.host_pid(), std::process::id());
     let cfg = HostConfig {
         socket: format!("@wd-identity-own-{}", std::process::id()),
@@ -144,6 +145,6 @@ fn client_trusts_its_own_and_the_embedded_host() {
         ..HostConfig::default()
     };
     let host = std::sync::Arc::new(wd_host::Host::start(&cfg).unwrap());
-    let c = HostConn::connect_to(&host).unwrap();
+    let c = wd_embedded::connect_to(&host).unwrap();
     assert_eq!(c.host_pid(), std::process::id());
 }
