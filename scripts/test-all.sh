@@ -20,7 +20,7 @@ mkdir -p target
 echo "== cargo test"
 cargo test --workspace --locked
 
-echo "== C API test (include/wd.h only)"
+echo "== C API tests (include/wd.h; wd_crypto.h linked on its own)"
 cargo build --release --locked -p wd-capi -p wd-crypto-capi -p wd-embedded
 out=target/c-test
 mkdir -p "$out"
@@ -46,6 +46,10 @@ if cargo tree --locked -p wrapdrive -e normal --prefix none | grep -qE '^(wd-hos
     cargo tree --locked -p wrapdrive -e normal; exit 1
 fi
 "$out/test_wd"
+# The crypto library on its own: -lwd_crypto -lwd, errors through wd_last_error.
+cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude tests/c/test_crypto_link.c \
+    -Ltarget/release -lwd_crypto -lwd -Wl,-rpath,"$PWD/target/release" -o "$out/test_crypto_link"
+WD_HOST=embedded "$out/test_crypto_link"
 # Without libwd_embedded.so, an in-process host is refused clearly.
 mkdir -p "$out/no-embedded"
 cp target/release/libwd.so "$out/no-embedded/"
@@ -63,8 +67,10 @@ PKG_CONFIG_PATH="$prefix/lib/pkgconfig" cc -std=c11 -D_GNU_SOURCE -Wall -Werror 
     $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs wd) \
     -Wl,-rpath,"$prefix/lib" -o "$out/test_wd_pc"
 "$out/test_wd_pc" >/dev/null
-PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --libs wd_crypto | grep -q -- "-lwd_crypto.*-lwd\b" \
-    || { echo "wd_crypto.pc does not link -lwd_crypto -lwd"; exit 1; }
+PKG_CONFIG_PATH="$prefix/lib/pkgconfig" cc -std=c11 -D_GNU_SOURCE -Wall -Werror tests/c/test_crypto_link.c \
+    $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs wd_crypto) \
+    -Wl,-rpath,"$prefix/lib" -o "$out/test_crypto_link_pc"
+WD_HOST=embedded "$out/test_crypto_link_pc" >/dev/null
 
 echo "== OpenSSL provider"
 ./scripts/test-provider.sh

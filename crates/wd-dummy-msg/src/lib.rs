@@ -93,3 +93,47 @@ pub fn legacy_plan(d: &Desc) -> Result<LegacyPlan, i32> {
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_round_trips_and_limits_hold() {
+        let m = CopyMsg {
+            src: 0x1000,
+            dst: 0x9000,
+            len: 77,
+        };
+        assert_eq!(CopyMsg::decode(&m.to_desc(3)), Ok(Some(m)));
+        let big = CopyMsg {
+            len: MAX_COPY + 1,
+            ..m
+        };
+        assert_eq!(CopyMsg::decode(&big.to_desc(0)), Err(status::EMSGSIZE));
+        let mut odd = m.to_desc(0);
+        odd.opcode = 9;
+        assert_eq!(CopyMsg::decode(&odd), Err(status::EOPNOTSUPP));
+    }
+
+    #[test]
+    fn legacy_plan_moves_the_source_in_and_the_copy_out() {
+        let m = CopyMsg {
+            src: 0x1000,
+            dst: 0x9000,
+            len: 77,
+        };
+        let p = legacy_plan(&m.to_desc(5)).unwrap();
+        assert_eq!(p.inputs, vec![(0x1000, 77)]);
+        assert_eq!(p.outputs, vec![(0x9000, 77)]);
+        assert_eq!(
+            CopyMsg::decode(&p.desc),
+            Ok(Some(CopyMsg {
+                src: 0,
+                dst: 0,
+                len: 77
+            }))
+        );
+        assert_eq!(p.desc.tag, 5);
+    }
+}
