@@ -181,3 +181,20 @@ impl TextSink {
         unsafe { (self.0)(text.as_ptr()) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_library_is_an_error_naming_it() {
+        let e = load_beside_self("libwd_no_such_part.so").unwrap_err();
+        assert!(e.to_string().contains("libwd_no_such_part.so"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_symbol_or_library_finds_nothing() {
+        assert!(TextSink::find_loaded("libwd_no_such_part.so", "wd__no_such_symbol").is_none());
+        assert!(TextSink::find_loaded("libc.so.6", "wd__no_such_symbol").is_none());
+    }
+}

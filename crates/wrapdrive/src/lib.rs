@@ -258,6 +258,9 @@ impl HostConn {
     /// Connect to this process's in-process host, starting it on first use
     /// (one device of each driver, or `WD_EMBEDDED_DEVICES`, e.g.
     /// `dummy:engines=2;sec`), so programs run with nothing else started.
+    /// The host is not part of this library: it comes from the starter
+    /// `wd_embedded::install` registered, else from `libwd_embedded.so`;
+    /// without either this is [`Status::Unsupported`], naming both.
     pub fn embedded() -> Result<Arc<HostConn>> {
         let h = embedded::process_host()?;
         HostConn::connect_to(&h)
