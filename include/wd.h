@@ -10,7 +10,8 @@
  * (WD_CAPA_SHARE_ALL), or carried through the socket (WD_CAPA_ALLOW_LEGACY).
  *
  * Which host: $WD_HOST (a socket path, "@name" for an abstract socket, or
- * "embedded" for a host inside this process), else /run/wrapdrive/wd.sock.
+ * "embedded" for a host inside this process, from libwd_embedded.so), else
+ * /run/wrapdrive/wd.sock.
  *
  * ABI rules
  *  - Errors: functions returning int return 0 (or a count) on success and a
@@ -163,7 +164,9 @@ const char *wd_strerror(int err);
 /* This thread's last error message, copied into buf (always NUL-terminated);
  * returns the message length. */
 int wd_last_error(char *buf, size_t len);
-/* Use a host started inside this process from now on (like WD_HOST=embedded). */
+/* Use a host started inside this process from now on (like WD_HOST=embedded).
+ * The host comes from libwd_embedded.so, loaded now (installed beside
+ * libwd.so); -EOPNOTSUPP when it cannot be found (see wd_last_error). */
 int wd_use_embedded_host(void);
 
 #ifdef __cplusplus

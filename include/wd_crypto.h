@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT OR Apache-2.0 */
 /*
- * wd_crypto.h - WrapDrive cipher, AEAD and digest libraries (libwd).
+ * wd_crypto.h - WrapDrive cipher, AEAD and digest libraries (libwd_crypto:
+ * link -lwd_crypto -lwd, or pkg-config wd_crypto).
  *
  * Sessions hold a key on the sec device (sent once, never per request).
  * Each thread gets its own queues; requests are staged in shared memory

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT OR Apache-2.0 */
 /*
  * wd: an OpenSSL 3 provider that computes AES (ECB, CBC, CTR, XTS, GCM) and
- * SHA-1/SHA-2 through WrapDrive's sec device (libwd, wd_crypto.h).
+ * SHA-1/SHA-2 through WrapDrive's sec device (libwd_crypto, wd_crypto.h).
  *
  * Unmodified programs use it through -provider wd (openssl speed, enc,
  * dgst) or an openssl.cnf that activates it (see provider/openssl-wd.cnf).

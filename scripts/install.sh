@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Install libwd.so, include/wd.h, the `wd` command and a pkg-config file
-# under PREFIX (default /usr/local):  ./scripts/install.sh [PREFIX]
+# Install the C libraries (libwd.so, libwd_crypto.so, libwd_embedded.so),
+# include/*.h, the `wd` command and the pkg-config files (wd.pc,
+# wd_crypto.pc) under PREFIX (default /usr/local):  ./scripts/install.sh [PREFIX]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix=${1:-/usr/local}
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
-cargo build --release --locked -p wd-capi -p wd-cli
+cargo build --release --locked -p wd-capi -p wd-crypto-capi -p wd-embedded -p wd-cli
 install -d "$prefix/lib/pkgconfig" "$prefix/include" "$prefix/bin"
-install -m 0755 target/release/libwd.so "$prefix/lib/libwd.so"
+# libwd_embedded.so goes beside libwd.so: that is where libwd.so looks for
+# it when a program asks for an in-process host (docs/c-abi.md).
+for lib in libwd.so libwd_crypto.so libwd_embedded.so; do
+    install -m 0755 "target/release/$lib" "$prefix/lib/$lib"
+done
 install -m 0644 include/*.h "$prefix/include/"
 install -m 0755 target/release/wd "$prefix/bin/wd"
 sed -e "s|@PREFIX@|$prefix|" -e "s|@VERSION@|$version|" crates/wd-capi/wd.pc.in \
     > "$prefix/lib/pkgconfig/wd.pc"
+sed -e "s|@PREFIX@|$prefix|" -e "s|@VERSION@|$version|" crates/wd-crypto-capi/wd_crypto.pc.in \
+    > "$prefix/lib/pkgconfig/wd_crypto.pc"
 echo "installed WrapDrive $version under $prefix"

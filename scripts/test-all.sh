@@ -20,17 +20,45 @@ mkdir -p target
 echo "== cargo test"
 cargo test --workspace --locked
 
-echo "== C API test (include/wd.h only)"
-cargo build --release --locked -p wd-capi
+echo "== C API tests (include/wd.h; wd_crypto.h linked on its own)"
+cargo build --release --locked -p wd-capi -p wd-crypto-capi -p wd-embedded
 out=target/c-test
 mkdir -p "$out"
 cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude tests/c/test_wd.c \
     -Ltarget/release -lwd -Wl,-rpath,"$PWD/target/release" -o "$out/test_wd"
-# Only the documented symbols are exported.
-exported=$(nm -D --defined-only target/release/libwd.so | awk '{print $3}' | grep -v '^WD_0' | sort)
-undocumented=$(for s in $exported; do grep -q "\b$s(" include/wd.h include/wd_crypto.h || echo "$s"; done)
-if [ -n "$undocumented" ]; then echo "libwd.so exports symbols not in wd.h: $undocumented"; exit 1; fi
+# Each library exports only what its header declares (libwd.so: plus its
+# private wd__* hooks, docs/c-abi.md).
+check_exports() { # library header...
+    local lib=$1; shift
+    local exported undocumented
+    exported=$(nm -D --defined-only "target/release/$lib" | awk '{print $3}' | grep -v '^WD_' | grep -v '^wd__' | sort)
+    undocumented=$(for s in $exported; do grep -q "\b$s(" "$@" || echo "$s"; done)
+    if [ -n "$undocumented" ]; then echo "$lib exports symbols not in $*: $undocumented"; exit 1; fi
+}
+check_exports libwd.so include/wd.h
+check_exports libwd_crypto.so include/wd_crypto.h
+# The client library carries neither the host nor libcrypto.
+if ldd target/release/libwd.so | grep -q libcrypto; then
+    echo "libwd.so links libcrypto:"; ldd target/release/libwd.so; exit 1
+fi
+if cargo tree --locked -p wrapdrive -e normal --prefix none | grep -qE '^(wd-host|wd-device|wd-sec|wd-evp|openssl-sys) '; then
+    echo "the wrapdrive crate depends on the host, a device or libcrypto:"
+    cargo tree --locked -p wrapdrive -e normal; exit 1
+fi
 "$out/test_wd"
+# The crypto library on its own: -lwd_crypto -lwd, errors through wd_last_error.
+cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude tests/c/test_crypto_link.c \
+    -Ltarget/release -lwd_crypto -lwd -Wl,-rpath,"$PWD/target/release" -o "$out/test_crypto_link"
+WD_HOST=embedded "$out/test_crypto_link"
+# Without libwd_embedded.so, an in-process host is refused clearly.
+mkdir -p "$out/no-embedded"
+cp target/release/libwd.so "$out/no-embedded/"
+cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude tests/c/test_wd.c \
+    -L"$out/no-embedded" -lwd -Wl,-rpath,"$PWD/$out/no-embedded" -o "$out/no-embedded/test_wd"
+if env -u WD_HOST -u LD_LIBRARY_PATH "$out/no-embedded/test_wd" >/dev/null 2>"$out/no-embedded/err"; then
+    echo "an in-process host started without libwd_embedded.so"; exit 1
+fi
+grep -q "libwd_embedded.so" "$out/no-embedded/err" || { echo "no clear error without libwd_embedded.so:"; cat "$out/no-embedded/err"; exit 1; }
 
 echo "== install + pkg-config"
 prefix=$PWD/target/install-test
@@ -39,6 +67,10 @@ PKG_CONFIG_PATH="$prefix/lib/pkgconfig" cc -std=c11 -D_GNU_SOURCE -Wall -Werror 
     $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs wd) \
     -Wl,-rpath,"$prefix/lib" -o "$out/test_wd_pc"
 "$out/test_wd_pc" >/dev/null
+PKG_CONFIG_PATH="$prefix/lib/pkgconfig" cc -std=c11 -D_GNU_SOURCE -Wall -Werror tests/c/test_crypto_link.c \
+    $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs wd_crypto) \
+    -Wl,-rpath,"$prefix/lib" -o "$out/test_crypto_link_pc"
+WD_HOST=embedded "$out/test_crypto_link_pc" >/dev/null
 
 echo "== OpenSSL provider"
 ./scripts/test-provider.sh

@@ -9,7 +9,7 @@ dir=$(./scripts/build-provider.sh)
 cargo build --release --locked -p wd-cli >&2
 out=target/provider
 cc -std=c11 -O1 -g -Wall -Wextra -Werror -Iinclude tests/c/test_provider.c \
-    -Ltarget/release -lwd -lcrypto -lpthread -Wl,-rpath,"$PWD/target/release" -o "$out/test_provider"
+    -Ltarget/release -lwd_crypto -lwd -lcrypto -lpthread -Wl,-rpath,"$PWD/target/release" -o "$out/test_provider"
 
 tmp=$(mktemp -d)
 hosts=()

@@ -10,8 +10,8 @@ fuzz_target!(|data: &[u8]| {
     b[..n].copy_from_slice(&data[..n]);
     let d = Desc::from_bytes(&b).expect("exactly one descriptor");
     assert_eq!(Desc::from_bytes(&d.to_bytes()), Some(d));
-    if let Ok(Some(m)) = wd_device::dummy::CopyMsg::decode(&d) {
-        assert!(m.len <= wd_device::dummy::MAX_COPY);
+    if let Ok(Some(m)) = wd_dummy_msg::CopyMsg::decode(&d) {
+        assert!(m.len <= wd_dummy_msg::MAX_COPY);
     }
-    let _ = wd_device::dummy::legacy_plan(&d);
+    let _ = wd_dummy_msg::legacy_plan(&d);
 });

@@ -5,7 +5,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use wd_ring::{Desc, DESC_SIZE};
-use wd_sec::msg::{self, Request};
+use wd_sec_msg::{self as msg, Request};
 
 fuzz_target!(|data: &[u8]| {
     let mut b = [0u8; DESC_SIZE];

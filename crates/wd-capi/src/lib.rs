@@ -13,13 +13,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use wrapdrive::dummy::CopyMsg;
-use wrapdrive::{Capability, ClientError, Desc, HostConn, Queue, Status};
-
-mod crypto;
+use wd_dummy_msg::CopyMsg;
+use wrapdrive::{Capability, ClientError, Desc, HostConn, LegacyPlanner, Queue, Status};
 
 const EIO: c_int = 5;
-pub(crate) const EINVAL: c_int = 22;
 
 /// `struct wd_capa`.
 #[repr(C)]
@@ -79,10 +76,21 @@ struct WdDummyMsg {
     result: u64,
 }
 
-/// The message family a queue speaks, chosen by its algorithm.
+/// The message family a queue speaks, chosen by its algorithm. This
+/// library speaks only the dummy device's format (`struct wd_dummy_msg`);
+/// the crypto formats are libwd_crypto.so's.
 #[derive(Clone, Copy)]
 enum Family {
     Dummy,
+}
+
+impl Family {
+    /// How the family's requests travel through the socket (legacy queues).
+    fn legacy_planner(self) -> LegacyPlanner {
+        match self {
+            Family::Dummy => wd_dummy_msg::legacy_plan,
+        }
+    }
 }
 
 struct Handle {
@@ -104,15 +112,9 @@ fn set_last(msg: &str) {
     LAST_ERROR.with(|l| *l.borrow_mut() = c);
 }
 
-pub(crate) fn fail(errno: c_int, msg: &str) -> c_int {
+fn fail(errno: c_int, msg: &str) -> c_int {
     set_last(msg);
     -errno
-}
-
-/// Run an entry point that returns a C status itself; a panic is -EIO.
-pub(crate) fn guard_with(f: impl FnOnce() -> c_int) -> c_int {
-    catch_unwind(AssertUnwindSafe(f))
-        .unwrap_or_else(|_| fail(EIO, "internal error in libwd (panic caught)"))
 }
 
 /// Run an entry point: errors become negative errno, panics -EIO.
@@ -207,7 +209,8 @@ pub unsafe extern "C" fn wd_request_queue(q: *mut WdQueue, capa: *mut WdCapa) ->
             depth: c.depth,
             numa_node: c.numa_node,
         };
-        let queue = host()?.request_queue(&capa)?;
+        let mut queue = host()?.request_queue(&capa)?;
+        queue.set_legacy_planner(family.legacy_planner());
         let mut out = WdQueue {
             id: queue.id(),
             depth: queue.depth(),
@@ -348,12 +351,12 @@ fn send_batch(q: *mut WdQueue, reqs: *const *mut c_void, n: usize) -> c_int {
         let mut bad = None;
         while sent < n && bad.is_none() {
             let mut k = (n - sent).min(BATCH_MAX);
-            for i in 0..k {
+            for (i, slot) in batch.iter_mut().enumerate().take(k) {
                 // SAFETY: reqs is non-null and points to n request pointers
                 // (ABI rule); sent + i < n.
                 let req = unsafe { reqs.add(sent + i).read_unaligned() };
                 match to_desc(h.family, req) {
-                    Ok(d) => batch[i] = (d, req as u64),
+                    Ok(d) => *slot = (d, req as u64),
                     Err(e) => {
                         // The requests before it still go.
                         bad = Some(e);
@@ -706,7 +709,23 @@ pub unsafe extern "C" fn wd_last_error(buf: *mut c_char, len: usize) -> c_int {
     })
 }
 
-/// Switch this process to an in-process host.
+/// Not API (a private version node): libwd_crypto.so records its error
+/// messages here, so one `wd_last_error` serves both libraries.
+///
+/// # Safety
+/// `msg` must be NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn wd__set_last_error(msg: *const c_char) {
+    if msg.is_null() {
+        return;
+    }
+    // SAFETY: msg is non-null and NUL-terminated (caller contract).
+    let m = unsafe { CStr::from_ptr(msg) };
+    LAST_ERROR.with(|l| *l.borrow_mut() = m.to_owned());
+}
+
+/// Switch this process to an in-process host (from libwd_embedded.so,
+/// loaded now if no host is linked in).
 #[no_mangle]
 pub extern "C" fn wd_use_embedded_host() -> c_int {
     guard(|| {

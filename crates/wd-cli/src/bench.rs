@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::report::{median_by, percentile, print_json, Progress, Target};
 use crate::units::{exact_size, size_arg};
-use wrapdrive::dummy::CopyMsg;
+use wd_dummy_msg::CopyMsg;
 use wrapdrive::{Capability, HostConn, Queue, SharedBuf, CAPA_ALLOW_LEGACY};
 
 /// Every path `wd bench` measures, in table order.
@@ -341,6 +341,7 @@ fn run(args: BenchArgs, host: &str) -> Result<(), String> {
                 .depth(256),
         )
         .map_err(|e| e.to_string())?;
+    legacy.set_legacy_planner(wd_dummy_msg::legacy_plan);
     if let Some(p) = args.paths.iter().find(|p| !PATHS.contains(&p.as_str())) {
         return Err(format!("unknown path '{p}' (known: {})", PATHS.join(", ")));
     }

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::report::{median_by, percentile, print_json, Progress, Target};
 use crate::units::{exact_size, size_arg};
-use wrapdrive::dummy::CopyMsg;
+use wd_dummy_msg::CopyMsg;
 use wrapdrive::{Capability, HostConn, SharedBuf};
 
 /// Options of `wd bench fairness`.

@@ -232,6 +232,9 @@ fn run(cli: Cli) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    // `wd` carries the host anyway (`wd serve`): let `--host embedded` and
+    // `WD_HOST=embedded` (benchmarks, examples) start one in-process.
+    wd_embedded::install();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use wrapdrive::dummy::CopyMsg;
+use wd_dummy_msg::CopyMsg;
 use wrapdrive::{Capability, FaultPolicy, HostConn, InvalidationMode, SharedBuf};
 
 mod common;

@@ -5,9 +5,9 @@
 //! A message runs entirely on one path (the GHASH state cannot move), the
 //! one its first data request is routed to.
 
-use wd_sec::evp::CipherCtx;
-use wd_sec::msg::{CipherOp, F_ENCRYPT, F_FINAL, F_IV};
-use wd_sec::{Alg, Mode};
+use wd_evp::CipherCtx;
+use wd_sec_msg::{Alg, Mode};
+use wd_sec_msg::{CipherOp, F_ENCRYPT, F_FINAL, F_IV};
 
 use crate::cipher::Direction;
 use crate::lane::{self, device_status, Kind, Lane, LaneId, NoLane, SLOT};
@@ -259,7 +259,7 @@ impl Aead {
                 "additional data must come before the data",
             ));
         }
-        if self.aad.len() + aad.len() > wd_sec::msg::MAX_AAD as usize {
+        if self.aad.len() + aad.len() > wd_sec_msg::MAX_AAD as usize {
             return Err(CryptoError::invalid("additional data too long"));
         }
         self.aad.extend_from_slice(aad);

@@ -8,9 +8,9 @@
 //! (host gone, small request) and back: the device continues its own chain
 //! while it holds it, and is given the tracked IV when it takes over.
 
-use wd_sec::evp::CipherCtx;
-use wd_sec::msg::{CipherOp, F_ENCRYPT, F_IV};
-use wd_sec::{Alg, Mode};
+use wd_evp::CipherCtx;
+use wd_sec_msg::{Alg, Mode};
+use wd_sec_msg::{CipherOp, F_ENCRYPT, F_IV};
 
 use crate::config;
 use crate::lane::{self, device_status, Kind, Lane, LaneId, NoLane, SLOT};

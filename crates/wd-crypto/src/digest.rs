@@ -2,9 +2,9 @@
 //! request (a one-shot digest is one round trip, no session needed for a
 //! plain hash); long ones stream through a device session.
 
-use wd_sec::evp::DigestCtx;
-use wd_sec::msg::{DigestOp, F_DIGEST_FINAL, F_INIT, MAX_DIGEST};
-use wd_sec::Alg;
+use wd_evp::DigestCtx;
+use wd_sec_msg::Alg;
+use wd_sec_msg::{DigestOp, F_DIGEST_FINAL, F_INIT, MAX_DIGEST};
 
 use crate::lane::{self, device_status, Kind, Lane, LaneId, NoLane, SLOT};
 use crate::route::{self, Route, Stopwatch};
@@ -50,10 +50,10 @@ impl Digest {
             Alg::Digest(_) if !key.is_empty() => {
                 return Err(CryptoError::invalid(format!("{name} takes no key")))
             }
-            Alg::Hmac(_) if key.len() > wd_sec::msg::MAX_KEY => {
+            Alg::Hmac(_) if key.len() > wd_sec_msg::MAX_KEY => {
                 return Err(CryptoError::invalid(format!(
                     "HMAC keys are at most {} bytes",
-                    wd_sec::msg::MAX_KEY
+                    wd_sec_msg::MAX_KEY
                 )))
             }
             _ => {}

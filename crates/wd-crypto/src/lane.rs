@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wd_sec::msg::{SessionFree, SessionNew};
+use wd_sec_msg::{SessionFree, SessionNew};
 use wrapdrive::{Capability, Completion, Desc, HostConn, Queue, SharedBuf, Status};
 
 use crate::{config, CryptoError, Result};
@@ -72,6 +72,7 @@ impl Lane {
         }
         capa.numa_node = current_node();
         let mut q = host.request_queue(&capa)?;
+        q.set_legacy_planner(wd_sec_msg::LEGACY_PLANNER);
         let stage = SharedBuf::new(SLOT * SLOTS)?;
         if !config::legacy() {
             q.share(stage.addr(), stage.len())?;
@@ -235,8 +236,8 @@ impl Lane {
     }
 
     /// Create a device session; returns its handle.
-    pub fn new_session(&mut self, alg: wd_sec::Alg, key: &[u8]) -> Result<u64> {
-        let key_addr = if key.len() > wd_sec::msg::INLINE_KEY {
+    pub fn new_session(&mut self, alg: wd_sec_msg::Alg, key: &[u8]) -> Result<u64> {
+        let key_addr = if key.len() > wd_sec_msg::INLINE_KEY {
             if key.len() > SLOT {
                 return Err(CryptoError::Invalid("key too long".into()));
             }

@@ -33,7 +33,7 @@ pub use cipher::{Cipher, Direction, Job};
 pub use config::Policy;
 pub use digest::Digest;
 pub use stats::{count_cpu, stats, Stats, Why};
-pub use wd_sec::{Alg, Hash, Mode};
+pub use wd_sec_msg::{Alg, Hash, Mode};
 
 use wrapdrive::{ClientError, Status};
 
@@ -96,8 +96,8 @@ impl From<ClientError> for CryptoError {
     }
 }
 
-impl From<wd_sec::evp::EvpError> for CryptoError {
-    fn from(e: wd_sec::evp::EvpError) -> Self {
+impl From<wd_evp::EvpError> for CryptoError {
+    fn from(e: wd_evp::EvpError) -> Self {
         CryptoError::Invalid(e.to_string())
     }
 }

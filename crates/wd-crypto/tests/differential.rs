@@ -14,6 +14,7 @@ static SETTINGS: Mutex<()> = Mutex::new(());
 
 fn setup() -> std::sync::MutexGuard<'static, ()> {
     std::env::set_var("WD_CRYPTO_HOST", "embedded");
+    wd_embedded::install();
     SETTINGS.lock().unwrap_or_else(|e| e.into_inner())
 }
 

@@ -24,10 +24,10 @@ fn host_entry() {
     let Ok(sock) = std::env::var("WD_TEST_HOST_SOCKET") else {
         return;
     };
-    let cfg = wrapdrive::HostConfig {
+    let cfg = wd_host::HostConfig {
         socket: sock,
         socket_mode: 0o600,
-        devices: vec![wrapdrive::DeviceConfig::new("sec")],
+        devices: vec![wd_host::DeviceConfig::new("sec")],
         ..Default::default()
     };
     // SAFETY: getppid has no preconditions.

@@ -172,41 +172,4 @@ pub trait Driver: Send + Sync {
     fn open_queue(&self, alg: u32) -> Box<dyn DeviceQueue>;
 }
 
-/// How a request travels on the legacy (socket) path: which client ranges
-/// go into the request payload, which come back from the reply payload, and
-/// the descriptor rewritten to address those payloads.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LegacyPlan {
-    /// Client ranges (address, length) gathered, in order, into the payload.
-    pub inputs: Vec<(u64, u64)>,
-    /// Client ranges (address, length) scattered, in order, from the reply;
-    /// the last one receives whatever the reply holds, up to its length
-    /// (a digest's length is known only when it is produced).
-    pub outputs: Vec<(u64, u64)>,
-    /// The descriptor to send.
-    pub desc: Desc,
-}
-
-/// Negative errno values devices complete requests with.
-pub mod status {
-    /// Success.
-    pub const OK: i32 = 0;
-    /// Malformed request.
-    pub const EINVAL: i32 = -22;
-    /// Translation fault.
-    pub const EFAULT: i32 = -14;
-    /// Unknown operation.
-    pub const EOPNOTSUPP: i32 = -95;
-    /// Request too large.
-    pub const EMSGSIZE: i32 = -90;
-    /// Queue torn down before the request ran.
-    pub const ECANCELED: i32 = -125;
-    /// No such session.
-    pub const ENOENT: i32 = -2;
-    /// Session table full.
-    pub const ENOSPC: i32 = -28;
-    /// Authentication failed (AEAD tag mismatch).
-    pub const EBADMSG: i32 = -74;
-    /// Internal error of the device.
-    pub const EIO: i32 = -5;
-}
+pub use wd_msg::{status, LegacyPlan};

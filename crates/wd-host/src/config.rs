@@ -5,8 +5,7 @@ use serde::Deserialize;
 
 use crate::HostError;
 
-/// Default control socket of a system-wide host.
-pub const DEFAULT_SOCKET: &str = "/run/wrapdrive/wd.sock";
+pub use wd_proto::DEFAULT_SOCKET;
 /// Most engine threads one device may have.
 pub const MAX_ENGINES: usize = 64;
 /// Most queue instances one queue type may offer.

@@ -16,9 +16,9 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use wd_dummy_msg::CopyMsg;
 use wd_host::{DeviceConfig, Host, HostConfig};
 use wd_testutil::{report, tempdir, wait_until, Role, TempDir};
-use wrapdrive::dummy::CopyMsg;
 use wrapdrive::{Capability, HostConn, SharedBuf, Status};
 
 /// A host in this process on a private socket, owning `device` (a `wd

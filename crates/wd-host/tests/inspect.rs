@@ -3,10 +3,10 @@
 //! follow what its client shares and faults, its DMA API maps device
 //! addresses the engine honours, and nothing is left once it is gone.
 
+use wd_dummy_msg::CopyMsg;
 use wd_host::{DeviceConfig, Host};
 use wd_iommu::Prot;
 use wd_testutil::wait_until;
-use wrapdrive::dummy::CopyMsg;
 use wrapdrive::{Capability, HostConn, Queue, SharedBuf};
 
 const LEN: u64 = 64 << 10;

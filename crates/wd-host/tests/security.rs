@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use wd_dummy_msg::CopyMsg;
 use wd_host::config::Limits;
 use wd_host::{DeviceConfig, Host, HostConfig};
 use wd_proto::Message;
 use wd_testutil::{is_root, report, skip, tempdir_in, wait_until, Role, TempDir as Dir};
-use wrapdrive::dummy::CopyMsg;
 use wrapdrive::HostConn;
 
 /// A private directory under the target's temp directory with `mode`.

@@ -27,6 +27,9 @@ pub use wd_iommu::{Access, FaultPolicy, FaultReason, InvalidationMode, Prot};
 pub const CAPA_SHARE_ALL: u32 = 1;
 /// Queue capability flag: request data may travel through the socket.
 pub const CAPA_ALLOW_LEGACY: u32 = 2;
+/// Control socket of a system-wide host: where a client looks when told
+/// nothing else, and where `wd serve` listens by default.
+pub const DEFAULT_SOCKET: &str = "/run/wrapdrive/wd.sock";
 /// Bytes of the frame header.
 pub const HEADER_LEN: usize = 16;
 

@@ -5,11 +5,12 @@
 use wd_device::{status, AlgInfo, DeviceQueue, Dma, Driver, Progress};
 use wd_ring::Desc;
 
-use crate::evp::{self, CipherCtx, DigestCtx};
+use crate::dma;
 use crate::msg::{
     self, Alg, CipherOp, DigestOp, Hash, Mode, Request, SessionNew, F_DIGEST_FINAL, F_ENCRYPT,
     F_FINAL, F_INIT, F_IV, INLINE_KEY, MAX_SESSIONS,
 };
+use wd_evp::{CipherCtx, DigestCtx};
 
 /// Queue type index of ciphers (AES in every mode, GCM included).
 pub const TYPE_CIPHER: u32 = 0;
@@ -301,7 +302,7 @@ impl SecQueue {
             r?;
             return Ok(op.len);
         }
-        evp::cipher_dma(ctx, op.dst, op.src, len, dma, &mut self.bounce)?;
+        dma::cipher_dma(ctx, op.dst, op.src, len, dma, &mut self.bounce)?;
         if gcm && op.flags & F_FINAL != 0 {
             let mut tag = [0u8; 16];
             let tag = &mut tag[..op.tag_len as usize];
@@ -351,7 +352,7 @@ impl SecQueue {
         if op.flags & F_INIT != 0 {
             ctx.restart().map_err(|_| status::EIO)?;
         }
-        let r = evp::digest_dma(ctx, op.src, op.len as usize, dma, &mut self.bounce);
+        let r = dma::digest_dma(ctx, op.src, op.len as usize, dma, &mut self.bounce);
         if r.is_err() {
             // A failed request leaves no half-hashed state behind.
             let _ = ctx.restart();

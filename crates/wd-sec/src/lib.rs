@@ -4,15 +4,19 @@
 //! Keys live in host-side sessions referenced by handle (never re-sent
 //! per request); a session keeps its chaining state between requests, so
 //! CBC/CTR streams and incremental digests span many requests. The work is
-//! done by OpenSSL's libcrypto ([`evp`]), in place in the client's shared
+//! done by OpenSSL's libcrypto (`wd-evp`), in place in the client's shared
 //! memory when the IOMMU domain maps it contiguously.
 //!
-//! [`msg`] is the message format both sides speak; [`device`] the driver.
+//! The message format both sides speak is its own crate, `wd-sec-msg`
+//! (re-exported as [`msg`]), so clients speak it without this device;
+//! [`device`] is the driver.
 #![deny(unsafe_code)]
 
 pub mod device;
-pub mod evp;
-pub mod msg;
+mod dma;
+
+pub use wd_evp as evp;
+pub use wd_sec_msg as msg;
 
 pub use device::{SecDriver, SecQueue, TYPE_CIPHER, TYPE_DIGEST};
 pub use msg::{Alg, Hash, Mode};

@@ -15,6 +15,7 @@ use std::ptr::NonNull;
 use std::time::Duration;
 
 pub mod devmem;
+pub mod dl;
 pub mod file;
 pub mod guard;
 pub mod pages;

@@ -1,7 +1,8 @@
 //! WrapDrive client library.
 //!
 //! ```no_run
-//! use wrapdrive::{Capability, HostConn, SharedBuf, dummy::CopyMsg};
+//! use wrapdrive::{Capability, HostConn, SharedBuf};
+//! use wd_dummy_msg::CopyMsg;                       // the device's message format
 //! let host = HostConn::from_env()?;               // WD_HOST, or the default socket
 //! let mut q = host.request_queue(&Capability::new("memcpy"))?;
 //! let src = SharedBuf::new(4096)?;
@@ -17,9 +18,16 @@
 //! and `recv` make no system call while the engine polls. Queues die with
 //! the process (or connection) that asked for them, and are not inherited
 //! across `fork`: the child gets [`Status::BadState`] and must ask again.
+//!
+//! This library carries neither the host nor any device: message formats
+//! are their own crates (`wd-dummy-msg`, `wd-sec-msg`), and an in-process
+//! host (`WD_HOST=embedded`) comes from the `wd-embedded` crate, which
+//! registers itself here ([`register_embedded_host`]), or from
+//! `libwd_embedded.so`, loaded on demand.
 #![deny(unsafe_code)]
 
 mod buf;
+mod embedded;
 mod queue;
 
 use std::os::fd::{AsFd, OwnedFd};
@@ -27,14 +35,14 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 
 pub use buf::{alloc, free, SharedBuf};
+pub use embedded::{register_embedded_host, EmbeddedHost, EmbeddedStarter, EMBEDDED_LIBRARY};
 pub use queue::{Completion, FaultReport, Queue, QueueStats};
-pub use wd_device::dummy;
 /// Shareable buffers on memfds (normal or hugetlb pages) and the fast file
 /// loader: share a [`heap::Buffer`] with [`Queue::share_buffer`].
 pub use wd_heap as heap;
-pub use wd_host::{DeviceConfig, HostConfig};
 pub use wd_iommu::virtio;
 pub use wd_iommu::{FaultPolicy, InvalidationMode};
+pub use wd_msg::{LegacyPlan, LegacyPlanner};
 pub use wd_proto::{AttrEntry, FaultEvent, Status};
 pub use wd_ring::Desc;
 
@@ -44,12 +52,12 @@ use wd_proto::Message;
 /// Capability flag: the device may reach any memory of the process (no
 /// `share` needed); the host reaches it only through this process's own
 /// `/proc/self/mem`, which the library opens and passes.
-pub const CAPA_SHARE_ALL: u32 = wd_host::queue::CAPA_SHARE_ALL;
+pub const CAPA_SHARE_ALL: u32 = wd_proto::CAPA_SHARE_ALL;
 /// Capability flag: requests travel through the socket, one system call
 /// each (the AF_ALG-like path; no sharing needed).
-pub const CAPA_ALLOW_LEGACY: u32 = wd_host::queue::CAPA_ALLOW_LEGACY;
+pub const CAPA_ALLOW_LEGACY: u32 = wd_proto::CAPA_ALLOW_LEGACY;
 /// Default host socket when `WD_HOST` is unset.
-pub const DEFAULT_HOST: &str = wd_host::config::DEFAULT_SOCKET;
+pub const DEFAULT_HOST: &str = wd_proto::DEFAULT_SOCKET;
 
 /// Errors of the client library: a status (errno at the C boundary) and a
 /// message naming the problem.
@@ -178,7 +186,7 @@ pub struct HostConn {
     host_pid: u32,
     generation: u64,
     // Keeps an in-process host alive as long as connections to it exist.
-    _embedded: Option<Arc<wd_host::Host>>,
+    _embedded: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl std::fmt::Debug for HostConn {
@@ -187,24 +195,6 @@ impl std::fmt::Debug for HostConn {
             .field("host_pid", &self.host_pid)
             .finish()
     }
-}
-
-fn embedded_host() -> Result<Arc<wd_host::Host>> {
-    static EMBEDDED: Mutex<Option<Arc<wd_host::Host>>> = Mutex::new(None);
-    let mut g = EMBEDDED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(h) = g.as_ref() {
-        return Ok(h.clone());
-    }
-    let devices = match std::env::var("WD_EMBEDDED_DEVICES") {
-        Ok(list) => wd_host::config::parse_spec_list(&list)
-            .map_err(|e| ClientError::new(e.status(), format!("WD_EMBEDDED_DEVICES: {e}")))?,
-        Err(_) => wd_host::config::default_devices(),
-    };
-    let h = Arc::new(wd_host::Host::embedded(devices).map_err(|e| {
-        ClientError::new(e.status(), format!("cannot start the embedded host: {e}"))
-    })?);
-    *g = Some(h.clone());
-    Ok(h)
 }
 
 /// Environment variable listing the uids, besides root and this user,
@@ -268,18 +258,24 @@ impl HostConn {
     /// Connect to this process's in-process host, starting it on first use
     /// (one device of each driver, or `WD_EMBEDDED_DEVICES`, e.g.
     /// `dummy:engines=2;sec`), so programs run with nothing else started.
+    /// The host is not part of this library: it comes from the starter
+    /// `wd_embedded::install` registered, else from `libwd_embedded.so`;
+    /// without either this is [`Status::Unsupported`], naming both.
     pub fn embedded() -> Result<Arc<HostConn>> {
-        let h = embedded_host()?;
-        let addr = h.address().to_string();
-        HostConn::connect_inner(&addr, Some(h))
+        let h = embedded::process_host()?;
+        HostConn::connect_to(&h)
     }
 
-    /// Connect to a host this process started itself.
-    pub fn connect_to(host: &Arc<wd_host::Host>) -> Result<Arc<HostConn>> {
-        HostConn::connect_inner(host.address(), Some(host.clone()))
+    /// Connect to a host this process started itself (kept running as
+    /// long as this connection lives).
+    pub fn connect_to(host: &EmbeddedHost) -> Result<Arc<HostConn>> {
+        HostConn::connect_inner(&host.address, Some(host.keep.clone()))
     }
 
-    fn connect_inner(addr: &str, embedded: Option<Arc<wd_host::Host>>) -> Result<Arc<HostConn>> {
+    fn connect_inner(
+        addr: &str,
+        embedded: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    ) -> Result<Arc<HostConn>> {
         fork_generation();
         let sock = if let Some(name) = addr.strip_prefix('@') {
             use std::os::linux::net::SocketAddrExt;

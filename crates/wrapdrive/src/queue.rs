@@ -96,6 +96,9 @@ pub struct Queue {
     /// only every `SPIN_CLOCK_EVERY` of them).
     empty_polls: u32,
     released: bool,
+    /// How this queue's requests travel through the socket (legacy path):
+    /// given by whoever speaks the device's message format.
+    legacy_planner: Option<wd_msg::LegacyPlanner>,
 }
 
 impl std::fmt::Debug for Queue {
@@ -197,6 +200,7 @@ impl Queue {
             last_liveness: Instant::now(),
             empty_polls: 0,
             released: false,
+            legacy_planner: None,
         })
     }
 
@@ -223,6 +227,15 @@ impl Queue {
     /// Granted capability flags.
     pub fn flags(&self) -> u32 {
         self.flags
+    }
+
+    /// Say how requests on this queue travel through the socket (a
+    /// `WD_CAPA_ALLOW_LEGACY` queue): which client ranges a request reads
+    /// and writes is the message format's knowledge, so the code that
+    /// speaks the format (e.g. `wd_dummy_msg::legacy_plan`) hands it over.
+    /// A legacy queue without one refuses sends.
+    pub fn set_legacy_planner(&mut self, planner: wd_msg::LegacyPlanner) {
+        self.legacy_planner = Some(planner);
     }
 
     /// Ring depth (most requests in flight).
@@ -505,7 +518,7 @@ impl Queue {
     }
 
     /// Publish counters in the ring, shown by `wd ls` under
-    /// `queues/q<ID>/client/` (see `wd_host::attrs::CLIENT_STAT_NAMES`).
+    /// `queues/q<ID>/client/` (the host's `attrs::CLIENT_STAT_NAMES`).
     pub fn publish_stats(&self, v: &[u64; wd_ring::CLIENT_STATS]) {
         self.view.publish_client_stats(v);
     }
@@ -615,8 +628,16 @@ impl Queue {
     }
 
     fn send_legacy(&mut self, desc: Desc, cookie: u64) -> Result<()> {
-        let plan = wd_host::drivers::legacy_plan(&self.alg, &desc);
-        let plan = match plan {
+        let Some(planner) = self.legacy_planner else {
+            return Err(ClientError::new(
+                Status::Unsupported,
+                format!(
+                    "queue {} ({}) sends through the socket (WD_CAPA_ALLOW_LEGACY) but knows no legacy plan for its message format: call Queue::set_legacy_planner with the format's planner",
+                    self.id, self.alg
+                ),
+            ));
+        };
+        let plan = match planner(&desc) {
             Ok(p) => p,
             Err(st) => {
                 // Malformed for this device: complete it with the status, as

@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wd_device::dummy_async::HOLD;
-use wrapdrive::dummy::CopyMsg;
-use wrapdrive::{Capability, DeviceConfig, HostConn, SharedBuf};
+use wd_dummy_msg::CopyMsg;
+use wd_host::DeviceConfig;
+use wrapdrive::{Capability, HostConn, SharedBuf};
 
 fn host() -> (Arc<wd_host::Host>, Arc<HostConn>) {
     let h = Arc::new(wd_host::Host::embedded(vec![DeviceConfig::new("dummy-async")]).unwrap());
-    let c = HostConn::connect_to(&h).unwrap();
+    let c = wd_embedded::connect_to(&h).unwrap();
     (h, c)
 }
 

@@ -4,9 +4,9 @@
 
 use std::io::Write;
 
-use wrapdrive::dummy::CopyMsg;
+use wd_dummy_msg::CopyMsg;
 use wrapdrive::heap::{Heap, HeapLimits, LoadOptions};
-use wrapdrive::{Capability, HostConn};
+use wrapdrive::Capability;
 
 fn pattern(size: usize) -> Vec<u8> {
     (0..size).map(|i| (i * 31 % 251) as u8).collect()
@@ -29,7 +29,7 @@ fn loaded_buffer_is_processed_in_place() {
     std::fs::remove_file(&path).unwrap();
     let importer = heap.import(buf.export().unwrap(), None).unwrap();
 
-    let host = HostConn::embedded().unwrap();
+    let host = wd_embedded::connect().unwrap();
     let mut q = host.request_queue(&Capability::new("memcpy")).unwrap();
     q.share_buffer(&buf).unwrap();
 
@@ -95,7 +95,7 @@ fn read_only_and_unsealed_buffers_are_refused() {
         max_bytes: 1 << 20,
         max_buffers: 8,
     });
-    let host = HostConn::embedded().unwrap();
+    let host = wd_embedded::connect().unwrap();
     let mut q = host.request_queue(&Capability::new("memcpy")).unwrap();
     let unsealed = heap
         .alloc(

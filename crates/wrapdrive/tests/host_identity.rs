@@ -9,8 +9,9 @@
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
+use wd_host::{DeviceConfig, HostConfig};
 use wd_testutil::{report, Role};
-use wrapdrive::{DeviceConfig, HostConfig, HostConn};
+use wrapdrive::HostConn;
 
 const NOBODY: u32 = 65534;
 
@@ -96,7 +97,7 @@ fn client_refuses_a_host_run_by_another_uid_unless_listed() {
 
 #[test]
 fn client_trusts_its_own_and_the_embedded_host() {
-    let h = HostConn::embedded().unwrap();
+    let h = wd_embedded::connect().unwrap();
     assert_eq!(h.host_pid(), std::process::id());
     let cfg = HostConfig {
         socket: format!("@wd-identity-own-{}", std::process::id()),
@@ -105,6 +106,6 @@ fn client_trusts_its_own_and_the_embedded_host() {
         ..HostConfig::default()
     };
     let host = std::sync::Arc::new(wd_host::Host::start(&cfg).unwrap());
-    let c = HostConn::connect_to(&host).unwrap();
+    let c = wd_embedded::connect_to(&host).unwrap();
     assert_eq!(c.host_pid(), std::process::id());
 }

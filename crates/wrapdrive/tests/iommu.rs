@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use wrapdrive::dummy::CopyMsg;
+use wd_dummy_msg::CopyMsg;
 use wrapdrive::virtio::{self, Request, Status as VStatus};
 use wrapdrive::{Capability, FaultPolicy, HostConn, InvalidationMode, Queue, SharedBuf, Status};
 
@@ -13,7 +13,7 @@ const EFAULT: i32 = -14;
 const LEN: u64 = 64 << 10;
 
 fn setup() -> (std::sync::Arc<HostConn>, Queue, SharedBuf, SharedBuf) {
-    let h = HostConn::embedded().unwrap();
+    let h = wd_embedded::connect().unwrap();
     let q = h.request_queue(&Capability::new("memcpy")).unwrap();
     let src = SharedBuf::new(LEN as usize).unwrap();
     let dst = SharedBuf::new(LEN as usize).unwrap();
@@ -53,7 +53,7 @@ fn strict_unshare_cuts_access_at_once() {
         )
     );
     // The same, read by another connection of the same user, unconsumed.
-    let h2 = HostConn::embedded().unwrap();
+    let h2 = wd_embedded::connect().unwrap();
     let _ = h2.peek_faults(q.id(), 8).unwrap();
     assert_eq!(
         h2.peek_faults(999_999, 8).unwrap_err().status(),
@@ -255,7 +255,7 @@ fn a_client_manages_its_queue_through_virtio_iommu() {
     // The client's own addresses mean nothing in this domain.
     assert_eq!(copy(&mut q, src.addr(), dst.addr(), 64), EFAULT);
     // Another connection cannot touch this queue.
-    let other = HostConn::embedded().unwrap();
+    let other = wd_embedded::connect().unwrap();
     let st = other
         .virtio_requests(&[Request::Detach {
             domain: 5,

@@ -9,8 +9,9 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use wd_host::{DeviceConfig, HostConfig};
 use wd_testutil::{report, tempdir, wait_until, Role, TempDir};
-use wrapdrive::{Capability, DeviceConfig, HostConfig, HostConn, Status};
+use wrapdrive::{Capability, HostConn, Status};
 
 /// A host in a process of its own (killed on drop, before its directory
 /// goes).

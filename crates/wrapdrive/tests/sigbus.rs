@@ -12,7 +12,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use wd_testutil::skip;
 
-use wrapdrive::dummy::CopyMsg;
+use wd_dummy_msg::CopyMsg;
 use wrapdrive::heap::{AllocOptions, Buffer, Heap, HeapLimits, PagePolicy};
 use wrapdrive::{Capability, HostConn, Queue, SharedBuf, Status};
 
@@ -118,7 +118,7 @@ struct Bystander {
 
 impl Bystander {
     fn new() -> Bystander {
-        let host = HostConn::embedded().unwrap();
+        let host = wd_embedded::connect().unwrap();
         let mut q = host.request_queue(&Capability::new("memcpy")).unwrap();
         let src = SharedBuf::new(64 << 10).unwrap();
         let dst = SharedBuf::new(64 << 10).unwrap();
@@ -180,7 +180,7 @@ fn hugetlb_hole_fails_the_request_not_the_host() {
     let mut other = Bystander::new();
     other.works(0);
 
-    let host = HostConn::embedded().unwrap();
+    let host = wd_embedded::connect().unwrap();
     let mut q = host.request_queue(&Capability::new("memcpy")).unwrap();
     q.share_buffer(&buf).unwrap();
     // Both pages are there: the copy works.
@@ -244,7 +244,7 @@ fn memfd_hole_reads_zeros_or_fails_cleanly() {
     let buf = victim(&heap, len, PagePolicy::Normal).unwrap();
     let mut other = Bystander::new();
     other.works(0);
-    let host = HostConn::embedded().unwrap();
+    let host = wd_embedded::connect().unwrap();
     let mut q = host.request_queue(&Capability::new("memcpy")).unwrap();
     q.share_buffer(&buf).unwrap();
 

@@ -273,7 +273,7 @@ fn stream_run(
     batch: usize,
 ) -> Result<(f64, u64, f64), String> {
     let in_flight = pairs.len();
-    use wrapdrive::dummy::CopyMsg;
+    use wd_dummy_msg::CopyMsg;
     let mut free: Vec<usize> = (0..in_flight).collect();
     let mut inflight: Vec<(u64, u64)> = vec![(0, 0); in_flight];
     let mut iovas = Vec::with_capacity(batch);
@@ -363,7 +363,7 @@ fn stream_run(
 
 pub(super) fn stream_table(args: &IommuArgs, prog: &mut Progress) -> Result<StreamTable, String> {
     use wrapdrive::virtio::Request;
-    use wrapdrive::{Capability, FaultPolicy, HostConn, InvalidationMode, SharedBuf};
+    use wrapdrive::{Capability, FaultPolicy, InvalidationMode, SharedBuf};
     let size = args.request_size;
     if size == 0 || size % PAGE_SIZE != 0 || size > (16 << 20) {
         return Err("--request-size must be a multiple of 4096, at most 16 MiB".into());
@@ -379,7 +379,7 @@ pub(super) fn stream_table(args: &IommuArgs, prog: &mut Progress) -> Result<Stre
         wd_host::Host::embedded(vec![wd_host::DeviceConfig::new("dummy")])
             .map_err(|e| e.to_string())?,
     );
-    let conn = HostConn::connect_to(&host).map_err(|e| e.to_string())?;
+    let conn = wd_embedded::connect_to(&host).map_err(|e| e.to_string())?;
     let bufs: Vec<(SharedBuf, SharedBuf)> = (0..in_flight)
         .map(|_| {
             let s = SharedBuf::new(size as usize)?;
@@ -398,7 +398,7 @@ pub(super) fn stream_table(args: &IommuArgs, prog: &mut Progress) -> Result<Stre
         // A virtio row's queue has a connection of its own, hence its own
         // virtio-iommu device, domain and guest memory.
         let c = if name.starts_with("virtio") {
-            HostConn::connect_to(&host).map_err(|e| e.to_string())?
+            wd_embedded::connect_to(&host).map_err(|e| e.to_string())?
         } else {
             conn.clone()
         };

@@ -1,9 +1,11 @@
 //! The sec device's message format (`device_api` 1): algorithms, opcodes,
 //! flags and the descriptor payload layouts, with the one decoder of
-//! untrusted descriptors. Pure logic, shared by the device and clients.
+//! untrusted descriptors. Pure logic, shared by the device and clients
+//! (its own crate so a client speaks it without linking the device).
 //!
 //! Every payload field is little-endian at a fixed offset (see each
 //! message's `encode`); bytes not named by a message must be zero.
+#![deny(unsafe_code)]
 
 use wd_ring::{Desc, PAYLOAD_SIZE};
 
@@ -317,7 +319,7 @@ pub enum MsgError {
 impl MsgError {
     /// The completion status for this error.
     pub fn status(self) -> i32 {
-        use wd_device::status;
+        use wd_msg::status;
         match self {
             MsgError::Invalid(_) => status::EINVAL,
             MsgError::TooBig(_) => status::EMSGSIZE,
@@ -640,7 +642,7 @@ pub fn decode(d: &Desc) -> Result<Request, MsgError> {
 /// are gathered, in order, into the request payload, which are scattered
 /// back from the reply, and the descriptor rewritten to name offsets into
 /// those payloads instead of client addresses.
-pub fn legacy_plan(d: &Desc) -> Result<wd_device::LegacyPlan, MsgError> {
+pub fn legacy_plan(d: &Desc) -> Result<wd_msg::LegacyPlan, MsgError> {
     let mut inputs = Vec::new();
     let mut outputs = Vec::new();
     let mut off = 0u64;
@@ -696,12 +698,16 @@ pub fn legacy_plan(d: &Desc) -> Result<wd_device::LegacyPlan, MsgError> {
             n
         }
     };
-    Ok(wd_device::LegacyPlan {
+    Ok(wd_msg::LegacyPlan {
         inputs,
         outputs,
         desc,
     })
 }
+
+/// [`legacy_plan`] as a queue takes it (`Queue::set_legacy_planner`):
+/// a malformed request completes with its status.
+pub const LEGACY_PLANNER: wd_msg::LegacyPlanner = |d| legacy_plan(d).map_err(MsgError::status);
 
 #[cfg(test)]
 mod tests {

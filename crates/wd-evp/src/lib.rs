@@ -1,6 +1,8 @@
-//! The proven implementation behind the sec device: OpenSSL's libcrypto
-//! (the same code the CPU-only baseline runs, so a comparison measures the
-//! framework, not the crypto). The only unsafe code of this crate.
+//! The proven implementation behind the sec device and the crypto
+//! libraries' CPU path: OpenSSL's libcrypto (the same code the CPU-only
+//! baseline runs, so a comparison measures the framework, not the crypto).
+//! Its own crate so that only what computes AES/SHA links libcrypto: the
+//! device, and the crypto libraries (never the client library).
 //!
 //! Everything is fetched from a private library context, so the host never
 //! routes through a provider the system configuration activates (such as
@@ -13,13 +15,11 @@
 use std::ffi::{c_int, c_uint, c_void, CString};
 use std::ptr;
 use std::sync::OnceLock;
-use wd_device::DeviceSlice;
+use wd_sys::devmem::DeviceSlice;
 
 use openssl_sys as ffi;
 
-use wd_device::{status, Access, Dma};
-
-use crate::msg::{Alg, Hash, Mode};
+use wd_sec_msg::{Alg, Hash, Mode};
 
 /// Errors of the libcrypto layer.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -81,7 +81,7 @@ unsafe impl<T> Sync for Fetched<T> {}
 fn cipher(alg: Alg) -> Result<*mut ffi::EVP_CIPHER> {
     static CIPHERS: OnceLock<Vec<Fetched<ffi::EVP_CIPHER>>> = OnceLock::new();
     let all = CIPHERS.get_or_init(|| {
-        crate::msg::ALGS
+        wd_sec_msg::ALGS
             .iter()
             .map(|a| {
                 if !a.is_cipher() {
@@ -536,68 +536,6 @@ impl Drop for DigestCtx {
             }
         }
     }
-}
-
-/// Bytes moved per bounce step when memory is not reachable in place.
-const BOUNCE: usize = 256 << 10;
-
-/// Encrypt or decrypt in place in shared memory when both ranges are
-/// mapped contiguously, else through a host bounce buffer.
-pub fn cipher_dma(
-    ctx: &mut CipherCtx,
-    dst: u64,
-    src: u64,
-    len: usize,
-    dma: &mut dyn Dma<'_>,
-    bounce: &mut Vec<u8>,
-) -> std::result::Result<(), i32> {
-    if len == 0 {
-        return Ok(());
-    }
-    let s = dma.slice(src, len as u64, Access::Read);
-    let d = s.and_then(|_| dma.slice(dst, len as u64, Access::Write));
-    if let (Some(s), Some(d)) = (s, d) {
-        ctx.update_device(&d, &s).map_err(|_| status::EIO)?;
-        return Ok(());
-    }
-    let mut done = 0usize;
-    while done < len {
-        let n = (len - done).min(BOUNCE);
-        bounce.resize(n, 0);
-        dma.read(src + done as u64, bounce)
-            .map_err(|_| status::EFAULT)?;
-        ctx.update_in_place(bounce).map_err(|_| status::EIO)?;
-        dma.write(dst + done as u64, bounce)
-            .map_err(|_| status::EFAULT)?;
-        done += n;
-    }
-    Ok(())
-}
-
-/// Hash in place when the range is mapped contiguously, else by bounce.
-pub fn digest_dma(
-    ctx: &mut DigestCtx,
-    src: u64,
-    len: usize,
-    dma: &mut dyn Dma<'_>,
-    bounce: &mut Vec<u8>,
-) -> std::result::Result<(), i32> {
-    if len == 0 {
-        return Ok(());
-    }
-    if let Some(s) = dma.slice(src, len as u64, Access::Read) {
-        return ctx.update_device(&s).map_err(|_| status::EIO);
-    }
-    let mut done = 0usize;
-    while done < len {
-        let n = (len - done).min(BOUNCE);
-        bounce.resize(n, 0);
-        dma.read(src + done as u64, bounce)
-            .map_err(|_| status::EFAULT)?;
-        ctx.update(bounce).map_err(|_| status::EIO)?;
-        done += n;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,184 @@
+//! libwd_crypto.so: the C API of `include/wd_crypto.h` over `wd-crypto`,
+//! its own library so that only programs that use the crypto libraries
+//! link libcrypto (`libwd.so` does not).
+//!
+//! Sessions are boxed objects with a magic word, so a NULL or foreign
+//! pointer is -EINVAL rather than a crash; a freed one is undefined, as in
+//! any C library. Input and output may alias: aliased input is copied to
+//! a per-thread scratch buffer first (Rust slices may not alias).
+#![allow(unsafe_code)]
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+use crypto::{Aead, Cipher, CryptoError, Digest, Direction, Job};
+
+mod aead;
+mod cipher;
+mod digest;
+mod errors;
+mod settings;
+
+pub(crate) use errors::{fail, guard_with, EINVAL};
+
+pub(crate) const CIPHER_MAGIC: u64 = 0x5744_4349_5048_4552; // "WDCIPHER"
+pub(crate) const AEAD_MAGIC: u64 = 0x5744_4145_4144_0000;
+pub(crate) const DIGEST_MAGIC: u64 = 0x5744_4449_4745_5354;
+pub(crate) const JOB_MAGIC: u64 = 0x5744_4a4f_4200_0000;
+
+/// `struct wd_cipher`.
+pub struct WdCipher {
+    pub(crate) magic: u64,
+    pub(crate) c: Cipher,
+}
+
+/// `struct wd_aead`.
+pub struct WdAead {
+    pub(crate) magic: u64,
+    pub(crate) a: Aead,
+}
+
+/// `struct wd_digest`.
+pub struct WdDigest {
+    pub(crate) magic: u64,
+    pub(crate) d: Digest,
+}
+
+/// `struct wd_job`.
+pub struct WdJob {
+    pub(crate) magic: u64,
+    pub(crate) cipher: *mut WdCipher,
+    pub(crate) job: Option<Job>,
+    pub(crate) out: *mut u8,
+    pub(crate) len: usize,
+}
+
+/// Hand a new object to the caller through `out`; returns 0.
+///
+/// # Safety
+/// `out` must be non-null and writable.
+pub(crate) unsafe fn give<T>(out: *mut *mut T, v: T) -> c_int {
+    // SAFETY: caller contract.
+    unsafe { out.write(Box::into_raw(Box::new(v))) };
+    0
+}
+
+pub(crate) fn err(e: CryptoError) -> c_int {
+    fail(e.errno(), &e.to_string())
+}
+
+pub(crate) fn invalid(msg: &str) -> c_int {
+    fail(EINVAL, msg)
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The buffer of an exactly in-place request (`inp == out`).
+///
+/// # Safety
+/// `out` writable for `len` bytes when non-null.
+pub(crate) unsafe fn in_place<'a>(
+    inp: *const c_void,
+    out: *mut c_void,
+    len: usize,
+) -> Option<&'a mut [u8]> {
+    if len == 0 || out.is_null() || !std::ptr::eq(inp, out.cast_const()) {
+        return None;
+    }
+    // SAFETY: caller contract.
+    Some(unsafe { std::slice::from_raw_parts_mut(out as *mut u8, len) })
+}
+
+/// Run `f(input, output)` over C buffers that may alias.
+///
+/// # Safety
+/// `inp` readable and `out` writable for `len` bytes (or `len == 0`).
+pub(crate) unsafe fn with_buffers<T>(
+    inp: *const c_void,
+    out: *mut c_void,
+    len: usize,
+    f: impl FnOnce(&[u8], &mut [u8]) -> T,
+) -> Option<T> {
+    if len == 0 {
+        return Some(f(&[], &mut []));
+    }
+    if inp.is_null() || out.is_null() {
+        return None;
+    }
+    let (i, o) = (inp as usize, out as usize);
+    let overlap = i < o + len && o < i + len;
+    if !overlap {
+        // SAFETY: caller contract; the ranges are disjoint.
+        let (src, dst) = unsafe {
+            (
+                std::slice::from_raw_parts(inp as *const u8, len),
+                std::slice::from_raw_parts_mut(out as *mut u8, len),
+            )
+        };
+        return Some(f(src, dst));
+    }
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        s.clear();
+        // SAFETY: caller contract; the input is copied before the output
+        // slice exists.
+        s.extend_from_slice(unsafe { std::slice::from_raw_parts(inp as *const u8, len) });
+        // SAFETY: caller contract.
+        let dst = unsafe { std::slice::from_raw_parts_mut(out as *mut u8, len) };
+        Some(f(&s, dst))
+    })
+}
+
+/// # Safety
+/// `p` readable for `len` bytes when non-null.
+pub(crate) unsafe fn bytes<'a>(p: *const c_void, len: usize) -> Option<&'a [u8]> {
+    if len == 0 {
+        return Some(&[]);
+    }
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: caller contract.
+    Some(unsafe { std::slice::from_raw_parts(p as *const u8, len) })
+}
+
+/// # Safety
+/// `p` a NUL-terminated string when non-null.
+pub(crate) unsafe fn name<'a>(p: *const c_char) -> Option<&'a str> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: caller contract.
+    unsafe { CStr::from_ptr(p) }.to_str().ok()
+}
+
+/// # Safety
+/// `c` NULL or a pointer from `wd_cipher_new`.
+pub(crate) unsafe fn cipher<'a>(c: *mut WdCipher) -> Option<&'a mut WdCipher> {
+    // SAFETY: checked for NULL; the magic word rejects foreign pointers.
+    unsafe { c.as_mut() }.filter(|c| c.magic == CIPHER_MAGIC)
+}
+
+/// # Safety
+/// `a` NULL or a pointer from `wd_aead_new`.
+pub(crate) unsafe fn aead<'a>(a: *mut WdAead) -> Option<&'a mut WdAead> {
+    // SAFETY: as for cipher.
+    unsafe { a.as_mut() }.filter(|a| a.magic == AEAD_MAGIC)
+}
+
+/// # Safety
+/// `d` NULL or a pointer from `wd_digest_new`.
+pub(crate) unsafe fn digest<'a>(d: *mut WdDigest) -> Option<&'a mut WdDigest> {
+    // SAFETY: as for cipher.
+    unsafe { d.as_mut() }.filter(|d| d.magic == DIGEST_MAGIC)
+}
+
+pub(crate) fn dir(encrypt: c_int) -> Direction {
+    if encrypt != 0 {
+        Direction::Encrypt
+    } else {
+        Direction::Decrypt
+    }
+}

@@ -1,0 +1,142 @@
+//! Process-wide settings (threshold, policy, fallback), the counters, and
+//! the routing calls of callers that compute on the CPU themselves.
+
+use std::ffi::c_int;
+
+use crypto::route::{self, Kind, Route};
+use crypto::{config, Policy, Why};
+
+use crate::*;
+
+/// Set the threshold.
+#[no_mangle]
+pub extern "C" fn wd_crypto_set_threshold(bytes: usize) -> c_int {
+    config::set_threshold(bytes);
+    0
+}
+
+/// Allow or forbid the CPU fallback without a queue.
+#[no_mangle]
+pub extern "C" fn wd_crypto_set_fallback(on: c_int) -> c_int {
+    config::set_fallback(on != 0);
+    0
+}
+
+/// Set the policy.
+#[no_mangle]
+pub extern "C" fn wd_crypto_set_policy(policy: c_int) -> c_int {
+    let p = match policy {
+        0 => Policy::Auto,
+        1 => Policy::Offload,
+        2 => Policy::Cpu,
+        _ => return invalid("wd_crypto_set_policy: unknown policy"),
+    };
+    config::set_policy(p);
+    0
+}
+
+/// `struct wd_crypto_stats`.
+#[repr(C)]
+pub struct WdCryptoStats {
+    offload_requests: u64,
+    offload_bytes: u64,
+    cpu_requests: u64,
+    cpu_bytes: u64,
+    cpu_below_threshold: u64,
+    cpu_no_queue: u64,
+    cpu_host_gone: u64,
+    cpu_policy: u64,
+}
+
+/// Read the counters.
+///
+/// # Safety
+/// Pointers as `include/wd_crypto.h` documents.
+#[no_mangle]
+pub unsafe extern "C" fn wd_crypto_get_stats(out: *mut WdCryptoStats) -> c_int {
+    if out.is_null() {
+        return invalid("wd_crypto_get_stats: NULL out-pointer");
+    }
+    let s = crypto::stats();
+    let v = WdCryptoStats {
+        offload_requests: s.offload_requests,
+        offload_bytes: s.offload_bytes,
+        cpu_requests: s.cpu_requests,
+        cpu_bytes: s.cpu_bytes,
+        cpu_below_threshold: s.cpu_below_threshold,
+        cpu_no_queue: s.cpu_no_queue,
+        cpu_host_gone: s.cpu_host_gone,
+        cpu_policy: s.cpu_policy,
+    };
+    // SAFETY: out is non-null and caller-owned.
+    unsafe { out.write_unaligned(v) };
+    0
+}
+
+fn kind(k: c_int) -> Option<Kind> {
+    match k {
+        0 => Some(Kind::Cipher),
+        1 => Some(Kind::Digest),
+        _ => None,
+    }
+}
+
+fn why_code(w: Why) -> c_int {
+    match w {
+        Why::Threshold => 1,
+        Why::NoQueue => 2,
+        Why::HostGone => 3,
+        Why::Policy => 4,
+    }
+}
+
+/// Route a request.
+#[no_mangle]
+pub extern "C" fn wd_crypto_route(k: c_int, len: usize, asynchronous: c_int) -> c_int {
+    guard_with(|| {
+        let Some(k) = kind(k) else {
+            return invalid("wd_crypto_route: unknown kind");
+        };
+        let (r, timed) = route::choose_timed(k, len, asynchronous != 0);
+        let t = if timed { 0x200 } else { 0 };
+        match r {
+            Route::Device => 0x100 | t,
+            Route::Cpu(w) => why_code(w) | t,
+        }
+    })
+}
+
+/// Report a timed request.
+#[no_mangle]
+pub extern "C" fn wd_crypto_record(k: c_int, len: usize, on_cpu: c_int, ns: u64) {
+    guard_with(|| {
+        if let Some(k) = kind(k) {
+            route::record(k, len, on_cpu != 0, std::time::Duration::from_nanos(ns));
+        }
+        0
+    });
+}
+
+/// Count requests computed by the caller.
+#[no_mangle]
+pub extern "C" fn wd_crypto_count_cpu(requests: u64, bytes: u64, reason: c_int) {
+    let w = match reason {
+        1 => Why::Threshold,
+        2 => Why::NoQueue,
+        3 => Why::HostGone,
+        _ => Why::Policy,
+    };
+    crypto::count_cpu(requests, bytes, w);
+}
+
+/// The threshold.
+#[no_mangle]
+pub extern "C" fn wd_crypto_get_threshold() -> usize {
+    config::threshold()
+}
+
+/// The policy.
+#[no_mangle]
+pub extern "C" fn wd_crypto_get_policy() -> c_int {
+    config::policy() as c_int
+}

@@ -1,0 +1,39 @@
+//! The legacy (socket) path needs the message format's planner: the client
+//! library knows no device, so a legacy queue that was not given one
+//! refuses to send, and one that was carries the request's memory itself.
+
+use wd_dummy_msg::CopyMsg;
+use wrapdrive::{alloc, free, Capability, Status, CAPA_ALLOW_LEGACY};
+
+#[test]
+fn legacy_queue_without_a_planner_refuses_and_with_one_copies() {
+    let host = wd_embedded::connect().unwrap();
+    let capa = Capability::new("memcpy").flags(CAPA_ALLOW_LEGACY);
+    let mut q = host.request_queue(&capa).unwrap();
+    assert_ne!(q.flags() & CAPA_ALLOW_LEGACY, 0);
+
+    // Legacy requests travel through the socket: no share needed.
+    let src = alloc(4096, None).unwrap();
+    let dst = alloc(4096, None).unwrap();
+    let me = wd_sys::process_mem::ProcessMemory::own().unwrap();
+    me.write(src, &[0x5a; 4096]).unwrap();
+    let req = CopyMsg {
+        src,
+        dst,
+        len: 4096,
+    }
+    .to_desc(0);
+
+    let e = q.send(req, 1).unwrap_err();
+    assert_eq!(e.status(), Status::Unsupported);
+    assert!(e.to_string().contains("set_legacy_planner"), "{e}");
+
+    q.set_legacy_planner(wd_dummy_msg::legacy_plan);
+    let done = q.call(req).unwrap();
+    assert_eq!((done.status, done.result), (0, 4096));
+    let mut back = [0u8; 4096];
+    me.read(dst, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0x5a));
+    free(src).unwrap();
+    free(dst).unwrap();
+}

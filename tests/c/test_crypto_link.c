@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: MIT OR Apache-2.0 */
+/* libwd_crypto.so is its own library: a program links -lwd_crypto -lwd,
+ * its errors are reported by libwd.so's wd_last_error, and it computes
+ * (on the device, or counted on the CPU) like before the split.
+ * Exit 0 and "N passed, 0 failed". */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "wd.h"
+#include "wd_crypto.h"
+
+static int passed, failed;
+#define CHECK(cond, what)                                              \
+	do {                                                           \
+		if (cond) {                                            \
+			passed++;                                      \
+		} else {                                               \
+			failed++;                                      \
+			fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, what); \
+		}                                                      \
+	} while (0)
+
+int main(void)
+{
+	struct wd_cipher *c = NULL;
+	char msg[256] = "";
+	int r = wd_cipher_new(&c, "aes-999-foo", "0123456789abcdef", 16, 1);
+	CHECK(r == -EINVAL && c == NULL, "unknown cipher refused, out untouched");
+	CHECK(wd_last_error(msg, sizeof msg) > 0 && strstr(msg, "aes-999-foo"),
+	      "wd_last_error (libwd.so) names libwd_crypto.so's error");
+
+	/* SHA-256("abc"), FIPS 180-2 B.1. */
+	static const unsigned char want[32] = {
+		0xba, 0x78, 0x16, 0xbf, 0x8f, 0x01, 0xcf, 0xea, 0x41, 0x41, 0x40,
+		0xde, 0x5d, 0xae, 0x22, 0x23, 0xb0, 0x03, 0x61, 0xa3, 0x96, 0x17,
+		0x7a, 0x9c, 0xb4, 0x10, 0xff, 0x61, 0xf2, 0x00, 0x15, 0xad};
+	struct wd_digest *d = NULL;
+	unsigned char got[64];
+	r = wd_digest_new(&d, "sha256", NULL, 0);
+	CHECK(r == 0 && d != NULL, "sha256 session");
+	if (d) {
+		CHECK(wd_digest_update(d, "abc", 3) == 0, "digest update");
+		r = wd_digest_final(d, got, sizeof got);
+		CHECK(r == 32 && memcmp(got, want, 32) == 0, "sha256(abc)");
+		wd_digest_free(d);
+	}
+	printf("%d passed, %d failed\n", passed, failed);
+	return failed ? 1 : 0;
+}
