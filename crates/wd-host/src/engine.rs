@@ -17,6 +17,7 @@ use wd_iommu::{
     Section,
 };
 use wd_ring::{Desc, HostState, RingView};
+use wd_sys::guard::Guard;
 use wd_sys::process_mem::{AccessError, ProcessMemory};
 
 use crate::queue::{MemModel, Queue, QueueState};
@@ -202,11 +203,14 @@ struct EngineLoop {
     tlb: EngineTlb,
 }
 
-/// Scratch buffers of the DMA path.
+/// Scratch buffers of the DMA path, and the SIGBUS guard of the pass:
+/// one guarded section for every request of a pass, each request asking
+/// afterwards whether it met vanished memory.
 struct Scratch<'a> {
     runs_a: &'a mut Vec<(u64, u64)>,
     runs_b: &'a mut Vec<(u64, u64)>,
     bounce: &'a mut Vec<u8>,
+    guard: Guard,
 }
 
 impl EngineLoop {
@@ -415,7 +419,7 @@ impl EngineLoop {
         if s.partial.is_none() && batch.is_empty() {
             return Ok(worked);
         }
-        let q = s.q.clone();
+        let q: &Queue = &s.q;
         // One attachment and one section per pass: what the pass reaches
         // through a translation is done with when the section ends, which
         // is what an invalidation's sync waits for. A request cut in
@@ -426,6 +430,7 @@ impl EngineLoop {
             runs_a,
             runs_b,
             bounce,
+            guard: Guard::enter(),
         };
         out.clear();
         let (mut spent, mut bytes, mut posted, mut next) = (0u64, 0u64, 0usize, 0usize);
@@ -559,6 +564,7 @@ impl EngineLoop {
                 runs_a,
                 runs_b,
                 bounce,
+                guard: Guard::enter(),
             };
             for &orig in batch.iter() {
                 let token = *next_token;
@@ -646,6 +652,7 @@ impl EngineLoop {
                 runs_a,
                 runs_b,
                 bounce,
+                guard: Guard::enter(),
             };
             for orig in retry {
                 let mut d = orig;
@@ -718,11 +725,10 @@ fn process(
         bounce: scratch.bounce,
         fault: &mut fault,
     };
-    let (progress, vanished) = wd_sys::guard::guarded(|| {
-        catch_unwind(AssertUnwindSafe(|| {
-            dev.process_part(d, &mut dma, done, budget)
-        }))
-    });
+    let progress = catch_unwind(AssertUnwindSafe(|| {
+        dev.process_part(d, &mut dma, done, budget)
+    }));
+    let vanished = scratch.guard.take_fault();
     let mut progress = match progress {
         Ok(p) => p,
         Err(_) => {
@@ -798,8 +804,8 @@ fn start(
         bounce: scratch.bounce,
         fault: &mut fault,
     };
-    let (r, vanished) =
-        wd_sys::guard::guarded(|| catch_unwind(AssertUnwindSafe(|| dev.start(token, d, &mut dma))));
+    let r = catch_unwind(AssertUnwindSafe(|| dev.start(token, d, &mut dma)));
+    let vanished = scratch.guard.take_fault();
     let started = r.unwrap_or_else(|_| {
         d.status = status::EIO;
         d.result = 0;

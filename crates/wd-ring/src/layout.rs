@@ -164,14 +164,15 @@ pub type Extension = [u64; 6];
 /// ```
 ///
 /// A message whose bytes 48..96 are not all zero continues in the entry's
-/// extension line; the returned extension is then `Some`.
-pub fn encode_sqe(d: &Desc) -> (EntryBody, Option<Extension>) {
+/// extension line; the returned extension is then `Some`. The entry carries
+/// `tag`, not `d.tag` (the client library puts its own tag there).
+pub fn encode_sqe(d: &Desc, tag: u64) -> (EntryBody, Option<Extension>) {
     let ext: Extension = d.payload_words(INLINE_PAYLOAD);
     let continued = ext.iter().any(|&w| w != 0);
     let flags = if continued { SQE_CONTINUED } else { 0 };
     let inline: [u64; 6] = d.payload_words(0);
     let mut rest = [0u64; 7];
-    rest[0] = (d.tag & 0xffff_ffff) | (u64::from(flags) << 32);
+    rest[0] = (tag & 0xffff_ffff) | (u64::from(flags) << 32);
     rest[1..].copy_from_slice(&inline);
     let body = EntryBody {
         word: u32::from(d.opcode) | (u32::from(d.flags) << 16),
@@ -403,7 +404,7 @@ mod tests {
     #[test]
     fn short_messages_travel_inline() {
         let d = sample();
-        let (body, ext) = encode_sqe(&d);
+        let (body, ext) = encode_sqe(&d, d.tag);
         assert!(ext.is_none() && !sqe_continued(&body));
         assert_eq!(decode_sqe(&body, None), d);
     }
@@ -412,14 +413,14 @@ mod tests {
     fn long_messages_continue_in_the_extension() {
         let mut d = sample();
         d.payload[PAYLOAD_SIZE - 1] = 9;
-        let (body, ext) = encode_sqe(&d);
+        let (body, ext) = encode_sqe(&d, d.tag);
         assert!(sqe_continued(&body));
         assert_eq!(decode_sqe(&body, ext.as_ref()), d);
     }
 
     #[test]
     fn unknown_entry_flags_reach_the_device_as_reserved() {
-        let (mut body, _) = encode_sqe(&sample());
+        let (mut body, _) = encode_sqe(&sample(), 0x1234_5678);
         body.rest[0] |= 0x8000_0000u64 << 32;
         assert_eq!(decode_sqe(&body, None).reserved, 0x8000_0000);
     }
@@ -447,7 +448,7 @@ mod tests {
     fn tags_travel_as_32_bits() {
         let mut d = sample();
         d.tag = 0xffff_0000_0000_0007;
-        assert_eq!(decode_sqe(&encode_sqe(&d).0, None).tag, 7);
+        assert_eq!(decode_sqe(&encode_sqe(&d, d.tag).0, None).tag, 7);
         assert_eq!(decode_cqe(&encode_cqe(&d)).tag, 7);
     }
 

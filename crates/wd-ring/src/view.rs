@@ -239,8 +239,8 @@ impl RingView {
         Ok((self.layout.depth() - used) as usize)
     }
 
-    fn put_sqe(&self, i: u32, d: &Desc) {
-        let (body, ext) = encode_sqe(d);
+    fn put_sqe(&self, i: u32, d: &Desc, tag: u64) {
+        let (body, ext) = encode_sqe(d, tag);
         if let Some(e) = ext {
             self.write_ext(self.layout.ext_slot(i), &e);
         }
@@ -255,9 +255,22 @@ impl RingView {
     /// own sequence word, no shared index) and return how many were queued.
     /// Then call [`RingView::engine_needs_wakeup`] once for the batch.
     pub fn submit(&mut self, descs: &[Desc]) -> Result<usize, RingError> {
-        let n = descs.len().min(self.sq_free(descs.len())?);
-        for (k, d) in descs[..n].iter().enumerate() {
-            self.put_sqe(self.sq_index.wrapping_add(k as u32), d);
+        self.submit_with(descs, |d| (d, d.tag))
+    }
+
+    /// Client: as [`RingView::submit`], each item giving its descriptor and
+    /// the tag to send in place of the descriptor's own, so a library that
+    /// tags requests itself needs no copy of them. `entry` is called once
+    /// for each item queued, in order, and for no other.
+    pub fn submit_with<T>(
+        &mut self,
+        items: &[T],
+        mut entry: impl FnMut(&T) -> (&Desc, u64),
+    ) -> Result<usize, RingError> {
+        let n = items.len().min(self.sq_free(items.len())?);
+        for (k, it) in items[..n].iter().enumerate() {
+            let (d, tag) = entry(it);
+            self.put_sqe(self.sq_index.wrapping_add(k as u32), d, tag);
         }
         self.sq_index = self.sq_index.wrapping_add(n as u32);
         Ok(n)

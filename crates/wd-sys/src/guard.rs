@@ -173,6 +173,22 @@ impl Guard {
         compiler_fence(Ordering::SeqCst);
         SECTION.with(|s| s.fault())
     }
+
+    /// The first fault absorbed since the section started or this was last
+    /// called, and forget it: one section can then guard many requests (an
+    /// engine's pass) and still tell which request met the fault, without
+    /// entering a section per request. A fault taken here is the caller's:
+    /// an enclosing section does not see it.
+    pub fn take_fault(&self) -> Option<u64> {
+        compiler_fence(Ordering::SeqCst);
+        SECTION.with(|s| {
+            let f = s.fault();
+            if f.is_some() {
+                s.set_fault(None);
+            }
+            f
+        })
+    }
 }
 
 impl Drop for Guard {
@@ -369,6 +385,22 @@ mod tests {
         let (_, inner) = guarded(|| unsafe { p.add(4096).read_volatile() });
         assert_eq!(inner, Some(p as u64 + 4096));
         assert_eq!(outer.fault(), Some(p as u64 + 4096));
+    }
+
+    #[test]
+    fn one_section_tells_which_request_faulted() {
+        let (_fd, map) = beyond_eof();
+        let p = map.as_ptr();
+        let g = Guard::enter();
+        // SAFETY: inside the mapping (the first page is the file's).
+        unsafe { p.write_volatile(1) };
+        assert_eq!(g.take_fault(), None, "the first request met no fault");
+        // SAFETY: inside the mapping, beyond the file's end.
+        let _ = unsafe { p.add(4096 + 16).read_volatile() };
+        assert_eq!(g.take_fault(), Some(p as u64 + 4096 + 16));
+        // SAFETY: inside the mapping; the page was replaced already.
+        let _ = unsafe { p.add(4096).read_volatile() };
+        assert_eq!(g.take_fault(), None, "taken faults are forgotten");
     }
 
     #[test]

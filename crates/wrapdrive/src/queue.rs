@@ -296,25 +296,18 @@ impl Queue {
             return Ok(reqs.len());
         }
         let n = reqs.len().min(self.free_slots.len());
-        let mut descs = std::mem::take(&mut self.scratch);
-        let mut done = 0;
-        while done < n {
-            let k = (n - done).min(descs.len());
-            for (d, (req, cookie)) in descs[..k].iter_mut().zip(&reqs[done..done + k]) {
-                let slot = self.free_slots.pop().expect("counted free slots");
-                self.slots[slot as usize] = Some(*cookie);
-                *d = *req;
-                d.tag = slot as u64;
-            }
-            let queued = self.view.submit(&descs[..k]);
-            if let Err(e) = queued {
-                self.scratch = descs;
-                return Err(ClientError::new(Status::BadState, e.to_string()));
-            }
-            debug_assert_eq!(queued, Ok(k), "slots bound submissions to the depth");
-            done += k;
-        }
-        self.scratch = descs;
+        let (free_slots, slots) = (&mut self.free_slots, &mut self.slots);
+        // Each request gets a free tag slot as it is written (the ring
+        // writes no more than the host's head allows, and takes no slot for
+        // what it did not write).
+        let n = self
+            .view
+            .submit_with(&reqs[..n], |(req, cookie)| {
+                let slot = free_slots.pop().expect("counted free slots");
+                slots[slot as usize] = Some(*cookie);
+                (req, u64::from(slot))
+            })
+            .map_err(|e| ClientError::new(Status::BadState, e.to_string()))?;
         self.stats.sent += n as u64;
         if n > 0 && self.view.engine_needs_wakeup() {
             self.ring_doorbell()?;
@@ -505,15 +498,31 @@ impl Queue {
     pub fn call(&mut self, desc: Desc) -> Result<Desc> {
         const COOKIE: u64 = u64::MAX;
         self.send_sync(desc, COOKIE)?;
+        if self.legacy() {
+            // The reply came with the send and waits in the stash.
+            let pos = self.stash.iter().rposition(|c| c.cookie == COOKIE);
+            let c = pos
+                .and_then(|p| self.stash.remove(p))
+                .ok_or_else(|| ClientError::new(Status::Protocol, "legacy reply missing"))?;
+            self.stats.received += 1;
+            return Ok(c.desc);
+        }
+        // Straight from the ring (the stash holds other requests'
+        // completions, which are the caller's business: they stay there
+        // for the next recv).
         loop {
-            let c = self.recv_sync(None)?;
-            if c.cookie == COOKIE {
-                return Ok(c.desc);
+            let mut d = [Desc::default()];
+            if self.view.reap(&mut d) == 1 {
+                let c = self.completion_of(&d[0])?;
+                if c.cookie == COOKIE {
+                    self.stats.received += 1;
+                    return Ok(c.desc);
+                }
+                self.stash.push_back(c);
+                continue;
             }
-            // Completions of other requests are the caller's business: keep
-            // them for the next recv.
-            self.stash.push_back(c);
-            self.stats.received -= 1;
+            self.idle_checks()?;
+            self.wait(None)?;
         }
     }
 
