@@ -454,7 +454,7 @@ impl EngineLoop {
             } else {
                 process(
                     &mut sec,
-                    &q,
+                    q,
                     &att,
                     &mut s.dev,
                     &mut d,
