@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use wd_device::{status, DeviceQueue, DeviceSlice, Dma, HeldSlice, Progress, Started};
 use wd_iommu::{
-    Access, Attachment, Domain, EngineTlb, Fault, FaultOutcome, FaultReason, Iommu, Resolution,
-    Section,
+    Access, Attachment, Domain, Endpoint, EngineTlb, Fault, FaultOutcome, FaultReason, Iommu,
+    Resolution, Section,
 };
 use wd_ring::{Desc, HostState, RingView};
 use wd_sys::guard::Guard;
@@ -166,6 +166,9 @@ struct Served {
     dev: Box<dyn DeviceQueue>,
     /// `dev.asynchronous()`, asked once.
     asynchronous: bool,
+    /// The endpoint's attachment and the generation it was taken at
+    /// (`Endpoint::generation`): taken again only when that changes.
+    att: Option<(u64, Attachment)>,
     parked: Vec<Parked>,
     /// A request cut in pieces: the descriptor as sent and the bytes done.
     partial: Option<(Desc, u64)>,
@@ -327,6 +330,7 @@ impl EngineLoop {
                     q,
                     view,
                     asynchronous: dev.asynchronous(),
+                    att: None,
                     dev,
                     parked: Vec::new(),
                     partial: None,
@@ -424,8 +428,8 @@ impl EngineLoop {
         // through a translation is done with when the section ends, which
         // is what an invalidation's sync waits for. A request cut in
         // pieces translates again in each pass.
-        let att = q.endpoint.attachment();
         let mut sec = tlb.enter();
+        let att = kept_attachment(&mut s.att, &q.endpoint);
         let mut scratch = Scratch {
             runs_a,
             runs_b,
@@ -903,6 +907,17 @@ fn translate(
             })
         }
     }
+}
+
+/// The queue's attachment for a section just entered: the one kept from an
+/// earlier pass unless the endpoint's generation moved since (an attach
+/// bumps it before its sync, which waits for sections that began earlier).
+fn kept_attachment<'s>(kept: &'s mut Option<(u64, Attachment)>, ep: &Endpoint) -> &'s Attachment {
+    let g = ep.generation();
+    if !matches!(kept, Some((k, _)) if *k == g) {
+        *kept = Some((g, ep.attachment()));
+    }
+    &kept.as_ref().expect("set above").1
 }
 
 /// Largest bounce copy through the client's memory descriptor at once.

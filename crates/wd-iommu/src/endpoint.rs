@@ -1,5 +1,6 @@
 //! Endpoints: what a queue's device accesses translate through.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::Domain;
@@ -20,6 +21,9 @@ pub struct Endpoint {
     id: u32,
     default: Arc<Domain>,
     current: RwLock<Attachment>,
+    /// Bumped by every `attach`, so an engine can keep the attachment it
+    /// took and take it again only when this changed (no lock per pass).
+    generation: AtomicU64,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -38,6 +42,7 @@ impl Endpoint {
             id,
             current: RwLock::new(Attachment::Domain(default.clone())),
             default,
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -69,6 +74,17 @@ impl Endpoint {
         }
     }
 
+    /// The attachment's generation. An engine reads it inside its
+    /// section (after `EngineTlb::enter`) and takes [`Endpoint::attachment`]
+    /// again only when it changed since it last did.
+    pub fn generation(&self) -> u64 {
+        // SeqCst: with the SeqCst bump in `attach` and the SeqCst section
+        // entry of engines and the sync's command, an engine entering a
+        // section after the sync sees the bump, and one that entered before
+        // is waited for by the sync.
+        self.generation.load(Ordering::SeqCst)
+    }
+
     /// Switch what it translates through, and wait (a sync on the IOMMU)
     /// until no engine can still use the previous attachment.
     pub fn attach(&self, a: Attachment) {
@@ -76,6 +92,8 @@ impl Endpoint {
             &mut *self.current.write().unwrap_or_else(|e| e.into_inner()),
             a,
         );
+        // SeqCst: pairs with the load in `generation`, before the sync.
+        self.generation.fetch_add(1, Ordering::SeqCst);
         // An engine in a section that took the old attachment still holds
         // it: the sync waits for that section to end.
         self.default.iommu().sync();
