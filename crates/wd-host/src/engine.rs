@@ -459,7 +459,7 @@ impl EngineLoop {
                 process(
                     &mut sec,
                     q,
-                    &att,
+                    att,
                     &mut s.dev,
                     &mut d,
                     &mut scratch,
