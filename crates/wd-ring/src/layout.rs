@@ -82,6 +82,7 @@ impl Default for Desc {
 
 impl Desc {
     /// Little-endian u64 at `off` of the payload (device message decoding).
+    #[inline]
     pub fn payload_u64(&self, off: usize) -> u64 {
         let mut b = [0u8; 8];
         b.copy_from_slice(&self.payload[off..off + 8]);
@@ -89,6 +90,7 @@ impl Desc {
     }
 
     /// Store a little-endian u64 at `off` of the payload.
+    #[inline]
     pub fn set_payload_u64(&mut self, off: usize, v: u64) {
         self.payload[off..off + 8].copy_from_slice(&v.to_le_bytes());
     }
@@ -125,6 +127,7 @@ impl Desc {
         })
     }
 
+    #[inline]
     fn payload_words<const N: usize>(&self, from: usize) -> [u64; N] {
         let mut w = [0u64; N];
         for (k, x) in w.iter_mut().enumerate() {
@@ -133,6 +136,7 @@ impl Desc {
         w
     }
 
+    #[inline]
     fn set_payload_words(&mut self, from: usize, w: &[u64]) {
         for (k, x) in w.iter().enumerate() {
             self.set_payload_u64(from + 8 * k, *x);
@@ -166,6 +170,7 @@ pub type Extension = [u64; 6];
 /// A message whose bytes 48..96 are not all zero continues in the entry's
 /// extension line; the returned extension is then `Some`. The entry carries
 /// `tag`, not `d.tag` (the client library puts its own tag there).
+#[inline]
 pub fn encode_sqe(d: &Desc, tag: u64) -> (EntryBody, Option<Extension>) {
     let ext: Extension = d.payload_words(INLINE_PAYLOAD);
     let continued = ext.iter().any(|&w| w != 0);
@@ -182,6 +187,7 @@ pub fn encode_sqe(d: &Desc, tag: u64) -> (EntryBody, Option<Extension>) {
 }
 
 /// Whether a submission entry says its message continues in its extension.
+#[inline]
 pub fn sqe_continued(body: &EntryBody) -> bool {
     (body.rest[0] >> 32) as u32 & SQE_CONTINUED != 0
 }
@@ -189,6 +195,7 @@ pub fn sqe_continued(body: &EntryBody) -> bool {
 /// Decode a submission entry (any bits: the peer may be hostile). Entry
 /// flags this version does not know end up in [`Desc::reserved`], which
 /// every device requires to be zero.
+#[inline]
 pub fn decode_sqe(body: &EntryBody, ext: Option<&Extension>) -> Desc {
     let entry_flags = (body.rest[0] >> 32) as u32;
     let mut d = Desc {
@@ -214,6 +221,7 @@ pub fn decode_sqe(body: &EntryBody, ext: Option<&Extension>) -> Desc {
 /// 16  tag u32, opcode u16, flags u16
 /// 24  message bytes 0..40 as the device left them
 /// ```
+#[inline]
 pub fn encode_cqe(d: &Desc) -> EntryBody {
     let mut rest = [0u64; 7];
     rest[0] = d.result;
@@ -227,6 +235,7 @@ pub fn encode_cqe(d: &Desc) -> EntryBody {
 }
 
 /// Decode a completion entry (any bits: the peer may be hostile).
+#[inline]
 pub fn decode_cqe(body: &EntryBody) -> Desc {
     let mut d = Desc {
         tag: body.rest[1] & 0xffff_ffff,
@@ -283,11 +292,13 @@ impl RingLayout {
     }
 
     /// Entries per ring.
+    #[inline]
     pub fn depth(&self) -> u32 {
         self.depth
     }
 
     /// Index mask (depth - 1).
+    #[inline]
     pub fn mask(&self) -> u32 {
         self.depth - 1
     }
@@ -296,6 +307,7 @@ impl RingLayout {
     /// it: twice the lap number, plus one. Always odd, so fresh memory
     /// (zero) never looks full, and consecutive laps of an entry differ,
     /// also where the u32 indices wrap around.
+    #[inline]
     pub fn seq(&self, i: u32) -> u32 {
         ((i >> self.depth.trailing_zeros()) << 1) | 1
     }
@@ -321,22 +333,26 @@ impl RingLayout {
     }
 
     /// Offset of the submission entry for free-running index `i`.
+    #[inline]
     pub fn sq_slot(&self, i: u32) -> usize {
         self.sq_offset() + (i & self.mask()) as usize * ENTRY_SIZE
     }
 
     /// Offset of the completion entry for free-running index `i`.
+    #[inline]
     pub fn cq_slot(&self, i: u32) -> usize {
         self.cq_offset() + (i & self.mask()) as usize * ENTRY_SIZE
     }
 
     /// Offset of the extension line of submission index `i`.
+    #[inline]
     pub fn ext_slot(&self, i: u32) -> usize {
         self.ext_offset() + (i & self.mask()) as usize * ENTRY_SIZE
     }
 
     /// Entries between `head` and `tail` as a producer sees them; an
     /// impossible distance (more than the depth) means the peer is lying.
+    #[inline]
     pub fn pending(&self, head: u32, tail: u32) -> Result<u32, RingError> {
         let n = tail.wrapping_sub(head);
         if n > self.depth {

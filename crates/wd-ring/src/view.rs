@@ -173,6 +173,7 @@ impl RingView {
 
     /// The 32-bit word at `offset`: a header field, or an entry's sequence
     /// word (the entry's first four bytes).
+    #[inline]
     fn word(&self, offset: usize) -> &AtomicU32 {
         // SAFETY: offset is a header offset or an entry offset from
         // RingLayout, 4-byte aligned and inside the mapping (its length was
@@ -182,6 +183,7 @@ impl RingView {
     }
 
     /// Write an entry's body (everything but its sequence word).
+    #[inline]
     fn write_body(&self, offset: usize, b: &EntryBody) {
         // SAFETY: entry offsets come from RingLayout: 64-byte aligned, the
         // whole entry inside the mapping. Volatile writes: the peer may read
@@ -193,6 +195,7 @@ impl RingView {
     }
 
     /// Read an entry's body; any bits are a valid body.
+    #[inline]
     fn read_body(&self, offset: usize) -> EntryBody {
         // SAFETY: as in write_body.
         unsafe {
@@ -215,6 +218,7 @@ impl RingView {
     }
 
     /// Whether the entry at `offset` holds free-running index `i`.
+    #[inline]
     fn holds(&self, offset: usize, i: u32) -> bool {
         // Acquire: pairs with the producer's Release store of the sequence
         // word (`put_sqe` for submissions, `complete` for completions), so
@@ -226,6 +230,7 @@ impl RingView {
 
     /// Client: free submission entries, re-reading the host's head only
     /// when the cached one leaves fewer than `want`.
+    #[inline]
     fn sq_free(&mut self, want: usize) -> Result<usize, RingError> {
         let free = self.layout.depth() - self.layout.pending(self.peer_head, self.sq_index)?;
         if free as usize >= want {
@@ -239,6 +244,7 @@ impl RingView {
         Ok((self.layout.depth() - used) as usize)
     }
 
+    #[inline]
     fn put_sqe(&self, i: u32, d: &Desc, tag: u64) {
         let (body, ext) = encode_sqe(d, tag);
         if let Some(e) = ext {
@@ -262,6 +268,7 @@ impl RingView {
     /// the tag to send in place of the descriptor's own, so a library that
     /// tags requests itself needs no copy of them. `entry` is called once
     /// for each item queued, in order, and for no other.
+    #[inline]
     pub fn submit_with<T>(
         &mut self,
         items: &[T],
@@ -278,6 +285,7 @@ impl RingView {
 
     /// Client, after a batch of `submit`s: whether the engine sleeps and
     /// needs its doorbell.
+    #[inline]
     pub fn engine_needs_wakeup(&self) -> bool {
         // SeqCst fence: pairs with the fence in `host_prepare_sleep`; orders
         // our sequence-word stores before the SQ_FLAGS load (store-buffer
@@ -288,6 +296,7 @@ impl RingView {
 
     /// Client: copy up to `out.len()` completions out and free their
     /// entries (one head store for the batch).
+    #[inline]
     pub fn reap(&mut self, out: &mut [Desc]) -> usize {
         let mut n = 0;
         while n < out.len() {
@@ -312,6 +321,7 @@ impl RingView {
 
     /// Client: whether a completion waits to be reaped (one load of the
     /// entry it would come in).
+    #[inline]
     pub fn completions_ready(&self) -> bool {
         self.holds(self.layout.cq_slot(self.cq_index), self.cq_index)
     }
@@ -345,6 +355,7 @@ impl RingView {
     }
 
     /// Either side: what the host says about this ring.
+    #[inline]
     pub fn host_state(&self) -> HostState {
         HostState::from_u32(self.word(off::HOST_STATE).load(Ordering::Acquire))
     }
@@ -359,6 +370,7 @@ impl RingView {
 
     /// Host: free completion entries, re-reading the client's head only
     /// when the cached one leaves fewer than `want`.
+    #[inline]
     fn cq_space_for(&mut self, want: u32) -> Result<u32, RingError> {
         let free = self.layout.depth() - self.layout.pending(self.peer_head, self.cq_index)?;
         if free >= want {
@@ -404,6 +416,7 @@ impl RingView {
 
     /// Host: whether a submission waits (one load of the entry it would
     /// come in).
+    #[inline]
     pub fn submissions_ready(&self) -> bool {
         self.holds(self.layout.sq_slot(self.sq_index), self.sq_index)
     }
