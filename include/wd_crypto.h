@@ -164,6 +164,7 @@ void wd_crypto_count_cpu(uint64_t requests, uint64_t bytes, int reason);
 int wd_cipher_get_chain(struct wd_cipher *c, void *iv, size_t *num);
 int wd_cipher_set_chain(struct wd_cipher *c, const void *iv, size_t num);
 
+/* The counters wd ls shows under queues/q<ID>/client/, in that order. */
 struct wd_crypto_stats {
 	uint64_t offload_requests, offload_bytes;
 	uint64_t cpu_requests, cpu_bytes;

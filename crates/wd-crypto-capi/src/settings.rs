@@ -35,18 +35,9 @@ pub extern "C" fn wd_crypto_set_policy(policy: c_int) -> c_int {
     0
 }
 
-/// `struct wd_crypto_stats`.
-#[repr(C)]
-pub struct WdCryptoStats {
-    offload_requests: u64,
-    offload_bytes: u64,
-    cpu_requests: u64,
-    cpu_bytes: u64,
-    cpu_below_threshold: u64,
-    cpu_no_queue: u64,
-    cpu_host_gone: u64,
-    cpu_policy: u64,
-}
+/// `struct wd_crypto_stats`: eight u64 counters in the order of
+/// `wd_ring::CLIENT_STAT_NAMES` (`Stats::to_array`).
+type WdCryptoStats = [u64; wd_ring::CLIENT_STATS];
 
 /// Read the counters.
 ///
@@ -57,17 +48,7 @@ pub unsafe extern "C" fn wd_crypto_get_stats(out: *mut WdCryptoStats) -> c_int {
     if out.is_null() {
         return invalid("wd_crypto_get_stats: NULL out-pointer");
     }
-    let s = crypto::stats();
-    let v = WdCryptoStats {
-        offload_requests: s.offload_requests,
-        offload_bytes: s.offload_bytes,
-        cpu_requests: s.cpu_requests,
-        cpu_bytes: s.cpu_bytes,
-        cpu_below_threshold: s.cpu_below_threshold,
-        cpu_no_queue: s.cpu_no_queue,
-        cpu_host_gone: s.cpu_host_gone,
-        cpu_policy: s.cpu_policy,
-    };
+    let v = crypto::stats().to_array();
     // SAFETY: out is non-null and caller-owned.
     unsafe { out.write_unaligned(v) };
     0

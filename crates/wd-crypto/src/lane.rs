@@ -127,17 +127,7 @@ impl Lane {
         if token % 256 == 1 {
             // Now and then, show the host (wd ls) where this process's
             // requests went.
-            let s = crate::stats();
-            self.q.publish_stats(&[
-                s.offload_requests,
-                s.offload_bytes,
-                s.cpu_requests,
-                s.cpu_bytes,
-                s.cpu_below_threshold,
-                s.cpu_no_queue,
-                s.cpu_host_gone,
-                s.cpu_policy,
-            ]);
+            self.q.publish_stats(&crate::stats().to_array());
         }
         self.q.send(d, token)?;
         Ok(token)

@@ -37,7 +37,7 @@ pub enum Why {
     Policy,
 }
 
-const N: usize = 8;
+const N: usize = wd_ring::CLIENT_STATS;
 
 /// One thread's counters: written only by that thread (a plain load and
 /// store, no locked instruction on the hot path), read by anyone.
@@ -127,14 +127,56 @@ pub fn stats() -> Stats {
             *s += v.load(Ordering::Relaxed);
         }
     }
-    Stats {
-        offload_requests: sum[0],
-        offload_bytes: sum[1],
-        cpu_requests: sum[2],
-        cpu_bytes: sum[3],
-        cpu_below_threshold: sum[4],
-        cpu_no_queue: sum[5],
-        cpu_host_gone: sum[6],
-        cpu_policy: sum[7],
+    Stats::from_array(sum)
+}
+
+impl Stats {
+    /// The counters in the order of `wd_ring::CLIENT_STAT_NAMES` (the ring's
+    /// and `struct wd_crypto_stats`'s order).
+    pub fn to_array(&self) -> [u64; N] {
+        [
+            self.offload_requests,
+            self.offload_bytes,
+            self.cpu_requests,
+            self.cpu_bytes,
+            self.cpu_below_threshold,
+            self.cpu_no_queue,
+            self.cpu_host_gone,
+            self.cpu_policy,
+        ]
+    }
+
+    fn from_array(v: [u64; N]) -> Stats {
+        let [offload_requests, offload_bytes, cpu_requests, cpu_bytes, cpu_below_threshold, cpu_no_queue, cpu_host_gone, cpu_policy] =
+            v;
+        Stats {
+            offload_requests,
+            offload_bytes,
+            cpu_requests,
+            cpu_bytes,
+            cpu_below_threshold,
+            cpu_no_queue,
+            cpu_host_gone,
+            cpu_policy,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn array_order_is_the_rings_name_order() {
+        let s = Stats::from_array([0, 1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(s.to_array(), [0, 1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(
+            (s.offload_requests, s.cpu_bytes, s.cpu_policy),
+            (0, 3, 7),
+            "{:?}",
+            wd_ring::CLIENT_STAT_NAMES
+        );
+        assert_eq!(wd_ring::CLIENT_STAT_NAMES[3], "cpu_bytes");
+        assert_eq!(wd_ring::CLIENT_STAT_NAMES[7], "cpu_policy");
     }
 }

@@ -18,16 +18,7 @@ fn entry(path: String, value: impl ToString, writable: bool) -> AttrEntry {
 }
 
 /// Names of the counters a client publishes in its ring, in order.
-pub const CLIENT_STAT_NAMES: [&str; wd_ring::CLIENT_STATS] = [
-    "offload_requests",
-    "offload_bytes",
-    "cpu_requests",
-    "cpu_bytes",
-    "cpu_below_threshold",
-    "cpu_no_queue",
-    "cpu_host_gone",
-    "cpu_policy",
-];
+pub use wd_ring::CLIENT_STAT_NAMES;
 
 /// Every attribute whose path starts with `prefix`, as `who` may see it.
 ///

@@ -24,6 +24,19 @@ pub const COMPLETION_PAYLOAD: usize = 40;
 /// Counters a client publishes in its ring for `wd ls` (what its libraries
 /// computed where); informational, never trusted by the host.
 pub const CLIENT_STATS: usize = 8;
+/// The client counters' names, in their order in the ring (and in
+/// `wd-crypto`'s `Stats::to_array`, and in `struct wd_crypto_stats`):
+/// the one list every side reads.
+pub const CLIENT_STAT_NAMES: [&str; CLIENT_STATS] = [
+    "offload_requests",
+    "offload_bytes",
+    "cpu_requests",
+    "cpu_bytes",
+    "cpu_below_threshold",
+    "cpu_no_queue",
+    "cpu_host_gone",
+    "cpu_policy",
+];
 /// Smallest ring depth.
 pub const MIN_DEPTH: u32 = 2;
 /// Largest ring depth (bounds host memory per queue: 4 KiB + 3 x 4096 x

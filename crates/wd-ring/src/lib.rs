@@ -14,8 +14,8 @@ mod view;
 
 pub use layout::{
     decode_cqe, decode_sqe, encode_cqe, encode_sqe, sqe_continued, Desc, EntryBody, Extension,
-    RingLayout, CLIENT_STATS, COMPLETION_PAYLOAD, DESC_SIZE, ENTRY_SIZE, INLINE_PAYLOAD, MAX_DEPTH,
-    MIN_DEPTH, PAYLOAD_SIZE, RING_MAGIC, RING_VERSION, SQE_CONTINUED,
+    RingLayout, CLIENT_STATS, CLIENT_STAT_NAMES, COMPLETION_PAYLOAD, DESC_SIZE, ENTRY_SIZE,
+    INLINE_PAYLOAD, MAX_DEPTH, MIN_DEPTH, PAYLOAD_SIZE, RING_MAGIC, RING_VERSION, SQE_CONTINUED,
 };
 pub use view::{read_client_stats, HostState, RingView, CQ_WAITING, SQ_NEED_WAKEUP};
 
