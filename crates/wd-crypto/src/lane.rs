@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wd_sec_msg::{SessionFree, SessionNew};
-use wrapdrive::{Capability, Completion, Desc, HostConn, Queue, SharedBuf, Status};
+use wrapdrive::{Capability, Desc, HostConn, Queue, SharedBuf, Status};
 
 use crate::{config, CryptoError, Result};
 
@@ -53,13 +53,6 @@ pub struct Lane {
     q: Queue,
     stage: SharedBuf,
     free_slots: Vec<u16>,
-    /// Completions reaped while waiting for another request.
-    /// (At most the ring depth: a short list beats hashing.)
-    done: Vec<(u64, Desc)>,
-    /// Reaped completions (kept to avoid an allocation per reap).
-    reaped: Vec<Completion>,
-    /// Requests nobody waits for (session frees): dropped when reaped.
-    forget: std::collections::HashSet<u64>,
     next_token: u64,
 }
 
@@ -82,9 +75,6 @@ impl Lane {
             q,
             stage,
             free_slots: (0..SLOTS as u16).rev().collect(),
-            done: Vec::with_capacity(SLOTS * 2),
-            reaped: Vec::with_capacity(SLOTS * 2),
-            forget: std::collections::HashSet::new(),
             next_token: 1,
         })
     }
@@ -133,31 +123,10 @@ impl Lane {
         Ok(token)
     }
 
-    fn reap(&mut self) -> Result<()> {
-        let mut v = std::mem::take(&mut self.reaped);
-        v.clear();
-        let r = self.q.recv_batch(&mut v, SLOTS * 2);
-        for c in v.drain(..) {
-            if self.forget.is_empty() || !self.forget.remove(&c.cookie) {
-                self.done.push((c.cookie, c.desc));
-            }
-        }
-        self.reaped = v;
-        r.map(|_| ()).map_err(Into::into)
-    }
-
-    fn take_done(&mut self, token: u64) -> Option<Desc> {
-        let i = self.done.iter().position(|(t, _)| *t == token)?;
-        Some(self.done.swap_remove(i).1)
-    }
-
     /// The completion of `token` if it has arrived (non-blocking).
     pub fn poll(&mut self, token: u64) -> Result<Option<Desc>> {
-        if let Some(d) = self.take_done(token) {
-            return Ok(Some(d));
-        }
-        self.reap()?;
-        Ok(self.take_done(token))
+        // The queue keeps other requests' completions for their own polls.
+        Ok(self.q.recv_cookie(token)?.map(|c| c.desc))
     }
 
     /// Wait for the completion of `token`.
@@ -186,9 +155,6 @@ impl Lane {
     /// Ask to be signalled at the next completion; true when one is already
     /// there (then do not sleep).
     pub fn arm(&mut self) -> Result<bool> {
-        if !self.done.is_empty() {
-            return Ok(true);
-        }
         Ok(self.q.arm_wait()?)
     }
 
@@ -208,10 +174,10 @@ impl Lane {
     /// may yield to their owners); otherwise arm the fd for them. Nothing
     /// at all when no request is out.
     pub fn after_inline(&mut self) -> Result<bool> {
-        if self.done.is_empty() && self.in_flight() == 0 {
+        if self.q.stashed() == 0 && self.in_flight() == 0 {
             return Ok(false);
         }
-        let ready = !self.done.is_empty() || self.q.completions_ready();
+        let ready = self.q.completions_ready();
         if ready {
             self.q.kick_wait()?;
             return Ok(true);
@@ -254,7 +220,7 @@ impl Lane {
     pub fn free_session(&mut self, handle: u64) {
         if let Ok(t) = self.submit(SessionFree { session: handle }.encode()) {
             // Nobody waits: drop the completion when it comes.
-            self.forget.insert(t);
+            self.q.forget(t);
         }
     }
 }

@@ -85,7 +85,12 @@ pub struct Queue {
     /// Cookie per in-flight tag slot.
     slots: Vec<Option<u64>>,
     free_slots: Vec<u32>,
+    /// Completions taken off the ring and not yet handed out: legacy
+    /// replies, other requests' completions met by `call` or
+    /// `recv_cookie`. The one stash of the client side.
     stash: VecDeque<Completion>,
+    /// Cookies whose completions nobody waits for: dropped when reaped.
+    forgotten: std::collections::HashSet<u64>,
     /// Descriptors being submitted or reaped (allocated once, so the hot
     /// path neither allocates nor clears memory).
     scratch: Vec<Desc>,
@@ -194,6 +199,7 @@ impl Queue {
             slots: vec![None; depth as usize],
             free_slots: (0..depth).rev().collect(),
             stash: VecDeque::new(),
+            forgotten: std::collections::HashSet::new(),
             scratch: vec![Desc::default(); SCRATCH],
             shares: Vec::new(),
             stats: QueueStats::default(),
@@ -421,9 +427,11 @@ impl Queue {
             let n = self.view.reap(&mut descs[..k]);
             for d in &descs[..n] {
                 let c = self.completion_of(d)?;
-                out.push(c);
+                if self.wanted(&c) {
+                    out.push(c);
+                    total += 1;
+                }
             }
-            total += n;
             if n < k {
                 break;
             }
@@ -442,9 +450,12 @@ impl Queue {
             return Ok(None);
         }
         let mut d = [Desc::default()];
-        if self.view.reap(&mut d) == 1 {
-            self.stats.received += 1;
-            return self.completion_of(&d[0]).map(Some);
+        while self.view.reap(&mut d) == 1 {
+            let c = self.completion_of(&d[0])?;
+            if self.wanted(&c) {
+                self.stats.received += 1;
+                return Ok(Some(c));
+            }
         }
         self.idle_checks()?;
         Ok(None)
@@ -462,6 +473,78 @@ impl Queue {
         };
         self.free_slots.push(slot as u32);
         Ok(Completion { cookie, desc: *d })
+    }
+
+    /// Whether a reaped completion is handed out (not one nobody waits for).
+    fn wanted(&mut self, c: &Completion) -> bool {
+        self.forgotten.is_empty() || !self.forgotten.remove(&c.cookie)
+    }
+
+    /// Drop the completion of `cookie` (a request in flight) when it comes,
+    /// instead of handing it out: for requests nobody waits for.
+    pub fn forget(&mut self, cookie: u64) {
+        if let Some(i) = self.stash.iter().position(|c| c.cookie == cookie) {
+            self.stash.remove(i);
+        } else {
+            self.forgotten.insert(cookie);
+        }
+    }
+
+    /// The completion of the request sent with `cookie`, if it has come
+    /// (non-blocking). Other completions reaped meanwhile wait in the stash
+    /// for their own `recv_cookie` or `recv`: one caller can wait for its
+    /// request while others' are in flight on the same queue.
+    pub fn recv_cookie(&mut self, cookie: u64) -> Result<Option<Completion>> {
+        self.check()?;
+        if let Some(c) = self.take_stashed(cookie) {
+            return Ok(Some(c));
+        }
+        if self.legacy() {
+            return Ok(None);
+        }
+        let mut descs = std::mem::take(&mut self.scratch);
+        let mut found = None;
+        loop {
+            let n = self.view.reap(&mut descs);
+            for d in &descs[..n] {
+                let c = match self.completion_of(d) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        self.scratch = descs;
+                        return Err(e);
+                    }
+                };
+                if !self.wanted(&c) {
+                    continue;
+                }
+                if c.cookie == cookie && found.is_none() {
+                    found = Some(c);
+                } else {
+                    self.stash.push_back(c);
+                }
+            }
+            if n < descs.len() {
+                break;
+            }
+        }
+        self.scratch = descs;
+        if let Some(c) = found {
+            self.stats.received += 1;
+            return Ok(Some(c));
+        }
+        self.idle_checks()?;
+        Ok(None)
+    }
+
+    fn take_stashed(&mut self, cookie: u64) -> Option<Completion> {
+        let i = self.stash.iter().position(|c| c.cookie == cookie)?;
+        self.stats.received += 1;
+        self.stash.remove(i)
+    }
+
+    /// Completions reaped and waiting in the stash.
+    pub fn stashed(&self) -> usize {
+        self.stash.len()
     }
 
     /// Receive one completion, waiting up to `timeout` (`None`: until one
@@ -518,7 +601,9 @@ impl Queue {
                     self.stats.received += 1;
                     return Ok(c.desc);
                 }
-                self.stash.push_back(c);
+                if self.wanted(&c) {
+                    self.stash.push_back(c);
+                }
                 continue;
             }
             self.idle_checks()?;
@@ -571,12 +656,13 @@ impl Queue {
         let _ = wd_sys::eventfd_drain(self.cq_event.as_fd());
     }
 
-    /// Block until a completion is ready (spin briefly, then sleep), the
-    /// timeout passes, or the host goes away (an error).
+    /// Block until a completion is posted in the ring (spin briefly, then
+    /// sleep), the timeout passes, or the host goes away (an error).
+    /// Completions already in the stash do not end the wait: they are other
+    /// callers' (`recv` hands them out without waiting), and a caller
+    /// waiting for its own request (`recv_cookie`) must sleep, not spin, while
+    /// they sit there.
     pub fn wait_completion(&mut self, timeout: Option<Duration>) -> Result<()> {
-        if !self.stash.is_empty() {
-            return Ok(());
-        }
         self.wait(timeout)
     }
 
