@@ -39,7 +39,10 @@ fn each_caller_gets_its_own_completion_and_forgotten_ones_vanish() {
         assert!(Instant::now() < deadline, "request 13 never completed");
         q.wait_completion(Some(Duration::from_millis(100))).unwrap();
     };
-    assert_eq!((last.cookie, last.desc.status, last.desc.result), (13, 0, 1024));
+    assert_eq!(
+        (last.cookie, last.desc.status, last.desc.result),
+        (13, 0, 1024)
+    );
     assert_eq!(q.stashed(), 2, "10 and 12 wait; 11 was forgotten");
     assert_eq!(q.recv_cookie(12).unwrap().map(|c| c.cookie), Some(12));
     assert_eq!(q.recv_cookie(11).unwrap(), None, "forgotten");
