@@ -566,6 +566,13 @@ impl Buffer {
         self.fd.as_fd()
     }
 
+    /// Bind the pages to NUMA node `node` (advice: an error where the
+    /// kernel has no NUMA, and the memory works all the same), for callers
+    /// that must know whether it took.
+    pub fn bind_node(&self, node: u32) -> Result<(), HeapError> {
+        Ok(self.map.bind_node(node)?)
+    }
+
     /// A new descriptor for the same pages, close-on-exec, for another
     /// process to [`Heap::import`].
     pub fn export(&self) -> Result<OwnedFd, HeapError> {

@@ -1,7 +1,9 @@
 //! Memory a client shares with a device without copies.
 //!
 //! The client side ([`Allocator`]) carves page-granular buffers out of
-//! memfd-backed arenas that are sealed against shrinking, so the host can map
+//! arenas, each one heap buffer (`wd_heap`, the one way the project makes
+//! shareable memory: a memfd on normal pages, counted against the process's
+//! heap limits) sealed against shrinking and growing, so the host can map
 //! the same pages without them being cut short (a hole punched in them is
 //! another matter: engines touch them inside `wd_sys::guard` sections).
 //! The host side ([`ImportedRegion`])
@@ -9,7 +11,7 @@
 #![deny(unsafe_code)]
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex, Weak};
 
 use wd_sys::window::{FileWindow, WindowMapping};
@@ -58,6 +60,9 @@ pub enum MemError {
     /// A system call failed.
     #[error(transparent)]
     Sys(#[from] SysError),
+    /// The heap refused an arena (limits, memory).
+    #[error("arena: {0}")]
+    Heap(#[from] wd_heap::HeapError),
 }
 
 impl MemError {
@@ -68,6 +73,7 @@ impl MemError {
             MemError::Limit { .. } => 12,
             MemError::NotSealed => 1,
             MemError::Sys(e) => e.errno(),
+            MemError::Heap(e) => e.errno(),
         }
     }
 }
@@ -76,62 +82,53 @@ fn round_up(v: usize, to: usize) -> Option<usize> {
     v.checked_add(to - 1).map(|x| x & !(to - 1))
 }
 
-/// One memfd and its mapping in this process.
+/// One heap buffer that buffers are carved from, mapped in this process.
 #[derive(Debug)]
 pub struct Arena {
-    fd: OwnedFd,
-    map: Mapping,
+    buf: wd_heap::Buffer,
     node: Option<u32>,
 }
 
 impl Arena {
     /// Create a sealed arena of `size` bytes (page multiple), optionally bound
-    /// to a NUMA node (the seed's "memory in the device's NUMA zone").
+    /// to a NUMA node (memory in the device's NUMA zone). Its pages are
+    /// allocated as they are first touched.
     pub fn new(size: usize, node: Option<u32>) -> Result<Arena, MemError> {
         let size = round_up(size, GRANULE).ok_or(MemError::BadSize(size))?;
         if size == 0 {
             return Err(MemError::BadSize(0));
         }
-        let fd = wd_sys::memfd_create("wd-arena", false)?;
-        wd_sys::ftruncate(fd.as_fd(), size as u64)?;
-        wd_sys::add_seals(
-            fd.as_fd(),
-            wd_sys::SEAL_SHRINK | wd_sys::SEAL_GROW | wd_sys::SEAL_SEAL,
-        )?;
-        let map = Mapping::map_shared(fd.as_fd(), 0, size)?;
-        let mut bound = None;
-        if let Some(n) = node {
-            // Binding is advice: a kernel without NUMA refuses it and the
-            // memory still works, so record whether it took.
-            if map.bind_node(n).is_ok() {
-                bound = Some(n);
-            }
-        }
-        Ok(Arena {
-            fd,
-            map,
-            node: bound,
-        })
+        let opts = wd_heap::AllocOptions {
+            pages: wd_heap::PagePolicy::Normal,
+            populate: false,
+            seal: true,
+            node: None,
+        };
+        let buf = wd_heap::Heap::process().alloc(size as u64, &opts)?;
+        // Binding is advice: a kernel without NUMA refuses it and the
+        // memory still works, so record whether it took.
+        let node = node.filter(|&n| buf.bind_node(n).is_ok());
+        Ok(Arena { buf, node })
     }
 
     /// Base address in this process.
     pub fn base(&self) -> usize {
-        self.map.as_ptr() as usize
+        self.buf.addr() as usize
     }
 
     /// Size in bytes.
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.buf.capacity() as usize
     }
 
     /// Whether empty (never).
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.len() == 0
     }
 
     /// The memfd, to pass to the host.
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+        self.buf.fd()
     }
 
     /// NUMA node the pages are bound to, if binding succeeded.
@@ -388,6 +385,7 @@ impl ImportedRegion {
 #[allow(unsafe_code)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
 
     #[test]
     fn alloc_free_merge_and_locate() {

@@ -2,7 +2,7 @@
 #![allow(unsafe_code)]
 
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -845,22 +845,25 @@ impl Queue {
                 ),
             )
         })?;
+        self.share_fd(start, end - start, loc.arena.fd(), loc.offset)
+    }
+
+    /// The one share path: map `size` bytes of `fd` from `fd_offset` at
+    /// `iova`, read-write, and remember it for `unshare`.
+    fn share_fd(&mut self, iova: u64, size: u64, fd: BorrowedFd<'_>, fd_offset: u64) -> Result<()> {
         let (reply, _) = self.host.call(
             &Message::MemShare {
                 queue_id: self.id,
-                iova: start,
-                size: end - start,
-                fd_offset: loc.offset,
+                iova,
+                size,
+                fd_offset,
                 prot: wd_proto::Prot::RW,
             },
-            &[loc.arena.fd()],
+            &[fd],
         )?;
         match reply {
             Message::Ok => {
-                self.shares.push(Share {
-                    iova: start,
-                    size: end - start,
-                });
+                self.shares.push(Share { iova, size });
                 Ok(())
             }
             other => Err(unexpected(&other)),
@@ -882,26 +885,7 @@ impl Queue {
                 "cannot share a buffer that is read-only in this process",
             ));
         }
-        let (reply, _) = self.host.call(
-            &Message::MemShare {
-                queue_id: self.id,
-                iova: buf.addr(),
-                size: buf.capacity(),
-                fd_offset: 0,
-                prot: wd_proto::Prot::RW,
-            },
-            &[buf.fd()],
-        )?;
-        match reply {
-            Message::Ok => {
-                self.shares.push(Share {
-                    iova: buf.addr(),
-                    size: buf.capacity(),
-                });
-                Ok(())
-            }
-            other => Err(unexpected(&other)),
-        }
+        self.share_fd(buf.addr(), buf.capacity(), buf.fd(), 0)
     }
 
     /// Undo [`Queue::share_buffer`]; returns once no engine can reach the
