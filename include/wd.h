@@ -104,7 +104,7 @@ struct wd_dummy_msg {
 	uint64_t result;      /* out: bytes copied */
 };
 
-/* ---- the queue API (the seed's eight calls) --------------------------- */
+/* ---- the queue API ---------------------------------------------------- */
 
 /* Ask for a queue. -ENODEV: no device serves capa->alg; -EBUSY: all in use;
  * -EDQUOT: over a per-user limit of the host (wd_last_error names it);

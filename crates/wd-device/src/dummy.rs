@@ -1,4 +1,4 @@
-//! The seed's demonstration device: a memcpy engine.
+//! The demonstration device: a memcpy engine.
 //!
 //! Its message format is `wd-dummy-msg` (shared with clients).
 

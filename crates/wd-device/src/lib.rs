@@ -27,7 +27,7 @@ pub enum DeviceError {
     },
 }
 
-/// One algorithm (queue type) a driver serves: the seed's
+/// One algorithm (queue type) a driver serves, shown as
 /// `mdev_supported_types/<driver>-<alg>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AlgInfo {

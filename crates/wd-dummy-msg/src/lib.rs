@@ -1,4 +1,4 @@
-//! The dummy device's message format: a memcpy engine's (the seed's
+//! The dummy device's message format: a memcpy engine's (the framework's
 //! demonstration device), in its own crate so clients speak it without
 //! linking the device.
 //!

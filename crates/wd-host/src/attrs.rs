@@ -1,5 +1,5 @@
 //! The resource tree clients read (`wd ls`, `wd attr get`) and the host's
-//! owner writes (`wd attr set`): the seed's /sys/class/wd_dev layout.
+//! owner writes (`wd attr set`), laid out like a /sys/class/wd_dev tree.
 
 use std::sync::atomic::Ordering;
 

@@ -1,4 +1,4 @@
-//! The device host (the seed's WrapDrive_k role, in user space).
+//! The device host: the kernel driver's role (owning devices, granting queues, mapping memory), in user space.
 //!
 //! It owns the devices and their engine threads, listens on a UNIX socket,
 //! and gives each connected process queues whose lifetime is bound to that
