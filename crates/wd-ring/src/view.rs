@@ -184,13 +184,43 @@ impl RingView {
 
     /// Write an entry's body (everything but its sequence word).
     #[inline]
-    fn write_body(&self, offset: usize, b: &EntryBody) {
-        // SAFETY: entry offsets come from RingLayout: 64-byte aligned, the
-        // whole entry inside the mapping. Volatile writes: the peer may read
-        // concurrently, and no reference into shared memory is formed.
-        unsafe {
-            std::ptr::write_volatile(self.base.add(offset + 4).cast::<u32>(), b.word);
-            std::ptr::write_volatile(self.base.add(offset + 8).cast::<[u64; 7]>(), b.rest);
+    fn write_body(&self, offset: usize, b: &EntryBody, old_seq: u32) {
+        // The whole line in four 16-byte stores, its sequence word rewritten
+        // with the value it already holds (the previous lap's: the consumer
+        // is not waiting for that one), so the line costs four store-buffer
+        // entries instead of nine; the new sequence word follows.
+        let line: [u64; 8] = [
+            u64::from(old_seq) | (u64::from(b.word) << 32),
+            b.rest[0],
+            b.rest[1],
+            b.rest[2],
+            b.rest[3],
+            b.rest[4],
+            b.rest[5],
+            b.rest[6],
+        ];
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::__m128i;
+            let p = self.base.wrapping_add(offset).cast::<__m128i>();
+            for k in 0..4 {
+                // SAFETY: two u64 and an SSE2 vector (part of x86_64) have
+                // the same size, and every bit pattern is valid for both.
+                let v: __m128i = unsafe { std::mem::transmute([line[2 * k], line[2 * k + 1]]) };
+                // SAFETY: entry offsets come from RingLayout: 64-byte
+                // aligned (so 16-byte aligned), the whole entry inside the
+                // mapping. Volatile writes: the peer may read concurrently,
+                // and no reference into shared memory is formed.
+                unsafe { std::ptr::write_volatile(p.add(k), v) };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let p = self.base.wrapping_add(offset).cast::<u64>();
+            for (k, w) in line.iter().enumerate() {
+                // SAFETY: as above, in 8-byte stores.
+                unsafe { std::ptr::write_volatile(p.add(k), *w) };
+            }
         }
     }
 
@@ -251,7 +281,11 @@ impl RingView {
             self.write_ext(self.layout.ext_slot(i), &e);
         }
         let o = self.layout.sq_slot(i);
-        self.write_body(o, &body);
+        self.write_body(
+            o,
+            &body,
+            self.layout.seq(i.wrapping_sub(self.layout.depth())),
+        );
         // Release: pairs with the host's Acquire load of this sequence word
         // in `fetch` (`holds`), publishing the body and extension above.
         self.word(o).store(self.layout.seq(i), Ordering::Release);
@@ -434,7 +468,8 @@ impl RingView {
         for (k, d) in descs.iter().enumerate() {
             let i = self.cq_index.wrapping_add(k as u32);
             let o = self.layout.cq_slot(i);
-            self.write_body(o, &encode_cqe(d));
+            let old = self.layout.seq(i.wrapping_sub(self.layout.depth()));
+            self.write_body(o, &encode_cqe(d), old);
             // Release: pairs with the client's Acquire load of this sequence
             // word in `reap` (`holds`), publishing the body above.
             self.word(o).store(self.layout.seq(i), Ordering::Release);
