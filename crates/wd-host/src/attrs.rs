@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use wd_proto::{AttrEntry, Status};
+use wd_ring::CLIENT_STAT_NAMES;
 use wd_sys::PeerCred;
 
 use crate::config::QueueDetails;
@@ -16,9 +17,6 @@ fn entry(path: String, value: impl ToString, writable: bool) -> AttrEntry {
         writable,
     }
 }
-
-/// Names of the counters a client publishes in its ring, in order.
-pub use wd_ring::CLIENT_STAT_NAMES;
 
 /// Every attribute whose path starts with `prefix`, as `who` may see it.
 ///

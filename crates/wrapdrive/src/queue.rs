@@ -502,35 +502,19 @@ impl Queue {
         if self.legacy() {
             return Ok(None);
         }
-        let mut descs = std::mem::take(&mut self.scratch);
-        let mut found = None;
-        loop {
-            let n = self.view.reap(&mut descs);
-            for d in &descs[..n] {
-                let c = match self.completion_of(d) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        self.scratch = descs;
-                        return Err(e);
-                    }
-                };
-                if !self.wanted(&c) {
-                    continue;
-                }
-                if c.cookie == cookie && found.is_none() {
-                    found = Some(c);
-                } else {
-                    self.stash.push_back(c);
-                }
+        // One entry at a time, stopping at ours: reading past it would pull
+        // in the line the engine writes next.
+        let mut d = [Desc::default()];
+        while self.view.reap(&mut d) == 1 {
+            let c = self.completion_of(&d[0])?;
+            if !self.wanted(&c) {
+                continue;
             }
-            if n < descs.len() {
-                break;
+            if c.cookie == cookie {
+                self.stats.received += 1;
+                return Ok(Some(c));
             }
-        }
-        self.scratch = descs;
-        if let Some(c) = found {
-            self.stats.received += 1;
-            return Ok(Some(c));
+            self.stash.push_back(c);
         }
         self.idle_checks()?;
         Ok(None)
@@ -581,38 +565,21 @@ impl Queue {
     pub fn call(&mut self, desc: Desc) -> Result<Desc> {
         const COOKIE: u64 = u64::MAX;
         self.send_sync(desc, COOKIE)?;
-        if self.legacy() {
-            // The reply came with the send and waits in the stash.
-            let pos = self.stash.iter().rposition(|c| c.cookie == COOKIE);
-            let c = pos
-                .and_then(|p| self.stash.remove(p))
-                .ok_or_else(|| ClientError::new(Status::Protocol, "legacy reply missing"))?;
-            self.stats.received += 1;
-            return Ok(c.desc);
-        }
-        // Straight from the ring (the stash holds other requests'
-        // completions, which are the caller's business: they stay there
-        // for the next recv).
+        // Other requests' completions met meanwhile stay in the stash for
+        // the caller's next recv (a legacy reply is already there).
         loop {
-            let mut d = [Desc::default()];
-            if self.view.reap(&mut d) == 1 {
-                let c = self.completion_of(&d[0])?;
-                if c.cookie == COOKIE {
-                    self.stats.received += 1;
-                    return Ok(c.desc);
-                }
-                if self.wanted(&c) {
-                    self.stash.push_back(c);
-                }
-                continue;
+            if let Some(c) = self.recv_cookie(COOKIE)? {
+                return Ok(c.desc);
             }
-            self.idle_checks()?;
+            if self.legacy() {
+                return Err(ClientError::new(Status::Protocol, "legacy reply missing"));
+            }
             self.wait(None)?;
         }
     }
 
     /// Publish counters in the ring, shown by `wd ls` under
-    /// `queues/q<ID>/client/` (the host's `attrs::CLIENT_STAT_NAMES`).
+    /// `queues/q<ID>/client/` (names: `wd_ring::CLIENT_STAT_NAMES`).
     pub fn publish_stats(&self, v: &[u64; wd_ring::CLIENT_STATS]) {
         self.view.publish_client_stats(v);
     }
