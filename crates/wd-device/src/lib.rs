@@ -163,6 +163,11 @@ pub trait Driver: Send + Sync {
     /// Algorithms served; the index into this list is the `alg` passed to
     /// [`Engine::process`].
     fn algorithms(&self) -> Vec<AlgInfo>;
+    /// What computes the requests, shown as `devN/engine` (a device with a
+    /// choice of implementations says which it uses, and why not another).
+    fn engine(&self) -> Option<String> {
+        None
+    }
     /// Priority used when several devices serve an algorithm (higher wins).
     fn default_priority(&self) -> u32 {
         0

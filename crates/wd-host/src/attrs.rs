@@ -56,6 +56,9 @@ pub fn list(host: &HostInner, who: PeerCred, prefix: &str) -> Vec<AttrEntry> {
     for (n, d) in host.devices.iter().enumerate() {
         let base = format!("dev{n}");
         out.push(entry(format!("{base}/driver"), d.driver.name(), false));
+        if let Some(engine) = d.driver.engine() {
+            out.push(entry(format!("{base}/engine"), engine, false));
+        }
         out.push(entry(
             format!("{base}/numa_zone_id"),
             d.numa_zone_id.load(Ordering::Relaxed),

@@ -44,6 +44,10 @@ pub struct DeviceConfig {
     /// benchmark's ends stay on known CPUs; unpinned when absent.
     #[serde(default)]
     pub cpu: Option<usize>,
+    /// What computes the requests, for a device with a choice (sec:
+    /// `auto`, `libcrypto` or `ipsec-mb`); the device picks when absent.
+    #[serde(default)]
+    pub engine: Option<String>,
 }
 
 fn default_engines() -> usize {
@@ -67,6 +71,7 @@ impl DeviceConfig {
             priority: 0,
             idle_spin_us: default_idle_spin_us(),
             cpu: None,
+            engine: None,
         }
     }
 
@@ -90,9 +95,10 @@ impl DeviceConfig {
                 "priority" => d.priority = num(v)?.min(u32::MAX as u64) as u32,
                 "idle_spin_us" => d.idle_spin_us = num(v)?,
                 "cpu" => d.cpu = Some(num(v)?.min(4095) as usize),
+                "engine" => d.engine = Some(v.to_string()),
                 _ => {
                     return Err(HostError::Config(format!(
-                    "unknown device option '{k}' (engines, queues, numa, priority, idle_spin_us, cpu)"
+                    "unknown device option '{k}' (engines, queues, numa, priority, idle_spin_us, cpu, engine)"
                 )))
                 }
             }
@@ -103,7 +109,7 @@ impl DeviceConfig {
 
     /// Check ranges and that the driver exists.
     pub fn validate(&self) -> Result<(), HostError> {
-        if crate::drivers::by_name(&self.driver).is_none() {
+        if !crate::drivers::exists(&self.driver) {
             return Err(HostError::Config(format!(
                 "unknown driver '{}' (available: {})",
                 self.driver,

@@ -2,10 +2,12 @@
 //! host-side sessions referenced by handle, and work done in place in the
 //! client's shared memory whenever the domain maps it contiguously.
 
-use wd_device::{status, AlgInfo, DeviceQueue, Dma, Driver, Progress};
+use wd_device::{status, AlgInfo, DeviceError, DeviceQueue, Dma, Driver, Progress, Started};
+use wd_ipsecmb::{Engine, Schedule};
 use wd_ring::Desc;
 
 use crate::dma;
+use crate::mb::{cbc_now, Pending};
 use crate::msg::{
     self, Alg, CipherOp, DigestOp, Hash, Mode, Request, SessionNew, F_DIGEST_FINAL, F_ENCRYPT,
     F_FINAL, F_INIT, F_IV, INLINE_KEY, MAX_SESSIONS,
@@ -47,13 +49,76 @@ pub mod digest_flags {
     pub const HMAC: u32 = 1 << 8;
 }
 
+/// Which code computes what a multi-buffer engine can run side by side
+/// (AES-CBC encryption): asked for with the device option `engine=`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EngineChoice {
+    /// intel-ipsec-mb when it is installed and works on this CPU, else
+    /// libcrypto.
+    #[default]
+    Auto,
+    /// Always libcrypto.
+    Libcrypto,
+    /// intel-ipsec-mb, or the device does not start.
+    IpsecMb,
+}
+
+impl std::str::FromStr for EngineChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<EngineChoice, String> {
+        match s {
+            "auto" => Ok(EngineChoice::Auto),
+            "libcrypto" => Ok(EngineChoice::Libcrypto),
+            "ipsec-mb" => Ok(EngineChoice::IpsecMb),
+            _ => Err(format!("engine '{s}' is not one of auto, libcrypto, ipsec-mb")),
+        }
+    }
+}
+
 /// The sec driver.
-#[derive(Debug, Default)]
-pub struct SecDriver;
+#[derive(Debug)]
+pub struct SecDriver {
+    mb: Option<&'static Engine>,
+    /// Why the multi-buffer engine is not used, when it is not.
+    without_mb: Option<String>,
+}
+
+impl Default for SecDriver {
+    fn default() -> SecDriver {
+        SecDriver::new(EngineChoice::Auto).expect("auto always starts")
+    }
+}
+
+impl SecDriver {
+    /// A driver computing with `choice`; an error when intel-ipsec-mb is
+    /// demanded and cannot be used (the reason named).
+    pub fn new(choice: EngineChoice) -> Result<SecDriver, DeviceError> {
+        let (mb, without_mb) = match (choice, Engine::get()) {
+            (EngineChoice::Libcrypto, _) => (None, Some("engine=libcrypto".to_string())),
+            (_, Ok(e)) => (Some(e), None),
+            (EngineChoice::Auto, Err(e)) => (None, Some(e.to_string())),
+            (EngineChoice::IpsecMb, Err(e)) => {
+                return Err(DeviceError::Config {
+                    device: "sec".into(),
+                    message: e.to_string(),
+                })
+            }
+        };
+        Ok(SecDriver { mb, without_mb })
+    }
+}
 
 impl Driver for SecDriver {
     fn name(&self) -> &'static str {
         "sec"
+    }
+
+    fn engine(&self) -> Option<String> {
+        Some(match (self.mb, &self.without_mb) {
+            (Some(e), _) => format!("{} {} (aes-cbc encrypt), libcrypto (the rest)", e.name(), e.version()),
+            (None, Some(why)) => format!("libcrypto (no multi-buffer engine: {why})"),
+            (None, None) => "libcrypto".to_string(),
+        })
     }
 
     fn algorithms(&self) -> Vec<AlgInfo> {
@@ -78,12 +143,12 @@ impl Driver for SecDriver {
     }
 
     fn open_queue(&self, alg: u32) -> Box<dyn DeviceQueue> {
-        Box::new(SecQueue::new(alg))
+        Box::new(SecQueue::with_engine(alg, self.mb))
     }
 }
 
 /// Key bytes, wiped when dropped.
-struct Key(Vec<u8>);
+pub(crate) struct Key(pub(crate) Vec<u8>);
 
 impl Drop for Key {
     fn drop(&mut self) {
@@ -93,27 +158,32 @@ impl Drop for Key {
     }
 }
 
-enum Work {
+pub(crate) enum Work {
     Cipher {
         ctx: CipherCtx,
         mode: Mode,
         /// Direction the context is keyed for (None: not keyed yet).
         keyed_for: Option<bool>,
-        /// Whether a message is under way (an IV was given).
+        /// Whether a message is under way in `ctx` (an IV was given).
         started: bool,
+        /// The IV continuing a CBC encryption under way in the
+        /// multi-buffer engine (which holds no state between calls).
+        mb_iv: Option<[u8; 16]>,
     },
     Digest(DigestCtx),
 }
 
-struct Session {
+pub(crate) struct Session {
     alg: Alg,
-    key: Key,
-    work: Work,
+    pub(crate) key: Key,
+    pub(crate) work: Work,
+    /// Round keys for the multi-buffer engine, made on first use.
+    pub(crate) schedule: Option<Schedule>,
 }
 
 /// Sessions of one queue: a slab indexed by handle, with a generation per
 /// slot so a stale handle never reaches a newer session.
-struct Sessions {
+pub(crate) struct Sessions {
     slots: Vec<(u32, Option<Session>)>,
     free: Vec<u32>,
 }
@@ -147,8 +217,17 @@ impl Sessions {
         }
     }
 
-    fn get(&mut self, handle: u64) -> Result<&mut Session, i32> {
+    pub(crate) fn get(&mut self, handle: u64) -> Result<&mut Session, i32> {
         Ok(self.slot(handle)?.1.as_mut().expect("checked by slot"))
+    }
+
+    pub(crate) fn peek(&self, handle: u64) -> Option<&Session> {
+        let index = (handle & 0xffff_ffff) as usize;
+        let generation = (handle >> 32) as u32;
+        match index.checked_sub(1).and_then(|i| self.slots.get(i)) {
+            Some((g, Some(s))) if *g == generation => Some(s),
+            _ => None,
+        }
     }
 
     fn remove(&mut self, handle: u64) -> Result<(), i32> {
@@ -161,15 +240,30 @@ impl Sessions {
 /// The device side of one sec queue.
 pub struct SecQueue {
     queue_type: u32,
-    sessions: Sessions,
+    pub(crate) sessions: Sessions,
     /// Contexts of session-less digests, one per hash, made on first use.
     oneshot: Vec<(Hash, DigestCtx)>,
     bounce: Vec<u8>,
+    /// The multi-buffer engine, when the device uses one.
+    pub(crate) mb: Option<&'static Engine>,
+    /// Requests gathered for the next burst (at most one per session: a
+    /// message's next part needs the IV its previous part leaves).
+    pub(crate) pending: Vec<Pending>,
+    /// Requests finished, not reported yet.
+    pub(crate) finished: Vec<(u64, Desc)>,
 }
 
 impl SecQueue {
-    /// A queue of type `queue_type` ([`TYPE_CIPHER`] or [`TYPE_DIGEST`]).
+    /// A queue of type `queue_type` ([`TYPE_CIPHER`] or [`TYPE_DIGEST`])
+    /// computing with libcrypto only.
     pub fn new(queue_type: u32) -> SecQueue {
+        SecQueue::with_engine(queue_type, None)
+    }
+
+    /// A queue that runs AES-CBC encryption through the multi-buffer
+    /// engine `mb` (when given): gathered over a batch of requests and
+    /// encrypted side by side.
+    pub fn with_engine(queue_type: u32, mb: Option<&'static Engine>) -> SecQueue {
         SecQueue {
             queue_type,
             sessions: Sessions {
@@ -178,6 +272,9 @@ impl SecQueue {
             },
             oneshot: Vec::new(),
             bounce: Vec::new(),
+            mb: mb.filter(|_| queue_type == TYPE_CIPHER),
+            pending: Vec::new(),
+            finished: Vec::new(),
         }
     }
 
@@ -209,6 +306,7 @@ impl SecQueue {
                 mode,
                 keyed_for: None,
                 started: false,
+                mb_iv: None,
             },
             Alg::Digest(h) => Work::Digest(DigestCtx::new(h).map_err(|_| status::EOPNOTSUPP)?),
             Alg::Hmac(h) => Work::Digest(DigestCtx::hmac(h, &key.0).map_err(|_| status::EINVAL)?),
@@ -222,6 +320,7 @@ impl SecQueue {
             alg: s.alg,
             key,
             work,
+            schedule: None,
         })
     }
 
@@ -233,12 +332,16 @@ impl SecQueue {
             mode,
             keyed_for,
             started,
+            mb_iv,
         } = &mut s.work
         else {
             return Err(status::EINVAL);
         };
         let mode = *mode;
         let encrypt = op.flags & F_ENCRYPT != 0;
+        if let (Some(e), Mode::Cbc, true) = (self.mb, mode, encrypt) {
+            return cbc_now(e, s, op, dma, &mut self.bounce);
+        }
         let gcm = mode == Mode::Gcm;
         if op.len % alg.granule() != 0 {
             return Err(status::EINVAL);
@@ -271,6 +374,7 @@ impl SecQueue {
             ctx.init(key, iv, encrypt).map_err(|_| status::EINVAL)?;
             *keyed_for = Some(encrypt);
             *started = true;
+            *mb_iv = None;
         }
         if gcm && op.aad_len > 0 {
             let mut aad = vec![0u8; op.aad_len as usize];
@@ -462,6 +566,38 @@ impl DeviceQueue for SecQueue {
         Progress::Done
     }
 
+    fn asynchronous(&self) -> bool {
+        self.mb.is_some()
+    }
+
+    fn start(&mut self, token: u64, desc: &mut Desc, dma: &mut dyn Dma<'_>) -> Started {
+        if self.gather(token, desc, dma).is_ok() {
+            return Started::Held;
+        }
+        // Requests of one session run in order: what was gathered goes first.
+        if !self.pending.is_empty() {
+            self.burst();
+        }
+        self.process(desc, dma);
+        Started::Done
+    }
+
+    fn poll(&mut self, done: &mut Vec<(u64, Desc)>) {
+        if !self.pending.is_empty() {
+            self.burst();
+        }
+        done.append(&mut self.finished);
+    }
+
+    fn in_flight(&self) -> usize {
+        self.pending.len() + self.finished.len()
+    }
+
+    fn abort(&mut self, stopped: &mut Vec<(u64, Desc)>) {
+        self.stop_gathered(stopped);
+        stopped.append(&mut self.finished);
+    }
+
     fn bytes_of(&self, done: &Desc) -> u64 {
         // Session requests return a handle, digests their length: count the
         // data each one read instead.
@@ -486,7 +622,7 @@ impl DeviceQueue for SecQueue {
 }
 
 /// Set a request's outcome: its result, or a negative errno and no result.
-fn complete(desc: &mut Desc, r: Result<u64, i32>) {
+pub(crate) fn complete(desc: &mut Desc, r: Result<u64, i32>) {
     (desc.status, desc.result) = match r {
         Ok(v) => (status::OK, v),
         Err(st) => (st, 0),

@@ -6,7 +6,7 @@ use wd_device::{status, Access, Dma};
 use wd_evp::{CipherCtx, DigestCtx};
 
 /// Bytes moved per bounce step when memory is not reachable in place.
-const BOUNCE: usize = 256 << 10;
+pub(crate) const BOUNCE: usize = 256 << 10;
 
 /// Encrypt or decrypt in place in shared memory when both ranges are
 /// mapped contiguously, else through a host bounce buffer.

@@ -1,6 +1,7 @@
 //! Loading an optional part of WrapDrive at run time (the dynamic loader):
 //! how a client library that does not carry the embedded host finds one
-//! when a program asks for it (`WD_HOST=embedded`).
+//! when a program asks for it (`WD_HOST=embedded`), and how the host
+//! probes an optional engine library (intel-ipsec-mb) that may be absent.
 //!
 //! A library loaded here is never unloaded: what it starts (a host's
 //! threads) runs its code until the process ends.
@@ -99,6 +100,16 @@ pub fn load_beside_self(name: &str) -> Result<Library> {
     }
 }
 
+/// Load a system library by its name (e.g. `libIPSec_MB.so.1`) through the
+/// loader's usual search: how an optional faster engine is probed at run
+/// time, so that nothing needs it to be installed.
+pub fn load_system(name: &str) -> Result<Library> {
+    open_path(name).map_err(|e| SysError::Call {
+        call: "dlopen",
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, e),
+    })
+}
+
 /// An entry point of the form `int f(char *text, size_t len)`: it writes a
 /// NUL-terminated text (a result, or an error message) and returns 0 or a
 /// negative errno.
@@ -108,6 +119,15 @@ impl Library {
     /// Where it was loaded from.
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// The address of `symbol`, or `None` when the library lacks it. Turning
+    /// it into a function pointer of the right C type is the caller's
+    /// (unsafe) promise about the library's ABI.
+    pub fn symbol(&self, symbol: &str) -> Option<NonNull<c_void>> {
+        let c = CString::new(symbol).ok()?;
+        // SAFETY: the handle is live (never closed); c is NUL-terminated.
+        NonNull::new(unsafe { libc::dlsym(self.handle.as_ptr(), c.as_ptr()) })
     }
 
     /// Call the library's `int symbol(char *text, size_t len)` and return
@@ -190,6 +210,15 @@ mod tests {
     fn a_missing_library_is_an_error_naming_it() {
         let e = load_beside_self("libwd_no_such_part.so").unwrap_err();
         assert!(e.to_string().contains("libwd_no_such_part.so"), "{e}");
+    }
+
+    #[test]
+    fn system_libraries_and_their_symbols() {
+        let libc6 = load_system("libc.so.6").expect("libc.so.6 is loaded in every process");
+        assert!(libc6.symbol("getpid").is_some());
+        assert!(libc6.symbol("wd__no_such_symbol").is_none());
+        let e = load_system("libwd_no_such_part.so.1").unwrap_err();
+        assert!(e.to_string().contains("libwd_no_such_part.so.1"), "{e}");
     }
 
     #[test]
