@@ -108,6 +108,13 @@ pub trait DeviceQueue: Send {
         Started::Done
     }
 
+    /// How many requests the [`DeviceQueue::start`] calls that follow hand
+    /// over in this pass: a device that gathers requests to run them side
+    /// by side need not gather (nor hold memory) for one alone.
+    fn batch(&mut self, requests: usize) {
+        let _ = requests;
+    }
+
     /// Whether this device may hold requests (`start`, `poll`, `abort`).
     /// A simple device answers false and only implements `process`.
     fn asynchronous(&self) -> bool {

@@ -23,7 +23,9 @@ pub fn open(name: &str, engine: Option<&str>) -> Result<Box<dyn Driver>, String>
         Some(e) => Err(format!("device {name} has no engine choice (engine={e})")),
     };
     match name {
-        "dummy" => no_choice(name).map(|_| Box::new(wd_device::dummy::DummyDriver) as Box<dyn Driver>),
+        "dummy" => {
+            no_choice(name).map(|_| Box::new(wd_device::dummy::DummyDriver) as Box<dyn Driver>)
+        }
         "dummy-async" => no_choice(name)
             .map(|_| Box::new(wd_device::dummy_async::DummyAsyncDriver) as Box<dyn Driver>),
         "sec" => {
@@ -32,6 +34,9 @@ pub fn open(name: &str, engine: Option<&str>) -> Result<Box<dyn Driver>, String>
                 .map(|d| Box::new(d) as Box<dyn Driver>)
                 .map_err(|e| e.to_string())
         }
-        _ => Err(format!("unknown driver '{name}' (available: {})", NAMES.join(", "))),
+        _ => Err(format!(
+            "unknown driver '{name}' (available: {})",
+            NAMES.join(", ")
+        )),
     }
 }

@@ -533,24 +533,8 @@ impl EngineLoop {
         let q = s.q.clone();
         out.clear();
         let mut worked = 0;
-        if !s.held.is_empty() {
-            reported.clear();
-            let (r, vanished) =
-                wd_sys::guard::guarded(|| catch_unwind(AssertUnwindSafe(|| s.dev.poll(reported))));
-            if r.is_err() || vanished.is_some() {
-                q.set_state(QueueState::Broken);
-                return Err(());
-            }
-            for (token, d) in reported.drain(..) {
-                // An unknown token is a device bug: nothing to complete.
-                if let Some(seq) = s.held.remove(&token) {
-                    Self::unhold(held_seqs, seq);
-                    out.push(d);
-                }
-            }
-            worked += out.len();
-        }
-        // Held and stalled requests keep their completion slots.
+        // Held and stalled requests keep their completion slots (those
+        // finished since the last pass too: they are reported below).
         let kept = s.held.len() + s.parked.len();
         let max = if kept == 0 {
             BATCH
@@ -570,6 +554,9 @@ impl EngineLoop {
                 bounce,
                 guard: Guard::enter(),
             };
+            let n = batch.len();
+            // A panic here is the device's bug; `start` meets it again.
+            let _ = catch_unwind(AssertUnwindSafe(|| s.dev.batch(n)));
             for &orig in batch.iter() {
                 let token = *next_token;
                 *next_token += 1;
@@ -588,6 +575,26 @@ impl EngineLoop {
             *pinned = oldest;
             drop(sec);
             worked += batch.len();
+        }
+        // Polled after this pass's requests went in, so a device that
+        // gathers a batch (to run it side by side) completes it now.
+        if !s.held.is_empty() {
+            reported.clear();
+            let before = out.len();
+            let (r, vanished) =
+                wd_sys::guard::guarded(|| catch_unwind(AssertUnwindSafe(|| s.dev.poll(reported))));
+            if r.is_err() || vanished.is_some() {
+                q.set_state(QueueState::Broken);
+                return Err(());
+            }
+            for (token, d) in reported.drain(..) {
+                // An unknown token is a device bug: nothing to complete.
+                if let Some(seq) = s.held.remove(&token) {
+                    Self::unhold(held_seqs, seq);
+                    out.push(d);
+                }
+            }
+            worked += out.len() - before;
         }
         q.in_flight.store(s.held.len() as u64, Ordering::Relaxed);
         if !out.is_empty() {

@@ -160,7 +160,8 @@ impl Host {
         let iommu = wd_iommu::Iommu::new();
         let mut devices = Vec::new();
         for (n, dc) in cfg.devices.iter().enumerate() {
-            let driver = drivers::open(&dc.driver, dc.engine.as_deref()).map_err(HostError::Config)?;
+            let driver =
+                drivers::open(&dc.driver, dc.engine.as_deref()).map_err(HostError::Config)?;
             let mut engines = Vec::new();
             for e in 0..dc.engines {
                 engines.push(EngineHandle::spawn(

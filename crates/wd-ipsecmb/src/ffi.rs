@@ -130,12 +130,15 @@ unsafe fn text(ptr: *const c_char) -> String {
         return String::new();
     }
     // SAFETY: non-null and NUL-terminated (the caller's promise).
-    unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(ptr) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 impl Api {
     pub(crate) fn load(name: &str) -> Result<Api, MbError> {
-        let lib = wd_sys::dl::load_system(name).map_err(|e| MbError::NotInstalled(e.to_string()))?;
+        let lib =
+            wd_sys::dl::load_system(name).map_err(|e| MbError::NotInstalled(e.to_string()))?;
         // SAFETY (the four transmutes): each symbol is declared in
         // intel-ipsec-mb.h with exactly the C type it is cast to here;
         // function and data pointers have one size on Linux.
@@ -156,7 +159,9 @@ impl Api {
         };
         // SAFETY: as above.
         let version_fn = unsafe {
-            std::mem::transmute::<*mut c_void, VersionFn>(sym(&lib, "imb_get_version_str")?.as_ptr())
+            std::mem::transmute::<*mut c_void, VersionFn>(
+                sym(&lib, "imb_get_version_str")?.as_ptr(),
+            )
         };
         // SAFETY: returns a static NUL-terminated string.
         let version = unsafe { text(version_fn()) };
@@ -229,10 +234,12 @@ impl Manager {
         // SAFETY: as above.
         let used = unsafe { base.add(MGR_USED_ARCH).cast::<u32>().read() };
         if errno != 0 {
-            return fail(format!("init_mb_mgr_auto: {}", api.strerror(errno))).map_err(MbError::Init);
+            return fail(format!("init_mb_mgr_auto: {}", api.strerror(errno)))
+                .map_err(MbError::Init);
         }
         let Some(arch_s) = arch_name(arch).filter(|_| used as c_int == arch) else {
-            return fail(format!("no usable architecture (IMB_ARCH {arch})")).map_err(MbError::Init);
+            return fail(format!("no usable architecture (IMB_ARCH {arch})"))
+                .map_err(MbError::Init);
         };
         let word = |off: usize| -> *mut c_void {
             // SAFETY: as above: a pointer-sized field inside the manager.
@@ -255,8 +262,10 @@ impl Manager {
             let p = word(MGR_KEYEXP[i]);
             let expected = lib.symbol(&format!("aes_keyexp_{bits}_{arch_s}"));
             if p.is_null() || expected.map(|e| e.as_ptr()) != Some(p) {
-                return fail(format!("the manager's aes_keyexp_{bits} entry is not the library's {arch_s} one"))
-                    .map_err(MbError::Abi);
+                return fail(format!(
+                    "the manager's aes_keyexp_{bits} entry is not the library's {arch_s} one"
+                ))
+                .map_err(MbError::Abi);
             }
             // SAFETY: checked equal to the exported aes_keyexp_<bits>_<arch>,
             // declared `void (const void *, void *, void *)`.
@@ -277,7 +286,12 @@ impl Manager {
 
     /// Expand an AES key (16, 24 or 32 bytes) into encryption and
     /// decryption schedules of 15 round keys each.
-    pub(crate) fn expand(&self, key: &[u8], enc: &mut [u8; 240], dec: &mut [u8; 240]) -> Result<(), MbError> {
+    pub(crate) fn expand(
+        &self,
+        key: &[u8],
+        enc: &mut [u8; 240],
+        dec: &mut [u8; 240],
+    ) -> Result<(), MbError> {
         let i = match key.len() {
             16 => 0,
             24 => 1,
@@ -346,13 +360,27 @@ impl Manager {
     /// # Safety
     /// Every job's keys, IV, source and destination must be valid for the
     /// lengths it gives for the duration of the call.
-    unsafe fn cipher_burst(&mut self, jobs: &mut [ImbJob], mode: u32, dir: u32, key_len: u32) -> Result<(), MbError> {
+    unsafe fn cipher_burst(
+        &mut self,
+        jobs: &mut [ImbJob],
+        mode: u32,
+        dir: u32,
+        key_len: u32,
+    ) -> Result<(), MbError> {
         let n = jobs.len() as u32;
         // SAFETY: mgr is live and used by this thread only (Manager is not
         // Send); the jobs are valid (the caller's promise).
-        let done = unsafe { (self.burst)(self.mgr.as_ptr(), jobs.as_mut_ptr(), n, mode, dir, key_len) };
+        let done =
+            unsafe { (self.burst)(self.mgr.as_ptr(), jobs.as_mut_ptr(), n, mode, dir, key_len) };
         // SAFETY: as in `new`: the errno field of the live manager.
-        let errno = unsafe { self.mgr.as_ptr().cast::<u8>().add(MGR_ERRNO).cast::<c_int>().read() };
+        let errno = unsafe {
+            self.mgr
+                .as_ptr()
+                .cast::<u8>()
+                .add(MGR_ERRNO)
+                .cast::<c_int>()
+                .read()
+        };
         if done != n || errno != 0 || jobs.iter().any(|j| j.status != STATUS_COMPLETED) {
             return Err(MbError::Burst {
                 done,

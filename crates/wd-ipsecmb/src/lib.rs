@@ -90,13 +90,26 @@ impl Engine {
     /// up for this CPU, and a known answer checked. The error says why it
     /// is not available (callers fall back and show the reason).
     pub fn get() -> Result<&'static Engine, MbError> {
-        ENGINE.get_or_init(Engine::probe).as_ref().map_err(Clone::clone)
+        ENGINE
+            .get_or_init(Engine::probe)
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     fn probe() -> Result<Engine, MbError> {
         let api: &'static ffi::Api = Box::leak(Box::new(ffi::Api::load(LIBRARY)?));
-        let major: u32 = api.version.split('.').next().and_then(|m| m.parse().ok()).unwrap_or(0);
-        let minor: u32 = api.version.split('.').nth(1).and_then(|m| m.parse().ok()).unwrap_or(0);
+        let major: u32 = api
+            .version
+            .split('.')
+            .next()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0);
+        let minor: u32 = api
+            .version
+            .split('.')
+            .nth(1)
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0);
         if major != 1 || minor < 3 {
             return Err(MbError::Abi(format!(
                 "version {} (this engine needs 1.3 or a later 1.x)",
@@ -118,7 +131,9 @@ impl Engine {
     /// in place and out of place in one burst.
     fn known_answer(&self) -> Result<(), MbError> {
         let key = hex("2b7e151628aed2a6abf7158809cf4f3c");
-        let iv: [u8; 16] = hex("000102030405060708090a0b0c0d0e0f").try_into().expect("16 bytes");
+        let iv: [u8; 16] = hex("000102030405060708090a0b0c0d0e0f")
+            .try_into()
+            .expect("16 bytes");
         let plain = hex(concat!(
             "6bc1bee22e409f96e93d7e117393172a",
             "ae2d8a571e03ac9c9eb76fac45af8e51",

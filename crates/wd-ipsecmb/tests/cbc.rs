@@ -25,7 +25,8 @@ fn reference(key: &[u8], iv: &[u8; 16], data: &[u8]) -> Vec<u8> {
         24 => Cipher::aes_192_cbc(),
         _ => Cipher::aes_256_cbc(),
     };
-    let mut cr = openssl::symm::Crypter::new(c, openssl::symm::Mode::Encrypt, key, Some(iv)).unwrap();
+    let mut cr =
+        openssl::symm::Crypter::new(c, openssl::symm::Mode::Encrypt, key, Some(iv)).unwrap();
     cr.pad(false);
     let mut out = vec![0u8; data.len() + 16];
     let n = cr.update(data, &mut out).unwrap();
@@ -35,26 +36,41 @@ fn reference(key: &[u8], iv: &[u8; 16], data: &[u8]) -> Vec<u8> {
 
 #[test]
 fn names_the_code_path_it_chose() {
-    let Some(e) = engine("names_the_code_path_it_chose") else { return };
+    let Some(e) = engine("names_the_code_path_it_chose") else {
+        return;
+    };
     assert!(e.name().starts_with("ipsec-mb/"), "{}", e.name());
     assert!(e.version().starts_with("1."), "{}", e.version());
 }
 
 #[test]
 fn refuses_bad_keys_and_lengths() {
-    let Some(e) = engine("refuses_bad_keys_and_lengths") else { return };
+    let Some(e) = engine("refuses_bad_keys_and_lengths") else {
+        return;
+    };
     assert_eq!(e.schedule(&[0u8; 20]).unwrap_err(), MbError::KeyLength(20));
     let k = e.schedule(&[0u8; 16]).unwrap();
     let mut a = [0u8; 24];
     let mut b = [0u8; 32];
     let s = DeviceSlice::from_mut(&mut a);
     let d = DeviceSlice::from_mut(&mut b);
-    assert!(matches!(CbcJob::new(&k, [0; 16], s, d), Err(MbError::Length { len: 24, .. })));
+    assert!(matches!(
+        CbcJob::new(&k, [0; 16], s, d),
+        Err(MbError::Length { len: 24, .. })
+    ));
     let s = DeviceSlice::from_mut(&mut b);
     let d = DeviceSlice::from_mut(&mut a);
-    assert!(matches!(CbcJob::new(&k, [0; 16], s, d), Err(MbError::Length { len: 32, room: 24 })));
+    assert!(matches!(
+        CbcJob::new(&k, [0; 16], s, d),
+        Err(MbError::Length { len: 32, room: 24 })
+    ));
     // The one-shot helper of the openssl crate pads; the engine never does.
-    assert_eq!(encrypt(Cipher::aes_128_cbc(), &[0; 16], Some(&[0; 16]), &[]).unwrap().len(), 16);
+    assert_eq!(
+        encrypt(Cipher::aes_128_cbc(), &[0; 16], Some(&[0; 16]), &[])
+            .unwrap()
+            .len(),
+        16
+    );
 }
 
 proptest! {

@@ -7,7 +7,7 @@ use wd_ipsecmb::{Engine, Schedule};
 use wd_ring::Desc;
 
 use crate::dma;
-use crate::mb::{cbc_now, Pending};
+use crate::mb::{cbc_now, Chain, Pending};
 use crate::msg::{
     self, Alg, CipherOp, DigestOp, Hash, Mode, Request, SessionNew, F_DIGEST_FINAL, F_ENCRYPT,
     F_FINAL, F_INIT, F_IV, INLINE_KEY, MAX_SESSIONS,
@@ -70,7 +70,9 @@ impl std::str::FromStr for EngineChoice {
             "auto" => Ok(EngineChoice::Auto),
             "libcrypto" => Ok(EngineChoice::Libcrypto),
             "ipsec-mb" => Ok(EngineChoice::IpsecMb),
-            _ => Err(format!("engine '{s}' is not one of auto, libcrypto, ipsec-mb")),
+            _ => Err(format!(
+                "engine '{s}' is not one of auto, libcrypto, ipsec-mb"
+            )),
         }
     }
 }
@@ -115,7 +117,11 @@ impl Driver for SecDriver {
 
     fn engine(&self) -> Option<String> {
         Some(match (self.mb, &self.without_mb) {
-            (Some(e), _) => format!("{} {} (aes-cbc encrypt), libcrypto (the rest)", e.name(), e.version()),
+            (Some(e), _) => format!(
+                "{} {} (aes-cbc encrypt), libcrypto (the rest)",
+                e.name(),
+                e.version()
+            ),
             (None, Some(why)) => format!("libcrypto (no multi-buffer engine: {why})"),
             (None, None) => "libcrypto".to_string(),
         })
@@ -166,9 +172,9 @@ pub(crate) enum Work {
         keyed_for: Option<bool>,
         /// Whether a message is under way in `ctx` (an IV was given).
         started: bool,
-        /// The IV continuing a CBC encryption under way in the
-        /// multi-buffer engine (which holds no state between calls).
-        mb_iv: Option<[u8; 16]>,
+        /// Where a CBC encryption under way continues, on a queue that
+        /// also runs them in multi-buffer bursts.
+        chain: Chain,
     },
     Digest(DigestCtx),
 }
@@ -251,6 +257,8 @@ pub struct SecQueue {
     pub(crate) pending: Vec<Pending>,
     /// Requests finished, not reported yet.
     pub(crate) finished: Vec<(u64, Desc)>,
+    /// Whether this pass has other requests to run beside one.
+    gathering: bool,
 }
 
 impl SecQueue {
@@ -275,6 +283,7 @@ impl SecQueue {
             mb: mb.filter(|_| queue_type == TYPE_CIPHER),
             pending: Vec::new(),
             finished: Vec::new(),
+            gathering: true,
         }
     }
 
@@ -306,7 +315,7 @@ impl SecQueue {
                 mode,
                 keyed_for: None,
                 started: false,
-                mb_iv: None,
+                chain: Chain::None,
             },
             Alg::Digest(h) => Work::Digest(DigestCtx::new(h).map_err(|_| status::EOPNOTSUPP)?),
             Alg::Hmac(h) => Work::Digest(DigestCtx::hmac(h, &key.0).map_err(|_| status::EINVAL)?),
@@ -332,15 +341,15 @@ impl SecQueue {
             mode,
             keyed_for,
             started,
-            mb_iv,
+            chain,
         } = &mut s.work
         else {
             return Err(status::EINVAL);
         };
         let mode = *mode;
         let encrypt = op.flags & F_ENCRYPT != 0;
-        if let (Some(e), Mode::Cbc, true) = (self.mb, mode, encrypt) {
-            return cbc_now(e, s, op, dma, &mut self.bounce);
+        if let (Some(_), Mode::Cbc, true) = (self.mb, mode, encrypt) {
+            return cbc_now(s, op, dma, &mut self.bounce);
         }
         let gcm = mode == Mode::Gcm;
         if op.len % alg.granule() != 0 {
@@ -374,7 +383,7 @@ impl SecQueue {
             ctx.init(key, iv, encrypt).map_err(|_| status::EINVAL)?;
             *keyed_for = Some(encrypt);
             *started = true;
-            *mb_iv = None;
+            *chain = Chain::None;
         }
         if gcm && op.aad_len > 0 {
             let mut aad = vec![0u8; op.aad_len as usize];
@@ -570,8 +579,12 @@ impl DeviceQueue for SecQueue {
         self.mb.is_some()
     }
 
+    fn batch(&mut self, requests: usize) {
+        self.gathering = requests > 1;
+    }
+
     fn start(&mut self, token: u64, desc: &mut Desc, dma: &mut dyn Dma<'_>) -> Started {
-        if self.gather(token, desc, dma).is_ok() {
+        if self.gathering && self.gather(token, desc, dma).is_ok() {
             return Started::Held;
         }
         // Requests of one session run in order: what was gathered goes first.

@@ -7,13 +7,27 @@
 #![allow(unsafe_code)]
 
 use wd_device::{status, Access, Dma, HeldSlice};
+use wd_evp::CipherCtx;
 use wd_ipsecmb::{CbcJob, Engine, Schedule};
 use wd_ring::Desc;
-use wd_sys::devmem::DeviceSlice;
 
 use crate::device::{complete, Key, SecQueue, Session, Work};
 use crate::dma;
 use crate::msg::{self, CipherOp, Mode, Request, F_ENCRYPT, F_FINAL, F_IV};
+
+/// Where a CBC encryption under way keeps the IV that continues it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Chain {
+    /// None under way: the next request must bring an IV.
+    #[default]
+    None,
+    /// Left by a burst (the multi-buffer engine keeps no state).
+    Iv([u8; 16]),
+    /// In the session's libcrypto context, which ran the last part alone
+    /// (asked for only when a burst needs it: that costs a parameter
+    /// lookup in libcrypto, too much to pay per request).
+    InCtx,
+}
 
 /// A CBC encryption waiting for the next multi-buffer burst: its memory
 /// is held (the engine keeps it mapped) until it is reported.
@@ -21,7 +35,8 @@ pub(crate) struct Pending {
     token: u64,
     desc: Desc,
     session: u64,
-    iv: [u8; 16],
+    /// `None`: continue the chain in the session's context.
+    iv: Option<[u8; 16]>,
     src: HeldSlice,
     dst: HeldSlice,
 }
@@ -31,77 +46,106 @@ pub(crate) struct Pending {
 /// it runs alone, now.
 const MB_MAX: u64 = 1 << 20;
 
-/// The IV a CBC encryption starts from: its own, or the one its message's
-/// previous part left; `None` when the request is malformed.
-fn cbc_iv(op: &CipherOp, mb_iv: Option<[u8; 16]>) -> Option<[u8; 16]> {
+/// How a CBC encryption starts: from an IV (its own, or one a burst
+/// left), or (`None`) continuing the session's context. `Err` when it is
+/// malformed or continues nothing.
+fn cbc_start(op: &CipherOp, chain: Chain) -> Result<Option<[u8; 16]>, ()> {
     if op.len % 16 != 0 || op.flags & F_FINAL != 0 || op.aad_len != 0 || op.tag_len != 0 {
-        return None;
+        return Err(());
     }
     if op.flags & F_IV != 0 {
-        return (op.iv_len == 16).then(|| op.iv[..16].try_into().expect("16 bytes"));
+        return match op.iv[..16].try_into() {
+            Ok(iv) if op.iv_len == 16 => Ok(Some(iv)),
+            _ => Err(()),
+        };
     }
-    mb_iv
+    match chain {
+        Chain::None => Err(()),
+        Chain::Iv(iv) => Ok(Some(iv)),
+        Chain::InCtx => Ok(None),
+    }
 }
 
 /// A session's round keys for the multi-buffer engine, made on first use.
-fn schedule<'s>(e: &Engine, schedule: &'s mut Option<Schedule>, key: &Key) -> Result<&'s Schedule, i32> {
+fn schedule<'s>(
+    e: &Engine,
+    schedule: &'s mut Option<Schedule>,
+    key: &Key,
+) -> Result<&'s Schedule, i32> {
     if schedule.is_none() {
         *schedule = Some(e.schedule(&key.0).map_err(|_| status::EINVAL)?);
     }
     Ok(schedule.as_ref().expect("set above"))
 }
 
-/// Encrypt one CBC request now through the multi-buffer engine (a burst
-/// of one): in place when both ranges are one mapping, else through the
-/// bounce buffer.
+fn set_chain(s: &mut Session, to: Chain) {
+    if let Work::Cipher { chain, .. } = &mut s.work {
+        *chain = to;
+    }
+}
+
+/// Encrypt with libcrypto, from `iv` or continuing its context: a
+/// request alone gains nothing from a burst, and libcrypto's single
+/// stream is the faster one. The chain stays in the context.
+fn cbc_alone(
+    s: &mut Session,
+    iv: Option<[u8; 16]>,
+    run: impl FnOnce(&mut CipherCtx) -> Result<(), i32>,
+) -> Result<(), i32> {
+    let Session { key, work, .. } = s;
+    let Work::Cipher {
+        ctx,
+        keyed_for,
+        started,
+        chain,
+        ..
+    } = work
+    else {
+        return Err(status::EINVAL);
+    };
+    // Whatever happens, the old chain is used up.
+    *chain = Chain::None;
+    if let Some(iv) = iv {
+        let key = (*keyed_for != Some(true)).then_some(&key.0[..]);
+        ctx.init(key, Some(&iv), true).map_err(|_| status::EINVAL)?;
+        *keyed_for = Some(true);
+        // The context's message flag is for the other modes: `chain` is
+        // the state here.
+        *started = false;
+    }
+    run(ctx)?;
+    *chain = Chain::InCtx;
+    Ok(())
+}
+
+/// Encrypt one CBC request now, alone (see [`cbc_alone`]), on a queue
+/// whose CBC encryptions may also run in bursts.
 pub(crate) fn cbc_now(
-    e: &Engine,
     s: &mut Session,
     op: CipherOp,
     dma: &mut dyn Dma<'_>,
     bounce: &mut Vec<u8>,
 ) -> Result<u64, i32> {
-    let Work::Cipher { started, mb_iv, .. } = &mut s.work else {
+    let Work::Cipher { chain, .. } = &s.work else {
         return Err(status::EINVAL);
     };
-    let mut iv = cbc_iv(&op, *mb_iv).ok_or(status::EINVAL)?;
-    // The libcrypto context's message (if any) ends: a continuation
-    // without an IV now continues this one.
-    *started = false;
-    *mb_iv = None;
-    let keys = schedule(e, &mut s.schedule, &s.key)?;
-    let len = op.len;
-    let src = dma.slice(op.src, len, Access::Read);
-    let dst = src.and_then(|_| dma.slice(op.dst, len, Access::Write));
-    if let (Some(src), Some(dst)) = (src, dst) {
-        let mut job = [CbcJob::new(keys, iv, src, dst).map_err(|_| status::EINVAL)?];
-        e.cbc_encrypt(&mut job).map_err(|_| status::EIO)?;
-        iv = job[0].iv;
-    } else {
-        let mut done = 0u64;
-        while done < len {
-            let n = (len - done).min(dma::BOUNCE as u64);
-            bounce.resize(n as usize, 0);
-            dma.read(op.src + done, bounce).map_err(|_| status::EFAULT)?;
-            let b = DeviceSlice::from_mut(bounce);
-            let mut job = [CbcJob::new(keys, iv, b, b).map_err(|_| status::EINVAL)?];
-            e.cbc_encrypt(&mut job).map_err(|_| status::EIO)?;
-            iv = job[0].iv;
-            dma.write(op.dst + done, bounce).map_err(|_| status::EFAULT)?;
-            done += n;
-        }
-    }
-    if let Work::Cipher { mb_iv, .. } = &mut s.work {
-        *mb_iv = Some(iv);
-    }
-    Ok(len)
+    let iv = cbc_start(&op, *chain).map_err(|_| status::EINVAL)?;
+    cbc_alone(s, iv, |ctx| {
+        dma::cipher_dma(ctx, op.dst, op.src, op.len as usize, dma, bounce)
+    })?;
+    Ok(op.len)
 }
 
 impl SecQueue {
     /// Gather `desc` for the next burst when it is a CBC encryption the
-    /// multi-buffer engine can run with others: its memory held, its IV
-    /// known. `Err` hands the request back, to be run now.
-    pub(crate) fn gather(&mut self, token: u64, desc: &Desc, dma: &mut dyn Dma<'_>) -> Result<(), ()> {
+    /// multi-buffer engine can run with others: its memory held, where it
+    /// starts known. `Err` hands the request back, to be run now.
+    pub(crate) fn gather(
+        &mut self,
+        token: u64,
+        desc: &Desc,
+        dma: &mut dyn Dma<'_>,
+    ) -> Result<(), ()> {
         let Ok(Request::Cipher(op)) = msg::decode(desc) else {
             return Err(());
         };
@@ -117,20 +161,15 @@ impl SecQueue {
         };
         let Work::Cipher {
             mode: Mode::Cbc,
-            mb_iv,
+            chain,
             ..
         } = &s.work
         else {
             return Err(());
         };
-        let iv = cbc_iv(&op, *mb_iv).ok_or(())?;
+        let iv = cbc_start(&op, *chain)?;
         let src = dma.hold(op.src, op.len, Access::Read).ok_or(())?;
         let dst = dma.hold(op.dst, op.len, Access::Write).ok_or(())?;
-        if let Work::Cipher { started, mb_iv, .. } = &mut s.work {
-            *started = false;
-            // Known again when the burst has run.
-            *mb_iv = None;
-        }
         self.pending.push(Pending {
             token,
             desc: *desc,
@@ -147,68 +186,101 @@ impl SecQueue {
         stopped.extend(self.pending.drain(..).map(|p| (p.token, p.desc)));
     }
 
-    /// Encrypt everything gathered, side by side, and file the outcomes
-    /// for the next `poll`.
+    /// Encrypt everything gathered, side by side (one request alone goes
+    /// to libcrypto), and file the outcomes for the next `poll`.
     pub(crate) fn burst(&mut self) {
         let Some(e) = self.mb else {
             return;
         };
         let mut pending = std::mem::take(&mut self.pending);
-        // Round keys first (the jobs below borrow them).
-        let mut ok: Vec<bool> = Vec::with_capacity(pending.len());
-        for p in &pending {
-            let made = match self.sessions.get(p.session) {
-                Ok(s) => schedule(e, &mut s.schedule, &s.key).is_ok(),
-                Err(_) => false,
-            };
-            ok.push(made);
-        }
-        let mut outcome: Vec<Result<[u8; 16], i32>> = vec![Err(status::EINVAL); pending.len()];
-        {
-            let mut jobs = Vec::with_capacity(pending.len());
-            let mut which = Vec::with_capacity(pending.len());
-            for (i, p) in pending.iter().enumerate() {
-                if !ok[i] {
-                    continue;
-                }
-                let Some(keys) = self.sessions.peek(p.session).and_then(|s| s.schedule.as_ref()) else {
-                    continue;
-                };
+        let mut outcome: Vec<Result<u64, i32>> = Vec::with_capacity(pending.len());
+        if let [p] = &pending[..] {
+            outcome.push(self.sessions.get(p.session).and_then(|s| {
                 // SAFETY: the request is held (not reported yet), so the
                 // engine keeps its memory mapped; the slices live only
-                // until the burst below returns.
+                // for this call.
                 let (src, dst) = unsafe { (p.src.slice(), p.dst.slice()) };
-                if let Ok(j) = CbcJob::new(keys, p.iv, src, dst) {
-                    jobs.push(j);
-                    which.push(i);
-                }
-            }
-            match e.cbc_encrypt(&mut jobs) {
-                Ok(()) => {
-                    for (j, &i) in jobs.iter().zip(&which) {
-                        outcome[i] = Ok(j.iv);
-                    }
-                }
-                Err(_) => {
-                    for &i in &which {
-                        outcome[i] = Err(status::EIO);
-                    }
-                }
-            }
+                cbc_alone(s, p.iv, |ctx| {
+                    ctx.update_device(&dst, &src)
+                        .map(|_| ())
+                        .map_err(|_| status::EIO)
+                })?;
+                Ok(p.src.len() as u64)
+            }));
+        } else {
+            self.burst_many(e, &mut pending, &mut outcome);
         }
         for (p, r) in pending.drain(..).zip(outcome) {
             let mut d = p.desc;
-            if let Ok(Session {
-                work: Work::Cipher { mb_iv, .. },
-                ..
-            }) = self.sessions.get(p.session)
-            {
-                *mb_iv = r.ok();
-            }
-            complete(&mut d, r.map(|_| p.src.len() as u64));
+            complete(&mut d, r);
             self.finished.push((p.token, d));
         }
         self.pending = pending;
     }
-}
 
+    /// Several requests (of distinct sessions) through the engine.
+    fn burst_many(
+        &mut self,
+        e: &Engine,
+        pending: &mut [Pending],
+        outcome: &mut Vec<Result<u64, i32>>,
+    ) {
+        // Where each starts, and round keys, first: the jobs borrow them.
+        for p in pending.iter_mut() {
+            let r = self.sessions.get(p.session).and_then(|s| {
+                if let (None, Work::Cipher { ctx, chain, .. }) = (p.iv, &mut s.work) {
+                    let (iv, _) = ctx.chain_state().map_err(|_| status::EIO)?;
+                    p.iv = Some(iv);
+                    *chain = Chain::None;
+                }
+                schedule(e, &mut s.schedule, &s.key).map(|_| 0)
+            });
+            outcome.push(r);
+        }
+        let mut jobs = Vec::with_capacity(pending.len());
+        let mut which = Vec::with_capacity(pending.len());
+        for (i, p) in pending.iter().enumerate() {
+            let keys = self
+                .sessions
+                .peek(p.session)
+                .and_then(|s| s.schedule.as_ref());
+            let (Ok(_), Some(keys), Some(iv)) = (&outcome[i], keys, p.iv) else {
+                continue;
+            };
+            // SAFETY: the request is held (not reported yet), so the
+            // engine keeps its memory mapped; the slices live only until
+            // the burst below returns.
+            let (src, dst) = unsafe { (p.src.slice(), p.dst.slice()) };
+            match CbcJob::new(keys, iv, src, dst) {
+                Ok(j) => {
+                    jobs.push(j);
+                    which.push(i);
+                }
+                Err(_) => outcome[i] = Err(status::EINVAL),
+            }
+        }
+        let ran = e.cbc_encrypt(&mut jobs);
+        let next: Vec<[u8; 16]> = jobs.iter().map(|j| j.iv).collect();
+        drop(jobs);
+        for (k, &i) in which.iter().enumerate() {
+            let p = &pending[i];
+            outcome[i] = match &ran {
+                Ok(()) => {
+                    if let Ok(s) = self.sessions.get(p.session) {
+                        set_chain(s, Chain::Iv(next[k]));
+                    }
+                    Ok(p.src.len() as u64)
+                }
+                Err(_) => Err(status::EIO),
+            };
+        }
+        // A request that did not run ended its message.
+        for (p, r) in pending.iter().zip(outcome.iter()) {
+            if r.is_err() {
+                if let Ok(s) = self.sessions.get(p.session) {
+                    set_chain(s, Chain::None);
+                }
+            }
+        }
+    }
+}
