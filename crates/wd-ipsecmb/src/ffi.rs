@@ -139,9 +139,9 @@ impl Api {
     pub(crate) fn load(name: &str) -> Result<Api, MbError> {
         let lib =
             wd_sys::dl::load_system(name).map_err(|e| MbError::NotInstalled(e.to_string()))?;
-        // SAFETY (the four transmutes): each symbol is declared in
-        // intel-ipsec-mb.h with exactly the C type it is cast to here;
-        // function and data pointers have one size on Linux.
+        // SAFETY: each symbol below is declared in intel-ipsec-mb.h with
+        // exactly the C type it is cast to here; function and data
+        // pointers have one size on Linux.
         let alloc = unsafe {
             std::mem::transmute::<*mut c_void, AllocFn>(sym(&lib, "alloc_mb_mgr")?.as_ptr())
         };
@@ -225,9 +225,9 @@ impl Manager {
         // SAFETY: mgr is a fresh manager; arch is writable.
         unsafe { (api.init_auto)(mgr.as_ptr(), &mut arch) };
         let base = mgr.as_ptr().cast::<u8>();
-        // SAFETY (the reads below): mgr points to an IMB_MGR (imb_get_mb_mgr_size
-        // bytes, far beyond these offsets), initialised just now; the fields
-        // are naturally aligned words.
+        // SAFETY: mgr points to an IMB_MGR (imb_get_mb_mgr_size bytes, far
+        // beyond these offsets), initialised just now; the fields read here
+        // and below are naturally aligned words.
         let errno = unsafe { base.add(MGR_ERRNO).cast::<c_int>().read() };
         // SAFETY: as above.
         let features = unsafe { base.add(MGR_FEATURES).cast::<u64>().read() };

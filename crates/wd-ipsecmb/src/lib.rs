@@ -155,7 +155,7 @@ impl Engine {
             let s = DeviceSlice::from_mut(&mut src);
             let d = DeviceSlice::from_mut(&mut out);
             let mut jobs = [
-                CbcJob::new(&keys, iv, a.clone(), a)?,
+                CbcJob::new(&keys, iv, a, a)?,
                 CbcJob::new(&keys, iv, s, d)?,
             ];
             self.cbc_encrypt(&mut jobs)?;
