@@ -97,6 +97,78 @@ const MGR_ERRNO: usize = 60;
 const MGR_KEYEXP: [usize; 3] = [112, 120, 128];
 const MGR_SUBMIT_CIPHER_BURST: usize = 984;
 
+/// The layout this binding assumes, as `(C expression, value)` pairs that a
+/// test compares with the installed header's `offsetof`/`sizeof`.
+pub(crate) fn layout() -> Vec<(&'static str, usize)> {
+    use std::mem::{offset_of, size_of};
+    vec![
+        ("sizeof(IMB_JOB)", size_of::<ImbJob>()),
+        ("offsetof(IMB_JOB, enc_keys)", offset_of!(ImbJob, enc_keys)),
+        ("offsetof(IMB_JOB, dec_keys)", offset_of!(ImbJob, dec_keys)),
+        (
+            "offsetof(IMB_JOB, key_len_in_bytes)",
+            offset_of!(ImbJob, key_len_in_bytes),
+        ),
+        ("offsetof(IMB_JOB, src)", offset_of!(ImbJob, src)),
+        ("offsetof(IMB_JOB, dst)", offset_of!(ImbJob, dst)),
+        (
+            "offsetof(IMB_JOB, cipher_start_src_offset_in_bytes)",
+            offset_of!(ImbJob, cipher_start_src_offset_in_bytes),
+        ),
+        (
+            "offsetof(IMB_JOB, msg_len_to_cipher_in_bytes)",
+            offset_of!(ImbJob, msg_len_to_cipher_in_bytes),
+        ),
+        ("offsetof(IMB_JOB, iv)", offset_of!(ImbJob, iv)),
+        (
+            "offsetof(IMB_JOB, iv_len_in_bytes)",
+            offset_of!(ImbJob, iv_len_in_bytes),
+        ),
+        ("offsetof(IMB_JOB, u)", offset_of!(ImbJob, hash_fields)),
+        ("offsetof(IMB_JOB, status)", offset_of!(ImbJob, status)),
+        (
+            "offsetof(IMB_JOB, cipher_mode)",
+            offset_of!(ImbJob, cipher_mode),
+        ),
+        (
+            "offsetof(IMB_JOB, cipher_direction)",
+            offset_of!(ImbJob, cipher_direction),
+        ),
+        ("offsetof(IMB_JOB, hash_alg)", offset_of!(ImbJob, hash_alg)),
+        (
+            "offsetof(IMB_JOB, chain_order)",
+            offset_of!(ImbJob, chain_order),
+        ),
+        (
+            "offsetof(IMB_JOB, user_data)",
+            offset_of!(ImbJob, user_data),
+        ),
+        (
+            "offsetof(IMB_JOB, sgl_state)",
+            offset_of!(ImbJob, sgl_state),
+        ),
+        (
+            "offsetof(IMB_JOB, cipher_fields)",
+            offset_of!(ImbJob, cipher_fields),
+        ),
+        ("offsetof(IMB_MGR, features)", MGR_FEATURES),
+        ("offsetof(IMB_MGR, used_arch)", MGR_USED_ARCH),
+        ("offsetof(IMB_MGR, imb_errno)", MGR_ERRNO),
+        ("offsetof(IMB_MGR, keyexp_128)", MGR_KEYEXP[0]),
+        ("offsetof(IMB_MGR, keyexp_192)", MGR_KEYEXP[1]),
+        ("offsetof(IMB_MGR, keyexp_256)", MGR_KEYEXP[2]),
+        (
+            "offsetof(IMB_MGR, submit_cipher_burst)",
+            MGR_SUBMIT_CIPHER_BURST,
+        ),
+        ("IMB_CIPHER_CBC", CIPHER_CBC as usize),
+        ("IMB_DIR_ENCRYPT", DIR_ENCRYPT as usize),
+        ("IMB_AUTH_NULL", AUTH_NULL as usize),
+        ("IMB_ORDER_CIPHER_HASH", ORDER_CIPHER_HASH as usize),
+        ("IMB_STATUS_COMPLETED", STATUS_COMPLETED as usize),
+    ]
+}
+
 type AllocFn = unsafe extern "C" fn(u64) -> *mut c_void;
 type FreeFn = unsafe extern "C" fn(*mut c_void);
 type InitAutoFn = unsafe extern "C" fn(*mut c_void, *mut c_int);

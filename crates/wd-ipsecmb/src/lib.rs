@@ -154,10 +154,7 @@ impl Engine {
             let a = DeviceSlice::from_mut(&mut inplace);
             let s = DeviceSlice::from_mut(&mut src);
             let d = DeviceSlice::from_mut(&mut out);
-            let mut jobs = [
-                CbcJob::new(&keys, iv, a, a)?,
-                CbcJob::new(&keys, iv, s, d)?,
-            ];
+            let mut jobs = [CbcJob::new(&keys, iv, a, a)?, CbcJob::new(&keys, iv, s, d)?];
             self.cbc_encrypt(&mut jobs)?;
         }
         if inplace != cipher || out != cipher {
@@ -274,6 +271,13 @@ impl<'a> CbcJob<'a> {
         }
         Ok(CbcJob { key, iv, src, dst })
     }
+}
+
+/// The C layout the binding assumes (`(expression, value)` pairs), for the
+/// test that checks it against the installed header.
+#[doc(hidden)]
+pub fn assumed_layout() -> Vec<(&'static str, usize)> {
+    ffi::layout()
 }
 
 fn hex(s: &str) -> Vec<u8> {
