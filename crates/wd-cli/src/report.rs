@@ -132,17 +132,6 @@ impl Target {
         }
     }
 
-    /// `value` must exceed `target`.
-    pub fn above(name: impl Into<String>, value: f64, target: f64) -> Target {
-        Target {
-            name: name.into(),
-            value,
-            op: "> ",
-            target,
-            met: value > target,
-        }
-    }
-
     /// `PASS name: value (target >= bound)`.
     pub fn line(&self) -> String {
         format!(
