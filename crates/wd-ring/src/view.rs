@@ -371,10 +371,14 @@ impl RingView {
         self.completions_ready()
     }
 
-    /// Client, after waking: withdraw the wait announcement.
-    pub fn client_end_wait(&self) {
+    /// Client, after waking: withdraw the wait announcement. Returns true
+    /// when the host had taken it already, which means it signals (or has
+    /// signalled) the completion eventfd: exactly one side clears the flag.
+    pub fn client_end_wait(&self) -> bool {
         self.word(off::CQ_FLAGS)
-            .fetch_and(!CQ_WAITING, Ordering::Relaxed);
+            .fetch_and(!CQ_WAITING, Ordering::Relaxed)
+            & CQ_WAITING
+            == 0
     }
 
     /// Client: publish counters for the host's attribute tree.
@@ -479,12 +483,15 @@ impl RingView {
         // sequence-word stores are ordered before the CQ_FLAGS load.
         fence(Ordering::SeqCst);
         let flags = self.word(off::CQ_FLAGS).load(Ordering::Relaxed);
-        if flags & CQ_WAITING != 0 {
-            self.word(off::CQ_FLAGS)
-                .fetch_and(!CQ_WAITING, Ordering::Relaxed);
-            return Ok(true);
-        }
-        Ok(false)
+        // The read-modify-write decides: a client withdrawing its wait at
+        // the same moment (`client_end_wait`) clears the flag first or
+        // learns that the signal comes.
+        Ok(flags & CQ_WAITING != 0
+            && self
+                .word(off::CQ_FLAGS)
+                .fetch_and(!CQ_WAITING, Ordering::Relaxed)
+                & CQ_WAITING
+                != 0)
     }
 
     /// Host, before sleeping: set NEED_WAKEUP; returns true when work arrived

@@ -100,6 +100,13 @@ pub struct Queue {
     /// Empty non-blocking receives (the liveness check reads the clock
     /// only every `SPIN_CLOCK_EVERY` of them).
     empty_polls: u32,
+    /// Whether an event loop's wait announcement (`arm_wait`) is up.
+    wait_armed: bool,
+    /// Whether the completion eventfd may hold a signal (the host took an
+    /// announcement, or `kick_wait` wrote): only then is it read, and only
+    /// when it holds none is it written, so an event loop that resumes
+    /// many waiters after one wake-up pays one system call, not one each.
+    wait_signalled: bool,
     released: bool,
     /// How this queue's requests travel through the socket (legacy path):
     /// given by whoever speaks the device's message format.
@@ -205,6 +212,8 @@ impl Queue {
             stats: QueueStats::default(),
             last_liveness: Instant::now(),
             empty_polls: 0,
+            wait_armed: false,
+            wait_signalled: false,
             released: false,
             legacy_planner: None,
         })
@@ -606,21 +615,45 @@ impl Queue {
         if !self.stash.is_empty() {
             return Ok(true);
         }
+        if self.wait_armed && self.view.client_end_wait() {
+            self.wait_signalled = true;
+        }
+        self.wait_armed = true;
         Ok(self.view.client_prepare_wait())
     }
 
     /// Make [`Queue::wait_fd`] readable now (a waiter found work already
-    /// there but must still go through its event loop).
+    /// there but must still go through its event loop). Nothing to do when
+    /// it may be readable already.
     pub fn kick_wait(&mut self) -> Result<()> {
-        wd_sys::eventfd_signal(self.cq_event.as_fd())?;
+        if !self.wait_signalled {
+            wd_sys::eventfd_signal(self.cq_event.as_fd())?;
+            self.wait_signalled = true;
+        }
         Ok(())
     }
 
-    /// After waking: withdraw the request to be signalled and consume the
-    /// signal.
+    /// After waking: withdraw the request to be signalled, and consume the
+    /// signal once nothing is left to receive: while completions wait, the
+    /// descriptor stays readable for the event loop's other waiters.
     pub fn disarm_wait(&mut self) {
-        self.view.client_end_wait();
-        let _ = wd_sys::eventfd_drain(self.cq_event.as_fd());
+        if std::mem::take(&mut self.wait_armed) && self.view.client_end_wait() {
+            self.wait_signalled = true;
+        }
+        if !self.completions_ready() {
+            self.drain_signal();
+        }
+    }
+
+    /// Read the completion eventfd when it may hold a signal. A signal the
+    /// host announced but has not written yet keeps the flag, so a later
+    /// call reads it.
+    fn drain_signal(&mut self) {
+        if self.wait_signalled
+            && wd_sys::eventfd_drain(self.cq_event.as_fd()).map_or(true, |n| n > 0)
+        {
+            self.wait_signalled = false;
+        }
     }
 
     /// Block until a completion is posted in the ring (spin briefly, then
@@ -655,14 +688,16 @@ impl Queue {
             std::hint::spin_loop();
         }
         let start = start.unwrap_or_else(Instant::now);
+        // This wait takes over an event loop's announcement (it ends it).
+        self.wait_armed = false;
         loop {
             let ready = self.view.client_prepare_wait();
             if ready {
-                self.view.client_end_wait();
+                self.end_own_wait();
                 return Ok(());
             }
             if let Some(e) = self.ring_state_error() {
-                self.view.client_end_wait();
+                self.end_own_wait();
                 return Err(e);
             }
             self.stats.sleeps += 1;
@@ -670,8 +705,8 @@ impl Queue {
                 t.saturating_sub(start.elapsed()).min(WAIT_SLICE)
             });
             let r = wd_sys::poll(&[self.cq_event.as_fd(), self.socket.as_fd()], Some(slice))?;
-            self.view.client_end_wait();
-            let _ = wd_sys::eventfd_drain(self.cq_event.as_fd());
+            self.end_own_wait();
+            self.drain_signal();
             if r[1].hangup {
                 return Err(ClientError::new(
                     Status::HostGone,
@@ -686,6 +721,13 @@ impl Queue {
                     return Ok(());
                 }
             }
+        }
+    }
+
+    /// Withdraw a wait announcement of `wait`, noting a signal it caused.
+    fn end_own_wait(&mut self) {
+        if self.view.client_end_wait() {
+            self.wait_signalled = true;
         }
     }
 
