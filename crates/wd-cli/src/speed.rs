@@ -400,7 +400,7 @@ fn targets(rows: &[Row]) -> Vec<Target> {
     let mut t = Vec::new();
     for size in [1024, 8192, 16384] {
         t.push(Target::at_least(
-            &format!("async / CPU at {size} B"),
+            format!("async / CPU at {size} B"),
             get("async").vs_cpu[at(size)],
             2.0,
         ));

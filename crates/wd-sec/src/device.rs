@@ -7,7 +7,7 @@ use wd_ipsecmb::{Engine, Schedule};
 use wd_ring::Desc;
 
 use crate::dma;
-use crate::mb::{cbc_now, Chain, Pending};
+use crate::mb::{cbc_now, Chain, Gathering, Pending};
 use crate::msg::{
     self, Alg, CipherOp, DigestOp, Hash, Mode, Request, SessionNew, F_DIGEST_FINAL, F_ENCRYPT,
     F_FINAL, F_INIT, F_IV, INLINE_KEY, MAX_SESSIONS,
@@ -257,8 +257,8 @@ pub struct SecQueue {
     pub(crate) pending: Vec<Pending>,
     /// Requests finished, not reported yet.
     pub(crate) finished: Vec<(u64, Desc)>,
-    /// Whether this pass has other requests to run beside one.
-    gathering: bool,
+    /// When to gather CBC encryptions and when to run them.
+    pub(crate) gathering: Gathering,
 }
 
 impl SecQueue {
@@ -283,7 +283,7 @@ impl SecQueue {
             mb: mb.filter(|_| queue_type == TYPE_CIPHER),
             pending: Vec::new(),
             finished: Vec::new(),
-            gathering: true,
+            gathering: Gathering::new(),
         }
     }
 
@@ -580,11 +580,11 @@ impl DeviceQueue for SecQueue {
     }
 
     fn batch(&mut self, requests: usize) {
-        self.gathering = requests > 1;
+        self.gathering.pass(requests, self.pending.len());
     }
 
     fn start(&mut self, token: u64, desc: &mut Desc, dma: &mut dyn Dma<'_>) -> Started {
-        if self.gathering && self.gather(token, desc, dma).is_ok() {
+        if self.gathering.on() && self.gather(token, desc, dma).is_ok() {
             return Started::Held;
         }
         // Requests of one session run in order: what was gathered goes first.
@@ -596,7 +596,7 @@ impl DeviceQueue for SecQueue {
     }
 
     fn poll(&mut self, done: &mut Vec<(u64, Desc)>) {
-        if !self.pending.is_empty() {
+        if !self.pending.is_empty() && self.gathering.due(self.pending.len()) {
             self.burst();
         }
         done.append(&mut self.finished);

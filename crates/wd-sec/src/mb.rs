@@ -6,6 +6,8 @@
 //! run after the request's own translation section has ended.
 #![allow(unsafe_code)]
 
+use std::time::{Duration, Instant};
+
 use wd_device::{status, Access, Dma, HeldSlice};
 use wd_evp::CipherCtx;
 use wd_ipsecmb::{CbcJob, Engine, Schedule};
@@ -39,6 +41,84 @@ pub(crate) struct Pending {
     iv: Option<[u8; 16]>,
     src: HeldSlice,
     dst: HeldSlice,
+}
+
+/// Requests that make a burst worth running at once: the widest engines
+/// interleave 16 messages.
+const FULL: usize = 16;
+
+/// A client that keeps many requests in flight submits them one by one as
+/// its completions come in: gathered requests wait for more while they
+/// keep coming (no gap longer than `GAP`), at most `LINGER`, which turns
+/// that trickle into bursts where each request alone would run serially.
+const GAP: Duration = Duration::from_nanos(1500);
+/// See [`GAP`].
+const LINGER: Duration = Duration::from_micros(8);
+
+/// Lone bursts after which a queue stops gathering: a client that sends
+/// one request at a time pays no wait at all.
+const STREAMING: u32 = 256;
+
+/// When to gather requests, and when to run what was gathered.
+#[derive(Debug)]
+pub(crate) struct Gathering {
+    /// Whether this pass's requests are gathered.
+    on: bool,
+    /// Bursts left before gathering stops, unless one shows concurrency.
+    streaming: u32,
+    /// When the oldest and the newest gathered requests came.
+    since: Option<(Instant, Instant)>,
+}
+
+impl Gathering {
+    /// Gathering on (a caller that gives no pass sizes gets bursts).
+    pub(crate) fn new() -> Gathering {
+        Gathering {
+            on: true,
+            streaming: 0,
+            since: None,
+        }
+    }
+
+    /// A pass brings `requests`: gather when there are several, or the
+    /// queue has shown it keeps several in flight.
+    pub(crate) fn pass(&mut self, requests: usize, pending: usize) {
+        if requests > 1 {
+            self.streaming = STREAMING;
+        }
+        self.on = requests > 1 || self.streaming > 0 || pending > 0;
+    }
+
+    pub(crate) fn on(&self) -> bool {
+        self.on
+    }
+
+    /// Whether what was gathered should run now.
+    pub(crate) fn due(&self, pending: usize) -> bool {
+        if pending >= FULL || self.streaming == 0 {
+            return true;
+        }
+        let Some((first, last)) = self.since else {
+            return true;
+        };
+        let now = Instant::now();
+        now.duration_since(last) >= GAP || now.duration_since(first) >= LINGER
+    }
+
+    fn gathered(&mut self) {
+        let now = Instant::now();
+        let first = self.since.map_or(now, |(f, _)| f);
+        self.since = Some((first, now));
+    }
+
+    fn ran(&mut self, requests: usize) {
+        self.since = None;
+        if requests > 1 {
+            self.streaming = STREAMING;
+        } else {
+            self.streaming = self.streaming.saturating_sub(1);
+        }
+    }
 }
 
 /// Bytes a multi-buffer request may have: a longer one would keep the
@@ -170,6 +250,7 @@ impl SecQueue {
         let iv = cbc_start(&op, *chain)?;
         let src = dma.hold(op.src, op.len, Access::Read).ok_or(())?;
         let dst = dma.hold(op.dst, op.len, Access::Write).ok_or(())?;
+        self.gathering.gathered();
         self.pending.push(Pending {
             token,
             desc: *desc,
@@ -193,6 +274,7 @@ impl SecQueue {
             return;
         };
         let mut pending = std::mem::take(&mut self.pending);
+        self.gathering.ran(pending.len());
         let mut outcome: Vec<Result<u64, i32>> = Vec::with_capacity(pending.len());
         if let [p] = &pending[..] {
             outcome.push(self.sessions.get(p.session).and_then(|s| {
