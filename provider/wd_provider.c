@@ -78,7 +78,9 @@ struct wd_cpu_impl {
 	OSSL_FUNC_cipher_decrypt_init_fn *dinit;
 	OSSL_FUNC_cipher_cipher_fn *cipher;
 	OSSL_FUNC_cipher_update_fn *update;
+	OSSL_FUNC_cipher_final_fn *final;
 	OSSL_FUNC_cipher_get_ctx_params_fn *get_ctx_params;
+	OSSL_FUNC_cipher_set_ctx_params_fn *set_ctx_params;
 };
 
 /* Does `names` ("A:B:C") list `name` (case-insensitively)? */
@@ -111,13 +113,17 @@ static int wd_cpu_lookup(const char *name, struct wd_cpu_impl *impl)
 			case OSSL_FUNC_CIPHER_DECRYPT_INIT: impl->dinit = OSSL_FUNC_cipher_decrypt_init(f); break;
 			case OSSL_FUNC_CIPHER_CIPHER: impl->cipher = OSSL_FUNC_cipher_cipher(f); break;
 			case OSSL_FUNC_CIPHER_UPDATE: impl->update = OSSL_FUNC_cipher_update(f); break;
+			case OSSL_FUNC_CIPHER_FINAL: impl->final = OSSL_FUNC_cipher_final(f); break;
 			case OSSL_FUNC_CIPHER_GET_CTX_PARAMS:
 				impl->get_ctx_params = OSSL_FUNC_cipher_get_ctx_params(f);
+				break;
+			case OSSL_FUNC_CIPHER_SET_CTX_PARAMS:
+				impl->set_ctx_params = OSSL_FUNC_cipher_set_ctx_params(f);
 				break;
 			}
 		}
 		return impl->newctx && impl->freectx && impl->einit && impl->dinit && impl->cipher &&
-		       impl->update && impl->get_ctx_params;
+		       impl->update && impl->final && impl->get_ctx_params && impl->set_ctx_params;
 	}
 	return 0;
 }
@@ -246,6 +252,13 @@ struct wd_cctx {
 	unsigned char tag[16];
 	size_t taglen;
 	int gcm_started;
+	/* TLS 1.2 record protection (libssl sets the record-layer parameters:
+	 * GCM's fixed IV and explicit nonce, the CBC record's MAC size and
+	 * version for constant-time padding and MAC removal): the whole
+	 * context is handed to the default provider's implementation, which
+	 * does exactly that, and every later call goes there. */
+	void *tls;
+	struct wd_cpu_impl tls_impl;
 };
 
 static void *wd_cipher_newctx(void *provctx, const struct wd_cipher_desc *d)
@@ -272,6 +285,8 @@ static void wd_cipher_freectx(void *vctx)
 		wd_aead_free(x->a);
 	if (x->inner != NULL)
 		x->impl.freectx(x->inner);
+	if (x->tls != NULL)
+		x->tls_impl.freectx(x->tls);
 	wd_flush_counts(&x->counts);
 	OPENSSL_clear_free(x, sizeof(*x));
 }
@@ -279,7 +294,7 @@ static void wd_cipher_freectx(void *vctx)
 static void *wd_cipher_dupctx(void *vctx)
 {
 	struct wd_cctx *x = vctx, *n;
-	if (x->gcm_started)
+	if (x->gcm_started && x->tls == NULL)
 		return NULL; /* a GCM message's state lives in the device */
 	n = OPENSSL_memdup(x, sizeof(*x));
 	if (n == NULL)
@@ -287,7 +302,12 @@ static void *wd_cipher_dupctx(void *vctx)
 	n->c = NULL;
 	n->a = NULL;
 	n->inner = NULL;
+	n->tls = NULL;
 	memset(&n->counts, 0, sizeof n->counts);
+	if (x->tls != NULL) {
+		if (x->tls_impl.dupctx == NULL || (n->tls = x->tls_impl.dupctx(x->tls)) == NULL)
+			goto fail;
+	}
 	if (x->inner != NULL) {
 		if (x->impl.dupctx == NULL || (n->inner = x->impl.dupctx(x->inner)) == NULL)
 			goto fail;
@@ -408,6 +428,11 @@ static int wd_chain_from_session(struct wd_cctx *x)
 static int wd_cipher_init(struct wd_cctx *x, const unsigned char *key, size_t keylen,
 			  const unsigned char *iv, size_t ivlen, const OSSL_PARAM params[], int enc)
 {
+	if (x->tls != NULL) {
+		x->enc = enc;
+		return enc ? x->tls_impl.einit(x->tls, key, keylen, iv, ivlen, params)
+			   : x->tls_impl.dinit(x->tls, key, keylen, iv, ivlen, params);
+	}
 	x->enc = enc;
 	x->buflen = 0;
 	if (params != NULL && !wd_cipher_set_ctx_params(x, params))
@@ -578,6 +603,8 @@ static int wd_cipher_update_fn(void *vctx, unsigned char *out, size_t *outl, siz
 			       const unsigned char *in, size_t inl)
 {
 	struct wd_cctx *x = vctx;
+	if (x->tls != NULL)
+		return x->tls_impl.update(x->tls, out, outl, outsize, in, inl);
 	/* Fast path: the whole request stays here and leaves nothing buffered,
 	 * so OpenSSL's own update can do it (one call, no extra layer). */
 	int why;
@@ -634,6 +661,8 @@ static int wd_cipher_update_fn(void *vctx, unsigned char *out, size_t *outl, siz
 static int wd_cipher_final_fn(void *vctx, unsigned char *out, size_t *outl, size_t outsize)
 {
 	struct wd_cctx *x = vctx;
+	if (x->tls != NULL)
+		return x->tls_impl.final(x->tls, out, outl, outsize);
 	*outl = 0;
 	if (!x->key_set)
 		return 0;
@@ -687,6 +716,8 @@ static int wd_cipher_fn(void *vctx, unsigned char *out, size_t *outl, size_t out
 			const unsigned char *in, size_t inl)
 {
 	struct wd_cctx *x = vctx;
+	if (x->tls != NULL)
+		return x->tls_impl.cipher(x->tls, out, outl, outsize, in, inl);
 	int why;
 	if (x->d->mode != EVP_CIPH_XTS_MODE && (why = wd_stays_here(x, inl)) != 0) {
 		wd_count(&x->counts, inl, why);
@@ -705,6 +736,8 @@ static int wd_cipher_fn(void *vctx, unsigned char *out, size_t *outl, size_t out
 static int wd_cipher_get_ctx_params(void *vctx, OSSL_PARAM params[])
 {
 	struct wd_cctx *x = vctx;
+	if (x->tls != NULL)
+		return x->tls_impl.get_ctx_params(x->tls, params);
 	OSSL_PARAM *p;
 	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_KEYLEN)) != NULL &&
 	    !OSSL_PARAM_set_size_t(p, x->d->keylen))
@@ -743,12 +776,61 @@ static int wd_cipher_get_ctx_params(void *vctx, OSSL_PARAM params[])
 	return 1;
 }
 
+/* Whether `params` carries a TLS record-layer parameter. */
+static int wd_tls_params(const OSSL_PARAM params[])
+{
+	static const char *const names[] = {
+		OSSL_CIPHER_PARAM_AEAD_TLS1_AAD,      OSSL_CIPHER_PARAM_AEAD_TLS1_IV_FIXED,
+		OSSL_CIPHER_PARAM_AEAD_TLS1_GET_IV_GEN, OSSL_CIPHER_PARAM_AEAD_TLS1_SET_IV_INV,
+		OSSL_CIPHER_PARAM_TLS_VERSION,        OSSL_CIPHER_PARAM_TLS_MAC_SIZE,
+		OSSL_CIPHER_PARAM_TLS1_MULTIBLOCK_MAX_SEND_FRAGMENT,
+	};
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+		if (OSSL_PARAM_locate_const(params, names[i]) != NULL)
+			return 1;
+	return 0;
+}
+
+/* Hand the context to the default provider's implementation for TLS
+ * record protection: same key, IV and direction, then every call goes
+ * there (see `tls` in struct wd_cctx). */
+static int wd_tls_begin(struct wd_cctx *x)
+{
+	if (!wd_cpu_lookup(x->d->name, &x->tls_impl)) {
+		ERR_raise_data(ERR_LIB_PROV, ERR_R_UNSUPPORTED,
+			       "WrapDrive: TLS record protection needs the default provider's %s",
+			       x->d->name);
+		return 0;
+	}
+	void *t = x->tls_impl.newctx(wd_cpu_provctx);
+	if (t == NULL)
+		return 0;
+	const unsigned char *key = x->key_set ? x->key : NULL;
+	size_t ivlen = x->d->mode == EVP_CIPH_GCM_MODE ? x->ivlen : x->d->ivlen;
+	const unsigned char *iv = x->iv_set && ivlen > 0 ? x->iv : NULL;
+	unsigned int pad = (unsigned int)x->pad;
+	OSSL_PARAM params[] = {OSSL_PARAM_construct_uint(OSSL_CIPHER_PARAM_PADDING, &pad),
+			       OSSL_PARAM_construct_end()};
+	int ok = x->enc ? x->tls_impl.einit(t, key, x->d->keylen, iv, iv ? ivlen : 0, params)
+			: x->tls_impl.dinit(t, key, x->d->keylen, iv, iv ? ivlen : 0, params);
+	if (!ok) {
+		x->tls_impl.freectx(t);
+		return 0;
+	}
+	x->tls = t;
+	return 1;
+}
+
 static int wd_cipher_set_ctx_params(void *vctx, const OSSL_PARAM params[])
 {
 	struct wd_cctx *x = vctx;
 	const OSSL_PARAM *p;
 	if (params == NULL)
 		return 1;
+	if (x->tls == NULL && wd_tls_params(params) && !wd_tls_begin(x))
+		return 0;
+	if (x->tls != NULL)
+		return x->tls_impl.set_ctx_params(x->tls, params);
 	if ((p = OSSL_PARAM_locate_const(params, OSSL_CIPHER_PARAM_PADDING)) != NULL) {
 		unsigned int pad;
 		if (!OSSL_PARAM_get_uint(p, &pad))
@@ -806,6 +888,10 @@ static const OSSL_PARAM wd_cipher_known_ctx_gettable[] = {
 	OSSL_PARAM_octet_string(OSSL_CIPHER_PARAM_UPDATED_IV, NULL, 0),
 	OSSL_PARAM_size_t(OSSL_CIPHER_PARAM_AEAD_TAGLEN, NULL),
 	OSSL_PARAM_octet_string(OSSL_CIPHER_PARAM_AEAD_TAG, NULL, 0),
+	/* TLS record protection (handed to the default provider) */
+	OSSL_PARAM_size_t(OSSL_CIPHER_PARAM_AEAD_TLS1_AAD_PAD, NULL),
+	OSSL_PARAM_octet_string(OSSL_CIPHER_PARAM_AEAD_TLS1_GET_IV_GEN, NULL, 0),
+	OSSL_PARAM_octet_ptr(OSSL_CIPHER_PARAM_TLS_MAC, NULL, 0),
 	OSSL_PARAM_END,
 };
 
@@ -814,6 +900,12 @@ static const OSSL_PARAM wd_cipher_known_ctx_settable[] = {
 	OSSL_PARAM_size_t(OSSL_CIPHER_PARAM_KEYLEN, NULL),
 	OSSL_PARAM_size_t(OSSL_CIPHER_PARAM_AEAD_IVLEN, NULL),
 	OSSL_PARAM_octet_string(OSSL_CIPHER_PARAM_AEAD_TAG, NULL, 0),
+	/* TLS record protection (handed to the default provider) */
+	OSSL_PARAM_octet_string(OSSL_CIPHER_PARAM_AEAD_TLS1_AAD, NULL, 0),
+	OSSL_PARAM_octet_string(OSSL_CIPHER_PARAM_AEAD_TLS1_IV_FIXED, NULL, 0),
+	OSSL_PARAM_octet_string(OSSL_CIPHER_PARAM_AEAD_TLS1_SET_IV_INV, NULL, 0),
+	OSSL_PARAM_uint(OSSL_CIPHER_PARAM_TLS_VERSION, NULL),
+	OSSL_PARAM_size_t(OSSL_CIPHER_PARAM_TLS_MAC_SIZE, NULL),
 	OSSL_PARAM_END,
 };
 

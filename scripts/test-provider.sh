@@ -74,6 +74,9 @@ OPENSSL_CONF=$tmp/openssl.cnf OPENSSL_MODULES=$dir openssl list -cipher-algorith
 a=$(OPENSSL_CONF=$tmp/openssl.cnf OPENSSL_MODULES=$dir openssl dgst -sha256 -r "$tmp/in" | cut -d' ' -f1)
 [ "$a" = "$(openssl dgst -sha256 -r "$tmp/in" | cut -d' ' -f1)" ]
 
+echo "-- TLS through the provider (openssl.cnf), s_server and s_client"
+./scripts/test-tls.sh "$dir"
+
 echo "-- openssl speed with async jobs"
 WD_PROVIDER_POLICY=offload WD_PROVIDER_THRESHOLD=0 openssl speed "${P[@]}" -elapsed -seconds 1 \
     -bytes 4096 -async_jobs 8 -evp aes-128-cbc 2>/dev/null | grep -q "^AES-128-CBC"
