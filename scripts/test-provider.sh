@@ -77,9 +77,18 @@ a=$(OPENSSL_CONF=$tmp/openssl.cnf OPENSSL_MODULES=$dir openssl dgst -sha256 -r "
 echo "-- TLS through the provider (openssl.cnf), s_server and s_client"
 ./scripts/test-tls.sh "$dir"
 
-echo "-- openssl speed with async jobs"
-WD_PROVIDER_POLICY=offload WD_PROVIDER_THRESHOLD=0 openssl speed "${P[@]}" -elapsed -seconds 1 \
-    -bytes 4096 -async_jobs 8 -evp aes-128-cbc 2>/dev/null | grep -q "^AES-128-CBC"
+echo "-- openssl speed with async jobs, looped: every paused job gets its wake-up"
+# Job counts, sizes and policies vary, so jobs pause on the device, finish
+# inline while others wait, and share one wait descriptor; a lost wake-up
+# hangs openssl, which the timeout turns into a failure.
+for i in $(seq 1 20); do
+    jobs=$(( (i % 4) * 8 + 1 )); size=$(( i % 3 == 0 ? 16 : (i % 3 == 1 ? 1024 : 8192) ))
+    policy=$([ $((i % 2)) = 0 ] && echo offload || echo auto)
+    if ! WD_PROVIDER_POLICY=$policy timeout 30 openssl speed "${P[@]}" -elapsed -seconds 1 \
+        -bytes "$size" -async_jobs "$jobs" -evp aes-128-cbc 2>/dev/null | grep -q "^AES-128-CBC"; then
+        echo "openssl speed -async_jobs $jobs -bytes $size (policy $policy) hung or failed (run $i)"; exit 1
+    fi
+done
 
 echo "-- host killed in the middle of a stream"
 start_host "$tmp/wd2.sock"
