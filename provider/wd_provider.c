@@ -193,12 +193,25 @@ static int wd_register_wait_fd(void)
 	return 1;
 }
 
+/* This thread's async jobs paused on the device: while there are none, a
+ * request computed inline has no one to keep woken (see wd_blocks). */
+static __thread unsigned wd_jobs_waiting;
+
+static int wd_finish_job_in(struct wd_job *job);
+
 /* Wait, inside an async job, for `job` to finish; outside one, block. */
 static int wd_finish_job(struct wd_job *job)
 {
-	ASYNC_JOB *aj = ASYNC_get_current_job();
-	if (aj == NULL)
+	if (ASYNC_get_current_job() == NULL)
 		return wd_job_wait(job);
+	wd_jobs_waiting++;
+	int r = wd_finish_job_in(job);
+	wd_jobs_waiting--;
+	return r;
+}
+
+static int wd_finish_job_in(struct wd_job *job)
+{
 	for (;;) {
 		int r = wd_job_poll(job);
 		if (r != -EAGAIN) {
@@ -512,12 +525,13 @@ static int wd_blocks(struct wd_cctx *x, unsigned char *out, const unsigned char 
 		route = wd_crypto_route(WD_KIND_CIPHER, len, in_job);
 		if (route < 0)
 			route = WD_ROUTE_DEVICE;
-		/* Reuse a synchronous decision (the library measures the paths on
-		 * the requests it is asked about); re-ask for asynchronous ones,
-		 * which depend on what is in flight. */
+		/* Reuse a decision for a while (the library measures the paths
+		 * on the requests it is asked about), except an asynchronous
+		 * offload: the library re-decides those as the device's load
+		 * changes. */
 		x->route_cached = route;
 		x->in_job_cached = in_job;
-		x->route_left = in_job ? 0 : 15;
+		x->route_left = in_job && (route & WD_ROUTE_DEVICE) ? 0 : 15;
 	}
 	if (!(route & WD_ROUTE_DEVICE) && x->inner != NULL) {
 		/* Inline: straight to OpenSSL's default implementation. */
@@ -534,7 +548,7 @@ static int wd_blocks(struct wd_cctx *x, unsigned char *out, const unsigned char 
 		/* Computed here while other jobs of this thread may wait on the
 		 * device: leave the wait descriptor armed for them, or readable
 		 * if their results came in (this job may finish without pausing). */
-		if (in_job)
+		if (wd_jobs_waiting > 0)
 			wd_crypto_after_inline();
 		return 1;
 	}
@@ -548,7 +562,7 @@ static int wd_blocks(struct wd_cctx *x, unsigned char *out, const unsigned char 
 					 : wd_cipher_start(x->c, in, out, len, &job);
 		if (r == 0 && job != NULL)
 			r = wd_finish_job(job);
-		else
+		else if (wd_jobs_waiting > 0)
 			wd_crypto_after_inline(); /* computed at once: keep others woken */
 		return r == 0 || wd_fail(r);
 	}
@@ -582,8 +596,9 @@ static int wd_gcm_update(struct wd_cctx *x, unsigned char *out, size_t *outl,
 
 /* Whether a request of `len` bytes runs inline without asking libwd: the
  * reason it does (a WD_CPU_* code), or 0. Below the threshold, or with the
- * cpu policy, always; above it while a synchronous "CPU" decision of the
- * router is being reused. */
+ * cpu policy, always; above it while a "CPU" decision of the router is
+ * being reused (inside an async job only while none of this thread's jobs
+ * waits on the device: they would need wd_crypto_after_inline). */
 static inline int wd_stays_here(struct wd_cctx *x, size_t len)
 {
 	if (x->inner == NULL || !x->chain_here)
@@ -592,7 +607,8 @@ static inline int wd_stays_here(struct wd_cctx *x, size_t len)
 		return WD_CPU_THRESHOLD;
 	if (x->prov->policy == WD_CRYPTO_POLICY_CPU)
 		return WD_CPU_POLICY;
-	if (x->route_left > 0 && !(x->route_cached & WD_ROUTE_DEVICE) && !x->in_job_cached) {
+	if (x->route_left > 0 && !(x->route_cached & WD_ROUTE_DEVICE) &&
+	    (!x->in_job_cached || wd_jobs_waiting == 0)) {
 		x->route_left--;
 		return x->route_cached & 0xff;
 	}

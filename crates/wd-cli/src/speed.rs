@@ -65,7 +65,7 @@ struct RowSpec {
     libcrypto_host: bool,
 }
 
-const ROWS: [RowSpec; 7] = [
+const ROWS: [RowSpec; 8] = [
     RowSpec {
         key: "legacy",
         label: "legacy (syscall per request)",
@@ -132,6 +132,15 @@ const ROWS: [RowSpec; 7] = [
             "CPU below the threshold; above it offloaded, or computed here while the engine is busy",
         env: &[],
         provider: true,
+        async_jobs: true,
+        libcrypto_host: false,
+    },
+    RowSpec {
+        key: "cpu-async",
+        label: "CPU only, async jobs",
+        memory: "as CPU only, each operation inside an async job: what the job machinery costs",
+        env: &[],
+        provider: false,
         async_jobs: true,
         libcrypto_host: false,
     },
