@@ -55,6 +55,7 @@ struct wd_prov {
 static OSSL_PROVIDER *wd_cpu_prov;
 static void *wd_cpu_provctx;
 static const OSSL_ALGORITHM *wd_cpu_ciphers;
+static const OSSL_ALGORITHM *wd_cpu_digests;
 static pthread_once_t wd_cpu_once = PTHREAD_ONCE_INIT;
 
 static void wd_cpu_init(void)
@@ -65,6 +66,7 @@ static void wd_cpu_init(void)
 	if (p == NULL)
 		return;
 	wd_cpu_ciphers = OSSL_PROVIDER_query_operation(p, OSSL_OP_CIPHER, &no_cache);
+	wd_cpu_digests = OSSL_PROVIDER_query_operation(p, OSSL_OP_DIGEST, &no_cache);
 	wd_cpu_provctx = OSSL_PROVIDER_get0_provider_ctx(p);
 	wd_cpu_prov = p;
 }
@@ -318,8 +320,10 @@ static void *wd_cipher_dupctx(void *vctx)
 	n->tls = NULL;
 	memset(&n->counts, 0, sizeof n->counts);
 	if (x->tls != NULL) {
+		/* Everything is in the default provider's context. */
 		if (x->tls_impl.dupctx == NULL || (n->tls = x->tls_impl.dupctx(x->tls)) == NULL)
 			goto fail;
+		return n;
 	}
 	if (x->inner != NULL) {
 		if (x->impl.dupctx == NULL || (n->inner = x->impl.dupctx(x->inner)) == NULL)
@@ -834,6 +838,19 @@ static int wd_tls_begin(struct wd_cctx *x)
 		return 0;
 	}
 	x->tls = t;
+	/* The device session and the inline context are not used again. */
+	if (x->c != NULL) {
+		wd_cipher_free(x->c);
+		x->c = NULL;
+	}
+	if (x->a != NULL) {
+		wd_aead_free(x->a);
+		x->a = NULL;
+	}
+	if (x->inner != NULL) {
+		x->impl.freectx(x->inner);
+		x->inner = NULL;
+	}
 	return 1;
 }
 
@@ -1043,21 +1060,141 @@ static const OSSL_ALGORITHM wd_ciphers[] = {
 
 /* ---- digests ------------------------------------------------------------ */
 
+/* The default provider's functions for one digest. */
+struct wd_cpu_dimpl {
+	OSSL_FUNC_digest_newctx_fn *newctx;
+	OSSL_FUNC_digest_freectx_fn *freectx;
+	OSSL_FUNC_digest_dupctx_fn *dupctx;
+	OSSL_FUNC_digest_init_fn *init;
+	OSSL_FUNC_digest_update_fn *update;
+	OSSL_FUNC_digest_final_fn *final;
+};
+
 struct wd_digest_desc {
 	const char *name;
 	size_t size, blocksize;
+	int index; /* into wd_digest_names */
 };
+
+/* Inline digest counts, per thread (a digest context often lives for one
+ * message: EVP_Digest makes one per call), handed to libwd in batches and
+ * when the thread ends. */
+static pthread_key_t wd_dcount_key;
+static pthread_once_t wd_dcount_once = PTHREAD_ONCE_INIT;
+static __thread struct wd_counts wd_dcounts;
+static __thread int wd_dcount_registered;
+/* One default-provider context per digest kept by each thread between
+ * messages: EVP_Digest makes a new provider context per call, and this
+ * spares the inline path a second allocation each time. */
+#define WD_DIGESTS 5
+static __thread void *wd_spare_inner[WD_DIGESTS];
+static __thread const struct wd_cpu_dimpl *wd_spare_impl[WD_DIGESTS];
+
+static void wd_dcount_flush_at_exit(void *unused)
+{
+	(void)unused;
+	wd_flush_counts(&wd_dcounts);
+	for (int i = 0; i < WD_DIGESTS; i++) {
+		if (wd_spare_inner[i] != NULL)
+			wd_spare_impl[i]->freectx(wd_spare_inner[i]);
+		wd_spare_inner[i] = NULL;
+	}
+}
+
+static void wd_dcount_key_init(void)
+{
+	(void)pthread_key_create(&wd_dcount_key, wd_dcount_flush_at_exit);
+}
+
+/* Make sure this thread's counts and spare contexts are handed back when
+ * it ends. */
+static void wd_dcount_register(void)
+{
+	if (!wd_dcount_registered) {
+		pthread_once(&wd_dcount_once, wd_dcount_key_init);
+		/* Any non-NULL value makes the destructor run at thread exit. */
+		(void)pthread_setspecific(wd_dcount_key, &wd_dcounts);
+		wd_dcount_registered = 1;
+	}
+}
+
+static void wd_dcount(size_t bytes, int reason)
+{
+	wd_dcount_register();
+	wd_count(&wd_dcounts, bytes, reason);
+}
+
+
+
+static int wd_cpu_dlookup(const char *name, struct wd_cpu_dimpl *impl)
+{
+	pthread_once(&wd_cpu_once, wd_cpu_init);
+	memset(impl, 0, sizeof(*impl));
+	for (const OSSL_ALGORITHM *a = wd_cpu_digests; a != NULL && a->algorithm_names != NULL; a++) {
+		if (!wd_names_have(a->algorithm_names, name))
+			continue;
+		for (const OSSL_DISPATCH *f = a->implementation; f->function_id != 0; f++) {
+			switch (f->function_id) {
+			case OSSL_FUNC_DIGEST_NEWCTX: impl->newctx = OSSL_FUNC_digest_newctx(f); break;
+			case OSSL_FUNC_DIGEST_FREECTX: impl->freectx = OSSL_FUNC_digest_freectx(f); break;
+			case OSSL_FUNC_DIGEST_DUPCTX: impl->dupctx = OSSL_FUNC_digest_dupctx(f); break;
+			case OSSL_FUNC_DIGEST_INIT: impl->init = OSSL_FUNC_digest_init(f); break;
+			case OSSL_FUNC_DIGEST_UPDATE: impl->update = OSSL_FUNC_digest_update(f); break;
+			case OSSL_FUNC_DIGEST_FINAL: impl->final = OSSL_FUNC_digest_final(f); break;
+			}
+		}
+		return impl->newctx && impl->freectx && impl->dupctx && impl->init && impl->update &&
+		       impl->final;
+	}
+	return 0;
+}
+
+/* The default provider's digest implementations, resolved once. */
+static const char *const wd_digest_names[WD_DIGESTS] = {"sha1", "sha224", "sha256", "sha384",
+							 "sha512"};
+static struct wd_cpu_dimpl wd_cpu_dimpls[WD_DIGESTS];
+static int wd_cpu_dimpl_ok[WD_DIGESTS];
+static pthread_once_t wd_cpu_donce = PTHREAD_ONCE_INIT;
+
+static void wd_cpu_dinit(void)
+{
+	for (int i = 0; i < WD_DIGESTS; i++)
+		wd_cpu_dimpl_ok[i] = wd_cpu_dlookup(wd_digest_names[i], &wd_cpu_dimpls[i]);
+}
+
+/* The default provider's implementation of digest `index`, or NULL. */
+static const struct wd_cpu_dimpl *wd_cpu_digest(int index)
+{
+	pthread_once(&wd_cpu_donce, wd_cpu_dinit);
+	return wd_cpu_dimpl_ok[index] ? &wd_cpu_dimpls[index] : NULL;
+}
+
+/* Where a message is hashed: decided by its first update (a message cannot
+ * move between paths: the device session's state is not libcrypto's). */
+enum { WD_MSG_UNDECIDED, WD_MSG_INLINE, WD_MSG_LIBRARY };
 
 struct wd_dctx {
+	struct wd_prov *prov;
 	const struct wd_digest_desc *d;
 	struct wd_digest *s;
+	/* The inline CPU path: the default provider's context, kept across
+	 * messages (made on first use). */
+	void *inner;
+	const struct wd_cpu_dimpl *impl;
+	int path;
+	int route; /* the WD_CPU_* reason of an inline message */
+	/* The router asked to time this message (WD_ROUTE_TIMED). */
+	uint64_t t0;
+	size_t total;
 };
 
-static void *wd_digest_newctx(const struct wd_digest_desc *d)
+static void *wd_digest_newctx(void *provctx, const struct wd_digest_desc *d)
 {
 	struct wd_dctx *x = OPENSSL_zalloc(sizeof(*x));
-	if (x != NULL)
+	if (x != NULL) {
+		x->prov = provctx;
 		x->d = d;
+	}
 	return x;
 }
 
@@ -1068,6 +1205,16 @@ static void wd_digest_freectx(void *vctx)
 		return;
 	if (x->s)
 		wd_digest_free(x->s);
+	if (x->inner != NULL) {
+		int i = x->d->index;
+		if (wd_spare_inner[i] == NULL) {
+			wd_dcount_register();
+			wd_spare_inner[i] = x->inner;
+			wd_spare_impl[i] = x->impl;
+		} else {
+			x->impl->freectx(x->inner);
+		}
+	}
 	OPENSSL_free(x);
 }
 
@@ -1077,12 +1224,20 @@ static void *wd_digest_dupctx(void *vctx)
 	struct wd_dctx *n = OPENSSL_zalloc(sizeof(*n));
 	if (n == NULL)
 		return NULL;
+	n->prov = x->prov;
 	n->d = x->d;
-	if (x->s != NULL && wd_digest_dup(x->s, &n->s) != 0) {
-		OPENSSL_free(n);
-		return NULL;
-	}
+	n->impl = x->impl;
+	n->path = x->path;
+	n->t0 = x->t0;
+	n->total = x->total;
+	if (x->s != NULL && wd_digest_dup(x->s, &n->s) != 0)
+		goto fail;
+	if (x->inner != NULL && (n->inner = x->impl->dupctx(x->inner)) == NULL)
+		goto fail;
 	return n;
+fail:
+	wd_digest_freectx(n);
+	return NULL;
 }
 
 static int wd_digest_init_fn(void *vctx, const OSSL_PARAM params[])
@@ -1092,25 +1247,79 @@ static int wd_digest_init_fn(void *vctx, const OSSL_PARAM params[])
 	if (x->s)
 		wd_digest_free(x->s);
 	x->s = NULL;
-	return wd_digest_new(&x->s, x->d->name, NULL, 0) == 0;
+	x->path = WD_MSG_UNDECIDED;
+	return 1;
+}
+
+/* Decide where the message goes from its first update of `len` bytes:
+ * below the threshold, with the cpu policy, or where libwd's router says
+ * the CPU is cheaper, inline, straight to the default provider's
+ * implementation (a small message pays nothing for the provider);
+ * otherwise through libwd. */
+static int wd_digest_start(struct wd_dctx *x, size_t len)
+{
+	int route;
+	if (len < x->prov->threshold)
+		route = WD_CPU_THRESHOLD;
+	else if (x->prov->policy == WD_CRYPTO_POLICY_CPU)
+		route = WD_CPU_POLICY;
+	else if ((route = wd_crypto_route(WD_KIND_DIGEST, len, ASYNC_get_current_job() != NULL)) < 0)
+		route = WD_ROUTE_DEVICE;
+	x->t0 = route & WD_ROUTE_TIMED ? wd_now_ns() : 0;
+	x->total = 0;
+	if (x->impl == NULL)
+		x->impl = wd_cpu_digest(x->d->index);
+	if (!(route & WD_ROUTE_DEVICE) && x->impl != NULL) {
+		if (x->inner == NULL) {
+			x->inner = wd_spare_inner[x->d->index];
+			wd_spare_inner[x->d->index] = NULL;
+		}
+		if (x->inner == NULL && (x->inner = x->impl->newctx(wd_cpu_provctx)) == NULL)
+			return 0;
+		if (!x->impl->init(x->inner, NULL))
+			return 0;
+		x->path = WD_MSG_INLINE;
+		x->route = route & 0xff;
+		return 1;
+	}
+	if (wd_digest_new(&x->s, x->d->name, NULL, 0) != 0)
+		return 0;
+	x->path = WD_MSG_LIBRARY;
+	return 1;
 }
 
 static int wd_digest_update_fn(void *vctx, const unsigned char *in, size_t inl)
 {
 	struct wd_dctx *x = vctx;
+	if (x->path == WD_MSG_UNDECIDED && !wd_digest_start(x, inl))
+		return 0;
+	x->total += inl;
+	if (x->path == WD_MSG_INLINE)
+		return x->impl->update(x->inner, in, inl);
 	return x->s != NULL && wd_digest_update(x->s, in, inl) == 0;
 }
 
 static int wd_digest_final_fn(void *vctx, unsigned char *out, size_t *outl, size_t outsz)
 {
 	struct wd_dctx *x = vctx;
-	if (x->s == NULL || outsz < x->d->size)
+	if (outsz < x->d->size)
 		return 0;
-	int n = wd_digest_final(x->s, out, outsz);
-	if (n < 0)
+	if (x->path == WD_MSG_UNDECIDED && !wd_digest_start(x, 0))
 		return 0;
-	*outl = (size_t)n;
-	return 1;
+	int inline_ = x->path == WD_MSG_INLINE, ok;
+	if (inline_) {
+		ok = x->impl->final(x->inner, out, outl, outsz);
+		wd_dcount(x->total, x->route);
+	} else {
+		int n = x->s != NULL ? wd_digest_final(x->s, out, outsz) : -1;
+		ok = n >= 0;
+		if (ok)
+			*outl = (size_t)n;
+	}
+	if (ok && x->t0 != 0)
+		wd_crypto_record(WD_KIND_DIGEST, x->total, inline_, wd_now_ns() - x->t0);
+	x->path = WD_MSG_UNDECIDED;
+	return ok;
 }
 
 static const OSSL_PARAM wd_digest_known_gettable[] = {
@@ -1144,12 +1353,11 @@ static int wd_digest_get_params(const struct wd_digest_desc *d, OSSL_PARAM param
 	return 1;
 }
 
-#define WD_DIGEST(id, nm, sz, bs)                                                           \
-	static const struct wd_digest_desc wd_ddesc_##id = {nm, sz, bs};                    \
+#define WD_DIGEST(id, nm, sz, bs, ix)                                                           \
+	static const struct wd_digest_desc wd_ddesc_##id = {nm, sz, bs, ix};                \
 	static void *wd_dnewctx_##id(void *provctx)                                         \
 	{                                                                                   \
-		(void)provctx;                                                              \
-		return wd_digest_newctx(&wd_ddesc_##id);                                    \
+		return wd_digest_newctx(provctx, &wd_ddesc_##id);                           \
 	}                                                                                   \
 	static int wd_dget_params_##id(OSSL_PARAM params[])                                 \
 	{                                                                                   \
@@ -1166,11 +1374,11 @@ static int wd_digest_get_params(const struct wd_digest_desc *d, OSSL_PARAM param
 		{OSSL_FUNC_DIGEST_GETTABLE_PARAMS, (void (*)(void))wd_digest_gettable_params}, \
 		{0, NULL}}
 
-WD_DIGEST(sha1, "sha1", 20, 64);
-WD_DIGEST(sha224, "sha224", 28, 64);
-WD_DIGEST(sha256, "sha256", 32, 64);
-WD_DIGEST(sha384, "sha384", 48, 128);
-WD_DIGEST(sha512, "sha512", 64, 128);
+WD_DIGEST(sha1, "sha1", 20, 64, 0);
+WD_DIGEST(sha224, "sha224", 28, 64, 1);
+WD_DIGEST(sha256, "sha256", 32, 64, 2);
+WD_DIGEST(sha384, "sha384", 48, 128, 3);
+WD_DIGEST(sha512, "sha512", 64, 128, 4);
 
 static const OSSL_ALGORITHM wd_digests[] = {
 	{"SHA1:SHA-1:SSL3-SHA1:1.3.14.3.2.26", WD_PROPS, wd_dfns_sha1, "SHA-1 (WrapDrive)"},

@@ -27,6 +27,9 @@ pub struct SpeedArgs {
     /// Cipher to measure (as `openssl speed -evp` names it).
     #[arg(long, default_value = "aes-128-cbc")]
     cipher: String,
+    /// Digest to measure instead of a cipher (e.g. sha256).
+    #[arg(long, conflicts_with = "cipher")]
+    digest: Option<String>,
     /// Seconds per block size and run (`openssl speed -seconds`).
     #[arg(long, default_value_t = 1)]
     seconds: u32,
@@ -48,6 +51,13 @@ pub struct SpeedArgs {
     /// The openssl program.
     #[arg(long, default_value = "openssl")]
     openssl: String,
+}
+
+impl SpeedArgs {
+    /// What `openssl speed -evp` measures: the digest when one is named.
+    fn algorithm(&self) -> &str {
+        self.digest.as_deref().unwrap_or(&self.cipher)
+    }
 }
 
 /// Block sizes of the table (`openssl speed`'s own list).
@@ -188,12 +198,15 @@ fn provider_dir(args: &SpeedArgs) -> Result<PathBuf, String> {
 
 /// Parse the result line of `openssl speed`: `NAME  1234.56k  ...`.
 fn parse_speed(out: &str, cipher: &str) -> Result<Vec<f64>, String> {
-    let want = cipher.to_uppercase();
     let line = out
         .lines()
         .rev()
-        .find(|l| l.split_whitespace().next() == Some(want.as_str()))
-        .ok_or_else(|| format!("openssl speed printed no {want} line:\n{out}"))?;
+        .find(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|w| w.eq_ignore_ascii_case(cipher))
+        })
+        .ok_or_else(|| format!("openssl speed printed no {cipher} line:\n{out}"))?;
     let vals: Vec<f64> = line
         .split_whitespace()
         .skip(1)
@@ -228,7 +241,7 @@ fn run_openssl(
     if row.async_jobs {
         c.args(["-async_jobs", &args.async_jobs.to_string()]);
     }
-    c.args(["-evp", &args.cipher]);
+    c.args(["-evp", args.algorithm()]);
     c.env("WD_HOST", socket);
     for v in [
         "WD_CRYPTO_LEGACY",
@@ -251,7 +264,7 @@ fn run_openssl(
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    parse_speed(&String::from_utf8_lossy(&out.stdout), &args.cipher)
+    parse_speed(&String::from_utf8_lossy(&out.stdout), args.algorithm())
 }
 
 /// Run `wd speed`.
@@ -338,7 +351,7 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
     let svg = log_lines(
         &format!(
             "openssl speed -evp {} (-elapsed), {} engine(s)",
-            args.cipher, args.engines
+            args.algorithm(), args.engines
         ),
         &labels,
         "bytes per second (log)",
@@ -355,7 +368,7 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
     if args.json {
         let v = serde_json::json!({
             "benchmark": "speed",
-            "cipher": args.cipher,
+            "algorithm": args.algorithm(),
             "seconds": args.seconds,
             "reps": args.reps,
             "async_jobs": args.async_jobs,
@@ -371,7 +384,7 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
         return Ok(());
     }
     println!("sec engine: {engine}\n");
-    print!("| {} (1000s of bytes/s) |", args.cipher);
+    print!("| {} (1000s of bytes/s) |", args.algorithm());
     for s in SIZES {
         print!(" {s} |");
     }
