@@ -267,6 +267,10 @@ struct wd_cctx {
 	unsigned char tag[16];
 	size_t taglen;
 	int gcm_started;
+	int gcm_inline;          /* the message under way runs in `inner` */
+	int gcm_inner_keyed;     /* `inner` holds the current key */
+	unsigned char gaad[256]; /* AAD held until the path is decided */
+	size_t gaad_len;
 	/* TLS 1.2 record protection (libssl sets the record-layer parameters:
 	 * GCM's fixed IV and explicit nonce, the CBC record's MAC size and
 	 * version for constant-time padding and MAC removal): the whole
@@ -454,12 +458,17 @@ static int wd_cipher_init(struct wd_cctx *x, const unsigned char *key, size_t ke
 	x->buflen = 0;
 	if (params != NULL && !wd_cipher_set_ctx_params(x, params))
 		return 0;
+	/* The same key again (openssl speed and record layers re-key each
+	 * message): keep the session and the schedules. */
+	if (key != NULL && x->key_set && keylen == x->d->keylen && CRYPTO_memcmp(key, x->key, keylen) == 0)
+		key = NULL;
 	if (key != NULL) {
 		if (keylen != x->d->keylen) {
 			ERR_raise_data(ERR_LIB_PROV, 105, "key length %zu, expected %zu", keylen, x->d->keylen);
 			return 0;
 		}
 		memcpy(x->key, key, keylen);
+		x->gcm_inner_keyed = 0;
 		if (x->c) {
 			wd_cipher_free(x->c);
 			x->c = NULL;
@@ -490,6 +499,7 @@ static int wd_cipher_init(struct wd_cctx *x, const unsigned char *key, size_t ke
 		memcpy(x->iv, iv, x->d->mode == EVP_CIPH_GCM_MODE ? ivlen : x->d->ivlen);
 		x->iv_set = 1;
 		x->gcm_started = 0;
+		x->gaad_len = 0;
 	}
 	if (x->c != NULL && x->iv_set && x->d->ivlen > 0 && x->d->mode != EVP_CIPH_XTS_MODE &&
 	    (iv != NULL || key != NULL)) {
@@ -582,20 +592,95 @@ static int wd_blocks(struct wd_cctx *x, unsigned char *out, const unsigned char 
 	return 1;
 }
 
+/* Begin a GCM message whose first data (or large AAD) is `len` bytes:
+ * below the threshold or with the cpu policy inline, in the default
+ * provider's GCM context, else through libwd; the AAD held so far goes
+ * first. A message keeps its path (GCM's state cannot move). */
+static int wd_gcm_begin(struct wd_cctx *x, size_t len)
+{
+	if (!x->iv_set)
+		return 0;
+	int why = len < x->prov->threshold ? WD_CPU_THRESHOLD
+		  : x->prov->policy == WD_CRYPTO_POLICY_CPU ? WD_CPU_POLICY : 0;
+	if (why == 0) {
+		/* Above the threshold the router decides, as for the other modes. */
+		int route = wd_crypto_route(WD_KIND_CIPHER, len, ASYNC_get_current_job() != NULL);
+		if (route >= 0 && !(route & WD_ROUTE_DEVICE))
+			why = route & 0xff;
+	}
+	int here = why != 0;
+	if (here && x->inner == NULL && wd_cpu_lookup(x->d->name, &x->impl))
+		x->inner = x->impl.newctx(wd_cpu_provctx);
+	x->gcm_inline = here && x->inner != NULL;
+	int ok;
+	if (x->gcm_inline) {
+		/* The key once (its schedule and GHASH tables stay), the IV per
+		 * message. */
+		const unsigned char *key = x->gcm_inner_keyed ? NULL : x->key;
+		ok = (x->enc ? x->impl.einit : x->impl.dinit)(x->inner, key, x->d->keylen, x->iv,
+							     x->ivlen, NULL);
+		x->gcm_inner_keyed = ok;
+		size_t o = 0;
+		if (ok && x->gaad_len > 0)
+			ok = x->impl.update(x->inner, NULL, &o, x->gaad_len, x->gaad, x->gaad_len);
+		if (ok)
+			wd_count(&x->counts, len, why);
+	} else {
+		ok = wd_aead_begin(x->a, x->enc, x->iv, x->ivlen) == 0 &&
+		     (x->gaad_len == 0 || wd_aead_aad(x->a, x->gaad, x->gaad_len) == 0);
+	}
+	x->gaad_len = 0;
+	x->gcm_started = ok;
+	return ok;
+}
+
 static int wd_gcm_update(struct wd_cctx *x, unsigned char *out, size_t *outl,
 			 const unsigned char *in, size_t inl)
 {
 	if (!x->gcm_started) {
-		if (!x->iv_set || wd_aead_begin(x->a, x->enc, x->iv, x->ivlen) != 0)
+		/* AAD comes before the data that decides the path: hold it
+		 * while it is small. */
+		if (out == NULL && x->gaad_len + inl <= sizeof x->gaad) {
+			memcpy(x->gaad + x->gaad_len, in, inl);
+			x->gaad_len += inl;
+			*outl = inl;
+			return 1;
+		}
+		if (!wd_gcm_begin(x, out == NULL ? x->gaad_len + inl : inl))
 			return 0;
-		x->gcm_started = 1;
 	}
+	if (x->gcm_inline)
+		return x->impl.update(x->inner, out, outl, inl, in, inl);
 	if (out == NULL) { /* AAD */
 		*outl = inl;
 		return wd_aead_aad(x->a, in, inl) == 0;
 	}
 	*outl = inl;
 	return wd_aead_update(x->a, in, out, inl) == 0;
+}
+
+/* Finish an inline GCM message: the expected tag in first (decryption),
+ * the computed one out (encryption). */
+static int wd_gcm_finish_inline(struct wd_cctx *x)
+{
+	unsigned char none[16];
+	size_t o = 0;
+	if (!x->enc) {
+		if (x->taglen < 4)
+			return 0;
+		OSSL_PARAM set[] = {OSSL_PARAM_construct_octet_string(OSSL_CIPHER_PARAM_AEAD_TAG,
+								      x->tag, x->taglen),
+				    OSSL_PARAM_construct_end()};
+		if (!x->impl.set_ctx_params(x->inner, set))
+			return 0;
+		return x->impl.final(x->inner, none, &o, sizeof none);
+	}
+	if (!x->impl.final(x->inner, none, &o, sizeof none))
+		return 0;
+	OSSL_PARAM get[] = {OSSL_PARAM_construct_octet_string(OSSL_CIPHER_PARAM_AEAD_TAG, x->tag,
+							      sizeof x->tag),
+			    OSSL_PARAM_construct_end()};
+	return x->impl.get_ctx_params(x->inner, get);
 }
 
 /* Whether a request of `len` bytes runs inline without asking libwd: the
@@ -688,10 +773,12 @@ static int wd_cipher_final_fn(void *vctx, unsigned char *out, size_t *outl, size
 		return 0;
 	switch (x->d->mode) {
 	case EVP_CIPH_GCM_MODE: {
-		if (!x->gcm_started && wd_gcm_update(x, out, outl, NULL, 0) == 0)
+		if (!x->gcm_started && !wd_gcm_begin(x, 0))
 			return 0;
 		*outl = 0;
 		x->gcm_started = 0;
+		if (x->gcm_inline)
+			return wd_gcm_finish_inline(x);
 		if (x->enc)
 			return wd_aead_finish(x->a, x->tag, x->taglen) == 0;
 		return x->taglen >= 4 && wd_aead_finish(x->a, x->tag, x->taglen) == 0;
