@@ -351,7 +351,8 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
     let svg = log_lines(
         &format!(
             "openssl speed -evp {} (-elapsed), {} engine(s)",
-            args.algorithm(), args.engines
+            args.algorithm(),
+            args.engines
         ),
         &labels,
         "bytes per second (log)",

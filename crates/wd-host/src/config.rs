@@ -126,6 +126,11 @@ impl DeviceConfig {
                 "queues must be 1..={MAX_INSTANCES}"
             )));
         }
+        if self.engine.is_some() {
+            // Named engines are checked now, with the reason when absent.
+            crate::drivers::open(&self.driver, self.engine.as_deref())
+                .map_err(HostError::Config)?;
+        }
         if self.idle_spin_us > 1_000_000 {
             return Err(HostError::Config(
                 "idle_spin_us must be at most 1000000".into(),
@@ -334,6 +339,22 @@ mod tests {
         assert!(DeviceConfig::parse_spec("dummy:engines=0").is_err());
         assert!(DeviceConfig::parse_spec("dummy:colour=red").is_err());
         assert!(DeviceConfig::parse_spec("dummy:engines").is_err());
+    }
+
+    #[test]
+    fn engine_choices_are_checked() {
+        let d = DeviceConfig::parse_spec("sec:engine=libcrypto").unwrap();
+        assert_eq!(d.engine.as_deref(), Some("libcrypto"));
+        let e = DeviceConfig::parse_spec("sec:engine=fast").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("not one of auto, libcrypto, ipsec-mb"),
+            "{e}"
+        );
+        let e = DeviceConfig::parse_spec("dummy:engine=libcrypto").unwrap_err();
+        assert!(e.to_string().contains("no engine choice"), "{e}");
+        let driver = crate::drivers::open("sec", Some("libcrypto")).unwrap();
+        assert!(driver.engine().unwrap().starts_with("libcrypto"));
     }
 
     #[test]
