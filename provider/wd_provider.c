@@ -1167,7 +1167,6 @@ struct wd_digest_desc {
  * message: EVP_Digest makes one per call), handed to libwd in batches and
  * when the thread ends. */
 static pthread_key_t wd_dcount_key;
-static pthread_once_t wd_dcount_once = PTHREAD_ONCE_INIT;
 static __thread struct wd_counts wd_dcounts;
 static __thread int wd_dcount_registered;
 /* One default-provider context per digest kept by each thread between
@@ -1188,21 +1187,25 @@ static void wd_dcount_flush_at_exit(void *unused)
 	}
 }
 
-static void wd_dcount_key_init(void)
-{
-	(void)pthread_key_create(&wd_dcount_key, wd_dcount_flush_at_exit);
-}
+/* The key lives while a provider instance does: the last teardown deletes
+ * it, so no thread's exit calls into a module that may be unloaded. */
+static pthread_mutex_t wd_dcount_lock = PTHREAD_MUTEX_INITIALIZER;
+static int wd_instances, wd_dcount_key_live;
 
 /* Make sure this thread's counts and spare contexts are handed back when
  * it ends. */
 static void wd_dcount_register(void)
 {
-	if (!wd_dcount_registered) {
-		pthread_once(&wd_dcount_once, wd_dcount_key_init);
-		/* Any non-NULL value makes the destructor run at thread exit. */
+	if (wd_dcount_registered)
+		return;
+	pthread_mutex_lock(&wd_dcount_lock);
+	if (!wd_dcount_key_live && wd_instances > 0)
+		wd_dcount_key_live = pthread_key_create(&wd_dcount_key, wd_dcount_flush_at_exit) == 0;
+	/* Any non-NULL value makes the destructor run at thread exit. */
+	if (wd_dcount_key_live)
 		(void)pthread_setspecific(wd_dcount_key, &wd_dcounts);
-		wd_dcount_registered = 1;
-	}
+	pthread_mutex_unlock(&wd_dcount_lock);
+	wd_dcount_registered = 1;
 }
 
 static void wd_dcount(size_t bytes, int reason)
@@ -1525,6 +1528,15 @@ static int wd_prov_get_params(void *provctx, OSSL_PARAM params[])
 
 static void wd_teardown(void *provctx)
 {
+	pthread_mutex_lock(&wd_dcount_lock);
+	if (--wd_instances == 0 && wd_dcount_key_live) {
+		/* This thread's counts now; other threads' spare digest contexts
+		 * are left to the process's end. */
+		wd_dcount_flush_at_exit(NULL);
+		(void)pthread_key_delete(wd_dcount_key);
+		wd_dcount_key_live = 0;
+	}
+	pthread_mutex_unlock(&wd_dcount_lock);
 	OPENSSL_free(provctx);
 }
 
@@ -1583,6 +1595,9 @@ int OSSL_provider_init(const OSSL_CORE_HANDLE *handle, const OSSL_DISPATCH *in,
 		wd_crypto_set_fallback(strcmp(fb, "0") != 0 && strcmp(fb, "no") != 0);
 	p->threshold = wd_crypto_get_threshold();
 	p->policy = wd_crypto_get_policy();
+	pthread_mutex_lock(&wd_dcount_lock);
+	wd_instances++;
+	pthread_mutex_unlock(&wd_dcount_lock);
 	*out = wd_prov_fns;
 	*provctx = p;
 	return 1;

@@ -3,8 +3,10 @@
 //! path costs, so that offloading never makes a caller slower.
 //!
 //! An asynchronous caller's thread is free while the device works, so its
-//! requests are offloaded from `ASYNC_MIN` up (below it the staging copies
-//! and the wake-up cost the caller more than the work itself).
+//! cipher requests are offloaded from `ASYNC_MIN` up (below it the staging
+//! copies and the wake-up cost the caller more than the work itself).
+//! Digests are decided by measurement either way (no multi-buffer engine
+//! makes a device digest cheaper than the CPU's).
 //!
 //! A synchronous caller waits either way, so the device only pays when its
 //! round trip beats computing here. The router keeps, per request-size
@@ -33,8 +35,11 @@ pub enum Route {
 pub const ASYNC_MIN: usize = 4096;
 /// Time one request in this many (per size class).
 const SAMPLE_EVERY: u32 = 16;
-/// Try the path that looks worse once in this many requests.
+/// Try the path that looks worse once in this many requests, times how
+/// much worse it looks (at most `MAX_PROBE_SPREAD` times).
 const PROBE_EVERY: u32 = 256;
+/// See [`PROBE_EVERY`]: a path is re-tried at least once in 16384.
+const MAX_PROBE_SPREAD: f64 = 64.0;
 /// Size classes: < 1 KiB, < 4 KiB, < 16 KiB, < 64 KiB, larger.
 const CLASSES: usize = 5;
 
@@ -91,10 +96,12 @@ pub fn choose_timed(kind: Kind, n: usize, asynchronous: bool) -> (Route, bool) {
     if policy == Policy::Offload {
         return (Route::Device, false);
     }
-    if asynchronous {
+    if asynchronous && kind == Kind::Cipher {
         // An asynchronous request still costs its caller's thread the
         // staging copies and a wake-up: below ASYNC_MIN that is more than
-        // computing it here.
+        // computing it here. (Digests have no multi-buffer engine behind
+        // them: a device digest is no cheaper than the CPU's, so the
+        // measured comparison below decides for them, as when synchronous.)
         if n < ASYNC_MIN {
             return (Route::Cpu(Why::Policy), false);
         }
@@ -105,12 +112,16 @@ pub fn choose_timed(kind: Kind, n: usize, asynchronous: bool) -> (Route, bool) {
         let est = &mut e[kind_index(kind)][class(n)];
         est.count = est.count.wrapping_add(1);
         let sample = est.count % SAMPLE_EVERY == 0;
-        let probe = est.count % PROBE_EVERY == 0;
         match (est.cpu, est.dev) {
             (None, _) => (Route::Cpu(Why::Policy), true),
             (_, None) => (Route::Device, true),
             (Some(c), Some(d)) => {
                 let dev_better = d < c;
+                // The worse path is tried less often the worse it looks:
+                // a probe of a path 20 times dearer costs 20 requests.
+                let ratio = if dev_better { c / d } else { d / c };
+                let every = (f64::from(PROBE_EVERY) * ratio.clamp(1.0, MAX_PROBE_SPREAD)) as u32;
+                let probe = est.count % every.max(1) == 0;
                 let take_dev = dev_better != probe;
                 let r = if take_dev {
                     Route::Device
