@@ -603,8 +603,10 @@ static int wd_gcm_begin(struct wd_cctx *x, size_t len)
 	int why = len < x->prov->threshold ? WD_CPU_THRESHOLD
 		  : x->prov->policy == WD_CRYPTO_POLICY_CPU ? WD_CPU_POLICY : 0;
 	if (why == 0) {
-		/* Above the threshold the router decides, as for the other modes. */
-		int route = wd_crypto_route(WD_KIND_CIPHER, len, ASYNC_get_current_job() != NULL);
+		/* Above the threshold the router decides, as for the other modes;
+		 * a GCM message on the device is waited for (never paused), so it
+		 * is asked as a synchronous request. */
+		int route = wd_crypto_route(WD_KIND_CIPHER, len, 0);
 		if (route >= 0 && !(route & WD_ROUTE_DEVICE))
 			why = route & 0xff;
 	}
