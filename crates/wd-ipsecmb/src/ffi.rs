@@ -180,7 +180,7 @@ type CipherBurstFn = unsafe extern "C" fn(*mut c_void, *mut ImbJob, u32, u32, u3
 /// The library's entry points, resolved once per process.
 pub(crate) struct Api {
     /// Kept loaded for the life of the process.
-    _lib: Library,
+    lib: Library,
     alloc: AllocFn,
     free: FreeFn,
     init_auto: InitAutoFn,
@@ -238,7 +238,7 @@ impl Api {
         // SAFETY: returns a static NUL-terminated string.
         let version = unsafe { text(version_fn()) };
         Ok(Api {
-            _lib: lib,
+            lib,
             alloc,
             free,
             init_auto,
@@ -253,7 +253,7 @@ impl Api {
     }
 
     pub(crate) fn library(&self) -> &Library {
-        &self._lib
+        &self.lib
     }
 }
 
@@ -273,8 +273,10 @@ fn arch_name(arch: c_int) -> Option<&'static str> {
 pub(crate) struct Manager {
     api: &'static Api,
     mgr: NonNull<c_void>,
-    keyexp: [KeyExpFn; 3],
-    burst: CipherBurstFn,
+    /// Set once `new` has checked them (a manager that fails the checks
+    /// is freed without ever being used).
+    keyexp: Option<[KeyExpFn; 3]>,
+    burst: Option<CipherBurstFn>,
     /// `avx2-t1` and the like: the code path the library chose.
     pub flavour: String,
     pub features: u64,
@@ -288,72 +290,70 @@ impl Manager {
         // SAFETY: alloc_mb_mgr(flags) takes any flags value; 0 = defaults.
         let mgr = NonNull::new(unsafe { (api.alloc)(0) })
             .ok_or_else(|| MbError::Init("alloc_mb_mgr returned NULL".into()))?;
-        let fail = |why: String| {
-            // SAFETY: mgr came from alloc_mb_mgr and is freed once, here.
-            unsafe { (api.free)(mgr.as_ptr()) };
-            Err(why)
+        // Freed by Manager's Drop on every return below, the errors included.
+        let mut m = Manager {
+            api,
+            mgr,
+            keyexp: None,
+            burst: None,
+            flavour: String::new(),
+            features: 0,
         };
         let mut arch: c_int = 0;
         // SAFETY: mgr is a fresh manager; arch is writable.
         unsafe { (api.init_auto)(mgr.as_ptr(), &mut arch) };
-        let base = mgr.as_ptr().cast::<u8>();
-        // SAFETY: mgr points to an IMB_MGR (imb_get_mb_mgr_size bytes, far
-        // beyond these offsets), initialised just now; the fields read here
-        // and below are naturally aligned words.
-        let errno = unsafe { base.add(MGR_ERRNO).cast::<c_int>().read() };
-        // SAFETY: as above.
-        let features = unsafe { base.add(MGR_FEATURES).cast::<u64>().read() };
-        // SAFETY: as above.
-        let used = unsafe { base.add(MGR_USED_ARCH).cast::<u32>().read() };
+        let errno = m.field::<c_int>(MGR_ERRNO);
         if errno != 0 {
-            return fail(format!("init_mb_mgr_auto: {}", api.strerror(errno)))
-                .map_err(MbError::Init);
+            return Err(MbError::Init(format!(
+                "init_mb_mgr_auto: {}",
+                api.strerror(errno)
+            )));
         }
+        m.features = m.field::<u64>(MGR_FEATURES);
+        let used = m.field::<u32>(MGR_USED_ARCH);
         let Some(arch_s) = arch_name(arch).filter(|_| used as c_int == arch) else {
-            return fail(format!("no usable architecture (IMB_ARCH {arch})"))
-                .map_err(MbError::Init);
-        };
-        let word = |off: usize| -> *mut c_void {
-            // SAFETY: as above: a pointer-sized field inside the manager.
-            unsafe { base.add(off).cast::<*mut c_void>().read() }
+            return Err(MbError::Init(format!(
+                "no usable architecture (IMB_ARCH {arch})"
+            )));
         };
         let lib = api.library();
-        let burst_ptr = word(MGR_SUBMIT_CIPHER_BURST);
+        let burst_ptr = m.field::<*mut c_void>(MGR_SUBMIT_CIPHER_BURST);
         let flavour = ["", "_t1", "_t2", "_t3"].iter().find_map(|t| {
             let s = lib.symbol(&format!("submit_cipher_burst_{arch_s}{t}"))?;
             (s.as_ptr() == burst_ptr).then(|| format!("{arch_s}{}", t.replace('_', "-")))
         });
-        let Some(flavour) = flavour else {
-            return fail(format!(
+        m.flavour = flavour.ok_or_else(|| {
+            MbError::Abi(format!(
                 "the manager's cipher burst entry is not the library's {arch_s} one (an ABI this crate does not know)"
             ))
-            .map_err(MbError::Abi);
-        };
-        let mut keyexp = Vec::new();
+        })?;
+        let mut keyexp = [None; 3];
         for (i, bits) in [128, 192, 256].into_iter().enumerate() {
-            let p = word(MGR_KEYEXP[i]);
+            let p = m.field::<*mut c_void>(MGR_KEYEXP[i]);
             let expected = lib.symbol(&format!("aes_keyexp_{bits}_{arch_s}"));
             if p.is_null() || expected.map(|e| e.as_ptr()) != Some(p) {
-                return fail(format!(
+                return Err(MbError::Abi(format!(
                     "the manager's aes_keyexp_{bits} entry is not the library's {arch_s} one"
-                ))
-                .map_err(MbError::Abi);
+                )));
             }
             // SAFETY: checked equal to the exported aes_keyexp_<bits>_<arch>,
             // declared `void (const void *, void *, void *)`.
-            keyexp.push(unsafe { std::mem::transmute::<*mut c_void, KeyExpFn>(p) });
+            keyexp[i] = Some(unsafe { std::mem::transmute::<*mut c_void, KeyExpFn>(p) });
         }
+        m.keyexp = Some(keyexp.map(|k| k.expect("all three checked above")));
         // SAFETY: checked equal to the exported submit_cipher_burst_<flavour>,
         // whose type is the header's submit_cipher_burst_t.
-        let burst = unsafe { std::mem::transmute::<*mut c_void, CipherBurstFn>(burst_ptr) };
-        Ok(Manager {
-            api,
-            mgr,
-            keyexp: [keyexp[0], keyexp[1], keyexp[2]],
-            burst,
-            flavour,
-            features,
-        })
+        m.burst = Some(unsafe { std::mem::transmute::<*mut c_void, CipherBurstFn>(burst_ptr) });
+        Ok(m)
+    }
+
+    /// A field of the manager at byte offset `off` (one of the `MGR_*`
+    /// offsets, each naturally aligned for its type).
+    fn field<T: Copy>(&self, off: usize) -> T {
+        // SAFETY: mgr points to a live IMB_MGR (imb_get_mb_mgr_size bytes,
+        // far beyond every MGR_* offset), initialised by init_mb_mgr_auto
+        // before any field is read; the MGR_* fields are aligned words.
+        unsafe { self.mgr.as_ptr().cast::<u8>().add(off).cast::<T>().read() }
     }
 
     /// Expand an AES key (16, 24 or 32 bytes) into encryption and
@@ -370,11 +370,12 @@ impl Manager {
             32 => 2,
             n => return Err(MbError::KeyLength(n)),
         };
+        let keyexp = self.keyexp.expect("a Manager is returned checked")[i];
         // SAFETY: key holds key.len() bytes, the length this function reads;
         // enc and dec have room for the 15 round keys the largest key needs
         // (the callers keep them 16-byte aligned, as the library requires).
         unsafe {
-            (self.keyexp[i])(
+            keyexp(
                 key.as_ptr().cast::<c_void>(),
                 enc.as_mut_ptr().cast::<c_void>(),
                 dec.as_mut_ptr().cast::<c_void>(),
@@ -440,19 +441,11 @@ impl Manager {
         key_len: u32,
     ) -> Result<(), MbError> {
         let n = jobs.len() as u32;
+        let burst = self.burst.expect("a Manager is returned checked");
         // SAFETY: mgr is live and used by this thread only (Manager is not
         // Send); the jobs are valid (the caller's promise).
-        let done =
-            unsafe { (self.burst)(self.mgr.as_ptr(), jobs.as_mut_ptr(), n, mode, dir, key_len) };
-        // SAFETY: as in `new`: the errno field of the live manager.
-        let errno = unsafe {
-            self.mgr
-                .as_ptr()
-                .cast::<u8>()
-                .add(MGR_ERRNO)
-                .cast::<c_int>()
-                .read()
-        };
+        let done = unsafe { burst(self.mgr.as_ptr(), jobs.as_mut_ptr(), n, mode, dir, key_len) };
+        let errno = self.field::<c_int>(MGR_ERRNO);
         if done != n || errno != 0 || jobs.iter().any(|j| j.status != STATUS_COMPLETED) {
             return Err(MbError::Burst {
                 done,
