@@ -10,7 +10,7 @@
 pub mod dummy;
 pub mod dummy_async;
 
-pub use wd_iommu::{Access, Fault};
+pub use wd_iommu::{Access, Fault, FaultReason};
 use wd_ring::Desc;
 pub use wd_sys::devmem::{DeviceSlice, HeldSlice};
 

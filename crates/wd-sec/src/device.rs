@@ -7,6 +7,7 @@ use wd_ipsecmb::{Engine, Schedule};
 use wd_ring::Desc;
 
 use crate::dma;
+use crate::long::Long;
 use crate::mb::{cbc_now, Chain, Gathering, Pending};
 use crate::msg::{
     self, Alg, CipherOp, DigestOp, Hash, Mode, Request, SessionNew, F_DIGEST_FINAL, F_ENCRYPT,
@@ -180,7 +181,7 @@ pub(crate) enum Work {
 }
 
 pub(crate) struct Session {
-    alg: Alg,
+    pub(crate) alg: Alg,
     pub(crate) key: Key,
     pub(crate) work: Work,
     /// Round keys for the multi-buffer engine, made on first use.
@@ -257,6 +258,8 @@ pub struct SecQueue {
     pub(crate) pending: Vec<Pending>,
     /// Requests finished, not reported yet.
     pub(crate) finished: Vec<(u64, Desc)>,
+    /// Long requests running a piece per poll.
+    pub(crate) long: Vec<Long>,
     /// When to gather CBC encryptions and when to run them.
     pub(crate) gathering: Gathering,
 }
@@ -283,6 +286,7 @@ impl SecQueue {
             mb: mb.filter(|_| queue_type == TYPE_CIPHER),
             pending: Vec::new(),
             finished: Vec::new(),
+            long: Vec::new(),
             gathering: Gathering::new(),
         }
     }
@@ -509,7 +513,7 @@ impl SecQueue {
     /// them: each piece is the request's own chained continuation (IV and
     /// additional data with the first, tag and final digest with the
     /// last), so the result is the whole request's.
-    fn piece(
+    pub(crate) fn piece(
         &mut self,
         req: Request,
         dma: &mut dyn Dma<'_>,
@@ -584,12 +588,19 @@ impl DeviceQueue for SecQueue {
     }
 
     fn start(&mut self, token: u64, desc: &mut Desc, dma: &mut dyn Dma<'_>) -> Started {
+        // Requests of one session run in order: its long request first.
+        if !self.long.is_empty() {
+            self.order_after_long(desc);
+        }
         if self.gathering.on() && self.gather(token, desc, dma).is_ok() {
             return Started::Held;
         }
-        // Requests of one session run in order: what was gathered goes first.
+        // ... and what was gathered.
         if !self.pending.is_empty() {
             self.burst();
+        }
+        if self.hold_long(token, desc, dma) {
+            return Started::Held;
         }
         self.process(desc, dma);
         Started::Done
@@ -599,15 +610,17 @@ impl DeviceQueue for SecQueue {
         if !self.pending.is_empty() && self.gathering.due(self.pending.len()) {
             self.burst();
         }
+        self.poll_long();
         done.append(&mut self.finished);
     }
 
     fn in_flight(&self) -> usize {
-        self.pending.len() + self.finished.len()
+        self.pending.len() + self.finished.len() + self.long.len()
     }
 
     fn abort(&mut self, stopped: &mut Vec<(u64, Desc)>) {
         self.stop_gathered(stopped);
+        self.stop_long(stopped);
         stopped.append(&mut self.finished);
     }
 

@@ -17,6 +17,7 @@
 
 pub mod device;
 mod dma;
+mod long;
 mod mb;
 
 pub use wd_evp as evp;
