@@ -12,6 +12,7 @@
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
 
 /// `len` bytes of device memory, valid for `'a`.
 #[derive(Clone, Copy, Debug)]
@@ -126,6 +127,112 @@ impl<'a> DeviceSlice<'a> {
                 // because another process may write it.
                 unsafe { self.as_ptr().add(i).read_volatile() == data[i] }
             })
+    }
+}
+
+impl DeviceSlice<'_> {
+    /// The 32-bit word at `off` (4-aligned), read atomically with Acquire:
+    /// a flag or index a peer publishes with a Release store after the
+    /// bytes it guards.
+    ///
+    /// # Panics
+    /// When the word leaves the slice or is not aligned.
+    pub fn load_u32(&self, off: usize) -> u32 {
+        let w = self.word32(off);
+        // SAFETY: w is an aligned word of live device memory; atomics may
+        // be shared with another process.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(w) }.load(Ordering::Acquire)
+    }
+
+    /// Store the 32-bit word at `off` (4-aligned) atomically with Release:
+    /// the bytes written before it are visible to a peer that sees it
+    /// (a completion entry's phase word, say).
+    ///
+    /// # Panics
+    /// When the word leaves the slice or is not aligned.
+    pub fn store_u32(&self, off: usize, v: u32) {
+        let w = self.word32(off);
+        // SAFETY: as in load_u32.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(w) }.store(v, Ordering::Release);
+    }
+
+    fn word32(&self, off: usize) -> *mut u32 {
+        let s = self.subslice(off, 4);
+        assert!(s.as_ptr() as usize % 4 == 0, "word at {off} is not aligned");
+        s.as_ptr().cast()
+    }
+}
+
+/// A device's register block: memory the host created, shared with one
+/// client, that both sides read and write as 32- and 64-bit registers
+/// (an NVMe controller's properties and doorbells, say). It owns a share
+/// of the mapping, so it stays valid as long as either side keeps it.
+/// Every access is atomic (the peer may write any word at any time);
+/// offsets are checked, so a wrong one panics instead of reaching past the
+/// block.
+#[derive(Clone, Debug)]
+pub struct Registers {
+    map: std::sync::Arc<crate::Mapping>,
+    off: usize,
+    len: usize,
+}
+
+impl Registers {
+    /// The `len` bytes at `off` of `map` (8-aligned, inside the mapping).
+    pub fn new(map: std::sync::Arc<crate::Mapping>, off: usize, len: usize) -> Option<Registers> {
+        let end = off.checked_add(len)?;
+        (end <= map.len() && off % 8 == 0 && len > 0).then_some(Registers { map, off, len })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether empty (never, by construction).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn at(&self, off: usize, size: usize) -> *mut u8 {
+        let end = off.checked_add(size).expect("register offset overflows");
+        assert!(
+            end <= self.len && off % size == 0,
+            "register {off:#x} (size {size}) outside a {:#x}-byte block or unaligned",
+            self.len
+        );
+        // SAFETY: off + size <= len, and off.. is inside the mapping (new).
+        unsafe { self.map.as_ptr().add(self.off + off) }
+    }
+
+    /// Read the 32-bit register at `off` (Acquire: what the peer wrote
+    /// before storing it is visible).
+    pub fn load32(&self, off: usize) -> u32 {
+        // SAFETY: an aligned word inside the live mapping this block owns;
+        // atomics may be shared with another process.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(self.at(off, 4).cast()) }
+            .load(Ordering::Acquire)
+    }
+
+    /// Write the 32-bit register at `off` (Release).
+    pub fn store32(&self, off: usize, v: u32) {
+        // SAFETY: as in load32.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(self.at(off, 4).cast()) }
+            .store(v, Ordering::Release)
+    }
+
+    /// Read the 64-bit register at `off` (Acquire).
+    pub fn load64(&self, off: usize) -> u64 {
+        // SAFETY: as in load32, for an aligned 64-bit word.
+        unsafe { std::sync::atomic::AtomicU64::from_ptr(self.at(off, 8).cast()) }
+            .load(Ordering::Acquire)
+    }
+
+    /// Write the 64-bit register at `off` (Release).
+    pub fn store64(&self, off: usize, v: u64) {
+        // SAFETY: as in load64.
+        unsafe { std::sync::atomic::AtomicU64::from_ptr(self.at(off, 8).cast()) }
+            .store(v, Ordering::Release)
     }
 }
 
