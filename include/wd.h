@@ -150,7 +150,8 @@ int wd_mem_unshare2(struct wd_queue *q, const void *addr, size_t size);
 
 /* ---- memory, capabilities, faults, errors ---------------------------- */
 
-/* Shareable memory (whole pages, zeroed). numa_node -1 = any. */
+/* Shareable memory (whole pages; zeroed when new, memory freed earlier in
+ * the process comes back as it was left). numa_node -1 = any. */
 int wd_alloc(size_t size, int numa_node, void **out);
 int wd_free(void *addr);
 

@@ -95,7 +95,7 @@ struct ServeArgs {
     /// [[device]] tables).
     #[arg(long)]
     config: Option<std::path::PathBuf>,
-    /// Device to own, e.g. "dummy:engines=2,queues=16" (repeatable; options: engines, queues, numa, priority, idle_spin_us, cpu, engine).
+    /// Device to own, e.g. "dummy:engines=2,queues=16" (repeatable; options: engines, queues, numa, priority, idle_spin_us, cpu, engine, ns=PATH:OFFSET:SIZE[:BLOCK] for nvme).
     #[arg(long = "device")]
     devices: Vec<String>,
     /// Who may connect, as octal permission bits: set on a path socket

@@ -293,7 +293,7 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
         hosts.push(wd_host::Host::start(&cfg).map_err(|e| e.to_string())?);
         Ok(sock)
     };
-    let engine = wd_host::drivers::open("sec", None)?
+    let engine = wd_host::drivers::open(&wd_host::config::DeviceConfig::new("sec"))?
         .engine()
         .unwrap_or_else(|| "libcrypto".into());
     let multi_buffer = !engine.starts_with("libcrypto");

@@ -12,7 +12,7 @@ pub mod dummy_async;
 
 pub use wd_iommu::{Access, Fault, FaultReason};
 use wd_ring::Desc;
-pub use wd_sys::devmem::{DeviceSlice, HeldSlice};
+pub use wd_sys::devmem::{DeviceSlice, HeldSlice, Registers};
 
 /// Errors of device set-up.
 #[derive(Debug, thiserror::Error)]
@@ -136,6 +136,37 @@ pub trait DeviceQueue: Send {
     /// return the device touches none of their memory any more.
     fn abort(&mut self, _stopped: &mut Vec<(u64, Desc)>) {}
 
+    /// Whether this device is driven through its register block (see
+    /// [`Driver::register_bytes`]) instead of the queue's ring: the engine
+    /// then calls [`DeviceQueue::service`] on every pass and never fetches
+    /// ring entries for it.
+    fn register_driven(&self) -> bool {
+        false
+    }
+
+    /// The queue's register block, shared with its client; given once,
+    /// before the first [`DeviceQueue::service`], to a device whose
+    /// [`Driver::register_bytes`] is not zero.
+    fn attach_registers(&mut self, regs: Registers) {
+        let _ = regs;
+    }
+
+    /// One pass of a register-driven device: look at its registers and
+    /// doorbells, run what they ask for through `dma`, and say what it
+    /// did. Must not block or panic on anything the client wrote.
+    fn service(&mut self, dma: &mut dyn Dma<'_>) -> Service {
+        let _ = dma;
+        Service::default()
+    }
+
+    /// A register-driven device's engine is about to sleep: arm whatever
+    /// makes the client wake it (the ring's NEED_WAKEUP flag is set
+    /// already) and return true when work arrived meanwhile (then the
+    /// engine does not sleep).
+    fn prepare_sleep(&mut self) -> bool {
+        false
+    }
+
     /// Bytes of data a completed request processed, for the queue's
     /// `bytes` counter. The default reads the result as a byte count;
     /// devices whose results are something else (a session handle, a
@@ -143,6 +174,22 @@ pub trait DeviceQueue: Send {
     fn bytes_of(&self, done: &Desc) -> u64 {
         done.result
     }
+}
+
+/// What one [`DeviceQueue::service`] pass did, for the engine's idle
+/// rule and the queue's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Service {
+    /// Commands completed (or anything else that counts as work: a
+    /// register change handled).
+    pub work: usize,
+    /// Commands completed, for the queue's `requests` counter.
+    pub requests: u64,
+    /// Bytes moved, for the queue's `bytes` counter.
+    pub bytes: u64,
+    /// The device has work in flight or queued that a later pass must
+    /// finish: the engine must not sleep.
+    pub busy: bool,
 }
 
 /// What [`DeviceQueue::start`] did with a request.
@@ -174,6 +221,18 @@ pub trait Driver: Send + Sync {
     /// choice of implementations says which it uses, and why not another).
     fn engine(&self) -> Option<String> {
         None
+    }
+    /// Bytes of register block a queue of algorithm `alg` has (0: none):
+    /// the host appends them to the queue's ring memory, page aligned,
+    /// after the ring, and gives the device a [`Registers`] view of them.
+    fn register_bytes(&self, alg: u32) -> usize {
+        let _ = alg;
+        0
+    }
+    /// How long an idle engine of this device polls before it sleeps,
+    /// when the configuration does not say.
+    fn idle_spin(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(200)
     }
     /// Priority used when several devices serve an algorithm (higher wins).
     fn default_priority(&self) -> u32 {

@@ -37,9 +37,11 @@ pub struct DeviceConfig {
     /// Priority when several devices serve an algorithm (higher wins).
     #[serde(default)]
     pub priority: u32,
-    /// How long an idle engine polls before it sleeps, in microseconds.
-    #[serde(default = "default_idle_spin_us")]
-    pub idle_spin_us: u64,
+    /// How long an idle engine polls before it sleeps, in microseconds
+    /// (the driver's own default when absent: 200 us, or the NVMe
+    /// controller's 0.5 s).
+    #[serde(default)]
+    pub idle_spin_us: Option<u64>,
     /// Pin engine `e` to CPU `cpu + e` (modulo the CPUs online), so that a
     /// benchmark's ends stay on known CPUs; unpinned when absent.
     #[serde(default)]
@@ -48,6 +50,10 @@ pub struct DeviceConfig {
     /// `auto`, `libcrypto` or `ipsec-mb`); the device picks when absent.
     #[serde(default)]
     pub engine: Option<String>,
+    /// Namespaces of an NVMe device, each `PATH:OFFSET:SIZE[:BLOCK]`
+    /// (sizes with K/M/G suffixes; BLOCK 512 or 4096).
+    #[serde(default)]
+    pub namespaces: Vec<String>,
 }
 
 fn default_engines() -> usize {
@@ -55,9 +61,6 @@ fn default_engines() -> usize {
 }
 fn default_queues() -> u32 {
     64
-}
-fn default_idle_spin_us() -> u64 {
-    200
 }
 
 impl DeviceConfig {
@@ -69,9 +72,10 @@ impl DeviceConfig {
             queues: default_queues(),
             numa_zone_id: 0,
             priority: 0,
-            idle_spin_us: default_idle_spin_us(),
+            idle_spin_us: None,
             cpu: None,
             engine: None,
+            namespaces: Vec::new(),
         }
     }
 
@@ -93,12 +97,13 @@ impl DeviceConfig {
                 "queues" => d.queues = num(v)?.min(u32::MAX as u64) as u32,
                 "numa" | "numa_zone_id" => d.numa_zone_id = num(v)?.min(i32::MAX as u64) as i32,
                 "priority" => d.priority = num(v)?.min(u32::MAX as u64) as u32,
-                "idle_spin_us" => d.idle_spin_us = num(v)?,
+                "idle_spin_us" => d.idle_spin_us = Some(num(v)?),
                 "cpu" => d.cpu = Some(num(v)?.min(4095) as usize),
                 "engine" => d.engine = Some(v.to_string()),
+                "ns" => d.namespaces.push(v.to_string()),
                 _ => {
                     return Err(HostError::Config(format!(
-                    "unknown device option '{k}' (engines, queues, numa, priority, idle_spin_us, cpu, engine)"
+                    "unknown device option '{k}' (engines, queues, numa, priority, idle_spin_us, cpu, engine, ns)"
                 )))
                 }
             }
@@ -126,12 +131,12 @@ impl DeviceConfig {
                 "queues must be 1..={MAX_INSTANCES}"
             )));
         }
-        if self.engine.is_some() {
-            // Named engines are checked now, with the reason when absent.
-            crate::drivers::open(&self.driver, self.engine.as_deref())
-                .map_err(HostError::Config)?;
+        if self.engine.is_some() || !self.namespaces.is_empty() {
+            // Named engines and namespaces are checked now, with the
+            // reason when absent.
+            crate::drivers::open(self).map_err(HostError::Config)?;
         }
-        if self.idle_spin_us > 1_000_000 {
+        if self.idle_spin_us.is_some_and(|us| us > 1_000_000) {
             return Err(HostError::Config(
                 "idle_spin_us must be at most 1000000".into(),
             ));
@@ -353,7 +358,9 @@ mod tests {
         );
         let e = DeviceConfig::parse_spec("dummy:engine=libcrypto").unwrap_err();
         assert!(e.to_string().contains("no engine choice"), "{e}");
-        let driver = crate::drivers::open("sec", Some("libcrypto")).unwrap();
+        let driver =
+            crate::drivers::open(&DeviceConfig::parse_spec("sec:engine=libcrypto").unwrap())
+                .unwrap();
         assert!(driver.engine().unwrap().starts_with("libcrypto"));
     }
 

@@ -445,13 +445,21 @@ impl Conn<'_> {
             model = MemModel::ShareAll(self.bind_share_all(fds, probe_addr, probe_value)?);
         }
 
-        let built = queue::new_ring(layout).and_then(|ring| {
-            let cq =
-                wd_sys::eventfd().map_err(|e| err(Status::from_errno(e.errno()), e.to_string()))?;
-            Ok((ring, cq))
-        });
-        let ((ring_fd, ring_map, view), cq) = built?;
         let dev = &devs[dev_n];
+        let built =
+            queue::new_ring(layout, dev.driver.register_bytes(type_n as u32)).and_then(|ring| {
+                let cq = wd_sys::eventfd()
+                    .map_err(|e| err(Status::from_errno(e.errno()), e.to_string()))?;
+                Ok((ring, cq))
+            });
+        let (ring, cq) = built?;
+        let queue::NewRing {
+            fd: ring_fd,
+            map: ring_map,
+            view,
+            registers,
+            total_bytes: ring_bytes,
+        } = ring;
         let engine_n = (0..dev.engines.len())
             .min_by_key(|&e| dev.engines[e].load.load(Ordering::Relaxed))
             .unwrap_or(0);
@@ -489,7 +497,11 @@ impl Conn<'_> {
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, q.clone());
         self.queues.insert(id, q.clone());
-        engine.attach(q, view, dev.driver.open_queue(type_n as u32));
+        let mut device_queue = dev.driver.open_queue(type_n as u32);
+        if let Some(r) = registers {
+            device_queue.attach_registers(r);
+        }
+        engine.attach(q, view, device_queue);
         Ok((
             Message::QueueGranted {
                 queue_id: id,
@@ -497,7 +509,7 @@ impl Conn<'_> {
                 device_api: info.device_api,
                 depth,
                 desc_size: wd_ring::ENTRY_SIZE as u32,
-                ring_bytes: layout.total_bytes() as u64,
+                ring_bytes: ring_bytes as u64,
                 flags,
             },
             vec![ring_fd, doorbell, cq_dup],

@@ -3,8 +3,10 @@
 
 use wd_device::Driver;
 
+use crate::config::DeviceConfig;
+
 /// Names of all built-in drivers.
-pub const NAMES: &[&str] = &["dummy", "sec", "dummy-async"];
+pub const NAMES: &[&str] = &["dummy", "sec", "dummy-async", "nvme"];
 
 /// The drivers a host owns when none are named (the test device that
 /// completes later is only there when asked for).
@@ -15,9 +17,14 @@ pub fn exists(name: &str) -> bool {
     NAMES.contains(&name)
 }
 
-/// The driver `name`, computing with `engine` where it has a choice (the
-/// device option `engine=`; `None` lets it pick).
-pub fn open(name: &str, engine: Option<&str>) -> Result<Box<dyn Driver>, String> {
+/// The driver a device configuration names, computing with its `engine`
+/// where it has a choice (`None` lets it pick), with its namespaces where
+/// it has them.
+pub fn open(dc: &DeviceConfig) -> Result<Box<dyn Driver>, String> {
+    let (name, engine) = (dc.driver.as_str(), dc.engine.as_deref());
+    if !dc.namespaces.is_empty() && name != "nvme" {
+        return Err(format!("device {name} has no namespaces (ns=)"));
+    }
     let no_choice = |name: &str| match engine {
         None => Ok(()),
         Some(e) => Err(format!("device {name} has no engine choice (engine={e})")),
@@ -34,6 +41,11 @@ pub fn open(name: &str, engine: Option<&str>) -> Result<Box<dyn Driver>, String>
                 .map(|d| Box::new(d) as Box<dyn Driver>)
                 .map_err(|e| e.to_string())
         }
+        "nvme" => no_choice(name).and_then(|_| {
+            wd_nvme::NvmeDriver::new(&dc.namespaces)
+                .map(|d| Box::new(d) as Box<dyn Driver>)
+                .map_err(|e| e.to_string())
+        }),
         _ => Err(format!(
             "unknown driver '{name}' (available: {})",
             NAMES.join(", ")

@@ -166,6 +166,8 @@ struct Served {
     dev: Box<dyn DeviceQueue>,
     /// `dev.asynchronous()`, asked once.
     asynchronous: bool,
+    /// `dev.register_driven()`, asked once.
+    register_driven: bool,
     /// The endpoint's attachment and the generation it was taken at
     /// (`Endpoint::generation`): taken again only when that changes.
     att: Option<(u64, Attachment)>,
@@ -330,6 +332,7 @@ impl EngineLoop {
                     q,
                     view,
                     asynchronous: dev.asynchronous(),
+                    register_driven: dev.register_driven(),
                     att: None,
                     dev,
                     parked: Vec::new(),
@@ -357,9 +360,14 @@ impl EngineLoop {
 
     fn sleep(&mut self) {
         let mut work = false;
-        for s in &self.queues {
-            // host_prepare_sleep sets NEED_WAKEUP then re-checks the ring.
+        for s in &mut self.queues {
+            // host_prepare_sleep sets NEED_WAKEUP then re-checks the ring;
+            // a register-driven device arms its own wake-up and re-checks
+            // its doorbells after that.
             work |= s.view.host_prepare_sleep();
+            if s.register_driven {
+                work |= catch_unwind(AssertUnwindSafe(|| s.dev.prepare_sleep())).unwrap_or(true);
+            }
         }
         if !work {
             self.sleeping.store(true, Ordering::Relaxed);
@@ -388,6 +396,9 @@ impl EngineLoop {
         if !self.queues[i].parked.is_empty() {
             worked += self.serve_parked(i, batch)?;
             batch.clear();
+        }
+        if self.queues[i].register_driven {
+            return self.serve_registers(i);
         }
         if self.queues[i].asynchronous {
             return self.serve_async(i, batch).map(|n| n + worked);
@@ -509,6 +520,67 @@ impl EngineLoop {
             return Err(());
         }
         Ok(worked)
+    }
+
+    /// One pass over a register-driven device (a controller the client
+    /// drives through registers and doorbells, not the ring): the device
+    /// reaches client memory through the queue's domain inside one
+    /// section, as a ring pass does. A fault aborts the command that met it
+    /// (the device completes it with its own error status) and is recorded.
+    fn serve_registers(&mut self, i: usize) -> Result<usize, ()> {
+        let EngineLoop {
+            queues,
+            tlb,
+            runs_a,
+            runs_b,
+            bounce,
+            ..
+        } = self;
+        let s = &mut queues[i];
+        let q: &Queue = &s.q;
+        let mut sec = tlb.enter();
+        let att = kept_attachment(&mut s.att, &q.endpoint);
+        let dom = match att {
+            Attachment::Domain(x) => Some(&**x),
+            Attachment::Blocked => None,
+        };
+        let mut fault = None;
+        let guard = Guard::enter();
+        let mut dma = QueueDma {
+            q,
+            dom,
+            sec: &mut sec,
+            runs_a,
+            runs_b,
+            bounce,
+            fault: &mut fault,
+        };
+        let done = catch_unwind(AssertUnwindSafe(|| s.dev.service(&mut dma)));
+        let vanished = guard.take_fault();
+        drop(sec);
+        if let Some(f) = fault {
+            q.fault_count.fetch_add(1, Ordering::Relaxed);
+            let fdom = match att {
+                Attachment::Domain(x) => x.clone(),
+                Attachment::Blocked => q.domain().clone(),
+            };
+            let _ = fdom.report_fault(f, false);
+        }
+        let Ok(done) = done else {
+            // A device bug met by this client's input: stop serving it
+            // rather than run on with state the panic left half-changed.
+            q.set_state(QueueState::Broken);
+            return Err(());
+        };
+        if vanished.is_some() {
+            q.set_state(QueueState::Broken);
+        }
+        q.requests.fetch_add(done.requests, Ordering::Relaxed);
+        q.bytes.fetch_add(done.bytes, Ordering::Relaxed);
+        if q.state() == QueueState::Broken {
+            return Err(());
+        }
+        Ok(done.work + usize::from(done.busy))
     }
 
     /// One pass over a queue whose device may hold requests: collect what

@@ -160,13 +160,16 @@ impl Host {
         let iommu = wd_iommu::Iommu::new();
         let mut devices = Vec::new();
         for (n, dc) in cfg.devices.iter().enumerate() {
-            let driver =
-                drivers::open(&dc.driver, dc.engine.as_deref()).map_err(HostError::Config)?;
+            let driver = drivers::open(dc).map_err(HostError::Config)?;
+            let idle_spin = dc
+                .idle_spin_us
+                .map(Duration::from_micros)
+                .unwrap_or_else(|| driver.idle_spin());
             let mut engines = Vec::new();
             for e in 0..dc.engines {
                 engines.push(EngineHandle::spawn(
                     format!("wd-dev{n}-e{e}"),
-                    Duration::from_micros(dc.idle_spin_us),
+                    idle_spin,
                     cfg.limits.pass_bytes,
                     dc.cpu.map(|c| (c + e) % wd_sys::online_cpus()),
                     &iommu,

@@ -348,15 +348,25 @@ impl Queue {
 }
 
 /// Create, seal and format the ring memory of a new queue: the fd for the
-/// client, the host's mapping, and the host's view of it.
+/// client, the host's mapping, and the host's view of it. A device with a
+/// register block (`register_bytes` > 0) gets it after the ring, page
+/// aligned, in its own mapping.
 #[allow(unsafe_code)]
 pub(crate) fn new_ring(
     layout: wd_ring::RingLayout,
-) -> Result<(OwnedFd, Mapping, wd_ring::RingView), HostError> {
+    register_bytes: usize,
+) -> Result<NewRing, HostError> {
     use std::os::fd::AsFd;
     let sys = |e: wd_sys::SysError| HostError::Status(Status::from_errno(e.errno()), e.to_string());
+    let ring_bytes = layout.total_bytes();
+    let regs_at = ring_bytes.next_multiple_of(wd_sys::page_size());
+    let total = if register_bytes == 0 {
+        ring_bytes
+    } else {
+        regs_at + register_bytes.next_multiple_of(wd_sys::page_size())
+    };
     let fd = wd_sys::memfd_create("wd-ring", false).map_err(sys)?;
-    wd_sys::ftruncate(fd.as_fd(), layout.total_bytes() as u64).map_err(sys)?;
+    wd_sys::ftruncate(fd.as_fd(), total as u64).map_err(sys)?;
     // The client cannot shrink the ring under the host. It holds the fd
     // and can punch holes, but on normal pages a hole faults in a zero page
     // (no SIGBUS): at worst a corrupt ring, which the engine detects.
@@ -365,13 +375,40 @@ pub(crate) fn new_ring(
         wd_sys::SEAL_SHRINK | wd_sys::SEAL_GROW | wd_sys::SEAL_SEAL,
     )
     .map_err(sys)?;
-    let map = Mapping::map_shared(fd.as_fd(), 0, layout.total_bytes()).map_err(sys)?;
+    let map = Mapping::map_shared(fd.as_fd(), 0, ring_bytes).map_err(sys)?;
+    let registers = if register_bytes == 0 {
+        None
+    } else {
+        let m = Mapping::map_shared(fd.as_fd(), regs_at as u64, total - regs_at).map_err(sys)?;
+        let len = m.len();
+        wd_sys::devmem::Registers::new(Arc::new(m), 0, len)
+    };
     // SAFETY: `map` is a fresh page-aligned mapping of total_bytes; the view
     // is stored in the engine next to an Arc of the Queue that owns `map`,
     // so the memory outlives it.
     let view = unsafe { wd_ring::RingView::create(map.as_ptr(), map.len(), layout) }
         .map_err(|e| HostError::Status(Status::Invalid, e.to_string()))?;
-    Ok((fd, map, view))
+    Ok(NewRing {
+        fd,
+        map,
+        view,
+        registers,
+        total_bytes: total,
+    })
+}
+
+/// A new queue's ring memory (see [`new_ring`]).
+pub(crate) struct NewRing {
+    /// The memfd, for the client.
+    pub fd: OwnedFd,
+    /// The host's mapping of the ring.
+    pub map: Mapping,
+    /// The host's view of the ring.
+    pub view: wd_ring::RingView,
+    /// The device's register block, when it has one.
+    pub registers: Option<wd_sys::devmem::Registers>,
+    /// Bytes of the memfd (ring and register block).
+    pub total_bytes: usize,
 }
 
 impl Queue {

@@ -17,7 +17,9 @@ pub use layout::{
     RingLayout, CLIENT_STATS, CLIENT_STAT_NAMES, COMPLETION_PAYLOAD, DESC_SIZE, ENTRY_SIZE,
     INLINE_PAYLOAD, MAX_DEPTH, MIN_DEPTH, PAYLOAD_SIZE, RING_MAGIC, RING_VERSION, SQE_CONTINUED,
 };
-pub use view::{read_client_stats, HostState, RingView, CQ_WAITING, SQ_NEED_WAKEUP};
+pub use view::{
+    engine_needs_wakeup_at, read_client_stats, HostState, RingView, CQ_WAITING, SQ_NEED_WAKEUP,
+};
 
 /// Errors of ring handling.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

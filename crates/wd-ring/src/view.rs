@@ -547,6 +547,24 @@ pub unsafe fn read_client_stats(base: *const u8) -> [u64; CLIENT_STATS] {
     v
 }
 
+/// Client: whether the engine of the ring at `base` sleeps and must be
+/// woken, for a client that changed something else the engine polls (a
+/// device's register block): [`RingView::engine_needs_wakeup`] without a
+/// view, so a handle that outlives no mapping can ask.
+///
+/// # Safety
+/// `base` must be the start of a live ring mapping (at least its 4096-byte
+/// header), 8-byte aligned.
+pub unsafe fn engine_needs_wakeup_at(base: *const u8) -> bool {
+    // SeqCst fence: pairs with the fence in `host_prepare_sleep`; orders
+    // the caller's register stores before the SQ_FLAGS load.
+    fence(Ordering::SeqCst);
+    // SAFETY: per the contract, the header holds this word; atomics
+    // tolerate a concurrent writer in another process.
+    let w = unsafe { AtomicU32::from_ptr(base.add(off::SQ_FLAGS) as *mut u32) };
+    w.load(Ordering::Relaxed) & SQ_NEED_WAKEUP != 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -462,3 +462,138 @@ mod tests {
         assert!(open_read(Path::new("/nonexistent/wd"), false).is_err());
     }
 }
+
+/// Open `path` read-write (not created), with O_DIRECT when `direct`: a
+/// block store a device reads and writes for its clients.
+pub fn open_rw(path: &Path, direct: bool) -> Result<OwnedFd> {
+    count();
+    let cpath = CString::new(path.as_os_str().as_bytes()).map_err(|_| SysError::Invalid {
+        call: "open",
+        what: "path contains NUL",
+    })?;
+    let mut flags = libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOCTTY;
+    if direct {
+        flags |= libc::O_DIRECT;
+    }
+    // SAFETY: cpath is a valid NUL-terminated string that outlives the call.
+    let fd = unsafe { libc::open(cpath.as_ptr(), flags) };
+    check(
+        if direct { "open(O_DIRECT)" } else { "open" },
+        fd as libc::c_long,
+    )?;
+    // SAFETY: fd was just returned by the kernel and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// One positional read or write, EINTR retried.
+fn positional(call: &'static str, mut op: impl FnMut() -> libc::ssize_t) -> Result<usize> {
+    loop {
+        count();
+        let r = op();
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(SysError::Call { call, source: e });
+        }
+        return Ok(r as usize);
+    }
+}
+
+/// Read up to `buf.len()` bytes at `file_off` into device memory (one
+/// pread); 0 at end of file.
+pub fn pread_device(
+    fd: BorrowedFd<'_>,
+    buf: &crate::devmem::DeviceSlice<'_>,
+    file_off: u64,
+) -> Result<usize> {
+    positional("pread", || {
+        // SAFETY: `buf` is live, writable device memory of buf.len() bytes
+        // for its lifetime; the kernel writes it, no Rust reference exists.
+        unsafe {
+            libc::pread(
+                fd.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                file_off as libc::off_t,
+            )
+        }
+    })
+}
+
+/// Write up to `buf.len()` bytes of device memory at `file_off` (one
+/// pwrite).
+pub fn pwrite_device(
+    fd: BorrowedFd<'_>,
+    buf: &crate::devmem::DeviceSlice<'_>,
+    file_off: u64,
+) -> Result<usize> {
+    positional("pwrite", || {
+        // SAFETY: `buf` is live device memory of buf.len() bytes; the
+        // kernel only reads it.
+        unsafe {
+            libc::pwrite(
+                fd.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                file_off as libc::off_t,
+            )
+        }
+    })
+}
+
+/// Write up to `data.len()` bytes at `file_off` (one pwrite).
+pub fn pwrite(fd: BorrowedFd<'_>, data: &[u8], file_off: u64) -> Result<usize> {
+    positional("pwrite", || {
+        // SAFETY: `data` is a valid slice of data.len() bytes.
+        unsafe {
+            libc::pwrite(
+                fd.as_raw_fd(),
+                data.as_ptr().cast(),
+                data.len(),
+                file_off as libc::off_t,
+            )
+        }
+    })
+}
+
+/// Make written data durable (fdatasync).
+pub fn fdatasync(fd: BorrowedFd<'_>) -> Result<()> {
+    count();
+    // SAFETY: plain system call on a borrowed descriptor.
+    check("fdatasync", unsafe { libc::fdatasync(fd.as_raw_fd()) }
+        as libc::c_long)?;
+    Ok(())
+}
+
+/// How [`fallocate`] changes a range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Allocate {
+    /// Free the range's blocks; it reads as zeroes (keeps the size).
+    PunchHole,
+    /// Make the range read as zeroes, blocks kept (keeps the size).
+    ZeroRange,
+}
+
+/// fallocate on `[off, off+len)`.
+pub fn fallocate(fd: BorrowedFd<'_>, how: Allocate, off: u64, len: u64) -> Result<()> {
+    count();
+    let mode = match how {
+        Allocate::PunchHole => libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        Allocate::ZeroRange => libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+    };
+    // SAFETY: plain system call on a borrowed descriptor.
+    let r =
+        unsafe { libc::fallocate(fd.as_raw_fd(), mode, off as libc::off_t, len as libc::off_t) };
+    check("fallocate", r as libc::c_long)?;
+    Ok(())
+}
+
+/// Grow a regular file to `size` bytes (never shrinks it).
+pub fn grow_to(fd: BorrowedFd<'_>, size: u64) -> Result<()> {
+    if file_info(fd)?.size < size {
+        crate::ftruncate(fd, size)?;
+    }
+    Ok(())
+}

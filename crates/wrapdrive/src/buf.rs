@@ -32,8 +32,9 @@ fn mem_err(e: wd_mem::MemError) -> ClientError {
     ClientError::new(Status::from_errno(e.errno()), e.to_string())
 }
 
-/// Allocate `size` bytes of shareable memory (whole pages, zeroed),
-/// optionally on a NUMA node; returns its address.
+/// Allocate `size` bytes of shareable memory (whole pages; zeroed when
+/// new, but memory freed earlier in the process comes back as it was
+/// left), optionally on a NUMA node; returns its address.
 pub fn alloc(size: usize, node: Option<u32>) -> Result<u64> {
     with(|a| a.alloc(size, node))
         .map(|p| p as u64)
@@ -112,6 +113,22 @@ impl SharedBuf {
     pub fn read(&self, offset: u64, out: &mut [u8]) {
         assert!(offset + out.len() as u64 <= self.len, "read beyond buffer");
         self.mem().read_into(offset as usize, out);
+    }
+
+    /// The 32-bit word at `offset` (4-aligned), loaded atomically with
+    /// Acquire: a word the device publishes after the bytes it guards (a
+    /// completion's phase tag).
+    pub fn load_u32(&self, offset: u64) -> u32 {
+        assert!(offset + 4 <= self.len, "load beyond buffer");
+        self.mem().load_u32(offset as usize)
+    }
+
+    /// Store the 32-bit word at `offset` (4-aligned) atomically with
+    /// Release: the bytes written before it are visible to a device that
+    /// sees it (a shadow doorbell).
+    pub fn store_u32(&self, offset: u64, v: u32) {
+        assert!(offset + 4 <= self.len, "store beyond buffer");
+        self.mem().store_u32(offset as usize, v);
     }
 
     /// The whole contents.

@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex, Once};
 
 pub use buf::{alloc, free, SharedBuf};
 pub use embedded::{register_embedded_host, EmbeddedHost, EmbeddedStarter, EMBEDDED_LIBRARY};
-pub use queue::{Completion, FaultReport, Queue, QueueStats};
+pub use queue::{Completion, FaultReport, Queue, QueueStats, Waker};
 /// Shareable buffers on memfds (normal or hugetlb pages) and the fast file
 /// loader: share a [`heap::Buffer`] with [`Queue::share_buffer`].
 pub use wd_heap as heap;

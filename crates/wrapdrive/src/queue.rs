@@ -75,7 +75,9 @@ pub struct Queue {
     flags: u32,
     generation: u64,
     view: RingView,
-    ring: Option<Mapping>,
+    /// Shared with the register block of a register-driven device
+    /// ([`Queue::registers`]), which keeps it mapped while it lives.
+    ring: Option<Arc<Mapping>>,
     doorbell: OwnedFd,
     cq_event: OwnedFd,
     socket: OwnedFd,
@@ -198,7 +200,7 @@ impl Queue {
             flags,
             generation: fork_generation(),
             view,
-            ring: Some(ring),
+            ring: Some(Arc::new(ring)),
             doorbell,
             cq_event,
             socket,
@@ -340,6 +342,53 @@ impl Queue {
         }
         wd_sys::eventfd_signal(self.doorbell.as_fd())?;
         Ok(())
+    }
+
+    /// The register block of a device driven through registers (an NVMe
+    /// controller): the memory after the ring, which the host shares with
+    /// this queue only. None for ring-driven devices.
+    pub fn registers(&self) -> Option<wd_sys::devmem::Registers> {
+        let ring = self.ring.as_ref()?;
+        let at = self
+            .view
+            .layout()
+            .total_bytes()
+            .next_multiple_of(wd_sys::page_size());
+        let len = ring.len().checked_sub(at).filter(|&n| n > 0)?;
+        wd_sys::devmem::Registers::new(ring.clone(), at, len)
+    }
+
+    /// After writing a register a device polls (a doorbell): wake the
+    /// engine if it sleeps. One fenced load when it does not; returns
+    /// whether a wake-up was sent.
+    pub fn wake_engine(&mut self) -> Result<bool> {
+        self.check()?;
+        if self.view.engine_needs_wakeup() {
+            self.ring_doorbell()?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// A handle that wakes this queue's engine after a register write,
+    /// usable from any thread while the queue lives (each I/O queue of a
+    /// register-driven device keeps one).
+    pub fn waker(&self) -> Result<Waker> {
+        self.check()?;
+        let ring = self
+            .ring
+            .clone()
+            .ok_or_else(|| ClientError::new(Status::BadState, "queue has no ring"))?;
+        Ok(Waker {
+            ring,
+            doorbell: Arc::new(self.doorbell.try_clone().map_err(|e| {
+                ClientError::new(
+                    Status::from_errno(e.raw_os_error().unwrap_or(5)),
+                    format!("duplicating the engine doorbell: {e}"),
+                )
+            })?),
+            host: self.host.clone(),
+        })
     }
 
     /// Send one request without blocking; `Status::Again` when the queue is full.
@@ -1023,5 +1072,34 @@ impl Drop for Queue {
             return;
         }
         let _ = self.release_inner();
+    }
+}
+
+/// Wakes a queue's engine when it sleeps ([`Queue::waker`]).
+#[derive(Clone, Debug)]
+pub struct Waker {
+    ring: Arc<Mapping>,
+    doorbell: Arc<OwnedFd>,
+    host: Arc<HostConn>,
+}
+
+impl Waker {
+    /// After a register write the engine polls: signal its doorbell if it
+    /// sleeps. One fenced load when it does not; returns whether a wake-up
+    /// was sent.
+    pub fn wake(&self) -> Result<bool> {
+        // SAFETY: `ring` is the queue's live ring mapping (kept by this
+        // handle), page aligned, at least a header long.
+        if !unsafe { wd_ring::engine_needs_wakeup_at(self.ring.as_ptr()) } {
+            return Ok(false);
+        }
+        if self.host.host_gone() {
+            return Err(ClientError::new(
+                Status::HostGone,
+                "the WrapDrive host is gone",
+            ));
+        }
+        wd_sys::eventfd_signal(self.doorbell.as_fd())?;
+        Ok(true)
     }
 }

@@ -1,0 +1,501 @@
+//! A driver for WrapDrive's mediated NVMe controller, written the way a
+//! driver for the hardware is: reset, admin queue, Identify, I/O queue
+//! pairs, raw submission entries, doorbells (shadowed through Doorbell
+//! Buffer Config when the controller offers it), completions polled by
+//! their phase tag. It needs no knowledge of the host: the controller is a
+//! queue of type `nvme` whose register block is shared memory.
+//!
+//! Memory the controller reaches (queues, PRP lists, data) is allocator
+//! memory shared with the controller's IOMMU domain; data buffers a caller
+//! passes must be shared too ([`Controller::share`]).
+#![deny(unsafe_code)]
+
+mod qpair;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wd_nvme_msg::cmd::{feature, CreateQueue};
+use wd_nvme_msg::identify::{self, cns, ControllerInfo, NamespaceInfo, IDENTIFY_BYTES};
+use wd_nvme_msg::regs::{self, Cap, Cc};
+use wd_nvme_msg::{AdminOp, Cqe, Sqe, Status, PAGE};
+use wd_sys::devmem::Registers;
+use wrapdrive::{Capability, ClientError, HostConn, Queue, SharedBuf};
+
+pub use qpair::{need_event, IoQueue, Namespace, QueuePair, MAX_TRANSFER};
+pub use wd_nvme_msg as msg;
+
+/// Errors of the driver.
+#[derive(Debug, thiserror::Error)]
+pub enum NvmeError {
+    /// The framework refused or failed (no host, no `nvme` device, ...).
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// A command completed with an error status.
+    #[error("{command}: {status}")]
+    Command {
+        /// What was asked.
+        command: String,
+        /// What the controller said.
+        status: Status,
+    },
+    /// The controller did not do something in time.
+    #[error("controller timed out: {0}")]
+    Timeout(String),
+    /// The controller reports fatal status (CSTS.CFS): reset it.
+    #[error("controller fatal status (CSTS.CFS): {0}")]
+    Fatal(String),
+    /// The controller is not what this driver can drive.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A caller's argument cannot work.
+    #[error("{0}")]
+    Invalid(String),
+    /// The queue has no free entry.
+    #[error("submission queue full")]
+    Full,
+}
+
+/// Result of the driver.
+pub type Result<T> = std::result::Result<T, NvmeError>;
+
+/// Admin queue entries.
+const ADMIN_ENTRIES: u32 = 32;
+/// How long a controller may take to become ready or to run an admin
+/// command before the driver gives up.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Options of [`Controller::open`].
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Use Doorbell Buffer Config (shadow doorbells and EventIdx), so a
+    /// busy controller is told of new commands without a register write.
+    pub shadow_doorbells: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            shadow_doorbells: true,
+        }
+    }
+}
+
+/// A mediated NVMe controller, brought up.
+pub struct Controller {
+    queue: Queue,
+    regs: Registers,
+    admin: QueuePair,
+    /// One page for Identify and log pages.
+    scratch: SharedBuf,
+    /// Shadow doorbell and EventIdx pages, when in use.
+    dbbuf: Option<Arc<(SharedBuf, SharedBuf)>>,
+    info: ControllerInfo,
+    cap: Cap,
+    io_queues_granted: u16,
+    used_qids: Vec<bool>,
+}
+
+fn status_err(command: impl Into<String>, cqe: &Cqe) -> Result<Cqe> {
+    if cqe.status.is_success() {
+        Ok(*cqe)
+    } else {
+        Err(NvmeError::Command {
+            command: command.into(),
+            status: cqe.status,
+        })
+    }
+}
+
+impl Controller {
+    /// Ask `host` for a controller and bring it up: reset, admin queue,
+    /// enable, Identify Controller, Number of Queues, and (per `opts`)
+    /// Doorbell Buffer Config.
+    pub fn open(host: &Arc<HostConn>, opts: &Options) -> Result<Controller> {
+        let mut capa = Capability::new(wd_nvme_msg::QUEUE_TYPE);
+        // The ring only carries the wake-up flag: keep it small.
+        capa.depth = 8;
+        let mut queue = host.request_queue(&capa)?;
+        let regs = queue.registers().ok_or_else(|| {
+            NvmeError::Unsupported(format!(
+                "device {} serves '{}' without a register block",
+                queue.device(),
+                wd_nvme_msg::QUEUE_TYPE
+            ))
+        })?;
+        let cap = Cap::from_u64(regs.load64(regs::CAP));
+        if cap.css & 1 == 0 || cap.mpsmin != 0 || cap.dstrd != 0 {
+            return Err(NvmeError::Unsupported(format!(
+                "controller capabilities {cap:?} (need the NVM command set, 4 KiB pages, doorbell stride 4)"
+            )));
+        }
+        let waker = queue.waker()?;
+        // Reset.
+        regs.store32(regs::CC, 0);
+        waker.wake()?;
+        let deadline = Duration::from_millis(500 * cap.to.max(1) as u64);
+        wait_for(&regs, deadline, "reset (CSTS.RDY = 0)", |c| {
+            c & regs::CSTS_RDY == 0
+        })?;
+        let entries = ADMIN_ENTRIES.min(cap.mqes as u32 + 1);
+        let admin = QueuePair::new(&mut queue, 0, entries, regs.clone(), waker.clone(), None)?;
+        regs.store32(regs::AQA, regs::aqa_encode(entries, entries));
+        regs.store64(regs::ASQ, admin.sq_base());
+        regs.store64(regs::ACQ, admin.cq_base());
+        let cc = Cc {
+            en: true,
+            iosqes: 6,
+            iocqes: 4,
+            ..Cc::default()
+        };
+        regs.store32(regs::CC, cc.to_u32());
+        waker.wake()?;
+        wait_for(&regs, deadline, "enable (CSTS.RDY = 1)", |c| {
+            c & (regs::CSTS_RDY | regs::CSTS_CFS) != 0
+        })?;
+        if regs.load32(regs::CSTS) & regs::CSTS_CFS != 0 {
+            return Err(NvmeError::Fatal("on enable".into()));
+        }
+        let scratch = SharedBuf::new(PAGE as usize)?;
+        queue.share(scratch.addr(), scratch.len())?;
+        let mut c = Controller {
+            queue,
+            regs,
+            admin,
+            scratch,
+            dbbuf: None,
+            info: ControllerInfo::default(),
+            cap,
+            io_queues_granted: 0,
+            used_qids: Vec::new(),
+        };
+        c.identify_raw(cns::CONTROLLER, 0)?;
+        let mut raw = [0u8; IDENTIFY_BYTES];
+        c.scratch.read(0, &mut raw);
+        c.info = ControllerInfo::from_bytes(&raw);
+        let want = (regs::MAX_IO_QUEUES - 1) as u32;
+        let got = c.admin_command(
+            "set features (number of queues)",
+            Sqe {
+                opcode: AdminOp::SetFeatures as u8,
+                cdw: [
+                    feature::NUMBER_OF_QUEUES as u32,
+                    want | want << 16,
+                    0,
+                    0,
+                    0,
+                    0,
+                ],
+                ..Sqe::default()
+            },
+        )?;
+        c.io_queues_granted = ((got.result & 0xffff).min(got.result >> 16) + 1) as u16;
+        c.used_qids = vec![false; c.io_queues_granted as usize + 1];
+        if opts.shadow_doorbells && c.info.oacs & identify::OACS_DOORBELL_BUFFER != 0 {
+            let shadow = SharedBuf::new(PAGE as usize)?;
+            let events = SharedBuf::new(PAGE as usize)?;
+            c.queue.share(shadow.addr(), shadow.len())?;
+            c.queue.share(events.addr(), events.len())?;
+            c.admin_command(
+                "doorbell buffer config",
+                Sqe {
+                    opcode: AdminOp::DoorbellBuffer as u8,
+                    prp1: shadow.addr(),
+                    prp2: events.addr(),
+                    ..Sqe::default()
+                },
+            )?;
+            c.dbbuf = Some(Arc::new((shadow, events)));
+        }
+        Ok(c)
+    }
+
+    /// Identify Controller, as read at bring-up.
+    pub fn info(&self) -> &ControllerInfo {
+        &self.info
+    }
+
+    /// Controller capabilities (CAP).
+    pub fn capabilities(&self) -> Cap {
+        self.cap
+    }
+
+    /// The framework queue the controller is (for sharing memory, faults
+    /// and stats).
+    pub fn queue(&mut self) -> &mut Queue {
+        &mut self.queue
+    }
+
+    /// Share a buffer with the controller (data buffers must be shared
+    /// before a command names them).
+    pub fn share(&mut self, buf: &SharedBuf) -> Result<()> {
+        Ok(self.queue.share(buf.addr(), buf.len())?)
+    }
+
+    /// The register block (for tests and tools that poke registers as a
+    /// driver would).
+    pub fn registers(&self) -> &Registers {
+        &self.regs
+    }
+
+    /// Run one admin command and wait for its completion; an error status
+    /// is an error.
+    pub fn admin_command(&mut self, what: &str, sqe: Sqe) -> Result<Cqe> {
+        let cqe = self.admin_raw(sqe)?;
+        status_err(what, &cqe)
+    }
+
+    /// Run one admin command and wait for its completion, whatever its
+    /// status.
+    pub fn admin_raw(&mut self, sqe: Sqe) -> Result<Cqe> {
+        let cid = self.admin.submit(sqe)?;
+        let t = Instant::now();
+        loop {
+            if let Some(c) = self.admin.take(cid)? {
+                return Ok(c);
+            }
+            if self.regs.load32(regs::CSTS) & regs::CSTS_CFS != 0 {
+                return Err(NvmeError::Fatal(format!("admin opcode {:#x}", sqe.opcode)));
+            }
+            if t.elapsed() > ADMIN_TIMEOUT {
+                return Err(NvmeError::Timeout(format!(
+                    "admin opcode {:#x}",
+                    sqe.opcode
+                )));
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    fn identify_raw(&mut self, cns_value: u8, nsid: u32) -> Result<()> {
+        let prp1 = self.scratch.addr();
+        self.admin_command(
+            &format!("identify (CNS {cns_value:#x}, NSID {nsid})"),
+            Sqe {
+                opcode: AdminOp::Identify as u8,
+                nsid,
+                prp1,
+                cdw: [cns_value as u32, 0, 0, 0, 0, 0],
+                ..Sqe::default()
+            },
+        )?;
+        Ok(())
+    }
+
+    /// Identify data (4096 bytes) for `cns` and `nsid`.
+    pub fn identify(&mut self, cns_value: u8, nsid: u32) -> Result<Box<[u8; IDENTIFY_BYTES]>> {
+        self.identify_raw(cns_value, nsid)?;
+        let mut raw = Box::new([0u8; IDENTIFY_BYTES]);
+        self.scratch.read(0, &mut raw[..]);
+        Ok(raw)
+    }
+
+    /// Identify Namespace `nsid` (an active namespace of this controller).
+    pub fn namespace(&mut self, nsid: u32) -> Result<NamespaceInfo> {
+        Ok(NamespaceInfo::from_bytes(
+            &*self.identify(cns::NAMESPACE, nsid)?,
+        ))
+    }
+
+    /// The namespaces attached to this controller.
+    pub fn active_namespaces(&mut self) -> Result<Vec<u32>> {
+        Ok(identify::parse_nsid_list(
+            &*self.identify(cns::ACTIVE_NAMESPACES, 0)?,
+        ))
+    }
+
+    /// Every namespace of the device (attached here, elsewhere or free).
+    pub fn allocated_namespaces(&mut self) -> Result<Vec<u32>> {
+        Ok(identify::parse_nsid_list(
+            &*self.identify(cns::ALLOCATED_NAMESPACES, 0)?,
+        ))
+    }
+
+    fn ns_attachment(&mut self, nsid: u32, detach: bool) -> Result<()> {
+        let mut list = [0u8; 4];
+        list[0..2].copy_from_slice(&1u16.to_le_bytes());
+        list[2..4].copy_from_slice(&self.info.cntlid.to_le_bytes());
+        self.scratch.write(0, &[0u8; PAGE as usize]);
+        self.scratch.write(0, &list);
+        let prp1 = self.scratch.addr();
+        self.admin_command(
+            &format!(
+                "namespace {} {nsid}",
+                if detach { "detach" } else { "attach" }
+            ),
+            Sqe {
+                opcode: AdminOp::NsAttach as u8,
+                nsid,
+                prp1,
+                cdw: [detach as u32, 0, 0, 0, 0, 0],
+                ..Sqe::default()
+            },
+        )?;
+        Ok(())
+    }
+
+    /// Attach namespace `nsid` to this controller (Namespace Attachment).
+    pub fn attach(&mut self, nsid: u32) -> Result<()> {
+        self.ns_attachment(nsid, false)
+    }
+
+    /// Detach namespace `nsid` from this controller.
+    pub fn detach(&mut self, nsid: u32) -> Result<()> {
+        self.ns_attachment(nsid, true)
+    }
+
+    /// Attach namespace `nsid` here unless it is already, and describe it
+    /// for the I/O helpers.
+    pub fn open_namespace(&mut self, nsid: u32) -> Result<Namespace> {
+        if !self.active_namespaces()?.contains(&nsid) {
+            self.attach(nsid)?;
+        }
+        let info = self.namespace(nsid)?;
+        Ok(Namespace {
+            nsid,
+            block: info.block_size(),
+            blocks: info.nsze,
+        })
+    }
+
+    /// A log page (`len` bytes from offset 0).
+    pub fn log_page(&mut self, lid: u8, len: usize) -> Result<Vec<u8>> {
+        if len == 0 || len % 4 != 0 || len > PAGE as usize {
+            return Err(NvmeError::Invalid(
+                "log page length must be a multiple of 4, at most 4096".into(),
+            ));
+        }
+        let mut sqe = Sqe {
+            opcode: AdminOp::GetLogPage as u8,
+            nsid: 0xffff_ffff,
+            prp1: self.scratch.addr(),
+            ..Sqe::default()
+        };
+        wd_nvme_msg::cmd::GetLogPage {
+            lid,
+            len: len as u64,
+            offset: 0,
+        }
+        .encode(&mut sqe);
+        self.admin_command(&format!("get log page {lid:#x}"), sqe)?;
+        let mut out = vec![0u8; len];
+        self.scratch.read(0, &mut out);
+        Ok(out)
+    }
+
+    /// Create an I/O queue pair of `entries` entries (completion queue and
+    /// submission queue with the same id).
+    pub fn create_io_queue(&mut self, entries: u32) -> Result<IoQueue> {
+        if entries < 2 || entries > self.cap.mqes as u32 + 1 {
+            return Err(NvmeError::Invalid(format!(
+                "queue entries must be 2..={}",
+                self.cap.mqes as u32 + 1
+            )));
+        }
+        let qid = (1..self.used_qids.len())
+            .find(|&q| !self.used_qids[q])
+            .ok_or_else(|| {
+                NvmeError::Invalid(format!(
+                    "all {} I/O queues are in use",
+                    self.io_queues_granted
+                ))
+            })? as u16;
+        let waker = self.queue.waker()?;
+        let qp = QueuePair::new(
+            &mut self.queue,
+            qid,
+            entries,
+            self.regs.clone(),
+            waker,
+            self.dbbuf.clone(),
+        )?;
+        let mut sqe = Sqe {
+            opcode: AdminOp::CreateCq as u8,
+            ..Sqe::default()
+        };
+        CreateQueue {
+            qid,
+            entries,
+            contiguous: true,
+            other: 0,
+            base: qp.cq_base(),
+        }
+        .encode(&mut sqe);
+        self.admin_command(&format!("create I/O completion queue {qid}"), sqe)?;
+        let mut sqe = Sqe {
+            opcode: AdminOp::CreateSq as u8,
+            ..Sqe::default()
+        };
+        CreateQueue {
+            qid,
+            entries,
+            contiguous: true,
+            other: qid,
+            base: qp.sq_base(),
+        }
+        .encode(&mut sqe);
+        if let Err(e) = self.admin_command(&format!("create I/O submission queue {qid}"), sqe) {
+            let _ = self.delete_queue(AdminOp::DeleteCq, qid);
+            return Err(e);
+        }
+        self.used_qids[qid as usize] = true;
+        Ok(IoQueue::new(qp))
+    }
+
+    fn delete_queue(&mut self, op: AdminOp, qid: u16) -> Result<()> {
+        self.admin_command(
+            &format!("delete queue {qid}"),
+            Sqe {
+                opcode: op as u8,
+                cdw: [qid as u32, 0, 0, 0, 0, 0],
+                ..Sqe::default()
+            },
+        )?;
+        Ok(())
+    }
+
+    /// Delete an I/O queue pair (its submission queue, then its
+    /// completion queue).
+    pub fn delete_io_queue(&mut self, q: IoQueue) -> Result<()> {
+        let qid = q.qid();
+        self.delete_queue(AdminOp::DeleteSq, qid)?;
+        self.delete_queue(AdminOp::DeleteCq, qid)?;
+        if let Some(u) = self.used_qids.get_mut(qid as usize) {
+            *u = false;
+        }
+        Ok(())
+    }
+
+    /// Normal shutdown (CC.SHN = 1), waiting for CSTS.SHST = complete.
+    pub fn shutdown(&mut self) -> Result<()> {
+        let mut cc = Cc::from_u32(self.regs.load32(regs::CC));
+        cc.shn = 1;
+        self.regs.store32(regs::CC, cc.to_u32());
+        self.queue.wake_engine()?;
+        wait_for(&self.regs, ADMIN_TIMEOUT, "shutdown", |c| {
+            c & regs::CSTS_SHST_MASK == regs::CSTS_SHST_COMPLETE
+        })
+    }
+}
+
+/// Poll CSTS until `done` (the engine may be asleep: the caller woke it).
+fn wait_for(
+    regs: &Registers,
+    timeout: Duration,
+    what: &str,
+    done: impl Fn(u32) -> bool,
+) -> Result<()> {
+    let t = Instant::now();
+    while !done(regs.load32(regs::CSTS)) {
+        if t.elapsed() > timeout {
+            return Err(NvmeError::Timeout(what.to_string()));
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    Ok(())
+}
+
+/// Bytes of a queue of `entries` entries of `size` bytes, whole pages.
+pub(crate) fn queue_bytes(entries: u32, size: usize) -> usize {
+    (entries as usize * size).next_multiple_of(PAGE as usize)
+}

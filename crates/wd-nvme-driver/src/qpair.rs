@@ -1,0 +1,496 @@
+//! Queue pairs: a submission queue and its completion queue in shared
+//! memory, with their doorbells.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wd_nvme_msg::regs;
+use wd_nvme_msg::{Cqe, IoOp, Sqe, CQE_SIZE, PAGE, SQE_SIZE};
+use wd_sys::devmem::Registers;
+use wrapdrive::{Queue, SharedBuf, Waker};
+
+use crate::{queue_bytes, status_err, NvmeError, Result};
+
+/// Bytes of PRP list each command slot of an I/O queue has: 64 entries,
+/// enough for the largest transfer (MDTS) at any alignment, inside one
+/// page.
+const PRP_LIST_BYTES: u64 = 512;
+/// Largest transfer one command may carry here.
+pub const MAX_TRANSFER: u64 = PAGE * (PRP_LIST_BYTES / 8);
+
+/// Whether a driver that moved a doorbell from `old` to `new` must write
+/// the register, given the controller's EventIdx `event` (the rule of
+/// Doorbell Buffer Config: the register is written when the move crossed
+/// the index the controller asked to hear about).
+pub fn need_event(event: u32, new: u32, old: u32) -> bool {
+    (new.wrapping_sub(event).wrapping_sub(1) & 0xffff) < (new.wrapping_sub(old) & 0xffff)
+}
+
+/// A submission queue, its completion queue, and the command slots.
+pub struct QueuePair {
+    qid: u16,
+    entries: u32,
+    sq: SharedBuf,
+    cq: SharedBuf,
+    /// PRP lists, one slice per command slot (I/O queues).
+    prp: Option<SharedBuf>,
+    sq_tail: u32,
+    /// Tail as last written to the doorbell.
+    sq_rung: u32,
+    cq_head: u32,
+    phase: bool,
+    regs: Registers,
+    waker: Waker,
+    dbbuf: Option<Arc<(SharedBuf, SharedBuf)>>,
+    free: Vec<u16>,
+    done: Vec<Option<Cqe>>,
+    in_flight: usize,
+}
+
+impl QueuePair {
+    pub(crate) fn new(
+        queue: &mut Queue,
+        qid: u16,
+        entries: u32,
+        regs: Registers,
+        waker: Waker,
+        dbbuf: Option<Arc<(SharedBuf, SharedBuf)>>,
+    ) -> Result<QueuePair> {
+        let sq = SharedBuf::new(queue_bytes(entries, SQE_SIZE))?;
+        let cq = SharedBuf::new(queue_bytes(entries, CQE_SIZE))?;
+        // Reused allocator memory is not zeroed: a stale phase tag would
+        // read as a completion.
+        cq.write(0, &vec![0u8; cq.len() as usize]);
+        queue.share(sq.addr(), sq.len())?;
+        queue.share(cq.addr(), cq.len())?;
+        let prp = if qid > 0 {
+            let p = SharedBuf::new((entries as u64 * PRP_LIST_BYTES) as usize)?;
+            queue.share(p.addr(), p.len())?;
+            Some(p)
+        } else {
+            None
+        };
+        if let Some(d) = &dbbuf {
+            // The shadow tail and head start at 0, like the queue.
+            let sq_off = (regs::sq_tail_doorbell(qid) - regs::DOORBELLS) as u64;
+            d.0.store_u32(sq_off, 0);
+            d.0.store_u32(sq_off + 4, 0);
+        }
+        Ok(QueuePair {
+            qid,
+            entries,
+            sq,
+            cq,
+            prp,
+            sq_tail: 0,
+            sq_rung: 0,
+            cq_head: 0,
+            phase: true,
+            regs,
+            waker,
+            dbbuf,
+            // Command ids are slots: at most entries - 1 commands are
+            // outstanding, so the submission queue never overflows.
+            free: (0..(entries - 1) as u16).rev().collect(),
+            done: vec![None; entries as usize],
+            in_flight: 0,
+        })
+    }
+
+    /// Queue id.
+    pub fn qid(&self) -> u16 {
+        self.qid
+    }
+
+    /// Entries.
+    pub fn entries(&self) -> u32 {
+        self.entries
+    }
+
+    /// Commands submitted and not yet reaped.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Commands that can still be submitted.
+    pub fn room(&self) -> usize {
+        self.free.len()
+    }
+
+    pub(crate) fn sq_base(&self) -> u64 {
+        self.sq.addr()
+    }
+
+    pub(crate) fn cq_base(&self) -> u64 {
+        self.cq.addr()
+    }
+
+    /// Write a command into the submission queue without ringing the
+    /// doorbell; its command id is assigned here and returned.
+    pub fn push(&mut self, mut sqe: Sqe) -> Result<u16> {
+        let cid = self.free.pop().ok_or(NvmeError::Full)?;
+        sqe.cid = cid;
+        self.sq
+            .write(self.sq_tail as u64 * SQE_SIZE as u64, &sqe.to_bytes());
+        self.sq_tail = (self.sq_tail + 1) % self.entries;
+        self.in_flight += 1;
+        Ok(cid)
+    }
+
+    /// Tell the controller about pushed commands: the doorbell register,
+    /// or the shadow doorbell and the register only when EventIdx asks;
+    /// then wake the engine if it sleeps.
+    pub fn ring(&mut self) -> Result<()> {
+        if self.sq_tail == self.sq_rung {
+            return Ok(());
+        }
+        let (old, new) = (self.sq_rung, self.sq_tail);
+        self.sq_rung = new;
+        let reg = regs::sq_tail_doorbell(self.qid);
+        if let (Some(d), true) = (&self.dbbuf, self.qid > 0) {
+            let off = (reg - regs::DOORBELLS) as u64;
+            // Release: the entries written above are visible to a
+            // controller that sees the new tail.
+            d.0.store_u32(off, new);
+            // SeqCst fence: pairs with the controller's fence between its
+            // EventIdx store and its shadow re-read (one of the two sees
+            // the other's store).
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            if !need_event(d.1.load_u32(off), new, old) {
+                return Ok(());
+            }
+        }
+        self.regs.store32(reg, new);
+        self.waker.wake()?;
+        Ok(())
+    }
+
+    /// Push and ring.
+    pub fn submit(&mut self, sqe: Sqe) -> Result<u16> {
+        let cid = self.push(sqe)?;
+        self.ring()?;
+        Ok(cid)
+    }
+
+    /// Take the completions that arrived, appending them to `out`.
+    pub fn reap(&mut self, out: &mut Vec<Cqe>) -> Result<usize> {
+        let mut n = 0;
+        loop {
+            let at = self.cq_head as u64 * CQE_SIZE as u64;
+            // Acquire: pairs with the controller's Release store of this
+            // dword after the rest of the entry.
+            let dw3 = self.cq.load_u32(at + 12);
+            if (dw3 >> 16 & 1 != 0) != self.phase {
+                break;
+            }
+            let mut raw = [0u8; CQE_SIZE];
+            self.cq.read(at, &mut raw);
+            let cqe = Cqe::from_bytes(&raw);
+            self.cq_head += 1;
+            if self.cq_head == self.entries {
+                self.cq_head = 0;
+                self.phase = !self.phase;
+            }
+            let slot = cqe.cid as usize;
+            if slot >= self.done.len() - 1 || self.free.contains(&cqe.cid) {
+                return Err(NvmeError::Invalid(format!(
+                    "completion for command id {} that is not outstanding",
+                    cqe.cid
+                )));
+            }
+            self.free.push(cqe.cid);
+            self.in_flight -= 1;
+            out.push(cqe);
+            n += 1;
+        }
+        if n > 0 {
+            let reg = regs::cq_head_doorbell(self.qid);
+            match (&self.dbbuf, self.qid > 0) {
+                (Some(d), true) => d.0.store_u32((reg - regs::DOORBELLS) as u64, self.cq_head),
+                _ => self.regs.store32(reg, self.cq_head),
+            }
+        }
+        Ok(n)
+    }
+
+    /// The completion of command `cid`, if it arrived (others that arrive
+    /// meanwhile are kept for their own `take`).
+    pub fn take(&mut self, cid: u16) -> Result<Option<Cqe>> {
+        if let Some(c) = self.done.get_mut(cid as usize).and_then(Option::take) {
+            return Ok(Some(c));
+        }
+        let mut got = Vec::new();
+        self.reap(&mut got)?;
+        let mut mine = None;
+        for c in got {
+            if c.cid == cid {
+                mine = Some(c);
+            } else {
+                self.done[c.cid as usize] = Some(c);
+            }
+        }
+        Ok(mine)
+    }
+
+    /// Fill in PRP1/PRP2 (and this command slot's PRP list) for `len`
+    /// bytes at `addr`. The slot is the command id the next `push` uses.
+    fn prps(&mut self, sqe: &mut Sqe, addr: u64, len: u64) -> Result<()> {
+        if len == 0 || len > MAX_TRANSFER {
+            return Err(NvmeError::Invalid(format!(
+                "transfer of {len} bytes (1..={MAX_TRANSFER})"
+            )));
+        }
+        if addr % 4 != 0 {
+            return Err(NvmeError::Invalid(
+                "data must be 4-byte aligned (PRP rule)".into(),
+            ));
+        }
+        sqe.prp1 = addr;
+        let first = len.min(PAGE - addr % PAGE);
+        let rest = len - first;
+        sqe.prp2 = 0;
+        if rest == 0 {
+            return Ok(());
+        }
+        if rest <= PAGE {
+            sqe.prp2 = addr + first;
+            return Ok(());
+        }
+        let slot = *self.free.last().ok_or(NvmeError::Full)? as u64;
+        let prp = self
+            .prp
+            .as_ref()
+            .ok_or_else(|| NvmeError::Invalid("the admin queue has no PRP lists".into()))?;
+        let base = slot * PRP_LIST_BYTES;
+        let pages = rest.div_ceil(PAGE);
+        let mut list = Vec::with_capacity(pages as usize * 8);
+        for k in 0..pages {
+            list.extend_from_slice(&(addr + first + k * PAGE).to_le_bytes());
+        }
+        prp.write(base, &list);
+        sqe.prp2 = prp.addr() + base;
+        Ok(())
+    }
+}
+
+/// An I/O queue pair with read/write helpers.
+pub struct IoQueue {
+    qp: QueuePair,
+}
+
+/// A namespace as the I/O helpers need it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Namespace {
+    /// Namespace id.
+    pub nsid: u32,
+    /// Logical block size in bytes.
+    pub block: u64,
+    /// Blocks.
+    pub blocks: u64,
+}
+
+impl IoQueue {
+    pub(crate) fn new(qp: QueuePair) -> IoQueue {
+        IoQueue { qp }
+    }
+
+    /// Queue id.
+    pub fn qid(&self) -> u16 {
+        self.qp.qid
+    }
+
+    /// The raw queue pair (raw SQEs, batching, reaping).
+    pub fn pair(&mut self) -> &mut QueuePair {
+        &mut self.qp
+    }
+
+    /// Push a read, write or compare of `len` bytes at block `slba` from
+    /// or to memory at `addr` (shared with the controller), without
+    /// ringing; returns the command id.
+    pub fn push_rw(
+        &mut self,
+        op: IoOp,
+        ns: &Namespace,
+        slba: u64,
+        addr: u64,
+        len: u64,
+    ) -> Result<u16> {
+        if len == 0 || len % ns.block != 0 {
+            return Err(NvmeError::Invalid(format!(
+                "length {len} is not a whole number of {}-byte blocks",
+                ns.block
+            )));
+        }
+        let nlb = len / ns.block;
+        if nlb > 0x1_0000 {
+            return Err(NvmeError::Invalid("more than 65536 blocks".into()));
+        }
+        let mut sqe = Sqe {
+            opcode: op as u8,
+            nsid: ns.nsid,
+            ..Sqe::default()
+        };
+        sqe.cdw[0] = slba as u32;
+        sqe.cdw[1] = (slba >> 32) as u32;
+        sqe.cdw[2] = (nlb - 1) as u32;
+        self.qp.prps(&mut sqe, addr, len)?;
+        self.qp.push(sqe)
+    }
+
+    /// Run one command and wait for it (polling).
+    pub fn run(&mut self, what: &str, sqe: Sqe) -> Result<Cqe> {
+        let cid = self.qp.submit(sqe)?;
+        self.wait(what, cid)
+    }
+
+    fn wait(&mut self, what: &str, cid: u16) -> Result<Cqe> {
+        let t = Instant::now();
+        loop {
+            if let Some(c) = self.qp.take(cid)? {
+                return status_err(what, &c);
+            }
+            if self.qp.regs.load32(regs::CSTS) & regs::CSTS_CFS != 0 {
+                return Err(NvmeError::Fatal(what.to_string()));
+            }
+            if t.elapsed() > Duration::from_secs(30) {
+                return Err(NvmeError::Timeout(what.to_string()));
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    fn rw(&mut self, op: IoOp, ns: &Namespace, slba: u64, addr: u64, len: u64) -> Result<()> {
+        let cid = self.push_rw(op, ns, slba, addr, len)?;
+        self.qp.ring()?;
+        self.wait(&format!("{op:?} of {len} bytes at block {slba}"), cid)?;
+        Ok(())
+    }
+
+    /// Read `len` bytes at block `slba` into `buf` at `off`.
+    pub fn read(
+        &mut self,
+        ns: &Namespace,
+        slba: u64,
+        buf: &SharedBuf,
+        off: u64,
+        len: u64,
+    ) -> Result<()> {
+        check_buf(buf, off, len)?;
+        self.rw(IoOp::Read, ns, slba, buf.addr() + off, len)
+    }
+
+    /// Write `len` bytes of `buf` at `off` to block `slba`.
+    pub fn write(
+        &mut self,
+        ns: &Namespace,
+        slba: u64,
+        buf: &SharedBuf,
+        off: u64,
+        len: u64,
+    ) -> Result<()> {
+        check_buf(buf, off, len)?;
+        self.rw(IoOp::Write, ns, slba, buf.addr() + off, len)
+    }
+
+    /// Compare `len` bytes at block `slba` with `buf` at `off`
+    /// (a mismatch is a Compare Failure status error).
+    pub fn compare(
+        &mut self,
+        ns: &Namespace,
+        slba: u64,
+        buf: &SharedBuf,
+        off: u64,
+        len: u64,
+    ) -> Result<()> {
+        check_buf(buf, off, len)?;
+        self.rw(IoOp::Compare, ns, slba, buf.addr() + off, len)
+    }
+
+    /// Zero `nlb` blocks at `slba` (deallocating them when `deallocate`).
+    pub fn write_zeroes(
+        &mut self,
+        ns: &Namespace,
+        slba: u64,
+        nlb: u32,
+        deallocate: bool,
+    ) -> Result<()> {
+        if nlb == 0 || nlb > 0x1_0000 {
+            return Err(NvmeError::Invalid("1..=65536 blocks".into()));
+        }
+        let mut sqe = Sqe {
+            opcode: IoOp::WriteZeroes as u8,
+            nsid: ns.nsid,
+            ..Sqe::default()
+        };
+        sqe.cdw[0] = slba as u32;
+        sqe.cdw[1] = (slba >> 32) as u32;
+        sqe.cdw[2] = (nlb - 1) | (deallocate as u32) << 25;
+        self.run(&format!("write zeroes at block {slba}"), sqe)?;
+        Ok(())
+    }
+
+    /// Deallocate ranges (Dataset Management); `ranges` lives in shared
+    /// memory `buf` at `off`, as 16-byte range entries.
+    pub fn deallocate(
+        &mut self,
+        ns: &Namespace,
+        buf: &SharedBuf,
+        off: u64,
+        count: usize,
+    ) -> Result<()> {
+        if count == 0 || count > 256 {
+            return Err(NvmeError::Invalid("1..=256 ranges".into()));
+        }
+        check_buf(buf, off, count as u64 * 16)?;
+        let mut sqe = Sqe {
+            opcode: IoOp::Dsm as u8,
+            nsid: ns.nsid,
+            ..Sqe::default()
+        };
+        sqe.cdw[0] = count as u32 - 1;
+        sqe.cdw[1] = 4;
+        self.qp
+            .prps(&mut sqe, buf.addr() + off, count as u64 * 16)?;
+        self.run("dataset management (deallocate)", sqe)?;
+        Ok(())
+    }
+
+    /// Flush the namespace's volatile write cache.
+    pub fn flush(&mut self, ns: &Namespace) -> Result<()> {
+        self.run(
+            "flush",
+            Sqe {
+                opcode: IoOp::Flush as u8,
+                nsid: ns.nsid,
+                ..Sqe::default()
+            },
+        )?;
+        Ok(())
+    }
+}
+
+fn check_buf(buf: &SharedBuf, off: u64, len: u64) -> Result<()> {
+    match off.checked_add(len) {
+        Some(end) if end <= buf.len() => Ok(()),
+        _ => Err(NvmeError::Invalid(format!(
+            "{off}+{len} is outside the {}-byte buffer",
+            buf.len()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::need_event;
+
+    #[test]
+    fn event_index_rule() {
+        // The controller asked to hear when the tail passes 5.
+        assert!(need_event(5, 6, 5));
+        assert!(need_event(5, 9, 3));
+        assert!(!need_event(5, 5, 3));
+        assert!(!need_event(9, 6, 5));
+        // Wrapping queue indices.
+        assert!(need_event(1023, 0, 1023));
+    }
+}

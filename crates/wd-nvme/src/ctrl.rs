@@ -1,0 +1,611 @@
+//! One mediated controller: the register block a client drives, its admin
+//! and I/O queues in the client's memory, and the command loop that the
+//! engine runs on every pass ([`DeviceQueue::service`]).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use wd_device::{status, Access, DeviceQueue, Dma, Registers, Service};
+use wd_nvme_msg::regs::{self, Cap, Cc};
+use wd_nvme_msg::{prp, Cqe, Sqe, Status, CQE_SIZE, PAGE, SQE_SIZE};
+use wd_ring::Desc;
+
+use crate::store::{Namespace, Subsystem};
+use crate::Counters;
+
+/// Commands taken from one submission queue per pass (fairness between
+/// queues and controllers).
+const SQ_BUDGET: u32 = 64;
+/// Queue ids: the admin queue (0) and the I/O queues.
+pub(crate) const QUEUES: usize = regs::MAX_IO_QUEUES as usize + 1;
+/// Asynchronous Event Requests a controller keeps (AERL + 1).
+pub(crate) const AER_LIMIT: usize = 4;
+/// Error log entries kept (ELPE + 1).
+pub(crate) const ERROR_LOG: usize = 64;
+/// Maximum data transfer: 2^MDTS pages.
+pub(crate) const MDTS: u8 = 6;
+
+/// A submission queue.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sq {
+    pub base: u64,
+    pub entries: u32,
+    pub head: u32,
+    pub cqid: u16,
+    /// The tail doorbell held an invalid value (reported once).
+    pub bad_doorbell: bool,
+}
+
+/// A completion queue.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Cq {
+    pub base: u64,
+    pub entries: u32,
+    pub tail: u32,
+    /// The driver's head, as last read from its doorbell.
+    pub head: u32,
+    pub phase: bool,
+    /// Submission queues posting here.
+    pub bound: u16,
+}
+
+impl Cq {
+    fn full(&self) -> bool {
+        (self.tail + 1) % self.entries == self.head
+    }
+}
+
+/// One entry of the error information log.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ErrorEntry {
+    pub count: u64,
+    pub sqid: u16,
+    pub cid: u16,
+    pub status: Status,
+    pub lba: u64,
+    pub nsid: u32,
+}
+
+/// Features a driver can set (Set Features), current values.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Features {
+    pub arbitration: u32,
+    pub power: u32,
+    pub temperature: u32,
+    pub error_recovery: u32,
+    pub write_cache: bool,
+    pub coalescing: u32,
+    pub atomicity: u32,
+    pub async_events: u32,
+    /// Number of Queues was set (it may be set once per reset).
+    pub queues_set: bool,
+}
+
+impl Default for Features {
+    fn default() -> Self {
+        Features {
+            arbitration: 0,
+            power: 0,
+            // 343 K: the warning threshold Identify reports.
+            temperature: 343,
+            error_recovery: 0,
+            write_cache: true,
+            coalescing: 0,
+            atomicity: 0,
+            async_events: 0,
+            queues_set: false,
+        }
+    }
+}
+
+/// What a command's completion says.
+pub(crate) enum Outcome {
+    /// Complete now with this status and DW0.
+    Done(Status, u32),
+    /// An Asynchronous Event Request, kept until an event comes.
+    Held,
+}
+
+/// Controller health figures for the SMART log.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Health {
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub busy_ns: u64,
+    pub media_errors: u64,
+}
+
+/// A mediated controller (the device side of one `nvme` queue).
+pub struct Controller {
+    pub(crate) regs: Option<Registers>,
+    pub(crate) sub: Arc<Subsystem>,
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) cntlid: u16,
+    /// The CC value last acted on.
+    cc: u32,
+    /// Enabled and ready (CSTS.RDY).
+    ready: bool,
+    /// A shutdown was requested; nothing is processed until a reset.
+    shut_down: bool,
+    /// Controller fatal status: the driver must reset.
+    fatal: bool,
+    pub(crate) sqs: [Option<Sq>; QUEUES],
+    pub(crate) cqs: [Option<Cq>; QUEUES],
+    pub(crate) features: Features,
+    pub(crate) aers: Vec<u16>,
+    pub(crate) events: VecDeque<u32>,
+    pub(crate) errors: VecDeque<ErrorEntry>,
+    pub(crate) error_count: u64,
+    pub(crate) health: Health,
+    /// Shadow doorbell and EventIdx buffers (Doorbell Buffer Config).
+    pub(crate) dbbuf: Option<(u64, u64)>,
+    /// EventIdx was written for the current idle spell (shadow
+    /// doorbells): a new submission makes the driver write the register.
+    armed: bool,
+    /// The tail doorbell registers as last read, for queues whose tails
+    /// come from the shadow buffer.
+    mmio_seen: [u32; QUEUES],
+    /// Namespaces attached here, by NSID.
+    pub(crate) active: BTreeMap<u32, Arc<Namespace>>,
+    /// PRP segments of the command being run.
+    pub(crate) segs: prp::PrpSegments,
+    /// Local buffer for data that cannot be reached in place.
+    pub(crate) bounce: Vec<u8>,
+}
+
+impl Controller {
+    pub(crate) fn new(sub: Arc<Subsystem>, counters: Arc<Counters>, cntlid: u16) -> Controller {
+        Controller {
+            regs: None,
+            sub,
+            counters,
+            cntlid,
+            cc: 0,
+            ready: false,
+            shut_down: false,
+            fatal: false,
+            sqs: [None; QUEUES],
+            cqs: [None; QUEUES],
+            features: Features::default(),
+            aers: Vec::new(),
+            events: VecDeque::new(),
+            errors: VecDeque::new(),
+            error_count: 0,
+            health: Health::default(),
+            dbbuf: None,
+            armed: false,
+            mmio_seen: [0; QUEUES],
+            active: BTreeMap::new(),
+            segs: Vec::new(),
+            bounce: Vec::new(),
+        }
+    }
+
+    /// The capabilities this controller reports.
+    pub fn capabilities() -> Cap {
+        Cap {
+            mqes: (regs::MAX_QUEUE_ENTRIES - 1) as u16,
+            cqr: true,
+            to: 1,
+            dstrd: 0,
+            css: 1,
+            mpsmin: 0,
+            mpsmax: 0,
+        }
+    }
+
+    fn set_csts(&self) {
+        let Some(r) = &self.regs else { return };
+        let mut v = 0;
+        if self.ready {
+            v |= regs::CSTS_RDY;
+        }
+        if self.fatal {
+            v |= regs::CSTS_CFS;
+        }
+        if self.shut_down {
+            v |= regs::CSTS_SHST_COMPLETE;
+        }
+        r.store32(regs::CSTS, v);
+    }
+
+    /// Controller reset: every queue, pending event and doorbell buffer
+    /// goes; attached namespaces stay (attachment outlives resets).
+    fn reset(&mut self) {
+        self.sqs = [None; QUEUES];
+        self.cqs = [None; QUEUES];
+        self.aers.clear();
+        self.events.clear();
+        self.dbbuf = None;
+        self.armed = false;
+        self.features = Features::default();
+        self.ready = false;
+        self.shut_down = false;
+        self.fatal = false;
+    }
+
+    /// The driver changed CC: enable, reset or shut down.
+    fn control(&mut self, cc_raw: u32) {
+        let Some(r) = self.regs.clone() else { return };
+        let old = Cc::from_u32(self.cc);
+        let new = Cc::from_u32(cc_raw);
+        self.cc = cc_raw;
+        if old.en && !new.en {
+            self.reset();
+        } else if !old.en && new.en {
+            self.reset();
+            let (sq_n, cq_n) = regs::aqa_decode(r.load32(regs::AQA));
+            let asq = r.load64(regs::ASQ) & !(PAGE - 1);
+            let acq = r.load64(regs::ACQ) & !(PAGE - 1);
+            if new.css != 0 || new.mps != 0 || sq_n < 2 || cq_n < 2 || asq == 0 || acq == 0 {
+                // A configuration this controller cannot run: it reports
+                // fatal status until the driver resets it.
+                self.fatal = true;
+            } else {
+                self.sqs[0] = Some(Sq {
+                    base: asq,
+                    entries: sq_n,
+                    head: 0,
+                    cqid: 0,
+                    bad_doorbell: false,
+                });
+                self.cqs[0] = Some(Cq {
+                    base: acq,
+                    entries: cq_n,
+                    tail: 0,
+                    head: 0,
+                    phase: true,
+                    bound: 1,
+                });
+                self.ready = true;
+            }
+        }
+        if new.en && new.shn != 0 && !self.shut_down {
+            // Normal or abrupt shutdown: make written data durable, stop.
+            for ns in self.active.values() {
+                let (fd, _) = ns.buffered_at(0);
+                let _ = wd_sys::file::fdatasync(fd);
+            }
+            self.shut_down = true;
+        }
+        self.set_csts();
+    }
+
+    fn running(&self) -> bool {
+        self.ready && !self.shut_down && !self.fatal
+    }
+
+    /// Report a fatal controller error (a queue the controller can no
+    /// longer reach): the driver must reset.
+    fn fail(&mut self) {
+        self.fatal = true;
+        self.set_csts();
+    }
+
+    /// A doorbell value: the shadow buffer's for I/O queues when Doorbell
+    /// Buffer Config set one up, else the register's.
+    fn doorbell(&self, r: &Registers, dma: &mut dyn Dma<'_>, qid: u16, cq: bool) -> u32 {
+        let reg = if cq {
+            regs::cq_head_doorbell(qid)
+        } else {
+            regs::sq_tail_doorbell(qid)
+        };
+        if let (Some((shadow, _)), true) = (self.dbbuf, qid > 0) {
+            let at = shadow + (reg - regs::DOORBELLS) as u64;
+            if let Some(s) = dma.slice(at, 4, Access::Read) {
+                return s.load_u32(0);
+            }
+            let mut b = [0u8; 4];
+            if dma.read(at, &mut b).is_ok() {
+                return u32::from_le_bytes(b);
+            }
+        }
+        r.load32(reg)
+    }
+
+    /// An idle pass with shadow doorbells: write each I/O submission
+    /// queue's EventIdx as its head, so the driver's next submission also
+    /// writes the doorbell register (which the sleeping engine's wake-up
+    /// check reads). Returns 1 when a submission came meanwhile.
+    fn arm_event_index(&mut self, r: &Registers, dma: &mut dyn Dma<'_>) -> usize {
+        let Some((_, events)) = self.dbbuf else {
+            return 0;
+        };
+        for qid in 1..QUEUES as u16 {
+            if let Some(sq) = self.sqs[qid as usize] {
+                let at = events + (regs::sq_tail_doorbell(qid) - regs::DOORBELLS) as u64;
+                match dma.slice(at, 4, Access::Write) {
+                    // Release, then the SeqCst fence below: pairs with the
+                    // driver's fence between its shadow store and its
+                    // EventIdx load (one of the two sees the other).
+                    Some(s) => s.store_u32(0, sq.head),
+                    None => {
+                        let _ = dma.write(at, &sq.head.to_le_bytes());
+                    }
+                }
+            }
+        }
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.armed = true;
+        let moved = (1..QUEUES as u16).any(|qid| {
+            self.sqs[qid as usize].is_some_and(|sq| self.doorbell(r, dma, qid, false) != sq.head)
+        });
+        usize::from(moved)
+    }
+
+    /// Post a completion to queue `cqid` (which has room). False when the
+    /// queue's memory cannot be reached.
+    fn post(&mut self, dma: &mut dyn Dma<'_>, cqid: u16, mut cqe: Cqe) -> bool {
+        let Some(cq) = self.cqs[cqid as usize].as_mut() else {
+            return false;
+        };
+        cqe.phase = cq.phase;
+        let at = cq.base + cq.tail as u64 * CQE_SIZE as u64;
+        match dma.slice(at, CQE_SIZE as u64, Access::Write) {
+            Some(s) => {
+                s.write_from(0, &cqe.head_bytes());
+                // Release: pairs with the driver's Acquire load of this
+                // dword (the phase tag) before it reads the rest.
+                s.store_u32(12, cqe.dw3());
+            }
+            None => {
+                // Memory the engine cannot slice (a client's own memory
+                // reached through its descriptor): the phase dword goes
+                // last, in its own copy.
+                if dma.write(at, &cqe.head_bytes()).is_err()
+                    || dma.write(at + 12, &cqe.dw3().to_le_bytes()).is_err()
+                {
+                    return false;
+                }
+            }
+        }
+        cq.tail += 1;
+        if cq.tail == cq.entries {
+            cq.tail = 0;
+            cq.phase = !cq.phase;
+        }
+        true
+    }
+
+    /// Whether completion queue `cqid` has room, reading its head
+    /// doorbell when it looks full.
+    fn cq_room(&mut self, r: &Registers, dma: &mut dyn Dma<'_>, cqid: u16) -> bool {
+        let Some(cq) = self.cqs[cqid as usize] else {
+            return false;
+        };
+        if !cq.full() {
+            return true;
+        }
+        let head = self.doorbell(r, dma, cqid, true);
+        if head >= cq.entries {
+            self.event_error(0x01);
+            return false;
+        }
+        let cq = self.cqs[cqid as usize].as_mut().expect("checked");
+        cq.head = head;
+        !cq.full()
+    }
+
+    /// Queue an error event (Asynchronous Event Information: 0x00 write
+    /// to an invalid doorbell, 0x01 invalid doorbell write value).
+    pub(crate) fn event_error(&mut self, info: u8) {
+        // Type 0 (error status), log page 0x01 (error information).
+        self.events.push_back((info as u32) << 8 | 0x01 << 16);
+    }
+
+    /// Record a failed command in the error log.
+    fn log_error(&mut self, sqid: u16, sqe: &Sqe, st: Status) {
+        self.error_count += 1;
+        if self.errors.len() == ERROR_LOG {
+            self.errors.pop_back();
+        }
+        self.errors.push_front(ErrorEntry {
+            count: self.error_count,
+            sqid,
+            cid: sqe.cid,
+            status: st,
+            lba: if sqid > 0 { sqe.slba() } else { 0 },
+            nsid: sqe.nsid,
+        });
+    }
+
+    /// Complete held Asynchronous Event Requests with queued events.
+    fn deliver_events(&mut self, dma: &mut dyn Dma<'_>, r: &Registers) -> usize {
+        let mut n = 0;
+        while !self.aers.is_empty() && !self.events.is_empty() && self.cq_room(r, dma, 0) {
+            let cid = self.aers.remove(0);
+            let ev = self.events.pop_front().expect("checked");
+            let head = self.sqs[0].map(|s| s.head).unwrap_or(0);
+            let cqe = Cqe {
+                result: ev,
+                sq_head: head as u16,
+                sq_id: 0,
+                cid,
+                phase: false,
+                status: Status::SUCCESS,
+            };
+            if !self.post(dma, 0, cqe) {
+                self.fail();
+                break;
+            }
+            n += 1;
+        }
+        n
+    }
+
+    /// Run what submission queue `qid` holds, up to the budget.
+    fn drain(&mut self, r: &Registers, dma: &mut dyn Dma<'_>, qid: u16, out: &mut Service) {
+        let Some(sq) = self.sqs[qid as usize] else {
+            return;
+        };
+        let tail = self.doorbell(r, dma, qid, false);
+        if tail >= sq.entries {
+            if !sq.bad_doorbell {
+                self.event_error(0x01);
+                if let Some(s) = self.sqs[qid as usize].as_mut() {
+                    s.bad_doorbell = true;
+                }
+            }
+            return;
+        }
+        let mut head = sq.head;
+        let mut budget = SQ_BUDGET;
+        let mut raw = [0u8; SQE_SIZE];
+        while head != tail && budget > 0 {
+            if !self.cq_room(r, dma, sq.cqid) {
+                // Back-pressure: the driver has not consumed completions.
+                out.busy = true;
+                break;
+            }
+            let at = sq.base + head as u64 * SQE_SIZE as u64;
+            if dma.read(at, &mut raw).is_err() {
+                self.fail();
+                return;
+            }
+            head = (head + 1) % sq.entries;
+            budget -= 1;
+            if let Some(s) = self.sqs[qid as usize].as_mut() {
+                s.head = head;
+                s.bad_doorbell = false;
+            }
+            let sqe = Sqe::from_bytes(&raw);
+            let outcome = if qid == 0 {
+                self.admin(&sqe, dma)
+            } else {
+                self.io(&sqe, dma, out)
+            };
+            let (st, result) = match outcome {
+                Outcome::Held => {
+                    out.work += 1;
+                    continue;
+                }
+                Outcome::Done(st, result) => (st, result),
+            };
+            if !st.is_success() {
+                self.log_error(qid, &sqe, st);
+            }
+            let cqid = sq.cqid;
+            let cqe = Cqe {
+                result,
+                sq_head: head as u16,
+                sq_id: qid,
+                cid: sqe.cid,
+                phase: false,
+                status: st,
+            };
+            if !self.post(dma, cqid, cqe) {
+                self.fail();
+                return;
+            }
+            out.work += 1;
+            out.requests += 1;
+            self.counters.commands.fetch_add(1, Ordering::Relaxed);
+            if self.sqs[qid as usize].is_none() || !self.running() {
+                return;
+            }
+        }
+        if head != tail {
+            out.busy = true;
+        }
+    }
+}
+
+impl DeviceQueue for Controller {
+    fn process(&mut self, desc: &mut Desc, _dma: &mut dyn Dma<'_>) {
+        // The controller is driven through its registers, never through
+        // ring requests (nor the socket's legacy path).
+        desc.status = status::EOPNOTSUPP;
+        desc.result = 0;
+    }
+
+    fn register_driven(&self) -> bool {
+        true
+    }
+
+    fn attach_registers(&mut self, r: Registers) {
+        r.store64(regs::CAP, Controller::capabilities().to_u64());
+        r.store32(regs::VS, regs::VERSION_1_4);
+        r.store32(regs::CC, 0);
+        r.store32(regs::CSTS, 0);
+        self.regs = Some(r);
+    }
+
+    fn service(&mut self, dma: &mut dyn Dma<'_>) -> Service {
+        let mut out = Service::default();
+        let Some(r) = self.regs.clone() else {
+            return out;
+        };
+        self.counters.polls.fetch_add(1, Ordering::Relaxed);
+        let cc = r.load32(regs::CC);
+        if cc != self.cc {
+            self.control(cc);
+            out.work += 1;
+        }
+        if !self.running() {
+            return out;
+        }
+        self.drain(&r, dma, 0, &mut out);
+        for qid in 1..QUEUES as u16 {
+            if self.sqs[qid as usize].is_some() && self.running() {
+                self.drain(&r, dma, qid, &mut out);
+            }
+        }
+        if !self.events.is_empty() {
+            out.work += self.deliver_events(dma, &r);
+        }
+        if self.dbbuf.is_some() {
+            for qid in 1..QUEUES {
+                if self.sqs[qid].is_some() {
+                    self.mmio_seen[qid] = r.load32(regs::sq_tail_doorbell(qid as u16));
+                }
+            }
+            if out.work > 0 || out.busy {
+                self.armed = false;
+            } else if !self.armed {
+                out.work += self.arm_event_index(&r, dma);
+            }
+        }
+        out
+    }
+
+    fn prepare_sleep(&mut self) -> bool {
+        let Some(r) = self.regs.clone() else {
+            return false;
+        };
+        // The ring's NEED_WAKEUP is set and fenced: a driver that writes a
+        // register after this sees it and wakes the engine; one that wrote
+        // before is seen here.
+        if r.load32(regs::CC) != self.cc {
+            return true;
+        }
+        if !self.running() {
+            return false;
+        }
+        if self.dbbuf.is_some() && !self.armed {
+            return true;
+        }
+        (0..QUEUES as u16).any(|qid| {
+            self.sqs[qid as usize].is_some_and(|sq| {
+                let v = r.load32(regs::sq_tail_doorbell(qid));
+                if qid == 0 || self.dbbuf.is_none() {
+                    v != sq.head
+                } else {
+                    // With shadow doorbells the register is written only
+                    // when EventIdx asks for it: a change is the news.
+                    v != self.mmio_seen[qid as usize]
+                }
+            })
+        })
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        // The client is gone (or released the queue): its namespaces are
+        // free for another controller.
+        self.sub.detach_all(self.cntlid);
+    }
+}

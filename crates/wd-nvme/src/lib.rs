@@ -1,0 +1,123 @@
+//! The mediated NVMe device: every `nvme` queue a client asks for is a
+//! virtual NVMe controller of its own. The client drives it as a driver
+//! drives hardware, through a register block (CAP, CC, CSTS, AQA/ASQ/ACQ,
+//! doorbells) that the host shares with it, and queues and data in its own
+//! shared memory, which the controller reaches only through the queue's
+//! IOMMU domain. The engine thread runs the controller on every pass
+//! (polling), and sleeps after the device's idle time (0.5 s unless
+//! configured) until a doorbell write wakes it.
+//!
+//! Namespaces are ranges of backing files or block devices named in the
+//! device's configuration; a controller attaches the ones it uses
+//! (Namespace Attachment), one controller at a time, so clients sharing a
+//! store cannot reach each other's blocks.
+#![deny(unsafe_code)]
+
+mod admin;
+mod ctrl;
+mod io;
+pub mod store;
+mod xfer;
+
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use ctrl::Controller;
+pub use store::{NamespaceSpec, StoreError, Subsystem};
+use wd_device::{AlgInfo, DeviceQueue, Driver};
+pub use wd_nvme_msg as msg;
+use wd_nvme_msg::regs;
+
+/// Counters of one device, across its controllers.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Commands completed.
+    pub commands: AtomicU64,
+    /// Bytes read and written.
+    pub bytes: AtomicU64,
+    /// Controller passes (polls).
+    pub polls: AtomicU64,
+}
+
+/// The `nvme` driver: its namespaces and its controllers' ids.
+pub struct NvmeDriver {
+    sub: Arc<Subsystem>,
+    counters: Arc<Counters>,
+    next_cntlid: AtomicU16,
+}
+
+impl NvmeDriver {
+    /// A device serving the namespaces `specs` (`PATH:OFFSET:SIZE[:BLOCK]`).
+    pub fn new(specs: &[String]) -> Result<NvmeDriver, StoreError> {
+        Ok(NvmeDriver {
+            sub: Arc::new(Subsystem::open(specs)?),
+            counters: Arc::new(Counters::default()),
+            next_cntlid: AtomicU16::new(1),
+        })
+    }
+
+    /// The namespaces and which controller holds each.
+    pub fn subsystem(&self) -> &Arc<Subsystem> {
+        &self.sub
+    }
+
+    /// The device's counters.
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+}
+
+impl Driver for NvmeDriver {
+    fn name(&self) -> &'static str {
+        "nvme"
+    }
+
+    fn algorithms(&self) -> Vec<AlgInfo> {
+        vec![AlgInfo {
+            name: wd_nvme_msg::QUEUE_TYPE,
+            flags: 0,
+            device_api: wd_nvme_msg::DEVICE_API,
+        }]
+    }
+
+    fn engine(&self) -> Option<String> {
+        let c = &self.counters;
+        let mut s = format!(
+            "synchronous I/O in the polling thread; {} commands, {} bytes, {} polls",
+            c.commands.load(Ordering::Relaxed),
+            c.bytes.load(Ordering::Relaxed),
+            c.polls.load(Ordering::Relaxed)
+        );
+        if self.sub.namespaces().is_empty() {
+            s.push_str("; no namespaces (ns=PATH:OFFSET:SIZE)");
+        }
+        for ns in self.sub.namespaces() {
+            s.push_str("; ");
+            s.push_str(&ns.describe());
+            if let Some(c) = self.sub.owner(ns.nsid) {
+                s.push_str(&format!(" attached to controller {c}"));
+            }
+        }
+        Some(s)
+    }
+
+    fn register_bytes(&self, _alg: u32) -> usize {
+        regs::BLOCK_BYTES
+    }
+
+    fn idle_spin(&self) -> Duration {
+        Duration::from_millis(500)
+    }
+
+    fn open_queue(&self, _alg: u32) -> Box<dyn DeviceQueue> {
+        // Controller ids 1..=0xffef (0xfff0 and above are reserved).
+        let id = self
+            .next_cntlid
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                Some(if c >= 0xffef { 1 } else { c + 1 })
+            })
+            .unwrap_or(1);
+        Box::new(Controller::new(self.sub.clone(), self.counters.clone(), id))
+    }
+}

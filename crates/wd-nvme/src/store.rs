@@ -1,0 +1,433 @@
+//! Namespaces: ranges of backing files or block devices, and the
+//! subsystem that owns them and says which controller each is attached to.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use wd_sys::file::{FileInfo, FileKind};
+
+/// Errors of namespace set-up.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A namespace specification could not be parsed.
+    #[error("namespace '{spec}': {why} (expected PATH:OFFSET:SIZE[:BLOCK], sizes like 64M or 1G, BLOCK 512 or 4096)")]
+    Spec {
+        /// The specification.
+        spec: String,
+        /// What was wrong.
+        why: String,
+    },
+    /// The backing store could not be opened or sized.
+    #[error("namespace '{spec}': {path}: {source}")]
+    Open {
+        /// The specification.
+        spec: String,
+        /// The backing path.
+        path: PathBuf,
+        /// What the system said.
+        source: wd_sys::SysError,
+    },
+    /// Two namespaces share blocks of one store.
+    #[error("namespaces '{a}' and '{b}' overlap on the same store")]
+    Overlap {
+        /// One namespace.
+        a: String,
+        /// The other.
+        b: String,
+    },
+    /// Too many namespaces.
+    #[error("at most {max} namespaces")]
+    TooMany {
+        /// The limit.
+        max: usize,
+    },
+}
+
+/// Most namespaces one device serves (NSIDs 1..=MAX_NAMESPACES).
+pub const MAX_NAMESPACES: usize = 1024;
+
+/// What a namespace specification says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamespaceSpec {
+    /// Backing file or block device.
+    pub path: PathBuf,
+    /// Byte offset of the namespace in the store.
+    pub offset: u64,
+    /// Bytes of the namespace.
+    pub size: u64,
+    /// Logical block size (512 or 4096).
+    pub block: u64,
+}
+
+fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last()? {
+        (i, 'k' | 'K') => (&s[..i], 1u64 << 10),
+        (i, 'm' | 'M') => (&s[..i], 1 << 20),
+        (i, 'g' | 'G') => (&s[..i], 1 << 30),
+        (i, 't' | 'T') => (&s[..i], 1 << 40),
+        _ => (s, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mult)
+}
+
+impl std::str::FromStr for NamespaceSpec {
+    type Err = StoreError;
+
+    /// `PATH:OFFSET:SIZE[:BLOCK]`; the path may itself contain colons.
+    fn from_str(spec: &str) -> Result<Self, StoreError> {
+        let bad = |why: &str| StoreError::Spec {
+            spec: spec.to_string(),
+            why: why.to_string(),
+        };
+        let parts: Vec<&str> = spec.rsplitn(4, ':').collect();
+        // rsplitn gives the fields last first.
+        let (path, offset, size, block) = match parts.as_slice() {
+            [b, s, o, p]
+                if matches!(*b, "512" | "4096" | "4K" | "4k") && parse_size(o).is_some() =>
+            {
+                (*p, *o, *s, Some(*b))
+            }
+            [s, o, p, rest] => (&spec[..rest.len() + 1 + p.len()], *o, *s, None),
+            [s, o, p] => (*p, *o, *s, None),
+            _ => return Err(bad("too few fields")),
+        };
+        let offset = parse_size(offset).ok_or_else(|| bad("bad OFFSET"))?;
+        let size = parse_size(size).ok_or_else(|| bad("bad SIZE"))?;
+        let block = match block {
+            None => 4096,
+            Some(b) => parse_size(b).ok_or_else(|| bad("bad BLOCK"))?,
+        };
+        if path.is_empty() {
+            return Err(bad("empty PATH"));
+        }
+        if block != 512 && block != 4096 {
+            return Err(bad("BLOCK must be 512 or 4096"));
+        }
+        if size == 0 || size % block != 0 || offset % block != 0 {
+            return Err(bad("OFFSET and SIZE must be non-zero multiples of BLOCK"));
+        }
+        offset
+            .checked_add(size)
+            .ok_or_else(|| bad("OFFSET + SIZE overflows"))?;
+        Ok(NamespaceSpec {
+            path: PathBuf::from(path),
+            offset,
+            size,
+            block,
+        })
+    }
+}
+
+/// One namespace: its blocks in a store.
+#[derive(Debug)]
+pub struct Namespace {
+    /// Namespace id (1-based).
+    pub nsid: u32,
+    /// The specification it came from (for messages and `wd ls`).
+    pub spec: NamespaceSpec,
+    /// The store opened for buffered I/O.
+    buffered: OwnedFd,
+    /// The store opened with O_DIRECT, when the store allows it.
+    direct: Option<OwnedFd>,
+    /// Alignment O_DIRECT needs of memory and of file offsets and lengths.
+    dio_align: (u64, u64),
+    /// log2 of the block size.
+    pub lbads: u8,
+    /// Why O_DIRECT is not used, when it is not.
+    pub buffered_why: Option<String>,
+    /// Globally unique id (from the store's identity and the offset).
+    pub nguid: [u8; 16],
+    /// EUI-64.
+    pub eui64: [u8; 8],
+}
+
+impl Namespace {
+    /// Blocks in the namespace.
+    pub fn blocks(&self) -> u64 {
+        self.spec.size >> self.lbads
+    }
+
+    /// Block size in bytes.
+    pub fn block_size(&self) -> u64 {
+        self.spec.block
+    }
+
+    /// Whether I/O goes around the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// The descriptor to use for `len` bytes at namespace byte `off` from
+    /// or to memory at host address `mem`: O_DIRECT when everything is
+    /// aligned as it needs, buffered otherwise. Returns the descriptor and
+    /// the store offset.
+    pub fn fd_for(&self, off: u64, len: u64, mem: u64) -> (BorrowedFd<'_>, u64) {
+        let at = self.spec.offset + off;
+        match &self.direct {
+            Some(d)
+                if mem % self.dio_align.0 == 0
+                    && at % self.dio_align.1 == 0
+                    && len % self.dio_align.1 == 0 =>
+            {
+                (d.as_fd(), at)
+            }
+            _ => (self.buffered.as_fd(), at),
+        }
+    }
+
+    /// The buffered descriptor and the store offset of namespace byte
+    /// `off` (for zeroing, deallocating and flushing).
+    pub fn buffered_at(&self, off: u64) -> (BorrowedFd<'_>, u64) {
+        (self.buffered.as_fd(), self.spec.offset + off)
+    }
+
+    /// One line for `wd ls`.
+    pub fn describe(&self) -> String {
+        format!(
+            "ns{} {}:{}:{} ({} B blocks, {})",
+            self.nsid,
+            self.spec.path.display(),
+            self.spec.offset,
+            self.spec.size,
+            self.spec.block,
+            match &self.buffered_why {
+                None => "O_DIRECT".to_string(),
+                Some(w) => format!("buffered: {w}"),
+            }
+        )
+    }
+}
+
+fn open_store(spec: &NamespaceSpec, text: &str) -> Result<(OwnedFd, FileInfo), StoreError> {
+    let err = |source| StoreError::Open {
+        spec: text.to_string(),
+        path: spec.path.clone(),
+        source,
+    };
+    let fd = wd_sys::file::open_rw(&spec.path, false).map_err(err)?;
+    let info = wd_sys::file::file_info(fd.as_fd()).map_err(err)?;
+    let end = spec.offset + spec.size;
+    match info.kind {
+        // Grown once the namespaces are known not to overlap.
+        FileKind::Regular => {}
+        FileKind::Block if info.size < end => {
+            return Err(StoreError::Spec {
+                spec: text.to_string(),
+                why: format!("the block device has only {} bytes", info.size),
+            })
+        }
+        FileKind::Block => {}
+        _ => {
+            return Err(StoreError::Spec {
+                spec: text.to_string(),
+                why: "not a regular file or block device".into(),
+            })
+        }
+    }
+    Ok((fd, info))
+}
+
+fn open_direct(path: &Path, info: &FileInfo, block: u64) -> Result<(OwnedFd, (u64, u64)), String> {
+    // EINVAL: the filesystem (tmpfs, say) has no O_DIRECT.
+    let fd = wd_sys::file::open_rw(path, true).map_err(|e| match e.errno() {
+        22 => "the filesystem refuses O_DIRECT".to_string(),
+        _ => e.to_string(),
+    })?;
+    // The store's own alignment (statx); 512 where it does not say.
+    let direct_info = wd_sys::file::file_info(fd.as_fd()).map_err(|e| e.to_string())?;
+    let mem = (direct_info.dio_mem_align as u64).max(4);
+    let off = match direct_info.dio_offset_align as u64 {
+        0 => 512,
+        a => a,
+    };
+    let _ = info;
+    if off > block {
+        return Err(format!(
+            "the store's O_DIRECT alignment ({off} B) exceeds the block size"
+        ));
+    }
+    Ok((fd, (mem, off)))
+}
+
+/// The namespaces of one device and which controller each is attached to
+/// (a namespace is private: one controller at a time).
+#[derive(Debug, Default)]
+pub struct Subsystem {
+    namespaces: Vec<Arc<Namespace>>,
+    attached: Mutex<HashMap<u32, u16>>,
+}
+
+impl Subsystem {
+    /// Open every namespace of `specs` (NSIDs in order from 1), refusing
+    /// overlaps on one store.
+    pub fn open(specs: &[String]) -> Result<Subsystem, StoreError> {
+        if specs.len() > MAX_NAMESPACES {
+            return Err(StoreError::TooMany {
+                max: MAX_NAMESPACES,
+            });
+        }
+        let mut namespaces: Vec<Arc<Namespace>> = Vec::new();
+        let mut ids: Vec<((u32, u32), u64, bool)> = Vec::new();
+        for (i, text) in specs.iter().enumerate() {
+            let spec: NamespaceSpec = text.parse()?;
+            let (buffered, info) = open_store(&spec, text)?;
+            // A block device is itself the identity (its rdev is not in
+            // FileInfo; its inode on devtmpfs is).
+            let identity = (info.dev, info.ino);
+            for (j, other) in namespaces.iter().enumerate() {
+                let (oid, oino, _) = ids[j];
+                let same = (oid, oino) == (identity.0, identity.1);
+                let (a0, a1) = (spec.offset, spec.offset + spec.size);
+                let (b0, b1) = (other.spec.offset, other.spec.offset + other.spec.size);
+                if same && a0 < b1 && b0 < a1 {
+                    return Err(StoreError::Overlap {
+                        a: specs[j].clone(),
+                        b: text.clone(),
+                    });
+                }
+            }
+            if info.kind == FileKind::Regular {
+                wd_sys::file::grow_to(buffered.as_fd(), spec.offset + spec.size).map_err(
+                    |source| StoreError::Open {
+                        spec: text.clone(),
+                        path: spec.path.clone(),
+                        source,
+                    },
+                )?;
+            }
+            let (direct, dio_align, buffered_why) = match open_direct(&spec.path, &info, spec.block)
+            {
+                Ok((fd, align)) => (Some(fd), align, None),
+                Err(why) => (None, (1, 1), Some(why)),
+            };
+            let nsid = i as u32 + 1;
+            let mut nguid = [0u8; 16];
+            nguid[..8].copy_from_slice(&info.ino.to_be_bytes());
+            nguid[8..].copy_from_slice(&spec.offset.to_be_bytes());
+            nguid[0] ^= info.dev.0 as u8;
+            nguid[1] ^= info.dev.1 as u8;
+            let mut eui64 = [0u8; 8];
+            // Locally administered, WrapDrive's "WD" prefix, the NSID.
+            eui64[..3].copy_from_slice(&[0x02, 0x57, 0x44]);
+            eui64[4..].copy_from_slice(&nsid.to_be_bytes());
+            ids.push((identity.0, identity.1, false));
+            namespaces.push(Arc::new(Namespace {
+                nsid,
+                lbads: spec.block.trailing_zeros() as u8,
+                spec,
+                buffered,
+                direct,
+                dio_align,
+                buffered_why,
+                nguid,
+                eui64,
+            }));
+        }
+        Ok(Subsystem {
+            namespaces,
+            attached: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Every namespace, by NSID order.
+    pub fn namespaces(&self) -> &[Arc<Namespace>] {
+        &self.namespaces
+    }
+
+    /// Namespace `nsid`, if it exists.
+    pub fn get(&self, nsid: u32) -> Option<&Arc<Namespace>> {
+        let i = nsid.checked_sub(1)? as usize;
+        self.namespaces.get(i)
+    }
+
+    fn attached(&self) -> std::sync::MutexGuard<'_, HashMap<u32, u16>> {
+        self.attached.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Attach `nsid` to controller `cntlid`: Err(Some(other)) when another
+    /// controller has it, Err(None) when this one has it already.
+    pub fn attach(&self, nsid: u32, cntlid: u16) -> Result<(), Option<u16>> {
+        let mut a = self.attached();
+        match a.get(&nsid) {
+            Some(&c) if c == cntlid => Err(None),
+            Some(&c) => Err(Some(c)),
+            None => {
+                a.insert(nsid, cntlid);
+                Ok(())
+            }
+        }
+    }
+
+    /// Detach `nsid` from `cntlid`; false when it was not attached there.
+    pub fn detach(&self, nsid: u32, cntlid: u16) -> bool {
+        let mut a = self.attached();
+        if a.get(&nsid) == Some(&cntlid) {
+            a.remove(&nsid);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Detach everything `cntlid` holds (its client is gone).
+    pub fn detach_all(&self, cntlid: u16) {
+        self.attached().retain(|_, c| *c != cntlid);
+    }
+
+    /// The controller `nsid` is attached to.
+    pub fn owner(&self, nsid: u32) -> Option<u16> {
+        self.attached().get(&nsid).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_and_refuse() {
+        let s: NamespaceSpec = "/tmp/a.img:1M:64M".parse().unwrap();
+        assert_eq!((s.offset, s.size, s.block), (1 << 20, 64 << 20, 4096));
+        let s: NamespaceSpec = "/tmp/x:y.img:0:8M:512".parse().unwrap();
+        assert_eq!(s.path, PathBuf::from("/tmp/x:y.img"));
+        assert_eq!(s.block, 512);
+        let s: NamespaceSpec = "/tmp/x:y.img:0:8M".parse().unwrap();
+        assert_eq!(s.path, PathBuf::from("/tmp/x:y.img"));
+        for bad in [
+            "/a:0",
+            "/a:0:0",
+            "/a:1:8M",
+            "/a:0:8M:1024",
+            ":0:4K",
+            "/a:x:4K",
+            "/a:0:8M:4096x",
+        ] {
+            assert!(bad.parse::<NamespaceSpec>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn overlaps_refused_and_attachment_private() {
+        let dir = std::env::temp_dir().join(format!("wd-nvme-store-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("store.img");
+        std::fs::write(&f, b"").unwrap();
+        let p = f.display();
+        let e = Subsystem::open(&[format!("{p}:0:8M"), format!("{p}:4M:8M")]).unwrap_err();
+        assert!(matches!(e, StoreError::Overlap { .. }), "{e}");
+        let sub = Subsystem::open(&[format!("{p}:0:4M"), format!("{p}:4M:4M:512")]).unwrap();
+        assert_eq!(std::fs::metadata(&f).unwrap().len(), 8 << 20);
+        assert_eq!(sub.get(2).unwrap().blocks(), 8192);
+        assert!(sub.get(3).is_none() && sub.get(0).is_none());
+        assert_eq!(sub.attach(1, 5), Ok(()));
+        assert_eq!(sub.attach(1, 5), Err(None));
+        assert_eq!(sub.attach(1, 6), Err(Some(5)));
+        assert!(!sub.detach(1, 6));
+        sub.detach_all(5);
+        assert_eq!(sub.owner(1), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
