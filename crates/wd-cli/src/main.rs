@@ -8,6 +8,7 @@ mod bench_load;
 mod chart;
 mod faults;
 mod load;
+mod nvme;
 mod report;
 mod speed;
 mod units;
@@ -55,6 +56,9 @@ enum Cmd {
     Speed(speed::SpeedArgs),
     /// Load a file into a shareable buffer (overlapped allocation and direct I/O).
     Load(load::LoadArgs),
+    /// A mediated NVMe controller: identify it, or drive a namespace
+    /// (`perf`).
+    Nvme(nvme::NvmeCmd),
 }
 
 #[derive(Subcommand)]
@@ -228,6 +232,9 @@ fn run(cli: Cli) -> Result<(), String> {
         Cmd::Faults(a) => faults::run(&*connect(&cli.host).map_err(|e| e.to_string())?, a),
         Cmd::Speed(a) => speed::run(a, cli.host.as_deref()),
         Cmd::Load(args) => load::run(args),
+        Cmd::Nvme(n) => connect(&cli.host)
+            .map_err(|e| e.to_string())
+            .and_then(|h| n.run(&h)),
     }
 }
 

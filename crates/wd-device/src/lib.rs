@@ -66,6 +66,14 @@ pub trait Dma<'m> {
     fn hold(&mut self, _iova: u64, _len: u64, _access: Access) -> Option<HeldSlice> {
         None
     }
+    /// The translation section this access runs in, as the engine numbers
+    /// them: a register-driven device that holds memory past the call
+    /// reports the oldest section it still holds from
+    /// ([`Service::holds_from`]), and the engine keeps that section's
+    /// translations pinned.
+    fn section(&self) -> u64 {
+        0
+    }
 }
 
 /// A device's side of one queue: its per-queue state (sessions, chaining
@@ -159,6 +167,11 @@ pub trait DeviceQueue: Send {
         Service::default()
     }
 
+    /// A register-driven device's queue is going away: stop or wait for
+    /// everything in flight; on return the device touches none of the
+    /// memory it held.
+    fn quiesce(&mut self) {}
+
     /// A register-driven device's engine is about to sleep: arm whatever
     /// makes the client wake it (the ring's NEED_WAKEUP flag is set
     /// already) and return true when work arrived meanwhile (then the
@@ -190,6 +203,11 @@ pub struct Service {
     /// The device has work in flight or queued that a later pass must
     /// finish: the engine must not sleep.
     pub busy: bool,
+    /// The oldest translation section ([`Dma::section`]) whose memory the
+    /// device still holds ([`Dma::hold`]) for requests in flight: the
+    /// engine keeps it pinned (an unshare waits) until a later pass
+    /// reports a newer one or none.
+    pub holds_from: Option<u64>,
 }
 
 /// What [`DeviceQueue::start`] did with a request.

@@ -41,11 +41,12 @@ pub fn open(dc: &DeviceConfig) -> Result<Box<dyn Driver>, String> {
                 .map(|d| Box::new(d) as Box<dyn Driver>)
                 .map_err(|e| e.to_string())
         }
-        "nvme" => no_choice(name).and_then(|_| {
-            wd_nvme::NvmeDriver::new(&dc.namespaces)
+        "nvme" => {
+            let io: wd_nvme::IoEngine = engine.unwrap_or("auto").parse()?;
+            wd_nvme::NvmeDriver::new(&dc.namespaces, io)
                 .map(|d| Box::new(d) as Box<dyn Driver>)
                 .map_err(|e| e.to_string())
-        }),
+        }
         _ => Err(format!(
             "unknown driver '{name}' (available: {})",
             NAMES.join(", ")

@@ -168,6 +168,9 @@ struct Served {
     asynchronous: bool,
     /// `dev.register_driven()`, asked once.
     register_driven: bool,
+    /// The section a register-driven device holds memory from (counted in
+    /// `held_seqs`).
+    reg_pin: Option<u64>,
     /// The endpoint's attachment and the generation it was taken at
     /// (`Endpoint::generation`): taken again only when that changes.
     att: Option<(u64, Attachment)>,
@@ -310,6 +313,12 @@ impl EngineLoop {
         if !s.held.is_empty() {
             let _ = catch_unwind(AssertUnwindSafe(|| s.dev.abort(&mut stopped)));
         }
+        if s.register_driven {
+            let _ = catch_unwind(AssertUnwindSafe(|| s.dev.quiesce()));
+            if let Some(seq) = s.reg_pin.take() {
+                Self::unhold(&mut self.held_seqs, seq);
+            }
+        }
         for (_, seq) in s.held.drain() {
             Self::unhold(&mut self.held_seqs, seq);
         }
@@ -333,6 +342,7 @@ impl EngineLoop {
                     view,
                     asynchronous: dev.asynchronous(),
                     register_driven: dev.register_driven(),
+                    reg_pin: None,
                     att: None,
                     dev,
                     parked: Vec::new(),
@@ -534,6 +544,7 @@ impl EngineLoop {
             runs_a,
             runs_b,
             bounce,
+            held_seqs,
             ..
         } = self;
         let s = &mut queues[i];
@@ -568,10 +579,20 @@ impl EngineLoop {
         }
         let Ok(done) = done else {
             // A device bug met by this client's input: stop serving it
-            // rather than run on with state the panic left half-changed.
+            // rather than run on with state the panic left half-changed
+            // (its holds go with `drop_holds`).
             q.set_state(QueueState::Broken);
             return Err(());
         };
+        if done.holds_from != s.reg_pin {
+            if let Some(old) = s.reg_pin.take() {
+                Self::unhold(held_seqs, old);
+            }
+            if let Some(new) = done.holds_from {
+                *held_seqs.entry(new).or_default() += 1;
+            }
+            s.reg_pin = done.holds_from;
+        }
         if vanished.is_some() {
             q.set_state(QueueState::Broken);
         }
@@ -1046,6 +1067,10 @@ impl<'a> QueueDma<'a, '_> {
 }
 
 impl<'a> Dma<'a> for QueueDma<'a, '_> {
+    fn section(&self) -> u64 {
+        self.sec.seq()
+    }
+
     fn hold(&mut self, iova: u64, len: u64, access: Access) -> Option<HeldSlice> {
         translate(
             self.sec,

@@ -117,6 +117,13 @@ impl QueuePair {
         self.free.len()
     }
 
+    /// The command id the next [`QueuePair::push`] assigns (None when
+    /// full): a caller that keeps one data buffer per command slot picks
+    /// it with this.
+    pub fn next_cid(&self) -> Option<u16> {
+        self.free.last().copied()
+    }
+
     pub(crate) fn sq_base(&self) -> u64 {
         self.sq.addr()
     }

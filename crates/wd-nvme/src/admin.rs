@@ -31,7 +31,7 @@ impl Controller {
             AdminOp::Identify => self.identify(sqe, dma),
             AdminOp::CreateCq => self.create_cq(sqe, dma),
             AdminOp::CreateSq => self.create_sq(sqe, dma),
-            AdminOp::DeleteSq => self.delete_sq(sqe),
+            AdminOp::DeleteSq => self.delete_sq(sqe, dma),
             AdminOp::DeleteCq => self.delete_cq(sqe),
             AdminOp::GetLogPage => self.get_log_page(sqe, dma),
             AdminOp::SetFeatures => self.set_features(sqe),
@@ -198,6 +198,7 @@ impl Controller {
             head: 0,
             phase: true,
             bound: 0,
+            reserved: 0,
         });
         done(Status::SUCCESS)
     }
@@ -233,16 +234,16 @@ impl Controller {
         done(Status::SUCCESS)
     }
 
-    fn delete_sq(&mut self, sqe: &Sqe) -> Outcome {
+    fn delete_sq(&mut self, sqe: &Sqe, dma: &mut dyn Dma<'_>) -> Outcome {
         let qid = sqe.cdw(10) as u16;
-        if qid == 0 || qid as usize >= QUEUES {
+        if qid == 0 || qid as usize >= QUEUES || self.sqs[qid as usize].is_none() {
             return done(Status::INVALID_QUEUE_ID);
         }
+        // Its commands on the I/O ring finish and post first.
+        self.settle(dma);
         let Some(sq) = self.sqs[qid as usize].take() else {
             return done(Status::INVALID_QUEUE_ID);
         };
-        // Its commands all completed as they were fetched; nothing is left
-        // to abort.
         if let Some(cq) = self.cqs[sq.cqid as usize].as_mut() {
             cq.bound = cq.bound.saturating_sub(1);
         }

@@ -48,11 +48,16 @@ pub(crate) struct Cq {
     pub phase: bool,
     /// Submission queues posting here.
     pub bound: u16,
+    /// Entries promised to commands in flight.
+    pub reserved: u32,
 }
 
 impl Cq {
-    fn full(&self) -> bool {
-        (self.tail + 1) % self.entries == self.head
+    /// Entries free for new commands (one stays empty: a full queue would
+    /// look empty).
+    fn free(&self) -> u32 {
+        let used = (self.tail + self.entries - self.head) % self.entries;
+        (self.entries - 1).saturating_sub(used + self.reserved)
     }
 }
 
@@ -105,6 +110,26 @@ pub(crate) enum Outcome {
     Done(Status, u32),
     /// An Asynchronous Event Request, kept until an event comes.
     Held,
+    /// Started on the I/O ring: it completes in a later pass.
+    Started,
+}
+
+/// A command whose transfers are on the I/O ring.
+pub(crate) struct InFlight {
+    pub sqid: u16,
+    pub cqid: u16,
+    pub cid: u16,
+    pub write: bool,
+    pub len: u64,
+    /// Transfers not yet finished.
+    pub remaining: u32,
+    pub status: Status,
+    /// The section its memory was held from (see `Service::holds_from`).
+    pub section: u64,
+    /// Keeps the store open while the kernel uses it.
+    pub _ns: Arc<Namespace>,
+    /// The memory the kernel reads or writes, pinned by the engine.
+    pub _held: Vec<wd_device::HeldSlice>,
 }
 
 /// Controller health figures for the SMART log.
@@ -150,6 +175,15 @@ pub struct Controller {
     mmio_seen: [u32; QUEUES],
     /// Namespaces attached here, by NSID.
     pub(crate) active: BTreeMap<u32, Arc<Namespace>>,
+    /// How I/O reaches the store.
+    pub(crate) io: crate::IoEngine,
+    /// The I/O ring, made on first use (None when not used or refused).
+    pub(crate) ring: Option<wd_sys::uring::DeviceRing>,
+    /// Commands on the ring, by tag.
+    pub(crate) inflight: Vec<Option<InFlight>>,
+    pub(crate) free_tags: Vec<usize>,
+    /// Completions reaped from the ring.
+    pub(crate) reaped: Vec<wd_sys::uring::ReadDone>,
     /// PRP segments of the command being run.
     pub(crate) segs: prp::PrpSegments,
     /// Local buffer for data that cannot be reached in place.
@@ -157,8 +191,18 @@ pub struct Controller {
 }
 
 impl Controller {
-    pub(crate) fn new(sub: Arc<Subsystem>, counters: Arc<Counters>, cntlid: u16) -> Controller {
+    pub(crate) fn new(
+        sub: Arc<Subsystem>,
+        counters: Arc<Counters>,
+        cntlid: u16,
+        io: crate::IoEngine,
+    ) -> Controller {
         Controller {
+            io,
+            ring: None,
+            inflight: Vec::new(),
+            free_tags: Vec::new(),
+            reaped: Vec::new(),
             regs: None,
             sub,
             counters,
@@ -215,6 +259,9 @@ impl Controller {
     /// Controller reset: every queue, pending event and doorbell buffer
     /// goes; attached namespaces stay (attachment outlives resets).
     fn reset(&mut self) {
+        // What is on the I/O ring finishes first; its completions go
+        // nowhere (the queues are gone).
+        self.quiesce_io();
         self.sqs = [None; QUEUES];
         self.cqs = [None; QUEUES];
         self.aers.clear();
@@ -259,12 +306,15 @@ impl Controller {
                     head: 0,
                     phase: true,
                     bound: 1,
+                    reserved: 0,
                 });
                 self.ready = true;
             }
         }
         if new.en && new.shn != 0 && !self.shut_down {
-            // Normal or abrupt shutdown: make written data durable, stop.
+            // Normal or abrupt shutdown: finish what is in flight, make
+            // written data durable, stop.
+            self.quiesce_io();
             for ns in self.active.values() {
                 let (fd, _) = ns.buffered_at(0);
                 let _ = wd_sys::file::fdatasync(fd);
@@ -274,13 +324,13 @@ impl Controller {
         self.set_csts();
     }
 
-    fn running(&self) -> bool {
+    pub(crate) fn running(&self) -> bool {
         self.ready && !self.shut_down && !self.fatal
     }
 
     /// Report a fatal controller error (a queue the controller can no
     /// longer reach): the driver must reset.
-    fn fail(&mut self) {
+    pub(crate) fn fail(&mut self) {
         self.fatal = true;
         self.set_csts();
     }
@@ -338,7 +388,7 @@ impl Controller {
 
     /// Post a completion to queue `cqid` (which has room). False when the
     /// queue's memory cannot be reached.
-    fn post(&mut self, dma: &mut dyn Dma<'_>, cqid: u16, mut cqe: Cqe) -> bool {
+    pub(crate) fn post(&mut self, dma: &mut dyn Dma<'_>, cqid: u16, mut cqe: Cqe) -> bool {
         let Some(cq) = self.cqs[cqid as usize].as_mut() else {
             return false;
         };
@@ -370,13 +420,13 @@ impl Controller {
         true
     }
 
-    /// Whether completion queue `cqid` has room, reading its head
-    /// doorbell when it looks full.
+    /// Whether completion queue `cqid` has room for one more command,
+    /// reading its head doorbell when it looks full.
     fn cq_room(&mut self, r: &Registers, dma: &mut dyn Dma<'_>, cqid: u16) -> bool {
         let Some(cq) = self.cqs[cqid as usize] else {
             return false;
         };
-        if !cq.full() {
+        if cq.free() > 0 {
             return true;
         }
         let head = self.doorbell(r, dma, cqid, true);
@@ -386,7 +436,7 @@ impl Controller {
         }
         let cq = self.cqs[cqid as usize].as_mut().expect("checked");
         cq.head = head;
-        !cq.full()
+        cq.free() > 0
     }
 
     /// Queue an error event (Asynchronous Event Information: 0x00 write
@@ -397,7 +447,7 @@ impl Controller {
     }
 
     /// Record a failed command in the error log.
-    fn log_error(&mut self, sqid: u16, sqe: &Sqe, st: Status) {
+    pub(crate) fn log_error(&mut self, sqid: u16, sqe: &Sqe, st: Status) {
         self.error_count += 1;
         if self.errors.len() == ERROR_LOG {
             self.errors.pop_back();
@@ -475,10 +525,17 @@ impl Controller {
             let outcome = if qid == 0 {
                 self.admin(&sqe, dma)
             } else {
-                self.io(&sqe, dma, out)
+                self.io(qid, sq.cqid, &sqe, dma, out)
             };
             let (st, result) = match outcome {
                 Outcome::Held => {
+                    out.work += 1;
+                    continue;
+                }
+                Outcome::Started => {
+                    if let Some(cq) = self.cqs[sq.cqid as usize].as_mut() {
+                        cq.reserved += 1;
+                    }
                     out.work += 1;
                     continue;
                 }
@@ -525,6 +582,10 @@ impl DeviceQueue for Controller {
         true
     }
 
+    fn quiesce(&mut self) {
+        self.quiesce_io();
+    }
+
     fn attach_registers(&mut self, r: Registers) {
         r.store64(regs::CAP, Controller::capabilities().to_u64());
         r.store32(regs::VS, regs::VERSION_1_4);
@@ -547,15 +608,31 @@ impl DeviceQueue for Controller {
         if !self.running() {
             return out;
         }
+        if !self.inflight.is_empty() {
+            self.complete_io(dma, &mut out);
+        }
         self.drain(&r, dma, 0, &mut out);
         for qid in 1..QUEUES as u16 {
             if self.sqs[qid as usize].is_some() && self.running() {
                 self.drain(&r, dma, qid, &mut out);
             }
         }
+        if let Some(ring) = self.ring.as_mut() {
+            if ring.submit().is_err() {
+                // The ring refuses work it took: wait for what it has
+                // and run the rest synchronously from now on.
+                self.quiesce_io();
+                self.io = crate::IoEngine::Sync;
+            }
+        }
+        if !self.inflight.is_empty() {
+            self.complete_io(dma, &mut out);
+        }
         if !self.events.is_empty() {
             out.work += self.deliver_events(dma, &r);
         }
+        out.holds_from = self.inflight.iter().flatten().map(|f| f.section).min();
+        out.busy |= out.holds_from.is_some();
         if self.dbbuf.is_some() {
             for qid in 1..QUEUES {
                 if self.sqs[qid].is_some() {

@@ -1,5 +1,10 @@
-//! NVM command set I/O commands, run synchronously against the store.
+//! NVM command set I/O commands: reads and writes on the controller's
+//! io_uring into client memory the engine keeps pinned (the one `unsafe`
+//! of the device: handing that memory to the kernel), everything else
+//! synchronously against the store.
+#![allow(unsafe_code)]
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use wd_device::{Access, Dma, Service};
@@ -7,15 +12,23 @@ use wd_nvme_msg::cmd::{DsmRange, DSM_RANGE_SIZE};
 use wd_nvme_msg::{IoOp, Sqe, Status, PAGE};
 use wd_sys::file::Allocate;
 
-use crate::ctrl::{Controller, Outcome, MDTS};
+use crate::ctrl::{Controller, InFlight, Outcome, MDTS};
 use crate::store::Namespace;
 use crate::xfer;
+use wd_nvme_msg::Cqe;
+use wd_sys::uring::{DeviceRing, Transfer};
 
 /// Largest local buffer a compare or zero fill uses at once.
 const CHUNK: usize = 1 << 20;
+/// Transfers one controller keeps on its I/O ring.
+const RING_ENTRIES: u32 = 256;
 
 fn io_status(e: &wd_sys::SysError) -> Status {
-    match e.errno() {
+    io_errno(e.errno())
+}
+
+fn io_errno(errno: i32) -> Status {
+    match errno {
         // ENOSPC / EDQUOT: the store is full.
         28 | 122 => Status::WRITE_FAULT,
         _ => Status::INTERNAL_ERROR,
@@ -23,39 +36,62 @@ fn io_status(e: &wd_sys::SysError) -> Status {
 }
 
 impl Controller {
-    pub(crate) fn io(&mut self, sqe: &Sqe, dma: &mut dyn Dma<'_>, out: &mut Service) -> Outcome {
+    pub(crate) fn io(
+        &mut self,
+        sqid: u16,
+        cqid: u16,
+        sqe: &Sqe,
+        dma: &mut dyn Dma<'_>,
+        out: &mut Service,
+    ) -> Outcome {
         let started = Instant::now();
-        let st = self.io_command(sqe, dma, out);
+        let o = match self.run(sqid, cqid, sqe, dma, out) {
+            Some(st) => Outcome::Done(st, 0),
+            None => Outcome::Started,
+        };
         self.health.busy_ns += started.elapsed().as_nanos() as u64;
-        Outcome::Done(st, 0)
+        o
     }
 
-    fn io_command(&mut self, sqe: &Sqe, dma: &mut dyn Dma<'_>, out: &mut Service) -> Status {
+    /// Run a command: its status, or None when it went to the I/O ring.
+    fn run(
+        &mut self,
+        sqid: u16,
+        cqid: u16,
+        sqe: &Sqe,
+        dma: &mut dyn Dma<'_>,
+        out: &mut Service,
+    ) -> Option<Status> {
         if sqe.fuse != 0 {
-            return Status::INVALID_FIELD;
+            return Some(Status::INVALID_FIELD);
         }
         let op = match IoOp::try_from(sqe.opcode) {
             Ok(op) => op,
-            Err(st) => return st,
+            Err(st) => return Some(st),
         };
         if op == IoOp::Flush && sqe.nsid == 0xffff_ffff {
-            return self.flush_all();
+            return Some(self.flush_all());
         }
         let Some(ns) = self.active.get(&sqe.nsid).cloned() else {
-            return Status::INVALID_NAMESPACE;
+            return Some(Status::INVALID_NAMESPACE);
         };
-        match op {
+        Some(match op {
             IoOp::Flush => self.flush(&ns),
             IoOp::Read | IoOp::Write | IoOp::Compare => {
                 let (off, len) = match Self::range(&ns, sqe.slba(), sqe.nlb()) {
                     Ok(r) => r,
-                    Err(st) => return st,
+                    Err(st) => return Some(st),
                 };
                 if len > PAGE << MDTS {
-                    return Status::INVALID_FIELD;
+                    return Some(Status::INVALID_FIELD);
                 }
                 if let Err(st) = xfer::segments(sqe, len, dma, &mut self.segs) {
-                    return st;
+                    return Some(st);
+                }
+                let write = op == IoOp::Write;
+                if op != IoOp::Compare && self.start(sqid, cqid, sqe.cid, &ns, write, off, len, dma)
+                {
+                    return None;
                 }
                 let st = match op {
                     IoOp::Read => self.read(&ns, off, dma),
@@ -64,23 +100,14 @@ impl Controller {
                 };
                 if st.is_success() {
                     out.bytes += len;
-                    self.counters
-                        .bytes
-                        .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
-                    if op == IoOp::Write {
-                        self.health.bytes_written += len;
-                        self.health.writes += 1;
-                    } else {
-                        self.health.bytes_read += len;
-                        self.health.reads += 1;
-                    }
+                    self.moved(write, len);
                 }
                 st
             }
             IoOp::WriteZeroes => {
                 let (off, len) = match Self::range(&ns, sqe.slba(), sqe.nlb()) {
                     Ok(r) => r,
-                    Err(st) => return st,
+                    Err(st) => return Some(st),
                 };
                 // DEAC: deallocate (a deallocated block reads as zeroes).
                 let how = if sqe.cdw(12) >> 25 & 1 != 0 {
@@ -95,6 +122,208 @@ impl Controller {
                 st
             }
             IoOp::Dsm => self.dsm(&ns, sqe, dma),
+        })
+    }
+
+    /// Count a finished read or write.
+    fn moved(&mut self, write: bool, len: u64) {
+        self.counters
+            .bytes
+            .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+        if write {
+            self.health.bytes_written += len;
+            self.health.writes += 1;
+        } else {
+            self.health.bytes_read += len;
+            self.health.reads += 1;
+        }
+    }
+
+    /// Start a read or write of the command's segments on the I/O ring,
+    /// holding their memory until it completes. False when it must run
+    /// now instead (synchronous engine, no ring, memory that cannot be
+    /// held, a full ring).
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        &mut self,
+        sqid: u16,
+        cqid: u16,
+        cid: u16,
+        ns: &Arc<Namespace>,
+        write: bool,
+        off: u64,
+        len: u64,
+        dma: &mut dyn Dma<'_>,
+    ) -> bool {
+        if self.io != crate::IoEngine::Ring {
+            return false;
+        }
+        if self.ring.is_none() {
+            match DeviceRing::new(RING_ENTRIES) {
+                Ok(r) => self.ring = Some(r),
+                Err(_) => {
+                    // No io_uring here (or refused): run synchronously.
+                    self.io = crate::IoEngine::Sync;
+                    return false;
+                }
+            }
+        }
+        let ring = self.ring.as_mut().expect("made above");
+        if ring.in_flight() + self.segs.len() > RING_ENTRIES as usize {
+            return false;
+        }
+        let access = if write { Access::Read } else { Access::Write };
+        let mut held = Vec::with_capacity(self.segs.len());
+        let mut pos = off;
+        for &(at, n) in &self.segs {
+            match dma.hold(at, n, access) {
+                // Only transfers that go around the page cache are worth
+                // the ring: a page-cache hit is faster done here and now
+                // than handed to the kernel's workers.
+                Some(h) if ns.aligned(pos, n, h.as_ptr() as u64) => held.push(h),
+                _ => return false,
+            }
+            pos += n;
+        }
+        let tag = self.free_tags.pop().unwrap_or_else(|| {
+            self.inflight.push(None);
+            self.inflight.len() - 1
+        });
+        let how = if write {
+            Transfer::Write
+        } else {
+            Transfer::Read
+        };
+        let mut at = off;
+        for (seg, h) in held.iter().enumerate() {
+            let (fd, pos) = ns.fd_for(at, h.len() as u64, h.as_ptr() as u64);
+            // SAFETY: the held memory stays pinned by the engine and the
+            // namespace (its descriptors) stays alive in `inflight[tag]`
+            // until this transfer is reaped (`complete_io`) or the ring
+            // is drained (`quiesce_io`, Drop).
+            let pushed = unsafe { ring.push(how, fd, h, pos, (tag as u64) << 8 | seg as u64) };
+            debug_assert!(pushed, "room was checked");
+            at += h.len() as u64;
+        }
+        self.inflight[tag] = Some(InFlight {
+            sqid,
+            cqid,
+            cid,
+            write,
+            len,
+            remaining: held.len() as u32,
+            status: Status::SUCCESS,
+            section: dma.section(),
+            _ns: ns.clone(),
+            _held: held,
+        });
+        true
+    }
+
+    /// Post the commands whose transfers all finished.
+    pub(crate) fn complete_io(&mut self, dma: &mut dyn Dma<'_>, out: &mut Service) {
+        let Some(ring) = self.ring.as_mut() else {
+            return;
+        };
+        self.reaped.clear();
+        ring.reap(&mut self.reaped);
+        self.complete_reaped(dma, out);
+    }
+
+    /// Account the transfers in `self.reaped`, posting each command whose
+    /// last transfer it was.
+    fn complete_reaped(&mut self, dma: &mut dyn Dma<'_>, out: &mut Service) {
+        for i in 0..self.reaped.len() {
+            let d = self.reaped[i];
+            let (tag, seg) = ((d.user_data >> 8) as usize, (d.user_data & 0xff) as usize);
+            let Some(f) = self.inflight.get_mut(tag).and_then(Option::as_mut) else {
+                continue;
+            };
+            let want = f._held.get(seg).map_or(0, |h| h.len() as i64);
+            if d.result < 0 {
+                f.status = io_errno(-d.result);
+            } else if (d.result as i64) < want && f.status.is_success() {
+                // The store is sized to every namespace: only a failing
+                // store transfers short.
+                f.status = if f.write {
+                    Status::WRITE_FAULT
+                } else {
+                    Status::UNRECOVERED_READ_ERROR
+                };
+            }
+            f.remaining -= 1;
+            if f.remaining > 0 {
+                continue;
+            }
+            let f = self.inflight[tag].take().expect("present");
+            self.free_tags.push(tag);
+            self.finish(f, dma, out);
+        }
+    }
+
+    fn finish(&mut self, f: InFlight, dma: &mut dyn Dma<'_>, out: &mut Service) {
+        if let Some(cq) = self.cqs[f.cqid as usize].as_mut() {
+            cq.reserved = cq.reserved.saturating_sub(1);
+        } else {
+            // Its completion queue is gone (a reset): nothing to post.
+            return;
+        }
+        if f.status.is_success() {
+            out.bytes += f.len;
+            self.moved(f.write, f.len);
+        } else {
+            let sqe = Sqe {
+                cid: f.cid,
+                ..Sqe::default()
+            };
+            self.log_error(f.sqid, &sqe, f.status);
+        }
+        let head = self.sqs[f.sqid as usize].map_or(0, |s| s.head);
+        let cqe = Cqe {
+            result: 0,
+            sq_head: head as u16,
+            sq_id: f.sqid,
+            cid: f.cid,
+            phase: false,
+            status: f.status,
+        };
+        if !self.post(dma, f.cqid, cqe) {
+            self.fail();
+            return;
+        }
+        out.work += 1;
+        out.requests += 1;
+        self.counters
+            .commands
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Wait for every transfer on the ring and post their commands (a
+    /// submission queue is being deleted).
+    pub(crate) fn settle(&mut self, dma: &mut dyn Dma<'_>) {
+        let mut sink = Service::default();
+        while self.inflight.iter().any(Option::is_some) {
+            let Some(ring) = self.ring.as_mut() else {
+                break;
+            };
+            self.reaped.clear();
+            if ring.wait(&mut self.reaped).is_err() {
+                break;
+            }
+            self.complete_reaped(dma, &mut sink);
+        }
+    }
+
+    /// Wait for every transfer on the ring; their commands are dropped
+    /// unposted (the controller is reset or its queue torn down).
+    pub(crate) fn quiesce_io(&mut self) {
+        if let Some(ring) = self.ring.as_mut() {
+            ring.drain();
+        }
+        self.inflight.clear();
+        self.free_tags.clear();
+        for cq in self.cqs.iter_mut().flatten() {
+            cq.reserved = 0;
         }
     }
 

@@ -29,6 +29,35 @@ use wd_device::{AlgInfo, DeviceQueue, Driver};
 pub use wd_nvme_msg as msg;
 use wd_nvme_msg::regs;
 
+/// How a device's controllers reach their stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoEngine {
+    /// Reads and writes on an io_uring per controller, many in flight,
+    /// into the client's memory held in place (the default where io_uring
+    /// works).
+    Ring,
+    /// One positional read or write at a time in the polling thread.
+    Sync,
+}
+
+impl std::str::FromStr for IoEngine {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(if wd_sys::uring::probe().is_ok() {
+                IoEngine::Ring
+            } else {
+                IoEngine::Sync
+            }),
+            "io_uring" => wd_sys::uring::probe()
+                .map(|_| IoEngine::Ring)
+                .map_err(|e| format!("engine=io_uring: io_uring unavailable: {e}")),
+            "sync" => Ok(IoEngine::Sync),
+            _ => Err(format!("unknown nvme engine '{s}' (auto, io_uring, sync)")),
+        }
+    }
+}
+
 /// Counters of one device, across its controllers.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -43,15 +72,18 @@ pub struct Counters {
 /// The `nvme` driver: its namespaces and its controllers' ids.
 pub struct NvmeDriver {
     sub: Arc<Subsystem>,
+    io: IoEngine,
     counters: Arc<Counters>,
     next_cntlid: AtomicU16,
 }
 
 impl NvmeDriver {
-    /// A device serving the namespaces `specs` (`PATH:OFFSET:SIZE[:BLOCK]`).
-    pub fn new(specs: &[String]) -> Result<NvmeDriver, StoreError> {
+    /// A device serving the namespaces `specs` (`PATH:OFFSET:SIZE[:BLOCK]`)
+    /// through `io`.
+    pub fn new(specs: &[String], io: IoEngine) -> Result<NvmeDriver, StoreError> {
         Ok(NvmeDriver {
             sub: Arc::new(Subsystem::open(specs)?),
+            io,
             counters: Arc::new(Counters::default()),
             next_cntlid: AtomicU16::new(1),
         })
@@ -84,7 +116,11 @@ impl Driver for NvmeDriver {
     fn engine(&self) -> Option<String> {
         let c = &self.counters;
         let mut s = format!(
-            "synchronous I/O in the polling thread; {} commands, {} bytes, {} polls",
+            "{}; {} commands, {} bytes, {} polls",
+            match self.io {
+                IoEngine::Ring => "io_uring per controller, commands in flight",
+                IoEngine::Sync => "synchronous I/O in the polling thread",
+            },
             c.commands.load(Ordering::Relaxed),
             c.bytes.load(Ordering::Relaxed),
             c.polls.load(Ordering::Relaxed)
@@ -118,6 +154,11 @@ impl Driver for NvmeDriver {
                 Some(if c >= 0xffef { 1 } else { c + 1 })
             })
             .unwrap_or(1);
-        Box::new(Controller::new(self.sub.clone(), self.counters.clone(), id))
+        Box::new(Controller::new(
+            self.sub.clone(),
+            self.counters.clone(),
+            id,
+            self.io,
+        ))
     }
 }

@@ -167,15 +167,18 @@ impl Namespace {
     pub fn fd_for(&self, off: u64, len: u64, mem: u64) -> (BorrowedFd<'_>, u64) {
         let at = self.spec.offset + off;
         match &self.direct {
-            Some(d)
-                if mem % self.dio_align.0 == 0
-                    && at % self.dio_align.1 == 0
-                    && len % self.dio_align.1 == 0 =>
-            {
-                (d.as_fd(), at)
-            }
+            Some(d) if self.aligned(off, len, mem) => (d.as_fd(), at),
             _ => (self.buffered.as_fd(), at),
         }
+    }
+
+    /// Whether a transfer can go around the page cache.
+    pub fn aligned(&self, off: u64, len: u64, mem: u64) -> bool {
+        let at = self.spec.offset + off;
+        self.direct.is_some()
+            && mem % self.dio_align.0 == 0
+            && at % self.dio_align.1 == 0
+            && len % self.dio_align.1 == 0
     }
 
     /// The buffered descriptor and the store offset of namespace byte
@@ -207,6 +210,25 @@ fn open_store(spec: &NamespaceSpec, text: &str) -> Result<(OwnedFd, FileInfo), S
         path: spec.path.clone(),
         source,
     };
+    let device_dir = spec.path.parent().is_some_and(|d| {
+        d == Path::new("/dev") || d.starts_with("/dev/disk") || d.starts_with("/dev/mapper")
+    });
+    if !spec.path.exists() && !device_dir {
+        // A missing store is created, empty and sparse (a missing device
+        // node is an error: a typo must not become a file in /dev).
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&spec.path)
+            .map_err(|e| StoreError::Open {
+                spec: text.to_string(),
+                path: spec.path.clone(),
+                source: wd_sys::SysError::Call {
+                    call: "create",
+                    source: e,
+                },
+            })?;
+    }
     let fd = wd_sys::file::open_rw(&spec.path, false).map_err(err)?;
     let info = wd_sys::file::file_info(fd.as_fd()).map_err(err)?;
     let end = spec.offset + spec.size;
@@ -230,7 +252,21 @@ fn open_store(spec: &NamespaceSpec, text: &str) -> Result<(OwnedFd, FileInfo), S
     Ok((fd, info))
 }
 
-fn open_direct(path: &Path, info: &FileInfo, block: u64) -> Result<(OwnedFd, (u64, u64)), String> {
+fn open_direct(
+    path: &Path,
+    buffered: BorrowedFd<'_>,
+    block: u64,
+) -> Result<(OwnedFd, (u64, u64)), String> {
+    // A store in memory gains nothing from O_DIRECT (it is a copy either
+    // way) and loses the page cache's synchronous fast path.
+    if let Ok((magic, _)) = wd_sys::file::fs_of(buffered) {
+        if magic == 0x0102_1994 || magic == 0x8584_58f6 {
+            return Err(format!(
+                "the store is memory ({})",
+                wd_sys::file::fs_name(magic)
+            ));
+        }
+    }
     // EINVAL: the filesystem (tmpfs, say) has no O_DIRECT.
     let fd = wd_sys::file::open_rw(path, true).map_err(|e| match e.errno() {
         22 => "the filesystem refuses O_DIRECT".to_string(),
@@ -243,7 +279,6 @@ fn open_direct(path: &Path, info: &FileInfo, block: u64) -> Result<(OwnedFd, (u6
         0 => 512,
         a => a,
     };
-    let _ = info;
     if off > block {
         return Err(format!(
             "the store's O_DIRECT alignment ({off} B) exceeds the block size"
@@ -298,11 +333,11 @@ impl Subsystem {
                     },
                 )?;
             }
-            let (direct, dio_align, buffered_why) = match open_direct(&spec.path, &info, spec.block)
-            {
-                Ok((fd, align)) => (Some(fd), align, None),
-                Err(why) => (None, (1, 1), Some(why)),
-            };
+            let (direct, dio_align, buffered_why) =
+                match open_direct(&spec.path, buffered.as_fd(), spec.block) {
+                    Ok((fd, align)) => (Some(fd), align, None),
+                    Err(why) => (None, (1, 1), Some(why)),
+                };
             let nsid = i as u32 + 1;
             let mut nguid = [0u8; 16];
             nguid[..8].copy_from_slice(&info.ino.to_be_bytes());

@@ -156,6 +156,183 @@ impl Drop for Uring<'_> {
     }
 }
 
+/// Direction of a [`DeviceRing`] transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transfer {
+    /// File to memory.
+    Read,
+    /// Memory to file.
+    Write,
+}
+
+/// An io_uring through which a device reads and writes files for requests
+/// it holds: the memory of each transfer is a [`crate::devmem::HeldSlice`]
+/// the engine keeps pinned until the device reports the request, so the
+/// kernel may write it after `push` returns. Submitting is one system call
+/// per batch; reaping reads the completion ring without one. Dropping the
+/// ring waits for every transfer in flight.
+pub struct DeviceRing {
+    ring: IoUring,
+    in_flight: usize,
+    queued: usize,
+}
+
+impl std::fmt::Debug for DeviceRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceRing")
+            .field("in_flight", &self.in_flight)
+            .field("queued", &self.queued)
+            .finish()
+    }
+}
+
+impl DeviceRing {
+    /// A ring with room for `entries` transfers in flight (see
+    /// [`Uring::new`] for why it may fail).
+    pub fn new(entries: u32) -> Result<DeviceRing> {
+        count();
+        let ring = IoUring::builder()
+            .setup_clamp()
+            .build(entries.max(1))
+            .map_err(|source| SysError::Call {
+                call: "io_uring_setup",
+                source,
+            })?;
+        Ok(DeviceRing {
+            ring,
+            in_flight: 0,
+            queued: 0,
+        })
+    }
+
+    /// Transfers submitted or queued and not yet reaped.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Queue a transfer of `buf` at `file_off` of `fd`; it starts at the
+    /// next [`DeviceRing::submit`]. False when the ring is full.
+    ///
+    /// # Safety
+    /// `buf`'s memory must stay mapped and `fd` open until this transfer's
+    /// completion is reaped (or the ring is dropped, which waits for it).
+    pub unsafe fn push(
+        &mut self,
+        how: Transfer,
+        fd: BorrowedFd<'_>,
+        buf: &crate::devmem::HeldSlice,
+        file_off: u64,
+        user_data: u64,
+    ) -> bool {
+        if buf.len() > MAX_READ {
+            return false;
+        }
+        let fd = types::Fd(fd.as_raw_fd());
+        let sqe = match how {
+            Transfer::Read => opcode::Read::new(fd, buf.as_ptr(), buf.len() as u32)
+                .offset(file_off)
+                .build(),
+            Transfer::Write => opcode::Write::new(fd, buf.as_ptr(), buf.len() as u32)
+                .offset(file_off)
+                .build(),
+        }
+        .user_data(user_data);
+        // SAFETY: the caller keeps the memory and the file for as long as
+        // the transfer is in flight; Drop waits for it.
+        if unsafe { self.ring.submission().push(&sqe) }.is_err() {
+            return false;
+        }
+        self.in_flight += 1;
+        self.queued += 1;
+        true
+    }
+
+    /// Start what was queued (one system call; none when nothing was).
+    pub fn submit(&mut self) -> Result<()> {
+        if self.queued == 0 {
+            return Ok(());
+        }
+        loop {
+            count();
+            match self.ring.submit() {
+                Ok(_) => {
+                    self.queued = 0;
+                    return Ok(());
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                // EBUSY / EAGAIN: completions must be reaped first; the
+                // queued entries go with the next submit.
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EBUSY)
+                        || e.raw_os_error() == Some(libc::EAGAIN) =>
+                {
+                    return Ok(())
+                }
+                Err(source) => {
+                    return Err(SysError::Call {
+                        call: "io_uring_enter",
+                        source,
+                    })
+                }
+            }
+        }
+    }
+
+    /// Take the completions posted (no system call).
+    pub fn reap(&mut self, out: &mut Vec<ReadDone>) {
+        for cqe in self.ring.completion() {
+            out.push(ReadDone {
+                user_data: cqe.user_data(),
+                result: cqe.result(),
+            });
+            self.in_flight -= 1;
+        }
+    }
+
+    /// Wait for at least one completion (or none in flight).
+    pub fn wait(&mut self, out: &mut Vec<ReadDone>) -> Result<()> {
+        if self.in_flight == 0 {
+            return Ok(());
+        }
+        loop {
+            count();
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {
+                    self.queued = 0;
+                    break;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => break,
+                Err(source) => {
+                    return Err(SysError::Call {
+                        call: "io_uring_enter",
+                        source,
+                    })
+                }
+            }
+        }
+        self.reap(out);
+        Ok(())
+    }
+
+    /// Wait for every transfer in flight (their results are discarded).
+    pub fn drain(&mut self) {
+        let mut sink = Vec::new();
+        while self.in_flight > 0 {
+            sink.clear();
+            if self.wait(&mut sink).is_err() {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+impl Drop for DeviceRing {
+    fn drop(&mut self) {
+        self.drain();
+    }
+}
+
 /// Whether this process may use io_uring, and why not: `Err` carries the
 /// errno's message (ENOSYS: kernel without it; EPERM: disabled).
 pub fn probe() -> std::result::Result<(), io::Error> {
