@@ -37,6 +37,8 @@ enum Which {
     Load(crate::bench_load::BenchLoadArgs),
     /// Latency of small requests while other clients flood the engine with huge copies.
     Fairness(crate::bench_fair::FairArgs),
+    /// The mediated NVMe controller against io_uring on the same store (disk and memory).
+    Nvme(crate::bench_nvme::BenchNvmeArgs),
 }
 
 impl BenchCmd {
@@ -50,6 +52,7 @@ impl BenchCmd {
             Some(Which::Iommu(a)) => crate::bench_iommu::run(a, host),
             Some(Which::Load(a)) => crate::bench_load::run(a),
             Some(Which::Fairness(a)) => crate::bench_fair::run(a, host),
+            Some(Which::Nvme(a)) => crate::bench_nvme::run(a),
         }
     }
 }

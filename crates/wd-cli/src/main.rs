@@ -5,6 +5,7 @@ mod bench;
 mod bench_fair;
 mod bench_iommu;
 mod bench_load;
+mod bench_nvme;
 mod chart;
 mod faults;
 mod load;

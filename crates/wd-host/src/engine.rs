@@ -229,6 +229,8 @@ impl EngineLoop {
         // never right after work).
         let mut idle_since: Option<Instant> = None;
         let mut idle_passes = 0u32;
+        // The last sleep ended by its timeout, not by a doorbell.
+        let mut dozing = false;
         loop {
             // Acquire: pairs with the Release store in
             // `EngineHandle::command`.
@@ -261,6 +263,7 @@ impl EngineLoop {
             if worked {
                 idle_passes = 0;
                 idle_since = None;
+                dozing = false;
                 continue;
             }
             idle_passes = idle_passes.wrapping_add(1);
@@ -271,10 +274,13 @@ impl EngineLoop {
             }
             std::hint::spin_loop();
             let now = Instant::now();
-            if now.duration_since(*idle_since.get_or_insert(now)) < self.idle_spin {
+            // After a sleep that timed out (nothing rang) the engine goes
+            // back to sleep at once: spinning `idle_spin` again after every
+            // timeout would keep a long-spinning device's thread busy.
+            if !dozing && now.duration_since(*idle_since.get_or_insert(now)) < self.idle_spin {
                 continue;
             }
-            self.sleep();
+            dozing = !self.sleep();
             idle_passes = 0;
             idle_since = None;
         }
@@ -368,7 +374,9 @@ impl EngineLoop {
         }
     }
 
-    fn sleep(&mut self) {
+    /// Sleep until a doorbell or the timeout; false when it timed out
+    /// (or did not sleep because work came) without a doorbell.
+    fn sleep(&mut self) -> bool {
         let mut work = false;
         for s in &mut self.queues {
             // host_prepare_sleep sets NEED_WAKEUP then re-checks the ring;
@@ -379,15 +387,17 @@ impl EngineLoop {
                 work |= catch_unwind(AssertUnwindSafe(|| s.dev.prepare_sleep())).unwrap_or(true);
             }
         }
+        let mut rang = work;
         if !work {
             self.sleeping.store(true, Ordering::Relaxed);
             let _ = wd_sys::poll(&[self.doorbell.as_fd()], Some(SLEEP_TIMEOUT));
             self.sleeping.store(false, Ordering::Relaxed);
-            let _ = wd_sys::eventfd_drain(self.doorbell.as_fd());
+            rang = wd_sys::eventfd_drain(self.doorbell.as_fd()).is_ok_and(|n| n > 0);
         }
         for s in &self.queues {
             s.view.host_end_sleep();
         }
+        rang
     }
 
     /// One pass over queue `i`: Err(()) when its ring is corrupt or its
