@@ -252,6 +252,17 @@ pub trait Driver: Send + Sync {
     fn idle_spin(&self) -> std::time::Duration {
         std::time::Duration::from_micros(200)
     }
+    /// The device's own attributes, shown under `devN/` in the attribute
+    /// tree: (path below the device, value, writable by the host's owner).
+    fn attributes(&self) -> Vec<(String, String, bool)> {
+        Vec::new()
+    }
+    /// Write one of [`Driver::attributes`] marked writable (the host has
+    /// checked the writer is its owner); the error says what was wrong.
+    fn set_attribute(&self, name: &str, value: &str) -> Result<(), String> {
+        let _ = value;
+        Err(format!("attribute '{name}' is not writable"))
+    }
     /// Priority used when several devices serve an algorithm (higher wins).
     fn default_priority(&self) -> u32 {
         0

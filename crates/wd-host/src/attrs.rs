@@ -59,6 +59,9 @@ pub fn list(host: &HostInner, who: PeerCred, prefix: &str) -> Vec<AttrEntry> {
         if let Some(engine) = d.driver.engine() {
             out.push(entry(format!("{base}/engine"), engine, false));
         }
+        for (name, value, writable) in d.driver.attributes() {
+            out.push(entry(format!("{base}/{name}"), value, writable));
+        }
         out.push(entry(
             format!("{base}/numa_zone_id"),
             d.numa_zone_id.load(Ordering::Relaxed),
@@ -252,7 +255,12 @@ pub fn set(host: &HostInner, who: PeerCred, path: &str, value: &str) -> Result<(
         .ok()
         .and_then(|n| host.devices.get(n))
         .ok_or_else(|| HostError::Status(Status::NotFound, format!("no device 'dev{dev}'")))?;
-    if !matches!(attr, "numa_zone_id" | "priority") {
+    let device_attr = d
+        .driver
+        .attributes()
+        .into_iter()
+        .any(|(name, _, writable)| writable && name == attr);
+    if !device_attr && !matches!(attr, "numa_zone_id" | "priority") {
         let exists = list(host, who, path).iter().any(|e| e.path == path);
         let status = if exists {
             Status::Permission
@@ -280,6 +288,12 @@ pub fn set(host: &HostInner, who: PeerCred, path: &str, value: &str) -> Result<(
         )
     };
     match attr {
+        _ if device_attr => {
+            return d
+                .driver
+                .set_attribute(attr, value)
+                .map_err(|e| HostError::Status(Status::Invalid, format!("{path}: {e}")))
+        }
         "numa_zone_id" => {
             let v: i32 = value.trim().parse().map_err(|_| bad())?;
             if !(0..=1023).contains(&v) {

@@ -1,7 +1,5 @@
 //! Admin commands.
 
-use std::sync::Arc;
-
 use wd_device::{Access, Dma};
 use wd_nvme_msg::cmd::{feature, CreateQueue, GetLogPage};
 use wd_nvme_msg::identify::{self, cns, ControllerInfo, NamespaceInfo};
@@ -75,7 +73,7 @@ impl Controller {
             elpe: (ERROR_LOG - 1) as u8,
             kas: 0,
             maxcmd: 0,
-            nn: self.sub.namespaces().len() as u32,
+            nn: self.sub.max_nsid(),
             oncs: identify::ONCS_COMPARE | identify::ONCS_DSM | identify::ONCS_WRITE_ZEROES,
             vwc: true,
             subnqn: "nqn.2026-11.dev.wrapdrive:nvme".into(),
@@ -130,7 +128,7 @@ impl Controller {
                 }
             }
             cns::ALLOCATED_NAMESPACE => match self.sub.get(nsid) {
-                Some(ns) => Self::namespace_info(ns).to_bytes(),
+                Some(ns) => Self::namespace_info(&ns).to_bytes(),
                 None => return done(Status::INVALID_NAMESPACE),
             },
             _ => return done(Status::INVALID_FIELD),
@@ -419,9 +417,9 @@ impl Controller {
     fn ns_attach(&mut self, sqe: &Sqe, dma: &mut dyn Dma<'_>) -> Outcome {
         let sel = sqe.cdw(10) & 0xf;
         let nsid = sqe.nsid;
-        let Some(ns) = self.sub.get(nsid).map(Arc::clone) else {
+        if self.sub.get(nsid).is_none() {
             return done(Status::INVALID_NAMESPACE);
-        };
+        }
         let list = match xfer::from_host(sqe, 4096, dma, &mut self.segs) {
             Ok(l) => l,
             Err(st) => return done(st),
@@ -437,7 +435,7 @@ impl Controller {
         }
         match sel {
             0 => match self.sub.attach(nsid, self.cntlid) {
-                Ok(()) => {
+                Ok(ns) => {
                     self.active.insert(nsid, ns);
                     done(Status::SUCCESS)
                 }

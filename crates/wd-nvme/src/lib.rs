@@ -114,28 +114,81 @@ impl Driver for NvmeDriver {
     }
 
     fn engine(&self) -> Option<String> {
-        let c = &self.counters;
-        let mut s = format!(
-            "{}; {} commands, {} bytes, {} polls",
+        Some(
             match self.io {
-                IoEngine::Ring => "io_uring per controller, commands in flight",
-                IoEngine::Sync => "synchronous I/O in the polling thread",
-            },
-            c.commands.load(Ordering::Relaxed),
-            c.bytes.load(Ordering::Relaxed),
-            c.polls.load(Ordering::Relaxed)
-        );
-        if self.sub.namespaces().is_empty() {
-            s.push_str("; no namespaces (ns=PATH:OFFSET:SIZE)");
-        }
-        for ns in self.sub.namespaces() {
-            s.push_str("; ");
-            s.push_str(&ns.describe());
-            if let Some(c) = self.sub.owner(ns.nsid) {
-                s.push_str(&format!(" attached to controller {c}"));
+                IoEngine::Ring => {
+                    "io_uring per controller for O_DIRECT stores (many commands in flight), page-cache stores synchronously in the polling thread"
+                }
+                IoEngine::Sync => "synchronous I/O in the polling thread (engine=sync)",
             }
+            .to_string(),
+        )
+    }
+
+    fn attributes(&self) -> Vec<(String, String, bool)> {
+        let c = &self.counters;
+        let n = |v: &AtomicU64| v.load(Ordering::Relaxed).to_string();
+        let mut a = vec![
+            ("nvme/commands".to_string(), n(&c.commands), false),
+            ("nvme/bytes".to_string(), n(&c.bytes), false),
+            ("nvme/polls".to_string(), n(&c.polls), false),
+            // Write-only actions: reading them shows how to use them.
+            (
+                "nvme/add_namespace".to_string(),
+                "(write PATH:OFFSET:SIZE[:BLOCK])".to_string(),
+                true,
+            ),
+            (
+                "nvme/remove_namespace".to_string(),
+                "(write an NSID)".to_string(),
+                true,
+            ),
+        ];
+        for ns in self.sub.namespaces() {
+            let b = format!("nvme/ns{}", ns.nsid);
+            a.push((
+                format!("{b}/store"),
+                ns.spec.path.display().to_string(),
+                false,
+            ));
+            a.push((format!("{b}/offset"), ns.spec.offset.to_string(), false));
+            a.push((format!("{b}/size"), ns.spec.size.to_string(), false));
+            a.push((format!("{b}/block_size"), ns.spec.block.to_string(), false));
+            a.push((
+                format!("{b}/io"),
+                match &ns.buffered_why {
+                    None => "O_DIRECT".to_string(),
+                    Some(w) => format!("buffered ({w})"),
+                },
+                false,
+            ));
+            a.push((
+                format!("{b}/controller"),
+                self.sub
+                    .owner(ns.nsid)
+                    .map_or("none".to_string(), |c| c.to_string()),
+                false,
+            ));
         }
-        Some(s)
+        a
+    }
+
+    fn set_attribute(&self, name: &str, value: &str) -> Result<(), String> {
+        match name {
+            "nvme/add_namespace" => self
+                .sub
+                .add(value.trim())
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            "nvme/remove_namespace" => {
+                let nsid = value
+                    .trim()
+                    .parse::<u32>()
+                    .map_err(|_| format!("'{value}' is not a namespace id"))?;
+                self.sub.remove(nsid).map_err(|e| e.to_string())
+            }
+            _ => Err(format!("attribute '{name}' is not writable")),
+        }
     }
 
     fn register_bytes(&self, _alg: u32) -> usize {

@@ -37,6 +37,20 @@ pub enum StoreError {
         /// The other.
         b: String,
     },
+    /// No namespace has that id.
+    #[error("no namespace {nsid}")]
+    NoSuchNamespace {
+        /// The id.
+        nsid: u32,
+    },
+    /// The namespace is in use.
+    #[error("namespace {nsid} is attached to controller {controller}; detach it first")]
+    Attached {
+        /// The id.
+        nsid: u32,
+        /// Its controller.
+        controller: u16,
+    },
     /// Too many namespaces.
     #[error("at most {max} namespaces")]
     TooMany {
@@ -138,6 +152,10 @@ pub struct Namespace {
     pub lbads: u8,
     /// Why O_DIRECT is not used, when it is not.
     pub buffered_why: Option<String>,
+    /// The specification as written.
+    pub text: String,
+    /// The store's (device, inode).
+    identity: ((u32, u32), u64),
     /// Globally unique id (from the store's identity and the offset).
     pub nguid: [u8; 16],
     /// EUI-64.
@@ -288,119 +306,172 @@ fn open_direct(
 }
 
 /// The namespaces of one device and which controller each is attached to
-/// (a namespace is private: one controller at a time).
+/// (a namespace is private: one controller at a time). Namespaces come and
+/// go at run time (`add`, `remove`); a controller keeps the ones it
+/// attached, so its I/O takes no lock here.
 #[derive(Debug, Default)]
 pub struct Subsystem {
-    namespaces: Vec<Arc<Namespace>>,
-    attached: Mutex<HashMap<u32, u16>>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// By NSID - 1; a removed namespace leaves a free slot.
+    namespaces: Vec<Option<Arc<Namespace>>>,
+    /// NSID -> controller id.
+    attached: HashMap<u32, u16>,
 }
 
 impl Subsystem {
     /// Open every namespace of `specs` (NSIDs in order from 1), refusing
     /// overlaps on one store.
     pub fn open(specs: &[String]) -> Result<Subsystem, StoreError> {
-        if specs.len() > MAX_NAMESPACES {
-            return Err(StoreError::TooMany {
-                max: MAX_NAMESPACES,
-            });
+        let sub = Subsystem::default();
+        for text in specs {
+            sub.add(text)?;
         }
-        let mut namespaces: Vec<Arc<Namespace>> = Vec::new();
-        let mut ids: Vec<((u32, u32), u64, bool)> = Vec::new();
-        for (i, text) in specs.iter().enumerate() {
-            let spec: NamespaceSpec = text.parse()?;
-            let (buffered, info) = open_store(&spec, text)?;
-            // A block device is itself the identity (its rdev is not in
-            // FileInfo; its inode on devtmpfs is).
-            let identity = (info.dev, info.ino);
-            for (j, other) in namespaces.iter().enumerate() {
-                let (oid, oino, _) = ids[j];
-                let same = (oid, oino) == (identity.0, identity.1);
-                let (a0, a1) = (spec.offset, spec.offset + spec.size);
-                let (b0, b1) = (other.spec.offset, other.spec.offset + other.spec.size);
-                if same && a0 < b1 && b0 < a1 {
-                    return Err(StoreError::Overlap {
-                        a: specs[j].clone(),
-                        b: text.clone(),
-                    });
-                }
-            }
-            if info.kind == FileKind::Regular {
-                wd_sys::file::grow_to(buffered.as_fd(), spec.offset + spec.size).map_err(
-                    |source| StoreError::Open {
-                        spec: text.clone(),
-                        path: spec.path.clone(),
-                        source,
-                    },
-                )?;
-            }
-            let (direct, dio_align, buffered_why) =
-                match open_direct(&spec.path, buffered.as_fd(), spec.block) {
-                    Ok((fd, align)) => (Some(fd), align, None),
-                    Err(why) => (None, (1, 1), Some(why)),
-                };
-            let nsid = i as u32 + 1;
-            let mut nguid = [0u8; 16];
-            nguid[..8].copy_from_slice(&info.ino.to_be_bytes());
-            nguid[8..].copy_from_slice(&spec.offset.to_be_bytes());
-            nguid[0] ^= info.dev.0 as u8;
-            nguid[1] ^= info.dev.1 as u8;
-            let mut eui64 = [0u8; 8];
-            // Locally administered, WrapDrive's "WD" prefix, the NSID.
-            eui64[..3].copy_from_slice(&[0x02, 0x57, 0x44]);
-            eui64[4..].copy_from_slice(&nsid.to_be_bytes());
-            ids.push((identity.0, identity.1, false));
-            namespaces.push(Arc::new(Namespace {
-                nsid,
-                lbads: spec.block.trailing_zeros() as u8,
-                spec,
-                buffered,
-                direct,
-                dio_align,
-                buffered_why,
-                nguid,
-                eui64,
-            }));
-        }
-        Ok(Subsystem {
-            namespaces,
-            attached: Mutex::new(HashMap::new()),
-        })
+        Ok(sub)
     }
 
-    /// Every namespace, by NSID order.
-    pub fn namespaces(&self) -> &[Arc<Namespace>] {
-        &self.namespaces
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Add the namespace `text` (`PATH:OFFSET:SIZE[:BLOCK]`) under the
+    /// lowest free NSID, which is returned.
+    pub fn add(&self, text: &str) -> Result<u32, StoreError> {
+        let spec: NamespaceSpec = text.parse()?;
+        let (buffered, info) = open_store(&spec, text)?;
+        let mut st = self.state();
+        let slot = match st.namespaces.iter().position(Option::is_none) {
+            Some(i) => i,
+            None if st.namespaces.len() < MAX_NAMESPACES => st.namespaces.len(),
+            None => {
+                return Err(StoreError::TooMany {
+                    max: MAX_NAMESPACES,
+                })
+            }
+        };
+        // Two namespaces on the same store (device and inode) must not
+        // share a block.
+        let identity = (info.dev, info.ino);
+        let (a0, a1) = (spec.offset, spec.offset + spec.size);
+        if let Some(other) = st.namespaces.iter().flatten().find(|o| {
+            o.identity == identity && a0 < o.spec.offset + o.spec.size && o.spec.offset < a1
+        }) {
+            return Err(StoreError::Overlap {
+                a: other.text.clone(),
+                b: text.to_string(),
+            });
+        }
+        if info.kind == FileKind::Regular {
+            wd_sys::file::grow_to(buffered.as_fd(), a1).map_err(|source| StoreError::Open {
+                spec: text.to_string(),
+                path: spec.path.clone(),
+                source,
+            })?;
+        }
+        let (direct, dio_align, buffered_why) =
+            match open_direct(&spec.path, buffered.as_fd(), spec.block) {
+                Ok((fd, align)) => (Some(fd), align, None),
+                Err(why) => (None, (1, 1), Some(why)),
+            };
+        let nsid = slot as u32 + 1;
+        let mut nguid = [0u8; 16];
+        nguid[..8].copy_from_slice(&info.ino.to_be_bytes());
+        nguid[8..].copy_from_slice(&spec.offset.to_be_bytes());
+        nguid[0] ^= info.dev.0 as u8;
+        nguid[1] ^= info.dev.1 as u8;
+        let mut eui64 = [0u8; 8];
+        // Locally administered, WrapDrive's "WD" prefix, the NSID.
+        eui64[..3].copy_from_slice(&[0x02, 0x57, 0x44]);
+        eui64[4..].copy_from_slice(&nsid.to_be_bytes());
+        let ns = Arc::new(Namespace {
+            nsid,
+            lbads: spec.block.trailing_zeros() as u8,
+            spec,
+            text: text.to_string(),
+            identity,
+            buffered,
+            direct,
+            dio_align,
+            buffered_why,
+            nguid,
+            eui64,
+        });
+        if slot == st.namespaces.len() {
+            st.namespaces.push(Some(ns));
+        } else {
+            st.namespaces[slot] = Some(ns);
+        }
+        Ok(nsid)
+    }
+
+    /// Remove namespace `nsid` (not while a controller has it attached).
+    pub fn remove(&self, nsid: u32) -> Result<(), StoreError> {
+        let mut st = self.state();
+        let slot = nsid.checked_sub(1).map(|i| i as usize);
+        match slot
+            .and_then(|i| st.namespaces.get(i))
+            .and_then(Option::as_ref)
+        {
+            None => return Err(StoreError::NoSuchNamespace { nsid }),
+            Some(_) => {}
+        }
+        if let Some(&c) = st.attached.get(&nsid) {
+            return Err(StoreError::Attached {
+                nsid,
+                controller: c,
+            });
+        }
+        let i = slot.expect("checked");
+        st.namespaces[i] = None;
+        while st.namespaces.last().is_some_and(Option::is_none) {
+            st.namespaces.pop();
+        }
+        Ok(())
+    }
+
+    /// Every namespace, by NSID.
+    pub fn namespaces(&self) -> Vec<Arc<Namespace>> {
+        self.state().namespaces.iter().flatten().cloned().collect()
+    }
+
+    /// The largest NSID in use (Identify's NN).
+    pub fn max_nsid(&self) -> u32 {
+        self.state().namespaces.len() as u32
     }
 
     /// Namespace `nsid`, if it exists.
-    pub fn get(&self, nsid: u32) -> Option<&Arc<Namespace>> {
+    pub fn get(&self, nsid: u32) -> Option<Arc<Namespace>> {
         let i = nsid.checked_sub(1)? as usize;
-        self.namespaces.get(i)
+        self.state().namespaces.get(i)?.clone()
     }
 
-    fn attached(&self) -> std::sync::MutexGuard<'_, HashMap<u32, u16>> {
-        self.attached.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Attach `nsid` to controller `cntlid`: Err(Some(other)) when another
-    /// controller has it, Err(None) when this one has it already.
-    pub fn attach(&self, nsid: u32, cntlid: u16) -> Result<(), Option<u16>> {
-        let mut a = self.attached();
-        match a.get(&nsid) {
+    /// Attach `nsid` to controller `cntlid`, returning it: Err(Some(other))
+    /// when another controller has it, Err(None) when this one has it
+    /// already or it does not exist.
+    pub fn attach(&self, nsid: u32, cntlid: u16) -> Result<Arc<Namespace>, Option<u16>> {
+        let mut st = self.state();
+        let ns = nsid
+            .checked_sub(1)
+            .and_then(|i| st.namespaces.get(i as usize).cloned().flatten())
+            .ok_or(None)?;
+        match st.attached.get(&nsid) {
             Some(&c) if c == cntlid => Err(None),
             Some(&c) => Err(Some(c)),
             None => {
-                a.insert(nsid, cntlid);
-                Ok(())
+                st.attached.insert(nsid, cntlid);
+                Ok(ns)
             }
         }
     }
 
     /// Detach `nsid` from `cntlid`; false when it was not attached there.
     pub fn detach(&self, nsid: u32, cntlid: u16) -> bool {
-        let mut a = self.attached();
-        if a.get(&nsid) == Some(&cntlid) {
-            a.remove(&nsid);
+        let mut st = self.state();
+        if st.attached.get(&nsid) == Some(&cntlid) {
+            st.attached.remove(&nsid);
             true
         } else {
             false
@@ -409,12 +480,12 @@ impl Subsystem {
 
     /// Detach everything `cntlid` holds (its client is gone).
     pub fn detach_all(&self, cntlid: u16) {
-        self.attached().retain(|_, c| *c != cntlid);
+        self.state().attached.retain(|_, c| *c != cntlid);
     }
 
     /// The controller `nsid` is attached to.
     pub fn owner(&self, nsid: u32) -> Option<u16> {
-        self.attached().get(&nsid).copied()
+        self.state().attached.get(&nsid).copied()
     }
 }
 
@@ -457,12 +528,29 @@ mod tests {
         assert_eq!(std::fs::metadata(&f).unwrap().len(), 8 << 20);
         assert_eq!(sub.get(2).unwrap().blocks(), 8192);
         assert!(sub.get(3).is_none() && sub.get(0).is_none());
-        assert_eq!(sub.attach(1, 5), Ok(()));
-        assert_eq!(sub.attach(1, 5), Err(None));
-        assert_eq!(sub.attach(1, 6), Err(Some(5)));
+        assert_eq!(sub.attach(1, 5).unwrap().nsid, 1);
+        assert_eq!(sub.attach(1, 5).unwrap_err(), None);
+        assert_eq!(sub.attach(1, 6).unwrap_err(), Some(5));
         assert!(!sub.detach(1, 6));
+        // Not removable while attached; then its id is reused.
+        assert!(matches!(
+            sub.remove(1),
+            Err(StoreError::Attached { controller: 5, .. })
+        ));
         sub.detach_all(5);
         assert_eq!(sub.owner(1), None);
+        sub.remove(1).unwrap();
+        assert!(sub.get(1).is_none());
+        assert!(matches!(
+            sub.remove(1),
+            Err(StoreError::NoSuchNamespace { nsid: 1 })
+        ));
+        assert_eq!(sub.max_nsid(), 2);
+        assert!(matches!(
+            sub.add(&format!("{p}:4M:4K")),
+            Err(StoreError::Overlap { .. })
+        ));
+        assert_eq!(sub.add(&format!("{p}:0:4M")).unwrap(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
