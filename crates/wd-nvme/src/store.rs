@@ -411,12 +411,11 @@ impl Subsystem {
     pub fn remove(&self, nsid: u32) -> Result<(), StoreError> {
         let mut st = self.state();
         let slot = nsid.checked_sub(1).map(|i| i as usize);
-        match slot
+        let exists = slot
             .and_then(|i| st.namespaces.get(i))
-            .and_then(Option::as_ref)
-        {
-            None => return Err(StoreError::NoSuchNamespace { nsid }),
-            Some(_) => {}
+            .is_some_and(Option::is_some);
+        if !exists {
+            return Err(StoreError::NoSuchNamespace { nsid });
         }
         if let Some(&c) = st.attached.get(&nsid) {
             return Err(StoreError::Attached {
