@@ -26,6 +26,8 @@ out=target/c-test
 mkdir -p "$out"
 cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude tests/c/test_wd.c \
     -Ltarget/release -lwd -Wl,-rpath,"$PWD/target/release" -o "$out/test_wd"
+cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude tests/c/test_nvme.c \
+    -Ltarget/release -lwd -Wl,-rpath,"$PWD/target/release" -o "$out/test_nvme"
 # Each library exports only what its header declares (libwd.so: plus its
 # private wd__* hooks, docs/c-abi.md).
 check_exports() { # library header...
@@ -35,7 +37,7 @@ check_exports() { # library header...
     undocumented=$(for s in $exported; do grep -q "\b$s(" "$@" || echo "$s"; done)
     if [ -n "$undocumented" ]; then echo "$lib exports symbols not in $*: $undocumented"; exit 1; fi
 }
-check_exports libwd.so include/wd.h
+check_exports libwd.so include/wd.h include/wd_nvme.h
 check_exports libwd_crypto.so include/wd_crypto.h
 # The client library carries neither the host nor libcrypto.
 if ldd target/release/libwd.so | grep -q libcrypto; then
@@ -46,6 +48,8 @@ if cargo tree --locked -p wrapdrive -e normal --prefix none | grep -qE '^(wd-hos
     cargo tree --locked -p wrapdrive -e normal; exit 1
 fi
 "$out/test_wd"
+# The NVMe calls, on an in-process host with an nvme device.
+env -u WD_HOST "$out/test_nvme"
 # The crypto library on its own: -lwd_crypto -lwd, errors through wd_last_error.
 cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude tests/c/test_crypto_link.c \
     -Ltarget/release -lwd_crypto -lwd -Wl,-rpath,"$PWD/target/release" -o "$out/test_crypto_link"

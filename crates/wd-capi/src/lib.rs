@@ -6,6 +6,8 @@
 //! never a wild pointer.
 #![allow(unsafe_code)]
 
+mod nvme;
+
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -118,7 +120,7 @@ fn fail(errno: c_int, msg: &str) -> c_int {
 }
 
 /// Run an entry point: errors become negative errno, panics -EIO.
-fn guard(f: impl FnOnce() -> Result<c_int, ClientError>) -> c_int {
+pub(crate) fn guard(f: impl FnOnce() -> Result<c_int, ClientError>) -> c_int {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => fail(e.errno(), &e.to_string()),
@@ -126,11 +128,11 @@ fn guard(f: impl FnOnce() -> Result<c_int, ClientError>) -> c_int {
     }
 }
 
-fn invalid(msg: &str) -> ClientError {
+pub(crate) fn invalid(msg: &str) -> ClientError {
     ClientError::new(Status::Invalid, msg)
 }
 
-fn host() -> Result<Arc<HostConn>, ClientError> {
+pub(crate) fn host() -> Result<Arc<HostConn>, ClientError> {
     let mut g = HOST.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(h) = g.as_ref().filter(|h| !h.is_stale()) {
         return Ok(h.clone());

@@ -44,6 +44,8 @@ pub struct QueuePair {
     dbbuf: Option<Arc<(SharedBuf, SharedBuf)>>,
     free: Vec<u16>,
     done: Vec<Option<Cqe>>,
+    /// Completions set aside in `done`.
+    parked: usize,
     in_flight: usize,
 }
 
@@ -93,6 +95,7 @@ impl QueuePair {
             // outstanding, so the submission queue never overflows.
             free: (0..(entries - 1) as u16).rev().collect(),
             done: vec![None; entries as usize],
+            parked: 0,
             in_flight: 0,
         })
     }
@@ -181,8 +184,26 @@ impl QueuePair {
 
     /// Take the completions that arrived, appending them to `out`.
     pub fn reap(&mut self, out: &mut Vec<Cqe>) -> Result<usize> {
+        self.reap_up_to(out, usize::MAX)
+    }
+
+    /// Take at most `max` completions: first those a [`QueuePair::take`]
+    /// set aside, then new ones.
+    pub fn reap_up_to(&mut self, out: &mut Vec<Cqe>, max: usize) -> Result<usize> {
         let mut n = 0;
-        loop {
+        if self.parked > 0 {
+            for slot in self.done.iter_mut() {
+                if n == max {
+                    return Ok(n);
+                }
+                if let Some(c) = slot.take() {
+                    out.push(c);
+                    n += 1;
+                    self.parked -= 1;
+                }
+            }
+        }
+        while n < max {
             let at = self.cq_head as u64 * CQE_SIZE as u64;
             // Acquire: pairs with the controller's Release store of this
             // dword after the rest of the entry.
@@ -224,16 +245,22 @@ impl QueuePair {
     /// meanwhile are kept for their own `take`).
     pub fn take(&mut self, cid: u16) -> Result<Option<Cqe>> {
         if let Some(c) = self.done.get_mut(cid as usize).and_then(Option::take) {
+            self.parked -= 1;
             return Ok(Some(c));
         }
         let mut got = Vec::new();
-        self.reap(&mut got)?;
+        // Only new completions: the parked ones stay where they are.
+        let parked = std::mem::take(&mut self.parked);
+        let r = self.reap(&mut got);
+        self.parked = parked;
+        r?;
         let mut mine = None;
         for c in got {
             if c.cid == cid {
                 mine = Some(c);
             } else {
                 self.done[c.cid as usize] = Some(c);
+                self.parked += 1;
             }
         }
         Ok(mine)
@@ -351,16 +378,23 @@ impl IoQueue {
     }
 
     fn wait(&mut self, what: &str, cid: u16) -> Result<Cqe> {
+        let c = self.wait_for(cid)?;
+        status_err(what, &c)
+    }
+
+    /// Wait (polling) for command `cid`'s completion, whatever its status.
+    pub fn wait_for(&mut self, cid: u16) -> Result<Cqe> {
+        let what = || format!("command {cid}");
         let t = Instant::now();
         loop {
             if let Some(c) = self.qp.take(cid)? {
-                return status_err(what, &c);
+                return Ok(c);
             }
             if self.qp.regs.load32(regs::CSTS) & regs::CSTS_CFS != 0 {
-                return Err(NvmeError::Fatal(what.to_string()));
+                return Err(NvmeError::Fatal(what()));
             }
             if t.elapsed() > Duration::from_secs(30) {
-                return Err(NvmeError::Timeout(what.to_string()));
+                return Err(NvmeError::Timeout(what()));
             }
             std::hint::spin_loop();
         }
@@ -371,6 +405,13 @@ impl IoQueue {
         self.qp.ring()?;
         self.wait(&format!("{op:?} of {len} bytes at block {slba}"), cid)?;
         Ok(())
+    }
+
+    /// The completions that arrived (at most `max`), without waiting.
+    pub fn take_ready(&mut self, max: usize) -> Result<Vec<Cqe>> {
+        let mut out = Vec::new();
+        self.qp.reap_up_to(&mut out, max)?;
+        Ok(out)
     }
 
     /// Read `len` bytes at block `slba` into `buf` at `off`.

@@ -1,0 +1,438 @@
+//! The C API of `include/wd_nvme.h`: a mediated NVMe controller driven
+//! from C through `wd-nvme-driver`. Controllers and queue pairs are
+//! handles looked up in tables (a stale or forged one is -EBADF), each
+//! behind its own lock, so one thread per queue pair runs without
+//! contention.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use wd_nvme_driver::msg::{Cqe, IoOp, Sqe, SQE_SIZE};
+use wd_nvme_driver::{Controller, IoQueue, Namespace, NvmeError, Options};
+use wrapdrive::{ClientError, Status};
+
+use crate::{guard, host, invalid};
+
+/// `struct wd_nvme_ns`.
+#[repr(C)]
+pub struct WdNvmeNs {
+    nsid: u32,
+    block_size: u32,
+    blocks: u64,
+}
+
+/// `struct wd_nvme_cpl`.
+#[repr(C)]
+pub struct WdNvmeCpl {
+    result: u32,
+    sq_head: u16,
+    sq_id: u16,
+    cid: u16,
+    /// Status code type << 8 | status code (0: success).
+    status: u16,
+    dnr: u8,
+    reserved: [u8; 3],
+}
+
+struct Ctrl {
+    c: Mutex<Controller>,
+}
+
+struct Pair {
+    /// The controller it belongs to (deleting it needs the admin queue).
+    ctrl: u64,
+    q: Mutex<Option<IoQueue>>,
+}
+
+static CTRLS: RwLock<Option<HashMap<u64, Arc<Ctrl>>>> = RwLock::new(None);
+static PAIRS: RwLock<Option<HashMap<u64, Arc<Pair>>>> = RwLock::new(None);
+static NEXT: AtomicU64 = AtomicU64::new(1);
+
+/// The driver's errors as the C API's: statuses are -EIO with the status
+/// in `wd_last_error`, a full queue -EAGAIN.
+fn client(e: NvmeError) -> ClientError {
+    let status = match &e {
+        NvmeError::Client(c) => return ClientError::new(c.status(), c.to_string()),
+        NvmeError::Command { .. } | NvmeError::Fatal(_) => Status::Io,
+        NvmeError::Timeout(_) => Status::Io,
+        NvmeError::Unsupported(_) => Status::Unsupported,
+        NvmeError::Invalid(_) => Status::Invalid,
+        NvmeError::Full => Status::Again,
+    };
+    ClientError::new(status, e.to_string())
+}
+
+fn lookup<T>(
+    table: &RwLock<Option<HashMap<u64, Arc<T>>>>,
+    h: u64,
+    what: &str,
+) -> Result<Arc<T>, ClientError> {
+    table
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .and_then(|m| m.get(&h).cloned())
+        .ok_or_else(|| ClientError::new(Status::BadHandle, format!("not a live {what} handle")))
+}
+
+fn insert<T>(table: &RwLock<Option<HashMap<u64, Arc<T>>>>, v: T) -> u64 {
+    let h = NEXT.fetch_add(1, Ordering::Relaxed);
+    table
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(h, Arc::new(v));
+    h
+}
+
+fn ns_of(ns: *const WdNvmeNs) -> Result<Namespace, ClientError> {
+    if ns.is_null() {
+        return Err(invalid("namespace pointer is NULL"));
+    }
+    // SAFETY: non-null and, per the header, a struct wd_nvme_ns.
+    let n = unsafe { ns.read_unaligned() };
+    if n.block_size == 0 || !n.block_size.is_power_of_two() {
+        return Err(invalid("namespace block size is not a power of two"));
+    }
+    Ok(Namespace {
+        nsid: n.nsid,
+        block: n.block_size as u64,
+        blocks: n.blocks,
+    })
+}
+
+fn cpl_of(c: &Cqe) -> WdNvmeCpl {
+    WdNvmeCpl {
+        result: c.result,
+        sq_head: c.sq_head,
+        sq_id: c.sq_id,
+        cid: c.cid,
+        status: (c.status.sct as u16) << 8 | c.status.sc as u16,
+        dnr: c.status.dnr as u8,
+        reserved: [0; 3],
+    }
+}
+
+/// Bring up a controller of the host (`WD_HOST`, or the embedded one).
+///
+/// # Safety
+/// `out` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn wd_nvme_open(out: *mut u64) -> c_int {
+    guard(|| {
+        if out.is_null() {
+            return Err(invalid("out pointer is NULL"));
+        }
+        let c = Controller::open(&host()?, &Options::default()).map_err(client)?;
+        let h = insert(&CTRLS, Ctrl { c: Mutex::new(c) });
+        // SAFETY: checked non-null; written only on success.
+        unsafe { out.write_unaligned(h) };
+        Ok(0)
+    })
+}
+
+/// Shut a controller down and release it (its queue pairs go with it).
+#[no_mangle]
+pub extern "C" fn wd_nvme_close(ctrl: u64) -> c_int {
+    guard(|| {
+        let c = CTRLS
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+            .and_then(|m| m.remove(&ctrl))
+            .ok_or_else(|| ClientError::new(Status::BadHandle, "not a live controller handle"))?;
+        PAIRS
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(HashMap::new)
+            .retain(|_, p| p.ctrl != ctrl);
+        let mut g = c.c.lock().unwrap_or_else(|e| e.into_inner());
+        g.shutdown().map_err(client)?;
+        Ok(0)
+    })
+}
+
+/// Identify data for `cns`/`nsid` into `data` (4096 bytes).
+///
+/// # Safety
+/// `data` must be NULL or 4096 writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn wd_nvme_identify(
+    ctrl: u64,
+    cns: u8,
+    nsid: u32,
+    data: *mut c_void,
+) -> c_int {
+    guard(|| {
+        if data.is_null() {
+            return Err(invalid("data pointer is NULL"));
+        }
+        let c = lookup(&CTRLS, ctrl, "controller")?;
+        let raw =
+            c.c.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .identify(cns, nsid)
+                .map_err(client)?;
+        // SAFETY: checked non-null; 4096 bytes per the header.
+        unsafe { std::ptr::copy_nonoverlapping(raw.as_ptr(), data.cast::<u8>(), raw.len()) };
+        Ok(0)
+    })
+}
+
+/// Run one raw admin command (64-byte entry; its command id is assigned
+/// here) and wait; 0 when it completed, whatever its status (in `cpl`).
+///
+/// # Safety
+/// `sqe` must be NULL or 64 readable bytes; `cpl` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn wd_nvme_admin(
+    ctrl: u64,
+    sqe: *const c_void,
+    cpl: *mut WdNvmeCpl,
+) -> c_int {
+    guard(|| {
+        if sqe.is_null() || cpl.is_null() {
+            return Err(invalid("sqe or cpl pointer is NULL"));
+        }
+        let mut raw = [0u8; SQE_SIZE];
+        // SAFETY: checked non-null; 64 bytes per the header.
+        unsafe { std::ptr::copy_nonoverlapping(sqe.cast::<u8>(), raw.as_mut_ptr(), SQE_SIZE) };
+        let c = lookup(&CTRLS, ctrl, "controller")?;
+        let done =
+            c.c.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .admin_raw(Sqe::from_bytes(&raw))
+                .map_err(client)?;
+        // SAFETY: checked non-null.
+        unsafe { cpl.write_unaligned(cpl_of(&done)) };
+        Ok(0)
+    })
+}
+
+/// Attach namespace `nsid` to the controller (unless it is) and describe it.
+///
+/// # Safety
+/// `ns` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn wd_nvme_open_ns(ctrl: u64, nsid: u32, ns: *mut WdNvmeNs) -> c_int {
+    guard(|| {
+        if ns.is_null() {
+            return Err(invalid("ns pointer is NULL"));
+        }
+        let c = lookup(&CTRLS, ctrl, "controller")?;
+        let n =
+            c.c.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .open_namespace(nsid)
+                .map_err(client)?;
+        let v = WdNvmeNs {
+            nsid: n.nsid,
+            block_size: n.block as u32,
+            blocks: n.blocks,
+        };
+        // SAFETY: checked non-null.
+        unsafe { ns.write_unaligned(v) };
+        Ok(0)
+    })
+}
+
+/// Share memory from `wd_alloc` with the controller (data buffers must be
+/// shared before a command names them).
+#[no_mangle]
+pub extern "C" fn wd_nvme_share(ctrl: u64, addr: *mut c_void, len: usize) -> c_int {
+    guard(|| {
+        if addr.is_null() || len == 0 {
+            return Err(invalid("NULL or empty range"));
+        }
+        let c = lookup(&CTRLS, ctrl, "controller")?;
+        c.c.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .queue()
+            .share(addr as u64, len as u64)?;
+        Ok(0)
+    })
+}
+
+/// Create an I/O queue pair of `entries` entries.
+///
+/// # Safety
+/// `out` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn wd_nvme_qpair_create(ctrl: u64, entries: u32, out: *mut u64) -> c_int {
+    guard(|| {
+        if out.is_null() {
+            return Err(invalid("out pointer is NULL"));
+        }
+        let c = lookup(&CTRLS, ctrl, "controller")?;
+        let q =
+            c.c.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .create_io_queue(entries)
+                .map_err(client)?;
+        let h = insert(
+            &PAIRS,
+            Pair {
+                ctrl,
+                q: Mutex::new(Some(q)),
+            },
+        );
+        // SAFETY: checked non-null; written only on success.
+        unsafe { out.write_unaligned(h) };
+        Ok(0)
+    })
+}
+
+/// Delete an I/O queue pair.
+#[no_mangle]
+pub extern "C" fn wd_nvme_qpair_delete(qp: u64) -> c_int {
+    guard(|| {
+        let p = PAIRS
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+            .and_then(|m| m.remove(&qp))
+            .ok_or_else(|| ClientError::new(Status::BadHandle, "not a live queue pair handle"))?;
+        let q = p.q.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let c = lookup(&CTRLS, p.ctrl, "controller")?;
+        if let Some(q) = q {
+            c.c.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .delete_io_queue(q)
+                .map_err(client)?;
+        }
+        Ok(0)
+    })
+}
+
+fn with_pair<T>(
+    qp: u64,
+    f: impl FnOnce(&mut IoQueue) -> Result<T, ClientError>,
+) -> Result<T, ClientError> {
+    let p = lookup(&PAIRS, qp, "queue pair")?;
+    let mut g = p.q.lock().unwrap_or_else(|e| e.into_inner());
+    let q = g
+        .as_mut()
+        .ok_or_else(|| ClientError::new(Status::BadHandle, "queue pair deleted"))?;
+    f(q)
+}
+
+fn rw(
+    qp: u64,
+    ns: *const WdNvmeNs,
+    write: bool,
+    lba: u64,
+    buf: *mut c_void,
+    len: usize,
+    wait: bool,
+) -> Result<c_int, ClientError> {
+    if buf.is_null() {
+        return Err(invalid("buffer pointer is NULL"));
+    }
+    let ns = ns_of(ns)?;
+    with_pair(qp, |q| {
+        let op = if write { IoOp::Write } else { IoOp::Read };
+        let cid = q
+            .push_rw(op, &ns, lba, buf as u64, len as u64)
+            .map_err(client)?;
+        q.pair().ring().map_err(client)?;
+        if !wait {
+            return Ok(cid as c_int);
+        }
+        let done = q.wait_for(cid).map_err(client)?;
+        if !done.status.is_success() {
+            return Err(ClientError::new(
+                Status::Io,
+                format!("{op:?} at block {lba}: {}", done.status),
+            ));
+        }
+        Ok(0)
+    })
+}
+
+/// Read `len` bytes at block `lba` into `buf` (shared memory) and wait.
+#[no_mangle]
+pub extern "C" fn wd_nvme_read(
+    qp: u64,
+    ns: *const WdNvmeNs,
+    lba: u64,
+    buf: *mut c_void,
+    len: usize,
+) -> c_int {
+    guard(|| rw(qp, ns, false, lba, buf, len, true))
+}
+
+/// Write `len` bytes of `buf` (shared memory) at block `lba` and wait.
+#[no_mangle]
+pub extern "C" fn wd_nvme_write(
+    qp: u64,
+    ns: *const WdNvmeNs,
+    lba: u64,
+    buf: *mut c_void,
+    len: usize,
+) -> c_int {
+    guard(|| rw(qp, ns, true, lba, buf, len, true))
+}
+
+/// Submit a read (`write` 0) or write without waiting; returns the
+/// command id (>= 0), whose completion `wd_nvme_reap` reports.
+#[no_mangle]
+pub extern "C" fn wd_nvme_submit_rw(
+    qp: u64,
+    ns: *const WdNvmeNs,
+    write: c_int,
+    lba: u64,
+    buf: *mut c_void,
+    len: usize,
+) -> c_int {
+    guard(|| rw(qp, ns, write != 0, lba, buf, len, false))
+}
+
+/// Write a raw submission entry (its command id is assigned) without
+/// ringing the doorbell; returns the command id. `wd_nvme_ring` then tells
+/// the controller about every entry written since the last ring.
+///
+/// # Safety
+/// `sqe` must be NULL or 64 readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn wd_nvme_push(qp: u64, sqe: *const c_void) -> c_int {
+    guard(|| {
+        if sqe.is_null() {
+            return Err(invalid("sqe pointer is NULL"));
+        }
+        let mut raw = [0u8; SQE_SIZE];
+        // SAFETY: checked non-null; 64 bytes per the header.
+        unsafe { std::ptr::copy_nonoverlapping(sqe.cast::<u8>(), raw.as_mut_ptr(), SQE_SIZE) };
+        with_pair(qp, |q| {
+            Ok(q.pair().push(Sqe::from_bytes(&raw)).map_err(client)? as c_int)
+        })
+    })
+}
+
+/// Ring the submission doorbell for what was pushed.
+#[no_mangle]
+pub extern "C" fn wd_nvme_ring(qp: u64) -> c_int {
+    guard(|| with_pair(qp, |q| q.pair().ring().map(|_| 0).map_err(client)))
+}
+
+/// Copy up to `max` completions out (no waiting); returns how many.
+///
+/// # Safety
+/// `out` must be NULL or `max` writable entries.
+#[no_mangle]
+pub unsafe extern "C" fn wd_nvme_reap(qp: u64, out: *mut WdNvmeCpl, max: u32) -> c_int {
+    guard(|| {
+        if out.is_null() || max == 0 {
+            return Err(invalid("NULL or empty completion array"));
+        }
+        with_pair(qp, |q| {
+            let got = q.take_ready(max as usize).map_err(client)?;
+            for (i, c) in got.iter().enumerate() {
+                // SAFETY: i < max entries, per the header.
+                unsafe { out.add(i).write_unaligned(cpl_of(c)) };
+            }
+            Ok(got.len() as c_int)
+        })
+    })
+}
