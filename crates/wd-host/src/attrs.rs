@@ -79,6 +79,14 @@ pub fn list(host: &HostInner, who: PeerCred, prefix: &str) -> Vec<AttrEntry> {
             .filter(|e| e.sleeping.load(Ordering::Relaxed))
             .count();
         out.push(entry(format!("{base}/engines_sleeping"), asleep, false));
+        let (sleeps, wakeups) = d.engines.iter().fold((0, 0), |(s, w), e| {
+            (
+                s + e.sleeps.sleeps.load(Ordering::Relaxed),
+                w + e.sleeps.wakeups.load(Ordering::Relaxed),
+            )
+        });
+        out.push(entry(format!("{base}/engine_sleeps"), sleeps, false));
+        out.push(entry(format!("{base}/engine_wakeups"), wakeups, false));
         for t in &d.types {
             let tb = format!(
                 "{base}/mdev_supported_types/{}-{}",

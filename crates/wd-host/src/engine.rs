@@ -42,6 +42,16 @@ pub enum EngineCmd {
     Stop,
 }
 
+/// How often an engine slept, and how often a doorbell (not its timeout)
+/// woke it.
+#[derive(Debug, Default)]
+pub struct SleepCounts {
+    /// Sleeps.
+    pub sleeps: std::sync::atomic::AtomicU64,
+    /// Sleeps ended by a doorbell.
+    pub wakeups: std::sync::atomic::AtomicU64,
+}
+
 /// Handle to a running engine thread.
 pub struct EngineHandle {
     tx: mpsc::Sender<EngineCmd>,
@@ -51,6 +61,8 @@ pub struct EngineHandle {
     pub load: Arc<AtomicUsize>,
     /// Whether the engine is asleep (for `wd ls` and tests).
     pub sleeping: Arc<AtomicBool>,
+    /// Sleeps taken and sleeps ended by a doorbell (for `wd ls`).
+    pub sleeps: Arc<SleepCounts>,
     /// Set after a command is sent: the engine looks at its channel only
     /// then, not on every pass.
     commands: Arc<AtomicBool>,
@@ -74,6 +86,7 @@ impl EngineHandle {
             Arc::new(wd_sys::eventfd().map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?);
         let load = Arc::new(AtomicUsize::new(0));
         let sleeping = Arc::new(AtomicBool::new(false));
+        let sleeps = Arc::new(SleepCounts::default());
         let commands = Arc::new(AtomicBool::new(false));
         let state = EngineLoop {
             rx,
@@ -83,6 +96,7 @@ impl EngineHandle {
             pass_bytes,
             queues: Vec::new(),
             sleeping: sleeping.clone(),
+            sleeps: sleeps.clone(),
             runs_a: Vec::new(),
             runs_b: Vec::new(),
             bounce: Vec::new(),
@@ -105,6 +119,7 @@ impl EngineHandle {
             doorbell,
             load,
             sleeping,
+            sleeps,
             commands,
             thread: Some(thread),
         })
@@ -195,6 +210,7 @@ struct EngineLoop {
     pass_bytes: u64,
     queues: Vec<Served>,
     sleeping: Arc<AtomicBool>,
+    sleeps: Arc<SleepCounts>,
     runs_a: Vec<(u64, u64)>,
     runs_b: Vec<(u64, u64)>,
     bounce: Vec<u8>,
@@ -393,6 +409,10 @@ impl EngineLoop {
             let _ = wd_sys::poll(&[self.doorbell.as_fd()], Some(SLEEP_TIMEOUT));
             self.sleeping.store(false, Ordering::Relaxed);
             rang = wd_sys::eventfd_drain(self.doorbell.as_fd()).is_ok_and(|n| n > 0);
+            self.sleeps.sleeps.fetch_add(1, Ordering::Relaxed);
+            if rang {
+                self.sleeps.wakeups.fetch_add(1, Ordering::Relaxed);
+            }
         }
         for s in &self.queues {
             s.view.host_end_sleep();
