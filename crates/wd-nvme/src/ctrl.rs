@@ -442,8 +442,13 @@ impl Controller {
     /// Queue an error event (Asynchronous Event Information: 0x00 write
     /// to an invalid doorbell, 0x01 invalid doorbell write value).
     pub(crate) fn event_error(&mut self, info: u8) {
-        // Type 0 (error status), log page 0x01 (error information).
-        self.events.push_back((info as u32) << 8 | 0x01 << 16);
+        // Type 0 (error status), log page 0x01 (error information). An
+        // event already waiting is not queued again (a driver that keeps
+        // a bad doorbell would otherwise grow the queue on every pass).
+        let ev = (info as u32) << 8 | 0x01 << 16;
+        if !self.events.contains(&ev) && self.events.len() < AER_LIMIT * 2 {
+            self.events.push_back(ev);
+        }
     }
 
     /// Record a failed command in the error log.
