@@ -136,6 +136,18 @@ impl<'m> Uring<'m> {
         Ok(())
     }
 
+    /// Take the completions posted, without a system call (a caller that
+    /// polls).
+    pub fn reap(&mut self, out: &mut Vec<ReadDone>) {
+        for cqe in self.ring.completion() {
+            out.push(ReadDone {
+                user_data: cqe.user_data(),
+                result: cqe.result(),
+            });
+            self.in_flight -= 1;
+        }
+    }
+
     /// Wait for every read in flight (their results are discarded).
     pub fn drain(&mut self) {
         let mut sink = Vec::new();
