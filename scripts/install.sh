@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the C libraries (libwd.so, libwd_crypto.so, libwd_embedded.so),
-# include/*.h, the `wd` command and the pkg-config files (wd.pc,
-# wd_crypto.pc) under PREFIX (default /usr/local):  ./scripts/install.sh [PREFIX]
+# include/*.h, the `wd` command, the pkg-config files (wd.pc,
+# wd_crypto.pc) and the systemd units (wrapdrive.socket, .service) under
+# PREFIX (default /usr/local):  ./scripts/install.sh [PREFIX]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix=${1:-/usr/local}
@@ -19,4 +20,10 @@ sed -e "s|@PREFIX@|$prefix|" -e "s|@VERSION@|$version|" crates/wd-capi/wd.pc.in 
     > "$prefix/lib/pkgconfig/wd.pc"
 sed -e "s|@PREFIX@|$prefix|" -e "s|@VERSION@|$version|" crates/wd-crypto-capi/wd_crypto.pc.in \
     > "$prefix/lib/pkgconfig/wd_crypto.pc"
+# Units point at this prefix's `wd`; enable with
+# `systemctl link $prefix/lib/systemd/system/wrapdrive.{socket,service}`.
+install -d "$prefix/lib/systemd/system"
+install -m 0644 packaging/systemd/wrapdrive.socket "$prefix/lib/systemd/system/"
+sed -e "s|/usr/local/bin/wd|$prefix/bin/wd|" packaging/systemd/wrapdrive.service \
+    > "$prefix/lib/systemd/system/wrapdrive.service"
 echo "installed WrapDrive $version under $prefix"

@@ -151,9 +151,22 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     }
     // Block the signals before any thread exists, so only sigwait sees them.
     wd_sys::block_termination_signals().map_err(|e| e.to_string())?;
-    let host = wd_host::Host::start(&cfg).map_err(|e| e.to_string())?;
+    // Under systemd (wrapdrive.socket) the socket comes from the service
+    // manager and outlives this process: a restarted host serves the same
+    // address, and clients waiting to connect are not refused meanwhile.
+    let activated = wd_host::socket::activation().map_err(|e| e.to_string())?;
+    let how = if activated.is_some() {
+        "socket-activated"
+    } else {
+        "bound"
+    };
+    let host = match activated {
+        Some(l) => wd_host::Host::start_activated(&cfg, l),
+        None => wd_host::Host::start(&cfg),
+    }
+    .map_err(|e| e.to_string())?;
     eprintln!(
-        "wd: serving {} device(s) on {} (pid {})",
+        "wd: serving {} device(s) on {} ({how}, pid {})",
         cfg.devices.len(),
         host.address(),
         std::process::id()
@@ -179,25 +192,30 @@ fn print_tree(entries: &[wrapdrive::AttrEntry]) {
         }
         n.value = Some((e.value.clone(), e.writable));
     }
-    fn walk(n: &Node, prefix: &str) {
+    fn walk(n: &Node, prefix: &str, out: &mut String) {
         let count = n.kids.len();
         for (i, (name, k)) in n.kids.iter().enumerate() {
             let last = i + 1 == count;
             let branch = if last { "└── " } else { "├── " };
             match &k.value {
-                Some((v, w)) => println!(
-                    "{prefix}{branch}{name} = {v}{}",
+                Some((v, w)) => out.push_str(&format!(
+                    "{prefix}{branch}{name} = {v}{}\n",
                     if *w { "  (rw)" } else { "" }
-                ),
-                None => println!("{prefix}{branch}{name}"),
+                )),
+                None => out.push_str(&format!("{prefix}{branch}{name}\n")),
             }
             walk(
                 k,
                 &format!("{prefix}{}", if last { "    " } else { "│   " }),
+                out,
             );
         }
     }
-    walk(&root, "");
+    // One write, which a closed stdout (`wd ls | head`) does not turn into
+    // a panic.
+    let mut out = String::new();
+    walk(&root, "", &mut out);
+    report::emit(&out);
 }
 
 fn run(cli: Cli) -> Result<(), String> {

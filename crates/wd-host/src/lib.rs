@@ -150,13 +150,39 @@ impl Host {
     /// Start the devices and serve `cfg.socket`.
     pub fn start(cfg: &HostConfig) -> Result<Host, HostError> {
         cfg.validate()?;
+        let bound = socket::bind(&cfg.socket, cfg.socket_mode)?;
+        Host::start_bound(cfg, bound, cfg.socket.clone())
+    }
+
+    /// Start the devices and serve a socket a service manager passed
+    /// ([`socket::activation`]) instead of `cfg.socket`; the socket stays
+    /// the manager's (never removed), so a restarted host serves clients
+    /// on the same address.
+    pub fn start_activated(cfg: &HostConfig, listener: UnixListener) -> Result<Host, HostError> {
+        cfg.validate()?;
+        let address = socket::listener_address(&listener);
+        Host::start_bound(
+            cfg,
+            socket::Bound {
+                listener,
+                file: None,
+            },
+            address,
+        )
+    }
+
+    fn start_bound(
+        cfg: &HostConfig,
+        bound: socket::Bound,
+        address: String,
+    ) -> Result<Host, HostError> {
         // Every connection costs descriptors: take what the hard limit
         // allows, so the connection limits, not EMFILE, decide.
         let _ = wd_sys::raise_nofile_limit();
         let socket::Bound {
             listener,
             file: socket_file,
-        } = socket::bind(&cfg.socket, cfg.socket_mode)?;
+        } = bound;
         let iommu = wd_iommu::Iommu::new();
         let mut devices = Vec::new();
         for (n, dc) in cfg.devices.iter().enumerate() {
@@ -228,7 +254,7 @@ impl Host {
             .inspect_err(|_| stop_timers.store(true, Ordering::Relaxed))?;
         Ok(Host {
             inner,
-            address: cfg.socket.clone(),
+            address,
             accept: Some(accept),
             timers: Some((stop_timers, timers)),
             socket_file,

@@ -140,6 +140,57 @@ impl SocketFile {
     }
 }
 
+/// The listening socket a service manager passed (systemd socket
+/// activation: `LISTEN_PID` is this process and `LISTEN_FDS` >= 1, the
+/// socket is descriptor 3), or None when this process was not activated.
+/// The variables are removed, so programs this host starts do not take
+/// them for theirs.
+pub fn activation() -> Result<Option<UnixListener>, SocketError> {
+    const FIRST_FD: i32 = 3;
+    let ours = std::env::var("LISTEN_PID")
+        .ok()
+        .and_then(|p| p.parse::<u32>().ok())
+        .is_some_and(|p| p == wd_sys::getpid());
+    let count = std::env::var("LISTEN_FDS")
+        .ok()
+        .and_then(|n| n.parse::<u32>().ok())
+        .unwrap_or(0);
+    if !ours || count == 0 {
+        return Ok(None);
+    }
+    for v in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
+        std::env::remove_var(v);
+    }
+    let address = "socket-activation descriptor 3".to_string();
+    let fd = wd_sys::inherited_fd(FIRST_FD).map_err(|e| SocketError::Io {
+        address: address.clone(),
+        what: "taking the passed socket",
+        source: io::Error::from_raw_os_error(e.errno()),
+    })?;
+    let listener = UnixListener::from(fd);
+    // A UNIX stream socket that listens, or nothing this host can serve.
+    listener
+        .local_addr()
+        .map_err(io_err(&address, "reading the passed socket's address"))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(io_err(&address, "making the passed socket non-blocking"))?;
+    Ok(Some(listener))
+}
+
+/// The address clients use for a listener (its path, or `@name`).
+pub fn listener_address(l: &UnixListener) -> String {
+    use std::os::linux::net::SocketAddrExt;
+    match l.local_addr() {
+        Ok(a) => match (a.as_pathname(), a.as_abstract_name()) {
+            (Some(p), _) => p.display().to_string(),
+            (None, Some(n)) => format!("@{}", String::from_utf8_lossy(n)),
+            _ => "(unnamed socket)".into(),
+        },
+        Err(_) => "(unknown socket)".into(),
+    }
+}
+
 /// Bind `address` (a path, or `@name` for an abstract socket) and give a
 /// path socket exactly `mode`.
 pub(crate) fn bind(address: &str, mode: u32) -> Result<Bound, SocketError> {

@@ -687,6 +687,22 @@ fn get_nofile() -> Result<libc::rlimit> {
     Ok(r)
 }
 
+/// Take ownership of descriptor `fd` that this process inherited (from a
+/// service manager, say), marking it close-on-exec. Fails when `fd` is not
+/// open.
+pub fn inherited_fd(fd: std::os::fd::RawFd) -> Result<OwnedFd> {
+    count();
+    // SAFETY: F_GETFD only inspects the descriptor table.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    check("fcntl(F_GETFD)", flags as libc::c_long)?;
+    // SAFETY: as above; sets a flag on a descriptor we are about to own.
+    let r = unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) };
+    check("fcntl(F_SETFD)", r as libc::c_long)?;
+    // SAFETY: the descriptor is open (checked) and, by the caller's
+    // protocol (LISTEN_FDS), handed to this process alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// The soft limit on open descriptors.
 pub fn nofile_limit() -> Result<u64> {
     Ok(get_nofile()?.rlim_cur)
