@@ -90,6 +90,9 @@ else
     # fuzzing cfg) so a broken target cannot land.
     (cd fuzz && RUSTFLAGS="--cfg fuzzing" cargo build --bins)
 fi
+echo "== sanitizers and checkers"
+./scripts/check-sanitizers.sh | tee "$WD_SKIP_LOG.san"
+sed -n 's/^  skipped: \(.*\)/check-sanitizers: \1/p' "$WD_SKIP_LOG.san" >> "$WD_SKIP_LOG"
 skips=$(sort -u "$WD_SKIP_LOG" | grep -c . || true)
 echo "== skipped tests: $skips"
 if [ "$skips" -gt 0 ]; then
