@@ -264,6 +264,15 @@ impl Controller {
         self.quiesce_io();
         self.sqs = [None; QUEUES];
         self.cqs = [None; QUEUES];
+        // The doorbells start over with the queues (a driver re-enabling
+        // counts from 0; a stale tail would replay old entries).
+        if let Some(r) = &self.regs {
+            for qid in 0..QUEUES as u16 {
+                r.store32(regs::sq_tail_doorbell(qid), 0);
+                r.store32(regs::cq_head_doorbell(qid), 0);
+            }
+        }
+        self.mmio_seen = [0; QUEUES];
         self.aers.clear();
         self.events.clear();
         self.dbbuf = None;

@@ -1,0 +1,632 @@
+//! One controller driven directly, the way the engine drives it (register
+//! block, `service` passes, client memory behind a `Dma`), by a minimal
+//! driver written here from the specification: the enable/reset/shutdown
+//! sequence, queue rules, phase tags and back-pressure, statuses, PRP
+//! lists, shadow doorbells and asynchronous events.
+#![allow(unsafe_code)]
+
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use wd_device::{Access, DeviceQueue, DeviceSlice, Dma, Driver, Fault, Registers};
+use wd_iommu::FaultReason;
+use wd_nvme::msg::cmd::{CreateQueue, GetLogPage};
+use wd_nvme::msg::regs::{self, Cc};
+use wd_nvme::msg::{AdminOp, Cqe, IoOp, Sqe, Status, CQE_SIZE, SQE_SIZE};
+use wd_nvme::{IoEngine, NvmeDriver};
+
+/// Where the client memory starts (IOVA).
+const BASE: u64 = 0x10_0000;
+const ASQ: u64 = BASE;
+const ACQ: u64 = BASE + 0x1000;
+const IOSQ: u64 = BASE + 0x2000;
+const IOCQ: u64 = BASE + 0x3000;
+const SHADOW: u64 = BASE + 0x4000;
+const EVENTS: u64 = BASE + 0x5000;
+const DATA: u64 = BASE + 0x10_0000;
+const ADMIN_ENTRIES: u32 = 8;
+
+/// Client memory: flat, at BASE; outside it every access faults.
+struct Mem {
+    bytes: Vec<u8>,
+}
+
+impl Mem {
+    fn off(&self, a: u64, len: u64, access: Access) -> Result<usize, Fault> {
+        match a.checked_sub(BASE) {
+            Some(o)
+                if o.checked_add(len)
+                    .is_some_and(|e| e <= self.bytes.len() as u64) =>
+            {
+                Ok(o as usize)
+            }
+            _ => Err(Fault {
+                iova: a,
+                pasid: 1,
+                access,
+                reason: FaultReason::Unmapped,
+            }),
+        }
+    }
+    fn put(&mut self, a: u64, data: &[u8]) {
+        let o = (a - BASE) as usize;
+        self.bytes[o..o + data.len()].copy_from_slice(data);
+    }
+    fn get(&self, a: u64, len: usize) -> Vec<u8> {
+        let o = (a - BASE) as usize;
+        self.bytes[o..o + len].to_vec()
+    }
+}
+
+impl Dma<'static> for Mem {
+    fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Fault> {
+        let s = self.off(src, len, Access::Read)?;
+        let d = self.off(dst, len, Access::Write)?;
+        self.bytes.copy_within(s..s + len as usize, d);
+        Ok(())
+    }
+    fn read(&mut self, src: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        let s = self.off(src, buf.len() as u64, Access::Read)?;
+        buf.copy_from_slice(&self.bytes[s..s + buf.len()]);
+        Ok(())
+    }
+    fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), Fault> {
+        let d = self.off(dst, data.len() as u64, Access::Write)?;
+        self.bytes[d..d + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+    fn slice(&mut self, iova: u64, len: u64, access: Access) -> Option<DeviceSlice<'static>> {
+        let o = self.off(iova, len, access).ok()?;
+        // SAFETY: inside `bytes`, never resized, alive for the whole test
+        // (the 'static is the test's promise).
+        Some(unsafe { DeviceSlice::from_raw(self.bytes.as_mut_ptr().add(o), len as usize) })
+    }
+}
+
+/// A controller, its registers, the client's memory and a tiny driver's
+/// state.
+struct Rig {
+    ctl: Box<dyn DeviceQueue>,
+    regs: Registers,
+    mem: Mem,
+    store: std::path::PathBuf,
+    _dir: wd_testutil::TempDir,
+    asq_tail: u32,
+    acq_head: u32,
+    acq_phase: bool,
+    next_cid: u16,
+}
+
+fn sqe(opcode: u8) -> Sqe {
+    Sqe {
+        opcode,
+        ..Sqe::default()
+    }
+}
+
+impl Rig {
+    /// A controller on a fresh store with namespaces `specs`
+    /// (`OFFSET:SIZE[:BLOCK]`), enabled, namespace 1 attached.
+    fn new(specs: &[&str]) -> Rig {
+        let dir = wd_testutil::tempdir("wd-nvme-spec");
+        let store = dir.path().join("store.img");
+        let specs: Vec<String> = specs
+            .iter()
+            .map(|s| format!("{}:{s}", store.display()))
+            .collect();
+        let driver = NvmeDriver::new(&specs, IoEngine::Sync).unwrap();
+        let mut ctl = driver.open_queue(0);
+        assert!(ctl.register_driven());
+        let fd = wd_sys::memfd_create("regs", false).unwrap();
+        wd_sys::ftruncate(fd.as_fd(), regs::BLOCK_BYTES as u64).unwrap();
+        let map = Arc::new(wd_sys::Mapping::map_shared(fd.as_fd(), 0, regs::BLOCK_BYTES).unwrap());
+        let r = Registers::new(map, 0, regs::BLOCK_BYTES).unwrap();
+        ctl.attach_registers(r.clone());
+        let mut rig = Rig {
+            ctl,
+            regs: r,
+            mem: Mem {
+                bytes: vec![0; 2 << 20],
+            },
+            store,
+            _dir: dir,
+            asq_tail: 0,
+            acq_head: 0,
+            acq_phase: true,
+            next_cid: 1,
+        };
+        rig.enable();
+        let c = rig.attach(1);
+        assert!(c.status.is_success(), "{}", c.status);
+        rig
+    }
+
+    fn pass(&mut self) -> wd_device::Service {
+        self.ctl.service(&mut self.mem)
+    }
+
+    fn csts(&self) -> u32 {
+        self.regs.load32(regs::CSTS)
+    }
+
+    fn enable(&mut self) {
+        self.regs.store32(regs::CC, 0);
+        self.pass();
+        self.mem.put(ACQ, &[0; 0x1000]);
+        self.asq_tail = 0;
+        self.acq_head = 0;
+        self.acq_phase = true;
+        self.regs
+            .store32(regs::AQA, regs::aqa_encode(ADMIN_ENTRIES, ADMIN_ENTRIES));
+        self.regs.store64(regs::ASQ, ASQ);
+        self.regs.store64(regs::ACQ, ACQ);
+        let cc = Cc {
+            en: true,
+            iosqes: 6,
+            iocqes: 4,
+            ..Cc::default()
+        };
+        self.regs.store32(regs::CC, cc.to_u32());
+        self.pass();
+        assert_eq!(self.csts() & regs::CSTS_RDY, regs::CSTS_RDY, "ready");
+    }
+
+    /// The admin completion at the head, if its phase says it is new.
+    fn admin_cqe(&mut self) -> Option<Cqe> {
+        let at = ACQ + self.acq_head as u64 * CQE_SIZE as u64;
+        let c = Cqe::from_bytes(&self.mem.get(at, CQE_SIZE).try_into().unwrap());
+        if c.phase != self.acq_phase {
+            return None;
+        }
+        self.acq_head = (self.acq_head + 1) % ADMIN_ENTRIES;
+        if self.acq_head == 0 {
+            self.acq_phase = !self.acq_phase;
+        }
+        self.regs.store32(regs::cq_head_doorbell(0), self.acq_head);
+        Some(c)
+    }
+
+    /// Run one admin command; its completion.
+    fn admin(&mut self, mut s: Sqe) -> Cqe {
+        s.cid = self.next_cid;
+        self.next_cid += 1;
+        self.mem
+            .put(ASQ + self.asq_tail as u64 * SQE_SIZE as u64, &s.to_bytes());
+        self.asq_tail = (self.asq_tail + 1) % ADMIN_ENTRIES;
+        self.regs.store32(regs::sq_tail_doorbell(0), self.asq_tail);
+        self.pass();
+        let c = self.admin_cqe().expect("admin completion");
+        assert_eq!(
+            (c.cid, c.sq_id, c.sq_head as u32),
+            (s.cid, 0, self.asq_tail)
+        );
+        c
+    }
+
+    fn attach(&mut self, nsid: u32) -> Cqe {
+        let list = DATA + 0x8_0000;
+        let mut l = vec![0u8; 4096];
+        l[0..2].copy_from_slice(&1u16.to_le_bytes());
+        // Controller ids start at 1 for the first controller of a driver.
+        l[2..4].copy_from_slice(&1u16.to_le_bytes());
+        self.mem.put(list, &l);
+        self.admin(Sqe {
+            opcode: AdminOp::NsAttach as u8,
+            nsid,
+            prp1: list,
+            ..Sqe::default()
+        })
+    }
+
+    fn create(&mut self, op: AdminOp, qid: u16, entries: u32, other: u16, base: u64) -> Cqe {
+        let mut s = sqe(op as u8);
+        CreateQueue {
+            qid,
+            entries,
+            contiguous: true,
+            other,
+            base,
+        }
+        .encode(&mut s);
+        self.admin(s)
+    }
+
+    /// I/O queue pair 1: SQ of `sq` entries, CQ of `cq` entries.
+    fn io_queues(&mut self, sq: u32, cq: u32) {
+        self.mem.put(IOCQ, &[0; 0x1000]);
+        assert!(self
+            .create(AdminOp::CreateCq, 1, cq, 0, IOCQ)
+            .status
+            .is_success());
+        assert!(self
+            .create(AdminOp::CreateSq, 1, sq, 1, IOSQ)
+            .status
+            .is_success());
+    }
+
+    fn io_put(&mut self, slot: u32, s: &Sqe) {
+        self.mem
+            .put(IOSQ + slot as u64 * SQE_SIZE as u64, &s.to_bytes());
+    }
+
+    fn io_cqe(&self, slot: u32) -> Cqe {
+        let at = IOCQ + slot as u64 * CQE_SIZE as u64;
+        Cqe::from_bytes(&self.mem.get(at, CQE_SIZE).try_into().unwrap())
+    }
+
+    /// Run one I/O command through SQ 1 (whose tail is `*tail`) and
+    /// return its completion, which lands at CQ slot `*head`.
+    fn io(&mut self, s: Sqe, tail: &mut u32, head: &mut u32, entries: u32) -> Cqe {
+        self.io_put(*tail, &s);
+        *tail = (*tail + 1) % entries;
+        self.regs.store32(regs::sq_tail_doorbell(1), *tail);
+        self.pass();
+        let c = self.io_cqe(*head);
+        *head = (*head + 1) % entries;
+        self.regs.store32(regs::cq_head_doorbell(1), *head);
+        c
+    }
+}
+
+fn rw(op: IoOp, nsid: u32, slba: u64, nlb: u32, prp1: u64, prp2: u64) -> Sqe {
+    let mut s = sqe(op as u8);
+    s.nsid = nsid;
+    s.cdw[0] = slba as u32;
+    s.cdw[1] = (slba >> 32) as u32;
+    s.cdw[2] = nlb - 1;
+    s.prp1 = prp1;
+    s.prp2 = prp2;
+    s
+}
+
+#[test]
+fn enable_reset_shutdown_and_bad_configurations() {
+    let mut r = Rig::new(&["0:4M"]);
+    let cap = regs::Cap::from_u64(r.regs.load64(regs::CAP));
+    assert_eq!(
+        (cap.mqes, cap.cqr, cap.css & 1, cap.mpsmin),
+        (4095, true, 1, 0)
+    );
+    assert_eq!(r.regs.load32(regs::VS), regs::VERSION_1_4);
+    // Reset: ready goes, and with it the I/O queues.
+    r.io_queues(8, 8);
+    r.regs.store32(regs::CC, 0);
+    r.pass();
+    assert_eq!(r.csts() & regs::CSTS_RDY, 0);
+    r.enable();
+    let c = r.create(AdminOp::CreateSq, 1, 8, 1, IOSQ);
+    assert_eq!(c.status, Status::CQ_INVALID, "queues are gone after reset");
+    // A page size the controller does not support: fatal status until reset.
+    r.regs.store32(regs::CC, 0);
+    r.pass();
+    let bad = Cc {
+        en: true,
+        mps: 1,
+        iosqes: 6,
+        iocqes: 4,
+        ..Cc::default()
+    };
+    r.regs.store32(regs::CC, bad.to_u32());
+    r.pass();
+    assert_eq!(r.csts() & (regs::CSTS_CFS | regs::CSTS_RDY), regs::CSTS_CFS);
+    // An admin queue of zero entries' worth of memory at 0: fatal too.
+    r.regs.store32(regs::CC, 0);
+    r.pass();
+    assert_eq!(r.csts(), 0, "reset clears fatal status");
+    r.regs.store64(regs::ASQ, 0);
+    r.regs.store32(
+        regs::CC,
+        Cc {
+            en: true,
+            ..Cc::default()
+        }
+        .to_u32(),
+    );
+    r.pass();
+    assert_ne!(r.csts() & regs::CSTS_CFS, 0);
+    // Shutdown: SHST complete, then nothing more is processed.
+    r.enable();
+    let mut cc = Cc::from_u32(r.regs.load32(regs::CC));
+    cc.shn = 1;
+    r.regs.store32(regs::CC, cc.to_u32());
+    r.pass();
+    assert_eq!(r.csts() & regs::CSTS_SHST_MASK, regs::CSTS_SHST_COMPLETE);
+    let s = Sqe {
+        opcode: AdminOp::Identify as u8,
+        prp1: DATA,
+        cid: 77,
+        cdw: [1, 0, 0, 0, 0, 0],
+        ..Sqe::default()
+    };
+    r.mem.put(ASQ + r.asq_tail as u64 * 64, &s.to_bytes());
+    r.regs.store32(regs::sq_tail_doorbell(0), r.asq_tail + 1);
+    r.pass();
+    assert!(
+        r.admin_cqe().is_none(),
+        "a shut-down controller runs nothing"
+    );
+}
+
+#[test]
+fn phase_tags_wrap_and_a_full_completion_queue_holds_commands_back() {
+    let mut r = Rig::new(&["0:4M"]);
+    // A completion queue of 4 entries holds 3 completions; 7 flushes wait
+    // in an 8-entry submission queue.
+    r.io_queues(8, 4);
+    for i in 0..7u16 {
+        let mut s = sqe(IoOp::Flush as u8);
+        s.nsid = 1;
+        s.cid = 100 + i;
+        r.io_put(i as u32, &s);
+    }
+    r.regs.store32(regs::sq_tail_doorbell(1), 7);
+    let busy = r.pass();
+    assert!(busy.busy, "commands wait: the engine must not sleep");
+    let got: Vec<Cqe> = (0..4).map(|i| r.io_cqe(i)).collect();
+    assert!(got[..3].iter().all(|c| c.phase && c.status.is_success()));
+    assert!(!got[3].phase, "no completion overwrites an unconsumed slot");
+    assert_eq!(got[2].sq_head, 3);
+    // Consume them: three more, the queue wraps and the phase flips.
+    r.regs.store32(regs::cq_head_doorbell(1), 3);
+    r.pass();
+    let c3 = r.io_cqe(3);
+    let (c0, c1) = (r.io_cqe(0), r.io_cqe(1));
+    assert!(c3.phase && !c0.phase && !c1.phase, "phase flips on wrap");
+    assert_eq!((c3.cid, c0.cid, c1.cid), (103, 104, 105));
+    r.regs.store32(regs::cq_head_doorbell(1), 2);
+    r.pass();
+    let c2 = r.io_cqe(2);
+    assert_eq!((c2.cid, c2.phase, c2.sq_head), (106, false, 7));
+    // A head doorbell beyond the queue is an error event, not a crash.
+    let aer = r.next_cid;
+    r.next_cid += 1;
+    let s = Sqe {
+        opcode: AdminOp::AsyncEvent as u8,
+        cid: aer,
+        ..Sqe::default()
+    };
+    r.mem.put(ASQ + r.asq_tail as u64 * 64, &s.to_bytes());
+    r.asq_tail += 1;
+    r.regs.store32(regs::sq_tail_doorbell(0), r.asq_tail);
+    r.pass();
+    assert!(
+        r.admin_cqe().is_none(),
+        "an event request waits for an event"
+    );
+    r.regs.store32(regs::sq_tail_doorbell(1), 99);
+    r.pass();
+    r.pass();
+    let ev = r.admin_cqe().expect("asynchronous event");
+    assert_eq!(ev.cid, aer);
+    // Error status event, invalid doorbell write value, error log page.
+    assert_eq!(ev.result & 7, 0);
+    assert_eq!(ev.result >> 8 & 0xff, 1);
+    assert_eq!(ev.result >> 16 & 0xff, 1);
+}
+
+#[test]
+fn commands_complete_with_the_statuses_the_specification_names() {
+    let mut r = Rig::new(&["0:4M", "4M:4M:512"]);
+    r.io_queues(16, 16);
+    let (mut t, mut h) = (0, 0);
+    let mut io = |r: &mut Rig, s: Sqe| r.io(s, &mut t, &mut h, 16).status;
+    assert_eq!(io(&mut r, sqe(0x7f)), Status::INVALID_OPCODE);
+    assert_eq!(
+        io(&mut r, rw(IoOp::Read, 2, 0, 1, DATA, 0)),
+        Status::INVALID_NAMESPACE,
+        "not attached"
+    );
+    assert_eq!(
+        io(&mut r, rw(IoOp::Read, 9, 0, 1, DATA, 0)),
+        Status::INVALID_NAMESPACE
+    );
+    assert_eq!(
+        io(&mut r, rw(IoOp::Read, 1, 1023, 2, DATA, DATA + 4096)),
+        Status::LBA_OUT_OF_RANGE
+    );
+    assert_eq!(
+        io(&mut r, rw(IoOp::Read, 1, u64::MAX, 1, DATA, 0)),
+        Status::LBA_OUT_OF_RANGE
+    );
+    // Over MDTS (256 KiB).
+    assert_eq!(
+        io(&mut r, rw(IoOp::Read, 1, 0, 65, DATA, DATA + 0x40000)),
+        Status::INVALID_FIELD
+    );
+    let mut fused = rw(IoOp::Read, 1, 0, 1, DATA, 0);
+    fused.fuse = 1;
+    assert_eq!(io(&mut r, fused), Status::INVALID_FIELD);
+    let mut sgl = rw(IoOp::Read, 1, 0, 1, DATA, 0);
+    sgl.psdt = 1;
+    assert_eq!(io(&mut r, sgl), Status::INVALID_FIELD);
+    // PRP rules: a second page with an offset, a misaligned first entry,
+    // memory outside the client's.
+    assert_eq!(
+        io(&mut r, rw(IoOp::Read, 1, 0, 1, DATA + 0x800, DATA + 0x2010)),
+        Status::PRP_OFFSET_INVALID
+    );
+    assert_eq!(
+        io(&mut r, rw(IoOp::Read, 1, 0, 1, DATA + 2, 0)),
+        Status::PRP_OFFSET_INVALID
+    );
+    assert_eq!(
+        io(&mut r, rw(IoOp::Read, 1, 0, 1, 0x1000, 0)),
+        Status::DATA_TRANSFER_ERROR
+    );
+    assert_eq!(
+        io(&mut r, rw(IoOp::Read, 1, 0, 3, DATA, 0x7000_0000)),
+        Status::DATA_TRANSFER_ERROR,
+        "list unreadable"
+    );
+    // A 256 KiB write through a PRP list that starts 16 bytes before the
+    // end of its page: two entries there, the second chaining to the next
+    // list page.
+    let data: Vec<u8> = (0..0x40000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    r.mem.put(DATA, &data);
+    let list = DATA + 0x60000;
+    let first_list = list + 4096 - 16;
+    let pages: Vec<u64> = (1..64).map(|k| DATA + k * 4096).collect();
+    r.mem.put(first_list, &pages[0].to_le_bytes());
+    let next_list = list + 0x2000;
+    r.mem.put(first_list + 8, &next_list.to_le_bytes());
+    for (i, p) in pages[1..].iter().enumerate() {
+        r.mem.put(next_list + 8 * i as u64, &p.to_le_bytes());
+    }
+    assert_eq!(
+        io(&mut r, rw(IoOp::Write, 1, 8, 64, DATA, first_list)),
+        Status::SUCCESS
+    );
+    let f = std::fs::File::open(&r.store).unwrap();
+    let mut back = vec![0u8; data.len()];
+    f.read_exact_at(&mut back, 8 * 4096).unwrap();
+    assert!(back == data, "the store holds the data the PRP list named");
+    r.mem.put(DATA, &vec![0; data.len()]);
+    assert_eq!(
+        io(&mut r, rw(IoOp::Read, 1, 8, 64, DATA, first_list)),
+        Status::SUCCESS
+    );
+    assert!(r.mem.get(DATA, data.len()) == data);
+    assert_eq!(
+        io(&mut r, rw(IoOp::Compare, 1, 8, 64, DATA, first_list)),
+        Status::SUCCESS
+    );
+    r.mem.put(DATA + 100, &[!data[100]]);
+    assert_eq!(
+        io(&mut r, rw(IoOp::Compare, 1, 8, 64, DATA, first_list)),
+        Status::COMPARE_FAILURE
+    );
+    // Write Zeroes with deallocate reads back as zeroes.
+    let mut wz = rw(IoOp::WriteZeroes, 1, 8, 2, 0, 0);
+    wz.cdw[2] |= 1 << 25;
+    assert_eq!(io(&mut r, wz), Status::SUCCESS);
+    assert_eq!(
+        io(&mut r, rw(IoOp::Read, 1, 8, 2, DATA, DATA + 4096)),
+        Status::SUCCESS
+    );
+    assert!(r.mem.get(DATA, 8192).iter().all(|&b| b == 0));
+    // The error log has the failures, newest first, with their command
+    // ids and statuses.
+    let mut s = sqe(AdminOp::GetLogPage as u8);
+    GetLogPage {
+        lid: GetLogPage::ERROR,
+        len: 128,
+        offset: 0,
+    }
+    .encode(&mut s);
+    s.prp1 = DATA + 0x70000;
+    assert!(r.admin(s).status.is_success());
+    let log = r.mem.get(DATA + 0x70000, 128);
+    let count = u64::from_le_bytes(log[0..8].try_into().unwrap());
+    let older = u64::from_le_bytes(log[64..72].try_into().unwrap());
+    assert_eq!(count, older + 1);
+    let st = u16::from_le_bytes(log[12..14].try_into().unwrap()) >> 1;
+    assert_eq!(Status::from_field(st), Status::COMPARE_FAILURE);
+}
+
+#[test]
+fn shadow_doorbells_and_event_index_let_the_engine_sleep() {
+    let mut r = Rig::new(&["0:4M"]);
+    r.io_queues(8, 8);
+    let c = r.admin(Sqe {
+        opcode: AdminOp::DoorbellBuffer as u8,
+        prp1: SHADOW,
+        prp2: EVENTS,
+        ..Sqe::default()
+    });
+    assert!(c.status.is_success());
+    // The tail now comes from the shadow page, not the register.
+    let mut s = sqe(IoOp::Flush as u8);
+    s.nsid = 1;
+    s.cid = 5;
+    r.io_put(0, &s);
+    r.mem.put(SHADOW + 8, &1u32.to_le_bytes());
+    let done = r.pass();
+    assert_eq!(done.requests, 1);
+    assert_eq!(r.io_cqe(0).cid, 5);
+    r.mem.put(SHADOW + 12, &1u32.to_le_bytes());
+    // An idle pass arms EventIdx at the head; then the engine may sleep.
+    let idle = r.pass();
+    assert_eq!((idle.work, idle.busy), (0, false));
+    assert_eq!(r.mem.get(EVENTS + 8, 4), 1u32.to_le_bytes());
+    assert!(!r.ctl.prepare_sleep(), "nothing pending");
+    // A driver crossing EventIdx writes the register too: the sleeping
+    // engine's check sees it.
+    r.io_put(1, &s);
+    r.mem.put(SHADOW + 8, &2u32.to_le_bytes());
+    r.regs.store32(regs::sq_tail_doorbell(1), 2);
+    assert!(r.ctl.prepare_sleep(), "a register write wakes the engine");
+    assert_eq!(r.pass().requests, 1);
+}
+
+#[test]
+fn queue_creation_is_validated() {
+    let mut r = Rig::new(&["0:4M"]);
+    assert_eq!(
+        r.create(AdminOp::CreateCq, 0, 8, 0, IOCQ).status,
+        Status::INVALID_QUEUE_ID
+    );
+    assert_eq!(
+        r.create(AdminOp::CreateCq, 17, 8, 0, IOCQ).status,
+        Status::INVALID_QUEUE_ID
+    );
+    assert_eq!(
+        r.create(AdminOp::CreateCq, 1, 1, 0, IOCQ).status,
+        Status::INVALID_QUEUE_SIZE
+    );
+    assert_eq!(
+        r.create(AdminOp::CreateCq, 1, 5000, 0, IOCQ).status,
+        Status::INVALID_QUEUE_SIZE
+    );
+    assert_eq!(
+        r.create(AdminOp::CreateCq, 1, 8, 0, IOCQ + 8).status,
+        Status::PRP_OFFSET_INVALID
+    );
+    assert_eq!(
+        r.create(AdminOp::CreateCq, 1, 8, 0, 0x1000).status,
+        Status::DATA_TRANSFER_ERROR
+    );
+    assert!(r
+        .create(AdminOp::CreateCq, 1, 8, 0, IOCQ)
+        .status
+        .is_success());
+    assert_eq!(
+        r.create(AdminOp::CreateCq, 1, 8, 0, IOCQ).status,
+        Status::INVALID_QUEUE_ID
+    );
+    assert_eq!(
+        r.create(AdminOp::CreateSq, 1, 8, 2, IOSQ).status,
+        Status::CQ_INVALID
+    );
+    assert!(r
+        .create(AdminOp::CreateSq, 1, 8, 1, IOSQ)
+        .status
+        .is_success());
+    let del = |op: AdminOp, qid: u32| Sqe {
+        opcode: op as u8,
+        cdw: [qid, 0, 0, 0, 0, 0],
+        ..Sqe::default()
+    };
+    assert_eq!(
+        r.admin(del(AdminOp::DeleteCq, 1)).status,
+        Status::INVALID_QUEUE_DELETION
+    );
+    assert!(r.admin(del(AdminOp::DeleteSq, 1)).status.is_success());
+    assert_eq!(
+        r.admin(del(AdminOp::DeleteSq, 1)).status,
+        Status::INVALID_QUEUE_ID
+    );
+    assert!(r.admin(del(AdminOp::DeleteCq, 1)).status.is_success());
+    assert_eq!(
+        r.admin(del(AdminOp::DeleteCq, 0)).status,
+        Status::INVALID_QUEUE_ID
+    );
+    // Unknown admin opcodes, and Keep Alive (not advertised).
+    assert_eq!(r.admin(sqe(0x55)).status, Status::INVALID_OPCODE);
+    assert_eq!(
+        r.admin(sqe(AdminOp::KeepAlive as u8)).status,
+        Status::INVALID_OPCODE
+    );
+}
