@@ -4,60 +4,13 @@
 //! isolation between clients sharing one store.
 
 use std::os::unix::fs::FileExt;
-use std::sync::Arc;
 
-use wd_host::{DeviceConfig, Host, HostConfig};
 use wd_nvme_driver::msg::{AdminOp, IoOp, Sqe, Status};
-use wd_nvme_driver::{Controller, NvmeError, Options};
-use wd_testutil::{tempdir, TempDir};
-use wrapdrive::{HostConn, SharedBuf};
+use wd_nvme_driver::{Controller, Options};
+use wrapdrive::SharedBuf;
 
-struct TestHost {
-    _host: Host,
-    socket: String,
-    dir: TempDir,
-}
-
-impl TestHost {
-    fn conn(&self) -> Arc<HostConn> {
-        HostConn::connect(&self.socket).expect("connect")
-    }
-    fn store(&self) -> String {
-        self.dir.join("store.img")
-    }
-}
-
-/// A host with an `nvme` device whose namespaces are `namespaces`
-/// (`OFFSET:SIZE[:BLOCK]` on one store file each).
-fn start(namespaces: &[&str]) -> TestHost {
-    let dir = tempdir("wd-nvme-test");
-    let socket = dir.join("wd.sock");
-    let store = dir.join("store.img");
-    std::fs::write(&store, b"").unwrap();
-    let mut spec = "nvme".to_string();
-    for (i, ns) in namespaces.iter().enumerate() {
-        spec.push(if i == 0 { ':' } else { ',' });
-        spec.push_str(&format!("ns={store}:{ns}"));
-    }
-    let cfg = HostConfig {
-        socket: socket.clone(),
-        socket_mode: 0o666,
-        devices: vec![DeviceConfig::parse_spec(&spec).unwrap()],
-        ..HostConfig::default()
-    };
-    TestHost {
-        _host: Host::start(&cfg).expect("host starts"),
-        socket,
-        dir,
-    }
-}
-
-fn status_of<T: std::fmt::Debug>(r: Result<T, NvmeError>) -> Status {
-    match r {
-        Err(NvmeError::Command { status, .. }) => status,
-        other => panic!("expected a status error, got {other:?}"),
-    }
-}
+mod common;
+use common::{start, status_of};
 
 #[test]
 fn bring_up_identify_and_round_trip() {

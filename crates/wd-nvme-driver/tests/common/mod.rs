@@ -1,0 +1,75 @@
+//! A host in this test process with an `nvme` device on a fresh store,
+//! for every integration test of the driver.
+
+// Each test binary compiles this module and uses a part of it.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use wd_host::{DeviceConfig, Host, HostConfig};
+use wd_nvme_driver::msg::Status;
+use wd_nvme_driver::NvmeError;
+use wd_testutil::{tempdir, TempDir};
+use wrapdrive::HostConn;
+
+/// The host, its socket, and the directory holding the socket and store.
+pub struct TestHost {
+    _host: Host,
+    /// Where clients connect.
+    pub socket: String,
+    dir: TempDir,
+}
+
+impl TestHost {
+    /// A new connection.
+    pub fn conn(&self) -> Arc<HostConn> {
+        HostConn::connect(&self.socket).expect("connect")
+    }
+
+    /// The backing store's path.
+    pub fn store(&self) -> String {
+        self.dir.join("store.img")
+    }
+}
+
+/// A host whose `nvme` device (with `options`, e.g. "engine=sync,") has
+/// the namespaces `namespaces` (`OFFSET:SIZE[:BLOCK]`) on one store file;
+/// `prepare` may write the store first.
+pub fn start_with(options: &str, namespaces: &[&str], prepare: impl FnOnce(&str)) -> TestHost {
+    let dir = tempdir("wd-nvme-test");
+    let socket = dir.join("wd.sock");
+    let store = dir.join("store.img");
+    std::fs::write(&store, b"").unwrap();
+    prepare(&store);
+    let mut spec = format!("nvme:{options}");
+    for (i, ns) in namespaces.iter().enumerate() {
+        if i > 0 {
+            spec.push(',');
+        }
+        spec.push_str(&format!("ns={store}:{ns}"));
+    }
+    let cfg = HostConfig {
+        socket: socket.clone(),
+        socket_mode: 0o666,
+        devices: vec![DeviceConfig::parse_spec(&spec).unwrap()],
+        ..HostConfig::default()
+    };
+    TestHost {
+        _host: Host::start(&cfg).expect("host starts"),
+        socket,
+        dir,
+    }
+}
+
+/// A host with the default engine.
+pub fn start(namespaces: &[&str]) -> TestHost {
+    start_with("", namespaces, |_| {})
+}
+
+/// The status of a command that must have failed with one.
+pub fn status_of<T: std::fmt::Debug>(r: Result<T, NvmeError>) -> Status {
+    match r {
+        Err(NvmeError::Command { status, .. }) => status,
+        other => panic!("expected a status error, got {other:?}"),
+    }
+}
