@@ -151,7 +151,7 @@ fn child_entry() {
     let slots = ns.blocks * ns.block / bs;
     let mut done = Vec::new();
     let mut completed = 0u64;
-    let mut push = |q: &mut wd_nvme_driver::IoQueue, rng: &mut Rng| {
+    let push = |q: &mut wd_nvme_driver::IoQueue, rng: &mut Rng| {
         let slot = q.pair().next_cid().unwrap() as u64;
         let lba = rng.below(slots) * bs / ns.block;
         q.push_rw(
