@@ -3,18 +3,17 @@
 //! driver written here from the specification: the enable/reset/shutdown
 //! sequence, queue rules, phase tags and back-pressure, statuses, PRP
 //! lists, shadow doorbells and asynchronous events.
-#![allow(unsafe_code)]
 
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use wd_device::{Access, DeviceQueue, DeviceSlice, Dma, Driver, Fault, Registers};
-use wd_iommu::FaultReason;
+use wd_device::{DeviceQueue, Driver, Registers};
 use wd_nvme::msg::cmd::{CreateQueue, GetLogPage};
 use wd_nvme::msg::regs::{self, Cc};
 use wd_nvme::msg::{AdminOp, Cqe, IoOp, Sqe, Status, CQE_SIZE, SQE_SIZE};
 use wd_nvme::{IoEngine, NvmeDriver};
+use wd_testutil::dma::FlatMemory;
 
 /// Where the client memory starts (IOVA).
 const BASE: u64 = 0x10_0000;
@@ -27,69 +26,12 @@ const EVENTS: u64 = BASE + 0x5000;
 const DATA: u64 = BASE + 0x10_0000;
 const ADMIN_ENTRIES: u32 = 8;
 
-/// Client memory: flat, at BASE; outside it every access faults.
-struct Mem {
-    bytes: Vec<u8>,
-}
-
-impl Mem {
-    fn off(&self, a: u64, len: u64, access: Access) -> Result<usize, Fault> {
-        match a.checked_sub(BASE) {
-            Some(o)
-                if o.checked_add(len)
-                    .is_some_and(|e| e <= self.bytes.len() as u64) =>
-            {
-                Ok(o as usize)
-            }
-            _ => Err(Fault {
-                iova: a,
-                pasid: 1,
-                access,
-                reason: FaultReason::Unmapped,
-            }),
-        }
-    }
-    fn put(&mut self, a: u64, data: &[u8]) {
-        let o = (a - BASE) as usize;
-        self.bytes[o..o + data.len()].copy_from_slice(data);
-    }
-    fn get(&self, a: u64, len: usize) -> Vec<u8> {
-        let o = (a - BASE) as usize;
-        self.bytes[o..o + len].to_vec()
-    }
-}
-
-impl Dma<'static> for Mem {
-    fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Fault> {
-        let s = self.off(src, len, Access::Read)?;
-        let d = self.off(dst, len, Access::Write)?;
-        self.bytes.copy_within(s..s + len as usize, d);
-        Ok(())
-    }
-    fn read(&mut self, src: u64, buf: &mut [u8]) -> Result<(), Fault> {
-        let s = self.off(src, buf.len() as u64, Access::Read)?;
-        buf.copy_from_slice(&self.bytes[s..s + buf.len()]);
-        Ok(())
-    }
-    fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), Fault> {
-        let d = self.off(dst, data.len() as u64, Access::Write)?;
-        self.bytes[d..d + data.len()].copy_from_slice(data);
-        Ok(())
-    }
-    fn slice(&mut self, iova: u64, len: u64, access: Access) -> Option<DeviceSlice<'static>> {
-        let o = self.off(iova, len, access).ok()?;
-        // SAFETY: inside `bytes`, never resized, alive for the whole test
-        // (the 'static is the test's promise).
-        Some(unsafe { DeviceSlice::from_raw(self.bytes.as_mut_ptr().add(o), len as usize) })
-    }
-}
-
 /// A controller, its registers, the client's memory and a tiny driver's
 /// state.
 struct Rig {
     ctl: Box<dyn DeviceQueue>,
     regs: Registers,
-    mem: Mem,
+    mem: FlatMemory,
     store: std::path::PathBuf,
     _dir: wd_testutil::TempDir,
     asq_tail: u32,
@@ -126,9 +68,7 @@ impl Rig {
         let mut rig = Rig {
             ctl,
             regs: r,
-            mem: Mem {
-                bytes: vec![0; 2 << 20],
-            },
+            mem: FlatMemory::new(BASE, 2 << 20),
             store,
             _dir: dir,
             asq_tail: 0,

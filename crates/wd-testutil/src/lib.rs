@@ -5,9 +5,12 @@
 //! line to `$WD_SKIP_LOG`, which `scripts/test-all.sh` counts by reason.
 //!
 //! Besides: private temporary directories, waiting for a condition with a
-//! deadline, and re-running the test binary as another process in a
-//! "role" (a client to kill, a host to lose), written once.
+//! deadline, re-running the test binary as another process in a "role" (a
+//! client to kill, a host to lose), and client memory for driving a device
+//! without a host ([`dma::FlatMemory`]), written once.
 #![deny(unsafe_code)]
+
+pub mod dma;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
