@@ -409,6 +409,21 @@ impl Controller {
             waker,
             self.dbbuf.clone(),
         )?;
+        if let Err(e) = self.create_pair(&qp) {
+            // Refused: whatever the controller kept cannot reach this
+            // memory once it is unshared.
+            qp.unshare(&mut self.queue)?;
+            return Err(e);
+        }
+        self.used_qids[qid as usize] = true;
+        Ok(IoQueue::new(qp))
+    }
+
+    /// Create the completion queue, then the submission queue, of `qp`
+    /// (the completion queue goes again when the submission queue is
+    /// refused).
+    fn create_pair(&mut self, qp: &QueuePair) -> Result<()> {
+        let (qid, entries) = (qp.qid(), qp.entries());
         let mut sqe = Sqe {
             opcode: AdminOp::CreateCq as u8,
             ..Sqe::default()
@@ -438,8 +453,7 @@ impl Controller {
             let _ = self.delete_queue(AdminOp::DeleteCq, qid);
             return Err(e);
         }
-        self.used_qids[qid as usize] = true;
-        Ok(IoQueue::new(qp))
+        Ok(())
     }
 
     fn delete_queue(&mut self, op: AdminOp, qid: u16) -> Result<()> {
@@ -456,10 +470,18 @@ impl Controller {
 
     /// Delete an I/O queue pair (its submission queue, then its
     /// completion queue).
+    ///
+    /// The queue's memory leaves the controller's domain whatever the
+    /// controller answers: one that failed to delete the queue faults on
+    /// its next access instead of writing into reused memory.
     pub fn delete_io_queue(&mut self, q: IoQueue) -> Result<()> {
-        let qid = q.qid();
-        self.delete_queue(AdminOp::DeleteSq, qid)?;
-        self.delete_queue(AdminOp::DeleteCq, qid)?;
+        let qp = q.into_pair();
+        let qid = qp.qid();
+        let deleted = self
+            .delete_queue(AdminOp::DeleteSq, qid)
+            .and_then(|()| self.delete_queue(AdminOp::DeleteCq, qid));
+        qp.unshare(&mut self.queue)?;
+        deleted?;
         if let Some(u) = self.used_qids.get_mut(qid as usize) {
             *u = false;
         }

@@ -63,15 +63,23 @@ impl QueuePair {
         // Reused allocator memory is not zeroed: a stale phase tag would
         // read as a completion.
         cq.write(0, &vec![0u8; cq.len() as usize]);
-        queue.share(sq.addr(), sq.len())?;
-        queue.share(cq.addr(), cq.len())?;
         let prp = if qid > 0 {
-            let p = SharedBuf::new((entries as u64 * PRP_LIST_BYTES) as usize)?;
-            queue.share(p.addr(), p.len())?;
-            Some(p)
+            Some(SharedBuf::new((entries as u64 * PRP_LIST_BYTES) as usize)?)
         } else {
             None
         };
+        let mut shared: Vec<&SharedBuf> = Vec::with_capacity(3);
+        for b in [Some(&sq), Some(&cq), prp.as_ref()].into_iter().flatten() {
+            if let Err(e) = queue.share(b.addr(), b.len()) {
+                // Nothing stays reachable by the controller once the
+                // buffers go back to the allocator.
+                for s in shared {
+                    let _ = queue.unshare(s.addr(), s.len());
+                }
+                return Err(e.into());
+            }
+            shared.push(b);
+        }
         if let Some(d) = &dbbuf {
             // The shadow tail and head start at 0, like the queue.
             let sq_off = (regs::sq_tail_doorbell(qid) - regs::DOORBELLS) as u64;
@@ -103,6 +111,19 @@ impl QueuePair {
     /// Queue id.
     pub fn qid(&self) -> u16 {
         self.qid
+    }
+
+    /// Take the queue's memory out of the controller's domain, before the
+    /// buffers go back to the allocator (the controller must no longer
+    /// use the queue: deleted, or never created).
+    pub(crate) fn unshare(&self, queue: &mut Queue) -> Result<()> {
+        for b in [Some(&self.sq), Some(&self.cq), self.prp.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            queue.unshare(b.addr(), b.len())?;
+        }
+        Ok(())
     }
 
     /// Entries.
@@ -326,6 +347,10 @@ pub struct Namespace {
 impl IoQueue {
     pub(crate) fn new(qp: QueuePair) -> IoQueue {
         IoQueue { qp }
+    }
+
+    pub(crate) fn into_pair(self) -> QueuePair {
+        self.qp
     }
 
     /// Queue id.

@@ -189,6 +189,7 @@ impl Controller {
         if let Err(st) = self.queue_memory(&q, CQE_SIZE, dma) {
             return done(st);
         }
+        self.start_doorbell(dma, q.qid, true);
         self.cqs[q.qid as usize] = Some(Cq {
             base: q.base,
             entries: q.entries,
@@ -197,6 +198,7 @@ impl Controller {
             phase: true,
             bound: 0,
             reserved: 0,
+            bad_doorbell: false,
         });
         done(Status::SUCCESS)
     }
@@ -222,6 +224,7 @@ impl Controller {
         if let Some(cq) = self.cqs[cqid as usize].as_mut() {
             cq.bound += 1;
         }
+        self.start_doorbell(dma, q.qid, false);
         self.sqs[q.qid as usize] = Some(Sq {
             base: q.base,
             entries: q.entries,

@@ -50,6 +50,9 @@ pub(crate) struct Cq {
     pub bound: u16,
     /// Entries promised to commands in flight.
     pub reserved: u32,
+    /// The head doorbell held an invalid value (reported once, until a
+    /// valid head is read).
+    pub bad_doorbell: bool,
 }
 
 impl Cq {
@@ -316,6 +319,7 @@ impl Controller {
                     phase: true,
                     bound: 1,
                     reserved: 0,
+                    bad_doorbell: false,
                 });
                 self.ready = true;
             }
@@ -363,6 +367,27 @@ impl Controller {
             }
         }
         r.load32(reg)
+    }
+
+    /// A queue being created starts at entry 0 whatever its doorbell (and
+    /// shadow doorbell) still holds from a deleted queue with the same id
+    /// (NVMe Base §4.1): a driver writes a doorbell only to move it, so a
+    /// stale tail would replay old entries.
+    pub(crate) fn start_doorbell(&mut self, dma: &mut dyn Dma<'_>, qid: u16, cq: bool) {
+        let reg = if cq {
+            regs::cq_head_doorbell(qid)
+        } else {
+            regs::sq_tail_doorbell(qid)
+        };
+        if let Some(r) = &self.regs {
+            r.store32(reg, 0);
+        }
+        if !cq {
+            self.mmio_seen[qid as usize] = 0;
+        }
+        if let Some((shadow, _)) = self.dbbuf {
+            let _ = dma.write(shadow + (reg - regs::DOORBELLS) as u64, &[0; 4]);
+        }
     }
 
     /// An idle pass with shadow doorbells: write each I/O submission
@@ -440,11 +465,17 @@ impl Controller {
         }
         let head = self.doorbell(r, dma, cqid, true);
         if head >= cq.entries {
-            self.event_error(0x01);
+            if !cq.bad_doorbell {
+                self.event_error(0x01);
+            }
+            if let Some(c) = self.cqs[cqid as usize].as_mut() {
+                c.bad_doorbell = true;
+            }
             return false;
         }
         let cq = self.cqs[cqid as usize].as_mut().expect("checked");
         cq.head = head;
+        cq.bad_doorbell = false;
         cq.free() > 0
     }
 

@@ -1,15 +1,29 @@
 //! Client memory for driving a device without a host: a flat byte vector
 //! at an IOVA base behind the [`Dma`] trait. Anything outside it faults
 //! (unmapped), as an address the client never shared does through a real
-//! domain; `slice` works in place, so devices take their fast paths.
+//! domain, so a device's fault paths run too.
+//!
+//! `slice` works in place by default, so devices take their fast paths
+//! (the engine slices memory a client shared); [`FlatMemory::set_slices`]
+//! turns it off, so they take their `read`/`write` paths instead (the
+//! engine's way to a client's own memory, reached through its
+//! descriptor). `hold` says no: a device runs the request now, which is
+//! what a test driving it pass by pass wants.
 #![allow(unsafe_code)]
 
 use wd_device::{Access, DeviceSlice, Dma, Fault, FaultReason};
 
-/// `bytes.len()` bytes of client memory at IOVA `base`.
+/// `len` bytes of client memory at IOVA `base`.
+///
+/// It implements `Dma<'static>`: a device reaches it through
+/// `&mut dyn Dma<'_>` for one call (`DeviceQueue::service`, `process`),
+/// which cannot keep a slice past that call, and the memory outlives the
+/// call. A test that calls [`Dma::slice`] itself must drop the slice
+/// before the memory.
 pub struct FlatMemory {
     base: u64,
     bytes: Vec<u8>,
+    slices: bool,
 }
 
 impl FlatMemory {
@@ -18,7 +32,14 @@ impl FlatMemory {
         FlatMemory {
             base,
             bytes: vec![0; len],
+            slices: true,
         }
+    }
+
+    /// Whether `slice` hands out in-place slices (true at first) or
+    /// `None`, making devices go through `read` and `write`.
+    pub fn set_slices(&mut self, on: bool) {
+        self.slices = on;
     }
 
     /// First IOVA.
@@ -36,6 +57,7 @@ impl FlatMemory {
         self.bytes.is_empty()
     }
 
+    /// The offset of `[a, a + len)`, or the fault an access there takes.
     fn off(&self, a: u64, len: u64, access: Access) -> Result<usize, Fault> {
         match a.checked_sub(self.base) {
             Some(o)
@@ -53,7 +75,8 @@ impl FlatMemory {
         }
     }
 
-    /// Write `data` at `a` (the client's own store). Panics outside.
+    /// Write `data` at `a` (the client's own store). Panics outside: a
+    /// test addressing memory it does not have is wrong.
     pub fn put(&mut self, a: u64, data: &[u8]) {
         let o = self
             .off(a, data.len() as u64, Access::Write)
@@ -89,10 +112,38 @@ impl Dma<'static> for FlatMemory {
     }
 
     fn slice(&mut self, iova: u64, len: u64, access: Access) -> Option<DeviceSlice<'static>> {
+        if !self.slices {
+            return None;
+        }
         let o = self.off(iova, len, access).ok()?;
-        // SAFETY: inside `bytes`, which is never resized; the 'static is
-        // the caller's promise that the memory outlives every request it
-        // runs (it drops the device's requests before this memory).
+        // SAFETY: `o..o + len` is inside `bytes`, which is never resized,
+        // so the pointer stays valid as long as `self` lives; a device
+        // gets the slice through `&mut dyn Dma<'_>` and cannot keep it
+        // past the call that borrows `self` (see the type's docs).
         Some(unsafe { DeviceSlice::from_raw(self.bytes.as_mut_ptr().add(o), len as usize) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_fault_and_slices_are_optional() {
+        let mut m = FlatMemory::new(0x1000, 64);
+        m.write(0x1000, &[1, 2, 3]).unwrap();
+        m.copy(0x1000 + 61, 0x1000, 3).unwrap();
+        assert_eq!(m.get(0x1000 + 61, 3), [1, 2, 3]);
+        let f = m.read(0x1000 + 62, &mut [0; 3]).unwrap_err();
+        assert_eq!((f.iova, f.reason), (0x1000 + 62, FaultReason::Unmapped));
+        assert!(m.write(0xfff, &[0]).is_err());
+        assert!(m.copy(0x1000, u64::MAX, 2).is_err());
+        let s = m.slice(0x1000, 4, Access::Write).unwrap();
+        s.write_from(0, &[9]);
+        assert_eq!(m.get(0x1000, 1), [9]);
+        assert!(m.slice(0x1000, 65, Access::Read).is_none());
+        m.set_slices(false);
+        assert!(m.slice(0x1000, 4, Access::Read).is_none());
+        assert!(m.hold(0x1000, 4, Access::Read).is_none());
     }
 }

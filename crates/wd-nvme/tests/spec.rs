@@ -1,0 +1,757 @@
+//! More of the specification, on one controller driven directly (register
+//! block, `service` passes, client memory in a [`FlatMemory`]) by a tiny
+//! driver written here. `controller_spec.rs` covers enable/reset/shutdown,
+//! queue rules, statuses, PRP lists, shadow doorbells and events; this
+//! file covers what it leaves out: Identify, fatal admin queue
+//! attributes, queues re-created with stale doorbells, many laps of phase
+//! tags against a model, back-pressure released through a shadow head,
+//! invalid completion head doorbells and the event limit, a reset with
+//! submissions pending, and data placed at a namespace's offset in the
+//! store.
+
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use wd_device::{DeviceQueue, Driver, Registers};
+use wd_nvme::msg::cmd::CreateQueue;
+use wd_nvme::msg::identify::{self, cns, ControllerInfo, NamespaceInfo, IDENTIFY_BYTES};
+use wd_nvme::msg::regs::{self, Cc};
+use wd_nvme::msg::{AdminOp, Cqe, IoOp, Sqe, Status, CQE_SIZE, SQE_SIZE};
+use wd_nvme::{IoEngine, NvmeDriver};
+use wd_testutil::dma::FlatMemory;
+
+/// Client memory (IOVA): queues, shadow doorbells, then data.
+const BASE: u64 = 0x40_0000;
+const ASQ: u64 = BASE;
+const ACQ: u64 = BASE + 0x1000;
+const IOSQ: u64 = BASE + 0x2000;
+const IOCQ: u64 = BASE + 0x3000;
+const SHADOW: u64 = BASE + 0x4000;
+const EVENTS: u64 = BASE + 0x5000;
+const DATA: u64 = BASE + 0x10000;
+const MEM: usize = 1 << 20;
+const ADMIN_ENTRIES: u32 = 8;
+const MIB: u64 = 1 << 20;
+
+/// A controller, its registers, the client's memory and the driver's
+/// admin queue state.
+struct Rig {
+    ctl: Box<dyn DeviceQueue>,
+    regs: Registers,
+    mem: FlatMemory,
+    store: std::path::PathBuf,
+    _dir: wd_testutil::TempDir,
+    asq_tail: u32,
+    acq_head: u32,
+    acq_phase: bool,
+    next_cid: u16,
+    cntlid: u16,
+}
+
+fn sqe(opcode: u8) -> Sqe {
+    Sqe {
+        opcode,
+        ..Sqe::default()
+    }
+}
+
+fn rw(op: IoOp, nsid: u32, slba: u64, nlb: u32, prp1: u64, prp2: u64) -> Sqe {
+    let mut s = sqe(op as u8);
+    s.nsid = nsid;
+    s.cdw[0] = slba as u32;
+    s.cdw[1] = (slba >> 32) as u32;
+    s.cdw[2] = nlb - 1;
+    s.prp1 = prp1;
+    s.prp2 = prp2;
+    s
+}
+
+fn cc_enabled() -> u32 {
+    Cc {
+        en: true,
+        iosqes: 6,
+        iocqes: 4,
+        ..Cc::default()
+    }
+    .to_u32()
+}
+
+impl Rig {
+    /// A controller on a fresh store with namespaces `specs`
+    /// (`OFFSET:SIZE[:BLOCK]`), not yet enabled.
+    fn bare(specs: &[&str]) -> Rig {
+        let dir = wd_testutil::tempdir("wd-nvme-spec2");
+        let store = dir.path().join("store.img");
+        let specs: Vec<String> = specs
+            .iter()
+            .map(|s| format!("{}:{s}", store.display()))
+            .collect();
+        let driver = NvmeDriver::new(&specs, IoEngine::Sync).unwrap();
+        let mut ctl = driver.open_queue(0);
+        let fd = wd_sys::memfd_create("regs", false).unwrap();
+        wd_sys::ftruncate(fd.as_fd(), regs::BLOCK_BYTES as u64).unwrap();
+        let map = Arc::new(wd_sys::Mapping::map_shared(fd.as_fd(), 0, regs::BLOCK_BYTES).unwrap());
+        let r = Registers::new(map, 0, regs::BLOCK_BYTES).unwrap();
+        ctl.attach_registers(r.clone());
+        Rig {
+            ctl,
+            regs: r,
+            mem: FlatMemory::new(BASE, MEM),
+            store,
+            _dir: dir,
+            asq_tail: 0,
+            acq_head: 0,
+            acq_phase: true,
+            next_cid: 1,
+            cntlid: 0,
+        }
+    }
+
+    /// Enabled, its controller id learnt, namespace 1 attached.
+    fn new(specs: &[&str]) -> Rig {
+        let mut r = Rig::bare(specs);
+        r.enable();
+        let info = ControllerInfo::from_bytes(&r.identify(cns::CONTROLLER, 0).unwrap());
+        r.cntlid = info.cntlid;
+        assert_eq!(r.attach(1), Status::SUCCESS);
+        r
+    }
+
+    fn pass(&mut self) -> wd_device::Service {
+        self.ctl.service(&mut self.mem)
+    }
+
+    fn csts(&self) -> u32 {
+        self.regs.load32(regs::CSTS)
+    }
+
+    /// Disable, configure the admin queue, enable: ready.
+    fn enable(&mut self) {
+        self.regs.store32(regs::CC, 0);
+        self.pass();
+        assert_eq!(self.csts() & regs::CSTS_RDY, 0);
+        self.mem.put(ACQ, &[0; 0x1000]);
+        self.asq_tail = 0;
+        self.acq_head = 0;
+        self.acq_phase = true;
+        self.regs
+            .store32(regs::AQA, regs::aqa_encode(ADMIN_ENTRIES, ADMIN_ENTRIES));
+        self.regs.store64(regs::ASQ, ASQ);
+        self.regs.store64(regs::ACQ, ACQ);
+        self.regs.store32(regs::CC, cc_enabled());
+        self.pass();
+        assert_eq!(self.csts(), regs::CSTS_RDY, "ready, nothing else");
+    }
+
+    /// The admin completion at the head, if its phase says it is new.
+    fn admin_cqe(&mut self) -> Option<Cqe> {
+        let at = ACQ + self.acq_head as u64 * CQE_SIZE as u64;
+        let c = Cqe::from_bytes(&self.mem.get(at, CQE_SIZE).try_into().unwrap());
+        if c.phase != self.acq_phase {
+            return None;
+        }
+        self.acq_head = (self.acq_head + 1) % ADMIN_ENTRIES;
+        if self.acq_head == 0 {
+            self.acq_phase = !self.acq_phase;
+        }
+        self.regs.store32(regs::cq_head_doorbell(0), self.acq_head);
+        Some(c)
+    }
+
+    /// Put an admin command in the queue and ring; its command id.
+    fn admin_submit(&mut self, mut s: Sqe) -> u16 {
+        s.cid = self.next_cid;
+        self.next_cid += 1;
+        self.mem
+            .put(ASQ + self.asq_tail as u64 * SQE_SIZE as u64, &s.to_bytes());
+        self.asq_tail = (self.asq_tail + 1) % ADMIN_ENTRIES;
+        self.regs.store32(regs::sq_tail_doorbell(0), self.asq_tail);
+        s.cid
+    }
+
+    /// Run one admin command; its completion.
+    fn admin(&mut self, s: Sqe) -> Cqe {
+        let cid = self.admin_submit(s);
+        self.pass();
+        let c = self.admin_cqe().expect("admin completion");
+        assert_eq!((c.cid, c.sq_id), (cid, 0));
+        c
+    }
+
+    /// Identify with CNS `cns` for `nsid`, into DATA: the structure, or
+    /// the failed status.
+    fn identify(&mut self, cns: u8, nsid: u32) -> Result<Box<[u8; IDENTIFY_BYTES]>, Status> {
+        self.mem.put(DATA, &[0xee; IDENTIFY_BYTES]);
+        let c = self.admin(Sqe {
+            opcode: AdminOp::Identify as u8,
+            nsid,
+            prp1: DATA,
+            cdw: [cns as u32, 0, 0, 0, 0, 0],
+            ..Sqe::default()
+        });
+        if !c.status.is_success() {
+            return Err(c.status);
+        }
+        Ok(Box::new(
+            self.mem.get(DATA, IDENTIFY_BYTES).try_into().unwrap(),
+        ))
+    }
+
+    fn attach(&mut self, nsid: u32) -> Status {
+        let list = DATA + 0x8000;
+        let mut l = vec![0u8; 4096];
+        l[0..2].copy_from_slice(&1u16.to_le_bytes());
+        l[2..4].copy_from_slice(&self.cntlid.to_le_bytes());
+        self.mem.put(list, &l);
+        self.admin(Sqe {
+            opcode: AdminOp::NsAttach as u8,
+            nsid,
+            prp1: list,
+            ..Sqe::default()
+        })
+        .status
+    }
+
+    fn create(&mut self, op: AdminOp, qid: u16, entries: u32, other: u16, base: u64) -> Status {
+        let mut s = sqe(op as u8);
+        CreateQueue {
+            qid,
+            entries,
+            contiguous: true,
+            other,
+            base,
+        }
+        .encode(&mut s);
+        self.admin(s).status
+    }
+
+    fn delete(&mut self, op: AdminOp, qid: u16) -> Status {
+        self.admin(Sqe {
+            opcode: op as u8,
+            cdw: [qid as u32, 0, 0, 0, 0, 0],
+            ..Sqe::default()
+        })
+        .status
+    }
+
+    /// I/O queue pair 1 (SQ of `sq` entries, CQ of `cq`), CQ memory
+    /// zeroed first.
+    fn io_queues(&mut self, sq: u32, cq: u32) {
+        self.mem.put(IOCQ, &[0; 0x1000]);
+        assert_eq!(
+            self.create(AdminOp::CreateCq, 1, cq, 0, IOCQ),
+            Status::SUCCESS
+        );
+        assert_eq!(
+            self.create(AdminOp::CreateSq, 1, sq, 1, IOSQ),
+            Status::SUCCESS
+        );
+    }
+
+    fn io_put(&mut self, slot: u32, s: &Sqe) {
+        self.mem
+            .put(IOSQ + slot as u64 * SQE_SIZE as u64, &s.to_bytes());
+    }
+
+    fn io_cqe(&self, slot: u32) -> Cqe {
+        let at = IOCQ + slot as u64 * CQE_SIZE as u64;
+        Cqe::from_bytes(&self.mem.get(at, CQE_SIZE).try_into().unwrap())
+    }
+
+    /// Pending events: submit an Asynchronous Event Request; it must be
+    /// held (no completion yet). Its command id.
+    fn aer(&mut self) -> u16 {
+        let cid = self.admin_submit(sqe(AdminOp::AsyncEvent as u8));
+        self.pass();
+        assert!(self.admin_cqe().is_none(), "an event request waits");
+        cid
+    }
+}
+
+fn flush(cid: u16) -> Sqe {
+    let mut s = sqe(IoOp::Flush as u8);
+    s.nsid = 1;
+    s.cid = cid;
+    s
+}
+
+/// A deterministic generator (xorshift64).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+#[test]
+fn identify_describes_the_controller_and_its_namespaces() {
+    let mut r = Rig::new(&["0:4M", "4M:2M:512", "6M:1M"]);
+    let c = ControllerInfo::from_bytes(&r.identify(cns::CONTROLLER, 0).unwrap());
+    assert_eq!(c.version, regs::VERSION_1_4);
+    assert_eq!(c.nn, 3, "NN is the largest namespace id");
+    assert_eq!(c.mdts, 6, "256 KiB transfers, as the I/O path enforces");
+    assert_ne!(c.oacs & identify::OACS_DOORBELL_BUFFER, 0);
+    assert_ne!(c.oacs & identify::OACS_NS_MANAGEMENT, 0);
+    assert_eq!(
+        c.oncs,
+        identify::ONCS_COMPARE | identify::ONCS_DSM | identify::ONCS_WRITE_ZEROES
+    );
+    assert_eq!(c.aerl, 3);
+    assert!(c.subnqn.starts_with("nqn."));
+    let raw = r.identify(cns::CONTROLLER, 0).unwrap();
+    // SQES / CQES: 64- and 16-byte entries, required and maximum.
+    assert_eq!((raw[512], raw[513]), (0x66, 0x44));
+    // An attached namespace: its size and block size.
+    let n1 = NamespaceInfo::from_bytes(&r.identify(cns::NAMESPACE, 1).unwrap());
+    assert_eq!((n1.nsze, n1.ncap, n1.block_size()), (1024, 1024, 4096));
+    // A namespace that exists but is not attached here: all zeroes.
+    assert!(r
+        .identify(cns::NAMESPACE, 2)
+        .unwrap()
+        .iter()
+        .all(|&b| b == 0));
+    assert_eq!(r.attach(2), Status::SUCCESS);
+    let n2 = NamespaceInfo::from_bytes(&r.identify(cns::NAMESPACE, 2).unwrap());
+    assert_eq!((n2.nsze, n2.block_size()), (4096, 512));
+    assert_ne!(n1.nguid, n2.nguid, "namespace ids are unique");
+    // One that does not exist, and the broadcast id.
+    assert_eq!(
+        r.identify(cns::NAMESPACE, 9).unwrap_err(),
+        Status::INVALID_NAMESPACE
+    );
+    assert_eq!(
+        r.identify(cns::NAMESPACE, 0).unwrap_err(),
+        Status::INVALID_NAMESPACE
+    );
+    // Active namespaces here, after an NSID; allocated ones.
+    let list = |b: Box<[u8; IDENTIFY_BYTES]>| identify::parse_nsid_list(&b);
+    assert_eq!(list(r.identify(cns::ACTIVE_NAMESPACES, 0).unwrap()), [1, 2]);
+    assert_eq!(list(r.identify(cns::ACTIVE_NAMESPACES, 1).unwrap()), [2]);
+    assert_eq!(
+        list(r.identify(cns::ALLOCATED_NAMESPACES, 0).unwrap()),
+        [1, 2, 3]
+    );
+    assert_eq!(
+        r.identify(cns::ACTIVE_NAMESPACES, 0xffff_fffe).unwrap_err(),
+        Status::INVALID_NAMESPACE
+    );
+    // Descriptors: EUI-64 then NGUID, as Identify Namespace has them.
+    let d = r.identify(cns::NS_DESCRIPTORS, 2).unwrap();
+    assert_eq!((d[0], d[1], d[12], d[13]), (1, 8, 2, 16));
+    assert_eq!(&d[4..12], &n2.eui64);
+    assert_eq!(&d[16..32], &n2.nguid);
+    assert_eq!(
+        r.identify(cns::NS_DESCRIPTORS, 3).unwrap_err(),
+        Status::INVALID_NAMESPACE,
+        "not attached"
+    );
+    assert_eq!(r.identify(0x7f, 0).unwrap_err(), Status::INVALID_FIELD);
+    // A structure that starts mid-page continues in PRP2's page.
+    let whole = r.identify(cns::CONTROLLER, 0).unwrap();
+    r.mem.put(DATA, &[0; 3 * 4096]);
+    let c = r.admin(Sqe {
+        opcode: AdminOp::Identify as u8,
+        prp1: DATA + 0x800,
+        prp2: DATA + 0x2000,
+        cdw: [cns::CONTROLLER as u32, 0, 0, 0, 0, 0],
+        ..Sqe::default()
+    });
+    assert_eq!(c.status, Status::SUCCESS);
+    assert_eq!(r.mem.get(DATA + 0x800, 0x800), whole[..0x800]);
+    assert_eq!(r.mem.get(DATA + 0x2000, 0x800), whole[0x800..]);
+    assert!(
+        r.mem.get(DATA + 0x1000, 0x1000).iter().all(|&b| b == 0),
+        "the rest of PRP1's page is not written"
+    );
+}
+
+#[test]
+fn admin_queue_attributes_and_command_sets_it_cannot_run_are_fatal() {
+    let mut r = Rig::bare(&["0:4M"]);
+    let fatal = |r: &mut Rig, aqa: u32, cc: u32, what: &str| {
+        r.regs.store32(regs::CC, 0);
+        r.pass();
+        assert_eq!(r.csts(), 0, "{what}: reset clears everything");
+        r.regs.store32(regs::AQA, aqa);
+        r.regs.store64(regs::ASQ, ASQ);
+        r.regs.store64(regs::ACQ, ACQ);
+        r.regs.store32(regs::CC, cc);
+        r.pass();
+        assert_eq!(
+            r.csts() & (regs::CSTS_CFS | regs::CSTS_RDY),
+            regs::CSTS_CFS,
+            "{what}: fatal, not ready"
+        );
+        // Nothing runs: an admin command stays unanswered.
+        r.mem.put(ASQ, &sqe(AdminOp::Identify as u8).to_bytes());
+        r.regs.store32(regs::sq_tail_doorbell(0), 1);
+        r.pass();
+        assert!(
+            r.mem.get(ACQ, CQE_SIZE).iter().all(|&b| b == 0),
+            "{what}: no completion"
+        );
+        r.regs.store32(regs::sq_tail_doorbell(0), 0);
+    };
+    // One-entry admin queues (ASQS or ACQS of 0): the minimum is two.
+    fatal(&mut r, regs::aqa_encode(1, 8), cc_enabled(), "ASQS 0");
+    fatal(&mut r, regs::aqa_encode(8, 1), cc_enabled(), "ACQS 0");
+    // A command set other than NVM.
+    let css = Cc {
+        css: 1,
+        ..Cc::from_u32(cc_enabled())
+    };
+    fatal(&mut r, regs::aqa_encode(8, 8), css.to_u32(), "CSS 1");
+    // And after all that, a good configuration runs.
+    r.enable();
+    assert!(r.identify(cns::CONTROLLER, 0).is_ok());
+}
+
+/// Regression: a queue created again with the id of a deleted one
+/// started at the doorbell values the old queue left behind, so the
+/// controller replayed entries the driver never submitted. NVMe Base 1.4
+/// §4.1: a queue's head and tail entry pointers are 0h when it is
+/// created; a driver writes a doorbell only to move it, never 0.
+#[test]
+fn a_recreated_queue_starts_at_zero_whatever_its_doorbells_hold() {
+    let mut r = Rig::new(&["0:4M"]);
+    r.io_queues(8, 8);
+    // Three writes of a pattern at LBA 0..3, completed and consumed; the
+    // doorbells hold tail 3 and head 3 afterwards, as the driver left them.
+    r.mem.put(DATA, &[0xab; 4096]);
+    for i in 0..3u32 {
+        let mut s = rw(IoOp::Write, 1, i as u64, 1, DATA, 0);
+        s.cid = 10 + i as u16;
+        r.io_put(i, &s);
+    }
+    r.regs.store32(regs::sq_tail_doorbell(1), 3);
+    r.pass();
+    assert!((0..3).all(|i| r.io_cqe(i).status.is_success()));
+    r.regs.store32(regs::cq_head_doorbell(1), 3);
+    r.pass();
+    assert_eq!(r.delete(AdminOp::DeleteSq, 1), Status::SUCCESS);
+    assert_eq!(r.delete(AdminOp::DeleteCq, 1), Status::SUCCESS);
+    // The store is rewritten behind the controller's back; the old
+    // entries are still in the (reused) submission queue memory.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&r.store)
+        .unwrap();
+    f.write_all_at(&[0u8; 3 * 4096], 0).unwrap();
+    // Created again (the passes that run these admin commands also look
+    // at SQ 1), then one more pass.
+    r.io_queues(8, 8);
+    r.pass();
+    let mut back = vec![0u8; 3 * 4096];
+    f.read_exact_at(&mut back, 0).unwrap();
+    assert!(
+        back.iter().all(|&b| b == 0),
+        "old writes were replayed into the store"
+    );
+    assert!(!r.io_cqe(0).phase, "a completion for nothing submitted");
+    // The driver's first command goes to slot 0 and it rings tail 1.
+    r.io_put(0, &flush(42));
+    r.regs.store32(regs::sq_tail_doorbell(1), 1);
+    r.pass();
+    let c = r.io_cqe(0);
+    assert_eq!((c.cid, c.phase, c.sq_head), (42, true, 1));
+}
+
+#[test]
+fn phase_tags_stay_right_over_many_laps_against_a_model() {
+    // An 8-entry SQ posting to a 4-entry CQ (3 usable slots): the driver
+    // submits and consumes in random batches; every completion is checked
+    // against the order of submission, its phase against the lap, and no
+    // slot is ever written while the driver has not consumed it.
+    let mut r = Rig::new(&["0:4M"]);
+    let (sqn, cqn) = (8u32, 4u32);
+    r.io_queues(sqn, cqn);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    // Submitted and not consumed; posted and not consumed.
+    let (mut tail, mut submitted, mut posted) = (0u32, 0u32, 0u32);
+    let (mut head, mut phase) = (0u32, true);
+    let mut next = 0u16;
+    let mut expect = std::collections::VecDeque::new();
+    let mut done = 0;
+    while done < 500 {
+        // Submit up to the room the SQ has (one entry stays empty).
+        for _ in 0..rng.below((sqn - 1 - submitted) as u64 + 1) {
+            r.io_put(tail, &flush(next));
+            expect.push_back(next);
+            next = next.wrapping_add(1);
+            tail = (tail + 1) % sqn;
+            submitted += 1;
+        }
+        r.regs.store32(regs::sq_tail_doorbell(1), tail);
+        // In place or through copies, pass by pass.
+        r.mem.set_slices(rng.below(2) == 0);
+        let slot = |k: u32| (head + k) % cqn;
+        let unconsumed: Vec<Cqe> = (0..posted).map(|k| r.io_cqe(slot(k))).collect();
+        let s = r.pass();
+        for (k, c) in unconsumed.iter().enumerate() {
+            assert_eq!(
+                r.io_cqe(slot(k as u32)),
+                *c,
+                "an unconsumed entry was overwritten"
+            );
+        }
+        // New entries carry the phase of their lap.
+        let mut now = posted;
+        while now < cqn && r.io_cqe(slot(now)).phase == (phase ^ (head + now >= cqn)) {
+            now += 1;
+        }
+        assert!(
+            now < cqn,
+            "the controller filled every slot: a full queue would look empty"
+        );
+        assert_eq!(s.requests as u32, now - posted);
+        assert_eq!(
+            s.busy,
+            submitted > now,
+            "commands waiting keep the engine awake"
+        );
+        posted = now;
+        // Consume some, in order, and move the head.
+        for _ in 0..rng.below(posted as u64 + 1) {
+            let c = r.io_cqe(head);
+            let want = expect.pop_front().unwrap();
+            assert_eq!((c.cid, c.phase, c.sq_id), (want, phase, 1));
+            assert!(c.status.is_success());
+            head = (head + 1) % cqn;
+            if head == 0 {
+                phase = !phase;
+            }
+            submitted -= 1;
+            posted -= 1;
+            done += 1;
+        }
+        r.regs.store32(regs::cq_head_doorbell(1), head);
+    }
+    assert!(next >= 500);
+}
+
+#[test]
+fn a_shadow_completion_head_releases_back_pressure() {
+    let mut r = Rig::new(&["0:4M"]);
+    r.io_queues(8, 4);
+    let c = r.admin(Sqe {
+        opcode: AdminOp::DoorbellBuffer as u8,
+        prp1: SHADOW,
+        prp2: EVENTS,
+        ..Sqe::default()
+    });
+    assert_eq!(c.status, Status::SUCCESS);
+    for i in 0..6u32 {
+        r.io_put(i, &flush(i as u16));
+    }
+    // Tail 6 in the shadow page only: the register stays 0.
+    r.mem.put(SHADOW + 8, &6u32.to_le_bytes());
+    let s = r.pass();
+    assert_eq!((s.requests, s.busy), (3, true));
+    assert!(!r.io_cqe(3).phase, "a full queue takes no more");
+    // The driver consumes two and says so in the shadow head only.
+    r.mem.put(SHADOW + 12, &2u32.to_le_bytes());
+    let s = r.pass();
+    assert_eq!((s.requests, s.busy), (2, true));
+    assert_eq!((r.io_cqe(3).cid, r.io_cqe(0).cid), (3, 4));
+    assert!(
+        r.io_cqe(0).phase != r.io_cqe(3).phase,
+        "lap 2 flips the phase"
+    );
+    assert_eq!(r.regs.load32(regs::cq_head_doorbell(1)), 0);
+    r.mem.put(SHADOW + 12, &1u32.to_le_bytes());
+    let s = r.pass();
+    assert_eq!((s.requests, s.busy), (1, false));
+    assert_eq!((r.io_cqe(1).cid, r.io_cqe(1).sq_head), (5, 6));
+}
+
+/// Fill CQ 1 (4 entries: 3 completions) with flushes and a fourth
+/// waiting, then write a completion head beyond the queue.
+fn full_queue_and_a_bad_head(r: &mut Rig) {
+    for i in 0..4u32 {
+        r.io_put(i, &flush(i as u16));
+    }
+    r.regs.store32(regs::sq_tail_doorbell(1), 4);
+    r.pass();
+    r.regs.store32(regs::cq_head_doorbell(1), 4);
+}
+
+#[test]
+fn an_invalid_completion_head_doorbell_is_an_event_and_events_are_limited() {
+    let mut r = Rig::new(&["0:4M"]);
+    r.io_queues(8, 4);
+    // Four event requests may be outstanding (AERL 3); a fifth is refused.
+    let held: Vec<u16> = (0..4).map(|_| r.aer()).collect();
+    assert_eq!(
+        r.admin(sqe(AdminOp::AsyncEvent as u8)).status,
+        Status::AER_LIMIT_EXCEEDED
+    );
+    // The controller reads the head when the queue is full, finds it
+    // beyond the queue, and reports it.
+    full_queue_and_a_bad_head(&mut r);
+    r.pass();
+    let ev = r.admin_cqe().expect("an event");
+    assert!(held.contains(&ev.cid));
+    assert_eq!(ev.status, Status::SUCCESS);
+    // Error status (type 0), invalid doorbell write value, error log.
+    assert_eq!(
+        (ev.result & 7, ev.result >> 8 & 0xff, ev.result >> 16 & 0xff),
+        (0, 1, 1)
+    );
+    assert!(!r.io_cqe(3).phase, "nothing posted over the full queue");
+    // A good head lets the fourth command complete.
+    r.regs.store32(regs::cq_head_doorbell(1), 3);
+    r.pass();
+    assert_eq!((r.io_cqe(3).cid, r.io_cqe(3).phase), (3, true));
+}
+
+/// Regression: while a completion head doorbell stayed invalid, every
+/// pass queued the same error event again as soon as the previous one was
+/// delivered, so each outstanding Asynchronous Event Request completed
+/// with it. Like an invalid tail, an invalid head is reported once, until
+/// the driver writes a valid one.
+#[test]
+fn a_stuck_invalid_head_doorbell_is_reported_once_until_the_log_is_read() {
+    let mut r = Rig::new(&["0:4M"]);
+    r.io_queues(8, 4);
+    for _ in 0..4 {
+        r.aer();
+    }
+    full_queue_and_a_bad_head(&mut r);
+    for _ in 0..5 {
+        r.pass();
+    }
+    assert!(r.admin_cqe().is_some(), "the event");
+    assert!(
+        r.admin_cqe().is_none(),
+        "one event, not one per pass: the type is masked until the log is read"
+    );
+}
+
+#[test]
+fn a_reset_with_submissions_pending_runs_none_of_them() {
+    let mut r = Rig::new(&["0:4M"]);
+    r.io_queues(8, 8);
+    r.mem.put(DATA, &[0x5c; 4096]);
+    for i in 0..4u32 {
+        r.io_put(i, &rw(IoOp::Write, 1, i as u64, 1, DATA, 0));
+    }
+    // The driver rings, then resets before the controller looked: the
+    // reset wins (CC is read first in a pass).
+    r.regs.store32(regs::sq_tail_doorbell(1), 4);
+    r.regs.store32(regs::CC, 0);
+    let s = r.pass();
+    assert_eq!(s.requests, 0);
+    assert_eq!(r.csts() & regs::CSTS_RDY, 0);
+    assert_eq!(
+        r.regs.load32(regs::sq_tail_doorbell(1)),
+        0,
+        "doorbells start over"
+    );
+    r.enable();
+    assert_eq!(r.pass().requests, 0);
+    let mut back = vec![0u8; 4 * 4096];
+    std::fs::File::open(&r.store)
+        .unwrap()
+        .read_exact_at(&mut back, 0)
+        .unwrap();
+    assert!(back.iter().all(|&b| b == 0), "no write reached the store");
+    // Namespace attachment outlived the reset.
+    r.io_queues(8, 8);
+    r.io_put(0, &flush(1));
+    r.regs.store32(regs::sq_tail_doorbell(1), 1);
+    r.pass();
+    assert_eq!(r.io_cqe(0).status, Status::SUCCESS);
+}
+
+#[test]
+fn data_lands_at_the_namespace_offset_and_reads_back_in_place() {
+    data_at_the_namespace_offset(true);
+}
+
+#[test]
+fn data_lands_at_the_namespace_offset_and_reads_back_through_copies() {
+    data_at_the_namespace_offset(false);
+}
+
+/// Namespace 2 starts 1 MiB into the store, with 512-byte blocks; the
+/// device reaches memory in place (`slices`) or through copies.
+fn data_at_the_namespace_offset(slices: bool) {
+    let mut r = Rig::new(&["0:1M", "1M:1M:512"]);
+    r.mem.set_slices(slices);
+    assert_eq!(r.attach(2), Status::SUCCESS);
+    let store = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&r.store)
+        .unwrap();
+    store.write_all_at(&[0x11; MIB as usize], 0).unwrap();
+    r.io_queues(16, 16);
+    let (mut tail, mut head) = (0u32, 0u32);
+    let mut io = |r: &mut Rig, s: Sqe| {
+        r.io_put(tail, &s);
+        tail = (tail + 1) % 16;
+        r.regs.store32(regs::sq_tail_doorbell(1), tail);
+        r.pass();
+        let c = r.io_cqe(head);
+        head = (head + 1) % 16;
+        r.regs.store32(regs::cq_head_doorbell(1), head);
+        c.status
+    };
+    // 6 KiB starting mid-page: PRP1 at +0x400 (3 KiB), PRP2 a page.
+    let data: Vec<u8> = (0..6144u32).map(|i| (i * 31 % 253) as u8).collect();
+    r.mem.put(DATA + 0x400, &data[..3072]);
+    r.mem.put(DATA + 0x3000, &data[3072..]);
+    assert_eq!(
+        io(
+            &mut r,
+            rw(IoOp::Write, 2, 5, 12, DATA + 0x400, DATA + 0x3000)
+        ),
+        Status::SUCCESS
+    );
+    let mut back = vec![0u8; 6144];
+    store.read_exact_at(&mut back, MIB + 5 * 512).unwrap();
+    assert!(back == data, "the store holds the data at 1 MiB + 5 blocks");
+    // Its neighbours in the store are untouched: namespace 1 entirely and
+    // the blocks of namespace 2 around the write.
+    let mut ns1 = vec![0u8; MIB as usize];
+    store.read_exact_at(&mut ns1, 0).unwrap();
+    assert!(ns1.iter().all(|&b| b == 0x11));
+    let mut around = vec![0u8; 512];
+    store.read_exact_at(&mut around, MIB + 4 * 512).unwrap();
+    assert!(around.iter().all(|&b| b == 0));
+    store.read_exact_at(&mut around, MIB + 17 * 512).unwrap();
+    assert!(around.iter().all(|&b| b == 0));
+    // Read back elsewhere (a page-aligned PRP1 and PRP2), and compared.
+    r.mem.put(DATA + 0x8000, &[0; 0x2000]);
+    assert_eq!(
+        io(
+            &mut r,
+            rw(IoOp::Read, 2, 5, 12, DATA + 0x8000, DATA + 0x9000)
+        ),
+        Status::SUCCESS
+    );
+    assert!(r.mem.get(DATA + 0x8000, 6144) == data);
+    assert!(r
+        .mem
+        .get(DATA + 0x8000 + 6144, 0x800)
+        .iter()
+        .all(|&b| b == 0));
+    // The last block of namespace 2 is the store's 2 MiB - 512, and one
+    // past it is out of range, not namespace 3's (or the file's) bytes.
+    store.write_all_at(&[0x77; 512], 2 * MIB - 512).unwrap();
+    assert_eq!(
+        io(&mut r, rw(IoOp::Read, 2, 2047, 1, DATA, 0)),
+        Status::SUCCESS
+    );
+    assert!(r.mem.get(DATA, 512).iter().all(|&b| b == 0x77));
+    assert_eq!(
+        io(&mut r, rw(IoOp::Read, 2, 2047, 2, DATA, 0)),
+        Status::LBA_OUT_OF_RANGE
+    );
+}
