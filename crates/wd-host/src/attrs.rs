@@ -45,6 +45,11 @@ pub fn list(host: &HostInner, who: PeerCred, prefix: &str) -> Vec<AttrEntry> {
         host.iommu.engine_count(),
         false,
     ));
+    out.push(entry(
+        "host/iommu/domains".into(),
+        host.iommu.live_domains(),
+        false,
+    ));
     out.push(entry("host/iommu/commands".into(), st.commands, false));
     out.push(entry("host/iommu/syncs".into(), st.syncs, false));
     out.push(entry(

@@ -210,6 +210,7 @@ impl Domain {
     /// An empty domain on `iommu`; `pasid` names it in fault records.
     pub fn new(iommu: &Arc<Iommu>, pasid: Pasid, cfg: DomainConfig) -> Domain {
         let (table, alloc) = PageTable::new(cfg.max_table_pages);
+        iommu.count_domain(true);
         Domain {
             tag: iommu.new_tag(),
             pasid,
@@ -769,6 +770,7 @@ impl Drop for Domain {
         // whenever they consume the command.
         self.iommu
             .submit(&[crate::Command::InvalidateDomain { tag: self.tag }]);
+        self.iommu.count_domain(false);
     }
 }
 
@@ -796,6 +798,17 @@ mod tests {
     fn flag() -> (Arc<AtomicBool>, Release) {
         let f = Arc::new(AtomicBool::new(false));
         (f.clone(), Box::new(Flag(f)))
+    }
+
+    #[test]
+    fn live_domains_are_counted() {
+        let (iommu, d) = dom(DomainConfig::default());
+        let e = Domain::new(&iommu, 4, DomainConfig::default());
+        assert_eq!(iommu.live_domains(), 2);
+        drop(d);
+        assert_eq!(iommu.live_domains(), 1);
+        drop(e);
+        assert_eq!(iommu.live_domains(), 0);
     }
 
     #[test]

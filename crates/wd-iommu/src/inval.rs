@@ -102,6 +102,9 @@ pub struct Iommu {
     syncs: AtomicU64,
     waited_syncs: AtomicU64,
     wait_ns: AtomicU64,
+    /// Domains alive on this IOMMU (a leak check: back to its old value
+    /// once every client is gone).
+    domains: AtomicU64,
 }
 
 impl std::fmt::Debug for Iommu {
@@ -126,6 +129,7 @@ impl Iommu {
             syncs: AtomicU64::new(0),
             waited_syncs: AtomicU64::new(0),
             wait_ns: AtomicU64::new(0),
+            domains: AtomicU64::new(0),
         })
     }
 
@@ -134,6 +138,20 @@ impl Iommu {
     pub(crate) fn new_tag(&self) -> u64 {
         static NEXT_TAG: AtomicU64 = AtomicU64::new(1);
         NEXT_TAG.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Count a domain made (`true`) or dropped.
+    pub(crate) fn count_domain(&self, made: bool) {
+        if made {
+            self.domains.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.domains.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Domains alive on this IOMMU.
+    pub fn live_domains(&self) -> u64 {
+        self.domains.load(Ordering::Relaxed)
     }
 
     fn engines(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<EngineState>>> {

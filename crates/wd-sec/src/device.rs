@@ -2,6 +2,9 @@
 //! host-side sessions referenced by handle, and work done in place in the
 //! client's shared memory whenever the domain maps it contiguously.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use wd_device::{status, AlgInfo, DeviceError, DeviceQueue, Dma, Driver, Progress, Started};
 use wd_ipsecmb::{Engine, Schedule};
 use wd_ring::Desc;
@@ -84,6 +87,8 @@ pub struct SecDriver {
     mb: Option<&'static Engine>,
     /// Why the multi-buffer engine is not used, when it is not.
     without_mb: Option<String>,
+    /// Sessions alive on its queues.
+    sessions: Arc<AtomicU64>,
 }
 
 impl Default for SecDriver {
@@ -107,7 +112,11 @@ impl SecDriver {
                 })
             }
         };
-        Ok(SecDriver { mb, without_mb })
+        Ok(SecDriver {
+            mb,
+            without_mb,
+            sessions: Arc::default(),
+        })
     }
 }
 
@@ -149,8 +158,16 @@ impl Driver for SecDriver {
         1
     }
 
+    fn attributes(&self) -> Vec<(String, String, bool)> {
+        vec![(
+            "sessions".to_string(),
+            self.sessions.load(Ordering::Relaxed).to_string(),
+            false,
+        )]
+    }
+
     fn open_queue(&self, alg: u32) -> Box<dyn DeviceQueue> {
-        Box::new(SecQueue::with_engine(alg, self.mb))
+        Box::new(SecQueue::counted(alg, self.mb, self.sessions.clone()))
     }
 }
 
@@ -193,6 +210,15 @@ pub(crate) struct Session {
 pub(crate) struct Sessions {
     slots: Vec<(u32, Option<Session>)>,
     free: Vec<u32>,
+    /// Sessions alive on every queue of the driver (a leak check).
+    live: Arc<AtomicU64>,
+}
+
+impl Drop for Sessions {
+    fn drop(&mut self) {
+        let n = self.slots.iter().filter(|s| s.1.is_some()).count() as u64;
+        self.live.fetch_sub(n, Ordering::Relaxed);
+    }
 }
 
 impl Sessions {
@@ -212,6 +238,7 @@ impl Sessions {
         let slot = &mut self.slots[index as usize];
         slot.0 = slot.0.wrapping_add(1);
         slot.1 = Some(s);
+        self.live.fetch_add(1, Ordering::Relaxed);
         Ok(Sessions::handle(index, slot.0))
     }
 
@@ -240,6 +267,7 @@ impl Sessions {
     fn remove(&mut self, handle: u64) -> Result<(), i32> {
         self.slot(handle)?.1 = None;
         self.free.push((handle & 0xffff_ffff) as u32 - 1);
+        self.live.fetch_sub(1, Ordering::Relaxed);
         Ok(())
     }
 }
@@ -275,11 +303,18 @@ impl SecQueue {
     /// engine `mb` (when given): gathered over a batch of requests and
     /// encrypted side by side.
     pub fn with_engine(queue_type: u32, mb: Option<&'static Engine>) -> SecQueue {
+        SecQueue::counted(queue_type, mb, Arc::default())
+    }
+
+    /// A queue counting its sessions in `live` (shared by the driver's
+    /// queues).
+    fn counted(queue_type: u32, mb: Option<&'static Engine>, live: Arc<AtomicU64>) -> SecQueue {
         SecQueue {
             queue_type,
             sessions: Sessions {
                 slots: Vec::new(),
                 free: Vec::new(),
+                live,
             },
             oneshot: Vec::new(),
             bounce: Vec::new(),

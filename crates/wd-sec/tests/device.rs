@@ -427,6 +427,42 @@ fn gcm_known_answer_test_case_4() {
     assert_eq!(mem.get(BASE + 0x3000, 16), tag);
 }
 
+/// The driver's `sessions` attribute counts sessions alive on all of its
+/// queues: freed ones and those of a dropped queue (a client gone) leave
+/// it, so a leak shows.
+#[test]
+fn the_driver_counts_live_sessions_across_queues() {
+    use wd_device::Driver;
+    let drv = wd_sec::SecDriver::new(wd_sec::EngineChoice::Libcrypto).unwrap();
+    let live = || {
+        let a = drv.attributes();
+        a.iter().find(|a| a.0 == "sessions").unwrap().1.clone()
+    };
+    let mut mem = Mem::new(0x10000, true);
+    let alg = Alg::by_name("aes-128-cbc").unwrap();
+    let key_addr = BASE + 0x8000;
+    mem.put(key_addr, &[1; 16]);
+    let mut open = |q: &mut Box<dyn DeviceQueue>, mem: &mut Mem| {
+        let mut d = SessionNew::new(alg, &[1; 16], key_addr).encode();
+        q.process(&mut d, mem);
+        assert_eq!(d.status, 0);
+        d.result
+    };
+    let mut a = drv.open_queue(TYPE_CIPHER);
+    let mut b = drv.open_queue(TYPE_CIPHER);
+    let s = open(&mut a, &mut mem);
+    open(&mut a, &mut mem);
+    open(&mut b, &mut mem);
+    assert_eq!(live(), "3");
+    let mut d = SessionFree { session: s }.encode();
+    a.process(&mut d, &mut mem);
+    assert_eq!((d.status, live()), (0, "2".to_string()));
+    drop(b);
+    assert_eq!(live(), "1");
+    drop(a);
+    assert_eq!(live(), "0");
+}
+
 #[test]
 fn sessions_are_bounded_checked_and_freed() {
     let mut mem = Mem::new(0x10000, true);
