@@ -79,6 +79,11 @@ WD_HOST=embedded "$out/test_crypto_link_pc" >/dev/null
 echo "== OpenSSL provider"
 ./scripts/test-provider.sh
 
+echo "== chaos and soak (wd chaos: random SIGKILLs of clients and of the host, leak checks)"
+cargo build --release --locked -p wd-cli
+./target/release/wd chaos --rounds 40 --clients 4 --host-kill-every 5
+./target/release/wd chaos --soak "${WD_SOAK:-2m}" --interval 15 --clients 5
+
 echo "== fuzz targets"
 if cargo +nightly --version >/dev/null 2>&1 && cargo fuzz --help >/dev/null 2>&1; then
     (cd fuzz && for t in $(cargo +nightly fuzz list); do

@@ -6,6 +6,7 @@ mod bench_fair;
 mod bench_iommu;
 mod bench_load;
 mod bench_nvme;
+mod chaos;
 mod chart;
 mod faults;
 mod load;
@@ -60,6 +61,13 @@ enum Cmd {
     /// A mediated NVMe controller: identify it, or drive a namespace
     /// (`perf`).
     Nvme(nvme::NvmeCmd),
+    /// Kill clients (and the host) at random moments under load, then check
+    /// that the host leaked nothing and no client saw wrong data; or
+    /// `--soak` a steady load. Runs its own host.
+    Chaos(chaos::ChaosArgs),
+    /// One client of `wd chaos` (not for direct use).
+    #[command(hide = true)]
+    ChaosClient(chaos::client::ClientArgs),
 }
 
 #[derive(Subcommand)]
@@ -254,6 +262,8 @@ fn run(cli: Cli) -> Result<(), String> {
         Cmd::Nvme(n) => connect(&cli.host)
             .map_err(|e| e.to_string())
             .and_then(|h| n.run(&h)),
+        Cmd::Chaos(a) => chaos::run(a),
+        Cmd::ChaosClient(a) => std::process::exit(chaos::client::run(a) as i32),
     }
 }
 

@@ -249,7 +249,7 @@ impl Controller {
     /// status.
     pub fn admin_raw(&mut self, sqe: Sqe) -> Result<Cqe> {
         let cid = self.admin.submit(sqe)?;
-        let t = Instant::now();
+        let mut liveness = qpair::Liveness::new(ADMIN_TIMEOUT);
         loop {
             if let Some(c) = self.admin.take(cid)? {
                 return Ok(c);
@@ -257,7 +257,7 @@ impl Controller {
             if self.regs.load32(regs::CSTS) & regs::CSTS_CFS != 0 {
                 return Err(NvmeError::Fatal(format!("admin opcode {:#x}", sqe.opcode)));
             }
-            if t.elapsed() > ADMIN_TIMEOUT {
+            if liveness.expired(self.admin.waker())? {
                 return Err(NvmeError::Timeout(format!(
                     "admin opcode {:#x}",
                     sqe.opcode

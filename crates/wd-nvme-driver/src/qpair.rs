@@ -26,6 +26,46 @@ pub fn need_event(event: u32, new: u32, old: u32) -> bool {
     (new.wrapping_sub(event).wrapping_sub(1) & 0xffff) < (new.wrapping_sub(old) & 0xffff)
 }
 
+/// A polling wait's clock: whether it ran out, and every few milliseconds
+/// whether the host still lives (a dead host completes nothing, and the
+/// caller should hear so at once, not at the timeout).
+pub(crate) struct Liveness {
+    start: Instant,
+    checked: Instant,
+    timeout: Duration,
+    polls: u32,
+}
+
+impl Liveness {
+    /// Interval between two checks of the host.
+    const CHECK_EVERY: Duration = Duration::from_millis(10);
+
+    pub(crate) fn new(timeout: Duration) -> Liveness {
+        let now = Instant::now();
+        Liveness {
+            start: now,
+            checked: now,
+            timeout,
+            polls: 0,
+        }
+    }
+
+    /// True once the timeout passed; `HostGone` once the host closed the
+    /// connection. Reads the clock every 64 calls only.
+    pub(crate) fn expired(&mut self, waker: &Waker) -> Result<bool> {
+        self.polls = self.polls.wrapping_add(1);
+        if self.polls % 64 != 0 {
+            return Ok(false);
+        }
+        let now = Instant::now();
+        if now.duration_since(self.checked) >= Self::CHECK_EVERY {
+            self.checked = now;
+            waker.check_host()?;
+        }
+        Ok(now.duration_since(self.start) > self.timeout)
+    }
+}
+
 /// A submission queue, its completion queue, and the command slots.
 pub struct QueuePair {
     qid: u16,
@@ -111,6 +151,11 @@ impl QueuePair {
     /// Queue id.
     pub fn qid(&self) -> u16 {
         self.qid
+    }
+
+    /// The handle that wakes the engine and tells whether the host lives.
+    pub(crate) fn waker(&self) -> &Waker {
+        &self.waker
     }
 
     /// Take the queue's memory out of the controller's domain, before the
@@ -410,7 +455,7 @@ impl IoQueue {
     /// Wait (polling) for command `cid`'s completion, whatever its status.
     pub fn wait_for(&mut self, cid: u16) -> Result<Cqe> {
         let what = || format!("command {cid}");
-        let t = Instant::now();
+        let mut liveness = Liveness::new(Duration::from_secs(30));
         loop {
             if let Some(c) = self.qp.take(cid)? {
                 return Ok(c);
@@ -418,7 +463,7 @@ impl IoQueue {
             if self.qp.regs.load32(regs::CSTS) & regs::CSTS_CFS != 0 {
                 return Err(NvmeError::Fatal(what()));
             }
-            if t.elapsed() > Duration::from_secs(30) {
+            if liveness.expired(&self.qp.waker)? {
                 return Err(NvmeError::Timeout(what()));
             }
             std::hint::spin_loop();

@@ -442,7 +442,7 @@ fn the_driver_counts_live_sessions_across_queues() {
     let alg = Alg::by_name("aes-128-cbc").unwrap();
     let key_addr = BASE + 0x8000;
     mem.put(key_addr, &[1; 16]);
-    let mut open = |q: &mut Box<dyn DeviceQueue>, mem: &mut Mem| {
+    let open = |q: &mut Box<dyn DeviceQueue>, mem: &mut Mem| {
         let mut d = SessionNew::new(alg, &[1; 16], key_addr).encode();
         q.process(&mut d, mem);
         assert_eq!(d.status, 0);

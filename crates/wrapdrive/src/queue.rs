@@ -1102,4 +1102,17 @@ impl Waker {
         wd_sys::eventfd_signal(self.doorbell.as_fd())?;
         Ok(true)
     }
+
+    /// `Status::HostGone` once the host closed the connection (one
+    /// system call): for a driver polling device registers, which would
+    /// otherwise wait for a dead host until its timeout.
+    pub fn check_host(&self) -> Result<()> {
+        if self.host.host_gone() {
+            return Err(ClientError::new(
+                Status::HostGone,
+                "the WrapDrive host is gone",
+            ));
+        }
+        Ok(())
+    }
 }
