@@ -18,6 +18,8 @@ use crate::units::format_size;
 /// Options of `wd top`.
 #[derive(clap::Args)]
 #[command(after_help = "\
+The first refresh comes one interval after the start: a rate needs two snapshots.
+
 Columns: engines awake (polling or working) and asleep; per queue its owner (pid, uid),
 requests/s and bytes/s over the last interval, faults and fallbacks as totals with the
 interval's increase in brackets. Fallbacks are the client library's own count of requests

@@ -21,7 +21,7 @@ fn wd(args: &[&str]) -> std::process::Output {
 }
 
 #[test]
-fn json_snapshots_show_a_busy_queue() {
+fn top_json_snapshots_show_a_busy_queue() {
     let h = HostProc::serve_in(tempdir("wd-top"), &["--device", "dummy"]);
     let conn = h.conn();
     let mut q = conn.request_queue(&Capability::new("memcpy")).unwrap();
@@ -84,7 +84,7 @@ fn json_snapshots_show_a_busy_queue() {
 }
 
 #[test]
-fn a_missing_host_is_an_error() {
+fn top_against_a_missing_host_is_an_error() {
     let dir = tempdir("wd-top-missing");
     let sock = dir.0.join("nobody.sock");
     let out = wd(&["--host", sock.to_str().unwrap(), "top", "--json"]);
@@ -95,7 +95,7 @@ fn a_missing_host_is_an_error() {
 }
 
 #[test]
-fn a_host_that_goes_away_ends_the_view_with_an_error() {
+fn top_ends_with_an_error_when_the_host_goes_away() {
     let h = HostProc::serve_in(tempdir("wd-top-gone"), &["--device", "dummy"]);
     let top = Command::new(env!("CARGO_BIN_EXE_wd"))
         .args(["--host", &h.socket, "top", "--interval", "0.1"])
