@@ -13,6 +13,7 @@ mod load;
 mod nvme;
 mod report;
 mod speed;
+mod top;
 mod units;
 
 use std::collections::BTreeMap;
@@ -43,6 +44,10 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// A live view of the host: devices, engines awake and asleep, each
+    /// client's queues with requests/s, bytes/s, faults and fallbacks
+    /// (`--json`: one object per refresh, for scripts).
+    Top(top::TopArgs),
     /// Read or write device attributes.
     Attr {
         #[command(subcommand)]
@@ -255,6 +260,7 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
+        Cmd::Top(a) => top::run(a, &cli.host).map_err(|e| e.to_string()),
         Cmd::Bench(b) => b.run(cli.host.as_deref()),
         Cmd::Faults(a) => faults::run(&*connect(&cli.host).map_err(|e| e.to_string())?, a),
         Cmd::Speed(a) => speed::run(a, cli.host.as_deref()),
