@@ -83,6 +83,7 @@ echo "== chaos and soak (wd chaos: random SIGKILLs of clients and of the host, l
 cargo build --release --locked -p wd-cli
 ./target/release/wd chaos --rounds 40 --clients 4 --host-kill-every 5
 ./target/release/wd chaos --soak "${WD_SOAK:-2m}" --interval 15 --clients 5
+./target/release/wd chaos --soak 30s --interval 10 --clients 5 --host-restart-every 1
 
 echo "== fuzz targets"
 if cargo +nightly --version >/dev/null 2>&1 && cargo fuzz --help >/dev/null 2>&1; then

@@ -64,6 +64,27 @@ fn a_short_soak_samples_the_host() {
     assert_eq!(v["failures"].as_array().unwrap().len(), 0, "{v}");
 }
 
+/// The host killed and restarted every half second under load: every
+/// client carries on (the client library makes its queues again; NVMe
+/// clients bring their controller up again), nothing leaks.
+#[test]
+fn clients_carry_on_through_host_restarts() {
+    let v = chaos(&[
+        "--soak",
+        "3s",
+        "--interval",
+        "1",
+        "--clients",
+        "5",
+        "--host-restart-every",
+        "0.5",
+        "--seed",
+        "13",
+    ]);
+    assert!(v["host_restarts"].as_u64().unwrap() >= 4, "{v}");
+    assert_eq!(v["failures"].as_array().unwrap().len(), 0, "{v}");
+}
+
 #[test]
 fn unknown_kinds_are_refused() {
     let out = Command::new(env!("CARGO_BIN_EXE_wd"))

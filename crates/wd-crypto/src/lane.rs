@@ -46,10 +46,18 @@ impl Kind {
 /// (possibly re-created) lane.
 pub type LaneId = u64;
 
+fn next_lane_id() -> LaneId {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 /// A queue with its staging area.
 pub struct Lane {
     /// Unique id.
     pub id: LaneId,
+    /// The queue's connection epoch when `id` was given: the queue makes
+    /// itself again on a restarted host, whose sessions are new.
+    epoch: u64,
     q: Queue,
     stage: SharedBuf,
     free_slots: Vec<u16>,
@@ -58,7 +66,6 @@ pub struct Lane {
 
 impl Lane {
     fn open(host: &Arc<HostConn>, kind: Kind) -> Result<Lane> {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
         let mut capa = Capability::new(kind.alg()).depth(SLOTS as u32 * 2);
         if config::legacy() {
             capa = capa.flags(wrapdrive::CAPA_ALLOW_LEGACY);
@@ -71,7 +78,8 @@ impl Lane {
             q.share(stage.addr(), stage.len())?;
         }
         Ok(Lane {
-            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            id: next_lane_id(),
+            epoch: q.epoch(),
             q,
             stage,
             free_slots: (0..SLOTS as u16).rev().collect(),
@@ -230,6 +238,12 @@ pub fn device_status(status: i32, what: &str) -> Result<()> {
     match status {
         0 => Ok(()),
         -74 => Err(CryptoError::Auth),
+        // In flight when the host restarted: its session is gone with the
+        // old host, so the lane goes too (see `lane_call`).
+        wrapdrive::STATUS_RESTARTED => Err(CryptoError::Device {
+            status: Status::HostGone,
+            message: format!("{what}: the host restarted with the request in flight"),
+        }),
         s => Err(CryptoError::Device {
             status: Status::from_errno(-s),
             message: format!("{what} failed on the device: errno {}", -s),
@@ -366,6 +380,14 @@ fn lane_call<T>(
             }
         }
         let lane = c.lanes[i].as_mut().expect("opened above");
+        if lane.q.epoch() != lane.epoch {
+            // The queue was made again on a restarted host: the sessions
+            // streams hold for this lane are gone with the old host, so
+            // the lane takes a new id and streams open new sessions (those
+            // with a request in flight at the restart have failed).
+            lane.id = next_lane_id();
+            lane.epoch = lane.q.epoch();
+        }
         let r = f(lane);
         if let Err(e) = &r {
             if e.host_gone() {

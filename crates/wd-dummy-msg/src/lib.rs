@@ -72,6 +72,13 @@ impl CopyMsg {
     }
 }
 
+/// Whether a request may be sent again, unchanged, to a restarted host
+/// (`Queue::set_redo_policy`): every request of this format may (a copy
+/// writes the same bytes again, a no-op does nothing).
+pub fn redo_safe(_d: &Desc) -> bool {
+    true
+}
+
 /// The legacy plan of a memcpy request: source bytes travel in, the copy
 /// travels back.
 pub fn legacy_plan(d: &Desc) -> Result<LegacyPlan, i32> {

@@ -166,6 +166,12 @@ pub fn list(host: &HostInner, who: PeerCred, prefix: &str) -> Vec<AttrEntry> {
                     out.push(entry(format!("{qb}/client/{name}"), v, false));
                 }
             }
+            let qs = q.queue_stats();
+            if qs.iter().any(|&v| v != 0) {
+                for (name, v) in wd_ring::QUEUE_STAT_NAMES.iter().zip(qs) {
+                    out.push(entry(format!("{qb}/client/{name}"), v, false));
+                }
+            }
         }
     }
     limit_attrs(&mut out, host, who, sees_all);

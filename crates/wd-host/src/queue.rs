@@ -419,4 +419,12 @@ impl Queue {
         // at least one header page long.
         unsafe { wd_ring::read_client_stats(self.ring.as_ptr()) }
     }
+
+    /// The client library's own counters for this queue (restarts it
+    /// lived through; informational).
+    #[allow(unsafe_code)]
+    pub fn queue_stats(&self) -> [u64; wd_ring::QUEUE_STATS] {
+        // SAFETY: as in `client_stats`.
+        unsafe { wd_ring::read_queue_stats(self.ring.as_ptr()) }
+    }
 }

@@ -37,6 +37,11 @@ pub const CLIENT_STAT_NAMES: [&str; CLIENT_STATS] = [
     "cpu_host_gone",
     "cpu_policy",
 ];
+/// Counters the client library itself publishes in its ring for `wd ls`:
+/// how the queue lived through restarts of its host (informational).
+pub const QUEUE_STATS: usize = 3;
+/// The queue counters' names, in their order in the ring.
+pub const QUEUE_STAT_NAMES: [&str; QUEUE_STATS] = ["reconnects", "redone", "failed_by_restart"];
 /// Smallest ring depth.
 pub const MIN_DEPTH: u32 = 2;
 /// Largest ring depth (bounds host memory per queue: 4 KiB + 3 x 4096 x
@@ -272,6 +277,7 @@ pub fn decode_cqe(body: &EntryBody) -> Desc {
 /// 256     cq_flags   client -> host (WAITING)
 /// 320     host_state host -> client (ALIVE / STOPPED / BROKEN)
 /// 384     client_stats client -> host, 8 x u64 (informational counters)
+/// 448     queue_stats  client -> host, 3 x u64 (restarts lived through)
 /// 4096    submission entries  depth x 64 B
 /// ...     completion entries  depth x 64 B
 /// ...     submission extensions depth x 64 B (message bytes 48..96)
@@ -293,6 +299,7 @@ pub(crate) mod off {
     pub const CQ_FLAGS: usize = 256;
     pub const HOST_STATE: usize = 320;
     pub const CLIENT_STATS: usize = 384;
+    pub const QUEUE_STATS: usize = 448;
 }
 
 impl RingLayout {

@@ -21,7 +21,7 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 use crate::layout::{
     decode_cqe, decode_sqe, encode_cqe, encode_sqe, off, sqe_continued, Desc, EntryBody, Extension,
-    RingLayout, CLIENT_STATS, ENTRY_SIZE, RING_MAGIC, RING_VERSION,
+    RingLayout, CLIENT_STATS, ENTRY_SIZE, QUEUE_STATS, RING_MAGIC, RING_VERSION,
 };
 use crate::RingError;
 
@@ -392,6 +392,18 @@ impl RingView {
         }
     }
 
+    /// Client: publish the client library's own queue counters
+    /// ([`crate::QUEUE_STAT_NAMES`]).
+    pub fn publish_queue_stats(&self, v: &[u64; QUEUE_STATS]) {
+        for (i, x) in v.iter().enumerate() {
+            // SAFETY: QUEUE_STATS words at an 8-aligned header offset
+            // inside the mapping (the header page is 4096 bytes); atomics
+            // may be shared with another process.
+            let w = unsafe { AtomicU64::from_ptr(self.base.add(off::QUEUE_STATS + 8 * i).cast()) };
+            w.store(*x, Ordering::Relaxed);
+        }
+    }
+
     /// Either side: what the host says about this ring.
     #[inline]
     pub fn host_state(&self) -> HostState {
@@ -542,6 +554,22 @@ pub unsafe fn read_client_stats(base: *const u8) -> [u64; CLIENT_STATS] {
         // SAFETY: per the contract, the header holds these words; atomics
         // tolerate a concurrent writer in another process.
         let w = unsafe { AtomicU64::from_ptr(base.add(off::CLIENT_STATS + 8 * i) as *mut u64) };
+        *x = w.load(Ordering::Relaxed);
+    }
+    v
+}
+
+/// Host: the queue counters a client published in its ring (any values:
+/// they are only displayed).
+///
+/// # Safety
+/// As [`read_client_stats`].
+pub unsafe fn read_queue_stats(base: *const u8) -> [u64; QUEUE_STATS] {
+    let mut v = [0u64; QUEUE_STATS];
+    for (i, x) in v.iter_mut().enumerate() {
+        // SAFETY: per the contract, the header holds these words; atomics
+        // tolerate a concurrent writer in another process.
+        let w = unsafe { AtomicU64::from_ptr(base.add(off::QUEUE_STATS + 8 * i) as *mut u64) };
         *x = w.load(Ordering::Relaxed);
     }
     v

@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex, Once};
 
 pub use buf::{alloc, free, SharedBuf};
 pub use embedded::{register_embedded_host, EmbeddedHost, EmbeddedStarter, EMBEDDED_LIBRARY};
-pub use queue::{Completion, FaultReport, Queue, QueueStats, Waker};
+pub use queue::{Completion, FaultReport, Queue, QueueStats, RecoveryStats, Waker};
 /// Shareable buffers on memfds (normal or hugetlb pages) and the fast file
 /// loader: share a [`heap::Buffer`] with [`Queue::share_buffer`].
 pub use wd_heap as heap;
@@ -179,12 +179,37 @@ impl Capability {
     }
 }
 
+/// How long a client waits for a restarted host (`WD_RECONNECT_MS`).
+fn reconnect_window() -> std::time::Duration {
+    let ms = std::env::var("WD_RECONNECT_MS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(DEFAULT_RECONNECT_MS);
+    std::time::Duration::from_millis(ms)
+}
+
+/// How long a client waits for a restarted host by default: a restart
+/// under a service manager takes well under a second, and a caller with a
+/// fallback (the crypto library's CPU path) should not wait much longer.
+pub const DEFAULT_RECONNECT_MS: u64 = 1000;
+
+/// Completion status of a request that was in flight when its host went
+/// away and that the queue could not safely run again on the restarted
+/// host (`-ECONNRESET`; see [`Queue::set_redo_policy`]).
+pub const STATUS_RESTARTED: i32 = -104;
+
 /// A connection to a WrapDrive host.
 pub struct HostConn {
     ch: Mutex<Channel>,
     next_id: AtomicU32,
-    host_pid: u32,
+    host_pid: AtomicU32,
     generation: u64,
+    /// Where the host listens, for reconnecting (`None`: an in-process
+    /// host, which does not restart).
+    addr: Option<String>,
+    /// Bumped by each reconnection: a queue made under an older epoch
+    /// belongs to a host that is gone.
+    epoch: AtomicU64,
     // Keeps an in-process host alive as long as connections to it exist.
     _embedded: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -192,7 +217,8 @@ pub struct HostConn {
 impl std::fmt::Debug for HostConn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HostConn")
-            .field("host_pid", &self.host_pid)
+            .field("host_pid", &self.host_pid())
+            .field("epoch", &self.epoch())
             .finish()
     }
 }
@@ -277,6 +303,21 @@ impl HostConn {
         embedded: Option<Arc<dyn std::any::Any + Send + Sync>>,
     ) -> Result<Arc<HostConn>> {
         fork_generation();
+        let (ch, host_pid) = HostConn::open_channel(addr)?;
+        Ok(Arc::new(HostConn {
+            ch: Mutex::new(ch),
+            next_id: AtomicU32::new(2),
+            host_pid: AtomicU32::new(host_pid),
+            generation: fork_generation(),
+            addr: embedded.is_none().then(|| addr.to_string()),
+            epoch: AtomicU64::new(0),
+            _embedded: embedded,
+        }))
+    }
+
+    /// Connect, check who the host is, and say hello: the channel and the
+    /// host's pid.
+    fn open_channel(addr: &str) -> Result<(Channel, u32)> {
         let sock = if let Some(name) = addr.strip_prefix('@') {
             use std::os::linux::net::SocketAddrExt;
             let a = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
@@ -314,13 +355,70 @@ impl HostConn {
                 ))
             }
         };
-        Ok(Arc::new(HostConn {
-            ch: Mutex::new(ch),
-            next_id: AtomicU32::new(2),
-            host_pid,
-            generation: fork_generation(),
-            _embedded: embedded,
-        }))
+        Ok((ch, host_pid))
+    }
+
+    /// How many times this connection was made again after its host went
+    /// away (the queues made under an older one re-create themselves).
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// After the host went away: connect again to the same address,
+    /// waiting up to the reconnection window (`WD_RECONNECT_MS`, default
+    /// [`DEFAULT_RECONNECT_MS`]; 0 turns reconnecting off) for a restarted host. `seen` is
+    /// the epoch the caller's queue was made under: when another caller
+    /// reconnected meanwhile, its connection is used. Returns the new
+    /// epoch.
+    pub fn reconnect(&self, seen: u64) -> Result<u64> {
+        if self.generation != fork_generation() {
+            return Err(forked_error());
+        }
+        let Some(addr) = &self.addr else {
+            return Err(ClientError::new(
+                Status::HostGone,
+                "the in-process host is gone",
+            ));
+        };
+        let window = reconnect_window();
+        if window.is_zero() {
+            return Err(ClientError::new(
+                Status::HostGone,
+                "the WrapDrive host is gone (reconnecting is off: WD_RECONNECT_MS=0)",
+            ));
+        }
+        let mut ch = self.ch.lock().unwrap_or_else(|e| e.into_inner());
+        let now = self.epoch();
+        if now != seen {
+            return Ok(now);
+        }
+        let deadline = std::time::Instant::now() + window;
+        loop {
+            match HostConn::open_channel(addr) {
+                Ok((c, pid)) => {
+                    *ch = c;
+                    self.host_pid.store(pid, Ordering::Relaxed);
+                    // Release: pairs with the Acquire load in `epoch`, so a
+                    // queue that sees the new epoch calls on the new channel.
+                    self.epoch.store(now + 1, Ordering::Release);
+                    return Ok(now + 1);
+                }
+                Err(e)
+                    if e.status() == Status::HostGone && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => {
+                    return Err(ClientError::new(
+                        Status::HostGone,
+                        format!(
+                            "the WrapDrive host is gone and did not come back within {} ms: {e}",
+                            window.as_millis()
+                        ),
+                    ))
+                }
+            }
+        }
     }
 
     /// Whether this connection belongs to the parent of a fork (then it
@@ -331,7 +429,7 @@ impl HostConn {
 
     /// Pid of the host process.
     pub fn host_pid(&self) -> u32 {
-        self.host_pid
+        self.host_pid.load(Ordering::Relaxed)
     }
 
     /// Send a request and return its reply (with descriptors), turning an

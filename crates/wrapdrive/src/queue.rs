@@ -58,16 +58,37 @@ pub struct FaultReport {
     pub events: Vec<FaultEvent>,
 }
 
-/// A share made with [`Queue::share`].
+/// How a queue lived through restarts of its host.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryStats {
+    /// Times the queue was made again on a restarted host.
+    pub reconnects: u64,
+    /// Requests in flight at a restart that were sent again.
+    pub redone: u64,
+    /// Requests in flight at a restart that completed with
+    /// [`crate::STATUS_RESTARTED`] (not safe to send again).
+    pub failed: u64,
+}
+
+/// A share made with [`Queue::share`] or [`Queue::share_buffer`], with
+/// what it takes to make it again on a restarted host.
 #[derive(Debug)]
 struct Share {
     iova: u64,
     size: u64,
+    /// The memory's descriptor for a heap buffer (allocator memory is found
+    /// again by address).
+    fd: Option<(OwnedFd, u64)>,
 }
 
 /// A queue to a device engine.
 pub struct Queue {
     host: Arc<HostConn>,
+    /// The connection epoch the queue was made under (a newer one means
+    /// its host is gone).
+    epoch: u64,
+    /// What was asked for, to ask again after a restart.
+    capa: crate::Capability,
     id: u32,
     device: String,
     device_api: u32,
@@ -86,6 +107,13 @@ pub struct Queue {
     wait_set: Option<OwnedFd>,
     /// Cookie per in-flight tag slot.
     slots: Vec<Option<u64>>,
+    /// The descriptor sent in each slot (to send again after a restart).
+    sent: Vec<Desc>,
+    /// Which in-flight requests may be sent again after a restart.
+    redo: Option<fn(&Desc) -> bool>,
+    recovery: RecoveryStats,
+    /// The IOMMU policy set, to set again after a restart.
+    iommu_policy: Option<(InvalidationMode, FaultPolicy)>,
     free_slots: Vec<u32>,
     /// Completions taken off the ring and not yet handed out: legacy
     /// replies, other requests' completions met by `call` or
@@ -192,6 +220,11 @@ impl Queue {
         })?;
         let socket = host.socket_dup()?;
         Ok(Queue {
+            epoch: host.epoch(),
+            capa: crate::Capability {
+                depth,
+                ..capa.clone()
+            },
             host,
             id: queue_id,
             device,
@@ -206,6 +239,10 @@ impl Queue {
             socket,
             wait_set: None,
             slots: vec![None; depth as usize],
+            sent: vec![Desc::default(); depth as usize],
+            redo: None,
+            recovery: RecoveryStats::default(),
+            iommu_policy: None,
             free_slots: (0..depth).rev().collect(),
             stash: VecDeque::new(),
             forgotten: std::collections::HashSet::new(),
@@ -302,6 +339,24 @@ impl Queue {
     /// blocking; returns how many were queued (0 when the queue is full).
     /// The descriptors' tags are the library's; the cookie comes back.
     pub fn send_batch(&mut self, reqs: &[(Desc, u64)]) -> Result<usize> {
+        match self.send_batch_once(reqs) {
+            Err(e) if e.status() == Status::HostGone => {
+                self.recover(e)?;
+                if self.redo.is_none() {
+                    // The requests may name state the old host held (a
+                    // session): the caller decides what to send now.
+                    return Err(ClientError::new(
+                        Status::HostGone,
+                        "the host restarted and this queue was made again; the requests were not sent (host-side state such as sessions is gone)",
+                    ));
+                }
+                self.retry(|q| q.send_batch_once(reqs))
+            }
+            r => r,
+        }
+    }
+
+    fn send_batch_once(&mut self, reqs: &[(Desc, u64)]) -> Result<usize> {
         self.check()?;
         if let Some(e) = self.ring_state_error() {
             return Err(e);
@@ -313,7 +368,7 @@ impl Queue {
             return Ok(reqs.len());
         }
         let n = reqs.len().min(self.free_slots.len());
-        let (free_slots, slots) = (&mut self.free_slots, &mut self.slots);
+        let (free_slots, slots, sent) = (&mut self.free_slots, &mut self.slots, &mut self.sent);
         // Each request gets a free tag slot as it is written (the ring
         // writes no more than the host's head allows, and takes no slot for
         // what it did not write).
@@ -322,6 +377,7 @@ impl Queue {
             .submit_with(&reqs[..n], |(req, cookie)| {
                 let slot = free_slots.pop().expect("counted free slots");
                 slots[slot as usize] = Some(*cookie);
+                sent[slot as usize] = *req;
                 (req, u64::from(slot))
             })
             .map_err(|e| ClientError::new(Status::BadState, e.to_string()))?;
@@ -334,7 +390,7 @@ impl Queue {
 
     fn ring_doorbell(&mut self) -> Result<()> {
         self.stats.doorbells += 1;
-        if self.host.host_gone() {
+        if self.host_lost() {
             return Err(ClientError::new(
                 Status::HostGone,
                 "the WrapDrive host is gone",
@@ -388,6 +444,7 @@ impl Queue {
                 )
             })?),
             host: self.host.clone(),
+            epoch: self.epoch,
         })
     }
 
@@ -409,7 +466,7 @@ impl Queue {
                 Err(e) if e.status() == Status::Again => {
                     // Room appears only as completions are received by the
                     // caller; wait for one to be posted meanwhile.
-                    self.wait(None)?;
+                    self.wait_or_recover(None)?;
                     if self.free_slots.is_empty() {
                         return Err(ClientError::new(
                             Status::Busy,
@@ -424,6 +481,10 @@ impl Queue {
 
     /// Receive up to `max` completions without blocking.
     pub fn recv_batch(&mut self, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
+        self.retry(|q| q.recv_batch_once(out, max))
+    }
+
+    fn recv_batch_once(&mut self, out: &mut Vec<Completion>, max: usize) -> Result<usize> {
         self.check()?;
         // Completions already taken off the ring (legacy replies, or those
         // `call` set aside) come first.
@@ -461,7 +522,7 @@ impl Queue {
             && self.last_liveness.elapsed() > LIVENESS_INTERVAL
         {
             self.last_liveness = Instant::now();
-            if self.host.host_gone() {
+            if self.host_lost() {
                 return Err(ClientError::new(
                     Status::HostGone,
                     "the WrapDrive host is gone",
@@ -499,6 +560,10 @@ impl Queue {
 
     /// Receive one completion without blocking (`None` if none is ready).
     pub fn recv(&mut self) -> Result<Option<Completion>> {
+        self.retry(Queue::recv_once)
+    }
+
+    fn recv_once(&mut self) -> Result<Option<Completion>> {
         self.check()?;
         if let Some(c) = self.stash.pop_front() {
             self.stats.received += 1;
@@ -553,6 +618,10 @@ impl Queue {
     /// for their own `recv_cookie` or `recv`: one caller can wait for its
     /// request while others' are in flight on the same queue.
     pub fn recv_cookie(&mut self, cookie: u64) -> Result<Option<Completion>> {
+        self.retry(|q| q.recv_cookie_once(cookie))
+    }
+
+    fn recv_cookie_once(&mut self, cookie: u64) -> Result<Option<Completion>> {
         self.check()?;
         if let Some(c) = self.take_stashed(cookie) {
             return Ok(Some(c));
@@ -615,7 +684,7 @@ impl Queue {
                 },
                 None => None,
             };
-            self.wait(left)?;
+            self.wait_or_recover(left)?;
         }
     }
 
@@ -632,7 +701,7 @@ impl Queue {
             if self.legacy() {
                 return Err(ClientError::new(Status::Protocol, "legacy reply missing"));
             }
-            self.wait(None)?;
+            self.wait_or_recover(None)?;
         }
     }
 
@@ -712,7 +781,18 @@ impl Queue {
     /// waiting for its own request (`recv_cookie`) must sleep, not spin, while
     /// they sit there.
     pub fn wait_completion(&mut self, timeout: Option<Duration>) -> Result<()> {
-        self.wait(timeout)
+        self.wait_or_recover(timeout)
+    }
+
+    /// [`Queue::wait`], and when the host went away meanwhile, the queue
+    /// made again on the restarted host (then the caller polls again:
+    /// what was in flight was sent again or completed with
+    /// [`crate::STATUS_RESTARTED`]).
+    fn wait_or_recover(&mut self, timeout: Option<Duration>) -> Result<()> {
+        match self.wait(timeout) {
+            Err(e) if e.status() == Status::HostGone => self.recover(e),
+            r => r,
+        }
     }
 
     /// Wait until a completion is posted: spin briefly, then sleep on the
@@ -881,6 +961,10 @@ impl Queue {
     /// Share `[addr, addr+len)` (memory from [`crate::alloc`]) with the
     /// device, read-write; the range is widened to whole pages.
     pub fn share(&mut self, addr: u64, len: u64) -> Result<()> {
+        self.retry(|q| q.share_once(addr, len))
+    }
+
+    fn share_once(&mut self, addr: u64, len: u64) -> Result<()> {
         self.check()?;
         let page = wd_mem::GRANULE as u64;
         let start = addr & !(page - 1);
@@ -903,12 +987,39 @@ impl Queue {
                 ),
             )
         })?;
-        self.share_fd(start, end - start, loc.arena.fd(), loc.offset)
+        self.share_fd(start, end - start, loc.arena.fd(), loc.offset, false)
     }
 
     /// The one share path: map `size` bytes of `fd` from `fd_offset` at
-    /// `iova`, read-write, and remember it for `unshare`.
-    fn share_fd(&mut self, iova: u64, size: u64, fd: BorrowedFd<'_>, fd_offset: u64) -> Result<()> {
+    /// `iova`, read-write, and remember it for `unshare` (and, keeping a
+    /// copy of the descriptor when `keep_fd`, for sharing it again on a
+    /// restarted host).
+    fn share_fd(
+        &mut self,
+        iova: u64,
+        size: u64,
+        fd: BorrowedFd<'_>,
+        fd_offset: u64,
+        keep_fd: bool,
+    ) -> Result<()> {
+        self.map_on_host(iova, size, fd, fd_offset)?;
+        let fd = match keep_fd {
+            true => Some((
+                fd.try_clone_to_owned().map_err(|e| {
+                    ClientError::new(
+                        Status::TooManyFiles,
+                        format!("keeping the shared memory's descriptor: {e}"),
+                    )
+                })?,
+                fd_offset,
+            )),
+            false => None,
+        };
+        self.shares.push(Share { iova, size, fd });
+        Ok(())
+    }
+
+    fn map_on_host(&self, iova: u64, size: u64, fd: BorrowedFd<'_>, fd_offset: u64) -> Result<()> {
         let (reply, _) = self.host.call(
             &Message::MemShare {
                 queue_id: self.id,
@@ -920,10 +1031,7 @@ impl Queue {
             &[fd],
         )?;
         match reply {
-            Message::Ok => {
-                self.shares.push(Share { iova, size });
-                Ok(())
-            }
+            Message::Ok => Ok(()),
             other => Err(unexpected(&other)),
         }
     }
@@ -936,6 +1044,10 @@ impl Queue {
     /// allocated with `seal: false`) and writable (not sealed against
     /// writes).
     pub fn share_buffer(&mut self, buf: &wd_heap::Buffer) -> Result<()> {
+        self.retry(|q| q.share_buffer_once(buf))
+    }
+
+    fn share_buffer_once(&mut self, buf: &wd_heap::Buffer) -> Result<()> {
         self.check()?;
         if !buf.is_writable() {
             return Err(ClientError::new(
@@ -943,7 +1055,7 @@ impl Queue {
                 "cannot share a buffer that is read-only in this process",
             ));
         }
-        self.share_fd(buf.addr(), buf.capacity(), buf.fd(), 0)
+        self.share_fd(buf.addr(), buf.capacity(), buf.fd(), 0, true)
     }
 
     /// Undo [`Queue::share_buffer`]; returns once no engine can reach the
@@ -955,6 +1067,10 @@ impl Queue {
     /// Undo [`Queue::share`] for the same range; returns once no engine can
     /// reach it any more.
     pub fn unshare(&mut self, addr: u64, len: u64) -> Result<()> {
+        self.retry(|q| q.unshare_once(addr, len))
+    }
+
+    fn unshare_once(&mut self, addr: u64, len: u64) -> Result<()> {
         self.check()?;
         let page = wd_mem::GRANULE as u64;
         let start = addr & !(page - 1);
@@ -983,6 +1099,10 @@ impl Queue {
 
     /// Read (and consume) up to `max` fault events.
     pub fn faults(&mut self, max: u32) -> Result<FaultReport> {
+        self.retry(|q| q.faults_once(max))
+    }
+
+    fn faults_once(&mut self, max: u32) -> Result<FaultReport> {
         self.check()?;
         match self
             .host
@@ -1014,7 +1134,15 @@ impl Queue {
     /// then) and what a translation fault does (abort the request, or stall
     /// it until [`Queue::resume_fault`]).
     pub fn set_iommu_policy(&mut self, mode: InvalidationMode, faults: FaultPolicy) -> Result<()> {
-        self.check()?;
+        self.retry(|q| {
+            q.check()?;
+            q.apply_iommu_policy(mode, faults)?;
+            q.iommu_policy = Some((mode, faults));
+            Ok(())
+        })
+    }
+
+    fn apply_iommu_policy(&self, mode: InvalidationMode, faults: FaultPolicy) -> Result<()> {
         let msg = Message::IommuPolicy {
             queue_id: self.id,
             mode,
@@ -1045,6 +1173,148 @@ impl Queue {
     /// The connection this queue belongs to (its virtio-iommu device).
     pub fn host(&self) -> &Arc<HostConn> {
         &self.host
+    }
+
+    /// Say which requests in flight may be sent again, unchanged, to a
+    /// restarted host (a copy may; a request naming host-side state, such
+    /// as a session, may not): the message format's knowledge, like the
+    /// legacy plan. Without one, nothing is sent again: every request in
+    /// flight at a restart completes with [`crate::STATUS_RESTARTED`].
+    pub fn set_redo_policy(&mut self, safe: fn(&Desc) -> bool) {
+        self.redo = Some(safe);
+    }
+
+    /// How the queue lived through restarts of its host.
+    pub fn recovery_stats(&self) -> RecoveryStats {
+        self.recovery
+    }
+
+    /// The connection epoch the queue belongs to; it changes when the
+    /// queue is made again on a restarted host (session handles and other
+    /// host-side state of the old one are gone).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Whether this queue's host is gone: the connection hung up, or was
+    /// made again since the queue was (its engine died with the old host).
+    fn host_lost(&self) -> bool {
+        self.host.epoch() != self.epoch || self.host.host_gone()
+    }
+
+    /// Run `op`; when it finds the host gone, make the queue again on the
+    /// restarted host and run it again (at most three times).
+    fn retry<T>(&mut self, mut op: impl FnMut(&mut Queue) -> Result<T>) -> Result<T> {
+        let mut tries = 0;
+        loop {
+            match op(self) {
+                Err(e) if e.status() == Status::HostGone && tries < 3 => {
+                    tries += 1;
+                    self.recover(e)?;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// After the host went away (`cause`): reconnect, ask for the same
+    /// queue again, share the same memory again, set the same IOMMU
+    /// policy, and send again what was in flight where the redo policy
+    /// allows (the rest completes with [`crate::STATUS_RESTARTED`]). A
+    /// queue driven through device registers is left to its driver (its
+    /// device state is the driver's): `cause` comes back.
+    fn recover(&mut self, cause: ClientError) -> Result<()> {
+        if self.released || self.generation != fork_generation() || self.registers().is_some() {
+            return Err(cause);
+        }
+        self.host.reconnect(self.epoch)?;
+        // What the dead engine completed before it died stays valid.
+        if !self.legacy() {
+            let mut descs = std::mem::take(&mut self.scratch);
+            let mut done = Vec::new();
+            let r = self.reap_into(&mut descs, &mut done, usize::MAX);
+            self.scratch = descs;
+            r?;
+            self.stash.extend(done);
+        }
+        let mut fresh = Queue::request(self.host.clone(), &self.capa)?;
+        if fresh.depth() != self.depth() {
+            return Err(ClientError::new(
+                Status::BadState,
+                format!(
+                    "the restarted host granted depth {} instead of {}",
+                    fresh.depth(),
+                    self.depth()
+                ),
+            ));
+        }
+        std::mem::swap(&mut self.id, &mut fresh.id);
+        std::mem::swap(&mut self.device, &mut fresh.device);
+        std::mem::swap(&mut self.device_api, &mut fresh.device_api);
+        std::mem::swap(&mut self.flags, &mut fresh.flags);
+        std::mem::swap(&mut self.epoch, &mut fresh.epoch);
+        std::mem::swap(&mut self.view, &mut fresh.view);
+        std::mem::swap(&mut self.ring, &mut fresh.ring);
+        std::mem::swap(&mut self.doorbell, &mut fresh.doorbell);
+        std::mem::swap(&mut self.cq_event, &mut fresh.cq_event);
+        std::mem::swap(&mut self.socket, &mut fresh.socket);
+        // `fresh` now holds the dead host's ring: nothing to release there.
+        fresh.released = true;
+        drop(fresh);
+        self.wait_set = None;
+        self.wait_armed = false;
+        self.wait_signalled = false;
+        self.last_liveness = Instant::now();
+        for s in &self.shares {
+            match &s.fd {
+                Some((fd, off)) => self.map_on_host(s.iova, s.size, fd.as_fd(), *off)?,
+                None => {
+                    let loc = crate::buf::locate(s.iova, s.size).ok_or_else(|| {
+                        ClientError::new(
+                            Status::BadState,
+                            format!("shared memory at {:#x} was freed while shared", s.iova),
+                        )
+                    })?;
+                    self.map_on_host(s.iova, s.size, loc.arena.fd(), loc.offset)?
+                }
+            }
+        }
+        if let Some((mode, faults)) = self.iommu_policy {
+            self.apply_iommu_policy(mode, faults)?;
+        }
+        let mut again = Vec::new();
+        for slot in 0..self.slots.len() {
+            let Some(cookie) = self.slots[slot] else {
+                continue;
+            };
+            if self.redo.is_some_and(|safe| safe(&self.sent[slot])) {
+                again.push((self.sent[slot], slot as u64));
+                continue;
+            }
+            self.slots[slot] = None;
+            self.free_slots.push(slot as u32);
+            let mut desc = self.sent[slot];
+            desc.status = crate::STATUS_RESTARTED;
+            desc.result = 0;
+            let c = Completion { cookie, desc };
+            if self.wanted(&c) {
+                self.stash.push_back(c);
+            }
+            self.recovery.failed += 1;
+        }
+        let n = self
+            .view
+            .submit_with(&again, |(d, slot)| (d, *slot))
+            .map_err(|e| ClientError::new(Status::BadState, e.to_string()))?;
+        self.recovery.redone += n as u64;
+        self.recovery.reconnects += 1;
+        let r = self.recovery;
+        self.view
+            .publish_queue_stats(&[r.reconnects, r.redone, r.failed]);
+        if n > 0 && self.view.engine_needs_wakeup() {
+            self.ring_doorbell()?;
+        }
+        Ok(())
     }
 
     /// Give the queue back (also done on drop).
@@ -1081,6 +1351,8 @@ pub struct Waker {
     ring: Arc<Mapping>,
     doorbell: Arc<OwnedFd>,
     host: Arc<HostConn>,
+    /// The connection epoch of its queue (a newer one: that engine is gone).
+    epoch: u64,
 }
 
 impl Waker {
@@ -1107,7 +1379,7 @@ impl Waker {
     /// system call): for a driver polling device registers, which would
     /// otherwise wait for a dead host until its timeout.
     pub fn check_host(&self) -> Result<()> {
-        if self.host.host_gone() {
+        if self.host.epoch() != self.epoch || self.host.host_gone() {
             return Err(ClientError::new(
                 Status::HostGone,
                 "the WrapDrive host is gone",

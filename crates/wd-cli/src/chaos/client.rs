@@ -130,6 +130,10 @@ impl From<wd_crypto::CryptoError> for End {
 struct Report {
     ops: u64,
     faults: u64,
+    /// Requests lost to a host restart (the documented unsafe cases: a
+    /// cipher stream in flight, an NVMe command in flight), after which
+    /// the client carried on.
+    restarts: u64,
     period: Vec<u64>,
     last: Instant,
     stop: Arc<AtomicBool>,
@@ -140,6 +144,7 @@ impl Report {
         Report {
             ops: 0,
             faults: 0,
+            restarts: 0,
             period: Vec::new(),
             last: Instant::now(),
             stop,
@@ -200,8 +205,8 @@ pub fn run(args: ClientArgs) -> u8 {
     };
     let fallbacks = wd_crypto::stats().cpu_requests;
     line(&format!(
-        "done {} {} {fallbacks}",
-        report.ops, report.faults
+        "done {} {} {fallbacks} {}",
+        report.ops, report.faults, report.restarts
     ));
     let (code, why) = match end {
         End::Stopped => (EXIT_OK, None),
@@ -300,6 +305,9 @@ fn copy(model: &str, rng: &mut Rng, report: &mut Report) -> Result<End, End> {
         capa = capa.flags(CAPA_SHARE_ALL);
     }
     let mut q = h.request_queue(&capa)?;
+    // Copies may run again on a restarted host: the queue makes itself
+    // again and sends what was in flight.
+    q.set_redo_policy(wd_dummy_msg::redo_safe);
     let mut src = Mem::new(model, COPY_MAX, &mut q)?;
     let mut dst = Mem::new(model, COPY_MAX, &mut q)?;
     line("ready");
@@ -406,22 +414,34 @@ fn cipher(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
             Direction::Decrypt
         };
         let t = Instant::now();
-        let mut c = Cipher::new("aes-128-cbc", &key, dir)?;
-        c.set_iv(&iv)?;
-        // One to three pieces, cut at block boundaries.
-        let mut at = 0;
-        while at < len {
-            let rest = (len - at) / 16;
-            let n = 16
-                * if rest > 1 {
-                    rng.range(1, rest as u64) as usize
-                } else {
-                    1
-                };
-            c.update(&pt[at..at + n], &mut out[at..at + n])?;
-            at += n;
+        let run = |rng: &mut Rng, out: &mut [u8]| -> Result<(), wd_crypto::CryptoError> {
+            let mut c = Cipher::new("aes-128-cbc", &key, dir)?;
+            c.set_iv(&iv)?;
+            // Cut at random block boundaries.
+            let mut at = 0;
+            while at < len {
+                let rest = (len - at) / 16;
+                let n = 16
+                    * if rest > 1 {
+                        rng.range(1, rest as u64) as usize
+                    } else {
+                        1
+                    };
+                c.update(&pt[at..at + n], &mut out[at..at + n])?;
+                at += n;
+            }
+            Ok(())
+        };
+        match run(rng, &mut out) {
+            Ok(()) => {}
+            // A stream in flight when the host restarted fails (its
+            // session died with the host): the documented unsafe case.
+            Err(e) if e.host_gone() => {
+                report.restarts += 1;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
         }
-        drop(c);
         let mut r = wd_evp::CipherCtx::new(alg).map_err(|e| End::Failed(e.to_string()))?;
         r.init(Some(&key), Some(&iv), encrypt)
             .and_then(|()| r.update(&mut want[..len], &pt[..len]))
@@ -444,30 +464,7 @@ const NAMESPACES: u32 = 8;
 /// checked against what this process wrote there; I/O queues deleted and
 /// created again now and then.
 fn nvme(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
-    let h = host()?;
-    let mut c = Controller::open(&h, &Options::default())?;
-    let mut order: Vec<u32> = (1..=NAMESPACES).collect();
-    for i in (1..order.len()).rev() {
-        order.swap(i, rng.range(0, i as u64) as usize);
-    }
-    let mut ns = None;
-    for nsid in order {
-        match c.open_namespace(nsid) {
-            Ok(n) => {
-                ns = Some(n);
-                break;
-            }
-            // Attached to another controller: try the next.
-            Err(NvmeError::Command { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    let ns = ns.ok_or_else(|| End::Busy("every namespace is attached elsewhere".into()))?;
-    let mut q = c.create_io_queue(16)?;
-    let block = ns.block;
-    let most = (64 << 10) / block;
-    let buf = SharedBuf::new((most * block) as usize)?;
-    c.share(&buf)?;
+    let mut s = NvmeSession::open(rng, None)?;
     line("ready");
     let fill = |tag: u64, out: &mut [u8]| {
         for (i, w) in out.chunks_mut(8).enumerate() {
@@ -476,51 +473,143 @@ fn nvme(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
             );
         }
     };
+    // Block -> tag of what this process wrote there last.
     let mut written: HashMap<u64, u64> = HashMap::new();
+    let block = s.ns.block;
+    let most = (64 << 10) / block;
     let mut data = vec![0u8; (most * block) as usize];
     let mut want = vec![0u8; block as usize];
     while !report.stopped() {
         let n = rng.range(1, most);
-        let lba = rng.range(0, ns.blocks - n);
+        let lba = rng.range(0, s.ns.blocks - n);
         let bytes = (n * block) as usize;
         let t = Instant::now();
-        match rng.next() % 10 {
-            0..=4 => {
-                for i in 0..n {
-                    let tag = rng.next();
-                    let at = (i * block) as usize;
-                    fill(tag, &mut data[at..at + block as usize]);
-                    written.insert(lba + i, tag);
+        let op = rng.next() % 10;
+        let r: Result<(), End> = (|| {
+            match op {
+                0..=4 => {
+                    for i in 0..n {
+                        let tag = rng.next();
+                        let at = (i * block) as usize;
+                        fill(tag, &mut data[at..at + block as usize]);
+                        written.insert(lba + i, tag);
+                    }
+                    s.buf.write(0, &data[..bytes]);
+                    s.q.write(&s.ns, lba, &s.buf, 0, bytes as u64)?;
                 }
-                buf.write(0, &data[..bytes]);
-                q.write(&ns, lba, &buf, 0, bytes as u64)?;
-            }
-            5..=8 => {
-                q.read(&ns, lba, &buf, 0, bytes as u64)?;
-                buf.read(0, &mut data[..bytes]);
-                for i in 0..n {
-                    let Some(&tag) = written.get(&(lba + i)) else {
-                        continue;
-                    };
-                    fill(tag, &mut want);
-                    let at = (i * block) as usize;
-                    if data[at..at + block as usize] != want[..] {
-                        return Err(End::Data(format!(
-                            "namespace {} block {} does not hold what was written",
-                            ns.nsid,
-                            lba + i
-                        )));
+                5..=8 => {
+                    s.q.read(&s.ns, lba, &s.buf, 0, bytes as u64)?;
+                    s.buf.read(0, &mut data[..bytes]);
+                    for i in 0..n {
+                        let Some(&tag) = written.get(&(lba + i)) else {
+                            continue;
+                        };
+                        fill(tag, &mut want);
+                        let at = (i * block) as usize;
+                        if data[at..at + block as usize] != want[..] {
+                            return Err(End::Data(format!(
+                                "namespace {} block {} does not hold what was written",
+                                s.ns.nsid,
+                                lba + i
+                            )));
+                        }
                     }
                 }
+                _ => s.recreate_queue()?,
             }
-            _ => {
-                c.delete_io_queue(q)?;
-                q = c.create_io_queue(16)?;
+            Ok(())
+        })();
+        match r {
+            Ok(()) => report.op(t),
+            // The host went away with the command in flight: a write may
+            // or may not have reached the store (the documented unsafe
+            // case), so its blocks are unknown from now on. The controller
+            // is this client's to bring up again.
+            Err(End::HostGone(_)) => {
+                report.restarts += 1;
+                if op <= 4 {
+                    for i in 0..n {
+                        written.remove(&(lba + i));
+                    }
+                }
+                let nsid = s.ns.nsid;
+                drop(s);
+                s = NvmeSession::open(rng, Some(nsid))?;
+                if s.ns.nsid != nsid {
+                    // Another client took the namespace meanwhile.
+                    written.clear();
+                }
             }
+            Err(e) => return Err(e),
         }
-        report.op(t);
     }
     Ok(End::Stopped)
+}
+
+/// A controller brought up, a namespace attached, an I/O queue and a
+/// buffer shared with it.
+struct NvmeSession {
+    c: Controller,
+    ns: wd_nvme_driver::Namespace,
+    q: wd_nvme_driver::IoQueue,
+    buf: SharedBuf,
+}
+
+impl NvmeSession {
+    /// Open a controller and attach `prefer` if it is free, else the first
+    /// free namespace; after a host restart, keep trying for 3 s.
+    fn open(rng: &mut Rng, prefer: Option<u32>) -> Result<NvmeSession, End> {
+        let t = Instant::now();
+        loop {
+            match NvmeSession::try_open(rng, prefer) {
+                Err(End::HostGone(m)) if prefer.is_some() => {
+                    if t.elapsed() > Duration::from_secs(3) {
+                        return Err(End::HostGone(m));
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn try_open(rng: &mut Rng, prefer: Option<u32>) -> Result<NvmeSession, End> {
+        let h = host()?;
+        let mut c = Controller::open(&h, &Options::default())?;
+        let mut order: Vec<u32> = (1..=NAMESPACES).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.range(0, i as u64) as usize);
+        }
+        if let Some(p) = prefer {
+            order.retain(|&n| n != p);
+            order.insert(0, p);
+        }
+        let mut ns = None;
+        for nsid in order {
+            match c.open_namespace(nsid) {
+                Ok(n) => {
+                    ns = Some(n);
+                    break;
+                }
+                // Attached to another controller: try the next.
+                Err(NvmeError::Command { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let ns = ns.ok_or_else(|| End::Busy("every namespace is attached elsewhere".into()))?;
+        let q = c.create_io_queue(16)?;
+        let buf = SharedBuf::new((64 << 10) / ns.block as usize * ns.block as usize)?;
+        c.share(&buf)?;
+        Ok(NvmeSession { c, ns, q, buf })
+    }
+
+    /// Delete the I/O queue and create another (a kill lands mid-admin).
+    fn recreate_queue(&mut self) -> Result<(), End> {
+        let fresh = self.c.create_io_queue(16)?;
+        let old = std::mem::replace(&mut self.q, fresh);
+        self.c.delete_io_queue(old)?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,229 @@
+//! A host killed with requests in flight and restarted on the same socket:
+//! the client library makes its queue again by itself (same parameters,
+//! same shares), sends again what its message format says is safe, fails
+//! the rest with `STATUS_RESTARTED`, and counts it all; with no host
+//! coming back, the caller hears `HostGone` once the window has passed.
+#![allow(unsafe_code)]
+
+use std::io::Read;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wd_dummy_msg::CopyMsg;
+use wd_host::{DeviceConfig, HostConfig};
+use wd_testutil::{report, tempdir, wait_until, Role, TempDir};
+use wrapdrive::{Capability, Desc, HostConn, Queue, SharedBuf, Status, STATUS_RESTARTED};
+
+/// Entry point of the host process; does nothing in a normal test run.
+#[test]
+fn child_entry() {
+    let Some(role) = wd_testutil::role() else {
+        return;
+    };
+    assert_eq!(role, "host");
+    let cfg = HostConfig {
+        socket: std::env::var("WD_TEST_SOCKET").unwrap(),
+        socket_mode: 0o600,
+        devices: vec![DeviceConfig::new("dummy")],
+        ..HostConfig::default()
+    };
+    let _h = wd_host::Host::start(&cfg).expect("host starts");
+    report("ready");
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+}
+
+/// A host process on `socket`, returned once it serves.
+fn start_host(socket: &str) -> Role {
+    // A killed host leaves its socket file behind.
+    let _ = std::fs::remove_file(socket);
+    let mut c = Role::command("host");
+    c.env("WD_TEST_SOCKET", socket).stdin(Stdio::piped());
+    let mut role = Role::spawn(c);
+    assert_eq!(role.read_report(), "ready");
+    role
+}
+
+/// Freeze the host (so what is sent stays in flight), then kill it.
+fn freeze(host: &Role) {
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(host.pid(), libc::SIGSTOP) };
+    let stat = format!("/proc/{}/stat", host.pid());
+    wait_until("host stopped", || {
+        std::fs::read_to_string(&stat).is_ok_and(|s| {
+            s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('T')
+        })
+    });
+}
+
+fn kill(host: &mut Role) {
+    let mut status = 0;
+    // SAFETY: plain kill(2) and waitpid(2) of our own child.
+    unsafe {
+        libc::kill(host.pid(), libc::SIGKILL);
+        libc::waitpid(host.pid(), &mut status, 0);
+    }
+}
+
+struct Setup {
+    _dir: TempDir,
+    socket: String,
+    host: Role,
+    conn: Arc<HostConn>,
+}
+
+fn setup(name: &str) -> Setup {
+    let dir = tempdir(name);
+    let socket = dir.join("wd.sock");
+    let host = start_host(&socket);
+    let conn = HostConn::connect(&socket).unwrap();
+    Setup {
+        _dir: dir,
+        socket,
+        host,
+        conn,
+    }
+}
+
+const LEN: usize = 64 << 10;
+
+fn copy(src: u64, dst: u64) -> Desc {
+    CopyMsg {
+        src,
+        dst,
+        len: LEN as u64,
+    }
+    .to_desc(0)
+}
+
+/// Send `n` copies (distinct destinations) to a frozen host, kill it and
+/// start another; returns the queue, its memory and the new host.
+fn copies_across_a_restart(
+    s: &mut Setup,
+    redo: bool,
+    n: usize,
+) -> (Queue, SharedBuf, SharedBuf, wd_heap::Buffer) {
+    let mut q = s
+        .conn
+        .request_queue(&Capability::new("memcpy").depth(16))
+        .unwrap();
+    if redo {
+        q.set_redo_policy(wd_dummy_msg::redo_safe);
+    }
+    let src = SharedBuf::new(LEN).unwrap();
+    let dst = SharedBuf::new(LEN * n).unwrap();
+    let heap = wd_heap::Heap::process()
+        .alloc(LEN as u64, &wd_heap::AllocOptions::default())
+        .unwrap();
+    q.share(src.addr(), src.len()).unwrap();
+    q.share(dst.addr(), dst.len()).unwrap();
+    q.share_buffer(&heap).unwrap();
+    let data: Vec<u8> = (0..LEN).map(|i| (i * 7 + 3) as u8).collect();
+    src.write(0, &data);
+    freeze(&s.host);
+    for i in 0..n {
+        q.send(copy(src.addr(), dst.addr() + (i * LEN) as u64), i as u64)
+            .unwrap();
+    }
+    kill(&mut s.host);
+    s.host = start_host(&s.socket);
+    (q, src, dst, heap)
+}
+
+#[test]
+fn copies_in_flight_are_sent_again_on_the_restarted_host() {
+    let mut s = setup("wd-reconnect-redo");
+    let (mut q, src, dst, heap) = copies_across_a_restart(&mut s, true, 4);
+    let old_id = q.id();
+    let mut seen = [false; 4];
+    for _ in 0..4 {
+        let c = q.recv_sync(Some(Duration::from_secs(10))).unwrap();
+        assert_eq!(c.desc.status, 0, "copy {} on the new host", c.cookie);
+        seen[c.cookie as usize] = true;
+    }
+    assert!(seen.iter().all(|&x| x));
+    let mut want = vec![0u8; LEN];
+    src.read(0, &mut want);
+    for i in 0..4 {
+        let mut got = vec![0u8; LEN];
+        dst.read((i * LEN) as u64, &mut got);
+        assert!(got == want, "copy {i} landed");
+    }
+    let r = q.recovery_stats();
+    assert_eq!((r.reconnects, r.redone, r.failed), (1, 4, 0));
+    assert_eq!(s.conn.epoch(), 1);
+    // The heap buffer was shared again (by its kept descriptor).
+    let d = q.call(copy(src.addr(), heap.addr())).unwrap();
+    assert_eq!(d.status, 0);
+    assert_eq!(heap.to_vec()[..LEN], want[..]);
+    // The new host shows the queue's counters; the old queue id may be
+    // reused, so look the queue up by its new id.
+    let base = format!("dev0/queues/q{}/client", q.id());
+    assert_eq!(s.conn.get_attr(&format!("{base}/reconnects")).unwrap(), "1");
+    assert_eq!(s.conn.get_attr(&format!("{base}/redone")).unwrap(), "4");
+    let _ = old_id;
+}
+
+#[test]
+fn without_a_redo_policy_requests_in_flight_fail_with_restarted() {
+    let mut s = setup("wd-reconnect-fail");
+    let (mut q, src, dst, _heap) = copies_across_a_restart(&mut s, false, 3);
+    for _ in 0..3 {
+        let c = q.recv_sync(Some(Duration::from_secs(10))).unwrap();
+        assert_eq!(c.desc.status, STATUS_RESTARTED, "request {}", c.cookie);
+    }
+    let r = q.recovery_stats();
+    assert_eq!((r.reconnects, r.redone, r.failed), (1, 0, 3));
+    // The queue works on the new host, with its memory shared again.
+    let d = q.call(copy(src.addr(), dst.addr())).unwrap();
+    assert_eq!(d.status, 0);
+}
+
+#[test]
+fn a_send_that_finds_the_host_restarted_is_not_sent_without_a_redo_policy() {
+    let mut s = setup("wd-reconnect-send");
+    let mut q = s.conn.request_queue(&Capability::new("memcpy")).unwrap();
+    assert_eq!(q.call(Desc::default()).unwrap().status, 0);
+    kill(&mut s.host);
+    s.host = start_host(&s.socket);
+    // The queue's engine slept: this send rings its doorbell and finds
+    // the host gone. Sessions named by such a request would be gone.
+    std::thread::sleep(Duration::from_millis(50));
+    let err = match q.send(Desc::default(), 9) {
+        // The engine was awake (no doorbell): the request waits in the
+        // dead ring, and the wait finds the host gone.
+        Ok(()) => {
+            let c = q.recv_sync(Some(Duration::from_secs(10))).unwrap();
+            assert_eq!(c.desc.status, STATUS_RESTARTED);
+            Status::HostGone
+        }
+        Err(e) => e.status(),
+    };
+    assert_eq!(err, Status::HostGone);
+    assert_eq!(q.recovery_stats().reconnects, 1);
+    assert_eq!(q.call(Desc::default()).unwrap().status, 0);
+}
+
+#[test]
+fn no_host_within_the_window_is_host_gone() {
+    let mut s = setup("wd-reconnect-none");
+    let mut q = s.conn.request_queue(&Capability::new("memcpy")).unwrap();
+    freeze(&s.host);
+    q.send(Desc::default(), 1).unwrap();
+    kill(&mut s.host);
+    let t = Instant::now();
+    let e = q.recv_sync(None).unwrap_err();
+    assert_eq!(e.status(), Status::HostGone, "{e}");
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(wrapdrive::DEFAULT_RECONNECT_MS / 2)
+            && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    assert!(e.to_string().contains("did not come back"), "{e}");
+}
