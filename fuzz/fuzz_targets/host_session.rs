@@ -255,6 +255,8 @@ impl Input<'_> {
 /// A queue the host granted: its ring mapped as a client maps it.
 struct Granted {
     id: u32,
+    /// Given back (its ring stays mapped here, to be scribbled on).
+    released: bool,
     ring: File,
     ring_bytes: u64,
     // Declared before `_map`, so it goes first.
@@ -308,6 +310,9 @@ impl Client {
         }
         match self.ch.recv() {
             Ok(f) => {
+                if trace() {
+                    eprintln!("{} -> {:?}", msg.name(), f.msg);
+                }
                 assert_eq!(f.request_id, self.next_id, "answer to another request");
                 Ok(Some(f))
             }
@@ -330,6 +335,13 @@ impl Client {
         }
         wd_sys::send_with_fds(self.ch.socket(), bytes, fds).map_err(|_| ())
     }
+}
+
+/// Whether to print each request and its answer (`WD_FUZZ_TRACE=1`, to
+/// see what an input does when replaying it).
+fn trace() -> bool {
+    static T: OnceLock<bool> = OnceLock::new();
+    *T.get_or_init(|| std::env::var_os("WD_FUZZ_TRACE").is_some())
 }
 
 /// What a receive that timed out fails with (EAGAIN, Linux).
@@ -369,12 +381,20 @@ impl Session {
         self.clients[k].as_ref().map(|_| k)
     }
 
-    fn queue_id(&self, inp: &mut Input<'_>) -> u32 {
+    /// A queue id for client `k`: one of its own most of the time, now and
+    /// then another connection's, or any number.
+    fn queue_id(&self, k: usize, inp: &mut Input<'_>) -> u32 {
         let v = inp.take(1) as usize;
-        if v & 0x80 == 0 && !self.queues.is_empty() {
-            self.queues[v % self.queues.len()].1.id
-        } else {
-            v as u32 & 0x7f
+        let own: Vec<u32> = self
+            .queues
+            .iter()
+            .filter(|(c, q)| *c == k && !q.released)
+            .map(|(_, q)| q.id)
+            .collect();
+        match v >> 6 {
+            0 | 1 if !own.is_empty() => own[v % own.len()],
+            2 if !self.queues.is_empty() => self.queues[v % self.queues.len()].1.id,
+            _ => v as u32 & 0x3f,
         }
     }
 
@@ -418,6 +438,7 @@ impl Session {
             k,
             Granted {
                 id: queue_id,
+                released: false,
                 ring,
                 ring_bytes,
                 view,
@@ -470,7 +491,8 @@ impl Session {
                 };
                 self.clients.push(Some(c));
                 let k = self.clients.len() - 1;
-                if op & 0x80 == 0 {
+                // Now and then a connection that never says Hello.
+                if op < 0xf0 {
                     let version = if inp.take(1) == 0xff {
                         inp.take(2) as u16
                     } else {
@@ -549,13 +571,20 @@ impl Session {
             }
             5 => {
                 let Some(k) = self.client(inp) else { return };
-                let queue_id = self.queue_id(inp);
-                self.call(k, &Message::ReleaseQueue { queue_id }, &[]);
+                let queue_id = self.queue_id(k, inp);
+                if let Some(Frame {
+                    msg: Message::Ok, ..
+                }) = self.call(k, &Message::ReleaseQueue { queue_id }, &[])
+                {
+                    for (_, q) in self.queues.iter_mut().filter(|(c, _)| *c == k) {
+                        q.released |= q.id == queue_id;
+                    }
+                }
             }
             // Share memory of fuzzed size at a fuzzed offset and address.
             6 | 7 => {
                 let Some(k) = self.client(inp) else { return };
-                let queue_id = self.queue_id(inp);
+                let queue_id = self.queue_id(k, inp);
                 let Some(m) = self.memfd(inp) else { return };
                 let len = self.memory[m].metadata().map(|md| md.len()).unwrap_or(0);
                 let shape = inp.take(1);
@@ -608,7 +637,7 @@ impl Session {
                     }
                 } else {
                     Message::MemUnshare {
-                        queue_id: self.queue_id(inp),
+                        queue_id: self.queue_id(k, inp),
                         iova: inp.take(8),
                         size: inp.take(8),
                     }
@@ -618,7 +647,7 @@ impl Session {
             // Faults and the IOMMU policy.
             9 => {
                 let Some(k) = self.client(inp) else { return };
-                let queue_id = self.queue_id(inp);
+                let queue_id = self.queue_id(k, inp);
                 let msg = match inp.take(1) % 4 {
                     0 => Message::ReadFaults {
                         queue_id,
@@ -652,7 +681,7 @@ impl Session {
             // A legacy request: a descriptor (fuzzed, or a memcpy) and data.
             10 => {
                 let Some(k) = self.client(inp) else { return };
-                let queue_id = self.queue_id(inp);
+                let queue_id = self.queue_id(k, inp);
                 let desc = if inp.flag() {
                     self.desc(inp).to_bytes().to_vec()
                 } else {
