@@ -86,15 +86,14 @@ cargo build --release --locked -p wd-cli
 ./target/release/wd chaos --soak 30s --interval 10 --clients 5 --host-restart-every 1
 
 echo "== fuzz targets"
-if cargo +nightly --version >/dev/null 2>&1 && cargo fuzz --help >/dev/null 2>&1; then
-    (cd fuzz && for t in $(cargo +nightly fuzz list); do
-        cargo +nightly fuzz build "$t"
-        cargo +nightly fuzz run "$t" -- -max_total_time=10 -rss_limit_mb=2048
-    done)
-else
-    # No nightly or cargo-fuzz here: still compile every target (with the
-    # fuzzing cfg) so a broken target cannot land.
+# 10 s of each target; without nightly or cargo-fuzz (exit 77) still
+# compile every target (with the fuzzing cfg) so a broken target cannot land.
+fuzz_rc=0
+./scripts/fuzz.sh --time 10 || fuzz_rc=$?
+if [ "$fuzz_rc" -eq 77 ]; then
     (cd fuzz && RUSTFLAGS="--cfg fuzzing" cargo build --bins)
+elif [ "$fuzz_rc" -ne 0 ]; then
+    echo "fuzzing found something (exit $fuzz_rc)"; exit 1
 fi
 echo "== sanitizers and checkers"
 ./scripts/check-sanitizers.sh | tee "$WD_SKIP_LOG.san"
