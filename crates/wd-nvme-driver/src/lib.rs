@@ -20,7 +20,7 @@ use wd_nvme_msg::identify::{self, cns, ControllerInfo, NamespaceInfo, IDENTIFY_B
 use wd_nvme_msg::regs::{self, Cap, Cc};
 use wd_nvme_msg::{AdminOp, Cqe, Sqe, Status, PAGE};
 use wd_sys::devmem::Registers;
-use wrapdrive::{Capability, ClientError, HostConn, Queue, SharedBuf};
+use wrapdrive::{Capability, ClientError, HostConn, Queue, SharedBuf, Waker};
 
 pub use qpair::{need_event, IoQueue, Namespace, QueuePair, MAX_TRANSFER};
 pub use wd_nvme_msg as msg;
@@ -94,6 +94,21 @@ pub struct Controller {
     cap: Cap,
     io_queues_granted: u16,
     used_qids: Vec<bool>,
+    /// Namespaces this controller attached (attached again after a host
+    /// restart).
+    attached: Vec<u32>,
+    /// Bumped each time the controller is brought up again on a restarted
+    /// host ([`Controller::reconnect`]).
+    incarnation: u64,
+}
+
+/// How an NVMe error reads to a caller deciding what to do.
+impl NvmeError {
+    /// Whether the host went away: bring the controller up again with
+    /// [`Controller::reconnect`] and [`Controller::restore_io_queue`].
+    pub fn host_gone(&self) -> bool {
+        matches!(self, NvmeError::Client(c) if c.status() == wrapdrive::Status::HostGone)
+    }
 }
 
 fn status_err(command: impl Into<String>, cqe: &Cqe) -> Result<Cqe> {
@@ -130,32 +145,9 @@ impl Controller {
             )));
         }
         let waker = queue.waker()?;
-        // Reset.
-        regs.store32(regs::CC, 0);
-        waker.wake()?;
-        let deadline = Duration::from_millis(500 * cap.to.max(1) as u64);
-        wait_for(&regs, deadline, "reset (CSTS.RDY = 0)", |c| {
-            c & regs::CSTS_RDY == 0
-        })?;
         let entries = ADMIN_ENTRIES.min(cap.mqes as u32 + 1);
         let admin = QueuePair::new(&mut queue, 0, entries, regs.clone(), waker.clone(), None)?;
-        regs.store32(regs::AQA, regs::aqa_encode(entries, entries));
-        regs.store64(regs::ASQ, admin.sq_base());
-        regs.store64(regs::ACQ, admin.cq_base());
-        let cc = Cc {
-            en: true,
-            iosqes: 6,
-            iocqes: 4,
-            ..Cc::default()
-        };
-        regs.store32(regs::CC, cc.to_u32());
-        waker.wake()?;
-        wait_for(&regs, deadline, "enable (CSTS.RDY = 1)", |c| {
-            c & (regs::CSTS_RDY | regs::CSTS_CFS) != 0
-        })?;
-        if regs.load32(regs::CSTS) & regs::CSTS_CFS != 0 {
-            return Err(NvmeError::Fatal("on enable".into()));
-        }
+        enable(&regs, &waker, cap, &admin)?;
         let scratch = SharedBuf::new(PAGE as usize)?;
         queue.share(scratch.addr(), scratch.len())?;
         let mut c = Controller {
@@ -168,7 +160,17 @@ impl Controller {
             cap,
             io_queues_granted: 0,
             used_qids: Vec::new(),
+            attached: Vec::new(),
+            incarnation: 0,
         };
+        c.configure(opts.shadow_doorbells)?;
+        Ok(c)
+    }
+
+    /// After enabling: Identify Controller, Number of Queues, and Doorbell
+    /// Buffer Config when `shadow` (its pages made once and kept).
+    fn configure(&mut self, shadow: bool) -> Result<()> {
+        let c = self;
         c.identify_raw(cns::CONTROLLER, 0)?;
         let mut raw = [0u8; IDENTIFY_BYTES];
         c.scratch.read(0, &mut raw);
@@ -190,24 +192,77 @@ impl Controller {
             },
         )?;
         c.io_queues_granted = ((got.result & 0xffff).min(got.result >> 16) + 1) as u16;
-        c.used_qids = vec![false; c.io_queues_granted as usize + 1];
-        if opts.shadow_doorbells && c.info.oacs & identify::OACS_DOORBELL_BUFFER != 0 {
-            let shadow = SharedBuf::new(PAGE as usize)?;
-            let events = SharedBuf::new(PAGE as usize)?;
-            c.queue.share(shadow.addr(), shadow.len())?;
-            c.queue.share(events.addr(), events.len())?;
+        // Queue ids in use stay in use (a restarted controller gets the
+        // caller's queues back); a smaller grant keeps them reserved.
+        let n = (c.io_queues_granted as usize + 1).max(c.used_qids.len());
+        c.used_qids.resize(n, false);
+        if shadow && c.info.oacs & identify::OACS_DOORBELL_BUFFER != 0 {
+            if c.dbbuf.is_none() {
+                let shadow = SharedBuf::new(PAGE as usize)?;
+                let events = SharedBuf::new(PAGE as usize)?;
+                c.queue.share(shadow.addr(), shadow.len())?;
+                c.queue.share(events.addr(), events.len())?;
+                c.dbbuf = Some(Arc::new((shadow, events)));
+            }
+            let (prp1, prp2) = c
+                .dbbuf
+                .as_ref()
+                .map(|d| (d.0.addr(), d.1.addr()))
+                .expect("made above");
             c.admin_command(
                 "doorbell buffer config",
                 Sqe {
                     opcode: AdminOp::DoorbellBuffer as u8,
-                    prp1: shadow.addr(),
-                    prp2: events.addr(),
+                    prp1,
+                    prp2,
                     ..Sqe::default()
                 },
             )?;
-            c.dbbuf = Some(Arc::new((shadow, events)));
         }
-        Ok(c)
+        Ok(())
+    }
+
+    /// After the host went away ([`NvmeError::host_gone`]): connect to the
+    /// restarted host, bring a controller up again there on the same
+    /// memory (admin queue, shadow doorbells, every buffer shared), and
+    /// attach the same namespaces (an error if another controller took
+    /// one meanwhile). Then give each I/O queue to
+    /// [`Controller::restore_io_queue`], which sends its commands in flight
+    /// again.
+    pub fn reconnect(&mut self) -> Result<()> {
+        self.queue.reconnect()?;
+        self.regs = self.queue.registers().ok_or_else(|| {
+            NvmeError::Unsupported("the restarted host serves nvme without a register block".into())
+        })?;
+        self.cap = Cap::from_u64(self.regs.load64(regs::CAP));
+        let waker = self.queue.waker()?;
+        self.admin.rebind(self.regs.clone(), waker.clone());
+        enable(&self.regs, &waker, self.cap, &self.admin)?;
+        let shadow = self.dbbuf.is_some();
+        self.configure(shadow)?;
+        for nsid in self.attached.clone() {
+            self.ns_attachment(nsid, false)?;
+        }
+        self.incarnation += 1;
+        Ok(())
+    }
+
+    /// Create `q` again on a controller brought up again by
+    /// [`Controller::reconnect`] (same queue id, same memory) and send its
+    /// commands in flight again (reads, and writes of the same data, are
+    /// safe to repeat; a caller must not have touched their buffers).
+    /// Returns how many were sent again; nothing to do for a queue that
+    /// is current.
+    pub fn restore_io_queue(&mut self, q: &mut IoQueue) -> Result<usize> {
+        if q.incarnation == self.incarnation {
+            return Ok(0);
+        }
+        let waker = self.queue.waker()?;
+        let qp = q.pair_mut();
+        qp.rebind(self.regs.clone(), waker);
+        self.create_pair(q.pair_mut())?;
+        q.incarnation = self.incarnation;
+        q.pair_mut().resubmit()
     }
 
     /// Identify Controller, as read at bring-up.
@@ -336,12 +391,18 @@ impl Controller {
 
     /// Attach namespace `nsid` to this controller (Namespace Attachment).
     pub fn attach(&mut self, nsid: u32) -> Result<()> {
-        self.ns_attachment(nsid, false)
+        self.ns_attachment(nsid, false)?;
+        if !self.attached.contains(&nsid) {
+            self.attached.push(nsid);
+        }
+        Ok(())
     }
 
     /// Detach namespace `nsid` from this controller.
     pub fn detach(&mut self, nsid: u32) -> Result<()> {
-        self.ns_attachment(nsid, true)
+        self.ns_attachment(nsid, true)?;
+        self.attached.retain(|&n| n != nsid);
+        Ok(())
     }
 
     /// Attach namespace `nsid` here unless it is already, and describe it
@@ -416,7 +477,7 @@ impl Controller {
             return Err(e);
         }
         self.used_qids[qid as usize] = true;
-        Ok(IoQueue::new(qp))
+        Ok(IoQueue::new(qp, self.incarnation))
     }
 
     /// Create the completion queue, then the submission queue, of `qp`
@@ -501,6 +562,36 @@ impl Controller {
 }
 
 /// Poll CSTS until `done` (the engine may be asleep: the caller woke it).
+/// Reset the controller, point it at the admin queue `admin`, enable it
+/// and wait until it is ready.
+fn enable(regs: &Registers, waker: &Waker, cap: Cap, admin: &QueuePair) -> Result<()> {
+    regs.store32(regs::CC, 0);
+    waker.wake()?;
+    let deadline = Duration::from_millis(500 * cap.to.max(1) as u64);
+    wait_for(regs, deadline, "reset (CSTS.RDY = 0)", |c| {
+        c & regs::CSTS_RDY == 0
+    })?;
+    let entries = admin.entries();
+    regs.store32(regs::AQA, regs::aqa_encode(entries, entries));
+    regs.store64(regs::ASQ, admin.sq_base());
+    regs.store64(regs::ACQ, admin.cq_base());
+    let cc = Cc {
+        en: true,
+        iosqes: 6,
+        iocqes: 4,
+        ..Cc::default()
+    };
+    regs.store32(regs::CC, cc.to_u32());
+    waker.wake()?;
+    wait_for(regs, deadline, "enable (CSTS.RDY = 1)", |c| {
+        c & (regs::CSTS_RDY | regs::CSTS_CFS) != 0
+    })?;
+    if regs.load32(regs::CSTS) & regs::CSTS_CFS != 0 {
+        return Err(NvmeError::Fatal("on enable".into()));
+    }
+    Ok(())
+}
+
 fn wait_for(
     regs: &Registers,
     timeout: Duration,

@@ -83,6 +83,9 @@ pub struct QueuePair {
     waker: Waker,
     dbbuf: Option<Arc<(SharedBuf, SharedBuf)>>,
     free: Vec<u16>,
+    /// The command in each slot, as pushed (to send again to a controller
+    /// brought up again after a host restart).
+    sent: Vec<Sqe>,
     done: Vec<Option<Cqe>>,
     /// Completions set aside in `done`.
     parked: usize,
@@ -142,6 +145,7 @@ impl QueuePair {
             // Command ids are slots: at most entries - 1 commands are
             // outstanding, so the submission queue never overflows.
             free: (0..(entries - 1) as u16).rev().collect(),
+            sent: vec![Sqe::default(); entries as usize],
             done: vec![None; entries as usize],
             parked: 0,
             in_flight: 0,
@@ -206,11 +210,66 @@ impl QueuePair {
     pub fn push(&mut self, mut sqe: Sqe) -> Result<u16> {
         let cid = self.free.pop().ok_or(NvmeError::Full)?;
         sqe.cid = cid;
+        self.sent[cid as usize] = sqe;
+        self.write_sqe(&sqe);
+        self.in_flight += 1;
+        Ok(cid)
+    }
+
+    fn write_sqe(&mut self, sqe: &Sqe) {
         self.sq
             .write(self.sq_tail as u64 * SQE_SIZE as u64, &sqe.to_bytes());
         self.sq_tail = (self.sq_tail + 1) % self.entries;
-        self.in_flight += 1;
-        Ok(cid)
+    }
+
+    /// Start over on a controller brought up again (a restarted host):
+    /// the queue is empty there, so head, tail and phase start anew; what
+    /// was in flight stays counted (see [`QueuePair::resubmit`]).
+    pub(crate) fn rebind(&mut self, regs: Registers, waker: Waker) {
+        self.regs = regs;
+        self.waker = waker;
+        self.sq_tail = 0;
+        self.sq_rung = 0;
+        self.cq_head = 0;
+        self.phase = true;
+        self.cq.write(0, &vec![0u8; self.cq.len() as usize]);
+        if let Some(d) = &self.dbbuf {
+            let sq_off = (regs::sq_tail_doorbell(self.qid) - regs::DOORBELLS) as u64;
+            d.0.store_u32(sq_off, 0);
+            d.0.store_u32(sq_off + 4, 0);
+        }
+    }
+
+    /// Send again every command still in flight (not completed, not
+    /// abandoned), with its command id, data addresses and PRP list
+    /// unchanged: for NVMe I/O commands this is safe as long as their
+    /// buffers were left alone while in flight (a write writes the same
+    /// data again).
+    pub(crate) fn resubmit(&mut self) -> Result<usize> {
+        let mut n = 0;
+        for cid in 0..(self.entries - 1) as u16 {
+            if self.free.contains(&cid) || self.done[cid as usize].is_some() {
+                continue;
+            }
+            let sqe = self.sent[cid as usize];
+            self.write_sqe(&sqe);
+            n += 1;
+        }
+        self.ring()?;
+        Ok(n)
+    }
+
+    /// Give up on command `cid` (its controller is gone): its slot is free
+    /// again and it is not sent again.
+    pub(crate) fn abandon(&mut self, cid: u16) {
+        if (cid as usize) < self.done.len() - 1 && !self.free.contains(&cid) {
+            if self.done[cid as usize].take().is_some() {
+                self.parked -= 1;
+            } else {
+                self.in_flight -= 1;
+            }
+            self.free.push(cid);
+        }
     }
 
     /// Tell the controller about pushed commands: the doorbell register,
@@ -376,6 +435,9 @@ impl QueuePair {
 /// An I/O queue pair with read/write helpers.
 pub struct IoQueue {
     qp: QueuePair,
+    /// The controller incarnation the queue was created on (see
+    /// `Controller::restore_io_queue`).
+    pub(crate) incarnation: u64,
 }
 
 /// A namespace as the I/O helpers need it.
@@ -390,8 +452,12 @@ pub struct Namespace {
 }
 
 impl IoQueue {
-    pub(crate) fn new(qp: QueuePair) -> IoQueue {
-        IoQueue { qp }
+    pub(crate) fn new(qp: QueuePair, incarnation: u64) -> IoQueue {
+        IoQueue { qp, incarnation }
+    }
+
+    pub(crate) fn pair_mut(&mut self) -> &mut QueuePair {
+        &mut self.qp
     }
 
     pub(crate) fn into_pair(self) -> QueuePair {
@@ -472,8 +538,18 @@ impl IoQueue {
 
     fn rw(&mut self, op: IoOp, ns: &Namespace, slba: u64, addr: u64, len: u64) -> Result<()> {
         let cid = self.push_rw(op, ns, slba, addr, len)?;
-        self.qp.ring()?;
-        self.wait(&format!("{op:?} of {len} bytes at block {slba}"), cid)?;
+        let r = self
+            .qp
+            .ring()
+            .and_then(|()| self.wait(&format!("{op:?} of {len} bytes at block {slba}"), cid));
+        if let Err(e) = r {
+            if e.host_gone() {
+                // The caller hears of it and runs the command again on a
+                // controller brought up again: it is not sent twice.
+                self.qp.abandon(cid);
+            }
+            return Err(e);
+        }
         Ok(())
     }
 

@@ -383,7 +383,13 @@ impl Queue {
             .map_err(|e| ClientError::new(Status::BadState, e.to_string()))?;
         self.stats.sent += n as u64;
         if n > 0 && self.view.engine_needs_wakeup() {
-            self.ring_doorbell()?;
+            match self.ring_doorbell() {
+                Ok(()) => {}
+                // The requests are in the ring, in flight: the queue made
+                // again sends them again or fails them, never twice.
+                Err(e) if e.status() == Status::HostGone => self.recover(e)?,
+                Err(e) => return Err(e),
+            }
         }
         Ok(n)
     }
@@ -1085,14 +1091,21 @@ impl Queue {
                     format!("{addr:#x}+{len:#x} was not shared"),
                 )
             })?;
-        self.host.call(
+        let r = self.host.call(
             &Message::MemUnshare {
                 queue_id: self.id,
                 iova: start,
                 size: end - start,
             },
             &[],
-        )?;
+        );
+        match r {
+            // A host that is gone reaches nothing: the range is unshared
+            // (and must not be shared again on a restarted host).
+            Ok(_) => {}
+            Err(e) if e.status() == Status::HostGone || self.host_lost() => {}
+            Err(e) => return Err(e),
+        }
         self.shares.swap_remove(pos);
         Ok(())
     }
@@ -1227,6 +1240,24 @@ impl Queue {
         if self.released || self.generation != fork_generation() || self.registers().is_some() {
             return Err(cause);
         }
+        self.remake()
+    }
+
+    /// For a driver of a register-driven device (which the library does
+    /// not remake by itself): after the host went away, make this queue
+    /// again on the restarted host with the same parameters and the same
+    /// memory shared; the device behind it starts from reset (its
+    /// register block is a new one: [`Queue::registers`] again). Nothing
+    /// to do when the queue's host lives.
+    pub fn reconnect(&mut self) -> Result<()> {
+        self.check()?;
+        if !self.host_lost() {
+            return Ok(());
+        }
+        self.remake()
+    }
+
+    fn remake(&mut self) -> Result<()> {
         self.host.reconnect(self.epoch)?;
         // What the dead engine completed before it died stays valid.
         if !self.legacy() {

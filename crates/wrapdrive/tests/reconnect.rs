@@ -227,3 +227,35 @@ fn no_host_within_the_window_is_host_gone() {
     );
     assert!(e.to_string().contains("did not come back"), "{e}");
 }
+
+/// An unshare that finds the host gone succeeds (a dead host reaches
+/// nothing), and the range is not shared again on the restarted host: the
+/// memory may go back to the allocator and be shared anew.
+#[test]
+fn an_unshare_on_a_dead_host_is_not_undone_by_the_restart() {
+    let mut s = setup("wd-reconnect-unshare");
+    let mut q = s
+        .conn
+        .request_queue(&Capability::new("memcpy").depth(8))
+        .unwrap();
+    q.set_redo_policy(wd_dummy_msg::redo_safe);
+    let (a, b) = (SharedBuf::new(LEN).unwrap(), SharedBuf::new(LEN).unwrap());
+    q.share(a.addr(), a.len()).unwrap();
+    q.share(b.addr(), b.len()).unwrap();
+    kill(&mut s.host);
+    q.unshare(b.addr(), b.len()).unwrap();
+    s.host = start_host(&s.socket);
+    // b is not shared on the new host: a copy into it faults, and it can
+    // be shared again.
+    assert_ne!(q.call(copy(a.addr(), b.addr())).unwrap().status, 0);
+    q.share(b.addr(), b.len()).unwrap();
+    let st = q.call(copy(a.addr(), b.addr())).unwrap().status;
+    assert_eq!(
+        st,
+        0,
+        "{:?} a={:#x} b={:#x}",
+        q.faults(8).unwrap(),
+        a.addr(),
+        b.addr()
+    );
+}

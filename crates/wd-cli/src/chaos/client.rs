@@ -464,7 +464,7 @@ const NAMESPACES: u32 = 8;
 /// checked against what this process wrote there; I/O queues deleted and
 /// created again now and then.
 fn nvme(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
-    let mut s = NvmeSession::open(rng, None)?;
+    let mut s = NvmeSession::open(rng)?;
     line("ready");
     let fill = |tag: u64, out: &mut [u8]| {
         for (i, w) in out.chunks_mut(8).enumerate() {
@@ -521,25 +521,22 @@ fn nvme(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
         })();
         match r {
             Ok(()) => report.op(t),
-            // The host went away with the command in flight: a write may
-            // or may not have reached the store (the documented unsafe
-            // case), so its blocks are unknown from now on. The controller
-            // is this client's to bring up again.
-            Err(End::HostGone(_)) => {
-                report.restarts += 1;
-                if op <= 4 {
-                    for i in 0..n {
-                        written.remove(&(lba + i));
-                    }
-                }
-                let nsid = s.ns.nsid;
-                drop(s);
-                s = NvmeSession::open(rng, Some(nsid))?;
-                if s.ns.nsid != nsid {
-                    // Another client took the namespace meanwhile.
+            // The host went away with the command in flight: bring the
+            // controller up again on the restarted host (same namespace,
+            // same queue) and write the same data again, which is safe.
+            Err(End::HostGone(_)) => match s.recover() {
+                Ok(()) if op <= 4 => s.q.write(&s.ns, lba, &s.buf, 0, bytes as u64)?,
+                Ok(()) => {}
+                // Another client took the namespace meanwhile: start over
+                // on a namespace of our own, knowing nothing of it.
+                Err(End::Failed(_)) => {
+                    report.restarts += 1;
+                    drop(s);
+                    s = NvmeSession::open(rng)?;
                     written.clear();
                 }
-            }
+                Err(e) => return Err(e),
+            },
             Err(e) => return Err(e),
         }
     }
@@ -556,33 +553,14 @@ struct NvmeSession {
 }
 
 impl NvmeSession {
-    /// Open a controller and attach `prefer` if it is free, else the first
-    /// free namespace; after a host restart, keep trying for 3 s.
-    fn open(rng: &mut Rng, prefer: Option<u32>) -> Result<NvmeSession, End> {
-        let t = Instant::now();
-        loop {
-            match NvmeSession::try_open(rng, prefer) {
-                Err(End::HostGone(m)) if prefer.is_some() => {
-                    if t.elapsed() > Duration::from_secs(3) {
-                        return Err(End::HostGone(m));
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                r => return r,
-            }
-        }
-    }
-
-    fn try_open(rng: &mut Rng, prefer: Option<u32>) -> Result<NvmeSession, End> {
+    /// Open a controller and attach the first free namespace (in a
+    /// random order).
+    fn open(rng: &mut Rng) -> Result<NvmeSession, End> {
         let h = host()?;
         let mut c = Controller::open(&h, &Options::default())?;
         let mut order: Vec<u32> = (1..=NAMESPACES).collect();
         for i in (1..order.len()).rev() {
             order.swap(i, rng.range(0, i as u64) as usize);
-        }
-        if let Some(p) = prefer {
-            order.retain(|&n| n != p);
-            order.insert(0, p);
         }
         let mut ns = None;
         for nsid in order {
@@ -601,6 +579,23 @@ impl NvmeSession {
         let buf = SharedBuf::new((64 << 10) / ns.block as usize * ns.block as usize)?;
         c.share(&buf)?;
         Ok(NvmeSession { c, ns, q, buf })
+    }
+
+    /// After the host went away: the controller brought up again there,
+    /// waiting up to 3 s for the host to come back.
+    fn recover(&mut self) -> Result<(), End> {
+        let t = Instant::now();
+        loop {
+            match self.c.reconnect() {
+                Ok(()) => break,
+                Err(e) if e.host_gone() && t.elapsed() < Duration::from_secs(3) => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.c.restore_io_queue(&mut self.q)?;
+        Ok(())
     }
 
     /// Delete the I/O queue and create another (a kill lands mid-admin).

@@ -1,0 +1,109 @@
+//! A controller brought up again after its host restarted on the same
+//! socket: the same namespaces attached, the same I/O queues created on
+//! the same memory, commands in flight sent again, and the data on the
+//! store what the commands wrote.
+
+use std::os::unix::fs::FileExt;
+
+use wd_host::{DeviceConfig, Host, HostConfig};
+use wd_nvme_driver::msg::IoOp;
+use wd_nvme_driver::{Controller, Options};
+use wd_testutil::tempdir;
+use wrapdrive::{HostConn, SharedBuf};
+
+const BLOCK: u64 = 4096;
+
+fn host(socket: &str, store: &str) -> Host {
+    let _ = std::fs::remove_file(socket);
+    let spec = format!("nvme:engine=sync,ns={store}:0:4M,ns={store}:4M:4M");
+    Host::start(&HostConfig {
+        socket: socket.to_string(),
+        socket_mode: 0o600,
+        devices: vec![DeviceConfig::parse_spec(&spec).unwrap()],
+        ..HostConfig::default()
+    })
+    .expect("host starts")
+}
+
+#[test]
+fn a_controller_comes_back_with_its_queues_and_commands_in_flight() {
+    for shadow in [true, false] {
+        let dir = tempdir("wd-nvme-reconnect");
+        let (socket, store) = (dir.join("wd.sock"), dir.join("store.img"));
+        std::fs::write(&store, b"").unwrap();
+        let first = host(&socket, &store);
+        let conn = HostConn::connect(&socket).unwrap();
+        let mut c = Controller::open(
+            &conn,
+            &Options {
+                shadow_doorbells: shadow,
+            },
+        )
+        .unwrap();
+        let ns = c.open_namespace(2).unwrap();
+        let mut q = c.create_io_queue(8).unwrap();
+        let buf = SharedBuf::new(64 << 10).unwrap();
+        c.share(&buf).unwrap();
+        buf.write(0, &[0x11; BLOCK as usize]);
+        q.write(&ns, 0, &buf, 0, BLOCK).unwrap();
+        // Commands written to the queue but not yet given to the
+        // controller when the host goes: in flight for the driver.
+        buf.write(BLOCK, &[0x22; BLOCK as usize]);
+        let w = q
+            .push_rw(IoOp::Write, &ns, 5, buf.addr() + BLOCK, BLOCK)
+            .unwrap();
+        let r = q
+            .push_rw(IoOp::Read, &ns, 0, buf.addr() + 2 * BLOCK, BLOCK)
+            .unwrap();
+        first.shutdown();
+        let _second = host(&socket, &store);
+        // The next synchronous command hears that the host went away, and
+        // is not left in flight.
+        let e = q.read(&ns, 0, &buf, 3 * BLOCK, BLOCK).unwrap_err();
+        assert!(e.host_gone(), "{e}");
+        c.reconnect().unwrap();
+        assert!(c.active_namespaces().unwrap().contains(&2));
+        assert_eq!(c.restore_io_queue(&mut q).unwrap(), 2, "two sent again");
+        assert_eq!(c.restore_io_queue(&mut q).unwrap(), 0, "current already");
+        for cid in [w, r] {
+            let cqe = q.wait_for(cid).unwrap();
+            assert!(cqe.status.is_success(), "{cqe:?}");
+        }
+        let mut got = vec![0u8; BLOCK as usize];
+        buf.read(2 * BLOCK, &mut got);
+        assert!(got.iter().all(|&b| b == 0x11), "the read ran");
+        // The queue goes on, and the store holds each write once, at the
+        // namespace's offset.
+        q.read(&ns, 5, &buf, 3 * BLOCK, BLOCK).unwrap();
+        buf.read(3 * BLOCK, &mut got);
+        assert!(got.iter().all(|&b| b == 0x22), "the write ran");
+        let f = std::fs::File::open(&store).unwrap();
+        f.read_exact_at(&mut got, (4 << 20) + 5 * BLOCK).unwrap();
+        assert!(got.iter().all(|&b| b == 0x22));
+        assert_eq!(c.queue().recovery_stats().reconnects, 1);
+        // More queues can be made, and the old one deleted.
+        let q2 = c.create_io_queue(8).unwrap();
+        c.delete_io_queue(q2).unwrap();
+        c.delete_io_queue(q).unwrap();
+        c.shutdown().unwrap();
+    }
+}
+
+#[test]
+fn a_namespace_taken_meanwhile_is_an_error_naming_it() {
+    let dir = tempdir("wd-nvme-reconnect-taken");
+    let (socket, store) = (dir.join("wd.sock"), dir.join("store.img"));
+    std::fs::write(&store, b"").unwrap();
+    let first = host(&socket, &store);
+    let conn = HostConn::connect(&socket).unwrap();
+    let mut c = Controller::open(&conn, &Options::default()).unwrap();
+    c.open_namespace(1).unwrap();
+    first.shutdown();
+    let _second = host(&socket, &store);
+    // Another client gets there first.
+    let other = HostConn::connect(&socket).unwrap();
+    let mut thief = Controller::open(&other, &Options::default()).unwrap();
+    thief.open_namespace(1).unwrap();
+    let e = c.reconnect().unwrap_err();
+    assert!(e.to_string().contains("namespace attach 1"), "{e}");
+}
