@@ -4,197 +4,16 @@
 //! sequence, queue rules, phase tags and back-pressure, statuses, PRP
 //! lists, shadow doorbells and asynchronous events.
 
-use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
-use std::sync::Arc;
 
-use wd_device::{DeviceQueue, Driver, Registers};
-use wd_nvme::msg::cmd::{CreateQueue, GetLogPage};
+use wd_nvme::msg::cmd::GetLogPage;
 use wd_nvme::msg::regs::{self, Cc};
-use wd_nvme::msg::{AdminOp, Cqe, IoOp, Sqe, Status, CQE_SIZE, SQE_SIZE};
-use wd_nvme::{IoEngine, NvmeDriver};
-use wd_testutil::dma::FlatMemory;
+use wd_nvme::msg::{AdminOp, Cqe, IoOp, Sqe, Status};
 
-/// Where the client memory starts (IOVA).
-const BASE: u64 = 0x10_0000;
-const ASQ: u64 = BASE;
-const ACQ: u64 = BASE + 0x1000;
-const IOSQ: u64 = BASE + 0x2000;
-const IOCQ: u64 = BASE + 0x3000;
-const SHADOW: u64 = BASE + 0x4000;
-const EVENTS: u64 = BASE + 0x5000;
-const DATA: u64 = BASE + 0x10_0000;
-const ADMIN_ENTRIES: u32 = 8;
-
-/// A controller, its registers, the client's memory and a tiny driver's
-/// state.
-struct Rig {
-    ctl: Box<dyn DeviceQueue>,
-    regs: Registers,
-    mem: FlatMemory,
-    store: std::path::PathBuf,
-    _dir: wd_testutil::TempDir,
-    asq_tail: u32,
-    acq_head: u32,
-    acq_phase: bool,
-    next_cid: u16,
-}
-
-fn sqe(opcode: u8) -> Sqe {
-    Sqe {
-        opcode,
-        ..Sqe::default()
-    }
-}
+mod common;
+use common::*;
 
 impl Rig {
-    /// A controller on a fresh store with namespaces `specs`
-    /// (`OFFSET:SIZE[:BLOCK]`), enabled, namespace 1 attached.
-    fn new(specs: &[&str]) -> Rig {
-        let dir = wd_testutil::tempdir("wd-nvme-spec");
-        let store = dir.path().join("store.img");
-        let specs: Vec<String> = specs
-            .iter()
-            .map(|s| format!("{}:{s}", store.display()))
-            .collect();
-        let driver = NvmeDriver::new(&specs, IoEngine::Sync).unwrap();
-        let mut ctl = driver.open_queue(0);
-        assert!(ctl.register_driven());
-        let fd = wd_sys::memfd_create("regs", false).unwrap();
-        wd_sys::ftruncate(fd.as_fd(), regs::BLOCK_BYTES as u64).unwrap();
-        let map = Arc::new(wd_sys::Mapping::map_shared(fd.as_fd(), 0, regs::BLOCK_BYTES).unwrap());
-        let r = Registers::new(map, 0, regs::BLOCK_BYTES).unwrap();
-        ctl.attach_registers(r.clone());
-        let mut rig = Rig {
-            ctl,
-            regs: r,
-            mem: FlatMemory::new(BASE, 2 << 20),
-            store,
-            _dir: dir,
-            asq_tail: 0,
-            acq_head: 0,
-            acq_phase: true,
-            next_cid: 1,
-        };
-        rig.enable();
-        let c = rig.attach(1);
-        assert!(c.status.is_success(), "{}", c.status);
-        rig
-    }
-
-    fn pass(&mut self) -> wd_device::Service {
-        self.ctl.service(&mut self.mem)
-    }
-
-    fn csts(&self) -> u32 {
-        self.regs.load32(regs::CSTS)
-    }
-
-    fn enable(&mut self) {
-        self.regs.store32(regs::CC, 0);
-        self.pass();
-        self.mem.put(ACQ, &[0; 0x1000]);
-        self.asq_tail = 0;
-        self.acq_head = 0;
-        self.acq_phase = true;
-        self.regs
-            .store32(regs::AQA, regs::aqa_encode(ADMIN_ENTRIES, ADMIN_ENTRIES));
-        self.regs.store64(regs::ASQ, ASQ);
-        self.regs.store64(regs::ACQ, ACQ);
-        let cc = Cc {
-            en: true,
-            iosqes: 6,
-            iocqes: 4,
-            ..Cc::default()
-        };
-        self.regs.store32(regs::CC, cc.to_u32());
-        self.pass();
-        assert_eq!(self.csts() & regs::CSTS_RDY, regs::CSTS_RDY, "ready");
-    }
-
-    /// The admin completion at the head, if its phase says it is new.
-    fn admin_cqe(&mut self) -> Option<Cqe> {
-        let at = ACQ + self.acq_head as u64 * CQE_SIZE as u64;
-        let c = Cqe::from_bytes(&self.mem.get(at, CQE_SIZE).try_into().unwrap());
-        if c.phase != self.acq_phase {
-            return None;
-        }
-        self.acq_head = (self.acq_head + 1) % ADMIN_ENTRIES;
-        if self.acq_head == 0 {
-            self.acq_phase = !self.acq_phase;
-        }
-        self.regs.store32(regs::cq_head_doorbell(0), self.acq_head);
-        Some(c)
-    }
-
-    /// Run one admin command; its completion.
-    fn admin(&mut self, mut s: Sqe) -> Cqe {
-        s.cid = self.next_cid;
-        self.next_cid += 1;
-        self.mem
-            .put(ASQ + self.asq_tail as u64 * SQE_SIZE as u64, &s.to_bytes());
-        self.asq_tail = (self.asq_tail + 1) % ADMIN_ENTRIES;
-        self.regs.store32(regs::sq_tail_doorbell(0), self.asq_tail);
-        self.pass();
-        let c = self.admin_cqe().expect("admin completion");
-        assert_eq!(
-            (c.cid, c.sq_id, c.sq_head as u32),
-            (s.cid, 0, self.asq_tail)
-        );
-        c
-    }
-
-    fn attach(&mut self, nsid: u32) -> Cqe {
-        let list = DATA + 0x8_0000;
-        let mut l = vec![0u8; 4096];
-        l[0..2].copy_from_slice(&1u16.to_le_bytes());
-        // Controller ids start at 1 for the first controller of a driver.
-        l[2..4].copy_from_slice(&1u16.to_le_bytes());
-        self.mem.put(list, &l);
-        self.admin(Sqe {
-            opcode: AdminOp::NsAttach as u8,
-            nsid,
-            prp1: list,
-            ..Sqe::default()
-        })
-    }
-
-    fn create(&mut self, op: AdminOp, qid: u16, entries: u32, other: u16, base: u64) -> Cqe {
-        let mut s = sqe(op as u8);
-        CreateQueue {
-            qid,
-            entries,
-            contiguous: true,
-            other,
-            base,
-        }
-        .encode(&mut s);
-        self.admin(s)
-    }
-
-    /// I/O queue pair 1: SQ of `sq` entries, CQ of `cq` entries.
-    fn io_queues(&mut self, sq: u32, cq: u32) {
-        self.mem.put(IOCQ, &[0; 0x1000]);
-        assert!(self
-            .create(AdminOp::CreateCq, 1, cq, 0, IOCQ)
-            .status
-            .is_success());
-        assert!(self
-            .create(AdminOp::CreateSq, 1, sq, 1, IOSQ)
-            .status
-            .is_success());
-    }
-
-    fn io_put(&mut self, slot: u32, s: &Sqe) {
-        self.mem
-            .put(IOSQ + slot as u64 * SQE_SIZE as u64, &s.to_bytes());
-    }
-
-    fn io_cqe(&self, slot: u32) -> Cqe {
-        let at = IOCQ + slot as u64 * CQE_SIZE as u64;
-        Cqe::from_bytes(&self.mem.get(at, CQE_SIZE).try_into().unwrap())
-    }
-
     /// Run one I/O command through SQ 1 (whose tail is `*tail`) and
     /// return its completion, which lands at CQ slot `*head`.
     fn io(&mut self, s: Sqe, tail: &mut u32, head: &mut u32, entries: u32) -> Cqe {
@@ -207,17 +26,6 @@ impl Rig {
         self.regs.store32(regs::cq_head_doorbell(1), *head);
         c
     }
-}
-
-fn rw(op: IoOp, nsid: u32, slba: u64, nlb: u32, prp1: u64, prp2: u64) -> Sqe {
-    let mut s = sqe(op as u8);
-    s.nsid = nsid;
-    s.cdw[0] = slba as u32;
-    s.cdw[1] = (slba >> 32) as u32;
-    s.cdw[2] = nlb - 1;
-    s.prp1 = prp1;
-    s.prp2 = prp2;
-    s
 }
 
 #[test]
@@ -236,7 +44,7 @@ fn enable_reset_shutdown_and_bad_configurations() {
     assert_eq!(r.csts() & regs::CSTS_RDY, 0);
     r.enable();
     let c = r.create(AdminOp::CreateSq, 1, 8, 1, IOSQ);
-    assert_eq!(c.status, Status::CQ_INVALID, "queues are gone after reset");
+    assert_eq!(c, Status::CQ_INVALID, "queues are gone after reset");
     // A page size the controller does not support: fatal status until reset.
     r.regs.store32(regs::CC, 0);
     r.pass();
@@ -505,45 +313,39 @@ fn shadow_doorbells_and_event_index_let_the_engine_sleep() {
 fn queue_creation_is_validated() {
     let mut r = Rig::new(&["0:4M"]);
     assert_eq!(
-        r.create(AdminOp::CreateCq, 0, 8, 0, IOCQ).status,
+        r.create(AdminOp::CreateCq, 0, 8, 0, IOCQ),
         Status::INVALID_QUEUE_ID
     );
     assert_eq!(
-        r.create(AdminOp::CreateCq, 17, 8, 0, IOCQ).status,
+        r.create(AdminOp::CreateCq, 17, 8, 0, IOCQ),
         Status::INVALID_QUEUE_ID
     );
     assert_eq!(
-        r.create(AdminOp::CreateCq, 1, 1, 0, IOCQ).status,
+        r.create(AdminOp::CreateCq, 1, 1, 0, IOCQ),
         Status::INVALID_QUEUE_SIZE
     );
     assert_eq!(
-        r.create(AdminOp::CreateCq, 1, 5000, 0, IOCQ).status,
+        r.create(AdminOp::CreateCq, 1, 5000, 0, IOCQ),
         Status::INVALID_QUEUE_SIZE
     );
     assert_eq!(
-        r.create(AdminOp::CreateCq, 1, 8, 0, IOCQ + 8).status,
+        r.create(AdminOp::CreateCq, 1, 8, 0, IOCQ + 8),
         Status::PRP_OFFSET_INVALID
     );
     assert_eq!(
-        r.create(AdminOp::CreateCq, 1, 8, 0, 0x1000).status,
+        r.create(AdminOp::CreateCq, 1, 8, 0, 0x1000),
         Status::DATA_TRANSFER_ERROR
     );
-    assert!(r
-        .create(AdminOp::CreateCq, 1, 8, 0, IOCQ)
-        .status
-        .is_success());
+    assert!(r.create(AdminOp::CreateCq, 1, 8, 0, IOCQ).is_success());
     assert_eq!(
-        r.create(AdminOp::CreateCq, 1, 8, 0, IOCQ).status,
+        r.create(AdminOp::CreateCq, 1, 8, 0, IOCQ),
         Status::INVALID_QUEUE_ID
     );
     assert_eq!(
-        r.create(AdminOp::CreateSq, 1, 8, 2, IOSQ).status,
+        r.create(AdminOp::CreateSq, 1, 8, 2, IOSQ),
         Status::CQ_INVALID
     );
-    assert!(r
-        .create(AdminOp::CreateSq, 1, 8, 1, IOSQ)
-        .status
-        .is_success());
+    assert!(r.create(AdminOp::CreateSq, 1, 8, 1, IOSQ).is_success());
     let del = |op: AdminOp, qid: u32| Sqe {
         opcode: op as u8,
         cdw: [qid, 0, 0, 0, 0, 0],
