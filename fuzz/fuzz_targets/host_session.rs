@@ -25,6 +25,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
+use wd_fuzz::Input;
 use wd_host::{DeviceConfig, Host};
 use wd_ipc::{Channel, Frame};
 use wd_proto::{
@@ -209,46 +210,15 @@ fn fixture() -> &'static Mutex<Fixture> {
     F.get_or_init(|| Mutex::new(Fixture::start()))
 }
 
-/// The input, read as little-endian fields (zeroes past its end).
-struct Input<'a> {
-    data: &'a [u8],
-    at: usize,
+/// What this target reads beyond plain fields.
+trait SessionInput {
+    fn small(&mut self) -> u32;
 }
 
-impl Input<'_> {
-    fn take(&mut self, n: usize) -> u64 {
-        let mut v = 0u64;
-        for k in 0..n {
-            v |= (*self.data.get(self.at + k).unwrap_or(&0) as u64) << (8 * k);
-        }
-        self.at += n;
-        v
-    }
-
-    fn bytes(&mut self, max: usize) -> Vec<u8> {
-        let n = (self.take(1) as usize).min(max);
-        let end = (self.at + n).min(self.data.len());
-        let v = self.data.get(self.at..end).unwrap_or(&[]).to_vec();
-        self.at += n;
-        v
-    }
-
-    fn text(&mut self, max: usize) -> String {
-        String::from_utf8_lossy(&self.bytes(max)).into_owned()
-    }
-
-    fn flag(&mut self) -> bool {
-        self.take(1) & 1 != 0
-    }
-
+impl SessionInput for Input<'_> {
     /// A u32 that is small most of the time.
     fn small(&mut self) -> u32 {
-        let v = self.take(1) as u32;
-        if v & 0x80 != 0 {
-            self.take(4) as u32
-        } else {
-            v & 0x3f
-        }
+        self.mostly_small(0x40, 4)
     }
 }
 
@@ -850,9 +820,9 @@ impl Session {
 fuzz_target!(|data: &[u8]| {
     let mut fx = fixture().lock().unwrap_or_else(|e| e.into_inner());
     let mut s = Session::default();
-    let mut inp = Input { data, at: 0 };
+    let mut inp = Input::new(data);
     let mut steps = 0;
-    while inp.at < data.len() && steps < 256 {
+    while !inp.done() && steps < 256 {
         s.step(&fx, &mut inp);
         steps += 1;
     }

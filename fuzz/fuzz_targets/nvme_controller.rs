@@ -12,6 +12,7 @@ use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
 use wd_device::{DeviceQueue, Driver, Registers};
+use wd_fuzz::Input;
 use wd_nvme::msg::cmd::CreateQueue;
 use wd_nvme::msg::regs;
 use wd_nvme::msg::{AdminOp, IoOp, Sqe, SQE_SIZE};
@@ -52,31 +53,17 @@ fn driver() -> &'static NvmeDriver {
     })
 }
 
-/// The input, read as little-endian fields (zeroes past its end).
-struct Input<'a> {
-    data: &'a [u8],
-    at: usize,
+/// What this target reads beyond plain fields.
+trait ControllerInput {
+    fn index(&mut self) -> u32;
+    fn addr(&mut self) -> u64;
 }
 
-impl Input<'_> {
-    fn take(&mut self, n: usize) -> u64 {
-        let mut v = 0u64;
-        for k in 0..n {
-            v |= (*self.data.get(self.at + k).unwrap_or(&0) as u64) << (8 * k);
-        }
-        self.at += n;
-        v
-    }
-
+impl ControllerInput for Input<'_> {
     /// A doorbell or queue index: small most of the time, anything now
     /// and then (invalid values are events, not crashes).
     fn index(&mut self) -> u32 {
-        let v = self.take(1) as u32;
-        if v & 0x80 != 0 {
-            self.take(3) as u32
-        } else {
-            v & 0x1f
-        }
+        self.mostly_small(0x20, 3)
     }
 
     /// An address in (or, now and then, just outside) the memory.
@@ -183,8 +170,8 @@ fuzz_target!(|data: &[u8]| {
     };
     c.ctl.attach_registers(r.clone());
     let cntlid = c.learn_cntlid();
-    let mut inp = Input { data, at: 0 };
-    while inp.at < data.len() {
+    let mut inp = Input::new(data);
+    while !inp.done() {
         let op = inp.take(1);
         match op % 10 {
             // A register: CC, AQA, ASQ, ACQ or a doorbell.
@@ -205,10 +192,7 @@ fuzz_target!(|data: &[u8]| {
             1 | 2 => {
                 let at = inp.take(2) % MEM as u64;
                 let want = inp.take(1) as usize;
-                let from = inp.at.min(data.len());
-                let n = want.min(data.len() - from).min(MEM - at as usize);
-                c.mem.put(BASE + at, &data[from..from + n]);
-                inp.at = from + n;
+                c.mem.put(BASE + at, inp.raw(want.min(MEM - at as usize)));
             }
             // A well-formed enable, so the rest of the input reaches the
             // command loop.
