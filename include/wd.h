@@ -55,9 +55,14 @@ struct wd_capa {
 	uint32_t reserved[3]; /* zero */
 };
 
-/* A queue; filled by wd_request_queue. Read-only for the caller. */
+/* A queue; filled by wd_request_queue. Read-only for the caller.
+ * When the host restarts (same socket, within WD_RECONNECT_MS, default
+ * 1000 ms), the library makes the queue again by itself with the same
+ * memory shared, and sends again the requests in flight that are safe to
+ * repeat (every memcpy request is); others complete with -ECONNRESET.
+ * id and dev_name stay those of the first grant. */
 struct wd_queue {
-	uint32_t id;          /* host-wide queue id */
+	uint32_t id;          /* host-wide queue id (at the first grant) */
 	uint32_t depth;       /* most requests in flight */
 	uint32_t flags;       /* granted WD_CAPA_* */
 	uint32_t device_api;  /* message-format version of the device */

@@ -50,6 +50,11 @@ fi
 "$out/test_wd"
 # The NVMe calls, on an in-process host with an nvme device.
 env -u WD_HOST "$out/test_nvme"
+# Across host restarts: a `wd serve` killed with requests in flight.
+cargo build --release --locked -p wd-cli
+cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude tests/c/test_reconnect.c \
+    -Ltarget/release -lwd -Wl,-rpath,"$PWD/target/release" -o "$out/test_reconnect"
+WD_BIN="$PWD/target/release/wd" "$out/test_reconnect"
 # The crypto library on its own: -lwd_crypto -lwd, errors through wd_last_error.
 cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude tests/c/test_crypto_link.c \
     -Ltarget/release -lwd_crypto -lwd -Wl,-rpath,"$PWD/target/release" -o "$out/test_crypto_link"

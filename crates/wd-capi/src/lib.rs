@@ -93,6 +93,13 @@ impl Family {
             Family::Dummy => wd_dummy_msg::legacy_plan,
         }
     }
+
+    /// Which requests in flight may be sent again to a restarted host.
+    fn redo_policy(self) -> fn(&wrapdrive::Desc) -> bool {
+        match self {
+            Family::Dummy => wd_dummy_msg::redo_safe,
+        }
+    }
 }
 
 struct Handle {
@@ -213,6 +220,7 @@ pub unsafe extern "C" fn wd_request_queue(q: *mut WdQueue, capa: *mut WdCapa) ->
         };
         let mut queue = host()?.request_queue(&capa)?;
         queue.set_legacy_planner(family.legacy_planner());
+        queue.set_redo_policy(family.redo_policy());
         let mut out = WdQueue {
             id: queue.id(),
             depth: queue.depth(),
