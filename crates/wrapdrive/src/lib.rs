@@ -471,15 +471,10 @@ impl HostConn {
 
     /// Attributes under `prefix` (the resource tree).
     pub fn attrs(&self, prefix: &str) -> Result<Vec<AttrEntry>> {
-        match self
-            .call(
-                &Message::ListAttrs {
-                    prefix: prefix.into(),
-                },
-                &[],
-            )?
-            .0
-        {
+        let msg = Message::ListAttrs {
+            prefix: prefix.into(),
+        };
+        match self.again_after_restart(|| self.call(&msg, &[]))?.0 {
             Message::Attrs { entries } => Ok(entries),
             other => Err(unexpected(&other)),
         }
@@ -487,7 +482,8 @@ impl HostConn {
 
     /// One attribute.
     pub fn get_attr(&self, path: &str) -> Result<String> {
-        match self.call(&Message::GetAttr { path: path.into() }, &[])?.0 {
+        let msg = Message::GetAttr { path: path.into() };
+        match self.again_after_restart(|| self.call(&msg, &[]))?.0 {
             Message::AttrValue { value } => Ok(value),
             other => Err(unexpected(&other)),
         }
@@ -510,9 +506,23 @@ impl HostConn {
         }
     }
 
-    /// Ask for a queue with the given capability.
+    /// Ask for a queue with the given capability (asking a restarted host
+    /// again when the host went away meanwhile).
     pub fn request_queue(self: &Arc<Self>, capa: &Capability) -> Result<Queue> {
-        Queue::request(self.clone(), capa)
+        self.again_after_restart(|| Queue::request(self.clone(), capa))
+    }
+
+    /// Run a request that names nothing of the old host (no queue id) and,
+    /// when it finds the host gone, once more on the restarted host.
+    fn again_after_restart<T>(&self, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+        let seen = self.epoch();
+        match f() {
+            Err(e) if e.status() == Status::HostGone => {
+                self.reconnect(seen)?;
+                f()
+            }
+            r => r,
+        }
     }
 }
 

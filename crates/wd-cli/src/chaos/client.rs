@@ -221,8 +221,19 @@ pub fn run(args: ClientArgs) -> u8 {
     code
 }
 
+/// Connect, waiting up to 2 s for a host that is restarting (a client
+/// started in the gap).
 fn host() -> Result<Arc<HostConn>, End> {
-    HostConn::from_env().map_err(|e| End::HostGone(format!("connect: {e}")))
+    let t = Instant::now();
+    loop {
+        match HostConn::from_env() {
+            Ok(h) => return Ok(h),
+            Err(e) if e.status() == Status::HostGone && t.elapsed() < Duration::from_secs(2) => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => return Err(End::HostGone(format!("connect: {e}"))),
+        }
+    }
 }
 
 /// Client memory a copy works in, in one of the three models.

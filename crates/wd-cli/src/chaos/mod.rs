@@ -213,11 +213,18 @@ impl HostProc {
             let mut now = self.reading()?;
             let fds = now.remove("host/fds").unwrap_or_default();
             let mut l = ledger::leaks(&strip_fds(base), &now);
-            let first = *self
-                .fds
-                .get_or_insert_with(|| fds.parse().unwrap_or_default());
-            if fds != first.to_string() {
-                l.push(format!("host/fds: was {first}, now {fds}"));
+            // A restarted host's descriptors are known from its first
+            // reading that is clean otherwise (dead clients' connections
+            // may still be closing before that).
+            if self.fds.is_none() && l.is_empty() {
+                self.fds = fds.parse().ok();
+            }
+            match self.fds {
+                Some(first) if fds != first.to_string() => {
+                    l.push(format!("host/fds: was {first}, now {fds}"))
+                }
+                Some(_) => {}
+                None => l.push(format!("host/fds: no clean reading yet (now {fds})")),
             }
             if l.is_empty() || t.elapsed() > SETTLE {
                 return Ok(l);
