@@ -565,8 +565,21 @@ struct NvmeSession {
 
 impl NvmeSession {
     /// Open a controller and attach the first free namespace (in a
-    /// random order).
+    /// random order); a host that dies meanwhile is waited for (3 s), as
+    /// after the controller is up.
     fn open(rng: &mut Rng) -> Result<NvmeSession, End> {
+        let t = Instant::now();
+        loop {
+            match NvmeSession::try_open(rng) {
+                Err(End::HostGone(_)) if t.elapsed() < Duration::from_secs(3) => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn try_open(rng: &mut Rng) -> Result<NvmeSession, End> {
         let h = host()?;
         let mut c = Controller::open(&h, &Options::default())?;
         let mut order: Vec<u32> = (1..=NAMESPACES).collect();
