@@ -236,7 +236,10 @@ impl Controller {
         Cap {
             mqes: (regs::MAX_QUEUE_ENTRIES - 1) as u16,
             cqr: true,
-            to: 1,
+            // 10 s (500 ms units): a controller served by a thread on a
+            // busy machine may not run for a while, and a driver gives up
+            // after TO (enabling normally takes one pass).
+            to: 20,
             dstrd: 0,
             css: 1,
             mpsmin: 0,
