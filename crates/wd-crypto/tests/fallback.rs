@@ -136,5 +136,60 @@ fn fallbacks_are_correct_and_counted() {
     assert_eq!(out, want, "the chain survives the host's death");
     let after = stats();
     assert!(after.cpu_host_gone - mid.cpu_host_gone >= 1, "{after:?}");
+    drop(host);
+
+    // 3. The host killed and started again on the same socket: the stream
+    // goes on (the request that meets the restart on the CPU, from the
+    // chain it saved), then on the device again with a session opened on
+    // the new host.
+    std::thread::sleep(Duration::from_millis(1100));
+    let spawn = || {
+        let _ = std::fs::remove_file(&sock);
+        let h = Killer(
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "host_entry", "--nocapture"])
+                .env("WD_TEST_HOST_SOCKET", &sock)
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let t = Instant::now();
+        while wrapdrive::HostConn::connect(sock.to_str().unwrap()).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(10), "host did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        h
+    };
+    let mut first = spawn();
+    let quarter = data.len() / 4;
+    let mut out = vec![0u8; data.len()];
+    let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
+    c.set_iv(&iv).unwrap();
+    let s0 = stats();
+    c.update(&data[..quarter], &mut out[..quarter]).unwrap();
+    assert!(stats().offload_bytes - s0.offload_bytes >= quarter as u64);
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(first.0.id() as i32, libc::SIGKILL) };
+    first.0.wait().unwrap();
+    let _second = spawn();
+    c.update(&data[quarter..2 * quarter], &mut out[quarter..2 * quarter])
+        .unwrap();
+    // Past the lane's retry delay, the device again.
+    std::thread::sleep(Duration::from_millis(1100));
+    let s1 = stats();
+    c.update(&data[2 * quarter..], &mut out[2 * quarter..])
+        .unwrap();
+    assert!(
+        stats().offload_bytes - s1.offload_bytes >= 2 * quarter as u64,
+        "{:?}",
+        stats()
+    );
+    assert_eq!(out, want, "the chain survives the host's restart");
+    let h = wrapdrive::HostConn::connect(sock.to_str().unwrap()).unwrap();
+    assert_ne!(
+        h.get_attr("dev0/sessions").unwrap(),
+        "0",
+        "a session on the new host"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
