@@ -469,7 +469,7 @@ fn cipher(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
 }
 
 /// Namespaces a chaos host offers; a client takes the first free one.
-const NAMESPACES: u32 = 8;
+pub const NAMESPACES: u32 = 8;
 
 /// Random writes and reads on a namespace of its own, every block read
 /// checked against what this process wrote there; I/O queues deleted and

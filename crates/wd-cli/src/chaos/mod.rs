@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::report::{emit, median, print_json, Progress};
-use client::{Rng, EXIT_BUSY, EXIT_DATA, EXIT_HOST_GONE, EXIT_OK, KINDS};
+use client::{Rng, EXIT_BUSY, EXIT_DATA, EXIT_HOST_GONE, EXIT_OK, KINDS, NAMESPACES};
 use ledger::Ledger;
 
 /// Namespace size on the chaos host's store.
@@ -114,7 +114,7 @@ impl HostProc {
         let store = dir.join("store");
         // A socket file left by a killed host is not in anyone's way.
         let _ = std::fs::remove_file(&socket);
-        let ns: Vec<String> = (0..client_namespaces())
+        let ns: Vec<String> = (0..NAMESPACES)
             .map(|i| format!("ns={}:{}:{NS_BYTES}", store.display(), i as u64 * NS_BYTES))
             .collect();
         let log = File::options()
@@ -260,11 +260,6 @@ fn strip_fds(l: &Ledger) -> Ledger {
     let mut l = l.clone();
     l.remove("host/fds");
     l
-}
-
-/// Namespaces the chaos host offers (one per NVMe client at most).
-fn client_namespaces() -> u32 {
-    8
 }
 
 /// A line a client printed.
@@ -431,7 +426,7 @@ pub fn run(args: ChaosArgs) -> Result<(), String> {
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let store = File::create(dir.join("store")).map_err(|e| format!("store: {e}"))?;
     store
-        .set_len(client_namespaces() as u64 * NS_BYTES)
+        .set_len(NAMESPACES as u64 * NS_BYTES)
         .map_err(|e| format!("store: {e}"))?;
     drop(store);
     if !args.json {
