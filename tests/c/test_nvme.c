@@ -11,22 +11,7 @@
 #include "wd.h"
 #include "wd_nvme.h"
 
-static int passed, failed;
-
-#define CHECK(cond, ...)                                                        \
-	do {                                                                    \
-		if (cond) {                                                     \
-			passed++;                                               \
-		} else {                                                        \
-			char m_[256];                                           \
-			wd_last_error(m_, sizeof m_);                           \
-			failed++;                                               \
-			fprintf(stderr, "FAIL %s:%d: %s (last error: %s): ",    \
-				__FILE__, __LINE__, #cond, m_);                 \
-			fprintf(stderr, __VA_ARGS__);                           \
-			fprintf(stderr, "\n");                                  \
-		}                                                               \
-	} while (0)
+#include "check.h"
 
 #define BS 4096
 #define N 8

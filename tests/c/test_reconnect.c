@@ -16,22 +16,7 @@
 
 #include "wd.h"
 
-static int passed, failed;
-
-#define CHECK(cond, ...)                                                        \
-	do {                                                                    \
-		if (cond) {                                                     \
-			passed++;                                               \
-		} else {                                                        \
-			char m_[256];                                           \
-			wd_last_error(m_, sizeof m_);                           \
-			failed++;                                               \
-			fprintf(stderr, "FAIL %s:%d: %s (last error: %s): ",    \
-				__FILE__, __LINE__, #cond, m_);                 \
-			fprintf(stderr, __VA_ARGS__);                           \
-			fprintf(stderr, "\n");                                  \
-		}                                                               \
-	} while (0)
+#include "check.h"
 
 static char sock[256];
 
