@@ -89,19 +89,25 @@ fn fallbacks_are_correct_and_counted() {
             let _ = self.0.wait();
         }
     }
-    let mut host = Killer(
-        Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "host_entry", "--nocapture"])
-            .env("WD_TEST_HOST_SOCKET", &sock)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let t = Instant::now();
-    while wrapdrive::HostConn::connect(sock.to_str().unwrap()).is_err() {
-        assert!(t.elapsed() < Duration::from_secs(10), "host did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // A host process on `sock`, returned once it serves.
+    let spawn = || {
+        let _ = std::fs::remove_file(&sock);
+        let h = Killer(
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "host_entry", "--nocapture"])
+                .env("WD_TEST_HOST_SOCKET", &sock)
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let t = Instant::now();
+        while wrapdrive::HostConn::connect(sock.to_str().unwrap()).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(10), "host did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        h
+    };
+    let mut host = spawn();
     std::env::set_var("WD_CRYPTO_HOST", &sock);
     let before = stats();
     let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
@@ -143,23 +149,6 @@ fn fallbacks_are_correct_and_counted() {
     // chain it saved), then on the device again with a session opened on
     // the new host.
     std::thread::sleep(Duration::from_millis(1100));
-    let spawn = || {
-        let _ = std::fs::remove_file(&sock);
-        let h = Killer(
-            Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", "host_entry", "--nocapture"])
-                .env("WD_TEST_HOST_SOCKET", &sock)
-                .stdout(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-        let t = Instant::now();
-        while wrapdrive::HostConn::connect(sock.to_str().unwrap()).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(10), "host did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        h
-    };
     let mut first = spawn();
     let quarter = data.len() / 4;
     let mut out = vec![0u8; data.len()];
