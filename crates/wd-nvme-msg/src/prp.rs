@@ -111,8 +111,11 @@ pub fn walk<E>(
         if !chained {
             return Ok(());
         }
+        // A list that starts in a page's last slot holds only the pointer
+        // to the next list page: legal, and every later list page is page
+        // aligned, so each of them carries data.
         let next = entries[take - 1];
-        if next % page != 0 || room < 2 {
+        if next % page != 0 {
             return Err(PrpError::Offset { entry: next });
         }
         list = next;
@@ -176,6 +179,12 @@ mod tests {
             walk(0x4000, 0x30000, 3 * P, P, reader(&mem), &mut out),
             Err(PrpError::List { at: 0x30000, .. })
         ));
+        // A list starting in its page's last slot: that slot only chains.
+        mem.insert(0x40ff8, 0x50000);
+        mem.insert(0x50000, 0x7000);
+        mem.insert(0x50008, 0x8000);
+        walk(0x4000, 0x40ff8, 3 * P, P, reader(&mem), &mut out).unwrap();
+        assert_eq!(out, vec![(0x4000, P), (0x7000, 2 * P)]);
         assert_eq!(list_entries(0x4000, 3 * P, P), 2);
         assert_eq!(list_entries(0x4000, 2 * P, P), 0);
     }
