@@ -46,8 +46,13 @@ pub mod status {
     pub const ENOENT: i32 = -2;
     /// Session table full.
     pub const ENOSPC: i32 = -28;
-    /// Authentication failed (AEAD tag mismatch).
+    /// Authentication failed (AEAD tag mismatch), or compressed data is
+    /// corrupt or truncated.
     pub const EBADMSG: i32 = -74;
+    /// The output buffer is too small for the result.
+    pub const ENOBUFS: i32 = -105;
+    /// Decompression would expand beyond the request's ratio limit.
+    pub const EOVERFLOW: i32 = -75;
     /// Internal error of the device.
     pub const EIO: i32 = -5;
 }

@@ -1,0 +1,356 @@
+//! The compression engines behind one bounded interface: the zip device
+//! computes with them in the host, and the client library's CPU path with
+//! the same code in the caller's thread, so both produce the same bytes.
+//!
+//! Which library serves what was chosen by measurement (`wd bench zip`
+//! shows them side by side): one-shot deflate, zlib and gzip go to
+//! libdeflate (twice zlib's speed at level 1 and more in decompression),
+//! deflate streams to zlib-rs (zlib's stream semantics: flush modes,
+//! dictionaries, window sizes), zstd to libzstd, LZ4 frames to lz4_flex.
+//!
+//! Every call is bounded by the buffers it is given: output never grows
+//! past the caller's room, and a decompression may also be held to a
+//! ratio of output to input consumed (a bomb stops at the limit). Corrupt
+//! or truncated input is an error, never a read past the input. No I/O.
+#![deny(unsafe_code)]
+
+mod libdeflate;
+mod stream;
+
+use wd_msg::status;
+use wd_zip_msg::{Algorithm, DEFAULT_LEVEL};
+
+pub use stream::{Step, Stream, StreamParams};
+pub use wd_zip_msg::Flush;
+
+/// Why a compression or decompression failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CodecError {
+    /// The output did not fit in the room given.
+    #[error("output buffer too small")]
+    NoSpace,
+    /// The input is not a valid stream of the algorithm (corrupt, or
+    /// truncated where the call needed it whole).
+    #[error("corrupt or truncated compressed data")]
+    Corrupt,
+    /// Decompression would expand past the request's ratio limit.
+    #[error("decompression exceeds the ratio limit")]
+    Ratio,
+    /// A zlib stream asks for a preset dictionary the session lacks.
+    #[error("stream needs a preset dictionary")]
+    NeedDict,
+    /// A level, window or parameter the algorithm does not take.
+    #[error("parameter out of range")]
+    Param,
+    /// The library could not allocate its state.
+    #[error("out of memory")]
+    Memory,
+}
+
+impl CodecError {
+    /// The completion status a device reports for it (the one mapping).
+    pub fn status(self) -> i32 {
+        match self {
+            CodecError::NoSpace => status::ENOBUFS,
+            CodecError::Corrupt | CodecError::NeedDict => status::EBADMSG,
+            CodecError::Ratio => status::EOVERFLOW,
+            CodecError::Param => status::EINVAL,
+            CodecError::Memory => status::EIO,
+        }
+    }
+}
+
+/// Resolve a level for an algorithm (checked by the message decoder
+/// already; checked again here for callers in process).
+fn level_of(alg: Algorithm, level: i8) -> Result<i32, CodecError> {
+    wd_zip_msg::check_level(alg, level).map_err(|_| CodecError::Param)?;
+    Ok(match (alg, level) {
+        (Algorithm::Zstd, DEFAULT_LEVEL) => 3,
+        (Algorithm::Lz4, _) => 1,
+        (_, DEFAULT_LEVEL) => 6,
+        (_, l) => l as i32,
+    })
+}
+
+/// The most output `len` input bytes can need when compressed with `alg`
+/// at any level: room for which a compression cannot fail.
+pub fn compress_bound(alg: Algorithm, len: usize) -> usize {
+    match alg {
+        Algorithm::Deflate | Algorithm::Zlib | Algorithm::Gzip => libdeflate::bound(alg, len),
+        Algorithm::Zstd => zstd_safe::compress_bound(len),
+        // Each 64 KiB block may be stored with its 4-byte length; the
+        // frame adds a header (at most 19 bytes), an end mark and a
+        // checksum.
+        Algorithm::Lz4 => len + 4 * len.div_ceil(64 << 10) + 32,
+    }
+}
+
+/// What serves each algorithm, as `wd ls` shows it: (one-shot, stream).
+pub fn engines() -> Vec<(Algorithm, &'static str, Option<&'static str>)> {
+    Algorithm::ALL
+        .into_iter()
+        .map(|a| match a {
+            Algorithm::Deflate | Algorithm::Zlib | Algorithm::Gzip => {
+                (a, "libdeflate", Some("zlib-rs"))
+            }
+            Algorithm::Zstd => (a, "libzstd", Some("libzstd")),
+            Algorithm::Lz4 => (a, "lz4_flex", None),
+        })
+        .collect()
+}
+
+/// A one-shot decompression's result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Inflated {
+    /// Bytes of input the stream(s) took; any rest is not a stream of
+    /// the algorithm (or another gzip member).
+    pub consumed: usize,
+    /// Bytes written.
+    pub produced: usize,
+}
+
+/// One-shot engines with their state kept between calls (a device queue
+/// or a thread owns one): allocating libdeflate's and zstd's tables per
+/// request would cost more than compressing a small buffer.
+#[derive(Default)]
+pub struct Engine {
+    deflaters: Vec<libdeflate::Compressor>,
+    inflater: Option<libdeflate::Decompressor>,
+    zc: Option<zstd_safe::CCtx<'static>>,
+    zd: Option<zstd_safe::DCtx<'static>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").finish_non_exhaustive()
+    }
+}
+
+fn zstd_error(code: usize) -> CodecError {
+    match zstd_safe::get_error_name(code) {
+        "Destination buffer is too small" => CodecError::NoSpace,
+        "Allocation error : not enough memory" => CodecError::Memory,
+        "Unsupported parameter" | "Parameter is out of bound" => CodecError::Param,
+        _ => CodecError::Corrupt,
+    }
+}
+
+impl Engine {
+    /// An engine with nothing allocated yet.
+    pub fn new() -> Engine {
+        Engine::default()
+    }
+
+    /// Compress all of `input` into one stream in `out`: the bytes
+    /// written.
+    pub fn compress(
+        &mut self,
+        alg: Algorithm,
+        level: i8,
+        input: &[u8],
+        out: &mut [u8],
+    ) -> Result<usize, CodecError> {
+        let level = level_of(alg, level)?;
+        match alg {
+            Algorithm::Deflate | Algorithm::Zlib | Algorithm::Gzip => {
+                let c = match self.deflaters.iter().position(|c| c.level() == level) {
+                    Some(i) => &mut self.deflaters[i],
+                    None => {
+                        let c = libdeflate::Compressor::new(level).ok_or(CodecError::Memory)?;
+                        // A few levels stay warm; a client cycling
+                        // through all of them reallocates.
+                        if self.deflaters.len() >= 4 {
+                            self.deflaters.remove(0);
+                        }
+                        self.deflaters.push(c);
+                        self.deflaters.last_mut().expect("just pushed")
+                    }
+                };
+                c.compress(alg, input, out).ok_or(CodecError::NoSpace)
+            }
+            Algorithm::Zstd => {
+                let c = self.zc.get_or_insert_with(zstd_safe::CCtx::create);
+                c.compress(out, input, level).map_err(zstd_error)
+            }
+            Algorithm::Lz4 => lz4_compress(input, out),
+        }
+    }
+
+    /// Decompress the stream(s) at the start of `input` into `out`. With
+    /// `max_ratio` non-zero, output beyond `max_ratio` times the input
+    /// consumed is refused ([`CodecError::Ratio`]) before it is written.
+    pub fn decompress(
+        &mut self,
+        alg: Algorithm,
+        input: &[u8],
+        out: &mut [u8],
+        max_ratio: u16,
+    ) -> Result<Inflated, CodecError> {
+        // No stream of `input` may legitimately produce more than this.
+        let cap = if max_ratio == 0 {
+            out.len()
+        } else {
+            out.len()
+                .min(input.len().saturating_mul(max_ratio as usize))
+        };
+        let room = out.len();
+        let over = |e: CodecError| {
+            if e == CodecError::NoSpace && cap < room {
+                CodecError::Ratio
+            } else {
+                e
+            }
+        };
+        let done = self
+            .decompress_into(alg, input, &mut out[..cap])
+            .map_err(over)?;
+        if max_ratio != 0 && done.produced > done.consumed.saturating_mul(max_ratio as usize) {
+            return Err(CodecError::Ratio);
+        }
+        Ok(done)
+    }
+
+    fn decompress_into(
+        &mut self,
+        alg: Algorithm,
+        input: &[u8],
+        out: &mut [u8],
+    ) -> Result<Inflated, CodecError> {
+        if input.is_empty() {
+            // No algorithm's stream is empty (zstd would read it as zero
+            // frames).
+            return Err(CodecError::Corrupt);
+        }
+        match alg {
+            Algorithm::Deflate | Algorithm::Zlib | Algorithm::Gzip => {
+                if self.inflater.is_none() {
+                    self.inflater =
+                        Some(libdeflate::Decompressor::new().ok_or(CodecError::Memory)?);
+                }
+                let d = self.inflater.as_mut().expect("just made");
+                let map = |e| match e {
+                    libdeflate::Inflate::Bad => CodecError::Corrupt,
+                    libdeflate::Inflate::Space => CodecError::NoSpace,
+                };
+                let (mut used, mut made) = d.decompress(alg, input, out).map_err(map)?;
+                // Concatenated gzip members decode as one file, as gunzip
+                // reads them.
+                while alg == Algorithm::Gzip && input[used..].starts_with(&[0x1f, 0x8b]) {
+                    let (u, m) = d
+                        .decompress(alg, &input[used..], &mut out[made..])
+                        .map_err(map)?;
+                    used += u;
+                    made += m;
+                }
+                Ok(Inflated {
+                    consumed: used,
+                    produced: made,
+                })
+            }
+            Algorithm::Zstd => {
+                let d = self.zd.get_or_insert_with(zstd_safe::DCtx::create);
+                let made = d.decompress(out, input).map_err(zstd_error)?;
+                Ok(Inflated {
+                    consumed: input.len(),
+                    produced: made,
+                })
+            }
+            Algorithm::Lz4 => lz4_decompress(input, out),
+        }
+    }
+}
+
+fn lz4_compress(input: &[u8], out: &mut [u8]) -> Result<usize, CodecError> {
+    use std::io::Write;
+    let mut w = lz4_flex::frame::FrameEncoder::new(std::io::Cursor::new(out));
+    let io = |_| CodecError::NoSpace;
+    w.write_all(input).map_err(io)?;
+    let cursor = w.finish().map_err(|_| CodecError::NoSpace)?;
+    Ok(cursor.position() as usize)
+}
+
+/// Whether `input` is whole LZ4 frames (or skippable frames), walked by
+/// their headers and block lengths: the frame decoder takes a stream cut
+/// at a block boundary for a finished one.
+fn lz4_frames_whole(mut input: &[u8]) -> bool {
+    let u32_at = |b: &[u8], at: usize| -> Option<u32> {
+        b.get(at..at + 4)
+            .map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+    };
+    while !input.is_empty() {
+        let Some(magic) = u32_at(input, 0) else {
+            return false;
+        };
+        if magic & 0xffff_fff0 == 0x184d_2a50 {
+            let Some(len) = u32_at(input, 4) else {
+                return false;
+            };
+            let Some(rest) = input.get(8 + len as usize..) else {
+                return false;
+            };
+            input = rest;
+            continue;
+        }
+        if magic != 0x184d_2204 {
+            return false;
+        }
+        let Some(&flg) = input.get(4) else {
+            return false;
+        };
+        // FLG, BD, content size, dictionary id, header checksum.
+        let mut at =
+            4 + 2 + if flg & 8 != 0 { 8 } else { 0 } + if flg & 1 != 0 { 4 } else { 0 } + 1;
+        loop {
+            let Some(size) = u32_at(input, at) else {
+                return false;
+            };
+            at += 4;
+            if size == 0 {
+                break;
+            }
+            at += (size & 0x7fff_ffff) as usize + if flg & 0x10 != 0 { 4 } else { 0 };
+        }
+        at += if flg & 4 != 0 { 4 } else { 0 };
+        match input.get(at..) {
+            Some(rest) => input = rest,
+            None => return false,
+        }
+    }
+    true
+}
+
+fn lz4_decompress(input: &[u8], out: &mut [u8]) -> Result<Inflated, CodecError> {
+    use std::io::Read;
+    if !lz4_frames_whole(input) {
+        return Err(CodecError::Corrupt);
+    }
+    let mut r = lz4_flex::frame::FrameDecoder::new(input);
+    let mut made = 0;
+    loop {
+        if made == out.len() {
+            // Full: the frame must end here.
+            let mut probe = [0u8; 1];
+            return match r.read(&mut probe) {
+                Ok(0) => Ok(Inflated {
+                    consumed: input.len(),
+                    produced: made,
+                }),
+                Ok(_) => Err(CodecError::NoSpace),
+                Err(_) => Err(CodecError::Corrupt),
+            };
+        }
+        match r.read(&mut out[made..]) {
+            Ok(0) => {
+                return Ok(Inflated {
+                    consumed: input.len(),
+                    produced: made,
+                })
+            }
+            Ok(n) => made += n,
+            Err(_) => return Err(CodecError::Corrupt),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,250 @@
+//! Stream sessions: a compressor or decompressor whose history and state
+//! carry across calls, with zlib's flush modes. Deflate family streams
+//! run on zlib-rs (zlib's own semantics, which the drop-in zlib needs);
+//! zstd streams on libzstd with a bounded window.
+
+use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
+use wd_zip_msg::{Algorithm, Flush};
+use zstd_safe::zstd_sys::ZSTD_EndDirective;
+use zstd_safe::{CParameter, DParameter, InBuffer, OutBuffer};
+
+use crate::{level_of, zstd_error, CodecError};
+
+/// Largest zstd window a stream uses or accepts (8 MiB): bounds what one
+/// session can make the host allocate.
+pub const ZSTD_WINDOW_LOG: u32 = 23;
+
+/// How to open a stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamParams<'a> {
+    /// Format.
+    pub alg: Algorithm,
+    /// Compress (else decompress).
+    pub compress: bool,
+    /// Compression level ([`wd_zip_msg::DEFAULT_LEVEL`] or the
+    /// algorithm's range).
+    pub level: i8,
+    /// Deflate window bits (8-15; 0 for 15).
+    pub window_bits: u8,
+    /// Preset dictionary (empty: none).
+    pub dict: &'a [u8],
+}
+
+/// What one [`Stream::run`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Step {
+    /// Input bytes taken.
+    pub consumed: usize,
+    /// Output bytes written.
+    pub produced: usize,
+    /// The stream ended: its trailer was written (compression) or read
+    /// (decompression).
+    pub end: bool,
+}
+
+enum Kind {
+    Deflate(Box<Compress>),
+    Inflate(Box<Decompress>),
+    ZstdC(zstd_safe::CCtx<'static>),
+    ZstdD(zstd_safe::DCtx<'static>),
+}
+
+/// A compression or decompression stream.
+pub struct Stream {
+    kind: Kind,
+    alg: Algorithm,
+    /// A zlib decompressor's dictionary, given when the stream asks.
+    dict: Vec<u8>,
+    ended: bool,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream")
+            .field("alg", &self.alg)
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Stream {
+    /// Open a stream.
+    pub fn new(p: &StreamParams<'_>) -> Result<Stream, CodecError> {
+        if !p.alg.streams() || p.dict.len() > wd_zip_msg::MAX_DICT as usize {
+            return Err(CodecError::Param);
+        }
+        let bits = match p.window_bits {
+            0 => 15,
+            // zlib takes 8 and uses 9 (its deflate cannot use 256 bytes).
+            8 => 9,
+            b @ 9..=15 if p.alg.is_deflate() => b,
+            _ => return Err(CodecError::Param),
+        };
+        let kind = match (p.alg, p.compress) {
+            (Algorithm::Zstd, true) => {
+                let mut c = zstd_safe::CCtx::create();
+                let level = level_of(p.alg, p.level)?;
+                c.set_parameter(CParameter::CompressionLevel(level))
+                    .map_err(zstd_error)?;
+                c.set_parameter(CParameter::WindowLog(
+                    ZSTD_WINDOW_LOG.min(window_for(level)),
+                ))
+                .map_err(zstd_error)?;
+                if !p.dict.is_empty() {
+                    c.load_dictionary(p.dict).map_err(zstd_error)?;
+                }
+                Kind::ZstdC(c)
+            }
+            (Algorithm::Zstd, false) => {
+                let mut d = zstd_safe::DCtx::create();
+                d.set_parameter(DParameter::WindowLogMax(ZSTD_WINDOW_LOG))
+                    .map_err(zstd_error)?;
+                if !p.dict.is_empty() {
+                    d.load_dictionary(p.dict).map_err(zstd_error)?;
+                }
+                Kind::ZstdD(d)
+            }
+            (alg, true) => {
+                let level = Compression::new(level_of(alg, p.level)?.min(9) as u32);
+                let mut c = match alg {
+                    Algorithm::Gzip => Compress::new_gzip(level, bits),
+                    a => Compress::new_with_window_bits(level, a == Algorithm::Zlib, bits),
+                };
+                if !p.dict.is_empty() {
+                    c.set_dictionary(p.dict).map_err(|_| CodecError::Param)?;
+                }
+                Kind::Deflate(Box::new(c))
+            }
+            (alg, false) => {
+                let mut d = match alg {
+                    Algorithm::Gzip => Decompress::new_gzip(bits),
+                    a => Decompress::new_with_window_bits(a == Algorithm::Zlib, bits),
+                };
+                // Raw deflate has no header to ask for the dictionary.
+                if alg == Algorithm::Deflate && !p.dict.is_empty() {
+                    d.set_dictionary(p.dict).map_err(|_| CodecError::Param)?;
+                }
+                Kind::Inflate(Box::new(d))
+            }
+        };
+        Ok(Stream {
+            kind,
+            alg: p.alg,
+            dict: if p.alg == Algorithm::Zlib && !p.compress {
+                p.dict.to_vec()
+            } else {
+                Vec::new()
+            },
+            ended: false,
+        })
+    }
+
+    /// The algorithm.
+    pub fn alg(&self) -> Algorithm {
+        self.alg
+    }
+
+    /// Whether the stream has ended (further calls take and make nothing).
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// Take what fits of `input`, write what fits into `out`. A
+    /// compressor flushes as `flush` says; [`Flush::Finish`] ends the
+    /// stream once all input is taken and the trailer fits (call again
+    /// with more room until [`Step::end`]). A decompressor stops at the
+    /// end of its stream.
+    pub fn run(&mut self, input: &[u8], out: &mut [u8], flush: Flush) -> Result<Step, CodecError> {
+        if self.ended {
+            return Ok(Step {
+                end: true,
+                ..Step::default()
+            });
+        }
+        let step = match &mut self.kind {
+            Kind::Deflate(c) => {
+                let f = match flush {
+                    Flush::None => FlushCompress::None,
+                    Flush::Sync => FlushCompress::Sync,
+                    Flush::Full => FlushCompress::Full,
+                    Flush::Finish => FlushCompress::Finish,
+                };
+                let (i0, o0) = (c.total_in(), c.total_out());
+                let st = c.compress(input, out, f).map_err(|_| CodecError::Param)?;
+                Step {
+                    consumed: (c.total_in() - i0) as usize,
+                    produced: (c.total_out() - o0) as usize,
+                    end: st == Status::StreamEnd,
+                }
+            }
+            Kind::Inflate(d) => {
+                let f = match flush {
+                    Flush::Finish => FlushDecompress::Finish,
+                    _ => FlushDecompress::None,
+                };
+                let (i0, o0) = (d.total_in(), d.total_out());
+                let mut st = d.decompress(input, out, f);
+                if let Err(e) = &st {
+                    if e.needs_dictionary().is_some() {
+                        if self.dict.is_empty() {
+                            return Err(CodecError::NeedDict);
+                        }
+                        d.set_dictionary(&self.dict)
+                            .map_err(|_| CodecError::Corrupt)?;
+                        let used = (d.total_in() - i0) as usize;
+                        let made = (d.total_out() - o0) as usize;
+                        st = d.decompress(&input[used..], &mut out[made..], f);
+                    }
+                }
+                let st = st.map_err(|_| CodecError::Corrupt)?;
+                Step {
+                    consumed: (d.total_in() - i0) as usize,
+                    produced: (d.total_out() - o0) as usize,
+                    end: st == Status::StreamEnd,
+                }
+            }
+            Kind::ZstdC(c) => {
+                let directive = match flush {
+                    Flush::None => ZSTD_EndDirective::ZSTD_e_continue,
+                    Flush::Sync | Flush::Full => ZSTD_EndDirective::ZSTD_e_flush,
+                    Flush::Finish => ZSTD_EndDirective::ZSTD_e_end,
+                };
+                let mut inb = InBuffer::around(input);
+                let mut outb = OutBuffer::around(out);
+                let left = c
+                    .compress_stream2(&mut outb, &mut inb, directive)
+                    .map_err(zstd_error)?;
+                Step {
+                    consumed: inb.pos(),
+                    produced: outb.pos(),
+                    end: flush == Flush::Finish && left == 0 && inb.pos() == input.len(),
+                }
+            }
+            Kind::ZstdD(d) => {
+                let mut inb = InBuffer::around(input);
+                let mut outb = OutBuffer::around(out);
+                let hint = d
+                    .decompress_stream(&mut outb, &mut inb)
+                    .map_err(zstd_error)?;
+                Step {
+                    consumed: inb.pos(),
+                    produced: outb.pos(),
+                    end: hint == 0,
+                }
+            }
+        };
+        self.ended = step.end;
+        Ok(step)
+    }
+}
+
+/// zstd's own window for a level (what it would pick for unbounded
+/// input), so the cap only ever lowers it.
+fn window_for(level: i32) -> u32 {
+    match level {
+        ..=1 => 19,
+        2..=3 => 21,
+        4..=8 => 22,
+        _ => 23,
+    }
+}
