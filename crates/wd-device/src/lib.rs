@@ -9,6 +9,9 @@
 
 pub mod dummy;
 pub mod dummy_async;
+mod sessions;
+
+pub use sessions::SessionTable;
 
 pub use wd_iommu::{Access, Fault, FaultReason};
 use wd_ring::Desc;

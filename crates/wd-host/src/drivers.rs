@@ -6,11 +6,11 @@ use wd_device::Driver;
 use crate::config::DeviceConfig;
 
 /// Names of all built-in drivers.
-pub const NAMES: &[&str] = &["dummy", "sec", "dummy-async", "nvme"];
+pub const NAMES: &[&str] = &["dummy", "sec", "zip", "dummy-async", "nvme"];
 
 /// The drivers a host owns when none are named (the test device that
 /// completes later is only there when asked for).
-pub const DEFAULTS: &[&str] = &["dummy", "sec"];
+pub const DEFAULTS: &[&str] = &["dummy", "sec", "zip"];
 
 /// Whether `name` is a driver this host knows.
 pub fn exists(name: &str) -> bool {
@@ -33,6 +33,7 @@ pub fn open(dc: &DeviceConfig) -> Result<Box<dyn Driver>, String> {
         "dummy" => {
             no_choice(name).map(|_| Box::new(wd_device::dummy::DummyDriver) as Box<dyn Driver>)
         }
+        "zip" => no_choice(name).map(|_| Box::new(wd_zip::ZipDriver::new()) as Box<dyn Driver>),
         "dummy-async" => no_choice(name)
             .map(|_| Box::new(wd_device::dummy_async::DummyAsyncDriver) as Box<dyn Driver>),
         "sec" => {

@@ -5,7 +5,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use wd_device::{status, AlgInfo, DeviceError, DeviceQueue, Dma, Driver, Progress, Started};
+use wd_device::{
+    status, AlgInfo, DeviceError, DeviceQueue, Dma, Driver, Progress, SessionTable, Started,
+};
 use wd_ipsecmb::{Engine, Schedule};
 use wd_ring::Desc;
 
@@ -205,72 +207,8 @@ pub(crate) struct Session {
     pub(crate) schedule: Option<Schedule>,
 }
 
-/// Sessions of one queue: a slab indexed by handle, with a generation per
-/// slot so a stale handle never reaches a newer session.
-pub(crate) struct Sessions {
-    slots: Vec<(u32, Option<Session>)>,
-    free: Vec<u32>,
-    /// Sessions alive on every queue of the driver (a leak check).
-    live: Arc<AtomicU64>,
-}
-
-impl Drop for Sessions {
-    fn drop(&mut self) {
-        let n = self.slots.iter().filter(|s| s.1.is_some()).count() as u64;
-        self.live.fetch_sub(n, Ordering::Relaxed);
-    }
-}
-
-impl Sessions {
-    fn handle(index: u32, generation: u32) -> u64 {
-        (u64::from(generation) << 32) | u64::from(index + 1)
-    }
-
-    fn insert(&mut self, s: Session) -> Result<u64, i32> {
-        let index = match self.free.pop() {
-            Some(i) => i,
-            None if self.slots.len() < MAX_SESSIONS => {
-                self.slots.push((0, None));
-                self.slots.len() as u32 - 1
-            }
-            None => return Err(status::ENOSPC),
-        };
-        let slot = &mut self.slots[index as usize];
-        slot.0 = slot.0.wrapping_add(1);
-        slot.1 = Some(s);
-        self.live.fetch_add(1, Ordering::Relaxed);
-        Ok(Sessions::handle(index, slot.0))
-    }
-
-    fn slot(&mut self, handle: u64) -> Result<&mut (u32, Option<Session>), i32> {
-        let index = (handle & 0xffff_ffff) as usize;
-        let generation = (handle >> 32) as u32;
-        match index.checked_sub(1).and_then(|i| self.slots.get_mut(i)) {
-            Some(slot) if slot.0 == generation && slot.1.is_some() => Ok(slot),
-            _ => Err(status::ENOENT),
-        }
-    }
-
-    pub(crate) fn get(&mut self, handle: u64) -> Result<&mut Session, i32> {
-        Ok(self.slot(handle)?.1.as_mut().expect("checked by slot"))
-    }
-
-    pub(crate) fn peek(&self, handle: u64) -> Option<&Session> {
-        let index = (handle & 0xffff_ffff) as usize;
-        let generation = (handle >> 32) as u32;
-        match index.checked_sub(1).and_then(|i| self.slots.get(i)) {
-            Some((g, Some(s))) if *g == generation => Some(s),
-            _ => None,
-        }
-    }
-
-    fn remove(&mut self, handle: u64) -> Result<(), i32> {
-        self.slot(handle)?.1 = None;
-        self.free.push((handle & 0xffff_ffff) as u32 - 1);
-        self.live.fetch_sub(1, Ordering::Relaxed);
-        Ok(())
-    }
-}
+/// Sessions of one queue.
+pub(crate) type Sessions = SessionTable<Session>;
 
 /// The device side of one sec queue.
 pub struct SecQueue {
@@ -311,11 +249,7 @@ impl SecQueue {
     fn counted(queue_type: u32, mb: Option<&'static Engine>, live: Arc<AtomicU64>) -> SecQueue {
         SecQueue {
             queue_type,
-            sessions: Sessions {
-                slots: Vec::new(),
-                free: Vec::new(),
-                live,
-            },
+            sessions: Sessions::new(MAX_SESSIONS, live),
             oneshot: Vec::new(),
             bounce: Vec::new(),
             mb: mb.filter(|_| queue_type == TYPE_CIPHER),
@@ -328,7 +262,7 @@ impl SecQueue {
 
     /// Sessions alive on this queue.
     pub fn session_count(&self) -> usize {
-        self.sessions.slots.iter().filter(|s| s.1.is_some()).count()
+        self.sessions.len()
     }
 
     fn serves(&self, alg: Alg) -> bool {

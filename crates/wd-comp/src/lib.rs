@@ -1,0 +1,569 @@
+//! Compression through WrapDrive: one-shot deflate, zlib, gzip, zstd and
+//! LZ4 on the zip device, with the device's own engines (`wd-zip-codec`)
+//! in the caller's thread when offloading does not pay or cannot be done.
+//!
+//! A [`Compressor`] belongs to one thread. It sends blocks to the device
+//! through a staging area of shared memory, several in flight at once
+//! ([`Compressor::compress_blocks`]), and while every slot is busy the
+//! calling thread compresses the next block itself: the engine and the
+//! caller both work, and a batch finishes sooner than either alone.
+//!
+//! Where each block runs is decided by the [`Policy`] and the threshold
+//! (blocks smaller than it stay on the CPU: a round trip costs more than
+//! compressing them), and without a queue (no host, no zip device, the
+//! host went away) blocks run on the CPU unless fallback is off. Every
+//! decision is counted ([`Compressor::stats`]). Both paths produce the
+//! same bytes, and a data error (corrupt input, too little room, a ratio
+//! limit) is the same error on both.
+#![deny(unsafe_code)]
+
+use std::sync::Arc;
+
+pub use wd_zip_codec::{compress_bound, Inflated};
+use wd_zip_codec::{CodecError, Engine};
+pub use wd_zip_msg::{Algorithm, DEFAULT_LEVEL};
+use wd_zip_msg::{Done, OneShot};
+use wrapdrive::{Capability, ClientError, Desc, HostConn, Queue, SharedBuf, Status};
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CompError {
+    /// The data or the room for it: the same on the device and the CPU.
+    #[error(transparent)]
+    Data(#[from] CodecError),
+    /// The device failed the request for a reason of its own.
+    #[error("zip device: {0}")]
+    Device(#[from] ClientError),
+    /// Offloading was required (policy `offload`, no fallback) and no
+    /// queue could be had.
+    #[error("no compression queue: {0}")]
+    NoQueue(String),
+}
+
+/// Result of this crate.
+pub type Result<T> = std::result::Result<T, CompError>;
+
+/// Where requests run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Blocks at or above the threshold go to the device, and the caller
+    /// computes blocks itself while the device is full.
+    Auto,
+    /// Every block goes to the device (the threshold still applies).
+    Offload,
+    /// Everything runs in the calling thread.
+    Cpu,
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Policy, String> {
+        match s {
+            "auto" => Ok(Policy::Auto),
+            "offload" => Ok(Policy::Offload),
+            "cpu" => Ok(Policy::Cpu),
+            _ => Err(format!("unknown policy '{s}' (auto, offload, cpu)")),
+        }
+    }
+}
+
+/// How a [`Compressor`] routes its blocks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Policy.
+    pub policy: Policy,
+    /// Blocks smaller than this many bytes run on the CPU.
+    pub threshold: usize,
+    /// Without a queue, run on the CPU (else fail with
+    /// [`CompError::NoQueue`]).
+    pub fallback: bool,
+    /// Requests in flight on the device.
+    pub depth: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            policy: Policy::Auto,
+            threshold: DEFAULT_THRESHOLD,
+            fallback: true,
+            depth: 16,
+        }
+    }
+}
+
+/// Below this a round trip to the engine costs more than the work.
+pub const DEFAULT_THRESHOLD: usize = 4096;
+
+impl Config {
+    /// The defaults, changed by `WD_COMP_POLICY` (auto, offload, cpu),
+    /// `WD_COMP_THRESHOLD` (bytes) and `WD_COMP_FALLBACK=0`. A value that
+    /// does not parse is an error naming it.
+    pub fn from_env() -> std::result::Result<Config, String> {
+        let mut c = Config::default();
+        if let Ok(p) = std::env::var("WD_COMP_POLICY") {
+            c.policy = p.parse().map_err(|e| format!("WD_COMP_POLICY: {e}"))?;
+        }
+        if let Ok(t) = std::env::var("WD_COMP_THRESHOLD") {
+            c.threshold = t
+                .parse()
+                .map_err(|_| format!("WD_COMP_THRESHOLD: '{t}' is not a byte count"))?;
+        }
+        if std::env::var("WD_COMP_FALLBACK").is_ok_and(|v| v == "0") {
+            c.fallback = false;
+        }
+        Ok(c)
+    }
+}
+
+/// Where a [`Compressor`]'s blocks went, and why.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Blocks the device ran.
+    pub offloaded: u64,
+    /// Blocks run here because they were under the threshold.
+    pub cpu_threshold: u64,
+    /// Blocks run here because of the policy.
+    pub cpu_policy: u64,
+    /// Blocks run here while every device slot was busy.
+    pub cpu_assist: u64,
+    /// Blocks run here because no queue could be had.
+    pub cpu_fallback: u64,
+    /// Input bytes.
+    pub bytes_in: u64,
+    /// Output bytes.
+    pub bytes_out: u64,
+}
+
+/// The device side of a compressor: a queue and its staging area,
+/// `slots` areas of `slot` bytes (input, then output room).
+struct Lane {
+    q: Queue,
+    stage: Option<SharedBuf>,
+    slot: usize,
+    slots: usize,
+}
+
+impl Lane {
+    fn open(host: &Arc<HostConn>, depth: usize) -> std::result::Result<Lane, ClientError> {
+        let mut q =
+            host.request_queue(&Capability::new(wd_zip_msg::QUEUE_ALG).depth(depth as u32 * 2))?;
+        q.set_redo_policy(wd_zip_msg::redo_safe);
+        Ok(Lane {
+            q,
+            stage: None,
+            slot: 0,
+            slots: 0,
+        })
+    }
+
+    /// A staging area of at least `slots` slots of `slot` bytes.
+    fn ensure(&mut self, slot: usize, slots: usize) -> std::result::Result<(), ClientError> {
+        if self.stage.is_some() && self.slot >= slot && self.slots >= slots {
+            return Ok(());
+        }
+        let slot = slot.max(self.slot).next_power_of_two().max(64 << 10);
+        let slots = slots.max(self.slots);
+        if let Some(old) = self.stage.take() {
+            self.q.unshare(old.addr(), old.len())?;
+        }
+        let stage = SharedBuf::new(slot * slots)?;
+        self.q.share(stage.addr(), stage.len())?;
+        self.stage = Some(stage);
+        self.slot = slot;
+        self.slots = slots;
+        Ok(())
+    }
+}
+
+/// One block of a batch: where its input and output are.
+struct Job<'a> {
+    input: &'a [u8],
+    room: usize,
+}
+
+/// A thread's compressor: its queue (when it has one) and its CPU engine.
+pub struct Compressor {
+    cfg: Config,
+    host: Option<Arc<HostConn>>,
+    lane: Option<Lane>,
+    /// Why there is no lane (said once, for `NoQueue`).
+    no_lane: Option<String>,
+    cpu: Engine,
+    stats: Stats,
+}
+
+impl std::fmt::Debug for Compressor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Compressor")
+            .field("cfg", &self.cfg)
+            .field("offloading", &self.lane.is_some())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+/// Map a device completion to this crate's errors: the data errors the
+/// CPU path would give, else the device's status.
+fn device_status(status: i32) -> Result<()> {
+    use wd_msg::status as st;
+    match status {
+        0 => Ok(()),
+        st::ENOBUFS => Err(CodecError::NoSpace.into()),
+        st::EBADMSG => Err(CodecError::Corrupt.into()),
+        st::EOVERFLOW => Err(CodecError::Ratio.into()),
+        st::EINVAL => Err(CodecError::Param.into()),
+        s => Err(ClientError::new(
+            Status::from_errno(-s),
+            format!("request failed on the device: errno {}", -s),
+        )
+        .into()),
+    }
+}
+
+impl Compressor {
+    /// A compressor offloading to `host` as `cfg` says. A host without a
+    /// zip device (or one that refuses a queue) leaves it on the CPU, or
+    /// failing every block when fallback is off.
+    pub fn new(host: Option<Arc<HostConn>>, cfg: Config) -> Compressor {
+        Compressor {
+            cfg,
+            host,
+            lane: None,
+            no_lane: None,
+            cpu: Engine::new(),
+            stats: Stats::default(),
+        }
+    }
+
+    /// A compressor on the host `WD_COMP_HOST`, else `WD_HOST`, else the
+    /// default socket, configured from the environment
+    /// ([`Config::from_env`]); no host is not an error (blocks run on the
+    /// CPU, counted as fallbacks).
+    pub fn from_env() -> std::result::Result<Compressor, String> {
+        let cfg = Config::from_env()?;
+        let addr = std::env::var("WD_COMP_HOST")
+            .or_else(|_| std::env::var("WD_HOST"))
+            .unwrap_or_else(|_| wrapdrive::DEFAULT_HOST.to_string());
+        let mut c = Compressor::new(None, cfg);
+        match HostConn::connect(&addr) {
+            Ok(h) => c.host = Some(h),
+            Err(e) => c.no_lane = Some(format!("host {addr}: {e}")),
+        }
+        Ok(c)
+    }
+
+    /// Where blocks went so far.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Whether blocks can go to the device now (a queue is open or can
+    /// be opened).
+    pub fn offloading(&mut self) -> bool {
+        self.lane().is_some()
+    }
+
+    fn lane(&mut self) -> Option<&mut Lane> {
+        if self.lane.is_none() && self.no_lane.is_none() && self.cfg.policy != Policy::Cpu {
+            match &self.host {
+                None => self.no_lane = Some("no host".into()),
+                Some(h) => match Lane::open(h, self.cfg.depth.max(1)) {
+                    Ok(l) => self.lane = Some(l),
+                    Err(e) => self.no_lane = Some(e.to_string()),
+                },
+            }
+        }
+        self.lane.as_mut()
+    }
+
+    /// Compress `input` into one stream of `alg` in `out`: the bytes
+    /// written. Room of [`compress_bound`] always suffices.
+    pub fn compress(
+        &mut self,
+        alg: Algorithm,
+        level: i8,
+        input: &[u8],
+        out: &mut [u8],
+    ) -> Result<usize> {
+        Ok(self.run(true, alg, level, 0, &[input], &mut [out])?[0].produced)
+    }
+
+    /// Decompress the stream(s) at the start of `input` into `out`,
+    /// refusing output beyond `max_ratio` times the input (0: no limit).
+    pub fn decompress(
+        &mut self,
+        alg: Algorithm,
+        input: &[u8],
+        out: &mut [u8],
+        max_ratio: u16,
+    ) -> Result<Inflated> {
+        Ok(self.run(false, alg, 0, max_ratio, &[input], &mut [out])?[0])
+    }
+
+    /// Compress each block into its own stream, several in flight: the
+    /// streams, in order. The first error ends the batch.
+    pub fn compress_blocks(
+        &mut self,
+        alg: Algorithm,
+        level: i8,
+        blocks: &[&[u8]],
+    ) -> Result<Vec<Vec<u8>>> {
+        let mut outs: Vec<Vec<u8>> = blocks
+            .iter()
+            .map(|b| vec![0; compress_bound(alg, b.len())])
+            .collect();
+        let mut views: Vec<&mut [u8]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+        let done = self.run(true, alg, level, 0, blocks, &mut views)?;
+        for (o, d) in outs.iter_mut().zip(&done) {
+            o.truncate(d.produced);
+        }
+        Ok(outs)
+    }
+
+    /// Decompress each block (one stream each) into at most its `room`
+    /// bytes, several in flight: the data, in order.
+    pub fn decompress_blocks(
+        &mut self,
+        alg: Algorithm,
+        blocks: &[&[u8]],
+        rooms: &[usize],
+        max_ratio: u16,
+    ) -> Result<Vec<Vec<u8>>> {
+        if rooms.len() != blocks.len() {
+            return Err(CodecError::Param.into());
+        }
+        let mut outs: Vec<Vec<u8>> = rooms.iter().map(|&r| vec![0; r]).collect();
+        let mut views: Vec<&mut [u8]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+        let done = self.run(false, alg, 0, max_ratio, blocks, &mut views)?;
+        for (o, d) in outs.iter_mut().zip(&done) {
+            o.truncate(d.produced);
+        }
+        Ok(outs)
+    }
+
+    fn on_cpu(
+        &mut self,
+        compress: bool,
+        alg: Algorithm,
+        level: i8,
+        max_ratio: u16,
+        input: &[u8],
+        out: &mut [u8],
+    ) -> Result<Inflated> {
+        if compress {
+            let n = self.cpu.compress(alg, level, input, out)?;
+            Ok(Inflated {
+                consumed: input.len(),
+                produced: n,
+            })
+        } else {
+            Ok(self.cpu.decompress(alg, input, out, max_ratio)?)
+        }
+    }
+
+    /// The batch engine: each block to the device or the CPU, output into
+    /// its slice of `outs`.
+    fn run(
+        &mut self,
+        compress: bool,
+        alg: Algorithm,
+        level: i8,
+        max_ratio: u16,
+        inputs: &[&[u8]],
+        outs: &mut [&mut [u8]],
+    ) -> Result<Vec<Inflated>> {
+        // Checked here too, so a bad level is the same error on both
+        // paths and before anything is sent.
+        if compress {
+            wd_zip_msg::check_level(alg, level).map_err(|_| CodecError::Param)?;
+        }
+        let jobs: Vec<Job<'_>> = inputs
+            .iter()
+            .zip(outs.iter())
+            .map(|(i, o)| Job {
+                input: i,
+                room: o.len(),
+            })
+            .collect();
+        let mut done = vec![
+            Inflated {
+                consumed: 0,
+                produced: 0
+            };
+            jobs.len()
+        ];
+        let mut next = 0;
+        let policy = self.cfg.policy;
+        let threshold = self.cfg.threshold;
+        // Blocks small or on the CPU by policy, and every block when no
+        // queue can be had.
+        let device_wanted =
+            policy != Policy::Cpu && jobs.iter().any(|j| j.input.len() >= threshold);
+        let have_lane = device_wanted && self.lane().is_some();
+        if device_wanted && !have_lane && !self.cfg.fallback {
+            return Err(CompError::NoQueue(self.no_lane.clone().unwrap_or_default()));
+        }
+        let largest = jobs
+            .iter()
+            .filter(|j| j.input.len() >= threshold)
+            .map(|j| j.input.len() + j.room)
+            .max()
+            .unwrap_or(0);
+        let slots = self.cfg.depth.max(1).min(jobs.len());
+        let mut staged = false;
+        if have_lane {
+            let lane = self.lane.as_mut().expect("have_lane");
+            staged = lane.ensure(largest, slots).is_ok();
+        }
+        let mut free: Vec<usize> = if staged {
+            (0..slots).rev().collect()
+        } else {
+            Vec::new()
+        };
+        // slot -> job in it
+        let mut in_slot: Vec<Option<usize>> = vec![None; slots];
+        let mut comps = Vec::new();
+        let mut lost_device = false;
+        // The first error; the batch stops handing out blocks and only
+        // collects what is in flight, so no completion of this batch is
+        // left for the next one to mistake for its own.
+        let mut failed: Option<CompError> = None;
+        loop {
+            // Hand the next blocks out.
+            while failed.is_none() && next < jobs.len() {
+                let j = &jobs[next];
+                let small = j.input.len() < threshold;
+                if policy == Policy::Cpu || small || !staged || lost_device {
+                    let why = if policy == Policy::Cpu {
+                        &mut self.stats.cpu_policy
+                    } else if small {
+                        &mut self.stats.cpu_threshold
+                    } else if self.cfg.fallback {
+                        &mut self.stats.cpu_fallback
+                    } else {
+                        let why = self
+                            .no_lane
+                            .clone()
+                            .unwrap_or_else(|| "the queue failed".into());
+                        failed = Some(CompError::NoQueue(why));
+                        break;
+                    };
+                    *why += 1;
+                    let i = next;
+                    next += 1;
+                    match self.on_cpu(
+                        compress,
+                        alg,
+                        level,
+                        max_ratio,
+                        jobs[i].input,
+                        &mut outs[i][..],
+                    ) {
+                        Ok(d) => done[i] = d,
+                        Err(e) => failed = Some(e),
+                    }
+                    continue;
+                }
+                let Some(s) = free.pop() else {
+                    break;
+                };
+                let lane = self.lane.as_mut().expect("staged");
+                let stage = lane.stage.as_ref().expect("staged");
+                let base = stage.addr() + (s * lane.slot) as u64;
+                stage.write((s * lane.slot) as u64, j.input);
+                let d: Desc = OneShot {
+                    compress,
+                    alg,
+                    level: if compress { level } else { 0 },
+                    max_ratio,
+                    src: base,
+                    src_len: j.input.len() as u64,
+                    dst: base + j.input.len() as u64,
+                    dst_len: j.room as u64,
+                }
+                .to_desc(0);
+                match lane.q.send(d, s as u64) {
+                    Ok(()) => {
+                        in_slot[s] = Some(next);
+                        next += 1;
+                    }
+                    Err(_) => {
+                        // The host is gone for good (the queue makes
+                        // itself again when it can): the rest runs here.
+                        free.push(s);
+                        lost_device = true;
+                    }
+                }
+            }
+            if in_slot.iter().all(Option::is_none) {
+                if failed.is_some() || next == jobs.len() {
+                    break;
+                }
+                continue;
+            }
+            let lane = self.lane.as_mut().expect("staged");
+            comps.clear();
+            let got = lane.q.recv_batch(&mut comps, slots);
+            let got = match got {
+                // Slots full: compute a block here while the device works.
+                Ok(0) if failed.is_none() && policy == Policy::Auto && next < jobs.len() => {
+                    let i = next;
+                    next += 1;
+                    self.stats.cpu_assist += 1;
+                    match self.on_cpu(
+                        compress,
+                        alg,
+                        level,
+                        max_ratio,
+                        jobs[i].input,
+                        &mut outs[i][..],
+                    ) {
+                        Ok(d) => done[i] = d,
+                        Err(e) => failed = Some(e),
+                    }
+                    continue;
+                }
+                Ok(0) => lane.q.wait_completion(None).map(|_| 0),
+                other => other,
+            };
+            if let Err(e) = got {
+                // The queue cannot say what became of its requests: drop
+                // it (with its staging area) rather than read a late
+                // completion into a later batch.
+                self.lane = None;
+                self.no_lane = Some(e.to_string());
+                return Err(e.into());
+            }
+            for c in comps.drain(..) {
+                let s = c.cookie as usize;
+                let Some(i) = in_slot.get_mut(s).and_then(Option::take) else {
+                    continue;
+                };
+                free.push(s);
+                if let Err(e) = device_status(c.desc.status) {
+                    failed.get_or_insert(e);
+                    continue;
+                }
+                let r = Done::from_result(c.desc.result);
+                let produced = (r.produced as usize).min(jobs[i].room);
+                let stage = lane.stage.as_ref().expect("staged");
+                let at = (s * lane.slot + jobs[i].input.len()) as u64;
+                stage.read(at, &mut outs[i][..produced]);
+                done[i] = Inflated {
+                    consumed: r.consumed as usize,
+                    produced,
+                };
+                self.stats.offloaded += 1;
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        for (d, j) in done.iter().zip(&jobs) {
+            self.stats.bytes_in += j.input.len() as u64;
+            self.stats.bytes_out += d.produced as u64;
+        }
+        Ok(done)
+    }
+}

@@ -1,0 +1,265 @@
+//! The compression library against a zip device in another process: the
+//! same bytes as the CPU path for every algorithm, errors alike on both
+//! paths, every routing decision counted, and a batch that meets a host
+//! killed mid-way finishing correct.
+#![allow(unsafe_code)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use wd_comp::{Algorithm, CompError, Compressor, Config, Policy, DEFAULT_LEVEL};
+use wrapdrive::HostConn;
+
+/// Entry point of the host process; does nothing in a normal test run.
+#[test]
+fn host_entry() {
+    let Ok(sock) = std::env::var("WD_TEST_HOST_SOCKET") else {
+        return;
+    };
+    let cfg = wd_host::HostConfig {
+        socket: sock,
+        socket_mode: 0o600,
+        devices: vec![wd_host::DeviceConfig::new("zip")],
+        ..Default::default()
+    };
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() };
+    let _h = wd_host::Host::start(&cfg).expect("host starts");
+    // SAFETY: as above.
+    while unsafe { libc::getppid() } == parent {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Kills the host process whatever happens to the test.
+struct HostProc(std::process::Child, String);
+
+impl Drop for HostProc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_host(name: &str) -> HostProc {
+    let dir = std::env::temp_dir().join(format!("wd-comp-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("wd.sock").display().to_string();
+    let _ = std::fs::remove_file(&sock);
+    let child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "host_entry", "--nocapture"])
+        .env("WD_TEST_HOST_SOCKET", &sock)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while HostConn::connect(&sock).is_err() {
+        assert!(t.elapsed() < Duration::from_secs(10), "host did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    HostProc(child, sock)
+}
+
+fn data(n: usize, seed: u32) -> Vec<u8> {
+    let words: [&[u8]; 6] = [
+        b"queue ",
+        b"domain ",
+        b"IOVA ",
+        b"engine ",
+        b"session ",
+        b"\n",
+    ];
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(n + 8);
+    while out.len() < n {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        if x % 5 == 0 {
+            out.push(x as u8);
+        } else {
+            out.extend_from_slice(words[x as usize % words.len()]);
+        }
+    }
+    out.truncate(n);
+    out
+}
+
+fn offload_cfg() -> Config {
+    Config {
+        policy: Policy::Offload,
+        threshold: 0,
+        fallback: false,
+        depth: 8,
+    }
+}
+
+#[test]
+fn device_and_cpu_make_the_same_bytes() {
+    let host = spawn_host("same");
+    let conn = HostConn::connect(&host.1).unwrap();
+    let mut dev = Compressor::new(Some(conn), offload_cfg());
+    let mut cpu = Compressor::new(
+        None,
+        Config {
+            policy: Policy::Cpu,
+            ..Config::default()
+        },
+    );
+    let blocks: Vec<Vec<u8>> = [0usize, 1, 100, 4096, 65536, 300_000]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| data(n, i as u32 + 1))
+        .collect();
+    let refs: Vec<&[u8]> = blocks.iter().map(|b| &b[..]).collect();
+    for alg in Algorithm::ALL {
+        for level in [DEFAULT_LEVEL, 1, *alg.levels().end()] {
+            let a = dev.compress_blocks(alg, level, &refs).unwrap();
+            let b = cpu.compress_blocks(alg, level, &refs).unwrap();
+            assert!(a == b, "{alg} level {level}: device and CPU differ");
+            let crefs: Vec<&[u8]> = a.iter().map(|b| &b[..]).collect();
+            let rooms: Vec<usize> = blocks.iter().map(|b| b.len()).collect();
+            let back = dev.decompress_blocks(alg, &crefs, &rooms, 0).unwrap();
+            assert!(back == blocks, "{alg} level {level}: round trip");
+        }
+    }
+    let s = dev.stats();
+    assert_eq!(s.offloaded, Algorithm::ALL.len() as u64 * 3 * 12, "{s:?}");
+    assert_eq!(
+        s.cpu_fallback + s.cpu_policy + s.cpu_threshold + s.cpu_assist,
+        0
+    );
+    assert_eq!(cpu.stats().cpu_policy, Algorithm::ALL.len() as u64 * 3 * 6);
+}
+
+#[test]
+fn errors_are_the_same_on_both_paths() {
+    let host = spawn_host("errors");
+    let conn = HostConn::connect(&host.1).unwrap();
+    let mut dev = Compressor::new(Some(conn), offload_cfg());
+    let mut cpu = Compressor::new(
+        None,
+        Config {
+            policy: Policy::Cpu,
+            ..Config::default()
+        },
+    );
+    let text = data(100_000, 7);
+    let mut room = vec![0u8; 200_000];
+    for c in [&mut dev, &mut cpu] {
+        let n = c.compress(Algorithm::Zlib, 6, &text, &mut room).unwrap();
+        let z = room[..n].to_vec();
+        let mut out = vec![0u8; text.len()];
+        let kind = |e: CompError| match e {
+            CompError::Data(d) => d,
+            other => panic!("not a data error: {other}"),
+        };
+        let short = c
+            .decompress(Algorithm::Zlib, &z, &mut out[..1000], 0)
+            .unwrap_err();
+        assert_eq!(kind(short), wd_zip_codec::CodecError::NoSpace);
+        let corrupt = c
+            .decompress(Algorithm::Zlib, &text[..5000], &mut out, 0)
+            .unwrap_err();
+        assert_eq!(kind(corrupt), wd_zip_codec::CodecError::Corrupt);
+        let zeros = vec![0u8; 1 << 20];
+        let n = c.compress(Algorithm::Gzip, 9, &zeros, &mut room).unwrap();
+        let bomb = room[..n].to_vec();
+        let mut big = vec![0u8; 1 << 20];
+        let e = c
+            .decompress(Algorithm::Gzip, &bomb, &mut big, 20)
+            .unwrap_err();
+        assert_eq!(kind(e), wd_zip_codec::CodecError::Ratio);
+        let e = c.compress(Algorithm::Lz4, 9, &text, &mut room).unwrap_err();
+        assert_eq!(kind(e), wd_zip_codec::CodecError::Param);
+        // The batch after errors is whole and right.
+        let n = c.compress(Algorithm::Zstd, 3, &text, &mut room).unwrap();
+        let got = c
+            .decompress(Algorithm::Zstd, &room[..n], &mut out, 0)
+            .unwrap();
+        assert_eq!(got.produced, text.len());
+        assert!(out == text);
+    }
+}
+
+#[test]
+fn routing_is_counted_and_fallback_is_explicit() {
+    // No host: everything on the CPU, counted; with fallback off, a clear
+    // error.
+    let mut none = Compressor::new(None, Config::default());
+    let text = data(50_000, 3);
+    let blocks = [&text[..], &text[..100]];
+    let out = none.compress_blocks(Algorithm::Gzip, 1, &blocks).unwrap();
+    assert_eq!(out.len(), 2);
+    let s = none.stats();
+    assert_eq!(
+        (s.cpu_fallback, s.cpu_threshold, s.offloaded),
+        (1, 1, 0),
+        "{s:?}"
+    );
+    let mut strict = Compressor::new(None, offload_cfg());
+    match strict.compress_blocks(Algorithm::Gzip, 1, &blocks) {
+        Err(CompError::NoQueue(why)) => assert!(why.contains("no host"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // With a host, auto: big blocks offloaded, and the caller helps while
+    // the slots are full.
+    let host = spawn_host("auto");
+    let conn = HostConn::connect(&host.1).unwrap();
+    let mut auto = Compressor::new(
+        Some(conn),
+        Config {
+            depth: 2,
+            ..Config::default()
+        },
+    );
+    let many: Vec<&[u8]> = (0..64).map(|_| &text[..]).collect();
+    let out = auto.compress_blocks(Algorithm::Deflate, 6, &many).unwrap();
+    let s = auto.stats();
+    assert_eq!(s.offloaded + s.cpu_assist, 64, "{s:?}");
+    assert!(s.offloaded > 0, "{s:?}");
+    let rooms = vec![text.len(); 64];
+    let refs: Vec<&[u8]> = out.iter().map(|o| &o[..]).collect();
+    for back in auto
+        .decompress_blocks(Algorithm::Deflate, &refs, &rooms, 0)
+        .unwrap()
+    {
+        assert!(back == text);
+    }
+}
+
+#[test]
+fn a_batch_survives_its_host_dying() {
+    let mut host = spawn_host("restart");
+    let sock = host.1.clone();
+    let conn = HostConn::connect(&sock).unwrap();
+    let mut cfg = offload_cfg();
+    cfg.fallback = true;
+    let mut c = Compressor::new(Some(conn), cfg);
+    let text = data(1 << 20, 11);
+    let blocks: Vec<&[u8]> = text.chunks(64 << 10).collect();
+    let want = c.compress_blocks(Algorithm::Gzip, 6, &blocks).unwrap();
+    // Kill the host while batches run; start another on the same socket.
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(30));
+        let _ = host.0.kill();
+        let _ = host.0.wait();
+        std::thread::sleep(Duration::from_millis(100));
+        spawn_host("restart")
+    });
+    let t = Instant::now();
+    let mut rounds = 0;
+    while t.elapsed() < Duration::from_millis(600) || rounds < 10 {
+        let got = c.compress_blocks(Algorithm::Gzip, 6, &blocks);
+        match got {
+            Ok(got) => assert!(got == want, "round {rounds}: wrong data"),
+            // A queue that could not say what became of its requests is
+            // dropped; the next batch runs on the CPU or a new queue.
+            Err(CompError::Device(e)) => eprintln!("round {rounds}: {e}"),
+            Err(e) => panic!("round {rounds}: {e}"),
+        }
+        rounds += 1;
+    }
+    let _new_host = killer.join().unwrap();
+    assert!(c.stats().offloaded > 0);
+}

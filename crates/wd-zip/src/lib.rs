@@ -1,0 +1,230 @@
+//! The zip device: deflate (raw, zlib and gzip framing), zstd and LZ4
+//! compression and decompression served through WrapDrive queues, one
+//! buffer at a time or as streams whose state (history, window, flush
+//! position) lives in host-side sessions.
+//!
+//! Data crosses between the client's shared memory and host buffers by
+//! copy: the engines are C and Rust libraries that take ordinary slices,
+//! and a client may rewrite its memory while the device works, which a
+//! decoder must never read twice and get two answers from. The copies
+//! run at memory speed, several times faster than the fastest codec.
+//! Host buffers are bounded by the request limits and released after a
+//! large request, so an idle queue keeps nothing big.
+//!
+//! The message format is `wd-zip-msg` (re-exported as [`msg`]); the
+//! engines are `wd-zip-codec`, which the client library's CPU path uses
+//! too.
+#![deny(unsafe_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use wd_device::{status, AlgInfo, DeviceQueue, Dma, Driver, SessionTable};
+use wd_ring::Desc;
+use wd_zip_codec::{CodecError, Engine, Stream, StreamParams};
+pub use wd_zip_msg as msg;
+use wd_zip_msg::{decode, Done, OneShot, Request, SessionNew, StreamOp, MAX_SESSIONS};
+
+/// Host buffers above this size are given back after the request.
+const KEEP: usize = 4 << 20;
+
+/// The zip driver.
+#[derive(Debug, Default)]
+pub struct ZipDriver {
+    sessions: Arc<AtomicU64>,
+}
+
+impl ZipDriver {
+    /// The driver.
+    pub fn new() -> ZipDriver {
+        ZipDriver::default()
+    }
+}
+
+/// Which library serves each algorithm, as `devN/engine` shows it.
+pub fn engine_summary() -> String {
+    wd_zip_codec::engines()
+        .into_iter()
+        .map(|(alg, one, stream)| match stream {
+            Some(s) if s != one => format!("{alg}={one} (streams {s})"),
+            _ => format!("{alg}={one}"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Driver for ZipDriver {
+    fn name(&self) -> &'static str {
+        "zip"
+    }
+
+    fn algorithms(&self) -> Vec<AlgInfo> {
+        vec![AlgInfo {
+            name: msg::QUEUE_ALG,
+            flags: 0,
+            device_api: msg::DEVICE_API,
+        }]
+    }
+
+    fn engine(&self) -> Option<String> {
+        Some(engine_summary())
+    }
+
+    fn attributes(&self) -> Vec<(String, String, bool)> {
+        vec![(
+            "sessions".to_string(),
+            self.sessions.load(Ordering::Relaxed).to_string(),
+            false,
+        )]
+    }
+
+    fn open_queue(&self, _alg: u32) -> Box<dyn DeviceQueue> {
+        Box::new(ZipQueue::new(self.sessions.clone()))
+    }
+}
+
+/// The device side of one compression queue.
+pub struct ZipQueue {
+    engine: Engine,
+    sessions: SessionTable<Stream>,
+    input: Vec<u8>,
+    output: Vec<u8>,
+}
+
+impl ZipQueue {
+    /// A queue counting its sessions in `live`.
+    pub fn new(live: Arc<AtomicU64>) -> ZipQueue {
+        ZipQueue {
+            engine: Engine::new(),
+            sessions: SessionTable::new(MAX_SESSIONS, live),
+            input: Vec::new(),
+            output: Vec::new(),
+        }
+    }
+
+    /// Sessions alive on this queue.
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Read `len` bytes at `src` into the input buffer and size the
+    /// output buffer to `room`.
+    fn stage(&mut self, src: u64, len: u64, room: u64, dma: &mut dyn Dma<'_>) -> Result<(), i32> {
+        self.input.resize(len as usize, 0);
+        if len > 0 {
+            dma.read(src, &mut self.input).map_err(|_| status::EFAULT)?;
+        }
+        self.output.resize(room as usize, 0);
+        Ok(())
+    }
+
+    fn release_big(&mut self) {
+        for b in [&mut self.input, &mut self.output] {
+            if b.capacity() > KEEP {
+                *b = Vec::new();
+            }
+        }
+    }
+
+    fn one_shot(&mut self, r: OneShot, dma: &mut dyn Dma<'_>) -> Result<Done, i32> {
+        self.stage(r.src, r.src_len, r.dst_len, dma)?;
+        let done = if r.compress {
+            let n = self
+                .engine
+                .compress(r.alg, r.level, &self.input, &mut self.output)
+                .map_err(CodecError::status)?;
+            Done {
+                produced: n as u64,
+                consumed: r.src_len,
+                end: true,
+            }
+        } else {
+            let got = self
+                .engine
+                .decompress(r.alg, &self.input, &mut self.output, r.max_ratio)
+                .map_err(CodecError::status)?;
+            Done {
+                produced: got.produced as u64,
+                consumed: got.consumed as u64,
+                end: true,
+            }
+        };
+        write_out(dma, r.dst, &self.output[..done.produced as usize])?;
+        Ok(done)
+    }
+
+    fn session_new(&mut self, s: SessionNew, dma: &mut dyn Dma<'_>) -> Result<u64, i32> {
+        let mut dict = vec![0; s.dict_len as usize];
+        if !dict.is_empty() {
+            dma.read(s.dict, &mut dict).map_err(|_| status::EFAULT)?;
+        }
+        let stream = Stream::new(&StreamParams {
+            alg: s.alg,
+            compress: s.compress,
+            level: s.level,
+            window_bits: s.window_bits,
+            dict: &dict,
+        })
+        .map_err(CodecError::status)?;
+        self.sessions.insert(stream)
+    }
+
+    fn stream(&mut self, op: StreamOp, dma: &mut dyn Dma<'_>) -> Result<Done, i32> {
+        // The session first: a request naming none reads no memory.
+        self.sessions.get(op.session)?;
+        self.stage(op.src, op.src_len, op.dst_len, dma)?;
+        let s = self.sessions.get(op.session)?;
+        let step = s
+            .run(&self.input, &mut self.output, op.flush)
+            .map_err(CodecError::status)?;
+        write_out(dma, op.dst, &self.output[..step.produced])?;
+        Ok(Done {
+            produced: step.produced as u64,
+            consumed: step.consumed as u64,
+            end: step.end,
+        })
+    }
+}
+
+fn write_out(dma: &mut dyn Dma<'_>, dst: u64, data: &[u8]) -> Result<(), i32> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    dma.write(dst, data).map_err(|_| status::EFAULT)
+}
+
+impl DeviceQueue for ZipQueue {
+    fn process(&mut self, desc: &mut Desc, dma: &mut dyn Dma<'_>) {
+        let r = match decode(desc) {
+            Err(st) => Err(st),
+            Ok(Request::Nop) => Ok(0),
+            Ok(Request::SessionNew(s)) => self.session_new(s, dma),
+            Ok(Request::SessionFree(f)) => self.sessions.remove(f.session).map(|_| 0),
+            Ok(Request::OneShot(r)) => self.one_shot(r, dma).map(Done::to_result),
+            Ok(Request::Stream(op)) => self.stream(op, dma).map(Done::to_result),
+        };
+        self.release_big();
+        match r {
+            Ok(v) => {
+                desc.status = status::OK;
+                desc.result = v;
+            }
+            Err(st) => {
+                desc.status = st;
+                desc.result = 0;
+            }
+        }
+    }
+
+    fn bytes_of(&self, done: &Desc) -> u64 {
+        match done.opcode {
+            msg::OP_COMPRESS | msg::OP_DECOMPRESS | msg::OP_STREAM => {
+                Done::from_result(done.result).consumed
+            }
+            _ => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,261 @@
+use super::*;
+use msg::{Algorithm, Flush, SessionFree, DEFAULT_LEVEL};
+use wd_testutil::dma::FlatMemory;
+
+const BASE: u64 = 0x10_0000;
+const SRC: u64 = BASE;
+const DST: u64 = BASE + (4 << 20);
+const BACK: u64 = BASE + (8 << 20);
+
+fn queue() -> (ZipQueue, FlatMemory, Arc<AtomicU64>) {
+    let live = Arc::new(AtomicU64::new(0));
+    (
+        ZipQueue::new(live.clone()),
+        FlatMemory::new(BASE, 12 << 20),
+        live,
+    )
+}
+
+fn run(q: &mut ZipQueue, mem: &mut FlatMemory, d: Desc) -> (i32, u64) {
+    let mut d = d;
+    q.process(&mut d, mem);
+    (d.status, d.result)
+}
+
+fn text(n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|i| b"the queue and its domain "[i % 25] ^ (i / 1000) as u8)
+        .collect()
+}
+
+fn shot(
+    compress: bool,
+    alg: Algorithm,
+    src: u64,
+    src_len: usize,
+    dst: u64,
+    dst_len: usize,
+) -> Desc {
+    OneShot {
+        compress,
+        alg,
+        level: if compress { DEFAULT_LEVEL } else { 0 },
+        max_ratio: 0,
+        src,
+        src_len: src_len as u64,
+        dst,
+        dst_len: dst_len as u64,
+    }
+    .to_desc(1)
+}
+
+#[test]
+fn one_shot_round_trips_through_client_memory() {
+    let (mut q, mut mem, _) = queue();
+    let data = text(200_000);
+    mem.put(SRC, &data);
+    for alg in Algorithm::ALL {
+        let (st, r) = run(
+            &mut q,
+            &mut mem,
+            shot(true, alg, SRC, data.len(), DST, 4 << 20),
+        );
+        assert_eq!(st, 0, "{alg}");
+        let c = Done::from_result(r);
+        assert!(c.end && c.consumed == data.len() as u64 && c.produced < data.len() as u64);
+        let (st, r) = run(
+            &mut q,
+            &mut mem,
+            shot(false, alg, DST, c.produced as usize, BACK, data.len()),
+        );
+        assert_eq!(st, 0, "{alg}");
+        let d = Done::from_result(r);
+        assert_eq!((d.produced, d.consumed), (data.len() as u64, c.produced));
+        assert!(mem.get(BACK, data.len()) == data, "{alg}");
+    }
+}
+
+#[test]
+fn bad_requests_complete_with_clear_statuses() {
+    let (mut q, mut mem, _) = queue();
+    let data = text(10_000);
+    mem.put(SRC, &data);
+    // Source outside shared memory.
+    assert_eq!(
+        run(
+            &mut q,
+            &mut mem,
+            shot(true, Algorithm::Gzip, 0x1000, 100, DST, 1000)
+        )
+        .0,
+        status::EFAULT
+    );
+    // Destination runs past the end.
+    let (st, _) = run(
+        &mut q,
+        &mut mem,
+        shot(
+            true,
+            Algorithm::Gzip,
+            SRC,
+            10_000,
+            BASE + (12 << 20) - 10,
+            1000,
+        ),
+    );
+    assert_eq!(st, status::EFAULT);
+    // Too little room.
+    assert_eq!(
+        run(
+            &mut q,
+            &mut mem,
+            shot(true, Algorithm::Zstd, SRC, 10_000, DST, 8)
+        )
+        .0,
+        status::ENOBUFS
+    );
+    // Not compressed data.
+    assert_eq!(
+        run(
+            &mut q,
+            &mut mem,
+            shot(false, Algorithm::Zlib, SRC, 10_000, DST, 1 << 20)
+        )
+        .0,
+        status::EBADMSG
+    );
+    // A bomb stopped by its ratio limit.
+    mem.put(SRC, &vec![0; 1 << 20]);
+    let (st, r) = run(
+        &mut q,
+        &mut mem,
+        shot(true, Algorithm::Deflate, SRC, 1 << 20, DST, 1 << 20),
+    );
+    assert_eq!(st, 0);
+    let mut bomb = shot(
+        false,
+        Algorithm::Deflate,
+        DST,
+        Done::from_result(r).produced as usize,
+        BACK,
+        1 << 20,
+    );
+    bomb.payload[34] = 10;
+    assert_eq!(run(&mut q, &mut mem, bomb).0, status::EOVERFLOW);
+    // Malformed descriptors and unknown sessions.
+    let mut d = shot(true, Algorithm::Zlib, SRC, 10, DST, 100);
+    d.payload[80] = 1;
+    assert_eq!(run(&mut q, &mut mem, d).0, status::EINVAL);
+    let op = StreamOp {
+        session: 12345,
+        flush: Flush::None,
+        src: SRC,
+        src_len: 1,
+        dst: DST,
+        dst_len: 1,
+    };
+    assert_eq!(run(&mut q, &mut mem, op.to_desc(1)).0, status::ENOENT);
+    assert_eq!(
+        run(&mut q, &mut mem, SessionFree { session: 7 }.to_desc(1)).0,
+        status::ENOENT
+    );
+}
+
+#[test]
+fn streams_carry_state_across_requests_and_sessions_are_counted() {
+    let (mut q, mut mem, live) = queue();
+    let data = text(100_000);
+    mem.put(SRC, &data);
+    let new = |compress| SessionNew {
+        alg: Algorithm::Gzip,
+        level: if compress { 6 } else { 0 },
+        compress,
+        window_bits: 0,
+        dict: 0,
+        dict_len: 0,
+    };
+    let (st, c) = run(&mut q, &mut mem, new(true).to_desc(1));
+    assert_eq!(st, 0);
+    let (st, dsess) = run(&mut q, &mut mem, new(false).to_desc(1));
+    assert_eq!(st, 0);
+    assert_eq!(live.load(Ordering::Relaxed), 2);
+    // Compress in 7 pieces with small output room, then decompress the
+    // result through the other session in 3 KiB pieces.
+    let (mut at, mut out) = (0u64, 0u64);
+    let piece = data.len() as u64 / 7 + 1;
+    loop {
+        let end = (at + piece).min(data.len() as u64);
+        let flush = if end == data.len() as u64 {
+            Flush::Finish
+        } else {
+            Flush::Sync
+        };
+        let op = StreamOp {
+            session: c,
+            flush,
+            src: SRC + at,
+            src_len: end - at,
+            dst: DST + out,
+            dst_len: 4096,
+        };
+        let (st, r) = run(&mut q, &mut mem, op.to_desc(1));
+        assert_eq!(st, 0);
+        let d = Done::from_result(r);
+        at += d.consumed;
+        out += d.produced;
+        if d.end {
+            break;
+        }
+    }
+    let (mut cin, mut made) = (0u64, 0u64);
+    loop {
+        let op = StreamOp {
+            session: dsess,
+            flush: Flush::None,
+            src: DST + cin,
+            src_len: (out - cin).min(3072),
+            dst: BACK + made,
+            dst_len: 10_000,
+        };
+        let (st, r) = run(&mut q, &mut mem, op.to_desc(1));
+        assert_eq!(st, 0);
+        let d = Done::from_result(r);
+        cin += d.consumed;
+        made += d.produced;
+        if d.end {
+            break;
+        }
+        assert!(d.consumed + d.produced > 0, "no progress");
+    }
+    assert_eq!((cin, made), (out, data.len() as u64));
+    assert!(mem.get(BACK, data.len()) == data);
+    assert_eq!(
+        run(&mut q, &mut mem, SessionFree { session: c }.to_desc(1)).0,
+        0
+    );
+    assert_eq!(live.load(Ordering::Relaxed), 1);
+    drop(q);
+    assert_eq!(
+        live.load(Ordering::Relaxed),
+        0,
+        "a queue's sessions end with it"
+    );
+}
+
+#[test]
+fn session_table_is_bounded() {
+    let (mut q, mut mem, _) = queue();
+    let s = SessionNew {
+        alg: Algorithm::Zlib,
+        level: 1,
+        compress: true,
+        window_bits: 0,
+        dict: 0,
+        dict_len: 0,
+    };
+    for _ in 0..MAX_SESSIONS {
+        assert_eq!(run(&mut q, &mut mem, s.to_desc(1)).0, 0);
+    }
+    assert_eq!(run(&mut q, &mut mem, s.to_desc(1)).0, status::ENOSPC);
+    assert_eq!(q.session_count(), MAX_SESSIONS);
+}
