@@ -22,7 +22,7 @@ use std::sync::Arc;
 pub use wd_zip_codec::{compress_bound, Inflated};
 use wd_zip_codec::{CodecError, Engine};
 pub use wd_zip_msg::{Algorithm, DEFAULT_LEVEL};
-use wd_zip_msg::{Done, OneShot};
+use wd_zip_msg::{Done, OneShot, MAX_DATA};
 use wrapdrive::{Capability, ClientError, Desc, HostConn, Queue, SharedBuf, Status};
 
 /// Why a request failed.
@@ -123,7 +123,8 @@ pub struct Stats {
     pub offloaded: u64,
     /// Blocks run here because they were under the threshold.
     pub cpu_threshold: u64,
-    /// Blocks run here because of the policy.
+    /// Blocks run here because of the policy, or because they are larger
+    /// than one request carries.
     pub cpu_policy: u64,
     /// Blocks run here while every device slot was busy.
     pub cpu_assist: u64,
@@ -434,8 +435,10 @@ impl Compressor {
             while failed.is_none() && next < jobs.len() {
                 let j = &jobs[next];
                 let small = j.input.len() < threshold;
-                if policy == Policy::Cpu || small || !staged || lost_device {
-                    let why = if policy == Policy::Cpu {
+                // One request carries at most MAX_DATA each way.
+                let huge = j.input.len() as u64 > MAX_DATA || j.room as u64 > MAX_DATA;
+                if policy == Policy::Cpu || small || huge || !staged || lost_device {
+                    let why = if policy == Policy::Cpu || huge {
                         &mut self.stats.cpu_policy
                     } else if small {
                         &mut self.stats.cpu_threshold

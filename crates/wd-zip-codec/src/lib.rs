@@ -232,16 +232,7 @@ impl Engine {
                     libdeflate::Inflate::Bad => CodecError::Corrupt,
                     libdeflate::Inflate::Space => CodecError::NoSpace,
                 };
-                let (mut used, mut made) = d.decompress(alg, input, out).map_err(map)?;
-                // Concatenated gzip members decode as one file, as gunzip
-                // reads them.
-                while alg == Algorithm::Gzip && input[used..].starts_with(&[0x1f, 0x8b]) {
-                    let (u, m) = d
-                        .decompress(alg, &input[used..], &mut out[made..])
-                        .map_err(map)?;
-                    used += u;
-                    made += m;
-                }
+                let (used, made) = d.decompress(alg, input, out).map_err(map)?;
                 Ok(Inflated {
                     consumed: used,
                     produced: made,

@@ -48,8 +48,9 @@ pub enum Algorithm {
     Deflate = 1,
     /// Deflate in zlib framing (RFC 1950).
     Zlib = 2,
-    /// Deflate in gzip framing (RFC 1952); decompression reads every
-    /// concatenated member, as `gunzip` does.
+    /// Deflate in gzip framing (RFC 1952). A decompression reads one
+    /// member, as zlib's inflate does; the input it consumed says where
+    /// the next one starts.
     Gzip = 3,
     /// Zstandard frames (RFC 8878).
     Zstd = 4,

@@ -1,0 +1,275 @@
+//! libwd_comp.so: the C API of `include/wd_comp.h` over `wd-comp`.
+//!
+//! A `struct wd_comp` is a boxed compressor with a magic word, so a NULL
+//! or foreign pointer is -EINVAL rather than a crash (a freed one is
+//! undefined, as in any C library). Buffers are the caller's own memory
+//! (the library stages them into shared memory itself), so they are
+//! ordinary slices here; a destination that overlaps its source is
+//! refused.
+#![allow(unsafe_code)]
+
+use std::ffi::{c_int, c_uint, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::OnceLock;
+
+use wd_comp::{Algorithm, CompError, Compressor};
+use wd_sys::dl::TextSink;
+use wd_zip_codec::CodecError;
+
+const MAGIC: u64 = 0x5744_434f_4d50_0001; // "WDCOMP"
+const EINVAL: c_int = 22;
+const EIO: c_int = 5;
+
+/// `struct wd_comp`.
+pub struct WdComp {
+    magic: u64,
+    c: Compressor,
+}
+
+/// `struct wd_comp_stats`.
+#[repr(C)]
+pub struct WdCompStats {
+    offloaded: u64,
+    cpu_threshold: u64,
+    cpu_policy: u64,
+    cpu_assist: u64,
+    cpu_fallback: u64,
+    bytes_in: u64,
+    bytes_out: u64,
+}
+
+/// Keep `msg` where `wd_last_error` (libwd.so, when loaded) reads it;
+/// returns `-errno`.
+fn fail(errno: c_int, msg: &str) -> c_int {
+    static SINK: OnceLock<Option<TextSink>> = OnceLock::new();
+    if let Some(sink) = SINK.get_or_init(|| TextSink::find_loaded("libwd.so", "wd__set_last_error")) {
+        let c = std::ffi::CString::new(msg.replace('\0', " ")).unwrap_or_default();
+        sink.send(&c);
+    }
+    -errno
+}
+
+/// Run an entry point; a panic is -EIO.
+fn guard(f: impl FnOnce() -> c_int) -> c_int {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| fail(EIO, "internal error in libwd_comp (panic caught)"))
+}
+
+/// The errno of an error (the one mapping at this boundary).
+fn errno_of(e: &CompError) -> c_int {
+    match e {
+        CompError::Data(CodecError::NoSpace) => 105,             // ENOBUFS
+        CompError::Data(CodecError::Corrupt | CodecError::NeedDict) => 74, // EBADMSG
+        CompError::Data(CodecError::Ratio) => 75,               // EOVERFLOW
+        CompError::Data(CodecError::Param) => EINVAL,
+        CompError::Data(CodecError::Memory) => 12,              // ENOMEM
+        CompError::Device(d) => d.errno(),
+        CompError::NoQueue(_) => 107,                           // ENOTCONN
+    }
+}
+
+fn alg_of(alg: c_int) -> Option<Algorithm> {
+    u8::try_from(alg).ok().and_then(|a| Algorithm::try_from(a).ok())
+}
+
+/// # Safety
+/// `c` must be NULL or a pointer from `wd_comp_new` not yet freed.
+unsafe fn comp<'a>(c: *mut WdComp) -> Option<&'a mut WdComp> {
+    // SAFETY: caller contract; the magic word catches foreign pointers.
+    unsafe { c.as_mut() }.filter(|w| w.magic == MAGIC)
+}
+
+/// # Safety
+/// Each pointer readable/writable for its length when not NULL.
+unsafe fn buffers<'a>(
+    src: *const c_void,
+    src_len: usize,
+    dst: *mut c_void,
+    dst_len: usize,
+) -> Option<(&'a [u8], &'a mut [u8])> {
+    if (src.is_null() && src_len > 0) || (dst.is_null() && dst_len > 0) {
+        return None;
+    }
+    let (s, d) = (src as usize, dst as usize);
+    if src_len > 0 && dst_len > 0 && s < d.saturating_add(dst_len) && d < s.saturating_add(src_len) {
+        return None;
+    }
+    let src: &[u8] = if src_len == 0 {
+        &[]
+    } else {
+        // SAFETY: caller contract, checked non-null above.
+        unsafe { std::slice::from_raw_parts(src.cast(), src_len) }
+    };
+    let dst: &mut [u8] = if dst_len == 0 {
+        &mut []
+    } else {
+        // SAFETY: caller contract, checked non-null and not overlapping.
+        unsafe { std::slice::from_raw_parts_mut(dst.cast(), dst_len) }
+    };
+    Some((src, dst))
+}
+
+/// See wd_comp.h.
+///
+/// # Safety
+/// `out` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn wd_comp_new(out: *mut *mut WdComp) -> c_int {
+    guard(|| {
+        if out.is_null() {
+            return fail(EINVAL, "wd_comp_new: out is NULL");
+        }
+        match Compressor::from_env() {
+            Ok(c) => {
+                // SAFETY: checked non-null; caller contract.
+                unsafe { out.write(Box::into_raw(Box::new(WdComp { magic: MAGIC, c }))) };
+                0
+            }
+            Err(e) => fail(EINVAL, &e),
+        }
+    })
+}
+
+/// See wd_comp.h.
+///
+/// # Safety
+/// `c` must be NULL or from `wd_comp_new`, not yet freed.
+#[no_mangle]
+pub unsafe extern "C" fn wd_comp_free(c: *mut WdComp) {
+    let _ = guard(|| {
+        // SAFETY: caller contract.
+        if let Some(w) = unsafe { comp(c) } {
+            w.magic = 0;
+            // SAFETY: made by Box::into_raw in wd_comp_new.
+            drop(unsafe { Box::from_raw(c) });
+        }
+        0
+    });
+}
+
+/// See wd_comp.h.
+#[no_mangle]
+pub extern "C" fn wd_comp_bound(alg: c_int, len: usize) -> usize {
+    alg_of(alg).map_or(0, |a| wd_comp::compress_bound(a, len))
+}
+
+/// See wd_comp.h.
+///
+/// # Safety
+/// Pointers as wd_comp.h says.
+#[no_mangle]
+pub unsafe extern "C" fn wd_comp_compress(
+    c: *mut WdComp,
+    alg: c_int,
+    level: c_int,
+    src: *const c_void,
+    src_len: usize,
+    dst: *mut c_void,
+    dst_len: *mut usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: caller contract.
+        let Some(w) = (unsafe { comp(c) }) else {
+            return fail(EINVAL, "wd_comp_compress: not a struct wd_comp");
+        };
+        let (Some(a), Ok(level)) = (alg_of(alg), i8::try_from(level)) else {
+            return fail(EINVAL, "wd_comp_compress: unknown algorithm or level");
+        };
+        if dst_len.is_null() {
+            return fail(EINVAL, "wd_comp_compress: dst_len is NULL");
+        }
+        // SAFETY: checked non-null.
+        let room = unsafe { *dst_len };
+        // SAFETY: caller contract.
+        let Some((input, out)) = (unsafe { buffers(src, src_len, dst, room) }) else {
+            return fail(EINVAL, "wd_comp_compress: NULL or overlapping buffer");
+        };
+        match w.c.compress(a, level, input, out) {
+            Ok(n) => {
+                // SAFETY: checked non-null.
+                unsafe { *dst_len = n };
+                0
+            }
+            Err(e) => fail(errno_of(&e), &format!("wd_comp_compress: {e}")),
+        }
+    })
+}
+
+/// See wd_comp.h.
+///
+/// # Safety
+/// Pointers as wd_comp.h says.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn wd_comp_decompress(
+    c: *mut WdComp,
+    alg: c_int,
+    src: *const c_void,
+    src_len: usize,
+    consumed: *mut usize,
+    dst: *mut c_void,
+    dst_len: *mut usize,
+    max_ratio: c_uint,
+) -> c_int {
+    guard(|| {
+        // SAFETY: caller contract.
+        let Some(w) = (unsafe { comp(c) }) else {
+            return fail(EINVAL, "wd_comp_decompress: not a struct wd_comp");
+        };
+        let (Some(a), Ok(ratio)) = (alg_of(alg), u16::try_from(max_ratio)) else {
+            return fail(EINVAL, "wd_comp_decompress: unknown algorithm or ratio above 65535");
+        };
+        if dst_len.is_null() {
+            return fail(EINVAL, "wd_comp_decompress: dst_len is NULL");
+        }
+        // SAFETY: checked non-null.
+        let room = unsafe { *dst_len };
+        // SAFETY: caller contract.
+        let Some((input, out)) = (unsafe { buffers(src, src_len, dst, room) }) else {
+            return fail(EINVAL, "wd_comp_decompress: NULL or overlapping buffer");
+        };
+        match w.c.decompress(a, input, out, ratio) {
+            Ok(d) => {
+                // SAFETY: checked non-null; `consumed` is optional.
+                unsafe {
+                    *dst_len = d.produced;
+                    if !consumed.is_null() {
+                        *consumed = d.consumed;
+                    }
+                }
+                0
+            }
+            Err(e) => fail(errno_of(&e), &format!("wd_comp_decompress: {e}")),
+        }
+    })
+}
+
+/// See wd_comp.h.
+///
+/// # Safety
+/// `c` as for the other calls; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn wd_comp_stats(c: *mut WdComp, out: *mut WdCompStats) -> c_int {
+    guard(|| {
+        // SAFETY: caller contract.
+        let Some(w) = (unsafe { comp(c) }) else {
+            return fail(EINVAL, "wd_comp_stats: not a struct wd_comp");
+        };
+        if out.is_null() {
+            return fail(EINVAL, "wd_comp_stats: out is NULL");
+        }
+        let s = w.c.stats();
+        // SAFETY: checked non-null; caller contract.
+        unsafe {
+            out.write(WdCompStats {
+                offloaded: s.offloaded,
+                cpu_threshold: s.cpu_threshold,
+                cpu_policy: s.cpu_policy,
+                cpu_assist: s.cpu_assist,
+                cpu_fallback: s.cpu_fallback,
+                bytes_in: s.bytes_in,
+                bytes_out: s.bytes_out,
+            })
+        };
+        0
+    })
+}

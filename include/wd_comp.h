@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: MIT OR Apache-2.0 */
+/*
+ * wd_comp.h: WrapDrive compression (libwd_comp.so, -lwd_comp).
+ *
+ * One-shot compression and decompression of deflate (raw, zlib, gzip),
+ * zstd and LZ4 frames, offloaded to the host's zip device or run in the
+ * calling thread with the same engines (the same bytes either way).
+ *
+ * A struct wd_comp belongs to one thread at a time. It connects to the
+ * host named by WD_COMP_HOST, else WD_HOST, else the default socket;
+ * WD_COMP_POLICY (auto, offload, cpu), WD_COMP_THRESHOLD (bytes; smaller
+ * requests stay on the CPU) and WD_COMP_FALLBACK=0 (fail with -ENOTCONN
+ * instead of computing here without a queue) choose where requests run.
+ * No host is not an error: requests then run here, counted as fallbacks.
+ *
+ * Every call returns 0 or a negative errno, and then wd_last_error()
+ * (libwd.so, when linked) says why:
+ *   -EINVAL     a NULL, foreign or overlapping pointer, an unknown
+ *               algorithm, a level the algorithm does not take;
+ *   -ENOBUFS    the output does not fit in *dst_len bytes;
+ *   -EBADMSG    corrupt or truncated compressed data;
+ *   -EOVERFLOW  decompression beyond max_ratio times the input;
+ *   -ENOTCONN   no queue and fallback off; other errnos from the device.
+ * Out-parameters are written only on success.
+ */
+#ifndef WD_COMP_H
+#define WD_COMP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Formats (the zip device's message format numbers them the same). */
+enum wd_comp_alg {
+    WD_COMP_DEFLATE = 1, /* raw deflate, RFC 1951 */
+    WD_COMP_ZLIB = 2,    /* zlib framing, RFC 1950 */
+    WD_COMP_GZIP = 3,    /* gzip framing, RFC 1952 (one member per call) */
+    WD_COMP_ZSTD = 4,    /* Zstandard frames, RFC 8878 */
+    WD_COMP_LZ4 = 5,     /* LZ4 frames */
+};
+
+/* The library's default level (zlib's Z_DEFAULT_COMPRESSION). Otherwise
+ * deflate formats take 0-12 (libdeflate's scale: 1-9 as zlib, 10-12
+ * slower and smaller), zstd 1-22, LZ4 1. */
+#define WD_COMP_DEFAULT_LEVEL (-1)
+
+struct wd_comp;
+
+/* Where requests went and why. */
+struct wd_comp_stats {
+    uint64_t offloaded;     /* run by the device */
+    uint64_t cpu_threshold; /* here: smaller than the threshold */
+    uint64_t cpu_policy;    /* here: policy cpu, or larger than one request (64 MiB) */
+    uint64_t cpu_assist;    /* here while every device slot was busy */
+    uint64_t cpu_fallback;  /* here: no queue (no host, no zip device, host gone) */
+    uint64_t bytes_in;
+    uint64_t bytes_out;
+};
+
+/* A compressor configured from the environment; *out on success. */
+int wd_comp_new(struct wd_comp **out);
+/* Free (NULL is ignored). */
+void wd_comp_free(struct wd_comp *c);
+
+/* Room that always suffices to compress len bytes with alg at any level
+ * (0 for an unknown algorithm). */
+size_t wd_comp_bound(int alg, size_t len);
+
+/* Compress src into one stream. *dst_len: the room at dst on entry, the
+ * bytes written on success. */
+int wd_comp_compress(struct wd_comp *c, int alg, int level, const void *src, size_t src_len,
+                     void *dst, size_t *dst_len);
+
+/* Decompress the stream at the start of src. *dst_len: the room at dst
+ * on entry, the bytes written on success; *consumed (when not NULL): the
+ * input bytes the stream took (any rest follows it). max_ratio: refuse
+ * output beyond this many times the input (0: no limit; at most 65535). */
+int wd_comp_decompress(struct wd_comp *c, int alg, const void *src, size_t src_len,
+                       size_t *consumed, void *dst, size_t *dst_len, unsigned max_ratio);
+
+/* Counters of c. */
+int wd_comp_stats(struct wd_comp *c, struct wd_comp_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* WD_COMP_H */
