@@ -1,0 +1,397 @@
+/* SPDX-License-Identifier: MIT OR Apache-2.0 */
+/*
+ * libwdz.so against stock zlib, in one process: this program links -lz
+ * and runs with LD_PRELOAD=libwdz.so, so its zlib calls reach the shim;
+ * a pristine copy of the system zlib, loaded with dlmopen into its own
+ * namespace, is the reference. Every stream the shim writes must decode
+ * with stock zlib to the same bytes, every stock stream must decode
+ * through the shim, and return codes must be zlib's.
+ *
+ * Exit 77 (skip) when the shim is not preloaded.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+/* This program links no WrapDrive library (the shim is preloaded), so it
+ * has its own assertion: the first failure ends it, naming the line. */
+#define CHECK(cond)                                                                      \
+    do {                                                                                 \
+        if (!(cond)) {                                                                   \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);              \
+            exit(1);                                                                     \
+        }                                                                                \
+    } while (0)
+
+/* The reference zlib's functions. */
+static struct {
+    int (*compress2)(Bytef *, uLongf *, const Bytef *, uLong, int);
+    int (*uncompress)(Bytef *, uLongf *, const Bytef *, uLong);
+    int (*deflateInit2_)(z_streamp, int, int, int, int, int, const char *, int);
+    int (*deflate)(z_streamp, int);
+    int (*deflateEnd)(z_streamp);
+    int (*inflateInit2_)(z_streamp, int, const char *, int);
+    int (*inflate)(z_streamp, int);
+    int (*inflateEnd)(z_streamp);
+} ref;
+
+static void load_reference(void)
+{
+    void *h = dlmopen(LM_ID_NEWLM, "libz.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        fprintf(stderr, "cannot load a reference zlib: %s\n", dlerror());
+        exit(1);
+    }
+#define SYM(n) CHECK((*(void **)&ref.n = dlsym(h, #n)) != NULL)
+    SYM(compress2);
+    SYM(uncompress);
+    SYM(deflateInit2_);
+    SYM(deflate);
+    SYM(deflateEnd);
+    SYM(inflateInit2_);
+    SYM(inflate);
+    SYM(inflateEnd);
+#undef SYM
+}
+
+/* Text-like data with some noise: compressible, not trivially. */
+static unsigned char *make_data(size_t n, unsigned seed)
+{
+    static const char *words[] = {"queue ", "domain ", "IOVA ", "PASID ", "engine ", "session\n"};
+    unsigned char *d = malloc(n + 16);
+    size_t at = 0;
+    uint32_t x = seed * 2654435761u + 1;
+    while (at < n) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        if (x % 7 == 0) {
+            d[at++] = (unsigned char)x;
+        } else {
+            const char *w = words[x % 6];
+            size_t l = strlen(w);
+            memcpy(d + at, w, l);
+            at += l;
+        }
+    }
+    return d;
+}
+
+/* Decode a whole stream with the reference (windowBits as given). */
+static size_t ref_inflate(int wbits, const unsigned char *in, size_t len, unsigned char *out,
+                          size_t room)
+{
+    z_stream s;
+    memset(&s, 0, sizeof s);
+    CHECK(ref.inflateInit2_(&s, wbits, ZLIB_VERSION, (int)sizeof s) == Z_OK);
+    s.next_in = (Bytef *)in;
+    s.avail_in = (uInt)len;
+    s.next_out = out;
+    s.avail_out = (uInt)room;
+    CHECK(ref.inflate(&s, Z_FINISH) == Z_STREAM_END);
+    size_t n = s.total_out;
+    ref.inflateEnd(&s);
+    return n;
+}
+
+/* Encode with the reference. */
+static size_t ref_deflate(int level, int wbits, const unsigned char *in, size_t len,
+                          unsigned char *out, size_t room)
+{
+    z_stream s;
+    memset(&s, 0, sizeof s);
+    CHECK(ref.deflateInit2_(&s, level, Z_DEFLATED, wbits, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
+                            (int)sizeof s) == Z_OK);
+    s.next_in = (Bytef *)in;
+    s.avail_in = (uInt)len;
+    s.next_out = out;
+    s.avail_out = (uInt)room;
+    CHECK(ref.deflate(&s, Z_FINISH) == Z_STREAM_END);
+    size_t n = s.total_out;
+    ref.deflateEnd(&s);
+    return n;
+}
+
+/* One-shot calls: compress2 output decodes with stock zlib; stock output
+ * decodes through uncompress; too little room is Z_BUF_ERROR. */
+static void one_shot(void)
+{
+    static const size_t sizes[] = {0, 1, 1023, 1024, 4096, 100000, 3 << 20};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t n = sizes[i];
+        unsigned char *d = make_data(n, (unsigned)i + 1);
+        uLong bound = compressBound(n);
+        unsigned char *c = malloc(bound), *back = malloc(n + 1);
+        for (int level = -1; level <= 9; level++) {
+            uLongf clen = bound;
+            CHECK(compress2(c, &clen, d, n, level) == Z_OK);
+            CHECK(ref_inflate(15, c, clen, back, n + 1) == n);
+            CHECK(n == 0 || memcmp(back, d, n) == 0);
+            uLongf blen = n + 1;
+            CHECK(uncompress(back, &blen, c, clen) == Z_OK);
+            CHECK(blen == n && (n == 0 || memcmp(back, d, n) == 0));
+            /* Stock zlib's stream through the shim. */
+            uLongf slen = bound;
+            CHECK(ref.compress2(c, &slen, d, n, level) == Z_OK);
+            blen = n + 1;
+            CHECK(uncompress(back, &blen, c, slen) == Z_OK);
+            CHECK(blen == n && (n == 0 || memcmp(back, d, n) == 0));
+            if (n > 16) {
+                /* Too little room, truncated input: zlib's codes. */
+                blen = n / 2;
+                uLongf rlen = n / 2;
+                CHECK(uncompress(back, &blen, c, slen) == ref.uncompress(back, &rlen, c, slen));
+                blen = n + 1;
+                rlen = n + 1;
+                int got = uncompress(back, &blen, c, slen - 1);
+                CHECK(got == ref.uncompress(back, &rlen, c, slen - 1));
+                CHECK(got == Z_BUF_ERROR || got == Z_DATA_ERROR);
+                uLongf tiny = 8;
+                CHECK(compress2(c, &tiny, d, n, level) == Z_BUF_ERROR);
+            }
+        }
+        free(d);
+        free(c);
+        free(back);
+    }
+}
+
+/* deflate with every framing, all input at once, output taken in pieces
+ * of `piece` bytes (the shim's pending output when small). */
+static void deflate_framings(void)
+{
+    static const int wbits[] = {15, -15, 31, 9, -9};
+    size_t n = 300000;
+    unsigned char *d = make_data(n, 42);
+    unsigned char *c = malloc(2 * n), *back = malloc(n + 1);
+    static const size_t pieces[] = {100, 65536, 1 << 22, 1};
+    for (size_t w = 0; w < sizeof wbits / sizeof wbits[0]; w++) {
+        for (size_t p = 0; p < sizeof pieces / sizeof pieces[0]; p++) {
+            z_stream s;
+            memset(&s, 0, sizeof s);
+            CHECK(deflateInit2(&s, 1, Z_DEFLATED, wbits[w], 8, Z_DEFAULT_STRATEGY) == Z_OK);
+            s.next_in = d;
+            s.avail_in = (uInt)n;
+            size_t got = 0;
+            int ret;
+            size_t piece = pieces[p];
+            do {
+                s.next_out = c + got;
+                s.avail_out = (uInt)piece;
+                ret = deflate(&s, Z_FINISH);
+                CHECK(ret == Z_OK || ret == Z_STREAM_END);
+                got = s.total_out;
+            } while (ret != Z_STREAM_END);
+            CHECK(s.total_in == n && s.avail_in == 0);
+            /* A finished stream answers as zlib's does. */
+            s.avail_out = 10;
+            CHECK(deflate(&s, Z_FINISH) == Z_STREAM_END);
+            CHECK(deflate(&s, Z_NO_FLUSH) == Z_STREAM_ERROR);
+            uLong check = s.adler;
+            CHECK(deflateEnd(&s) == Z_OK);
+            CHECK(ref_inflate(wbits[w], c, got, back, n + 1) == n);
+            CHECK(memcmp(back, d, n) == 0);
+            if (wbits[w] == 15)
+                CHECK(check == adler32(adler32(0, NULL, 0), d, (uInt)n));
+            if (wbits[w] == 31)
+                CHECK(check == crc32(crc32(0, NULL, 0), d, (uInt)n));
+        }
+    }
+    free(d);
+    free(c);
+    free(back);
+}
+
+/* inflate of stock streams: every framing, whole input, output in
+ * pieces; concatenated gzip members through inflateReset; a truncated
+ * stream and a corrupted one behave as in zlib. */
+static void inflate_framings(void)
+{
+    static const int wbits[] = {15, -15, 31, 47, 0};
+    size_t n = 200000;
+    unsigned char *d = make_data(n, 7);
+    unsigned char *c = malloc(2 * n + 64), *back = malloc(2 * n + 1);
+    static const size_t pieces[] = {7, 4096, 1 << 22};
+    for (size_t w = 0; w < sizeof wbits / sizeof wbits[0]; w++) {
+        int enc = wbits[w] == 47 ? 31 : wbits[w] == 0 ? 15 : wbits[w];
+        size_t clen = ref_deflate(6, enc, d, n, c, 2 * n);
+        for (size_t p = 0; p < sizeof pieces / sizeof pieces[0]; p++) {
+            z_stream s;
+            memset(&s, 0, sizeof s);
+            CHECK(inflateInit2(&s, wbits[w]) == Z_OK);
+            s.next_in = c;
+            s.avail_in = (uInt)clen;
+            int ret;
+            do {
+                s.next_out = back + s.total_out;
+                s.avail_out = (uInt)pieces[p];
+                ret = inflate(&s, Z_NO_FLUSH);
+                CHECK(ret == Z_OK || ret == Z_STREAM_END);
+            } while (ret != Z_STREAM_END);
+            CHECK(s.total_out == n && s.total_in == clen && memcmp(back, d, n) == 0);
+            if (enc == 15)
+                CHECK(s.adler == adler32(adler32(0, NULL, 0), d, (uInt)n));
+            if (enc == 31)
+                CHECK(s.adler == crc32(crc32(0, NULL, 0), d, (uInt)n));
+            s.avail_out = 10;
+            CHECK(inflate(&s, Z_NO_FLUSH) == Z_STREAM_END);
+            CHECK(inflateEnd(&s) == Z_OK);
+        }
+    }
+    /* Two gzip members: one stream each, the second after inflateReset. */
+    size_t a = ref_deflate(6, 31, d, n / 2, c, 2 * n);
+    size_t b = ref_deflate(1, 31, d + n / 2, n - n / 2, c + a, 2 * n - a);
+    z_stream s;
+    memset(&s, 0, sizeof s);
+    CHECK(inflateInit2(&s, 31) == Z_OK);
+    s.next_in = c;
+    s.avail_in = (uInt)(a + b);
+    s.next_out = back;
+    s.avail_out = (uInt)(2 * n);
+    CHECK(inflate(&s, Z_NO_FLUSH) == Z_STREAM_END);
+    CHECK(s.total_out == n / 2 && s.avail_in == b);
+    CHECK(inflateReset(&s) == Z_OK);
+    CHECK(inflate(&s, Z_NO_FLUSH) == Z_STREAM_END);
+    CHECK(s.avail_in == 0 && memcmp(back, d, n) == 0);
+    inflateEnd(&s);
+    /* Truncated: zlib's answer (Z_BUF_ERROR with Z_FINISH, output so far). */
+    size_t clen = ref_deflate(6, 15, d, n, c, 2 * n);
+    memset(&s, 0, sizeof s);
+    CHECK(inflateInit(&s) == Z_OK);
+    s.next_in = c;
+    s.avail_in = (uInt)(clen - 10);
+    s.next_out = back;
+    s.avail_out = (uInt)(2 * n);
+    CHECK(inflate(&s, Z_FINISH) == Z_BUF_ERROR);
+    CHECK(s.total_out > 0 && memcmp(back, d, s.total_out) == 0);
+    inflateEnd(&s);
+    /* Corrupt: Z_DATA_ERROR with zlib's message. */
+    c[clen / 2] ^= 0xff;
+    memset(&s, 0, sizeof s);
+    CHECK(inflateInit(&s) == Z_OK);
+    s.next_in = c;
+    s.avail_in = (uInt)clen;
+    s.next_out = back;
+    s.avail_out = (uInt)(2 * n);
+    int ret = inflate(&s, Z_FINISH);
+    CHECK(ret == Z_DATA_ERROR || ret == Z_BUF_ERROR);
+    if (ret == Z_DATA_ERROR)
+        CHECK(s.msg != NULL);
+    inflateEnd(&s);
+    free(d);
+    free(c);
+    free(back);
+}
+
+/* Streams the shim leaves to zlib still work: every flush mode, split at
+ * every point of a small stream, a dictionary. */
+static void zlib_streams(void)
+{
+    size_t n = 3000;
+    unsigned char *d = make_data(n, 3);
+    unsigned char c[8192], back[4096];
+    static const int flushes[] = {Z_NO_FLUSH, Z_SYNC_FLUSH, Z_FULL_FLUSH, Z_PARTIAL_FLUSH,
+                                  Z_BLOCK};
+    for (size_t cut = 0; cut <= n; cut += 97) {
+        for (size_t f = 0; f < sizeof flushes / sizeof flushes[0]; f++) {
+            z_stream s;
+            memset(&s, 0, sizeof s);
+            CHECK(deflateInit(&s, 6) == Z_OK);
+            s.next_in = d;
+            s.avail_in = (uInt)cut;
+            s.next_out = c;
+            s.avail_out = sizeof c;
+            CHECK(deflate(&s, flushes[f]) == Z_OK);
+            s.avail_in = (uInt)(n - cut);
+            CHECK(deflate(&s, Z_FINISH) == Z_STREAM_END);
+            size_t clen = s.total_out;
+            deflateEnd(&s);
+            CHECK(ref_inflate(15, c, clen, back, sizeof back) == n);
+            CHECK(memcmp(back, d, n) == 0);
+            /* And back through the shim, fed in two parts. */
+            memset(&s, 0, sizeof s);
+            CHECK(inflateInit(&s) == Z_OK);
+            s.next_in = c;
+            s.avail_in = (uInt)(clen / 2);
+            s.next_out = back;
+            s.avail_out = sizeof back;
+            int ret = inflate(&s, Z_NO_FLUSH);
+            CHECK(ret == Z_OK || ret == Z_BUF_ERROR);
+            s.avail_in = (uInt)(clen - (size_t)(s.next_in - c));
+            CHECK(inflate(&s, Z_NO_FLUSH) == Z_STREAM_END);
+            CHECK(s.total_out == n && memcmp(back, d, n) == 0);
+            inflateEnd(&s);
+        }
+    }
+    /* A dictionary: Z_NEED_DICT, then the data. */
+    const char *dict = "queue domain IOVA PASID engine session";
+    z_stream s;
+    memset(&s, 0, sizeof s);
+    CHECK(deflateInit(&s, 9) == Z_OK);
+    CHECK(deflateSetDictionary(&s, (const Bytef *)dict, (uInt)strlen(dict)) == Z_OK);
+    s.next_in = d;
+    s.avail_in = (uInt)n;
+    s.next_out = c;
+    s.avail_out = sizeof c;
+    CHECK(deflate(&s, Z_FINISH) == Z_STREAM_END);
+    size_t clen = s.total_out;
+    deflateEnd(&s);
+    memset(&s, 0, sizeof s);
+    CHECK(inflateInit(&s) == Z_OK);
+    s.next_in = c;
+    s.avail_in = (uInt)clen;
+    s.next_out = back;
+    s.avail_out = sizeof back;
+    CHECK(inflate(&s, Z_NO_FLUSH) == Z_NEED_DICT);
+    CHECK(inflateSetDictionary(&s, (const Bytef *)dict, (uInt)strlen(dict)) == Z_OK);
+    CHECK(inflate(&s, Z_NO_FLUSH) == Z_STREAM_END);
+    CHECK(s.total_out == n && memcmp(back, d, n) == 0);
+    inflateEnd(&s);
+    free(d);
+}
+
+/* gz files: written and read through the shim, read by stock zlib. */
+static void gz_files(void)
+{
+    char path[] = "/tmp/wdz-test-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    size_t n = 500000;
+    unsigned char *d = make_data(n, 9), *back = malloc(n);
+    gzFile g = gzdopen(fd, "wb6");
+    CHECK(g != NULL);
+    CHECK(gzwrite(g, d, (unsigned)n) == (int)n);
+    CHECK(gzprintf(g, "%s %d\n", "tail", 42) > 0);
+    CHECK(gzclose(g) == Z_OK);
+    g = gzopen(path, "rb");
+    CHECK(g != NULL);
+    CHECK(gzread(g, back, (unsigned)n) == (int)n && memcmp(back, d, n) == 0);
+    char line[32];
+    CHECK(gzgets(g, line, sizeof line) != NULL && strcmp(line, "tail 42\n") == 0);
+    CHECK(gzclose(g) == Z_OK);
+    unlink(path);
+    free(d);
+    free(back);
+}
+
+int main(void)
+{
+    if (!getenv("LD_PRELOAD") || !strstr(getenv("LD_PRELOAD"), "libwdz")) {
+        printf("SKIP: run with LD_PRELOAD=libwdz.so\n");
+        return 77;
+    }
+    load_reference();
+    CHECK(strcmp(zlibVersion(), ZLIB_VERSION) == 0);
+    one_shot();
+    deflate_framings();
+    inflate_framings();
+    zlib_streams();
+    gz_files();
+    printf("test_wdz: ok\n");
+    return 0;
+}

@@ -1,0 +1,865 @@
+/* SPDX-License-Identifier: MIT OR Apache-2.0 */
+/*
+ * libwdz.so: zlib's ABI, with whole-buffer work sent to WrapDrive.
+ *
+ * Loaded before the system's libz.so.1 (LD_PRELOAD, or linked with -lwdz
+ * in place of -lz), it exports every function zlib exports, under zlib's
+ * symbol versions (libwdz.map). Most calls go straight on to the system
+ * zlib, found with dlsym(RTLD_NEXT); these are taken over when a whole
+ * buffer is at hand (docs/compression.md lists exactly when):
+ *
+ *   compress, compress2, uncompress, uncompress2: one call, one buffer;
+ *   deflate: a stream's first call with Z_FINISH and all of its input;
+ *   inflate: a stream's first call, when its input holds the whole stream.
+ *
+ * Those go to libwd_comp (the zip device, or libdeflate in this thread
+ * when offloading does not pay or there is no host). Everything else, and
+ * anything the offload path refuses (corrupt data, too little room,
+ * parameters libdeflate's output would not honour: window sizes below
+ * 32 KiB, strategies, dictionaries, gzip headers), runs in the system
+ * zlib from the start, so its results, errors and messages are zlib's.
+ * Output taken over is a valid stream that any zlib decodes, though not
+ * byte for byte what zlib would have written.
+ *
+ * Per stream the shim keeps a small record (found by the z_stream's
+ * address) of how the stream was opened and whether it was taken over;
+ * output that does not fit the caller's buffer waits in the record and
+ * leaves in later calls, as zlib's own pending output does.
+ *
+ * WDZ_DISABLE=1 passes everything through; WDZ_MIN_BYTES (default 1024)
+ * is the smallest buffer taken over (below it zlib's own call is
+ * cheaper); WD_COMP_* configure the library (see wd_comp.h).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include "wd_comp.h"
+
+#undef gzgetc
+
+/* ---- the system zlib ---------------------------------------------------- */
+
+static void *real_sym(const char *name)
+{
+    void *f = dlsym(RTLD_NEXT, name);
+    if (!f) {
+        /* Loaded by dlopen into a program without zlib: load it. */
+        static void *handle;
+        void *h = __atomic_load_n(&handle, __ATOMIC_ACQUIRE);
+        if (!h) {
+            h = dlopen("libz.so.1", RTLD_NOW | RTLD_LOCAL);
+            __atomic_store_n(&handle, h, __ATOMIC_RELEASE);
+        }
+        f = h ? dlsym(h, name) : NULL;
+    }
+    if (!f) {
+        fprintf(stderr, "libwdz: the system zlib's %s was not found: %s\n", name, dlerror());
+        abort();
+    }
+    return f;
+}
+
+/* The system zlib's `name`, looked up once. */
+#define REAL(name)                                                                       \
+    ({                                                                                   \
+        static __typeof__(&name) fn_;                                                    \
+        __typeof__(&name) f_ = __atomic_load_n(&fn_, __ATOMIC_RELAXED);                  \
+        if (!f_) {                                                                       \
+            f_ = (__typeof__(&name))real_sym(#name);                                     \
+            __atomic_store_n(&fn_, f_, __ATOMIC_RELAXED);                                \
+        }                                                                                \
+        f_;                                                                              \
+    })
+
+/* ---- configuration ------------------------------------------------------ */
+
+static int cfg_ready;
+static int cfg_disabled;
+static size_t cfg_min = 1024;
+
+static void cfg_load(void)
+{
+    if (__atomic_load_n(&cfg_ready, __ATOMIC_ACQUIRE))
+        return;
+    const char *d = getenv("WDZ_DISABLE");
+    cfg_disabled = d && strcmp(d, "1") == 0;
+    const char *m = getenv("WDZ_MIN_BYTES");
+    if (m && *m) {
+        char *end;
+        unsigned long long v = strtoull(m, &end, 10);
+        if (*end == '\0')
+            cfg_min = v;
+        else
+            fprintf(stderr, "libwdz: WDZ_MIN_BYTES='%s' is not a byte count (using %zu)\n", m,
+                    cfg_min);
+    }
+    __atomic_store_n(&cfg_ready, 1, __ATOMIC_RELEASE);
+}
+
+/* Set while the system zlib runs a call the shim gave back to it: zlib's
+ * own calls of deflate and inflate come back here, and must not try the
+ * offload path a second time. */
+static __thread int tl_inside;
+
+/* Whether a buffer of n bytes is worth taking over. */
+static int worth(size_t n)
+{
+    cfg_load();
+    return !cfg_disabled && !tl_inside && n >= cfg_min && n > 0;
+}
+
+/* ---- counters (WDZ_STATS=1 prints them at exit) ------------------------- */
+
+enum { ST_ONESHOT, ST_DEFLATE, ST_INFLATE, ST_DECLINED, ST_COUNT };
+static unsigned long stats[ST_COUNT];
+
+static void count(int what) { __atomic_fetch_add(&stats[what], 1, __ATOMIC_RELAXED); }
+
+__attribute__((destructor)) static void print_stats(void)
+{
+    const char *s = getenv("WDZ_STATS");
+    if (!s || strcmp(s, "1") != 0)
+        return;
+    unsigned long any = 0;
+    for (int i = 0; i < ST_COUNT; i++)
+        any |= stats[i];
+    if (!any)
+        return; /* a process that never used zlib */
+    fprintf(stderr,
+            "libwdz: taken over: %lu one-shot calls, %lu deflate streams, %lu inflate streams; "
+            "declined (left to zlib): %lu\n",
+            stats[ST_ONESHOT], stats[ST_DEFLATE], stats[ST_INFLATE], stats[ST_DECLINED]);
+}
+
+/* ---- this thread's compressor ------------------------------------------ */
+
+static pthread_key_t comp_key;
+static pthread_once_t comp_once = PTHREAD_ONCE_INIT;
+static __thread struct wd_comp *tl_comp;
+static __thread int tl_comp_failed;
+
+static void comp_free(void *c) { wd_comp_free(c); }
+static void comp_key_make(void) { pthread_key_create(&comp_key, comp_free); }
+
+static struct wd_comp *comp(void)
+{
+    if (tl_comp || tl_comp_failed)
+        return tl_comp;
+    pthread_once(&comp_once, comp_key_make);
+    if (wd_comp_new(&tl_comp) != 0) {
+        tl_comp = NULL;
+        tl_comp_failed = 1;
+        return NULL;
+    }
+    /* Freed when the thread ends. */
+    pthread_setspecific(comp_key, tl_comp);
+    return tl_comp;
+}
+
+/* ---- per-stream records ------------------------------------------------- */
+
+enum phase {
+    FRESH,   /* nothing done yet: may be taken over */
+    ZLIB,    /* the system zlib has it */
+    PENDING, /* taken over; output waits in the record */
+    DONE,    /* taken over and finished */
+};
+
+struct record {
+    struct record *next;
+    z_streamp strm;
+    int deflating;
+    int alg;      /* WD_COMP_* of a deflate stream; -1: not offloadable */
+    int window;   /* inflate: windowBits as given */
+    int level;
+    int eligible; /* opened with parameters the offload path honours */
+    enum phase phase;
+    unsigned char *pending;
+    size_t pend_len, pend_pos;
+    uLong adler;
+};
+
+#define BUCKETS 256
+static struct record *table[BUCKETS];
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static size_t bucket(z_streamp s) { return ((uintptr_t)s >> 4) % BUCKETS; }
+
+static struct record *find(z_streamp s)
+{
+    pthread_mutex_lock(&table_lock);
+    struct record *r = table[bucket(s)];
+    while (r && r->strm != s)
+        r = r->next;
+    pthread_mutex_unlock(&table_lock);
+    return r;
+}
+
+static void drop_pending(struct record *r)
+{
+    free(r->pending);
+    r->pending = NULL;
+    r->pend_len = r->pend_pos = 0;
+}
+
+static void forget(z_streamp s)
+{
+    pthread_mutex_lock(&table_lock);
+    struct record **p = &table[bucket(s)];
+    while (*p && (*p)->strm != s)
+        p = &(*p)->next;
+    struct record *r = *p;
+    if (r)
+        *p = r->next;
+    pthread_mutex_unlock(&table_lock);
+    if (r) {
+        drop_pending(r);
+        free(r);
+    }
+}
+
+/* Keep a record for s (replacing any earlier one: a stream re-initialised
+ * without End). Out of memory leaves the stream to zlib alone. */
+static struct record *remember(z_streamp s, const struct record *init)
+{
+    forget(s);
+    struct record *r = malloc(sizeof *r);
+    if (!r)
+        return NULL;
+    *r = *init;
+    r->strm = s;
+    r->pending = NULL;
+    r->pend_len = r->pend_pos = 0;
+    pthread_mutex_lock(&table_lock);
+    r->next = table[bucket(s)];
+    table[bucket(s)] = r;
+    pthread_mutex_unlock(&table_lock);
+    return r;
+}
+
+/* The record of a copy: its own pending bytes. */
+static void remember_copy(z_streamp dest, z_streamp source)
+{
+    struct record *src = find(source);
+    if (!src)
+        return;
+    struct record *r = remember(dest, src);
+    if (!r || !src->pending)
+        return;
+    r->pending = malloc(src->pend_len);
+    if (!r->pending) {
+        /* Cannot copy what waits: the copy cannot go on. */
+        r->pend_len = r->pend_pos = 0;
+        r->phase = DONE;
+        return;
+    }
+    memcpy(r->pending, src->pending, src->pend_len);
+    r->pend_len = src->pend_len;
+    r->pend_pos = src->pend_pos;
+}
+
+/* Move waiting output to the caller; Z_STREAM_END once all is out. */
+static int serve_pending(struct record *r, z_streamp s)
+{
+    size_t left = r->pend_len - r->pend_pos;
+    size_t n = left < s->avail_out ? left : s->avail_out;
+    if (n == 0 && left > 0)
+        return Z_BUF_ERROR;
+    memcpy(s->next_out, r->pending + r->pend_pos, n);
+    r->pend_pos += n;
+    s->next_out += n;
+    s->avail_out -= (uInt)n;
+    s->total_out += n;
+    if (r->pend_pos < r->pend_len)
+        return Z_OK;
+    drop_pending(r);
+    r->phase = DONE;
+    s->adler = r->adler;
+    return Z_STREAM_END;
+}
+
+static uLong be32(const unsigned char *p)
+{
+    return ((uLong)p[0] << 24) | ((uLong)p[1] << 16) | ((uLong)p[2] << 8) | p[3];
+}
+
+static uLong le32(const unsigned char *p)
+{
+    return ((uLong)p[3] << 24) | ((uLong)p[2] << 16) | ((uLong)p[1] << 8) | p[0];
+}
+
+/* The check value zlib leaves in strm->adler after a whole stream,
+ * read from the stream's own trailer. */
+static uLong trailer_check(int alg, const unsigned char *stream, size_t len, uLong current)
+{
+    if (alg == WD_COMP_ZLIB && len >= 4)
+        return be32(stream + len - 4);
+    if (alg == WD_COMP_GZIP && len >= 8)
+        return le32(stream + len - 8);
+    return current;
+}
+
+/* ---- one-shot calls ----------------------------------------------------- */
+
+int compress2(Bytef *dest, uLongf *destLen, const Bytef *source, uLong sourceLen, int level)
+{
+    if (destLen && worth(sourceLen) && level >= -1 && level <= 9 && level != 0) {
+        struct wd_comp *c = comp();
+        size_t room = *destLen;
+        if (c && wd_comp_compress(c, WD_COMP_ZLIB, level, source, sourceLen, dest, &room) == 0) {
+            *destLen = room;
+            count(ST_ONESHOT);
+            return Z_OK;
+        }
+        count(ST_DECLINED);
+    }
+    tl_inside++;
+    int ret = REAL(compress2)(dest, destLen, source, sourceLen, level);
+    tl_inside--;
+    return ret;
+}
+
+int compress(Bytef *dest, uLongf *destLen, const Bytef *source, uLong sourceLen)
+{
+    return compress2(dest, destLen, source, sourceLen, Z_DEFAULT_COMPRESSION);
+}
+
+int uncompress2(Bytef *dest, uLongf *destLen, const Bytef *source, uLong *sourceLen)
+{
+    if (destLen && sourceLen && worth(*sourceLen) && *destLen > 0) {
+        struct wd_comp *c = comp();
+        size_t room = *destLen, used = 0;
+        if (c && wd_comp_decompress(c, WD_COMP_ZLIB, source, *sourceLen, &used, dest, &room, 0) ==
+                     0) {
+            *destLen = room;
+            *sourceLen = used;
+            count(ST_ONESHOT);
+            return Z_OK;
+        }
+        count(ST_DECLINED);
+    }
+    tl_inside++;
+    int ret = REAL(uncompress2)(dest, destLen, source, sourceLen);
+    tl_inside--;
+    return ret;
+}
+
+int uncompress(Bytef *dest, uLongf *destLen, const Bytef *source, uLong sourceLen)
+{
+    return uncompress2(dest, destLen, source, &sourceLen);
+}
+
+/* ---- deflate ------------------------------------------------------------ */
+
+static void deflate_opened(z_streamp s, int level, int windowBits, int memLevel, int strategy)
+{
+    struct record r = {.deflating = 1, .level = level, .phase = FRESH};
+    if (windowBits == 15)
+        r.alg = WD_COMP_ZLIB;
+    else if (windowBits == -15)
+        r.alg = WD_COMP_DEFLATE;
+    else if (windowBits == 31)
+        r.alg = WD_COMP_GZIP;
+    else
+        r.alg = -1; /* a smaller window than libdeflate's 32 KiB */
+    (void)memLevel; /* speed and ratio only: any output is valid */
+    r.eligible = r.alg > 0 && strategy == Z_DEFAULT_STRATEGY && level != 0 && level >= -1 &&
+                 level <= 9;
+    remember(s, &r);
+}
+
+int deflateInit_(z_streamp strm, int level, const char *version, int stream_size)
+{
+    int ret = REAL(deflateInit_)(strm, level, version, stream_size);
+    if (ret == Z_OK)
+        deflate_opened(strm, level, 15, 8, Z_DEFAULT_STRATEGY);
+    return ret;
+}
+
+int deflateInit2_(z_streamp strm, int level, int method, int windowBits, int memLevel,
+                  int strategy, const char *version, int stream_size)
+{
+    int ret = REAL(deflateInit2_)(strm, level, method, windowBits, memLevel, strategy, version,
+                                  stream_size);
+    if (ret == Z_OK)
+        deflate_opened(strm, level, windowBits, memLevel, strategy);
+    return ret;
+}
+
+/* Compress all of the stream's input at once; Z_STREAM_END, Z_OK (output
+ * waits in the record), or -1 when the offload path declined (nothing
+ * was consumed or written). */
+static int deflate_whole(struct record *r, z_streamp s)
+{
+    struct wd_comp *c = comp();
+    if (!c)
+        return -1;
+    size_t len = s->avail_in;
+    size_t bound = wd_comp_bound(r->alg, len);
+    size_t room = s->avail_out;
+    unsigned char *out = s->next_out;
+    unsigned char *buf = NULL;
+    if (room < bound) {
+        /* Too little room to be sure: compress aside, hand out in parts. */
+        buf = malloc(bound);
+        if (!buf)
+            return -1;
+        out = buf;
+        room = bound;
+    }
+    if (wd_comp_compress(c, r->alg, r->level, s->next_in, len, out, &room) != 0) {
+        free(buf);
+        return -1;
+    }
+    r->adler = trailer_check(r->alg, out, room, s->adler);
+    s->next_in += len;
+    s->avail_in = 0;
+    s->total_in += len;
+    if (!buf) {
+        s->next_out += room;
+        s->avail_out -= (uInt)room;
+        s->total_out += room;
+        s->adler = r->adler;
+        r->phase = DONE;
+        return Z_STREAM_END;
+    }
+    r->pending = buf;
+    r->pend_len = room;
+    r->pend_pos = 0;
+    r->phase = PENDING;
+    return serve_pending(r, s);
+}
+
+int deflate(z_streamp strm, int flush)
+{
+    struct record *r = strm ? find(strm) : NULL;
+    if (r && (r->phase == PENDING || r->phase == DONE)) {
+        /* As zlib answers a finished stream. */
+        if (flush != Z_FINISH || !strm->next_out)
+            return Z_STREAM_ERROR;
+        if (strm->avail_out == 0 || strm->avail_in != 0)
+            return Z_BUF_ERROR;
+        return r->phase == PENDING ? serve_pending(r, strm) : Z_STREAM_END;
+    }
+    if (r && r->phase == FRESH && r->eligible && flush == Z_FINISH && strm->total_in == 0 &&
+        strm->next_in && strm->next_out && strm->avail_out > 0 && worth(strm->avail_in)) {
+        int ret = deflate_whole(r, strm);
+        if (ret >= 0) {
+            count(ST_DEFLATE);
+            return ret;
+        }
+        count(ST_DECLINED);
+        r->eligible = 0;
+    }
+    if (r)
+        r->phase = ZLIB;
+    return REAL(deflate)(strm, flush);
+}
+
+int deflateEnd(z_streamp strm)
+{
+    int ret = REAL(deflateEnd)(strm);
+    if (strm)
+        forget(strm);
+    return ret;
+}
+
+static void restart(z_streamp strm)
+{
+    struct record *r = find(strm);
+    if (r) {
+        drop_pending(r);
+        r->phase = FRESH;
+    }
+}
+
+int deflateReset(z_streamp strm)
+{
+    int ret = REAL(deflateReset)(strm);
+    if (ret == Z_OK)
+        restart(strm);
+    return ret;
+}
+
+int deflateResetKeep(z_streamp strm)
+{
+    int ret = REAL(deflateResetKeep)(strm);
+    if (ret == Z_OK)
+        restart(strm);
+    return ret;
+}
+
+/* The stream was given something the offload path does not honour. */
+static void zlib_only(z_streamp strm)
+{
+    struct record *r = strm ? find(strm) : NULL;
+    if (r)
+        r->eligible = 0;
+}
+
+int deflateCopy(z_streamp dest, z_streamp source)
+{
+    int ret = REAL(deflateCopy)(dest, source);
+    if (ret == Z_OK)
+        remember_copy(dest, source);
+    return ret;
+}
+
+int deflateParams(z_streamp strm, int level, int strategy)
+{
+    zlib_only(strm);
+    return REAL(deflateParams)(strm, level, strategy);
+}
+
+int deflateSetDictionary(z_streamp strm, const Bytef *dictionary, uInt dictLength)
+{
+    zlib_only(strm);
+    return REAL(deflateSetDictionary)(strm, dictionary, dictLength);
+}
+
+int deflateSetHeader(z_streamp strm, gz_headerp head)
+{
+    zlib_only(strm);
+    return REAL(deflateSetHeader)(strm, head);
+}
+
+int deflatePrime(z_streamp strm, int bits, int value)
+{
+    zlib_only(strm);
+    return REAL(deflatePrime)(strm, bits, value);
+}
+
+int deflateTune(z_streamp strm, int good_length, int max_lazy, int nice_length, int max_chain)
+{
+    zlib_only(strm);
+    return REAL(deflateTune)(strm, good_length, max_lazy, nice_length, max_chain);
+}
+
+int deflatePending(z_streamp strm, unsigned *pending, int *bits)
+{
+    struct record *r = strm ? find(strm) : NULL;
+    if (r && r->phase == PENDING) {
+        if (pending)
+            *pending = (unsigned)(r->pend_len - r->pend_pos);
+        if (bits)
+            *bits = 0;
+        return Z_OK;
+    }
+    return REAL(deflatePending)(strm, pending, bits);
+}
+
+uLong deflateBound(z_streamp strm, uLong sourceLen)
+{
+    return REAL(deflateBound)(strm, sourceLen);
+}
+
+int deflateGetDictionary(z_streamp strm, Bytef *dictionary, uInt *dictLength)
+{
+    return REAL(deflateGetDictionary)(strm, dictionary, dictLength);
+}
+
+/* ---- inflate ------------------------------------------------------------ */
+
+static void inflate_opened(z_streamp s, int windowBits)
+{
+    struct record r = {.deflating = 0, .window = windowBits, .phase = FRESH};
+    /* Windows libdeflate's decoder honours exactly: 32 KiB (and 0, "as the
+     * zlib header says"); the rest stay with zlib, which refuses streams
+     * wider than the window it was given. */
+    r.eligible = windowBits == 15 || windowBits == 0 || windowBits == -15 || windowBits == 31 ||
+                 windowBits == 47;
+    remember(s, &r);
+}
+
+int inflateInit_(z_streamp strm, const char *version, int stream_size)
+{
+    int ret = REAL(inflateInit_)(strm, version, stream_size);
+    if (ret == Z_OK)
+        inflate_opened(strm, 15);
+    return ret;
+}
+
+int inflateInit2_(z_streamp strm, int windowBits, const char *version, int stream_size)
+{
+    int ret = REAL(inflateInit2_)(strm, windowBits, version, stream_size);
+    if (ret == Z_OK)
+        inflate_opened(strm, windowBits);
+    return ret;
+}
+
+/* Largest output the shim holds for a caller with a small buffer. */
+#define MAX_ASIDE ((size_t)256 << 20)
+
+/* Decompress a whole stream from the stream's input; as deflate_whole. */
+static int inflate_whole(struct record *r, z_streamp s)
+{
+    struct wd_comp *c = comp();
+    if (!c)
+        return -1;
+    int alg;
+    if (r->window == -15)
+        alg = WD_COMP_DEFLATE;
+    else if (r->window == 31)
+        alg = WD_COMP_GZIP;
+    else if (r->window == 47)
+        alg = s->avail_in >= 2 && s->next_in[0] == 0x1f && s->next_in[1] == 0x8b ? WD_COMP_GZIP
+                                                                                 : WD_COMP_ZLIB;
+    else
+        alg = WD_COMP_ZLIB;
+    size_t used = 0, room = s->avail_out;
+    int ret = wd_comp_decompress(c, alg, s->next_in, s->avail_in, &used, s->next_out, &room, 0);
+    unsigned char *buf = NULL;
+    if (ret == -ENOBUFS) {
+        /* Aside, in a buffer that grows until the stream fits. */
+        size_t size = (size_t)s->avail_in * 8;
+        if (size < 2 * (size_t)s->avail_out)
+            size = 2 * (size_t)s->avail_out;
+        for (; ret == -ENOBUFS && size <= MAX_ASIDE; size *= 2) {
+            unsigned char *b = realloc(buf, size);
+            if (!b)
+                break;
+            buf = b;
+            room = size;
+            ret = wd_comp_decompress(c, alg, s->next_in, s->avail_in, &used, buf, &room, 0);
+        }
+    }
+    if (ret != 0) {
+        free(buf);
+        return -1;
+    }
+    r->adler = trailer_check(alg, s->next_in, used, s->adler);
+    s->next_in += used;
+    s->avail_in -= (uInt)used;
+    s->total_in += used;
+    if (!buf) {
+        s->next_out += room;
+        s->avail_out -= (uInt)room;
+        s->total_out += room;
+        s->adler = r->adler;
+        r->phase = DONE;
+        return Z_STREAM_END;
+    }
+    r->pending = buf;
+    r->pend_len = room;
+    r->pend_pos = 0;
+    r->phase = PENDING;
+    return serve_pending(r, s);
+}
+
+int inflate(z_streamp strm, int flush)
+{
+    struct record *r = strm ? find(strm) : NULL;
+    if (r && (r->phase == PENDING || r->phase == DONE)) {
+        if (!strm->next_out || (!strm->next_in && strm->avail_in != 0))
+            return Z_STREAM_ERROR;
+        return r->phase == PENDING ? serve_pending(r, strm) : Z_STREAM_END;
+    }
+    if (r && r->phase == FRESH && r->eligible && strm->total_in == 0 && strm->next_in &&
+        strm->next_out && worth(strm->avail_in)) {
+        int ret = inflate_whole(r, strm);
+        if (ret >= 0) {
+            count(ST_INFLATE);
+            return ret;
+        }
+        count(ST_DECLINED);
+        /* Not whole, not valid, or not for us: zlib reads it from the
+         * start (nothing was consumed) and says what it finds. */
+        r->eligible = 0;
+    }
+    if (r)
+        r->phase = ZLIB;
+    return REAL(inflate)(strm, flush);
+}
+
+int inflateEnd(z_streamp strm)
+{
+    int ret = REAL(inflateEnd)(strm);
+    if (strm)
+        forget(strm);
+    return ret;
+}
+
+int inflateReset(z_streamp strm)
+{
+    int ret = REAL(inflateReset)(strm);
+    if (ret == Z_OK)
+        restart(strm);
+    return ret;
+}
+
+int inflateResetKeep(z_streamp strm)
+{
+    int ret = REAL(inflateResetKeep)(strm);
+    if (ret == Z_OK)
+        restart(strm);
+    return ret;
+}
+
+int inflateReset2(z_streamp strm, int windowBits)
+{
+    int ret = REAL(inflateReset2)(strm, windowBits);
+    if (ret == Z_OK)
+        inflate_opened(strm, windowBits);
+    return ret;
+}
+
+int inflateCopy(z_streamp dest, z_streamp source)
+{
+    int ret = REAL(inflateCopy)(dest, source);
+    if (ret == Z_OK)
+        remember_copy(dest, source);
+    return ret;
+}
+
+int inflateSetDictionary(z_streamp strm, const Bytef *dictionary, uInt dictLength)
+{
+    zlib_only(strm);
+    return REAL(inflateSetDictionary)(strm, dictionary, dictLength);
+}
+
+int inflateGetHeader(z_streamp strm, gz_headerp head)
+{
+    zlib_only(strm);
+    return REAL(inflateGetHeader)(strm, head);
+}
+
+int inflatePrime(z_streamp strm, int bits, int value)
+{
+    zlib_only(strm);
+    return REAL(inflatePrime)(strm, bits, value);
+}
+
+int inflateSync(z_streamp strm)
+{
+    zlib_only(strm);
+    return REAL(inflateSync)(strm);
+}
+
+int inflateUndermine(z_streamp strm, int subvert)
+{
+    zlib_only(strm);
+    return REAL(inflateUndermine)(strm, subvert);
+}
+
+int inflateValidate(z_streamp strm, int check)
+{
+    zlib_only(strm);
+    return REAL(inflateValidate)(strm, check);
+}
+
+int inflateGetDictionary(z_streamp strm, Bytef *dictionary, uInt *dictLength)
+{
+    return REAL(inflateGetDictionary)(strm, dictionary, dictLength);
+}
+
+int inflateSyncPoint(z_streamp strm) { return REAL(inflateSyncPoint)(strm); }
+long inflateMark(z_streamp strm) { return REAL(inflateMark)(strm); }
+unsigned long inflateCodesUsed(z_streamp strm) { return REAL(inflateCodesUsed)(strm); }
+
+int inflateBackInit_(z_streamp strm, int windowBits, unsigned char *window, const char *version,
+                     int stream_size)
+{
+    return REAL(inflateBackInit_)(strm, windowBits, window, version, stream_size);
+}
+
+int inflateBack(z_streamp strm, in_func in, void *in_desc, out_func out, void *out_desc)
+{
+    return REAL(inflateBack)(strm, in, in_desc, out, out_desc);
+}
+
+int inflateBackEnd(z_streamp strm) { return REAL(inflateBackEnd)(strm); }
+
+/* ---- everything else: zlib's own ---------------------------------------- */
+
+const char *zlibVersion(void) { return REAL(zlibVersion)(); }
+uLong zlibCompileFlags(void) { return REAL(zlibCompileFlags)(); }
+const char *zError(int err) { return REAL(zError)(err); }
+uLong compressBound(uLong sourceLen) { return REAL(compressBound)(sourceLen); }
+
+uLong adler32(uLong adler, const Bytef *buf, uInt len) { return REAL(adler32)(adler, buf, len); }
+uLong adler32_z(uLong adler, const Bytef *buf, z_size_t len)
+{
+    return REAL(adler32_z)(adler, buf, len);
+}
+uLong adler32_combine(uLong a, uLong b, z_off_t len2) { return REAL(adler32_combine)(a, b, len2); }
+uLong adler32_combine64(uLong a, uLong b, z_off64_t len2)
+{
+    return REAL(adler32_combine64)(a, b, len2);
+}
+uLong crc32(uLong crc, const Bytef *buf, uInt len) { return REAL(crc32)(crc, buf, len); }
+uLong crc32_z(uLong crc, const Bytef *buf, z_size_t len) { return REAL(crc32_z)(crc, buf, len); }
+uLong crc32_combine(uLong a, uLong b, z_off_t len2) { return REAL(crc32_combine)(a, b, len2); }
+uLong crc32_combine64(uLong a, uLong b, z_off64_t len2)
+{
+    return REAL(crc32_combine64)(a, b, len2);
+}
+uLong crc32_combine_gen(z_off_t len2) { return REAL(crc32_combine_gen)(len2); }
+uLong crc32_combine_gen64(z_off64_t len2) { return REAL(crc32_combine_gen64)(len2); }
+uLong crc32_combine_op(uLong a, uLong b, uLong op) { return REAL(crc32_combine_op)(a, b, op); }
+const z_crc_t *get_crc_table(void) { return REAL(get_crc_table)(); }
+
+gzFile gzopen(const char *path, const char *mode) { return REAL(gzopen)(path, mode); }
+gzFile gzopen64(const char *path, const char *mode) { return REAL(gzopen64)(path, mode); }
+gzFile gzdopen(int fd, const char *mode) { return REAL(gzdopen)(fd, mode); }
+int gzbuffer(gzFile file, unsigned size) { return REAL(gzbuffer)(file, size); }
+int gzsetparams(gzFile file, int level, int strategy)
+{
+    return REAL(gzsetparams)(file, level, strategy);
+}
+int gzread(gzFile file, voidp buf, unsigned len) { return REAL(gzread)(file, buf, len); }
+z_size_t gzfread(voidp buf, z_size_t size, z_size_t nitems, gzFile file)
+{
+    return REAL(gzfread)(buf, size, nitems, file);
+}
+int gzwrite(gzFile file, voidpc buf, unsigned len) { return REAL(gzwrite)(file, buf, len); }
+z_size_t gzfwrite(voidpc buf, z_size_t size, z_size_t nitems, gzFile file)
+{
+    return REAL(gzfwrite)(buf, size, nitems, file);
+}
+int gzvprintf(gzFile file, const char *format, va_list va)
+{
+    return REAL(gzvprintf)(file, format, va);
+}
+int gzprintf(gzFile file, const char *format, ...)
+{
+    va_list va;
+    va_start(va, format);
+    int ret = gzvprintf(file, format, va);
+    va_end(va);
+    return ret;
+}
+int gzputs(gzFile file, const char *s) { return REAL(gzputs)(file, s); }
+char *gzgets(gzFile file, char *buf, int len) { return REAL(gzgets)(file, buf, len); }
+int gzputc(gzFile file, int c) { return REAL(gzputc)(file, c); }
+int gzgetc(gzFile file) { return REAL(gzgetc)(file); }
+int gzgetc_(gzFile file) { return REAL(gzgetc_)(file); }
+int gzungetc(int c, gzFile file) { return REAL(gzungetc)(c, file); }
+int gzflush(gzFile file, int flush) { return REAL(gzflush)(file, flush); }
+z_off_t gzseek(gzFile file, z_off_t offset, int whence)
+{
+    return REAL(gzseek)(file, offset, whence);
+}
+z_off64_t gzseek64(gzFile file, z_off64_t offset, int whence)
+{
+    return REAL(gzseek64)(file, offset, whence);
+}
+int gzrewind(gzFile file) { return REAL(gzrewind)(file); }
+z_off_t gztell(gzFile file) { return REAL(gztell)(file); }
+z_off64_t gztell64(gzFile file) { return REAL(gztell64)(file); }
+z_off_t gzoffset(gzFile file) { return REAL(gzoffset)(file); }
+z_off64_t gzoffset64(gzFile file) { return REAL(gzoffset64)(file); }
+int gzeof(gzFile file) { return REAL(gzeof)(file); }
+int gzdirect(gzFile file) { return REAL(gzdirect)(file); }
+int gzclose(gzFile file) { return REAL(gzclose)(file); }
+int gzclose_r(gzFile file) { return REAL(gzclose_r)(file); }
+int gzclose_w(gzFile file) { return REAL(gzclose_w)(file); }
+const char *gzerror(gzFile file, int *errnum) { return REAL(gzerror)(file, errnum); }
+void gzclearerr(gzFile file) { REAL(gzclearerr)(file); }
