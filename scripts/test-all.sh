@@ -21,7 +21,7 @@ echo "== cargo test"
 cargo test --workspace --locked
 
 echo "== C API tests (include/wd.h; wd_crypto.h linked on its own)"
-cargo build --release --locked -p wd-capi -p wd-crypto-capi -p wd-embedded
+cargo build --release --locked -p wd-capi -p wd-crypto-capi -p wd-comp-capi -p wd-embedded
 out=target/c-test
 mkdir -p "$out"
 cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude tests/c/test_wd.c \
@@ -39,6 +39,7 @@ check_exports() { # library header...
 }
 check_exports libwd.so include/wd.h include/wd_nvme.h
 check_exports libwd_crypto.so include/wd_crypto.h
+check_exports libwd_comp.so include/wd_comp.h
 # The client library carries neither the host nor libcrypto.
 if ldd target/release/libwd.so | grep -q libcrypto; then
     echo "libwd.so links libcrypto:"; ldd target/release/libwd.so; exit 1
@@ -83,6 +84,9 @@ WD_HOST=embedded "$out/test_crypto_link_pc" >/dev/null
 
 echo "== OpenSSL provider"
 ./scripts/test-provider.sh
+
+echo "== drop-in zlib (libwdz.so) and unmodified programs through it"
+./scripts/test-wdz.sh
 
 echo "== chaos and soak (wd chaos: random SIGKILLs of clients and of the host, leak checks)"
 cargo build --release --locked -p wd-cli

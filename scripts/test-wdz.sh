@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# libwdz.so, the drop-in zlib: the differential C test (tests/c/test_wdz.c)
+# on the CPU path and on a zip device, then unmodified programs through
+# LD_PRELOAD compared with stock zlib: python's zlib and gzip modules,
+# pigz, git. A program the machine lacks is a counted skip
+# ($WD_SKIP_LOG), never a silent pass.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/build-wdz.sh >/dev/null
+cargo build --release --locked -q -p wd-cli
+lib=$PWD/target/release/libwdz.so
+out=$PWD/target/wdz-test
+rm -rf "$out"; mkdir -p "$out"
+skip() { echo "  skipped: $1"; [ -n "${WD_SKIP_LOG:-}" ] && echo "test-wdz: $1" >> "$WD_SKIP_LOG"; return 0; }
+# The shim's counters, checked to show it took work over.
+took_over() { # stderr-file
+    grep -q "libwdz: taken over" "$1" || { echo "the shim took nothing over:"; cat "$1"; exit 1; }
+}
+
+cc -std=gnu11 -O2 -Wall -Wextra -Werror -Iinclude tests/c/test_wdz.c -lz -ldl -o "$out/test_wdz"
+echo "-- test_wdz without a host (libdeflate in the calling thread)"
+env -u WD_HOST WD_COMP_HOST="$out/none.sock" WDZ_STATS=1 LD_PRELOAD="$lib" "$out/test_wdz" 2> "$out/err"
+took_over "$out/err"
+
+echo "-- test_wdz on a zip device (wd serve)"
+./target/release/wd serve --socket "$out/wd.sock" --mode 600 --device zip > "$out/serve.log" 2>&1 &
+serve=$!
+trap 'kill $serve 2>/dev/null || true' EXIT
+for _ in $(seq 100); do [ -S "$out/wd.sock" ] && break; sleep 0.05; done
+export WD_HOST="$out/wd.sock"
+WDZ_STATS=1 WD_COMP_THRESHOLD=0 LD_PRELOAD="$lib" "$out/test_wdz" 2> "$out/err"
+took_over "$out/err"
+# The engine woke for the requests: they reached the device.
+wakeups=$(./target/release/wd attr get dev0/engine_wakeups)
+[ "$wakeups" -gt 0 ] || { echo "the zip device ran nothing (engine_wakeups=$wakeups)"; exit 1; }
+
+
+# Data for the programs: text and binaries of this machine.
+cat /usr/share/common-licenses/* README.md DESIGN.md > "$out/text"
+head -c 4000000 /usr/bin/git >> "$out/text"
+
+echo "-- python zlib and gzip modules"
+if command -v python3 >/dev/null; then
+    cat > "$out/py.py" <<'PY'
+import gzip, sys, zlib
+data = open(sys.argv[1], "rb").read()
+mode = sys.argv[2]
+if mode == "write":
+    for lvl in (1, 6, 9):
+        open(f"{sys.argv[3]}.z{lvl}", "wb").write(zlib.compress(data, lvl))
+    open(sys.argv[3] + ".gz", "wb").write(gzip.compress(data))
+    c = zlib.compressobj(6, zlib.DEFLATED, -15)
+    open(sys.argv[3] + ".raw", "wb").write(c.compress(data) + c.flush())
+else:
+    for lvl in (1, 6, 9):
+        assert zlib.decompress(open(f"{sys.argv[3]}.z{lvl}", "rb").read()) == data, lvl
+    g = open(sys.argv[3] + ".gz", "rb").read()
+    assert gzip.decompress(g) == data
+    assert gzip.decompress(g + g) == data + data
+    assert zlib.decompress(open(sys.argv[3] + ".raw", "rb").read(), -15) == data
+    d = zlib.decompressobj()
+    z = open(f"{sys.argv[3]}.z6", "rb").read()
+    out = d.decompress(z, 1000)
+    while d.unconsumed_tail:
+        out += d.decompress(d.unconsumed_tail, 100000)
+    assert out + d.flush() == data
+    try:
+        zlib.decompress(z[:-100])
+        raise SystemExit("truncated input decoded")
+    except zlib.error as e:
+        assert "incomplete" in str(e) or "truncated" in str(e), e
+print("ok")
+PY
+    # Written through the shim, read by stock zlib; and the other way.
+    WDZ_STATS=1 LD_PRELOAD="$lib" python3 "$out/py.py" "$out/text" write "$out/shim" 2> "$out/err"
+    took_over "$out/err"
+    python3 "$out/py.py" "$out/text" read "$out/shim" >/dev/null
+    python3 "$out/py.py" "$out/text" write "$out/stock"
+    WDZ_STATS=1 LD_PRELOAD="$lib" python3 "$out/py.py" "$out/text" read "$out/stock" 2> "$out/err" >/dev/null
+    took_over "$out/err"
+else
+    skip "python3 not installed"
+fi
+
+echo "-- pigz"
+if command -v pigz >/dev/null; then
+    LD_PRELOAD="$lib" pigz -c -p 2 "$out/text" > "$out/text.pigz.gz"
+    gzip -dc "$out/text.pigz.gz" | cmp - "$out/text"
+    gzip -c "$out/text" > "$out/text.gzip.gz"
+    LD_PRELOAD="$lib" pigz -dc "$out/text.gzip.gz" | cmp - "$out/text"
+    LD_PRELOAD="$lib" pigz -c -p 2 -z "$out/text" > "$out/text.zz"
+    LD_PRELOAD="$lib" pigz -dc -z "$out/text.zz" | cmp - "$out/text"
+else
+    skip "pigz not installed (apt-get install pigz)"
+fi
+
+echo "-- git"
+if command -v git >/dev/null; then
+    repo=$out/repo
+    git init -q "$repo"
+    cp README.md DESIGN.md "$out/text" "$repo/"
+    (cd "$repo" && LD_PRELOAD="$lib" git add . && LD_PRELOAD="$lib" git -c user.name=t -c user.email=t@t commit -qm one)
+    git -C "$repo" fsck --strict
+    LD_PRELOAD="$lib" git -C "$repo" fsck --strict
+    LD_PRELOAD="$lib" git -C "$repo" gc -q
+    git -C "$repo" fsck --strict
+    LD_PRELOAD="$lib" git clone -q "$repo" "$out/clone"
+    cmp "$out/clone/text" "$out/text"
+else
+    skip "git not installed"
+fi
+echo "libwdz: all checks passed"
