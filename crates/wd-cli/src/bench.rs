@@ -39,6 +39,8 @@ enum Which {
     Fairness(crate::bench_fair::FairArgs),
     /// The mediated NVMe controller against io_uring on the same store (disk and memory).
     Nvme(crate::bench_nvme::BenchNvmeArgs),
+    /// Compression on real data: the zip device (sync, async, auto) against the same engines in process and stock zlib, and programs through the drop-in zlib.
+    Zip(crate::bench_zip::BenchZipArgs),
 }
 
 impl BenchCmd {
@@ -53,6 +55,7 @@ impl BenchCmd {
             Some(Which::Load(a)) => crate::bench_load::run(a),
             Some(Which::Fairness(a)) => crate::bench_fair::run(a, host),
             Some(Which::Nvme(a)) => crate::bench_nvme::run(a),
+            Some(Which::Zip(a)) => crate::bench_zip::run(a),
         }
     }
 }

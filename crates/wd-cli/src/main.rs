@@ -6,6 +6,7 @@ mod bench_fair;
 mod bench_iommu;
 mod bench_load;
 mod bench_nvme;
+mod bench_zip;
 mod chaos;
 mod chart;
 mod faults;

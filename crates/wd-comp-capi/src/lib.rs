@@ -42,7 +42,8 @@ pub struct WdCompStats {
 /// returns `-errno`.
 fn fail(errno: c_int, msg: &str) -> c_int {
     static SINK: OnceLock<Option<TextSink>> = OnceLock::new();
-    if let Some(sink) = SINK.get_or_init(|| TextSink::find_loaded("libwd.so", "wd__set_last_error")) {
+    if let Some(sink) = SINK.get_or_init(|| TextSink::find_loaded("libwd.so", "wd__set_last_error"))
+    {
         let c = std::ffi::CString::new(msg.replace('\0', " ")).unwrap_or_default();
         sink.send(&c);
     }
@@ -51,24 +52,27 @@ fn fail(errno: c_int, msg: &str) -> c_int {
 
 /// Run an entry point; a panic is -EIO.
 fn guard(f: impl FnOnce() -> c_int) -> c_int {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| fail(EIO, "internal error in libwd_comp (panic caught)"))
+    catch_unwind(AssertUnwindSafe(f))
+        .unwrap_or_else(|_| fail(EIO, "internal error in libwd_comp (panic caught)"))
 }
 
 /// The errno of an error (the one mapping at this boundary).
 fn errno_of(e: &CompError) -> c_int {
     match e {
-        CompError::Data(CodecError::NoSpace) => 105,             // ENOBUFS
+        CompError::Data(CodecError::NoSpace) => 105, // ENOBUFS
         CompError::Data(CodecError::Corrupt | CodecError::NeedDict) => 74, // EBADMSG
-        CompError::Data(CodecError::Ratio) => 75,               // EOVERFLOW
+        CompError::Data(CodecError::Ratio) => 75,    // EOVERFLOW
         CompError::Data(CodecError::Param) => EINVAL,
-        CompError::Data(CodecError::Memory) => 12,              // ENOMEM
+        CompError::Data(CodecError::Memory) => 12, // ENOMEM
         CompError::Device(d) => d.errno(),
-        CompError::NoQueue(_) => 107,                           // ENOTCONN
+        CompError::NoQueue(_) => 107, // ENOTCONN
     }
 }
 
 fn alg_of(alg: c_int) -> Option<Algorithm> {
-    u8::try_from(alg).ok().and_then(|a| Algorithm::try_from(a).ok())
+    u8::try_from(alg)
+        .ok()
+        .and_then(|a| Algorithm::try_from(a).ok())
 }
 
 /// # Safety
@@ -90,7 +94,8 @@ unsafe fn buffers<'a>(
         return None;
     }
     let (s, d) = (src as usize, dst as usize);
-    if src_len > 0 && dst_len > 0 && s < d.saturating_add(dst_len) && d < s.saturating_add(src_len) {
+    if src_len > 0 && dst_len > 0 && s < d.saturating_add(dst_len) && d < s.saturating_add(src_len)
+    {
         return None;
     }
     let src: &[u8] = if src_len == 0 {
@@ -216,7 +221,10 @@ pub unsafe extern "C" fn wd_comp_decompress(
             return fail(EINVAL, "wd_comp_decompress: not a struct wd_comp");
         };
         let (Some(a), Ok(ratio)) = (alg_of(alg), u16::try_from(max_ratio)) else {
-            return fail(EINVAL, "wd_comp_decompress: unknown algorithm or ratio above 65535");
+            return fail(
+                EINVAL,
+                "wd_comp_decompress: unknown algorithm or ratio above 65535",
+            );
         };
         if dst_len.is_null() {
             return fail(EINVAL, "wd_comp_decompress: dst_len is NULL");

@@ -183,6 +183,37 @@ struct Job<'a> {
     room: usize,
 }
 
+/// Where a batch's output goes: the caller's buffers, or new vectors
+/// (made to measure, never zeroed) of at most the given room each.
+enum Outs<'a, 'b> {
+    Slices(&'a mut [&'b mut [u8]]),
+    Vecs(Vec<Vec<u8>>, &'a [usize]),
+}
+
+impl Outs<'_, '_> {
+    fn room(&self, i: usize) -> usize {
+        match self {
+            Outs::Slices(s) => s[i].len(),
+            Outs::Vecs(_, rooms) => rooms[i],
+        }
+    }
+
+    /// The device's `n` bytes at `at` of the staging area, for block `i`.
+    fn take_from(&mut self, i: usize, stage: &SharedBuf, at: u64, n: usize) {
+        match self {
+            Outs::Slices(s) => stage.read(at, &mut s[i][..n]),
+            Outs::Vecs(v, _) => v[i] = stage.read_vec(at, n),
+        }
+    }
+
+    fn into_vecs(self) -> Vec<Vec<u8>> {
+        match self {
+            Outs::Vecs(v, _) => v,
+            Outs::Slices(_) => Vec::new(),
+        }
+    }
+}
+
 /// A thread's compressor: its queue (when it has one) and its CPU engine.
 pub struct Compressor {
     cfg: Config,
@@ -287,7 +318,8 @@ impl Compressor {
         input: &[u8],
         out: &mut [u8],
     ) -> Result<usize> {
-        Ok(self.run(true, alg, level, 0, &[input], &mut [out])?[0].produced)
+        let mut outs = Outs::Slices(&mut [out]);
+        Ok(self.run(true, alg, level, 0, &[input], &mut outs)?[0].produced)
     }
 
     /// Decompress the stream(s) at the start of `input` into `out`,
@@ -299,7 +331,8 @@ impl Compressor {
         out: &mut [u8],
         max_ratio: u16,
     ) -> Result<Inflated> {
-        Ok(self.run(false, alg, 0, max_ratio, &[input], &mut [out])?[0])
+        let mut outs = Outs::Slices(&mut [out]);
+        Ok(self.run(false, alg, 0, max_ratio, &[input], &mut outs)?[0])
     }
 
     /// Compress each block into its own stream, several in flight: the
@@ -310,16 +343,13 @@ impl Compressor {
         level: i8,
         blocks: &[&[u8]],
     ) -> Result<Vec<Vec<u8>>> {
-        let mut outs: Vec<Vec<u8>> = blocks
+        let rooms: Vec<usize> = blocks
             .iter()
-            .map(|b| vec![0; compress_bound(alg, b.len())])
+            .map(|b| compress_bound(alg, b.len()))
             .collect();
-        let mut views: Vec<&mut [u8]> = outs.iter_mut().map(|o| &mut o[..]).collect();
-        let done = self.run(true, alg, level, 0, blocks, &mut views)?;
-        for (o, d) in outs.iter_mut().zip(&done) {
-            o.truncate(d.produced);
-        }
-        Ok(outs)
+        let mut outs = Outs::Vecs(vec![Vec::new(); blocks.len()], &rooms);
+        self.run(true, alg, level, 0, blocks, &mut outs)?;
+        Ok(outs.into_vecs())
     }
 
     /// Decompress each block (one stream each) into at most its `room`
@@ -334,15 +364,12 @@ impl Compressor {
         if rooms.len() != blocks.len() {
             return Err(CodecError::Param.into());
         }
-        let mut outs: Vec<Vec<u8>> = rooms.iter().map(|&r| vec![0; r]).collect();
-        let mut views: Vec<&mut [u8]> = outs.iter_mut().map(|o| &mut o[..]).collect();
-        let done = self.run(false, alg, 0, max_ratio, blocks, &mut views)?;
-        for (o, d) in outs.iter_mut().zip(&done) {
-            o.truncate(d.produced);
-        }
-        Ok(outs)
+        let mut outs = Outs::Vecs(vec![Vec::new(); blocks.len()], rooms);
+        self.run(false, alg, 0, max_ratio, blocks, &mut outs)?;
+        Ok(outs.into_vecs())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn on_cpu(
         &mut self,
         compress: bool,
@@ -350,21 +377,33 @@ impl Compressor {
         level: i8,
         max_ratio: u16,
         input: &[u8],
-        out: &mut [u8],
+        outs: &mut Outs<'_, '_>,
+        i: usize,
     ) -> Result<Inflated> {
-        if compress {
-            let n = self.cpu.compress(alg, level, input, out)?;
-            Ok(Inflated {
-                consumed: input.len(),
-                produced: n,
-            })
-        } else {
-            Ok(self.cpu.decompress(alg, input, out, max_ratio)?)
-        }
+        let e = &mut self.cpu;
+        let room = outs.room(i);
+        let got = match (outs, compress) {
+            (Outs::Slices(s), true) => e
+                .compress(alg, level, input, &mut *s[i])
+                .map(|n| (input.len(), n)),
+            (Outs::Slices(s), false) => e
+                .decompress(alg, input, &mut *s[i], max_ratio)
+                .map(|g| (g.consumed, g.produced)),
+            (Outs::Vecs(v, _), true) => e
+                .compress_vec(alg, level, input, &mut v[i])
+                .map(|n| (input.len(), n)),
+            (Outs::Vecs(v, _), false) => e
+                .decompress_vec(alg, input, &mut v[i], room, max_ratio)
+                .map(|g| (g.consumed, g.produced)),
+        }?;
+        Ok(Inflated {
+            consumed: got.0,
+            produced: got.1,
+        })
     }
 
     /// The batch engine: each block to the device or the CPU, output into
-    /// its slice of `outs`.
+    /// its place in `outs`.
     fn run(
         &mut self,
         compress: bool,
@@ -372,7 +411,7 @@ impl Compressor {
         level: i8,
         max_ratio: u16,
         inputs: &[&[u8]],
-        outs: &mut [&mut [u8]],
+        outs: &mut Outs<'_, '_>,
     ) -> Result<Vec<Inflated>> {
         // Checked here too, so a bad level is the same error on both
         // paths and before anything is sent.
@@ -381,10 +420,10 @@ impl Compressor {
         }
         let jobs: Vec<Job<'_>> = inputs
             .iter()
-            .zip(outs.iter())
-            .map(|(i, o)| Job {
+            .enumerate()
+            .map(|(k, i)| Job {
                 input: i,
-                room: o.len(),
+                room: outs.room(k),
             })
             .collect();
         let mut done = vec![
@@ -455,14 +494,7 @@ impl Compressor {
                     *why += 1;
                     let i = next;
                     next += 1;
-                    match self.on_cpu(
-                        compress,
-                        alg,
-                        level,
-                        max_ratio,
-                        jobs[i].input,
-                        &mut outs[i][..],
-                    ) {
+                    match self.on_cpu(compress, alg, level, max_ratio, jobs[i].input, outs, i) {
                         Ok(d) => done[i] = d,
                         Err(e) => failed = Some(e),
                     }
@@ -514,14 +546,7 @@ impl Compressor {
                     let i = next;
                     next += 1;
                     self.stats.cpu_assist += 1;
-                    match self.on_cpu(
-                        compress,
-                        alg,
-                        level,
-                        max_ratio,
-                        jobs[i].input,
-                        &mut outs[i][..],
-                    ) {
+                    match self.on_cpu(compress, alg, level, max_ratio, jobs[i].input, outs, i) {
                         Ok(d) => done[i] = d,
                         Err(e) => failed = Some(e),
                     }
@@ -552,7 +577,7 @@ impl Compressor {
                 let produced = (r.produced as usize).min(jobs[i].room);
                 let stage = lane.stage.as_ref().expect("staged");
                 let at = (s * lane.slot + jobs[i].input.len()) as u64;
-                stage.read(at, &mut outs[i][..produced]);
+                outs.take_from(i, stage, at, produced);
                 done[i] = Inflated {
                     consumed: r.consumed as usize,
                     produced,

@@ -96,6 +96,20 @@ impl<'a> DeviceSlice<'a> {
         unsafe { std::ptr::copy(s.as_ptr(), out.as_mut_ptr(), out.len()) };
     }
 
+    /// Copy `len` bytes at `off` out into a new vector (not zeroed first:
+    /// every byte is written by the copy).
+    pub fn read_to_vec(&self, off: usize, len: usize) -> Vec<u8> {
+        let s = self.subslice(off, len);
+        let mut v = Vec::with_capacity(len);
+        // SAFETY: s is live device memory of len bytes and v has room for
+        // len bytes; after the copy all len bytes are initialised.
+        unsafe {
+            std::ptr::copy(s.as_ptr(), v.as_mut_ptr(), len);
+            v.set_len(len);
+        }
+        v
+    }
+
     /// Copy `data` in at `off`.
     pub fn write_from(&self, off: usize, data: &[u8]) {
         let d = self.subslice(off, data.len());

@@ -15,8 +15,12 @@
 #![deny(unsafe_code)]
 
 mod libdeflate;
+mod mem;
+pub mod stock;
 mod stream;
+mod zstd_raw;
 
+pub use mem::{Input, Output};
 use wd_msg::status;
 use wd_zip_msg::{Algorithm, DEFAULT_LEVEL};
 
@@ -99,6 +103,53 @@ pub fn engines() -> Vec<(Algorithm, &'static str, Option<&'static str>)> {
         .collect()
 }
 
+impl Engine {
+    /// As [`Engine::compress`], appending the stream to `out` (room is
+    /// made for [`compress_bound`] bytes, none of it zeroed).
+    pub fn compress_vec(
+        &mut self,
+        alg: Algorithm,
+        level: i8,
+        input: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<usize, CodecError> {
+        if !Engine::works_in_place(alg) {
+            let at = out.len();
+            out.resize(at + compress_bound(alg, input.len()), 0);
+            let n = self.compress(alg, level, input, &mut out[at..]);
+            out.truncate(at + *n.as_ref().unwrap_or(&0));
+            return n;
+        }
+        let mut spare = mem::Spare::new(out, compress_bound(alg, input.len()));
+        let n = self.compress(alg, level, input, &mut spare)?;
+        spare.commit(n);
+        Ok(n)
+    }
+
+    /// As [`Engine::decompress`], appending at most `room` bytes to `out`
+    /// (none zeroed first).
+    pub fn decompress_vec(
+        &mut self,
+        alg: Algorithm,
+        input: &[u8],
+        out: &mut Vec<u8>,
+        room: usize,
+        max_ratio: u16,
+    ) -> Result<Inflated, CodecError> {
+        if !Engine::works_in_place(alg) {
+            let at = out.len();
+            out.resize(at + room, 0);
+            let got = self.decompress(alg, input, &mut out[at..], max_ratio);
+            out.truncate(at + got.as_ref().map_or(0, |g| g.produced));
+            return got;
+        }
+        let mut spare = mem::Spare::new(out, room);
+        let got = self.decompress(alg, input, &mut spare, max_ratio)?;
+        spare.commit(got.produced);
+        Ok(got)
+    }
+}
+
 /// A one-shot decompression's result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Inflated {
@@ -116,8 +167,8 @@ pub struct Inflated {
 pub struct Engine {
     deflaters: Vec<libdeflate::Compressor>,
     inflater: Option<libdeflate::Decompressor>,
-    zc: Option<zstd_safe::CCtx<'static>>,
-    zd: Option<zstd_safe::DCtx<'static>>,
+    zc: Option<zstd_raw::Cctx>,
+    zd: Option<zstd_raw::Dctx>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -126,7 +177,7 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-fn zstd_error(code: usize) -> CodecError {
+pub(crate) fn zstd_error(code: usize) -> CodecError {
     match zstd_safe::get_error_name(code) {
         "Destination buffer is too small" => CodecError::NoSpace,
         "Allocation error : not enough memory" => CodecError::Memory,
@@ -141,14 +192,20 @@ impl Engine {
         Engine::default()
     }
 
+    /// Whether `alg` works on device memory in place ([`Input`] and
+    /// [`Output`] that are not slices); LZ4's engine takes only slices.
+    pub fn works_in_place(alg: Algorithm) -> bool {
+        alg != Algorithm::Lz4
+    }
+
     /// Compress all of `input` into one stream in `out`: the bytes
     /// written.
     pub fn compress(
         &mut self,
         alg: Algorithm,
         level: i8,
-        input: &[u8],
-        out: &mut [u8],
+        input: &(impl Input + ?Sized),
+        out: &mut (impl Output + ?Sized),
     ) -> Result<usize, CodecError> {
         let level = level_of(alg, level)?;
         match alg {
@@ -169,21 +226,29 @@ impl Engine {
                 c.compress(alg, input, out).ok_or(CodecError::NoSpace)
             }
             Algorithm::Zstd => {
-                let c = self.zc.get_or_insert_with(zstd_safe::CCtx::create);
-                c.compress(out, input, level).map_err(zstd_error)
+                if self.zc.is_none() {
+                    self.zc = Some(zstd_raw::Cctx::new().ok_or(CodecError::Memory)?);
+                }
+                self.zc
+                    .as_mut()
+                    .expect("just made")
+                    .compress(level, input, out)
             }
-            Algorithm::Lz4 => lz4_compress(input, out),
+            Algorithm::Lz4 => match (input.as_slice(), out.as_mut_slice()) {
+                (Some(i), Some(o)) => lz4_compress(i, o),
+                _ => Err(CodecError::Param),
+            },
         }
     }
 
     /// Decompress the stream(s) at the start of `input` into `out`. With
     /// `max_ratio` non-zero, output beyond `max_ratio` times the input
     /// consumed is refused ([`CodecError::Ratio`]) before it is written.
-    pub fn decompress(
+    pub fn decompress<O: Output + ?Sized>(
         &mut self,
         alg: Algorithm,
         input: &[u8],
-        out: &mut [u8],
+        out: &mut O,
         max_ratio: u16,
     ) -> Result<Inflated, CodecError> {
         // No stream of `input` may legitimately produce more than this.
@@ -201,21 +266,23 @@ impl Engine {
                 e
             }
         };
-        let done = self
-            .decompress_into(alg, input, &mut out[..cap])
-            .map_err(over)?;
+        let done = self.decompress_into(alg, input, out, cap).map_err(over)?;
         if max_ratio != 0 && done.produced > done.consumed.saturating_mul(max_ratio as usize) {
             return Err(CodecError::Ratio);
         }
         Ok(done)
     }
 
-    fn decompress_into(
+    /// Decompress into the first `cap` bytes of `out`.
+    fn decompress_into<O: Output + ?Sized>(
         &mut self,
         alg: Algorithm,
         input: &[u8],
-        out: &mut [u8],
+        out: &mut O,
+        cap: usize,
     ) -> Result<Inflated, CodecError> {
+        let mut out = mem::Capped::new(out, cap);
+        let out = &mut out;
         if input.is_empty() {
             // No algorithm's stream is empty (zstd would read it as zero
             // frames).
@@ -239,14 +306,23 @@ impl Engine {
                 })
             }
             Algorithm::Zstd => {
-                let d = self.zd.get_or_insert_with(zstd_safe::DCtx::create);
-                let made = d.decompress(out, input).map_err(zstd_error)?;
+                if self.zd.is_none() {
+                    self.zd = Some(zstd_raw::Dctx::new().ok_or(CodecError::Memory)?);
+                }
+                let made = self
+                    .zd
+                    .as_mut()
+                    .expect("just made")
+                    .decompress(input, out)?;
                 Ok(Inflated {
                     consumed: input.len(),
                     produced: made,
                 })
             }
-            Algorithm::Lz4 => lz4_decompress(input, out),
+            Algorithm::Lz4 => match out.as_mut_slice() {
+                Some(o) => lz4_decompress(input, o),
+                None => Err(CodecError::Param),
+            },
         }
     }
 }

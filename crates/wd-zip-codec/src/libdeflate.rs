@@ -7,6 +7,8 @@ use std::ptr::NonNull;
 use libdeflate_sys as sys;
 use wd_zip_msg::Algorithm;
 
+use crate::mem::{Input, Output};
+
 /// A compressor for one level (libdeflate's state is per level).
 pub(crate) struct Compressor {
     c: NonNull<sys::libdeflate_compressor>,
@@ -34,8 +36,8 @@ impl Compressor {
     pub(crate) fn compress(
         &mut self,
         alg: Algorithm,
-        input: &[u8],
-        out: &mut [u8],
+        input: &(impl Input + ?Sized),
+        out: &mut (impl Output + ?Sized),
     ) -> Option<usize> {
         let f = match alg {
             Algorithm::Deflate => sys::libdeflate_deflate_compress,
@@ -43,15 +45,16 @@ impl Compressor {
             Algorithm::Gzip => sys::libdeflate_gzip_compress,
             _ => return None,
         };
-        // SAFETY: both slices are valid for their lengths for the call;
-        // libdeflate reads `input` and writes at most `out.len()` bytes.
+        let room = out.len();
+        // SAFETY: the Input/Output contracts make both ranges valid for
+        // the call; libdeflate reads `input` and writes at most `room`.
         let n = unsafe {
             f(
                 self.c.as_ptr(),
-                input.as_ptr().cast(),
+                input.ptr().cast(),
                 input.len(),
-                out.as_mut_ptr().cast(),
-                out.len(),
+                out.ptr().cast(),
+                room,
             )
         };
         (n != 0).then_some(n)
@@ -106,7 +109,7 @@ impl Decompressor {
         &mut self,
         alg: Algorithm,
         input: &[u8],
-        out: &mut [u8],
+        out: &mut (impl Output + ?Sized),
     ) -> Result<(usize, usize), Inflate> {
         let f = match alg {
             Algorithm::Deflate => sys::libdeflate_deflate_decompress_ex,
@@ -115,16 +118,18 @@ impl Decompressor {
             _ => return Err(Inflate::Bad),
         };
         let (mut used, mut made) = (0usize, 0usize);
-        // SAFETY: both slices are valid for their lengths for the call;
-        // libdeflate reads at most `input.len()` bytes and writes at most
-        // `out.len()`; the two counts are written through valid pointers.
+        let room = out.len();
+        // SAFETY: `input` is a slice and `out` valid for `room` bytes (its
+        // contract); libdeflate reads at most `input.len()` bytes and
+        // writes at most `room`; the two counts are written through
+        // valid pointers.
         let r = unsafe {
             f(
                 self.0.as_ptr(),
                 input.as_ptr().cast(),
                 input.len(),
-                out.as_mut_ptr().cast(),
-                out.len(),
+                out.ptr().cast(),
+                room,
                 &mut used,
                 &mut made,
             )

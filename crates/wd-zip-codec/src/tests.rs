@@ -169,8 +169,18 @@ fn gzip_members_read_one_at_a_time_and_trailing_bytes_are_left() {
     // first call stopped.
     let first = e.decompress(Algorithm::Gzip, &both, &mut out, 0).unwrap();
     assert_eq!(first.produced, 3000);
-    let second = e.decompress(Algorithm::Gzip, &both[first.consumed..], &mut out[3000..], 0).unwrap();
-    assert_eq!((first.consumed + second.consumed, second.produced), (both.len(), 2000));
+    let second = e
+        .decompress(
+            Algorithm::Gzip,
+            &both[first.consumed..],
+            &mut out[3000..],
+            0,
+        )
+        .unwrap();
+    assert_eq!(
+        (first.consumed + second.consumed, second.produced),
+        (both.len(), 2000)
+    );
     assert!(out[..3000] == a[..] && out[3000..5000] == b[..]);
     let mut z = one_shot(&mut e, Algorithm::Zlib, 1, &a);
     let n = z.len();
@@ -382,5 +392,48 @@ proptest! {
         let got = Engine::new().decompress(alg, &c, &mut back, 0).unwrap();
         prop_assert_eq!(got.produced, len);
         prop_assert!(back == data);
+    }
+}
+
+/// Differential: our zlib streams decode with the system zlib and its
+/// streams decode here, at every level (skipped and counted without a
+/// system zlib).
+#[test]
+fn streams_interoperate_with_stock_zlib() {
+    let Some(z) = stock::StockZlib::load() else {
+        eprintln!("SKIP streams_interoperate_with_stock_zlib: no libz.so.1");
+        if let Ok(p) = std::env::var("WD_SKIP_LOG") {
+            use std::io::Write;
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(p)
+            {
+                let _ = writeln!(f, "streams_interoperate_with_stock_zlib: no system zlib");
+            }
+        }
+        return;
+    };
+    let mut e = Engine::new();
+    for data in [text(1), text(5000), text(300_000), noise(100_000, 5)] {
+        let mut back = vec![0; data.len() + 1];
+        for level in [DEFAULT_LEVEL, 0, 1, 6, 9, 12] {
+            let c = one_shot(&mut e, Algorithm::Zlib, level, &data);
+            assert_eq!(
+                z.decompress(&c, &mut back),
+                Ok((c.len(), data.len())),
+                "level {level}"
+            );
+            assert!(back[..data.len()] == data[..]);
+            if level <= 9 {
+                let mut sc = vec![0; compress_bound(Algorithm::Zlib, data.len()) + 64];
+                let n = z.compress(level as i32, &data, &mut sc).unwrap();
+                let got = e
+                    .decompress(Algorithm::Zlib, &sc[..n], &mut back, 0)
+                    .unwrap();
+                assert_eq!((got.consumed, got.produced), (n, data.len()));
+                assert!(back[..data.len()] == data[..]);
+            }
+        }
     }
 }

@@ -3,13 +3,15 @@
 //! buffer at a time or as streams whose state (history, window, flush
 //! position) lives in host-side sessions.
 //!
-//! Data crosses between the client's shared memory and host buffers by
-//! copy: the engines are C and Rust libraries that take ordinary slices,
-//! and a client may rewrite its memory while the device works, which a
-//! decoder must never read twice and get two answers from. The copies
-//! run at memory speed, several times faster than the fastest codec.
-//! Host buffers are bounded by the request limits and released after a
-//! large request, so an idle queue keeps nothing big.
+//! One-shot requests work in place in the client's shared memory where
+//! the queue's domain maps a buffer contiguously and the engine takes
+//! addresses (libdeflate, libzstd): a compression reads its input and
+//! writes its output there, a decompression writes its output there but
+//! reads a host copy of its input, so a decoder never sees its input
+//! change under it. Everything else (LZ4, whose engine takes only Rust
+//! slices; streams; memory that is not one mapping) crosses through host
+//! buffers by copy. Host buffers are bounded by the request limits and
+//! released after a large request, so an idle queue keeps nothing big.
 //!
 //! The message format is `wd-zip-msg` (re-exported as [`msg`]); the
 //! engines are `wd-zip-codec`, which the client library's CPU path uses
@@ -19,7 +21,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use wd_device::{status, AlgInfo, DeviceQueue, Dma, Driver, SessionTable};
+use wd_device::{status, Access, AlgInfo, DeviceQueue, Dma, Driver, SessionTable};
 use wd_ring::Desc;
 use wd_zip_codec::{CodecError, Engine, Stream, StreamParams};
 pub use wd_zip_msg as msg;
@@ -127,6 +129,38 @@ impl ZipQueue {
     }
 
     fn one_shot(&mut self, r: OneShot, dma: &mut dyn Dma<'_>) -> Result<Done, i32> {
+        if Engine::works_in_place(r.alg) && r.src_len > 0 && r.dst_len > 0 {
+            // The output, and a compression's input, in place in shared
+            // memory when the domain maps them contiguously.
+            if let Some(mut out) = dma.slice(r.dst, r.dst_len, Access::Write) {
+                if r.compress {
+                    if let Some(input) = dma.slice(r.src, r.src_len, Access::Read) {
+                        let n = self
+                            .engine
+                            .compress(r.alg, r.level, &input, &mut out)
+                            .map_err(CodecError::status)?;
+                        return Ok(Done {
+                            produced: n as u64,
+                            consumed: r.src_len,
+                            end: true,
+                        });
+                    }
+                } else {
+                    // A decoder reads its input from a copy the client
+                    // cannot change under it.
+                    self.stage(r.src, r.src_len, 0, dma)?;
+                    let got = self
+                        .engine
+                        .decompress(r.alg, &self.input, &mut out, r.max_ratio)
+                        .map_err(CodecError::status)?;
+                    return Ok(Done {
+                        produced: got.produced as u64,
+                        consumed: got.consumed as u64,
+                        end: true,
+                    });
+                }
+            }
+        }
         self.stage(r.src, r.src_len, r.dst_len, dma)?;
         let done = if r.compress {
             let n = self

@@ -49,9 +49,17 @@ fn shot(
     .to_desc(1)
 }
 
+/// In place (memory mapped as one range) and through host buffers.
 #[test]
 fn one_shot_round_trips_through_client_memory() {
+    for in_place in [true, false] {
+        round_trips(in_place);
+    }
+}
+
+fn round_trips(in_place: bool) {
     let (mut q, mut mem, _) = queue();
+    mem.set_slices(in_place);
     let data = text(200_000);
     mem.put(SRC, &data);
     for alg in Algorithm::ALL {

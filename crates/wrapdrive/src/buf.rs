@@ -115,6 +115,12 @@ impl SharedBuf {
         self.mem().read_into(offset as usize, out);
     }
 
+    /// Copy out `len` bytes at `offset` into a new vector.
+    pub fn read_vec(&self, offset: u64, len: usize) -> Vec<u8> {
+        assert!(offset + len as u64 <= self.len, "read beyond buffer");
+        self.mem().read_to_vec(offset as usize, len)
+    }
+
     /// The 32-bit word at `offset` (4-aligned), loaded atomically with
     /// Acquire: a word the device publishes after the bytes it guards (a
     /// completion's phase tag).
