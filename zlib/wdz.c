@@ -181,6 +181,10 @@ struct record {
     int window;   /* inflate: windowBits as given */
     int level;
     int eligible; /* opened with parameters the offload path honours */
+    /* zlib's own deflate state is made only when a call needs it (a
+     * stream taken over whole never does): these are its parameters. */
+    int lazy;
+    int method, window_bits, mem_level, strategy;
     enum phase phase;
     unsigned char *pending;
     size_t pend_len, pend_pos;
@@ -359,7 +363,7 @@ int uncompress(Bytef *dest, uLongf *destLen, const Bytef *source, uLong sourceLe
 
 /* ---- deflate ------------------------------------------------------------ */
 
-static void deflate_opened(z_streamp s, int level, int windowBits, int memLevel, int strategy)
+static struct record deflate_record(int level, int windowBits, int strategy)
 {
     struct record r = {.deflating = 1, .level = level, .phase = FRESH};
     if (windowBits == 15)
@@ -370,28 +374,142 @@ static void deflate_opened(z_streamp s, int level, int windowBits, int memLevel,
         r.alg = WD_COMP_GZIP;
     else
         r.alg = -1; /* a smaller window than libdeflate's 32 KiB */
-    (void)memLevel; /* speed and ratio only: any output is valid */
     r.eligible = r.alg > 0 && strategy == Z_DEFAULT_STRATEGY && level != 0 && level >= -1 &&
                  level <= 9;
-    remember(s, &r);
+    return r;
 }
 
-int deflateInit_(z_streamp strm, int level, const char *version, int stream_size)
+/* What zlib's deflateInit2_ would refuse (its checks, in its order). */
+static int deflate_params_bad(z_streamp strm, int level, int method, int windowBits,
+                              int memLevel, int strategy, const char *version, int stream_size)
 {
-    int ret = REAL(deflateInit_)(strm, level, version, stream_size);
-    if (ret == Z_OK)
-        deflate_opened(strm, level, 15, 8, Z_DEFAULT_STRATEGY);
-    return ret;
+    if (!version || version[0] != ZLIB_VERSION[0] || stream_size != (int)sizeof(z_stream))
+        return Z_VERSION_ERROR;
+    if (!strm)
+        return Z_STREAM_ERROR;
+    if (level == Z_DEFAULT_COMPRESSION)
+        level = 6;
+    if (windowBits < 0)
+        windowBits = windowBits < -15 ? 0 : -windowBits;
+    else if (windowBits > 15)
+        windowBits -= 16;
+    if (memLevel < 1 || memLevel > 9 || method != Z_DEFLATED || windowBits < 8 ||
+        windowBits > 15 || level < 0 || level > 9 || strategy < 0 || strategy > Z_FIXED)
+        return Z_STREAM_ERROR;
+    return Z_OK;
 }
 
 int deflateInit2_(z_streamp strm, int level, int method, int windowBits, int memLevel,
                   int strategy, const char *version, int stream_size)
 {
+    struct record r = deflate_record(level, windowBits, strategy);
+    cfg_load();
+    if (r.eligible && !cfg_disabled && !tl_inside &&
+        deflate_params_bad(strm, level, method, windowBits, memLevel, strategy, version,
+                           stream_size) == Z_OK) {
+        /* zlib's state waits until a call needs it; the fields zlib's
+         * init sets, set as it sets them. */
+        r.lazy = 1;
+        r.method = method;
+        r.window_bits = windowBits;
+        r.mem_level = memLevel;
+        r.strategy = strategy;
+        if (remember(strm, &r)) {
+            strm->msg = Z_NULL;
+            strm->total_in = strm->total_out = 0;
+            strm->data_type = Z_UNKNOWN;
+            strm->adler = r.alg == WD_COMP_GZIP ? crc32(0L, Z_NULL, 0) : adler32(0L, Z_NULL, 0);
+            return Z_OK;
+        }
+    }
     int ret = REAL(deflateInit2_)(strm, level, method, windowBits, memLevel, strategy, version,
                                   stream_size);
-    if (ret == Z_OK)
-        deflate_opened(strm, level, windowBits, memLevel, strategy);
+    if (ret == Z_OK) {
+        r.lazy = 0;
+        remember(strm, &r);
+    }
     return ret;
+}
+
+int deflateInit_(z_streamp strm, int level, const char *version, int stream_size)
+{
+    return deflateInit2_(strm, level, Z_DEFLATED, MAX_WBITS, 8, Z_DEFAULT_STRATEGY, version,
+                         stream_size);
+}
+
+/* Give a lazily opened stream zlib's state now; Z_OK or zlib's error. A
+ * stream that was taken over starts again (only a reset or a call zlib
+ * refuses on a finished stream can follow). */
+static int ensure_real(z_streamp strm)
+{
+    struct record *r = strm ? find(strm) : NULL;
+    if (!r || !r->lazy)
+        return Z_OK;
+    /* Not lazy while zlib makes it: its init calls deflateReset, which
+     * comes back here. */
+    r->lazy = 0;
+    int ret = REAL(deflateInit2_)(strm, r->level, r->method, r->window_bits, r->mem_level,
+                                  r->strategy, ZLIB_VERSION, (int)sizeof(z_stream));
+    if (ret != Z_OK)
+        r->lazy = 1;
+    return ret;
+}
+
+/* This thread's scratch output for whole-stream work whose output does
+ * not fit the caller's buffer: grown as needed, kept between calls (a large buffer allocated
+ * per call would be mapped and unmapped each time), freed at thread exit. */
+static __thread unsigned char *tl_scratch;
+static __thread size_t tl_scratch_len;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_key_make(void) { pthread_key_create(&scratch_key, free); }
+
+static unsigned char *scratch(size_t size)
+{
+    if (size <= tl_scratch_len)
+        return tl_scratch;
+    pthread_once(&scratch_once, scratch_key_make);
+    unsigned char *b = realloc(tl_scratch, size);
+    if (!b)
+        return NULL;
+    tl_scratch = b;
+    tl_scratch_len = size;
+    pthread_setspecific(scratch_key, b);
+    return b;
+}
+
+/* A whole stream is done: `used` input bytes taken, `made` output bytes
+ * at `out` (the caller's buffer or the scratch). Hand out what fits and
+ * keep the rest; the buffer for the rest is made before the stream
+ * changes, so running out of memory leaves the stream untouched (-1). */
+static int finish_whole(struct record *r, z_streamp s, size_t used, const unsigned char *out,
+                        size_t made, uLong check)
+{
+    size_t now = out == s->next_out || made < s->avail_out ? made : s->avail_out;
+    unsigned char *rest = NULL;
+    if (now < made && !(rest = malloc(made - now)))
+        return -1;
+    r->adler = check;
+    s->next_in += used;
+    s->avail_in -= (uInt)used;
+    s->total_in += used;
+    if (out != s->next_out)
+        memcpy(s->next_out, out, now);
+    s->next_out += now;
+    s->avail_out -= (uInt)now;
+    s->total_out += now;
+    if (!rest) {
+        s->adler = check;
+        r->phase = DONE;
+        return Z_STREAM_END;
+    }
+    memcpy(rest, out + now, made - now);
+    r->pending = rest;
+    r->pend_len = made - now;
+    r->pend_pos = 0;
+    r->phase = PENDING;
+    return Z_OK;
 }
 
 /* Compress all of the stream's input at once; Z_STREAM_END, Z_OK (output
@@ -406,36 +524,16 @@ static int deflate_whole(struct record *r, z_streamp s)
     size_t bound = wd_comp_bound(r->alg, len);
     size_t room = s->avail_out;
     unsigned char *out = s->next_out;
-    unsigned char *buf = NULL;
     if (room < bound) {
         /* Too little room to be sure: compress aside, hand out in parts. */
-        buf = malloc(bound);
-        if (!buf)
+        out = scratch(bound);
+        if (!out)
             return -1;
-        out = buf;
         room = bound;
     }
-    if (wd_comp_compress(c, r->alg, r->level, s->next_in, len, out, &room) != 0) {
-        free(buf);
+    if (wd_comp_compress(c, r->alg, r->level, s->next_in, len, out, &room) != 0)
         return -1;
-    }
-    r->adler = trailer_check(r->alg, out, room, s->adler);
-    s->next_in += len;
-    s->avail_in = 0;
-    s->total_in += len;
-    if (!buf) {
-        s->next_out += room;
-        s->avail_out -= (uInt)room;
-        s->total_out += room;
-        s->adler = r->adler;
-        r->phase = DONE;
-        return Z_STREAM_END;
-    }
-    r->pending = buf;
-    r->pend_len = room;
-    r->pend_pos = 0;
-    r->phase = PENDING;
-    return serve_pending(r, s);
+    return finish_whole(r, s, len, out, room, trailer_check(r->alg, out, room, s->adler));
 }
 
 int deflate(z_streamp strm, int flush)
@@ -450,7 +548,7 @@ int deflate(z_streamp strm, int flush)
         return r->phase == PENDING ? serve_pending(r, strm) : Z_STREAM_END;
     }
     if (r && r->phase == FRESH && r->eligible && flush == Z_FINISH && strm->total_in == 0 &&
-        strm->next_in && strm->next_out && strm->avail_out > 0 && worth(strm->avail_in)) {
+        strm->total_out == 0 && strm->next_in && strm->next_out && strm->avail_out > 0 && worth(strm->avail_in)) {
         int ret = deflate_whole(r, strm);
         if (ret >= 0) {
             count(ST_DEFLATE);
@@ -459,13 +557,25 @@ int deflate(z_streamp strm, int flush)
         count(ST_DECLINED);
         r->eligible = 0;
     }
-    if (r)
+    if (r) {
+        int ret = ensure_real(strm);
+        if (ret != Z_OK)
+            return ret;
+        /* After ensure_real: zlib's init resets the stream, which
+         * marks it fresh. */
         r->phase = ZLIB;
+    }
     return REAL(deflate)(strm, flush);
 }
 
 int deflateEnd(z_streamp strm)
 {
+    struct record *r = strm ? find(strm) : NULL;
+    if (r && r->lazy) {
+        /* zlib never had it: nothing of zlib's to free. */
+        forget(strm);
+        return Z_OK;
+    }
     int ret = REAL(deflateEnd)(strm);
     if (strm)
         forget(strm);
@@ -483,7 +593,9 @@ static void restart(z_streamp strm)
 
 int deflateReset(z_streamp strm)
 {
-    int ret = REAL(deflateReset)(strm);
+    int ret = ensure_real(strm);
+    if (ret == Z_OK)
+        ret = REAL(deflateReset)(strm);
     if (ret == Z_OK)
         restart(strm);
     return ret;
@@ -491,22 +603,40 @@ int deflateReset(z_streamp strm)
 
 int deflateResetKeep(z_streamp strm)
 {
-    int ret = REAL(deflateResetKeep)(strm);
+    int ret = ensure_real(strm);
+    if (ret == Z_OK)
+        ret = REAL(deflateResetKeep)(strm);
     if (ret == Z_OK)
         restart(strm);
     return ret;
 }
 
-/* The stream was given something the offload path does not honour. */
-static void zlib_only(z_streamp strm)
+/* The stream was given something the offload path does not honour:
+ * zlib has it from now on. Z_OK, or zlib's error making its state. */
+static int zlib_only(z_streamp strm)
 {
     struct record *r = strm ? find(strm) : NULL;
     if (r)
         r->eligible = 0;
+    return ensure_real(strm);
 }
+
+/* Forward `call` once zlib has the stream (its error otherwise). */
+#define ZLIB_ONLY(strm, call)                                                            \
+    do {                                                                                 \
+        int ret_ = zlib_only(strm);                                                      \
+        return ret_ != Z_OK ? ret_ : (call);                                             \
+    } while (0)
 
 int deflateCopy(z_streamp dest, z_streamp source)
 {
+    struct record *r = source ? find(source) : NULL;
+    if (r && r->lazy && dest) {
+        /* Nothing of zlib's to copy yet: the copy is lazy too. */
+        memcpy(dest, source, sizeof *dest);
+        remember_copy(dest, source);
+        return Z_OK;
+    }
     int ret = REAL(deflateCopy)(dest, source);
     if (ret == Z_OK)
         remember_copy(dest, source);
@@ -515,32 +645,27 @@ int deflateCopy(z_streamp dest, z_streamp source)
 
 int deflateParams(z_streamp strm, int level, int strategy)
 {
-    zlib_only(strm);
-    return REAL(deflateParams)(strm, level, strategy);
+    ZLIB_ONLY(strm, REAL(deflateParams)(strm, level, strategy));
 }
 
 int deflateSetDictionary(z_streamp strm, const Bytef *dictionary, uInt dictLength)
 {
-    zlib_only(strm);
-    return REAL(deflateSetDictionary)(strm, dictionary, dictLength);
+    ZLIB_ONLY(strm, REAL(deflateSetDictionary)(strm, dictionary, dictLength));
 }
 
 int deflateSetHeader(z_streamp strm, gz_headerp head)
 {
-    zlib_only(strm);
-    return REAL(deflateSetHeader)(strm, head);
+    ZLIB_ONLY(strm, REAL(deflateSetHeader)(strm, head));
 }
 
 int deflatePrime(z_streamp strm, int bits, int value)
 {
-    zlib_only(strm);
-    return REAL(deflatePrime)(strm, bits, value);
+    ZLIB_ONLY(strm, REAL(deflatePrime)(strm, bits, value));
 }
 
 int deflateTune(z_streamp strm, int good_length, int max_lazy, int nice_length, int max_chain)
 {
-    zlib_only(strm);
-    return REAL(deflateTune)(strm, good_length, max_lazy, nice_length, max_chain);
+    ZLIB_ONLY(strm, REAL(deflateTune)(strm, good_length, max_lazy, nice_length, max_chain));
 }
 
 int deflatePending(z_streamp strm, unsigned *pending, int *bits)
@@ -553,17 +678,27 @@ int deflatePending(z_streamp strm, unsigned *pending, int *bits)
             *bits = 0;
         return Z_OK;
     }
+    if (r && r->lazy) {
+        /* Nothing of zlib's yet: nothing pending. */
+        if (pending)
+            *pending = 0;
+        if (bits)
+            *bits = 0;
+        return Z_OK;
+    }
     return REAL(deflatePending)(strm, pending, bits);
 }
 
 uLong deflateBound(z_streamp strm, uLong sourceLen)
 {
-    return REAL(deflateBound)(strm, sourceLen);
+    /* zlib's bound for a stream it does not know is its most cautious. */
+    struct record *r = strm ? find(strm) : NULL;
+    return REAL(deflateBound)(r && r->lazy ? Z_NULL : strm, sourceLen);
 }
 
 int deflateGetDictionary(z_streamp strm, Bytef *dictionary, uInt *dictLength)
 {
-    return REAL(deflateGetDictionary)(strm, dictionary, dictLength);
+    ZLIB_ONLY(strm, REAL(deflateGetDictionary)(strm, dictionary, dictLength));
 }
 
 /* ---- inflate ------------------------------------------------------------ */
@@ -614,44 +749,30 @@ static int inflate_whole(struct record *r, z_streamp s)
                                                                                  : WD_COMP_ZLIB;
     else
         alg = WD_COMP_ZLIB;
+    /* A guess of the output: a gzip member ends with its size (when the
+     * input is exactly one member); otherwise text's usual ratio. */
+    size_t guess = (size_t)s->avail_in * 4;
+    if (alg == WD_COMP_GZIP && s->avail_in >= 18) {
+        size_t isize = le32(s->next_in + s->avail_in - 4);
+        if (isize > 0 && isize <= MAX_ASIDE)
+            guess = isize;
+    }
     size_t used = 0, room = s->avail_out;
-    int ret = wd_comp_decompress(c, alg, s->next_in, s->avail_in, &used, s->next_out, &room, 0);
-    unsigned char *buf = NULL;
-    if (ret == -ENOBUFS) {
-        /* Aside, in a buffer that grows until the stream fits. */
-        size_t size = (size_t)s->avail_in * 8;
-        if (size < 2 * (size_t)s->avail_out)
-            size = 2 * (size_t)s->avail_out;
-        for (; ret == -ENOBUFS && size <= MAX_ASIDE; size *= 2) {
-            unsigned char *b = realloc(buf, size);
-            if (!b)
-                break;
-            buf = b;
-            room = size;
-            ret = wd_comp_decompress(c, alg, s->next_in, s->avail_in, &used, buf, &room, 0);
-        }
+    unsigned char *out = s->next_out;
+    int ret = -ENOBUFS;
+    if (s->avail_out >= guess)
+        ret = wd_comp_decompress(c, alg, s->next_in, s->avail_in, &used, out, &room, 0);
+    for (size_t size = guess > s->avail_out ? guess : 2 * (size_t)s->avail_out;
+         ret == -ENOBUFS && size <= MAX_ASIDE; size *= 2) {
+        out = scratch(size);
+        if (!out)
+            return -1;
+        room = size;
+        ret = wd_comp_decompress(c, alg, s->next_in, s->avail_in, &used, out, &room, 0);
     }
-    if (ret != 0) {
-        free(buf);
+    if (ret != 0)
         return -1;
-    }
-    r->adler = trailer_check(alg, s->next_in, used, s->adler);
-    s->next_in += used;
-    s->avail_in -= (uInt)used;
-    s->total_in += used;
-    if (!buf) {
-        s->next_out += room;
-        s->avail_out -= (uInt)room;
-        s->total_out += room;
-        s->adler = r->adler;
-        r->phase = DONE;
-        return Z_STREAM_END;
-    }
-    r->pending = buf;
-    r->pend_len = room;
-    r->pend_pos = 0;
-    r->phase = PENDING;
-    return serve_pending(r, s);
+    return finish_whole(r, s, used, out, room, trailer_check(alg, s->next_in, used, s->adler));
 }
 
 int inflate(z_streamp strm, int flush)
@@ -662,7 +783,8 @@ int inflate(z_streamp strm, int flush)
             return Z_STREAM_ERROR;
         return r->phase == PENDING ? serve_pending(r, strm) : Z_STREAM_END;
     }
-    if (r && r->phase == FRESH && r->eligible && strm->total_in == 0 && strm->next_in &&
+    if (r && r->phase == FRESH && r->eligible && strm->total_in == 0 && strm->total_out == 0 &&
+        strm->next_in &&
         strm->next_out && worth(strm->avail_in)) {
         int ret = inflate_whole(r, strm);
         if (ret >= 0) {
@@ -721,38 +843,32 @@ int inflateCopy(z_streamp dest, z_streamp source)
 
 int inflateSetDictionary(z_streamp strm, const Bytef *dictionary, uInt dictLength)
 {
-    zlib_only(strm);
-    return REAL(inflateSetDictionary)(strm, dictionary, dictLength);
+    ZLIB_ONLY(strm, REAL(inflateSetDictionary)(strm, dictionary, dictLength));
 }
 
 int inflateGetHeader(z_streamp strm, gz_headerp head)
 {
-    zlib_only(strm);
-    return REAL(inflateGetHeader)(strm, head);
+    ZLIB_ONLY(strm, REAL(inflateGetHeader)(strm, head));
 }
 
 int inflatePrime(z_streamp strm, int bits, int value)
 {
-    zlib_only(strm);
-    return REAL(inflatePrime)(strm, bits, value);
+    ZLIB_ONLY(strm, REAL(inflatePrime)(strm, bits, value));
 }
 
 int inflateSync(z_streamp strm)
 {
-    zlib_only(strm);
-    return REAL(inflateSync)(strm);
+    ZLIB_ONLY(strm, REAL(inflateSync)(strm));
 }
 
 int inflateUndermine(z_streamp strm, int subvert)
 {
-    zlib_only(strm);
-    return REAL(inflateUndermine)(strm, subvert);
+    ZLIB_ONLY(strm, REAL(inflateUndermine)(strm, subvert));
 }
 
 int inflateValidate(z_streamp strm, int check)
 {
-    zlib_only(strm);
-    return REAL(inflateValidate)(strm, check);
+    ZLIB_ONLY(strm, REAL(inflateValidate)(strm, check));
 }
 
 int inflateGetDictionary(z_streamp strm, Bytef *dictionary, uInt *dictLength)
