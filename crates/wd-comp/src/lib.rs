@@ -18,6 +18,7 @@
 #![deny(unsafe_code)]
 
 use std::sync::Arc;
+use std::time::Instant;
 
 pub use wd_zip_codec::{compress_bound, Inflated};
 use wd_zip_codec::{CodecError, Engine};
@@ -43,29 +44,8 @@ pub enum CompError {
 /// Result of this crate.
 pub type Result<T> = std::result::Result<T, CompError>;
 
-/// Where requests run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Policy {
-    /// Blocks at or above the threshold go to the device, and the caller
-    /// computes blocks itself while the device is full.
-    Auto,
-    /// Every block goes to the device (the threshold still applies).
-    Offload,
-    /// Everything runs in the calling thread.
-    Cpu,
-}
-
-impl std::str::FromStr for Policy {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Policy, String> {
-        match s {
-            "auto" => Ok(Policy::Auto),
-            "offload" => Ok(Policy::Offload),
-            "cpu" => Ok(Policy::Cpu),
-            _ => Err(format!("unknown policy '{s}' (auto, offload, cpu)")),
-        }
-    }
-}
+pub use wd_route::Policy;
+use wd_route::{Costs, Decision, Queue as QueueState, Route, Why};
 
 /// How a [`Compressor`] routes its blocks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -222,6 +202,8 @@ pub struct Compressor {
     /// Why there is no lane (said once, for `NoQueue`).
     no_lane: Option<String>,
     cpu: Engine,
+    /// Measured cost of each path, per algorithm and direction.
+    costs: Costs,
     stats: Stats,
 }
 
@@ -233,6 +215,11 @@ impl std::fmt::Debug for Compressor {
             .field("stats", &self.stats)
             .finish()
     }
+}
+
+/// The router's operation number of an algorithm and direction.
+fn op_index(alg: Algorithm, compress: bool) -> usize {
+    2 * (alg as usize - 1) + usize::from(!compress)
 }
 
 /// Map a device completion to this crate's errors: the data errors the
@@ -264,6 +251,7 @@ impl Compressor {
             lane: None,
             no_lane: None,
             cpu: Engine::new(),
+            costs: Costs::new(2 * Algorithm::ALL.len()),
             stats: Stats::default(),
         }
     }
@@ -436,18 +424,52 @@ impl Compressor {
         let mut next = 0;
         let policy = self.cfg.policy;
         let threshold = self.cfg.threshold;
-        // Blocks small or on the CPU by policy, and every block when no
-        // queue can be had.
-        let device_wanted =
-            policy != Policy::Cpu && jobs.iter().any(|j| j.input.len() >= threshold);
-        let have_lane = device_wanted && self.lane().is_some();
-        if device_wanted && !have_lane && !self.cfg.fallback {
+        // Each block's route. The queue is looked for only when a block
+        // may go to the device.
+        let settings = wd_route::Settings {
+            policy,
+            threshold,
+            fallback: self.cfg.fallback,
+        };
+        let maybe_device = policy != Policy::Cpu && jobs.iter().any(|j| j.input.len() >= threshold);
+        let queue = if maybe_device && self.lane().is_none() {
+            QueueState::Missing(Why::NoQueue)
+        } else {
+            QueueState::Ready
+        };
+        let op = op_index(alg, compress);
+        let overlapped = jobs.len() > 1;
+        let routes: Vec<Decision> = jobs
+            .iter()
+            .map(|j| {
+                // One request carries at most MAX_DATA each way.
+                if j.input.len() as u64 > MAX_DATA || j.room as u64 > MAX_DATA {
+                    return Decision {
+                        route: Route::Cpu(Why::Policy),
+                        timed: false,
+                    };
+                }
+                let r = wd_route::Request {
+                    op,
+                    bytes: j.input.len(),
+                    overlapped,
+                    // A batch keeps the device busy while the caller
+                    // copies and helps: any block above the threshold.
+                    overlap_min: Some(0),
+                };
+                wd_route::decide(&settings, || queue, &mut self.costs, r)
+            })
+            .collect();
+        let device_wanted = routes.iter().any(|d| d.route == Route::Device);
+        let have_lane = device_wanted && self.lane.is_some();
+        if device_wanted && !have_lane {
             return Err(CompError::NoQueue(self.no_lane.clone().unwrap_or_default()));
         }
         let largest = jobs
             .iter()
-            .filter(|j| j.input.len() >= threshold)
-            .map(|j| j.input.len() + j.room)
+            .zip(&routes)
+            .filter(|(_, d)| d.route == Route::Device)
+            .map(|(j, _)| j.input.len() + j.room)
             .max()
             .unwrap_or(0);
         let slots = self.cfg.depth.max(1).min(jobs.len());
@@ -463,6 +485,8 @@ impl Compressor {
         };
         // slot -> job in it
         let mut in_slot: Vec<Option<usize>> = vec![None; slots];
+        // When a timed block's request was sent, per slot.
+        let mut sent_at: Vec<Option<Instant>> = vec![None; slots];
         let mut comps = Vec::new();
         let mut lost_device = false;
         // The first error; the batch stops handing out blocks and only
@@ -473,30 +497,37 @@ impl Compressor {
             // Hand the next blocks out.
             while failed.is_none() && next < jobs.len() {
                 let j = &jobs[next];
-                let small = j.input.len() < threshold;
-                // One request carries at most MAX_DATA each way.
-                let huge = j.input.len() as u64 > MAX_DATA || j.room as u64 > MAX_DATA;
-                if policy == Policy::Cpu || small || huge || !staged || lost_device {
-                    let why = if policy == Policy::Cpu || huge {
-                        &mut self.stats.cpu_policy
-                    } else if small {
-                        &mut self.stats.cpu_threshold
-                    } else if self.cfg.fallback {
-                        &mut self.stats.cpu_fallback
-                    } else {
-                        let why = self
-                            .no_lane
-                            .clone()
-                            .unwrap_or_else(|| "the queue failed".into());
-                        failed = Some(CompError::NoQueue(why));
-                        break;
-                    };
-                    *why += 1;
+                let decision = routes[next];
+                let on_cpu = match decision.route {
+                    Route::Cpu(why) => Some(why),
+                    Route::Device if !staged || lost_device => {
+                        if !self.cfg.fallback {
+                            let why = self
+                                .no_lane
+                                .clone()
+                                .unwrap_or_else(|| "the queue failed".into());
+                            failed = Some(CompError::NoQueue(why));
+                            break;
+                        }
+                        Some(Why::HostGone)
+                    }
+                    Route::Device => None,
+                };
+                if let Some(why) = on_cpu {
+                    *match why {
+                        Why::Threshold => &mut self.stats.cpu_threshold,
+                        Why::NoQueue | Why::HostGone => &mut self.stats.cpu_fallback,
+                        Why::Policy => &mut self.stats.cpu_policy,
+                    } += 1;
                     let i = next;
                     next += 1;
+                    let t = decision.timed.then(Instant::now);
                     match self.on_cpu(compress, alg, level, max_ratio, jobs[i].input, outs, i) {
                         Ok(d) => done[i] = d,
                         Err(e) => failed = Some(e),
+                    }
+                    if let Some(t) = t {
+                        self.costs.record(op, jobs[i].input.len(), true, t.elapsed());
                     }
                     continue;
                 }
@@ -521,6 +552,7 @@ impl Compressor {
                 match lane.q.send(d, s as u64) {
                     Ok(()) => {
                         in_slot[s] = Some(next);
+                        sent_at[s] = decision.timed.then(Instant::now);
                         next += 1;
                     }
                     Err(_) => {
@@ -542,7 +574,12 @@ impl Compressor {
             let got = lane.q.recv_batch(&mut comps, slots);
             let got = match got {
                 // Slots full: compute a block here while the device works.
-                Ok(0) if failed.is_none() && policy == Policy::Auto && next < jobs.len() => {
+                Ok(0)
+                    if failed.is_none()
+                        && policy == Policy::Auto
+                        && next < jobs.len()
+                        && routes[next].route == Route::Device =>
+                {
                     let i = next;
                     next += 1;
                     self.stats.cpu_assist += 1;
@@ -569,6 +606,9 @@ impl Compressor {
                     continue;
                 };
                 free.push(s);
+                if let Some(t) = sent_at[s].take() {
+                    self.costs.record(op, jobs[i].input.len(), false, t.elapsed());
+                }
                 if let Err(e) = device_status(c.desc.status) {
                     failed.get_or_insert(e);
                     continue;

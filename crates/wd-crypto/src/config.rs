@@ -21,19 +21,8 @@ use crate::Result;
 /// Default small-request threshold in bytes.
 pub const DEFAULT_THRESHOLD: usize = 256;
 
-/// Where requests above the threshold go.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Policy {
-    /// Offload what the caller lets overlap (asynchronous requests); a
-    /// synchronous request goes to the device only when a measured
-    /// round trip there beats computing it here, so offloading never makes
-    /// a caller slower.
-    Auto = 0,
-    /// Offload everything at or above the threshold.
-    Offload = 1,
-    /// Compute everything on the CPU.
-    Cpu = 2,
-}
+/// Where requests above the threshold go (the router's policies).
+pub use wd_route::Policy;
 
 static INIT: Once = Once::new();
 static THRESHOLD: AtomicUsize = AtomicUsize::new(DEFAULT_THRESHOLD);

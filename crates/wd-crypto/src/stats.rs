@@ -24,18 +24,8 @@ pub struct Stats {
     pub cpu_policy: u64,
 }
 
-/// Why a request ran on the CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Why {
-    /// Below the threshold.
-    Threshold,
-    /// No host, no device, or every queue in use.
-    NoQueue,
-    /// The host went away.
-    HostGone,
-    /// The policy chose the CPU (cheaper here, or `cpu`).
-    Policy,
-}
+/// Why a request ran on the CPU (the router's reasons).
+pub use wd_route::Why;
 
 const N: usize = wd_ring::CLIENT_STATS;
 
