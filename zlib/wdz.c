@@ -480,16 +480,24 @@ static unsigned char *scratch(size_t size)
 }
 
 /* A whole stream is done: `used` input bytes taken, `made` output bytes
- * at `out` (the caller's buffer or the scratch). Hand out what fits and
- * keep the rest; the buffer for the rest is made before the stream
- * changes, so running out of memory leaves the stream untouched (-1). */
+ * at `out` (the caller's buffer or this thread's scratch). Hand out what
+ * fits and keep the rest. */
 static int finish_whole(struct record *r, z_streamp s, size_t used, const unsigned char *out,
                         size_t made, uLong check)
 {
     size_t now = out == s->next_out || made < s->avail_out ? made : s->avail_out;
     unsigned char *rest = NULL;
-    if (now < made && !(rest = malloc(made - now)))
-        return -1;
+    if (now < made) {
+        /* The rest waits in the scratch buffer itself, which the stream
+         * takes over (the thread makes a new one when it next needs one):
+         * no copy of it. */
+        if (out != tl_scratch)
+            return -1;
+        rest = tl_scratch;
+        tl_scratch = NULL;
+        tl_scratch_len = 0;
+        pthread_setspecific(scratch_key, NULL);
+    }
     r->adler = check;
     s->next_in += used;
     s->avail_in -= (uInt)used;
@@ -504,10 +512,9 @@ static int finish_whole(struct record *r, z_streamp s, size_t used, const unsign
         r->phase = DONE;
         return Z_STREAM_END;
     }
-    memcpy(rest, out + now, made - now);
     r->pending = rest;
-    r->pend_len = made - now;
-    r->pend_pos = 0;
+    r->pend_len = made;
+    r->pend_pos = now;
     r->phase = PENDING;
     return Z_OK;
 }
