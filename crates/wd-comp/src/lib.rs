@@ -527,7 +527,8 @@ impl Compressor {
                         Err(e) => failed = Some(e),
                     }
                     if let Some(t) = t {
-                        self.costs.record(op, jobs[i].input.len(), true, t.elapsed());
+                        self.costs
+                            .record(op, jobs[i].input.len(), true, t.elapsed());
                     }
                     continue;
                 }
@@ -607,7 +608,8 @@ impl Compressor {
                 };
                 free.push(s);
                 if let Some(t) = sent_at[s].take() {
-                    self.costs.record(op, jobs[i].input.len(), false, t.elapsed());
+                    self.costs
+                        .record(op, jobs[i].input.len(), false, t.elapsed());
                 }
                 if let Err(e) = device_status(c.desc.status) {
                     failed.get_or_insert(e);

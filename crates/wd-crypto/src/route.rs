@@ -14,8 +14,8 @@
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
-use wd_route::{Costs, Queue, Request, Settings};
 pub use wd_route::Route;
+use wd_route::{Costs, Queue, Request, Settings};
 
 use crate::config;
 pub use crate::lane::Kind;

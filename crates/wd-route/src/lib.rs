@@ -250,7 +250,12 @@ impl Costs {
 /// Where `r` runs (the rules of the crate's documentation). `queue` is
 /// asked only when the answer depends on it (finding out may cost a
 /// clock read).
-pub fn decide(s: &Settings, queue: impl FnOnce() -> Queue, costs: &mut Costs, r: Request) -> Decision {
+pub fn decide(
+    s: &Settings,
+    queue: impl FnOnce() -> Queue,
+    costs: &mut Costs,
+    r: Request,
+) -> Decision {
     if s.policy == Policy::Cpu {
         return Decision::untimed(Route::Cpu(Why::Policy));
     }
@@ -306,22 +311,43 @@ mod tests {
             policy: Policy::Cpu,
             ..AUTO
         };
-        assert_eq!(decide(&cpu, || Queue::Ready, &mut c, req(1 << 20, true)).route, Route::Cpu(Why::Policy));
-        assert_eq!(decide(&AUTO, || Queue::Ready, &mut c, req(100, true)).route, Route::Cpu(Why::Threshold));
+        assert_eq!(
+            decide(&cpu, || Queue::Ready, &mut c, req(1 << 20, true)).route,
+            Route::Cpu(Why::Policy)
+        );
+        assert_eq!(
+            decide(&AUTO, || Queue::Ready, &mut c, req(100, true)).route,
+            Route::Cpu(Why::Threshold)
+        );
         let gone = Queue::Missing(Why::HostGone);
-        assert_eq!(decide(&AUTO, || gone, &mut c, req(1 << 20, true)).route, Route::Cpu(Why::HostGone));
+        assert_eq!(
+            decide(&AUTO, || gone, &mut c, req(1 << 20, true)).route,
+            Route::Cpu(Why::HostGone)
+        );
         let strict = Settings {
             fallback: false,
             ..AUTO
         };
-        assert_eq!(decide(&strict, || gone, &mut c, req(1 << 20, true)).route, Route::Device);
+        assert_eq!(
+            decide(&strict, || gone, &mut c, req(1 << 20, true)).route,
+            Route::Device
+        );
         let off = Settings {
             policy: Policy::Offload,
             ..AUTO
         };
-        assert_eq!(decide(&off, || Queue::Ready, &mut c, req(300, false)).route, Route::Device);
-        assert_eq!(decide(&AUTO, || Queue::Ready, &mut c, req(8192, true)).route, Route::Device);
-        assert_eq!(decide(&AUTO, || Queue::Ready, &mut c, req(1024, true)).route, Route::Cpu(Why::Policy));
+        assert_eq!(
+            decide(&off, || Queue::Ready, &mut c, req(300, false)).route,
+            Route::Device
+        );
+        assert_eq!(
+            decide(&AUTO, || Queue::Ready, &mut c, req(8192, true)).route,
+            Route::Device
+        );
+        assert_eq!(
+            decide(&AUTO, || Queue::Ready, &mut c, req(1024, true)).route,
+            Route::Cpu(Why::Policy)
+        );
         assert_eq!("offload".parse::<Policy>(), Ok(Policy::Offload));
         assert!("fast".parse::<Policy>().is_err());
     }

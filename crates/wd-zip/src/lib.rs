@@ -21,7 +21,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use wd_device::{status, Access, AlgInfo, DeviceQueue, Dma, Driver, SessionTable};
+use wd_device::{status, Access, AlgInfo, DeviceQueue, DeviceSlice, Dma, Driver, SessionTable};
 use wd_ring::Desc;
 use wd_zip_codec::{CodecError, Engine, Stream, StreamParams};
 pub use wd_zip_msg as msg;
@@ -134,7 +134,14 @@ impl ZipQueue {
             // memory when the domain maps them contiguously.
             if let Some(mut out) = dma.slice(r.dst, r.dst_len, Access::Write) {
                 if r.compress {
-                    if let Some(input) = dma.slice(r.src, r.src_len, Access::Read) {
+                    // Input and output must not overlap in host memory (a
+                    // client may name overlapping ranges, or one buffer
+                    // mapped at two addresses): the engines copy with
+                    // memcpy. Overlapping requests go through host buffers.
+                    let input = dma
+                        .slice(r.src, r.src_len, Access::Read)
+                        .filter(|i| !overlap(i, &out));
+                    if let Some(input) = input {
                         let n = self
                             .engine
                             .compress(r.alg, r.level, &input, &mut out)
@@ -218,6 +225,12 @@ impl ZipQueue {
             end: step.end,
         })
     }
+}
+
+/// Whether two device slices share host memory.
+fn overlap(a: &DeviceSlice<'_>, b: &DeviceSlice<'_>) -> bool {
+    let (a0, b0) = (a.as_ptr() as usize, b.as_ptr() as usize);
+    a0 < b0.saturating_add(b.len()) && b0 < a0.saturating_add(a.len())
 }
 
 fn write_out(dma: &mut dyn Dma<'_>, dst: u64, data: &[u8]) -> Result<(), i32> {

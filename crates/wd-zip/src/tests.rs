@@ -267,3 +267,29 @@ fn session_table_is_bounded() {
     assert_eq!(run(&mut q, &mut mem, s.to_desc(1)).0, status::ENOSPC);
     assert_eq!(q.session_count(), MAX_SESSIONS);
 }
+
+/// Found by fuzzing: a compression whose output overlaps its input (the
+/// engines copy with memcpy) runs through host buffers and still gives a
+/// valid stream of the input as it was.
+#[test]
+fn overlapping_input_and_output_are_safe() {
+    let (mut q, mut mem, _) = queue();
+    let data = text(5000);
+    for alg in [Algorithm::Deflate, Algorithm::Zstd] {
+        mem.put(SRC, &data);
+        let (st, r) = run(
+            &mut q,
+            &mut mem,
+            shot(true, alg, SRC, data.len(), SRC + 5, 8000),
+        );
+        assert_eq!(st, 0, "{alg}");
+        let c = Done::from_result(r);
+        let (st, _) = run(
+            &mut q,
+            &mut mem,
+            shot(false, alg, SRC + 5, c.produced as usize, BACK, data.len()),
+        );
+        assert_eq!(st, 0, "{alg}");
+        assert!(mem.get(BACK, data.len()) == data, "{alg}");
+    }
+}

@@ -1,0 +1,66 @@
+//! Hostile compressed data through every decoder the zip device and the
+//! drop-in zlib use: one-shot (libdeflate, libzstd, LZ4 frames) and
+//! streams (zlib-rs, libzstd) fed in pieces. Never a panic, never more
+//! output than the room, and the two deflate decoders agree: what one
+//! decodes whole, the other decodes to the same bytes.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use wd_zip_codec::{Engine, Flush, Stream, StreamParams};
+use wd_zip_msg::Algorithm;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&sel, input)) = data.split_first() else {
+        return;
+    };
+    let alg = Algorithm::ALL[sel as usize % Algorithm::ALL.len()];
+    let room = 1 + (sel as usize >> 3) * 4096;
+    let ratio = if sel & 4 != 0 { 8 } else { 0 };
+    let mut e = Engine::new();
+    let mut out = vec![0u8; room];
+    let one = e.decompress(alg, input, &mut out[..], ratio);
+    if let Ok(got) = one {
+        assert!(got.produced <= room && got.consumed <= input.len());
+        if ratio != 0 {
+            assert!(got.produced <= got.consumed * ratio as usize);
+        }
+    }
+    if !alg.streams() {
+        return;
+    }
+    let mut s = Stream::new(&StreamParams {
+        alg,
+        compress: false,
+        level: 0,
+        window_bits: 0,
+        dict: &[],
+    })
+    .expect("a decompressor opens");
+    let mut streamed = Vec::new();
+    let mut buf = vec![0u8; 1000];
+    let (mut at, mut ended) = (0, false);
+    while at < input.len() && streamed.len() <= room {
+        let piece = &input[at..(at + 777).min(input.len())];
+        match s.run(piece, &mut buf, Flush::None) {
+            Ok(st) => {
+                assert!(st.consumed <= piece.len() && st.produced <= buf.len());
+                streamed.extend_from_slice(&buf[..st.produced]);
+                at += st.consumed;
+                if st.end {
+                    ended = true;
+                    break;
+                }
+                if st.consumed == 0 && st.produced == 0 {
+                    break;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    // Differential: a deflate stream both decoders read whole (and that
+    // fit the one-shot room) is the same data.
+    if let Ok(got) = one {
+        if ended && alg.is_deflate() && streamed.len() <= room {
+            assert_eq!(&out[..got.produced], &streamed[..], "{alg}: decoders disagree");
+        }
+    }
+});
