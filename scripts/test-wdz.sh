@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# libwdz.so, the drop-in zlib: the differential C test (tests/c/test_wdz.c)
+# The compression C API (tests/c/test_comp.c, wd_comp.h) and libwdz.so,
+# the drop-in zlib: the differential C test (tests/c/test_wdz.c)
 # on the CPU path and on a zip device, then unmodified programs through
 # LD_PRELOAD compared with stock zlib: python's zlib and gzip modules,
 # pigz, git. A program the machine lacks is a counted skip
@@ -17,7 +18,12 @@ took_over() { # stderr-file
     grep -q "libwdz: taken over" "$1" || { echo "the shim took nothing over:"; cat "$1"; exit 1; }
 }
 
+cargo build --release --locked -q -p wd-capi
 cc -std=gnu11 -O2 -Wall -Wextra -Werror -Iinclude tests/c/test_wdz.c -lz -ldl -o "$out/test_wdz"
+cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude tests/c/test_comp.c \
+    -Ltarget/release -lwd_comp -lwd -Wl,-rpath,"$PWD/target/release" -o "$out/test_comp"
+echo "-- test_comp without a host (counted fallbacks)"
+env -u WD_HOST WD_COMP_HOST="$out/none.sock" "$out/test_comp"
 echo "-- test_wdz without a host (libdeflate in the calling thread)"
 env -u WD_HOST WD_COMP_HOST="$out/none.sock" WDZ_STATS=1 LD_PRELOAD="$lib" "$out/test_wdz" 2> "$out/err"
 took_over "$out/err"
@@ -28,6 +34,8 @@ serve=$!
 trap 'kill $serve 2>/dev/null || true' EXIT
 for _ in $(seq 100); do [ -S "$out/wd.sock" ] && break; sleep 0.05; done
 export WD_HOST="$out/wd.sock"
+echo "-- test_comp on the zip device (offload only, no fallback)"
+WD_COMP_POLICY=offload WD_COMP_FALLBACK=0 "$out/test_comp"
 WDZ_STATS=1 WD_COMP_THRESHOLD=0 LD_PRELOAD="$lib" "$out/test_wdz" 2> "$out/err"
 took_over "$out/err"
 # The engine woke for the requests: they reached the device.
