@@ -17,11 +17,16 @@
 //! limit) is the same error on both.
 #![deny(unsafe_code)]
 
+mod stream;
+
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-pub use wd_zip_codec::{compress_bound, Inflated};
+pub use stream::{Step, Stream};
+pub use wd_zip_codec::{compress_bound, Inflated, StreamParams};
 use wd_zip_codec::{CodecError, Engine};
+pub use wd_zip_msg::Flush;
 pub use wd_zip_msg::{Algorithm, DEFAULT_LEVEL};
 use wd_zip_msg::{Done, OneShot, MAX_DATA};
 use wrapdrive::{Capability, ClientError, Desc, HostConn, Queue, SharedBuf, Status};
@@ -196,6 +201,8 @@ impl Outs<'_, '_> {
 
 /// A thread's compressor: its queue (when it has one) and its CPU engine.
 pub struct Compressor {
+    /// Unique: a stream belongs to the compressor that opened it.
+    id: u64,
     cfg: Config,
     host: Option<Arc<HostConn>>,
     lane: Option<Lane>,
@@ -245,7 +252,9 @@ impl Compressor {
     /// zip device (or one that refuses a queue) leaves it on the CPU, or
     /// failing every block when fallback is off.
     pub fn new(host: Option<Arc<HostConn>>, cfg: Config) -> Compressor {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
         Compressor {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
             cfg,
             host,
             lane: None,

@@ -263,3 +263,129 @@ fn a_batch_survives_its_host_dying() {
     let _new_host = killer.join().unwrap();
     assert!(c.stats().offloaded > 0);
 }
+
+/// Compress `data` through a stream in pieces, flushing `flush` between
+/// them; the stream's bytes.
+fn stream_compress(
+    c: &mut Compressor,
+    s: &mut wd_comp::Stream,
+    data: &[u8],
+    flush: wd_comp::Flush,
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 7000];
+    for (i, piece) in data.chunks(10_000).enumerate() {
+        let last = (i + 1) * 10_000 >= data.len();
+        let f = if last { wd_comp::Flush::Finish } else { flush };
+        let mut at = 0;
+        loop {
+            let st = c.stream_run(s, &piece[at..], &mut buf, f).unwrap();
+            at += st.consumed;
+            out.extend_from_slice(&buf[..st.produced]);
+            if st.end || (!last && at == piece.len() && st.produced < buf.len()) {
+                break;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn streams_run_on_the_device_or_here_and_end_with_their_host() {
+    let data = data(200_000, 21);
+    let host = spawn_host("streams");
+    let conn = HostConn::connect(&host.1).unwrap();
+    let mut dev = Compressor::new(Some(conn), offload_cfg());
+    let mut cpu = Compressor::new(None, Config::default());
+    for alg in [Algorithm::Zlib, Algorithm::Gzip, Algorithm::Zstd] {
+        for flush in [
+            wd_comp::Flush::None,
+            wd_comp::Flush::Sync,
+            wd_comp::Flush::Full,
+        ] {
+            let p = wd_comp::StreamParams {
+                alg,
+                compress: true,
+                level: 6,
+                window_bits: 0,
+                dict: &[],
+            };
+            let mut a = dev.open_stream(&p).unwrap();
+            let mut b = cpu.open_stream(&p).unwrap();
+            assert!(a.on_device() && !b.on_device());
+            let za = stream_compress(&mut dev, &mut a, &data, flush);
+            let zb = stream_compress(&mut cpu, &mut b, &data, flush);
+            assert!(
+                za == zb,
+                "{alg} {flush:?}: the device and the CPU wrote different streams"
+            );
+            dev.close_stream(a);
+            // Decompress the device's stream through a device stream, in
+            // small pieces.
+            let mut d = dev
+                .open_stream(&wd_comp::StreamParams {
+                    compress: false,
+                    level: 0,
+                    ..p
+                })
+                .unwrap();
+            let (mut back, mut buf, mut at) = (Vec::new(), vec![0u8; 5000], 0);
+            loop {
+                let end = (at + 3000).min(za.len());
+                let st = dev
+                    .stream_run(&mut d, &za[at..end], &mut buf, wd_comp::Flush::None)
+                    .unwrap();
+                at += st.consumed;
+                back.extend_from_slice(&buf[..st.produced]);
+                if st.end {
+                    break;
+                }
+                assert!(st.consumed + st.produced > 0, "{alg}: no progress");
+            }
+            assert!(back == data, "{alg} {flush:?}: round trip");
+            dev.close_stream(d);
+        }
+    }
+    assert_eq!(
+        cpu.stats().cpu_fallback,
+        9,
+        "no host: streams here, counted"
+    );
+    // A stream whose host dies fails clearly; a new one runs on the new host.
+    let p = wd_comp::StreamParams {
+        alg: Algorithm::Zstd,
+        compress: true,
+        level: 3,
+        window_bits: 0,
+        dict: &[],
+    };
+    let mut s = dev.open_stream(&p).unwrap();
+    let mut buf = vec![0u8; 100_000];
+    dev.stream_run(&mut s, &data[..50_000], &mut buf, wd_comp::Flush::None)
+        .unwrap();
+    let sock = host.1.clone();
+    drop(host);
+    let _new = {
+        let h = spawn_host("streams");
+        assert_eq!(h.1, sock);
+        h
+    };
+    match dev.stream_run(&mut s, &data[50_000..], &mut buf, wd_comp::Flush::Finish) {
+        Err(CompError::Device(e)) => assert_eq!(e.status(), wrapdrive::Status::HostGone, "{e}"),
+        other => panic!("a stream outlived its host: {other:?}"),
+    }
+    assert!(dev
+        .stream_run(&mut s, &[], &mut buf, wd_comp::Flush::Finish)
+        .is_err());
+    let mut again = dev.open_stream(&p).unwrap();
+    assert!(again.on_device());
+    let z = stream_compress(&mut dev, &mut again, &data, wd_comp::Flush::None);
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(
+        dev.decompress(Algorithm::Zstd, &z, &mut back, 0)
+            .unwrap()
+            .produced,
+        data.len()
+    );
+    assert!(back == data);
+}
