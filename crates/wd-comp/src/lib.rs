@@ -80,6 +80,10 @@ impl Default for Config {
 /// Below this a round trip to the engine costs more than the work.
 pub const DEFAULT_THRESHOLD: usize = 4096;
 
+/// How long a compressor that could not get a queue computes here before
+/// it asks again.
+pub const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Config {
     /// The defaults, changed by `WD_COMP_POLICY` (auto, offload, cpu),
     /// `WD_COMP_THRESHOLD` (bytes) and `WD_COMP_FALLBACK=0`. A value that
@@ -206,8 +210,12 @@ pub struct Compressor {
     cfg: Config,
     host: Option<Arc<HostConn>>,
     lane: Option<Lane>,
-    /// Why there is no lane (said once, for `NoQueue`).
+    /// Why there is no lane (for `NoQueue`), and since when: a queue is
+    /// asked for again after [`RETRY_AFTER`].
     no_lane: Option<String>,
+    no_lane_at: Option<Instant>,
+    /// The host's address, to connect again after it went away.
+    addr: Option<String>,
     cpu: Engine,
     /// Measured cost of each path, per algorithm and direction.
     costs: Costs,
@@ -259,6 +267,8 @@ impl Compressor {
             host,
             lane: None,
             no_lane: None,
+            no_lane_at: None,
+            addr: None,
             cpu: Engine::new(),
             costs: Costs::new(2 * Algorithm::ALL.len()),
             stats: Stats::default(),
@@ -277,8 +287,9 @@ impl Compressor {
         let mut c = Compressor::new(None, cfg);
         match HostConn::connect(&addr) {
             Ok(h) => c.host = Some(h),
-            Err(e) => c.no_lane = Some(format!("host {addr}: {e}")),
+            Err(e) => c.lost(format!("host {addr}: {e}")),
         }
+        c.addr = Some(addr);
         Ok(c)
     }
 
@@ -293,13 +304,34 @@ impl Compressor {
         self.lane().is_some()
     }
 
+    /// No queue now, for this reason: blocks run here (or fail) until
+    /// [`RETRY_AFTER`] has passed.
+    fn lost(&mut self, why: String) {
+        self.lane = None;
+        self.no_lane = Some(why);
+        self.no_lane_at = Some(Instant::now());
+    }
+
     fn lane(&mut self) -> Option<&mut Lane> {
-        if self.lane.is_none() && self.no_lane.is_none() && self.cfg.policy != Policy::Cpu {
+        let waiting = self.no_lane_at.is_some_and(|t| t.elapsed() < RETRY_AFTER);
+        if self.lane.is_none() && !waiting && self.cfg.policy != Policy::Cpu {
+            if self.host.is_none() {
+                // A host that was not there (or went away) may be now.
+                if let Some(addr) = &self.addr {
+                    self.host = HostConn::connect(addr).ok();
+                }
+            }
             match &self.host {
-                None => self.no_lane = Some("no host".into()),
+                None => self.lost("no host".into()),
                 Some(h) => match Lane::open(h, self.cfg.depth.max(1)) {
-                    Ok(l) => self.lane = Some(l),
-                    Err(e) => self.no_lane = Some(e.to_string()),
+                    Ok(l) => {
+                        self.lane = Some(l);
+                        self.no_lane = None;
+                        self.no_lane_at = None;
+                    }
+                    // (A connection whose host restarted connects again by
+                    // itself when asked for a queue.)
+                    Err(e) => self.lost(e.to_string()),
                 },
             }
         }
@@ -606,8 +638,7 @@ impl Compressor {
                 // The queue cannot say what became of its requests: drop
                 // it (with its staging area) rather than read a late
                 // completion into a later batch.
-                self.lane = None;
-                self.no_lane = Some(e.to_string());
+                self.lost(e.to_string());
                 return Err(e.into());
             }
             for c in comps.drain(..) {

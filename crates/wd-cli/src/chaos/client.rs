@@ -36,18 +36,19 @@ pub const EXIT_HOST_GONE: u8 = 3;
 pub const EXIT_BUSY: u8 = 4;
 
 /// What a client works with.
-pub const KINDS: [&str; 5] = [
+pub const KINDS: [&str; 6] = [
     "copy-shared",
     "copy-heap",
     "copy-share-all",
     "cipher",
     "nvme",
+    "zip",
 ];
 
 /// Options of `wd chaos-client`.
 #[derive(clap::Args, Debug)]
 pub struct ClientArgs {
-    /// copy-shared, copy-heap, copy-share-all, cipher or nvme.
+    /// copy-shared, copy-heap, copy-share-all, cipher, nvme or zip.
     #[arg(long)]
     kind: String,
     /// Seed of the client's data and choices.
@@ -201,6 +202,7 @@ pub fn run(args: ClientArgs) -> u8 {
         }
         "cipher" => cipher(&mut rng, &mut report).unwrap_or_else(|e| e),
         "nvme" => nvme(&mut rng, &mut report).unwrap_or_else(|e| e),
+        "zip" => zip(&mut rng, &mut report).unwrap_or_else(|e| e),
         k => End::Failed(format!("unknown kind '{k}' (known: {})", KINDS.join(", "))),
     };
     let fallbacks = wd_crypto::stats().cpu_requests;
@@ -399,6 +401,157 @@ fn fault(model: &str, q: &mut Queue, dst: &Mem) -> Result<(), End> {
         )));
     }
     Ok(())
+}
+
+/// Compression through the library, forced onto the zip device (no
+/// fallback): batches of random blocks in random formats, each stream
+/// compared byte for byte with the same engine on the CPU and decompressed
+/// back on the device; a stream session now and then.
+fn zip(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
+    use wd_comp::{Algorithm, CompError, Compressor, Config, Policy};
+    let mut dev = Compressor::new(
+        Some(host()?),
+        Config {
+            policy: Policy::Offload,
+            threshold: 0,
+            fallback: false,
+            depth: 8,
+        },
+    );
+    let mut cpu = wd_zip_codec::Engine::new();
+    let words: [&[u8]; 6] = [
+        b"queue ",
+        b"domain ",
+        b"IOVA ",
+        b"engine ",
+        b"session\n",
+        b"PASID ",
+    ];
+    line("ready");
+    // A batch that meets a host restart fails with the host gone (its
+    // queue could not say what became of its requests) or runs again on
+    // the new host; either way nothing wrong may come back.
+    let gone = |e: &CompError| match e {
+        CompError::Device(c) => c.status() == Status::HostGone,
+        CompError::NoQueue(_) => true,
+        _ => false,
+    };
+    while !report.stopped() {
+        let alg = Algorithm::ALL[rng.range(0, Algorithm::ALL.len() as u64 - 1) as usize];
+        let blocks: Vec<Vec<u8>> = (0..rng.range(1, 8))
+            .map(|_| {
+                let len = rng.range(1, 64 << 10) as usize;
+                let mut b = Vec::with_capacity(len + 16);
+                while b.len() < len {
+                    if rng.next() % 5 == 0 {
+                        b.push(rng.next() as u8);
+                    } else {
+                        b.extend_from_slice(words[rng.range(0, 5) as usize]);
+                    }
+                }
+                b.truncate(len);
+                b
+            })
+            .collect();
+        let refs: Vec<&[u8]> = blocks.iter().map(|b| &b[..]).collect();
+        let t = Instant::now();
+        let streams = match dev.compress_blocks(alg, 1, &refs) {
+            Ok(z) => z,
+            Err(e) if gone(&e) => {
+                report.restarts += 1;
+                continue;
+            }
+            Err(e) => return Err(End::Failed(e.to_string())),
+        };
+        for (b, z) in blocks.iter().zip(&streams) {
+            let mut want = vec![0u8; wd_zip_codec::compress_bound(alg, b.len())];
+            let n = cpu
+                .compress(alg, 1, &b[..], &mut want[..])
+                .map_err(|e| End::Failed(e.to_string()))?;
+            if want[..n] != z[..] {
+                return Err(End::Data(format!(
+                    "{alg} stream of {} bytes differs from the CPU engine's",
+                    b.len()
+                )));
+            }
+        }
+        let zrefs: Vec<&[u8]> = streams.iter().map(|z| &z[..]).collect();
+        let rooms: Vec<usize> = blocks.iter().map(Vec::len).collect();
+        match dev.decompress_blocks(alg, &zrefs, &rooms, 0) {
+            Ok(back) if back == blocks => {}
+            Ok(_) => {
+                return Err(End::Data(format!("{alg} blocks came back different")));
+            }
+            Err(e) if gone(&e) => {
+                report.restarts += 1;
+                continue;
+            }
+            Err(e) => return Err(End::Failed(e.to_string())),
+        }
+        if alg.streams() && rng.next() % 4 == 0 {
+            // A stream session: its state dies with its host (counted).
+            let p = wd_comp::StreamParams {
+                alg,
+                compress: true,
+                level: 1,
+                window_bits: 0,
+                dict: &[],
+            };
+            let mut s = match dev.open_stream(&p) {
+                Ok(s) => s,
+                Err(e) if gone(&e) => {
+                    report.restarts += 1;
+                    continue;
+                }
+                Err(e) => return Err(End::Failed(e.to_string())),
+            };
+            let mut out = Vec::new();
+            let mut buf = vec![0u8; 128 << 10];
+            let mut failed = false;
+            for (i, b) in blocks.iter().enumerate() {
+                let flush = if i + 1 == blocks.len() {
+                    wd_comp::Flush::Finish
+                } else {
+                    wd_comp::Flush::None
+                };
+                let mut at = 0;
+                loop {
+                    match dev.stream_run(&mut s, &b[at..], &mut buf, flush) {
+                        Ok(st) => {
+                            at += st.consumed;
+                            out.extend_from_slice(&buf[..st.produced]);
+                            if st.end || (flush != wd_comp::Flush::Finish && at == b.len()) {
+                                break;
+                            }
+                        }
+                        Err(e) if gone(&e) => {
+                            failed = true;
+                            break;
+                        }
+                        Err(e) => return Err(End::Failed(e.to_string())),
+                    }
+                }
+                if failed {
+                    break;
+                }
+            }
+            dev.close_stream(s);
+            if failed {
+                report.restarts += 1;
+                continue;
+            }
+            let whole: Vec<u8> = blocks.concat();
+            let mut back = vec![0u8; whole.len()];
+            let got = cpu
+                .decompress(alg, &out, &mut back[..], 0)
+                .map_err(|e| End::Data(format!("{alg} stream does not decode: {e}")))?;
+            if got.produced != whole.len() || back != whole {
+                return Err(End::Data(format!("{alg} stream decodes to other data")));
+            }
+        }
+        report.op(t);
+    }
+    Ok(End::Stopped)
 }
 
 /// AES-128-CBC through the library, forced onto the device, in random

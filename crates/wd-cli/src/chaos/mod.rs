@@ -1,5 +1,6 @@
 //! `wd chaos`: client processes of every kind (dummy copies through each
-//! memory model, sec cipher sessions, NVMe controllers) killed with
+//! memory model, sec cipher sessions, NVMe controllers, zip batches and
+//! streams) killed with
 //! SIGKILL at random moments, and the host itself killed and restarted
 //! under load; after every round, the host's own tables and descriptor
 //! count must be back where they started and every surviving client must
@@ -57,7 +58,7 @@ pub struct ChaosArgs {
     #[arg(long)]
     seed: Option<u64>,
     /// Client kinds to mix, comma-separated (default: all of copy-shared,
-    /// copy-heap, copy-share-all, cipher, nvme).
+    /// copy-heap, copy-share-all, cipher, nvme, zip).
     #[arg(long, value_delimiter = ',')]
     kinds: Vec<String>,
     /// Soak instead of rounds: hold the mixed load this long (e.g. 30s,
@@ -129,6 +130,7 @@ impl HostProc {
             .args(["--device", "dummy:engines=1", "--device", "sec:engines=1"])
             .arg("--device")
             .arg(format!("nvme:{}", ns.join(",")))
+            .args(["--device", "zip:engines=1"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
