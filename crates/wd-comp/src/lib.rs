@@ -80,6 +80,10 @@ impl Default for Config {
 /// Below this a round trip to the engine costs more than the work.
 pub const DEFAULT_THRESHOLD: usize = 4096;
 
+/// How long a caller with nothing else to do polls for a completion
+/// before it sleeps.
+const POLL_BEFORE_SLEEP: std::time::Duration = std::time::Duration::from_micros(500);
+
 /// How long a compressor that could not get a queue computes here before
 /// it asks again.
 pub const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
@@ -534,6 +538,8 @@ impl Compressor {
         // collects what is in flight, so no completion of this batch is
         // left for the next one to mistake for its own.
         let mut failed: Option<CompError> = None;
+        // Whether this wait has polled already (then it sleeps).
+        let mut polled = false;
         loop {
             // Hand the next blocks out.
             while failed.is_none() && next < jobs.len() {
@@ -614,6 +620,9 @@ impl Compressor {
             let lane = self.lane.as_mut().expect("staged");
             comps.clear();
             let got = lane.q.recv_batch(&mut comps, slots);
+            if !matches!(got, Ok(0)) {
+                polled = false;
+            }
             let got = match got {
                 // Slots full: compute a block here while the device works.
                 Ok(0)
@@ -628,6 +637,17 @@ impl Compressor {
                     match self.on_cpu(compress, alg, level, max_ratio, jobs[i].input, outs, i) {
                         Ok(d) => done[i] = d,
                         Err(e) => failed = Some(e),
+                    }
+                    continue;
+                }
+                // Nothing to do here but wait: poll a while first (a block
+                // takes tens to hundreds of microseconds; sleeping costs a
+                // wake-up of about as much), then sleep.
+                Ok(0) if !polled => {
+                    polled = true;
+                    let t = Instant::now();
+                    while !lane.q.completions_ready() && t.elapsed() < POLL_BEFORE_SLEEP {
+                        std::hint::spin_loop();
                     }
                     continue;
                 }
