@@ -84,6 +84,55 @@ int wd_comp_decompress(struct wd_comp *c, int alg, const void *src, size_t src_l
 /* Counters of c. */
 int wd_comp_stats(struct wd_comp *c, struct wd_comp_stats *out);
 
+/* One buffer of a batch: src/src_len the input; dst and, on entry,
+ * dst_len the room; on success dst_len is the bytes written and consumed
+ * the input taken. */
+struct wd_comp_buf {
+    const void *src;
+    size_t src_len;
+    void *dst;
+    size_t dst_len;
+    size_t consumed;
+};
+
+/* Compress (decompress) n independent buffers, several in flight on the
+ * device, the calling thread compressing too while every slot is busy.
+ * The first error fails the batch; the counts of every buffer are written
+ * only when all succeeded. */
+int wd_comp_compress_batch(struct wd_comp *c, int alg, int level, struct wd_comp_buf *bufs,
+                           size_t n);
+int wd_comp_decompress_batch(struct wd_comp *c, int alg, struct wd_comp_buf *bufs, size_t n,
+                             unsigned max_ratio);
+
+/* Streams: state that carries across calls, in a session of the zip
+ * device when a queue is to be had, else in this thread. A device stream
+ * whose host restarted fails with -ENOTCONN (its state was in the host):
+ * start a new one. Not LZ4. */
+struct wd_comp_stream;
+
+/* Flush modes (zlib's Z_NO_FLUSH, Z_SYNC_FLUSH, Z_FULL_FLUSH, Z_FINISH). */
+enum wd_comp_flush {
+    WD_COMP_NO_FLUSH = 0,
+    WD_COMP_SYNC_FLUSH = 1,
+    WD_COMP_FULL_FLUSH = 2,
+    WD_COMP_FINISH = 3,
+};
+
+/* A stream: compress (non-zero) or decompress; level as above (ignored
+ * when decompressing); window_bits 8-15 for deflate formats (0: 15); an
+ * optional preset dictionary (at most 32 KiB; not gzip). */
+int wd_comp_stream_new(struct wd_comp *c, int alg, int compress, int level, int window_bits,
+                       const void *dict, size_t dict_len, struct wd_comp_stream **out);
+/* Take what fits of the input and write what fits of the output.
+ * *src_len: available on entry, taken on return; *dst_len: room on entry,
+ * written on return; *end (optional): 1 once the stream ended (compress:
+ * WD_COMP_FINISH took all input and wrote the trailer; call again with
+ * room until then). */
+int wd_comp_stream_run(struct wd_comp *c, struct wd_comp_stream *s, const void *src,
+                       size_t *src_len, void *dst, size_t *dst_len, int flush, int *end);
+/* Free (NULL is ignored); c must be the compressor that made it. */
+void wd_comp_stream_free(struct wd_comp *c, struct wd_comp_stream *s);
+
 #ifdef __cplusplus
 }
 #endif

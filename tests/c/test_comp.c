@@ -77,6 +77,77 @@ int main(void)
 	      "a foreign pointer is not a compressor");
 	CHECK(wd_comp_decompress(c, WD_COMP_ZLIB, d, 1000, NULL, back, &zlen, 70000) == -EINVAL,
 	      "ratio above 65535");
+	/* A batch: buffers of different sizes, several in flight. */
+	struct wd_comp_buf bufs[4];
+	unsigned char *zs[4], *outs[4];
+	size_t sizes[4] = {1, 5000, 100000, 300000};
+	for (int i = 0; i < 4; i++) {
+		zs[i] = malloc(wd_comp_bound(WD_COMP_GZIP, sizes[i]));
+		outs[i] = malloc(sizes[i]);
+		bufs[i] = (struct wd_comp_buf){d, sizes[i], zs[i], wd_comp_bound(WD_COMP_GZIP, sizes[i]), 0};
+	}
+	CHECK(wd_comp_compress_batch(c, WD_COMP_GZIP, 6, bufs, 4) == 0, "batch compress");
+	for (int i = 0; i < 4; i++) {
+		CHECK(bufs[i].consumed == sizes[i] && bufs[i].dst_len > 0, "batch counts %d", i);
+		bufs[i] = (struct wd_comp_buf){zs[i], bufs[i].dst_len, outs[i], sizes[i], 0};
+	}
+	CHECK(wd_comp_decompress_batch(c, WD_COMP_GZIP, bufs, 4, 0) == 0, "batch decompress");
+	for (int i = 0; i < 4; i++)
+		CHECK(bufs[i].dst_len == sizes[i] && memcmp(outs[i], d, sizes[i]) == 0, "batch data %d", i);
+	/* One buffer with too little room fails the batch; no count changes. */
+	bufs[3].dst_len = 10;
+	size_t before = bufs[0].dst_len;
+	CHECK(wd_comp_decompress_batch(c, WD_COMP_GZIP, bufs, 4, 0) == -ENOBUFS &&
+		      bufs[0].dst_len == before && bufs[3].dst_len == 10,
+	      "a failed batch writes no counts");
+	CHECK(wd_comp_compress_batch(c, WD_COMP_GZIP, 6, NULL, 2) == -EINVAL, "NULL batch");
+	for (int i = 0; i < 4; i++) {
+		free(zs[i]);
+		free(outs[i]);
+	}
+
+	/* A stream: compressed in pieces with every flush mode, then
+	 * decompressed in small pieces. */
+	struct wd_comp_stream *s = NULL;
+	CHECK(wd_comp_stream_new(c, WD_COMP_LZ4, 1, 1, 0, NULL, 0, &s) == -EINVAL && s == NULL,
+	      "no LZ4 streams");
+	CHECK(wd_comp_stream_new(c, WD_COMP_ZLIB, 1, 6, 0, NULL, 0, &s) == 0 && s, "a stream");
+	size_t zat = 0, at = 0;
+	static const int flushes[] = {WD_COMP_NO_FLUSH, WD_COMP_SYNC_FLUSH, WD_COMP_FULL_FLUSH};
+	for (int k = 0; at < n; k++) {
+		size_t piece = n - at < 40000 ? n - at : 40000;
+		int last = at + piece == n, end = 0;
+		size_t took = piece, room = n + 1024 - zat;
+		int r = wd_comp_stream_run(c, s, d + at, &took, z + zat, &room,
+					   last ? WD_COMP_FINISH : flushes[k % 3], &end);
+		CHECK(r == 0, "stream run %d", k);
+		if (r != 0)
+			break;
+		at += took;
+		zat += room;
+		if (last)
+			CHECK(end == 1 && took == piece, "the stream ended");
+	}
+	wd_comp_stream_free(c, s);
+	struct wd_comp_stream *u = NULL;
+	CHECK(wd_comp_stream_new(c, WD_COMP_ZLIB, 0, 0, 0, NULL, 0, &u) == 0, "a decompressor");
+	size_t zin = 0, made = 0;
+	int end = 0;
+	while (!end) {
+		size_t take = zat - zin < 1000 ? zat - zin : 1000, room = 7000;
+		int r = wd_comp_stream_run(c, u, z + zin, &take, back + made, &room, WD_COMP_NO_FLUSH, &end);
+		CHECK(r == 0 && (take > 0 || room > 0 || end), "decompress progress");
+		if (r != 0 || (take == 0 && room == 0 && !end))
+			break;
+		zin += take;
+		made += room;
+	}
+	CHECK(end && made == n && zin == zat && memcmp(back, d, n) == 0, "stream round trip");
+	CHECK(wd_comp_stream_run(c, (struct wd_comp_stream *)d, z, &zin, back, &made, 0, NULL) == -EINVAL,
+	      "a foreign stream pointer");
+	wd_comp_stream_free(c, u);
+	wd_comp_stream_free(c, NULL);
+
 	struct wd_comp_stats st;
 	memset(&st, 0xff, sizeof st);
 	CHECK(wd_comp_stats(c, NULL) == -EINVAL, "NULL stats");

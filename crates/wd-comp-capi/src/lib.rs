@@ -12,11 +12,12 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
-use wd_comp::{Algorithm, CompError, Compressor};
+use wd_comp::{Algorithm, CompError, Compressor, Flush, Stream, StreamParams};
 use wd_sys::dl::TextSink;
 use wd_zip_codec::CodecError;
 
 const MAGIC: u64 = 0x5744_434f_4d50_0001; // "WDCOMP"
+const STREAM_MAGIC: u64 = 0x5744_5a53_5452_4d01; // "WDZSTRM"
 const EINVAL: c_int = 22;
 const EIO: c_int = 5;
 
@@ -24,6 +25,22 @@ const EIO: c_int = 5;
 pub struct WdComp {
     magic: u64,
     c: Compressor,
+}
+
+/// `struct wd_comp_stream`.
+pub struct WdCompStream {
+    magic: u64,
+    s: Option<Stream>,
+}
+
+/// `struct wd_comp_buf`.
+#[repr(C)]
+pub struct WdCompBuf {
+    src: *const c_void,
+    src_len: usize,
+    dst: *mut c_void,
+    dst_len: usize,
+    consumed: usize,
 }
 
 /// `struct wd_comp_stats`.
@@ -280,4 +297,256 @@ pub unsafe extern "C" fn wd_comp_stats(c: *mut WdComp, out: *mut WdCompStats) ->
         };
         0
     })
+}
+
+/// The buffers of a batch as slices (`None`: a NULL or overlapping one).
+///
+/// # Safety
+/// `bufs` valid for `n` entries, each naming valid memory (wd_comp.h).
+unsafe fn batch<'a>(bufs: *mut WdCompBuf, n: usize) -> Option<(Vec<&'a [u8]>, Vec<&'a mut [u8]>)> {
+    if bufs.is_null() && n > 0 {
+        return None;
+    }
+    let (mut ins, mut outs) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        // SAFETY: caller contract: n entries.
+        let b = unsafe { &*bufs.add(i) };
+        // SAFETY: caller contract for each buffer.
+        let (input, out) = unsafe { buffers(b.src, b.src_len, b.dst, b.dst_len) }?;
+        ins.push(input);
+        outs.push(out);
+    }
+    Some((ins, outs))
+}
+
+/// Run a batch and write each buffer's counts (all or none).
+///
+/// # Safety
+/// As [`batch`].
+unsafe fn run_batch(
+    what: &str,
+    bufs: *mut WdCompBuf,
+    n: usize,
+    f: impl FnOnce(&[&[u8]], &mut [&mut [u8]]) -> wd_comp::Result<Vec<wd_comp::Inflated>>,
+) -> c_int {
+    // SAFETY: caller contract.
+    let Some((ins, mut outs)) = (unsafe { batch(bufs, n) }) else {
+        return fail(EINVAL, &format!("{what}: NULL or overlapping buffer"));
+    };
+    match f(&ins, &mut outs) {
+        Ok(done) => {
+            drop(outs);
+            for (i, d) in done.iter().enumerate() {
+                // SAFETY: caller contract: n entries, written only now.
+                let b = unsafe { &mut *bufs.add(i) };
+                b.dst_len = d.produced;
+                b.consumed = d.consumed;
+            }
+            0
+        }
+        Err(e) => fail(errno_of(&e), &format!("{what}: {e}")),
+    }
+}
+
+/// See wd_comp.h.
+///
+/// # Safety
+/// Pointers as wd_comp.h says.
+#[no_mangle]
+pub unsafe extern "C" fn wd_comp_compress_batch(
+    c: *mut WdComp,
+    alg: c_int,
+    level: c_int,
+    bufs: *mut WdCompBuf,
+    n: usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: caller contract.
+        let Some(w) = (unsafe { comp(c) }) else {
+            return fail(EINVAL, "wd_comp_compress_batch: not a struct wd_comp");
+        };
+        let (Some(a), Ok(level)) = (alg_of(alg), i8::try_from(level)) else {
+            return fail(EINVAL, "wd_comp_compress_batch: unknown algorithm or level");
+        };
+        // SAFETY: caller contract.
+        unsafe {
+            run_batch("wd_comp_compress_batch", bufs, n, |i, o| {
+                w.c.compress_into(a, level, i, o)
+            })
+        }
+    })
+}
+
+/// See wd_comp.h.
+///
+/// # Safety
+/// Pointers as wd_comp.h says.
+#[no_mangle]
+pub unsafe extern "C" fn wd_comp_decompress_batch(
+    c: *mut WdComp,
+    alg: c_int,
+    bufs: *mut WdCompBuf,
+    n: usize,
+    max_ratio: c_uint,
+) -> c_int {
+    guard(|| {
+        // SAFETY: caller contract.
+        let Some(w) = (unsafe { comp(c) }) else {
+            return fail(EINVAL, "wd_comp_decompress_batch: not a struct wd_comp");
+        };
+        let (Some(a), Ok(ratio)) = (alg_of(alg), u16::try_from(max_ratio)) else {
+            return fail(
+                EINVAL,
+                "wd_comp_decompress_batch: unknown algorithm or ratio above 65535",
+            );
+        };
+        // SAFETY: caller contract.
+        unsafe {
+            run_batch("wd_comp_decompress_batch", bufs, n, |i, o| {
+                w.c.decompress_into(a, i, o, ratio)
+            })
+        }
+    })
+}
+
+/// See wd_comp.h.
+///
+/// # Safety
+/// Pointers as wd_comp.h says.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn wd_comp_stream_new(
+    c: *mut WdComp,
+    alg: c_int,
+    compress: c_int,
+    level: c_int,
+    window_bits: c_int,
+    dict: *const c_void,
+    dict_len: usize,
+    out: *mut *mut WdCompStream,
+) -> c_int {
+    guard(|| {
+        // SAFETY: caller contract.
+        let Some(w) = (unsafe { comp(c) }) else {
+            return fail(EINVAL, "wd_comp_stream_new: not a struct wd_comp");
+        };
+        let (Some(a), Ok(level), Ok(window_bits)) =
+            (alg_of(alg), i8::try_from(level), u8::try_from(window_bits))
+        else {
+            return fail(
+                EINVAL,
+                "wd_comp_stream_new: unknown algorithm, level or window",
+            );
+        };
+        if out.is_null() || (dict.is_null() && dict_len > 0) {
+            return fail(EINVAL, "wd_comp_stream_new: NULL out or dictionary");
+        }
+        let dict: &[u8] = if dict_len == 0 {
+            &[]
+        } else {
+            // SAFETY: caller contract, checked non-null.
+            unsafe { std::slice::from_raw_parts(dict.cast(), dict_len) }
+        };
+        let p = StreamParams {
+            alg: a,
+            compress: compress != 0,
+            level: if compress != 0 { level } else { 0 },
+            window_bits,
+            dict,
+        };
+        match w.c.open_stream(&p) {
+            Ok(s) => {
+                let b = Box::new(WdCompStream {
+                    magic: STREAM_MAGIC,
+                    s: Some(s),
+                });
+                // SAFETY: checked non-null; caller contract.
+                unsafe { out.write(Box::into_raw(b)) };
+                0
+            }
+            Err(e) => fail(errno_of(&e), &format!("wd_comp_stream_new: {e}")),
+        }
+    })
+}
+
+/// See wd_comp.h.
+///
+/// # Safety
+/// Pointers as wd_comp.h says.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn wd_comp_stream_run(
+    c: *mut WdComp,
+    s: *mut WdCompStream,
+    src: *const c_void,
+    src_len: *mut usize,
+    dst: *mut c_void,
+    dst_len: *mut usize,
+    flush: c_int,
+    end: *mut c_int,
+) -> c_int {
+    guard(|| {
+        // SAFETY: caller contract.
+        let Some(w) = (unsafe { comp(c) }) else {
+            return fail(EINVAL, "wd_comp_stream_run: not a struct wd_comp");
+        };
+        // SAFETY: caller contract; the magic word catches foreign pointers.
+        let Some(ws) = (unsafe { s.as_mut() }).filter(|x| x.magic == STREAM_MAGIC) else {
+            return fail(EINVAL, "wd_comp_stream_run: not a struct wd_comp_stream");
+        };
+        let Ok(flush) = u8::try_from(flush)
+            .map_err(|_| ())
+            .and_then(|f| Flush::try_from(f).map_err(|_| ()))
+        else {
+            return fail(EINVAL, "wd_comp_stream_run: unknown flush mode");
+        };
+        if src_len.is_null() || dst_len.is_null() {
+            return fail(EINVAL, "wd_comp_stream_run: NULL length");
+        }
+        // SAFETY: checked non-null.
+        let (avail, room) = unsafe { (*src_len, *dst_len) };
+        // SAFETY: caller contract.
+        let Some((input, out)) = (unsafe { buffers(src, avail, dst, room) }) else {
+            return fail(EINVAL, "wd_comp_stream_run: NULL or overlapping buffer");
+        };
+        let Some(stream) = ws.s.as_mut() else {
+            return fail(EINVAL, "wd_comp_stream_run: a freed stream");
+        };
+        match w.c.stream_run(stream, input, out, flush) {
+            Ok(step) => {
+                // SAFETY: checked non-null; `end` is optional.
+                unsafe {
+                    *src_len = step.consumed;
+                    *dst_len = step.produced;
+                    if !end.is_null() {
+                        *end = c_int::from(step.end);
+                    }
+                }
+                0
+            }
+            Err(e) => fail(errno_of(&e), &format!("wd_comp_stream_run: {e}")),
+        }
+    })
+}
+
+/// See wd_comp.h.
+///
+/// # Safety
+/// `c` and `s` as for the other calls (NULL `s` is ignored).
+#[no_mangle]
+pub unsafe extern "C" fn wd_comp_stream_free(c: *mut WdComp, s: *mut WdCompStream) {
+    let _ = guard(|| {
+        // SAFETY: caller contract.
+        let Some(ws) = (unsafe { s.as_mut() }).filter(|x| x.magic == STREAM_MAGIC) else {
+            return 0;
+        };
+        ws.magic = 0;
+        // SAFETY: made by Box::into_raw in wd_comp_stream_new.
+        let b = unsafe { Box::from_raw(s) };
+        // SAFETY: caller contract.
+        if let (Some(w), Some(stream)) = (unsafe { comp(c) }, b.s) {
+            w.c.close_stream(stream);
+        }
+        0
+    });
 }

@@ -368,6 +368,37 @@ impl Compressor {
         Ok(self.run(false, alg, 0, max_ratio, &[input], &mut outs)?[0])
     }
 
+    /// Compress each input into its own stream in the output beside it,
+    /// several in flight: what each took and wrote. The first error ends
+    /// the batch.
+    pub fn compress_into(
+        &mut self,
+        alg: Algorithm,
+        level: i8,
+        inputs: &[&[u8]],
+        outs: &mut [&mut [u8]],
+    ) -> Result<Vec<Inflated>> {
+        if inputs.len() != outs.len() {
+            return Err(CodecError::Param.into());
+        }
+        self.run(true, alg, level, 0, inputs, &mut Outs::Slices(outs))
+    }
+
+    /// Decompress the stream at the start of each input into the output
+    /// beside it, several in flight.
+    pub fn decompress_into(
+        &mut self,
+        alg: Algorithm,
+        inputs: &[&[u8]],
+        outs: &mut [&mut [u8]],
+        max_ratio: u16,
+    ) -> Result<Vec<Inflated>> {
+        if inputs.len() != outs.len() {
+            return Err(CodecError::Param.into());
+        }
+        self.run(false, alg, 0, max_ratio, inputs, &mut Outs::Slices(outs))
+    }
+
     /// Compress each block into its own stream, several in flight: the
     /// streams, in order. The first error ends the batch.
     pub fn compress_blocks(
