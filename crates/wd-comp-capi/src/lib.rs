@@ -299,11 +299,14 @@ pub unsafe extern "C" fn wd_comp_stats(c: *mut WdComp, out: *mut WdCompStats) ->
     })
 }
 
+/// A batch's inputs and outputs, as slices.
+type Batch<'a> = (Vec<&'a [u8]>, Vec<&'a mut [u8]>);
+
 /// The buffers of a batch as slices (`None`: a NULL or overlapping one).
 ///
 /// # Safety
 /// `bufs` valid for `n` entries, each naming valid memory (wd_comp.h).
-unsafe fn batch<'a>(bufs: *mut WdCompBuf, n: usize) -> Option<(Vec<&'a [u8]>, Vec<&'a mut [u8]>)> {
+unsafe fn batch<'a>(bufs: *mut WdCompBuf, n: usize) -> Option<Batch<'a>> {
     if bufs.is_null() && n > 0 {
         return None;
     }
