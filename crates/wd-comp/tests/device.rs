@@ -4,20 +4,21 @@
 //! killed mid-way finishing correct.
 #![allow(unsafe_code)]
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use wd_comp::{Algorithm, CompError, Compressor, Config, Policy, DEFAULT_LEVEL};
 use wrapdrive::HostConn;
 
-/// Entry point of the host process; does nothing in a normal test run.
+/// The host process: this test binary re-run in the role "host" (see
+/// wd_testutil::Role); does nothing in a normal test run.
 #[test]
-fn host_entry() {
-    let Ok(sock) = std::env::var("WD_TEST_HOST_SOCKET") else {
+fn child_entry() {
+    if wd_testutil::role().as_deref() != Some("host") {
         return;
-    };
+    }
     let cfg = wd_host::HostConfig {
-        socket: sock,
+        socket: std::env::var("WD_TEST_HOST_SOCKET").expect("the host's socket"),
         socket_mode: 0o600,
         devices: vec![wd_host::DeviceConfig::new("zip")],
         ..Default::default()
@@ -31,33 +32,19 @@ fn host_entry() {
     }
 }
 
-/// Kills the host process whatever happens to the test.
-struct HostProc(std::process::Child, String);
-
-impl Drop for HostProc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+/// A host process with a zip device on its own socket (killed on drop).
+struct HostProc(wd_testutil::Role, String);
 
 fn spawn_host(name: &str) -> HostProc {
     let dir = std::env::temp_dir().join(format!("wd-comp-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let sock = dir.join("wd.sock").display().to_string();
     let _ = std::fs::remove_file(&sock);
-    let child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "host_entry", "--nocapture"])
-        .env("WD_TEST_HOST_SOCKET", &sock)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while HostConn::connect(&sock).is_err() {
-        assert!(t.elapsed() < Duration::from_secs(10), "host did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    HostProc(child, sock)
+    let mut c = wd_testutil::Role::command("host");
+    c.env("WD_TEST_HOST_SOCKET", &sock).stdout(Stdio::null());
+    let role = wd_testutil::Role::spawn(c);
+    wd_testutil::wait_until("the host", || HostConn::connect(&sock).is_ok());
+    HostProc(role, sock)
 }
 
 fn data(n: usize, seed: u32) -> Vec<u8> {
@@ -230,7 +217,7 @@ fn routing_is_counted_and_fallback_is_explicit() {
 
 #[test]
 fn a_batch_survives_its_host_dying() {
-    let mut host = spawn_host("restart");
+    let host = spawn_host("restart");
     let sock = host.1.clone();
     let conn = HostConn::connect(&sock).unwrap();
     let mut cfg = offload_cfg();
@@ -242,8 +229,7 @@ fn a_batch_survives_its_host_dying() {
     // Kill the host while batches run; start another on the same socket.
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(30));
-        let _ = host.0.kill();
-        let _ = host.0.wait();
+        drop(host);
         std::thread::sleep(Duration::from_millis(100));
         spawn_host("restart")
     });
