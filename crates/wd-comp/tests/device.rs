@@ -33,7 +33,10 @@ fn child_entry() {
 }
 
 /// A host process with a zip device on its own socket (killed on drop).
-struct HostProc(wd_testutil::Role, String);
+struct HostProc {
+    _process: wd_testutil::Role,
+    socket: String,
+}
 
 fn spawn_host(name: &str) -> HostProc {
     let dir = std::env::temp_dir().join(format!("wd-comp-{name}-{}", std::process::id()));
@@ -44,7 +47,10 @@ fn spawn_host(name: &str) -> HostProc {
     c.env("WD_TEST_HOST_SOCKET", &sock).stdout(Stdio::null());
     let role = wd_testutil::Role::spawn(c);
     wd_testutil::wait_until("the host", || HostConn::connect(&sock).is_ok());
-    HostProc(role, sock)
+    HostProc {
+        _process: role,
+        socket: sock,
+    }
 }
 
 fn data(n: usize, seed: u32) -> Vec<u8> {
@@ -84,7 +90,7 @@ fn offload_cfg() -> Config {
 #[test]
 fn device_and_cpu_make_the_same_bytes() {
     let host = spawn_host("same");
-    let conn = HostConn::connect(&host.1).unwrap();
+    let conn = HostConn::connect(&host.socket).unwrap();
     let mut dev = Compressor::new(Some(conn), offload_cfg());
     let mut cpu = Compressor::new(
         None,
@@ -122,7 +128,7 @@ fn device_and_cpu_make_the_same_bytes() {
 #[test]
 fn errors_are_the_same_on_both_paths() {
     let host = spawn_host("errors");
-    let conn = HostConn::connect(&host.1).unwrap();
+    let conn = HostConn::connect(&host.socket).unwrap();
     let mut dev = Compressor::new(Some(conn), offload_cfg());
     let mut cpu = Compressor::new(
         None,
@@ -192,7 +198,7 @@ fn routing_is_counted_and_fallback_is_explicit() {
     // With a host, auto: big blocks offloaded, and the caller helps while
     // the slots are full.
     let host = spawn_host("auto");
-    let conn = HostConn::connect(&host.1).unwrap();
+    let conn = HostConn::connect(&host.socket).unwrap();
     let mut auto = Compressor::new(
         Some(conn),
         Config {
@@ -218,7 +224,7 @@ fn routing_is_counted_and_fallback_is_explicit() {
 #[test]
 fn a_batch_survives_its_host_dying() {
     let host = spawn_host("restart");
-    let sock = host.1.clone();
+    let sock = host.socket.clone();
     let conn = HostConn::connect(&sock).unwrap();
     let mut cfg = offload_cfg();
     cfg.fallback = true;
@@ -280,7 +286,7 @@ fn stream_compress(
 fn streams_run_on_the_device_or_here_and_end_with_their_host() {
     let data = data(200_000, 21);
     let host = spawn_host("streams");
-    let conn = HostConn::connect(&host.1).unwrap();
+    let conn = HostConn::connect(&host.socket).unwrap();
     let mut dev = Compressor::new(Some(conn), offload_cfg());
     let mut cpu = Compressor::new(None, Config::default());
     for alg in [Algorithm::Zlib, Algorithm::Gzip, Algorithm::Zstd] {
@@ -349,11 +355,11 @@ fn streams_run_on_the_device_or_here_and_end_with_their_host() {
     let mut buf = vec![0u8; 100_000];
     dev.stream_run(&mut s, &data[..50_000], &mut buf, wd_comp::Flush::None)
         .unwrap();
-    let sock = host.1.clone();
+    let sock = host.socket.clone();
     drop(host);
     let _new = {
         let h = spawn_host("streams");
-        assert_eq!(h.1, sock);
+        assert_eq!(h.socket, sock);
         h
     };
     match dev.stream_run(&mut s, &data[50_000..], &mut buf, wd_comp::Flush::Finish) {
