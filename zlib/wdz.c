@@ -455,6 +455,9 @@ static int ensure_real(z_streamp strm)
     return ret;
 }
 
+/* Largest output the shim holds for a caller with a small buffer. */
+#define MAX_ASIDE ((size_t)256 << 20)
+
 /* This thread's scratch output for whole-stream work whose output does
  * not fit the caller's buffer: grown as needed, kept between calls (a large buffer allocated
  * per call would be mapped and unmapped each time), freed at thread exit. */
@@ -532,7 +535,10 @@ static int deflate_whole(struct record *r, z_streamp s)
     size_t room = s->avail_out;
     unsigned char *out = s->next_out;
     if (room < bound) {
-        /* Too little room to be sure: compress aside, hand out in parts. */
+        /* Too little room to be sure: compress aside, hand out in parts
+         * (not beyond MAX_ASIDE: zlib streams a larger input in less). */
+        if (bound > MAX_ASIDE)
+            return -1;
         out = scratch(bound);
         if (!out)
             return -1;
@@ -737,8 +743,6 @@ int inflateInit2_(z_streamp strm, int windowBits, const char *version, int strea
     return ret;
 }
 
-/* Largest output the shim holds for a caller with a small buffer. */
-#define MAX_ASIDE ((size_t)256 << 20)
 
 /* Decompress a whole stream from the stream's input; as deflate_whole. */
 static int inflate_whole(struct record *r, z_streamp s)
