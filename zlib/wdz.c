@@ -188,6 +188,7 @@ struct record {
     enum phase phase;
     unsigned char *pending;
     size_t pend_len, pend_pos;
+    size_t pend_cap; /* capacity when `pending` is a scratch buffer, else 0 */
     uLong adler;
 };
 
@@ -207,11 +208,45 @@ static struct record *find(z_streamp s)
     return r;
 }
 
+/* This thread's scratch output for whole-stream work whose output does
+ * not fit the caller's buffer: grown as needed and kept between calls (a
+ * buffer allocated per call would be faulted in each time), freed at
+ * thread exit. A stream whose output waits takes the buffer over and
+ * gives it back to the thread that drains it. */
+static __thread unsigned char *tl_scratch;
+static __thread size_t tl_scratch_len;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_key_make(void) { pthread_key_create(&scratch_key, free); }
+
+static unsigned char *scratch(size_t size)
+{
+    if (size <= tl_scratch_len)
+        return tl_scratch;
+    pthread_once(&scratch_once, scratch_key_make);
+    unsigned char *b = realloc(tl_scratch, size);
+    if (!b)
+        return NULL;
+    tl_scratch = b;
+    tl_scratch_len = size;
+    pthread_setspecific(scratch_key, b);
+    return b;
+}
+
 static void drop_pending(struct record *r)
 {
-    free(r->pending);
+    if (r->pending && r->pend_cap && !tl_scratch) {
+        /* A scratch buffer the stream took over: back to this thread. */
+        pthread_once(&scratch_once, scratch_key_make);
+        tl_scratch = r->pending;
+        tl_scratch_len = r->pend_cap;
+        pthread_setspecific(scratch_key, tl_scratch);
+    } else {
+        free(r->pending);
+    }
     r->pending = NULL;
-    r->pend_len = r->pend_pos = 0;
+    r->pend_len = r->pend_pos = r->pend_cap = 0;
 }
 
 static void forget(z_streamp s)
@@ -241,7 +276,7 @@ static struct record *remember(z_streamp s, const struct record *init)
     *r = *init;
     r->strm = s;
     r->pending = NULL;
-    r->pend_len = r->pend_pos = 0;
+    r->pend_len = r->pend_pos = r->pend_cap = 0;
     pthread_mutex_lock(&table_lock);
     r->next = table[bucket(s)];
     table[bucket(s)] = r;
@@ -458,30 +493,6 @@ static int ensure_real(z_streamp strm)
 /* Largest output the shim holds for a caller with a small buffer. */
 #define MAX_ASIDE ((size_t)256 << 20)
 
-/* This thread's scratch output for whole-stream work whose output does
- * not fit the caller's buffer: grown as needed, kept between calls (a large buffer allocated
- * per call would be mapped and unmapped each time), freed at thread exit. */
-static __thread unsigned char *tl_scratch;
-static __thread size_t tl_scratch_len;
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-
-static void scratch_key_make(void) { pthread_key_create(&scratch_key, free); }
-
-static unsigned char *scratch(size_t size)
-{
-    if (size <= tl_scratch_len)
-        return tl_scratch;
-    pthread_once(&scratch_once, scratch_key_make);
-    unsigned char *b = realloc(tl_scratch, size);
-    if (!b)
-        return NULL;
-    tl_scratch = b;
-    tl_scratch_len = size;
-    pthread_setspecific(scratch_key, b);
-    return b;
-}
-
 /* A whole stream is done: `used` input bytes taken, `made` output bytes
  * at `out` (the caller's buffer or this thread's scratch). Hand out what
  * fits and keep the rest. */
@@ -492,11 +503,11 @@ static int finish_whole(struct record *r, z_streamp s, size_t used, const unsign
     unsigned char *rest = NULL;
     if (now < made) {
         /* The rest waits in the scratch buffer itself, which the stream
-         * takes over (the thread makes a new one when it next needs one):
-         * no copy of it. */
+         * takes over until it is drained: no copy of it. */
         if (out != tl_scratch)
             return -1;
         rest = tl_scratch;
+        r->pend_cap = tl_scratch_len;
         tl_scratch = NULL;
         tl_scratch_len = 0;
         pthread_setspecific(scratch_key, NULL);
