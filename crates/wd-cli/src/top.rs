@@ -25,9 +25,12 @@ requests/s and bytes/s over the last interval, faults and fallbacks as totals wi
 interval's increase in brackets. Fallbacks are the client library's own count of requests
 it ran on the CPU instead (client/cpu_requests): reported by the client, not verified.
 
-P99 shows '-': a client submits by writing shared memory, so the host first sees a
-request when an engine takes it from the ring and cannot time it from submission to
-completion without a clock read per request. Client-side latency: `wd bench`.
+P99 is the client library's own measure, from sending a request to receiving its
+completion, for about one request in 64 (the host cannot time a request it first sees
+in shared memory); the histogram in the ring halves every second, so it weighs the last
+few seconds. It is a bucket bound, up to 25% above the true value, reported by the
+client and not verified; '-' when the queue served no request in the interval or its
+client keeps no histogram (an NVMe controller's own queues).
 
 Rates cover the queues this user may see (all of them for the host's owner and root);
 a queue that closed during an interval takes its counts with it.")]
@@ -70,6 +73,9 @@ pub struct QueueSnap {
     /// `client/cpu_requests`; the host lists client counters only once one
     /// is nonzero, so absent means the client reported none.
     pub fallbacks: u64,
+    /// `client/latency_p99_ns` (`u64::MAX` for "inf", 7.5 s and more): the client's
+    /// sampled latencies of the last seconds.
+    pub p99_ns: Option<u64>,
 }
 
 /// One device at one moment.
@@ -189,6 +195,12 @@ impl Snapshot {
                                 ["bytes"] => q.bytes = num(v),
                                 ["faults"] => q.faults = num(v),
                                 ["client", "cpu_requests"] => q.fallbacks = num(v),
+                                ["client", "latency_p99_ns"] => {
+                                    q.p99_ns = match v {
+                                        "inf" => Some(u64::MAX),
+                                        _ => v.parse().ok(),
+                                    }
+                                }
                                 _ => {}
                             }
                         }
@@ -207,6 +219,22 @@ impl Snapshot {
             .collect();
         s.users = users.into_values().collect();
         s
+    }
+}
+
+/// Where the latency histogram's last, open bucket starts (7 x 2^30 ns,
+/// in µs): a p99 in it is shown as at least this.
+const OPEN_BUCKET_US: f64 = (7u64 << 30) as f64 / 1e3;
+
+/// A latency in microseconds, three digits at most.
+fn latency_text(us: f64) -> String {
+    match us {
+        _ if us >= OPEN_BUCKET_US => ">7.5s".to_string(),
+        _ if us >= 1e6 => format!("{:.1}s", us / 1e6),
+        _ if us < 10.0 => format!("{us:.1}us"),
+        _ if us < 1000.0 => format!("{us:.0}us"),
+        _ if us < 1e4 => format!("{:.1}ms", us / 1e3),
+        _ => format!("{:.0}ms", us / 1e3),
     }
 }
 
@@ -246,7 +274,9 @@ pub struct QueueView {
     pub faults_delta: u64,
     pub fallbacks: u64,
     pub fallbacks_delta: u64,
-    /// Always null: the host does not time requests (see `wd top --help`).
+    /// The client's sampled p99 of the last seconds (see `wd top --help`);
+    /// null when it reported none or the queue was idle; 7516192.768
+    /// means that much or more.
     pub p99_latency_us: Option<f64>,
 }
 
@@ -327,7 +357,12 @@ pub fn compute(prev: &Snapshot, cur: &Snapshot, secs: f64, time_unix_ms: u64) ->
                         faults_delta: delta(pq.map(|p| p.faults), q.faults),
                         fallbacks: q.fallbacks,
                         fallbacks_delta: delta(pq.map(|p| p.fallbacks), q.fallbacks),
-                        p99_latency_us: None,
+                        // A histogram the client stopped adding to is
+                        // not the interval's.
+                        p99_latency_us: q.p99_ns.filter(|_| dr > 0).map(|ns| match ns {
+                            u64::MAX => OPEN_BUCKET_US,
+                            _ => ns as f64 / 1e3,
+                        }),
                     }
                 })
                 .collect();
@@ -502,8 +537,7 @@ pub fn render(v: &View) -> String {
                 bytes_rate(q.bytes_per_s),
                 total_delta(q.faults, q.faults_delta),
                 total_delta(q.fallbacks, q.fallbacks_delta),
-                q.p99_latency_us
-                    .map_or("-".to_string(), |p| format!("{p:.0}us")),
+                q.p99_latency_us.map_or("-".to_string(), latency_text),
             );
         }
     }
@@ -746,6 +780,7 @@ mod tests {
                 bytes: 4_096_000,
                 faults: 1,
                 fallbacks: 6,
+                p99_ns: None,
             }]
         );
         assert_eq!(s.devices[2].nvme_commands, Some(100));
@@ -814,6 +849,37 @@ mod tests {
         // No interval measured (cannot happen in `run`): no division by zero.
         let v = compute(&a, &a, 0.0, 0);
         assert_eq!(v.devices[0].requests_per_s, 0.0);
+    }
+
+    #[test]
+    fn p99_is_the_clients_and_only_for_a_busy_queue() {
+        let with_p99 = |requests: &str, p99: &str| {
+            let mut t = host("10", requests, "0", "0", "0");
+            t.extend(tree(&[("dev0/queues/q7/client/latency_p99_ns", p99)]));
+            Snapshot::parse(&t)
+        };
+        let a = with_p99("1000", "1535");
+        assert_eq!(a.devices[0].queues[0].p99_ns, Some(1535));
+        let busy = compute(&a, &with_p99("2000", "98303"), 1.0, 0);
+        assert_eq!(busy.devices[0].queues[0].p99_latency_us, Some(98.303));
+        let t = render(&busy);
+        let q = t.lines().find(|l| l.starts_with("q7 ")).unwrap();
+        assert!(q.trim_end().ends_with("98us"), "{q}");
+        // Idle: the histogram is old news.
+        let idle = compute(&a, &with_p99("1000", "1535"), 1.0, 0);
+        assert_eq!(idle.devices[0].queues[0].p99_latency_us, None);
+        let inf = compute(&a, &with_p99("2000", "inf"), 1.0, 0);
+        let t = render(&inf);
+        assert!(
+            t.lines()
+                .any(|l| l.starts_with("q7 ") && l.trim_end().ends_with(">7.5s")),
+            "{t}"
+        );
+        // Garbage from a client is no figure.
+        assert_eq!(with_p99("1", "soon").devices[0].queues[0].p99_ns, None);
+        assert_eq!(latency_text(1.26), "1.3us");
+        assert_eq!(latency_text(2500.0), "2.5ms");
+        assert_eq!(latency_text(25_000.0), "25ms");
     }
 
     #[test]

@@ -172,6 +172,31 @@ pub fn list(host: &HostInner, who: PeerCred, prefix: &str) -> Vec<AttrEntry> {
                     out.push(entry(format!("{qb}/client/{name}"), v, false));
                 }
             }
+            // The client's sampled latencies of the last seconds, as
+            // bucket bounds (within 25% above the true percentile).
+            let hist = q.latency();
+            if let Some(p50) = wd_ring::latency_percentile(&hist, 0.5) {
+                let samples = hist.iter().fold(0u64, |a, &n| a.saturating_add(n));
+                out.push(entry(
+                    format!("{qb}/client/latency_samples"),
+                    samples,
+                    false,
+                ));
+                for (name, v) in [
+                    ("p50", p50),
+                    (
+                        "p99",
+                        wd_ring::latency_percentile(&hist, 0.99).unwrap_or(p50),
+                    ),
+                ] {
+                    let v = if v == u64::MAX {
+                        "inf".to_string()
+                    } else {
+                        v.to_string()
+                    };
+                    out.push(entry(format!("{qb}/client/latency_{name}_ns"), v, false));
+                }
+            }
         }
     }
     limit_attrs(&mut out, host, who, sees_all);

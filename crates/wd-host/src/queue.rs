@@ -427,4 +427,12 @@ impl Queue {
         // SAFETY: as in `client_stats`.
         unsafe { wd_ring::read_queue_stats(self.ring.as_ptr()) }
     }
+
+    /// The client library's sampled request latencies (a histogram,
+    /// [`wd_ring::latency_bucket`]; informational).
+    #[allow(unsafe_code)]
+    pub fn latency(&self) -> [u64; wd_ring::LATENCY_BUCKETS] {
+        // SAFETY: as in `client_stats`.
+        unsafe { wd_ring::read_latency(self.ring.as_ptr()) }
+    }
 }

@@ -42,6 +42,58 @@ pub const CLIENT_STAT_NAMES: [&str; CLIENT_STATS] = [
 pub const QUEUE_STATS: usize = 3;
 /// The queue counters' names, in their order in the ring.
 pub const QUEUE_STAT_NAMES: [&str; QUEUE_STATS] = ["reconnects", "redone", "failed_by_restart"];
+/// Buckets of the request-latency histogram a client keeps in its ring
+/// (see [`latency_bucket`]): four per power of two, the last one open
+/// from 7.5 s (7 x 2^30 ns) up.
+pub const LATENCY_BUCKETS: usize = 128;
+
+/// The histogram bucket of a latency of `ns` nanoseconds: values below 4
+/// have a bucket each, then every power of two is split in four, so a
+/// bucket's bounds are within 25% of each other (a percentile read from
+/// it is that close). Values past the last bucket land in it.
+#[inline]
+pub fn latency_bucket(ns: u64) -> usize {
+    if ns < 4 {
+        return ns as usize;
+    }
+    let e = 63 - ns.leading_zeros() as usize;
+    let i = 4 * (e - 1) + ((ns >> (e - 2)) & 3) as usize;
+    i.min(LATENCY_BUCKETS - 1)
+}
+
+/// The largest latency (ns) bucket `i` holds, which a percentile that
+/// falls in it reports (so it never understates); `u64::MAX` for the last,
+/// open-ended bucket.
+pub fn latency_bucket_bound(i: usize) -> u64 {
+    match i {
+        _ if i >= LATENCY_BUCKETS - 1 => u64::MAX,
+        0..=3 => i as u64,
+        _ => {
+            let e = i / 4 + 1;
+            let sub = (i % 4) as u64;
+            ((4 + sub + 1) << (e - 2)) - 1
+        }
+    }
+}
+
+/// The latency (ns) below which `q` (0..=1) of the samples of `hist`
+/// fall, as the upper bound of the bucket it reaches; None without
+/// samples.
+pub fn latency_percentile(hist: &[u64; LATENCY_BUCKETS], q: f64) -> Option<u64> {
+    let total: u64 = hist.iter().fold(0u64, |a, &n| a.saturating_add(n));
+    if total == 0 {
+        return None;
+    }
+    let want = ((total as f64 * q).ceil() as u64).clamp(1, total);
+    let mut seen = 0u64;
+    for (i, &n) in hist.iter().enumerate() {
+        seen = seen.saturating_add(n);
+        if seen >= want {
+            return Some(latency_bucket_bound(i));
+        }
+    }
+    Some(u64::MAX)
+}
 /// Smallest ring depth.
 pub const MIN_DEPTH: u32 = 2;
 /// Largest ring depth (bounds host memory per queue: 4 KiB + 3 x 4096 x
@@ -278,6 +330,7 @@ pub fn decode_cqe(body: &EntryBody) -> Desc {
 /// 320     host_state host -> client (ALIVE / STOPPED / BROKEN)
 /// 384     client_stats client -> host, 8 x u64 (informational counters)
 /// 448     queue_stats  client -> host, 3 x u64 (restarts lived through)
+/// 512     latency      client -> host, 128 x u64 (sampled request latency)
 /// 4096    submission entries  depth x 64 B
 /// ...     completion entries  depth x 64 B
 /// ...     submission extensions depth x 64 B (message bytes 48..96)
@@ -300,6 +353,7 @@ pub(crate) mod off {
     pub const HOST_STATE: usize = 320;
     pub const CLIENT_STATS: usize = 384;
     pub const QUEUE_STATS: usize = 448;
+    pub const LATENCY: usize = 512;
 }
 
 impl RingLayout {
@@ -385,6 +439,43 @@ impl RingLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn latency_buckets_tile_the_line() {
+        // Each bucket ends where the next begins, and the bound is in its bucket.
+        for i in 0..LATENCY_BUCKETS - 1 {
+            let b = latency_bucket_bound(i);
+            assert_eq!(latency_bucket(b), i, "bound of {i}");
+            assert_eq!(latency_bucket(b + 1), i + 1, "after bound of {i}");
+        }
+        assert_eq!(latency_bucket(u64::MAX), LATENCY_BUCKETS - 1);
+        // Within 25%: a bucket's low end is more than 4/5 of its bound.
+        for i in 8..LATENCY_BUCKETS - 1 {
+            let lo = latency_bucket_bound(i - 1) + 1;
+            assert!(
+                lo as f64 >= latency_bucket_bound(i) as f64 * 0.8,
+                "bucket {i}"
+            );
+        }
+        assert_eq!(latency_bucket_bound(LATENCY_BUCKETS - 2), (7 << 30) - 1);
+    }
+
+    #[test]
+    fn latency_percentiles_from_counts() {
+        let mut h = [0u64; LATENCY_BUCKETS];
+        assert_eq!(latency_percentile(&h, 0.99), None);
+        // 98 fast samples and 2 slow ones: p50 is fast, p99 slow.
+        h[latency_bucket(1_000)] = 98;
+        h[latency_bucket(50_000)] = 2;
+        let fast = latency_percentile(&h, 0.5).unwrap();
+        assert!((1_000..1_250).contains(&fast), "{fast}");
+        let slow = latency_percentile(&h, 0.99).unwrap();
+        assert!((50_000..62_500).contains(&slow), "{slow}");
+        assert_eq!(latency_percentile(&h, 0.98), Some(fast));
+        // Counts a hostile client wrote do not overflow the sum.
+        h[0] = u64::MAX;
+        assert_eq!(latency_percentile(&h, 0.5), Some(0));
+    }
 
     #[test]
     fn depth_rules() {

@@ -13,14 +13,15 @@ mod layout;
 mod view;
 
 pub use layout::{
-    decode_cqe, decode_sqe, encode_cqe, encode_sqe, sqe_continued, Desc, EntryBody, Extension,
-    RingLayout, CLIENT_STATS, CLIENT_STAT_NAMES, COMPLETION_PAYLOAD, DESC_SIZE, ENTRY_SIZE,
-    INLINE_PAYLOAD, MAX_DEPTH, MIN_DEPTH, PAYLOAD_SIZE, QUEUE_STATS, QUEUE_STAT_NAMES, RING_MAGIC,
-    RING_VERSION, SQE_CONTINUED,
+    decode_cqe, decode_sqe, encode_cqe, encode_sqe, latency_bucket, latency_bucket_bound,
+    latency_percentile, sqe_continued, Desc, EntryBody, Extension, RingLayout, CLIENT_STATS,
+    CLIENT_STAT_NAMES, COMPLETION_PAYLOAD, DESC_SIZE, ENTRY_SIZE, INLINE_PAYLOAD, LATENCY_BUCKETS,
+    MAX_DEPTH, MIN_DEPTH, PAYLOAD_SIZE, QUEUE_STATS, QUEUE_STAT_NAMES, RING_MAGIC, RING_VERSION,
+    SQE_CONTINUED,
 };
 pub use view::{
-    engine_needs_wakeup_at, read_client_stats, read_queue_stats, HostState, RingView, CQ_WAITING,
-    SQ_NEED_WAKEUP,
+    engine_needs_wakeup_at, read_client_stats, read_latency, read_queue_stats, HostState, RingView,
+    CQ_WAITING, SQ_NEED_WAKEUP,
 };
 
 /// Errors of ring handling.

@@ -21,7 +21,7 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 use crate::layout::{
     decode_cqe, decode_sqe, encode_cqe, encode_sqe, off, sqe_continued, Desc, EntryBody, Extension,
-    RingLayout, CLIENT_STATS, ENTRY_SIZE, QUEUE_STATS, RING_MAGIC, RING_VERSION,
+    RingLayout, CLIENT_STATS, ENTRY_SIZE, LATENCY_BUCKETS, QUEUE_STATS, RING_MAGIC, RING_VERSION,
 };
 use crate::RingError;
 
@@ -404,6 +404,35 @@ impl RingView {
         }
     }
 
+    /// Client: count one sampled request latency of `ns` nanoseconds in
+    /// the ring's histogram ([`crate::latency_bucket`]). The client is the
+    /// only writer, so a load and a store suffice.
+    pub fn record_latency(&self, ns: u64) {
+        let w = self.latency_word(crate::latency_bucket(ns));
+        w.store(w.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+    }
+
+    /// Client: divide every count of the latency histogram by 2^`shift`,
+    /// so that it weighs the last seconds (a reader sees a mix of old and
+    /// new counts meanwhile: they are only displayed).
+    pub fn age_latency(&self, shift: u32) {
+        for i in 0..LATENCY_BUCKETS {
+            let w = self.latency_word(i);
+            w.store(
+                w.load(Ordering::Relaxed).checked_shr(shift).unwrap_or(0),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    fn latency_word(&self, i: usize) -> &AtomicU64 {
+        assert!(i < LATENCY_BUCKETS, "latency bucket {i} out of range");
+        // SAFETY: LATENCY_BUCKETS words at an 8-aligned header offset
+        // inside the mapping (512 + 8 x 128 <= 4096), living as long as
+        // the view; atomics may be shared with another process.
+        unsafe { AtomicU64::from_ptr(self.base.add(off::LATENCY + 8 * i).cast()) }
+    }
+
     /// Either side: what the host says about this ring.
     #[inline]
     pub fn host_state(&self) -> HostState {
@@ -570,6 +599,22 @@ pub unsafe fn read_queue_stats(base: *const u8) -> [u64; QUEUE_STATS] {
         // SAFETY: per the contract, the header holds these words; atomics
         // tolerate a concurrent writer in another process.
         let w = unsafe { AtomicU64::from_ptr(base.add(off::QUEUE_STATS + 8 * i) as *mut u64) };
+        *x = w.load(Ordering::Relaxed);
+    }
+    v
+}
+
+/// Host: the latency histogram a client keeps in its ring (any values:
+/// they are only displayed).
+///
+/// # Safety
+/// As [`read_client_stats`].
+pub unsafe fn read_latency(base: *const u8) -> [u64; LATENCY_BUCKETS] {
+    let mut v = [0u64; LATENCY_BUCKETS];
+    for (i, x) in v.iter_mut().enumerate() {
+        // SAFETY: per the contract, the header holds these words; atomics
+        // tolerate a concurrent writer in another process.
+        let w = unsafe { AtomicU64::from_ptr(base.add(off::LATENCY + 8 * i) as *mut u64) };
         *x = w.load(Ordering::Relaxed);
     }
     v

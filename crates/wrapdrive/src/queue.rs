@@ -24,6 +24,9 @@ const SPIN: Duration = Duration::from_micros(50);
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(10);
 /// Slice of a blocking wait between liveness checks.
 const WAIT_SLICE: Duration = Duration::from_millis(200);
+/// One request in about this many has its latency measured for the ring's
+/// histogram (`wd top`): two clock reads per sample, not per request.
+const LATENCY_SAMPLE_EVERY: u32 = 64;
 
 /// A completed request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,6 +130,13 @@ pub struct Queue {
     shares: Vec<Share>,
     stats: QueueStats,
     last_liveness: Instant,
+    /// The request whose latency is being measured: its tag slot and when
+    /// it was sent (one at a time).
+    latency_sample: Option<(u32, Instant)>,
+    /// Requests to send before the next one is measured.
+    latency_countdown: u32,
+    /// When the histogram last aged (halved per second since).
+    latency_aged: Instant,
     /// Empty non-blocking receives (the liveness check reads the clock
     /// only every `SPIN_CLOCK_EVERY` of them).
     empty_polls: u32,
@@ -254,6 +264,9 @@ impl Queue {
             wait_armed: false,
             wait_signalled: false,
             released: false,
+            latency_sample: None,
+            latency_countdown: LATENCY_SAMPLE_EVERY,
+            latency_aged: Instant::now(),
             legacy_planner: None,
         })
     }
@@ -368,6 +381,10 @@ impl Queue {
             return Ok(reqs.len());
         }
         let n = reqs.len().min(self.free_slots.len());
+        let measure =
+            n > 0 && self.latency_sample.is_none() && self.latency_countdown as usize <= n;
+        let t0 = measure.then(Instant::now);
+        let mut first_slot = None;
         let (free_slots, slots, sent) = (&mut self.free_slots, &mut self.slots, &mut self.sent);
         // Each request gets a free tag slot as it is written (the ring
         // writes no more than the host's head allows, and takes no slot for
@@ -378,10 +395,21 @@ impl Queue {
                 let slot = free_slots.pop().expect("counted free slots");
                 slots[slot as usize] = Some(*cookie);
                 sent[slot as usize] = *req;
+                first_slot.get_or_insert(slot);
                 (req, u64::from(slot))
             })
             .map_err(|e| ClientError::new(Status::BadState, e.to_string()))?;
         self.stats.sent += n as u64;
+        match (t0, first_slot) {
+            (Some(t0), Some(slot)) => {
+                self.latency_sample = Some((slot, t0));
+                self.latency_countdown = LATENCY_SAMPLE_EVERY;
+            }
+            _ if self.latency_sample.is_none() => {
+                self.latency_countdown = self.latency_countdown.saturating_sub(n as u32);
+            }
+            _ => {}
+        }
         if n > 0 && self.view.engine_needs_wakeup() {
             match self.ring_doorbell() {
                 Ok(()) => {}
@@ -601,7 +629,28 @@ impl Queue {
             ));
         };
         self.free_slots.push(slot as u32);
+        if let Some((s, t0)) = self.latency_sample {
+            if s as usize == slot {
+                self.latency_sample = None;
+                self.record_latency(t0);
+            }
+        }
         Ok(Completion { cookie, desc: *d })
+    }
+
+    /// Count the latency of a request sent at `sent` in the ring's
+    /// histogram, which halves every second so that `wd top` shows the
+    /// last seconds rather than the queue's whole life.
+    fn record_latency(&mut self, sent: Instant) {
+        let now = Instant::now();
+        let secs = now.saturating_duration_since(self.latency_aged).as_secs();
+        if secs > 0 {
+            self.view.age_latency(secs.min(64) as u32);
+            self.latency_aged = now;
+        }
+        let ns = now.saturating_duration_since(sent).as_nanos();
+        self.view
+            .record_latency(u64::try_from(ns).unwrap_or(u64::MAX));
     }
 
     /// Whether a reaped completion is handed out (not one nobody waits for).
@@ -1293,6 +1342,9 @@ impl Queue {
         fresh.released = true;
         drop(fresh);
         self.wait_set = None;
+        // The new ring starts a new histogram; a request failed below frees
+        // its slot for another.
+        self.latency_sample = None;
         self.wait_armed = false;
         self.wait_signalled = false;
         self.last_liveness = Instant::now();
