@@ -7,9 +7,12 @@ cd "$(dirname "$0")/.."
 
 echo "== rustfmt"
 cargo fmt --all -- --check
+# The fuzz targets are a workspace of their own: same rules.
+cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 
 echo "== clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --manifest-path fuzz/Cargo.toml --all-targets --locked -- -D warnings
 
 # Tests that need what this machine lacks append "test: reason" here and
 # are counted in the summary, never passed silently.

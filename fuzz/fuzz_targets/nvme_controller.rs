@@ -207,7 +207,7 @@ fuzz_target!(|data: &[u8]| {
                 };
                 match kind % 7 {
                     0 | 1 => {
-                        let cq = kind % 7 == 0;
+                        let cq = kind.is_multiple_of(7);
                         let base = BASE + 0x2000 * qid as u64 + if cq { 0x1000 } else { 0 };
                         s.opcode = if cq {
                             AdminOp::CreateCq

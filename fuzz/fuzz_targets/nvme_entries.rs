@@ -17,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
     let q = CreateQueue::from_sqe(&s);
     assert!(q.entries >= 1 && q.entries <= 0x1_0000);
     let l = GetLogPage::from_sqe(&s);
-    assert!(l.len >= 4 && l.len % 4 == 0);
+    assert!(l.len >= 4 && l.len.is_multiple_of(4));
     let mut c = [0u8; CQE_SIZE];
     c.copy_from_slice(&raw[..CQE_SIZE]);
     let cqe = Cqe::from_bytes(&c);

@@ -26,11 +26,13 @@ impl GuestMemory for Mem {
 
 fuzz_target!(|data: &[u8]| {
     let iommu = Iommu::new();
-    let mut s = DeviceSettings::default();
-    s.domain = DomainConfig {
-        max_pages: 1 << 16,
-        max_table_pages: 256,
-        ..DomainConfig::default()
+    let s = DeviceSettings {
+        domain: DomainConfig {
+            max_pages: 1 << 16,
+            max_table_pages: 256,
+            ..DomainConfig::default()
+        },
+        ..DeviceSettings::default()
     };
     let mut dev = VirtioIommu::new(&iommu, s);
     for id in 0..4u32 {

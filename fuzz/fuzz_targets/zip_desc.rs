@@ -24,9 +24,12 @@ fuzz_target!(|data: &[u8]| {
     let mut mem = FlatMemory::new(BASE, MEM);
     // The first part of the input fills client memory (compressed data
     // to decode, text to compress); descriptors follow.
-    let split = data.len().min(MEM).min(data.first().map_or(0, |&b| b as usize * 512));
+    let split = data
+        .len()
+        .min(MEM)
+        .min(data.first().map_or(0, |&b| b as usize * 512));
     mem.put(BASE, &data[..split]);
-    mem.set_slices(data.len() % 2 == 0);
+    mem.set_slices(data.len().is_multiple_of(2));
     for chunk in data[split..].chunks(DESC_SIZE) {
         let mut b = [0u8; DESC_SIZE];
         b[..chunk.len()].copy_from_slice(chunk);
@@ -70,5 +73,9 @@ fuzz_target!(|data: &[u8]| {
         assert!(q.session_count() <= msg::MAX_SESSIONS);
     }
     drop(q);
-    assert_eq!(live.load(Ordering::Relaxed), 0, "sessions outlived their queue");
+    assert_eq!(
+        live.load(Ordering::Relaxed),
+        0,
+        "sessions outlived their queue"
+    );
 });

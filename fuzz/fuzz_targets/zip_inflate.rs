@@ -60,7 +60,11 @@ fuzz_target!(|data: &[u8]| {
     // fit the one-shot room) is the same data.
     if let Ok(got) = one {
         if ended && alg.is_deflate() && streamed.len() <= room {
-            assert_eq!(&out[..got.produced], &streamed[..], "{alg}: decoders disagree");
+            assert_eq!(
+                &out[..got.produced],
+                &streamed[..],
+                "{alg}: decoders disagree"
+            );
         }
     }
 });
