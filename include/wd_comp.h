@@ -28,6 +28,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -103,6 +104,21 @@ int wd_comp_compress_batch(struct wd_comp *c, int alg, int level, struct wd_comp
                            size_t n);
 int wd_comp_decompress_batch(struct wd_comp *c, int alg, struct wd_comp_buf *bufs, size_t n,
                              unsigned max_ratio);
+
+/* Scatter lists (struct iovec, <sys/uio.h>; at most 1024 pieces each,
+ * pieces may be empty). Compress the message in src's pieces, in order,
+ * into one stream written across dst's pieces, in order; *produced: the
+ * bytes written on success. On the device the pieces are gathered into
+ * and scattered from the request's staging memory (no copy more than one
+ * contiguous buffer costs). No output piece may overlap another piece,
+ * input or output (-EINVAL). Since WD_COMP_0.2. */
+int wd_comp_compress_sg(struct wd_comp *c, int alg, int level, const struct iovec *src,
+                        size_t n_src, const struct iovec *dst, size_t n_dst, size_t *produced);
+/* Decompress the stream at the start of src's pieces into dst's pieces;
+ * *consumed (when not NULL) and *produced as for wd_comp_decompress. */
+int wd_comp_decompress_sg(struct wd_comp *c, int alg, const struct iovec *src, size_t n_src,
+                          size_t *consumed, const struct iovec *dst, size_t n_dst,
+                          size_t *produced, unsigned max_ratio);
 
 /* Streams: state that carries across calls, in a session of the zip
  * device when a queue is to be had, else in this thread. A device stream

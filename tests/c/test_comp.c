@@ -106,6 +106,52 @@ int main(void)
 		free(outs[i]);
 	}
 
+	/* Scatter lists: the message in uneven pieces (one empty) into three
+	 * output pieces gives the contiguous stream; back the same way. */
+	{
+		size_t cont = wd_comp_bound(WD_COMP_ZLIB, n);
+		unsigned char *whole = malloc(cont), *zz = malloc(cont);
+		CHECK(wd_comp_compress(c, WD_COMP_ZLIB, 1, d, n, whole, &cont) == 0, "contiguous");
+		struct iovec in[4] = {{d, 7}, {d + 7, 0}, {d + 7, 100000}, {d + 100007, n - 100007}};
+		size_t room = wd_comp_bound(WD_COMP_ZLIB, n);
+		struct iovec out[3] = {{zz, 1000}, {zz + 1000, 3}, {zz + 1003, room - 1003}};
+		size_t made = 0, took = 0, got = 0;
+		CHECK(wd_comp_compress_sg(c, WD_COMP_ZLIB, 1, in, 4, out, 3, &made) == 0 && made == cont &&
+			      memcmp(zz, whole, cont) == 0,
+		      "scatter list compress gives the contiguous stream (%zu of %zu)", made, cont);
+		struct iovec zin[2] = {{zz, made / 3}, {zz + made / 3, made - made / 3}};
+		struct iovec bout[2] = {{back, 12345}, {back + 12345, n - 12345}};
+		CHECK(wd_comp_decompress_sg(c, WD_COMP_ZLIB, zin, 2, &took, bout, 2, &got, 0) == 0 &&
+			      took == made && got == n && memcmp(back, d, n) == 0,
+		      "scatter list round trip");
+		/* Refused: output pieces overlapping each other or an input,
+		 * a NULL piece with a length, too many pieces; counts untouched. */
+		struct iovec lap[2] = {{zz, 100}, {zz + 50, room - 50}};
+		made = 77;
+		CHECK(wd_comp_compress_sg(c, WD_COMP_ZLIB, 1, in, 4, lap, 2, &made) == -EINVAL && made == 77,
+		      "overlapping output pieces refused");
+		struct iovec into[1] = {{d + 10, 1000}};
+		CHECK(wd_comp_compress_sg(c, WD_COMP_ZLIB, 1, in, 4, into, 1, &made) == -EINVAL,
+		      "output over an input refused");
+		struct iovec null[1] = {{NULL, 10}};
+		CHECK(wd_comp_compress_sg(c, WD_COMP_ZLIB, 1, null, 1, out, 3, &made) == -EINVAL,
+		      "NULL piece refused");
+		CHECK(wd_comp_compress_sg(c, WD_COMP_ZLIB, 1, in, 1025, out, 3, &made) == -EINVAL,
+		      "more than 1024 pieces refused");
+		CHECK(wd_comp_compress_sg(c, WD_COMP_ZLIB, 1, in, 4, out, 3, NULL) == -EINVAL,
+		      "NULL produced refused");
+		/* Too little room across the pieces: -ENOBUFS. */
+		CHECK(wd_comp_decompress_sg(c, WD_COMP_ZLIB, zin, 2, NULL, bout, 1, &got, 0) == -ENOBUFS &&
+			      got == n,
+		      "no room across the pieces");
+		/* A batch whose outputs overlap each other is refused. */
+		struct wd_comp_buf lapb[2] = {{d, 1000, zz, 2000, 0}, {d, 1000, zz + 1000, 2000, 0}};
+		CHECK(wd_comp_compress_batch(c, WD_COMP_ZLIB, 1, lapb, 2) == -EINVAL,
+		      "batch outputs overlapping each other refused");
+		free(whole);
+		free(zz);
+	}
+
 	/* A stream: compressed in pieces with every flush mode, then
 	 * decompressed in small pieces. */
 	struct wd_comp_stream *s = NULL;

@@ -43,6 +43,16 @@ pub struct WdCompBuf {
     consumed: usize,
 }
 
+/// `struct iovec` (sys/uio.h): one piece of a scatter list.
+#[repr(C)]
+pub struct IoVec {
+    base: *mut c_void,
+    len: usize,
+}
+
+/// Pieces a scatter list may have (as `IOV_MAX`).
+const SG_MAX: usize = 1024;
+
 /// `struct wd_comp_stats`.
 #[repr(C)]
 pub struct WdCompStats {
@@ -299,7 +309,25 @@ pub unsafe extern "C" fn wd_comp_stats(c: *mut WdComp, out: *mut WdCompStats) ->
     })
 }
 
-/// A batch's inputs and outputs, as slices.
+/// Whether no output range overlaps another range, input or output
+/// (inputs may overlap each other: they are only read). Ranges are
+/// (address, length); empty ones overlap nothing.
+fn disjoint(inputs: &[(usize, usize)], outputs: &[(usize, usize)]) -> bool {
+    let mut outs: Vec<(usize, usize)> = outputs.iter().copied().filter(|r| r.1 > 0).collect();
+    outs.sort_unstable();
+    let end = |(a, n): (usize, usize)| a.saturating_add(n);
+    if outs.windows(2).any(|w| end(w[0]) > w[1].0) {
+        return false;
+    }
+    inputs.iter().filter(|r| r.1 > 0).all(|&r| {
+        // The last output starting before this input ends is the only one
+        // that can reach into it (outputs do not overlap each other).
+        let i = outs.partition_point(|o| o.0 < end(r));
+        i == 0 || end(outs[i - 1]) <= r.0
+    })
+}
+
+/// Inputs and outputs (of a batch, or two scatter lists), as slices.
 type Batch<'a> = (Vec<&'a [u8]>, Vec<&'a mut [u8]>);
 
 /// The buffers of a batch as slices (`None`: a NULL or overlapping one).
@@ -311,6 +339,18 @@ unsafe fn batch<'a>(bufs: *mut WdCompBuf, n: usize) -> Option<Batch<'a>> {
         return None;
     }
     let (mut ins, mut outs) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut in_ranges, mut out_ranges) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        // SAFETY: caller contract: n entries.
+        let b = unsafe { &*bufs.add(i) };
+        in_ranges.push((b.src as usize, b.src_len));
+        out_ranges.push((b.dst as usize, b.dst_len));
+    }
+    // One buffer's output must not overlap another's input or output
+    // either (a `&mut` slice aliases nothing).
+    if !disjoint(&in_ranges, &out_ranges) {
+        return None;
+    }
     for i in 0..n {
         // SAFETY: caller contract: n entries.
         let b = unsafe { &*bufs.add(i) };
@@ -349,6 +389,157 @@ unsafe fn run_batch(
         }
         Err(e) => fail(errno_of(&e), &format!("{what}: {e}")),
     }
+}
+
+/// Two scatter lists as slices (`None`: too many pieces, a NULL base
+/// with a length, or an output piece overlapping another piece).
+///
+/// # Safety
+/// `src`, `dst` valid for their counts when not NULL, each piece naming
+/// valid memory (wd_comp.h).
+unsafe fn scatter_lists<'a>(
+    src: *const IoVec,
+    n_src: usize,
+    dst: *const IoVec,
+    n_dst: usize,
+) -> Option<Batch<'a>> {
+    if n_src > SG_MAX
+        || n_dst > SG_MAX
+        || (src.is_null() && n_src > 0)
+        || (dst.is_null() && n_dst > 0)
+    {
+        return None;
+    }
+    let ranges = |v: *const IoVec, n: usize| -> Option<Vec<(usize, usize)>> {
+        (0..n)
+            .map(|i| {
+                // SAFETY: caller contract: n entries.
+                let e = unsafe { &*v.add(i) };
+                (!e.base.is_null() || e.len == 0).then_some((e.base as usize, e.len))
+            })
+            .collect()
+    };
+    let (ins, outs) = (ranges(src, n_src)?, ranges(dst, n_dst)?);
+    if !disjoint(&ins, &outs) {
+        return None;
+    }
+    let ins = ins
+        .iter()
+        .map(|&(a, n)| match n {
+            0 => &[][..],
+            // SAFETY: caller contract; non-null when non-empty (checked).
+            _ => unsafe { std::slice::from_raw_parts(a as *const u8, n) },
+        })
+        .collect();
+    let outs = outs
+        .iter()
+        .map(|&(a, n)| match n {
+            0 => &mut [][..],
+            // SAFETY: caller contract; non-null, and overlapping no other
+            // piece (checked above).
+            _ => unsafe { std::slice::from_raw_parts_mut(a as *mut u8, n) },
+        })
+        .collect();
+    Some((ins, outs))
+}
+
+/// See wd_comp.h.
+///
+/// # Safety
+/// Pointers as wd_comp.h says.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn wd_comp_compress_sg(
+    c: *mut WdComp,
+    alg: c_int,
+    level: c_int,
+    src: *const IoVec,
+    n_src: usize,
+    dst: *const IoVec,
+    n_dst: usize,
+    produced: *mut usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: caller contract.
+        let Some(w) = (unsafe { comp(c) }) else {
+            return fail(EINVAL, "wd_comp_compress_sg: not a struct wd_comp");
+        };
+        let (Some(a), Ok(level)) = (alg_of(alg), i8::try_from(level)) else {
+            return fail(EINVAL, "wd_comp_compress_sg: unknown algorithm or level");
+        };
+        if produced.is_null() {
+            return fail(EINVAL, "wd_comp_compress_sg: produced is NULL");
+        }
+        // SAFETY: caller contract.
+        let Some((ins, mut outs)) = (unsafe { scatter_lists(src, n_src, dst, n_dst) }) else {
+            return fail(
+                EINVAL,
+                "wd_comp_compress_sg: more than 1024 pieces, a NULL piece, or an output piece overlapping another",
+            );
+        };
+        match w.c.compress_sg(a, level, &ins, &mut outs) {
+            Ok(n) => {
+                // SAFETY: checked non-null.
+                unsafe { *produced = n };
+                0
+            }
+            Err(e) => fail(errno_of(&e), &format!("wd_comp_compress_sg: {e}")),
+        }
+    })
+}
+
+/// See wd_comp.h.
+///
+/// # Safety
+/// Pointers as wd_comp.h says.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn wd_comp_decompress_sg(
+    c: *mut WdComp,
+    alg: c_int,
+    src: *const IoVec,
+    n_src: usize,
+    consumed: *mut usize,
+    dst: *const IoVec,
+    n_dst: usize,
+    produced: *mut usize,
+    max_ratio: c_uint,
+) -> c_int {
+    guard(|| {
+        // SAFETY: caller contract.
+        let Some(w) = (unsafe { comp(c) }) else {
+            return fail(EINVAL, "wd_comp_decompress_sg: not a struct wd_comp");
+        };
+        let (Some(a), Ok(ratio)) = (alg_of(alg), u16::try_from(max_ratio)) else {
+            return fail(
+                EINVAL,
+                "wd_comp_decompress_sg: unknown algorithm or ratio above 65535",
+            );
+        };
+        if produced.is_null() {
+            return fail(EINVAL, "wd_comp_decompress_sg: produced is NULL");
+        }
+        // SAFETY: caller contract.
+        let Some((ins, mut outs)) = (unsafe { scatter_lists(src, n_src, dst, n_dst) }) else {
+            return fail(
+                EINVAL,
+                "wd_comp_decompress_sg: more than 1024 pieces, a NULL piece, or an output piece overlapping another",
+            );
+        };
+        match w.c.decompress_sg(a, &ins, &mut outs, ratio) {
+            Ok(d) => {
+                // SAFETY: checked non-null; `consumed` is optional.
+                unsafe {
+                    *produced = d.produced;
+                    if !consumed.is_null() {
+                        *consumed = d.consumed;
+                    }
+                }
+                0
+            }
+            Err(e) => fail(errno_of(&e), &format!("wd_comp_decompress_sg: {e}")),
+        }
+    })
 }
 
 /// See wd_comp.h.
@@ -552,4 +743,25 @@ pub unsafe extern "C" fn wd_comp_stream_free(c: *mut WdComp, s: *mut WdCompStrea
         }
         0
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::disjoint;
+
+    #[test]
+    fn outputs_alias_nothing() {
+        // Inputs may share bytes; outputs may touch but not overlap.
+        assert!(disjoint(&[(0, 10), (5, 10)], &[(100, 10), (110, 5)]));
+        assert!(!disjoint(&[], &[(100, 10), (109, 5)]));
+        assert!(!disjoint(&[(105, 1)], &[(100, 10)]));
+        assert!(!disjoint(&[(90, 11)], &[(100, 10)]));
+        assert!(disjoint(&[(90, 10), (110, 3)], &[(100, 10)]));
+        // An input inside the gap between two outputs, and around one.
+        assert!(disjoint(&[(20, 5)], &[(0, 20), (25, 5)]));
+        assert!(!disjoint(&[(10, 100)], &[(0, 5), (50, 1)]));
+        // Empty ranges overlap nothing; ends saturate.
+        assert!(disjoint(&[(100, 0)], &[(100, 0), (100, 1)]));
+        assert!(!disjoint(&[(usize::MAX - 1, 1)], &[(usize::MAX - 1, 5)]));
+    }
 }

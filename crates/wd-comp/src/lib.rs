@@ -170,17 +170,40 @@ impl Lane {
     }
 }
 
-/// One block of a batch: where its input and output are.
+/// One block of a batch: its input (one piece, or the pieces of a
+/// scatter list, in order) and the room for its output.
 struct Job<'a> {
-    input: &'a [u8],
+    input: &'a [&'a [u8]],
+    len: usize,
     room: usize,
 }
 
-/// Where a batch's output goes: the caller's buffers, or new vectors
-/// (made to measure, never zeroed) of at most the given room each.
+impl Job<'_> {
+    /// The input in one piece: borrowed, or gathered when scattered.
+    fn contiguous(&self) -> std::borrow::Cow<'_, [u8]> {
+        match self.input {
+            [one] => std::borrow::Cow::Borrowed(one),
+            pieces => std::borrow::Cow::Owned(pieces.concat()),
+        }
+    }
+}
+
+/// Copy `data` across `pieces`, in order (they hold at least as much).
+fn scatter(pieces: &mut [&mut [u8]], mut data: &[u8]) {
+    for p in pieces.iter_mut() {
+        let n = p.len().min(data.len());
+        p[..n].copy_from_slice(&data[..n]);
+        data = &data[n..];
+    }
+}
+
+/// Where a batch's output goes: the caller's buffers, new vectors (made
+/// to measure, never zeroed) of at most the given room each, or the
+/// pieces of one block's scatter list, filled in order.
 enum Outs<'a, 'b> {
     Slices(&'a mut [&'b mut [u8]]),
     Vecs(Vec<Vec<u8>>, &'a [usize]),
+    Scatter(&'a mut [&'b mut [u8]]),
 }
 
 impl Outs<'_, '_> {
@@ -188,21 +211,31 @@ impl Outs<'_, '_> {
         match self {
             Outs::Slices(s) => s[i].len(),
             Outs::Vecs(_, rooms) => rooms[i],
+            Outs::Scatter(p) => p.iter().map(|p| p.len()).sum(),
         }
     }
 
     /// The device's `n` bytes at `at` of the staging area, for block `i`.
-    fn take_from(&mut self, i: usize, stage: &SharedBuf, at: u64, n: usize) {
+    fn take_from(&mut self, i: usize, stage: &SharedBuf, mut at: u64, n: usize) {
         match self {
             Outs::Slices(s) => stage.read(at, &mut s[i][..n]),
             Outs::Vecs(v, _) => v[i] = stage.read_vec(at, n),
+            Outs::Scatter(pieces) => {
+                let mut left = n;
+                for p in pieces.iter_mut() {
+                    let k = p.len().min(left);
+                    stage.read(at, &mut p[..k]);
+                    at += k as u64;
+                    left -= k;
+                }
+            }
         }
     }
 
     fn into_vecs(self) -> Vec<Vec<u8>> {
         match self {
             Outs::Vecs(v, _) => v,
-            Outs::Slices(_) => Vec::new(),
+            Outs::Slices(_) | Outs::Scatter(_) => Vec::new(),
         }
     }
 }
@@ -399,6 +432,36 @@ impl Compressor {
         self.run(false, alg, 0, max_ratio, inputs, &mut Outs::Slices(outs))
     }
 
+    /// Compress a message given as a scatter list (`input`, in order)
+    /// into one stream written across the pieces of `out`, in order: the
+    /// bytes written. On the device the pieces are gathered into and
+    /// scattered from the staging area the request uses anyway (no copy
+    /// more than a contiguous buffer costs); on the CPU a list of several
+    /// pieces is gathered first.
+    pub fn compress_sg(
+        &mut self,
+        alg: Algorithm,
+        level: i8,
+        input: &[&[u8]],
+        out: &mut [&mut [u8]],
+    ) -> Result<usize> {
+        let mut outs = Outs::Scatter(out);
+        Ok(self.run_jobs(true, alg, level, 0, &[input], &mut outs)?[0].produced)
+    }
+
+    /// Decompress the stream at the start of the scatter list `input`
+    /// into the pieces of `out`, in order (see [`Compressor::compress_sg`]).
+    pub fn decompress_sg(
+        &mut self,
+        alg: Algorithm,
+        input: &[&[u8]],
+        out: &mut [&mut [u8]],
+        max_ratio: u16,
+    ) -> Result<Inflated> {
+        let mut outs = Outs::Scatter(out);
+        Ok(self.run_jobs(false, alg, 0, max_ratio, &[input], &mut outs)?[0])
+    }
+
     /// Compress each block into its own stream, several in flight: the
     /// streams, in order. The first error ends the batch.
     pub fn compress_blocks(
@@ -459,6 +522,21 @@ impl Compressor {
             (Outs::Vecs(v, _), false) => e
                 .decompress_vec(alg, input, &mut v[i], room, max_ratio)
                 .map(|g| (g.consumed, g.produced)),
+            (Outs::Scatter(pieces), true) => {
+                let mut v = Vec::new();
+                let n = e.compress_vec(alg, level, input, &mut v)?;
+                if n > room {
+                    return Err(CodecError::NoSpace.into());
+                }
+                scatter(pieces, &v);
+                Ok((input.len(), n))
+            }
+            (Outs::Scatter(pieces), false) => {
+                let mut v = Vec::new();
+                let g = e.decompress_vec(alg, input, &mut v, room, max_ratio)?;
+                scatter(pieces, &v);
+                Ok((g.consumed, g.produced))
+            }
         }?;
         Ok(Inflated {
             consumed: got.0,
@@ -466,8 +544,7 @@ impl Compressor {
         })
     }
 
-    /// The batch engine: each block to the device or the CPU, output into
-    /// its place in `outs`.
+    /// [`Compressor::run_jobs`] with one piece per block.
     fn run(
         &mut self,
         compress: bool,
@@ -475,6 +552,21 @@ impl Compressor {
         level: i8,
         max_ratio: u16,
         inputs: &[&[u8]],
+        outs: &mut Outs<'_, '_>,
+    ) -> Result<Vec<Inflated>> {
+        let pieces: Vec<&[&[u8]]> = inputs.iter().map(std::slice::from_ref).collect();
+        self.run_jobs(compress, alg, level, max_ratio, &pieces, outs)
+    }
+
+    /// The batch engine: each block (a list of input pieces) to the device
+    /// or the CPU, output into its place in `outs`.
+    fn run_jobs(
+        &mut self,
+        compress: bool,
+        alg: Algorithm,
+        level: i8,
+        max_ratio: u16,
+        inputs: &[&[&[u8]]],
         outs: &mut Outs<'_, '_>,
     ) -> Result<Vec<Inflated>> {
         // Checked here too, so a bad level is the same error on both
@@ -487,6 +579,7 @@ impl Compressor {
             .enumerate()
             .map(|(k, i)| Job {
                 input: i,
+                len: i.iter().map(|p| p.len()).sum(),
                 room: outs.room(k),
             })
             .collect();
@@ -507,7 +600,7 @@ impl Compressor {
             threshold,
             fallback: self.cfg.fallback,
         };
-        let maybe_device = policy != Policy::Cpu && jobs.iter().any(|j| j.input.len() >= threshold);
+        let maybe_device = policy != Policy::Cpu && jobs.iter().any(|j| j.len >= threshold);
         let queue = if maybe_device && self.lane().is_none() {
             QueueState::Missing(Why::NoQueue)
         } else {
@@ -519,7 +612,7 @@ impl Compressor {
             .iter()
             .map(|j| {
                 // One request carries at most MAX_DATA each way.
-                if j.input.len() as u64 > MAX_DATA || j.room as u64 > MAX_DATA {
+                if j.len as u64 > MAX_DATA || j.room as u64 > MAX_DATA {
                     return Decision {
                         route: Route::Cpu(Why::Policy),
                         timed: false,
@@ -527,7 +620,7 @@ impl Compressor {
                 }
                 let r = wd_route::Request {
                     op,
-                    bytes: j.input.len(),
+                    bytes: j.len,
                     overlapped,
                     // A batch keeps the device busy while the caller
                     // copies and helps: any block above the threshold.
@@ -545,7 +638,7 @@ impl Compressor {
             .iter()
             .zip(&routes)
             .filter(|(_, d)| d.route == Route::Device)
-            .map(|(j, _)| j.input.len() + j.room)
+            .map(|(j, _)| j.len + j.room)
             .max()
             .unwrap_or(0);
         let slots = self.cfg.depth.max(1).min(jobs.len());
@@ -600,13 +693,20 @@ impl Compressor {
                     let i = next;
                     next += 1;
                     let t = decision.timed.then(Instant::now);
-                    match self.on_cpu(compress, alg, level, max_ratio, jobs[i].input, outs, i) {
+                    match self.on_cpu(
+                        compress,
+                        alg,
+                        level,
+                        max_ratio,
+                        &jobs[i].contiguous(),
+                        outs,
+                        i,
+                    ) {
                         Ok(d) => done[i] = d,
                         Err(e) => failed = Some(e),
                     }
                     if let Some(t) = t {
-                        self.costs
-                            .record(op, jobs[i].input.len(), true, t.elapsed());
+                        self.costs.record(op, jobs[i].len, true, t.elapsed());
                     }
                     continue;
                 }
@@ -616,15 +716,19 @@ impl Compressor {
                 let lane = self.lane.as_mut().expect("staged");
                 let stage = lane.stage.as_ref().expect("staged");
                 let base = stage.addr() + (s * lane.slot) as u64;
-                stage.write((s * lane.slot) as u64, j.input);
+                let mut at = (s * lane.slot) as u64;
+                for piece in j.input {
+                    stage.write(at, piece);
+                    at += piece.len() as u64;
+                }
                 let d: Desc = OneShot {
                     compress,
                     alg,
                     level: if compress { level } else { 0 },
                     max_ratio,
                     src: base,
-                    src_len: j.input.len() as u64,
-                    dst: base + j.input.len() as u64,
+                    src_len: j.len as u64,
+                    dst: base + j.len as u64,
                     dst_len: j.room as u64,
                 }
                 .to_desc(0);
@@ -665,7 +769,15 @@ impl Compressor {
                     let i = next;
                     next += 1;
                     self.stats.cpu_assist += 1;
-                    match self.on_cpu(compress, alg, level, max_ratio, jobs[i].input, outs, i) {
+                    match self.on_cpu(
+                        compress,
+                        alg,
+                        level,
+                        max_ratio,
+                        &jobs[i].contiguous(),
+                        outs,
+                        i,
+                    ) {
                         Ok(d) => done[i] = d,
                         Err(e) => failed = Some(e),
                     }
@@ -699,8 +811,7 @@ impl Compressor {
                 };
                 free.push(s);
                 if let Some(t) = sent_at[s].take() {
-                    self.costs
-                        .record(op, jobs[i].input.len(), false, t.elapsed());
+                    self.costs.record(op, jobs[i].len, false, t.elapsed());
                 }
                 if let Err(e) = device_status(c.desc.status) {
                     failed.get_or_insert(e);
@@ -709,7 +820,7 @@ impl Compressor {
                 let r = Done::from_result(c.desc.result);
                 let produced = (r.produced as usize).min(jobs[i].room);
                 let stage = lane.stage.as_ref().expect("staged");
-                let at = (s * lane.slot + jobs[i].input.len()) as u64;
+                let at = (s * lane.slot + jobs[i].len) as u64;
                 outs.take_from(i, stage, at, produced);
                 done[i] = Inflated {
                     consumed: r.consumed as usize,
@@ -722,7 +833,7 @@ impl Compressor {
             return Err(e);
         }
         for (d, j) in done.iter().zip(&jobs) {
-            self.stats.bytes_in += j.input.len() as u64;
+            self.stats.bytes_in += j.len as u64;
             self.stats.bytes_out += d.produced as u64;
         }
         Ok(done)

@@ -125,6 +125,98 @@ fn device_and_cpu_make_the_same_bytes() {
     assert_eq!(cpu.stats().cpu_policy, Algorithm::ALL.len() as u64 * 3 * 6);
 }
 
+/// `data` cut at the given points (sorted, within it), empty pieces kept.
+fn cut<'a>(data: &'a [u8], at: &[usize]) -> Vec<&'a [u8]> {
+    let mut pieces = Vec::new();
+    let mut from = 0;
+    for &a in at {
+        pieces.push(&data[from..a]);
+        from = a;
+    }
+    pieces.push(&data[from..]);
+    pieces
+}
+
+#[test]
+fn scatter_lists_give_the_contiguous_stream_on_both_paths() {
+    let host = spawn_host("sg");
+    let conn = HostConn::connect(&host.socket).unwrap();
+    let mut dev = Compressor::new(Some(conn), offload_cfg());
+    let mut cpu = Compressor::new(
+        None,
+        Config {
+            policy: Policy::Cpu,
+            ..Config::default()
+        },
+    );
+    let msg = data(200_000, 7);
+    let mut x = 0x9e37_79b9u32;
+    let mut next = |n: usize| {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        x as usize % n
+    };
+    for alg in Algorithm::ALL {
+        let whole = cpu.compress_blocks(alg, 1, &[&msg]).unwrap().remove(0);
+        for round in 0..4 {
+            // Random cut points, an empty piece now and then.
+            let mut at: Vec<usize> = (0..round * 3).map(|_| next(msg.len() + 1)).collect();
+            at.sort();
+            let input = cut(&msg, &at);
+            let mut out = vec![0u8; wd_comp::compress_bound(alg, msg.len())];
+            let mut oat: Vec<usize> = (0..3).map(|_| next(out.len() + 1)).collect();
+            oat.sort();
+            for c in [&mut dev, &mut cpu] {
+                out.fill(0);
+                let n = {
+                    let mut outs = cut_mut(&mut out, &oat);
+                    c.compress_sg(alg, 1, &input, &mut outs).unwrap()
+                };
+                assert!(
+                    out[..n] == whole[..],
+                    "{alg} round {round}: not the contiguous stream"
+                );
+                // Back through a scatter list into scattered output.
+                let zin = cut(&out[..n], &[n / 3, n / 2]);
+                let mut back = vec![0u8; msg.len()];
+                let bat = [next(msg.len() + 1), msg.len()];
+                let mut bat = bat.to_vec();
+                bat.sort();
+                let got = {
+                    let mut outs = cut_mut(&mut back, &bat);
+                    c.decompress_sg(alg, &zin, &mut outs, 0).unwrap()
+                };
+                assert_eq!((got.consumed, got.produced), (n, msg.len()), "{alg}");
+                assert!(back == msg, "{alg} round {round}: round trip");
+            }
+        }
+        // Too little room in the pieces: the error a contiguous buffer gets.
+        let mut small = vec![0u8; 64];
+        for c in [&mut dev, &mut cpu] {
+            let mut outs = cut_mut(&mut small, &[10, 20]);
+            let e = c.compress_sg(alg, 1, &[&msg[..100_000], &msg[100_000..]], &mut outs);
+            assert!(e.is_err(), "{alg}: compressed 200 kB into 64 bytes");
+        }
+    }
+    assert!(dev.stats().offloaded > 0);
+    assert_eq!(dev.stats().cpu_fallback + dev.stats().cpu_policy, 0);
+}
+
+fn cut_mut<'a>(data: &'a mut [u8], at: &[usize]) -> Vec<&'a mut [u8]> {
+    let mut pieces = Vec::new();
+    let mut rest = data;
+    let mut from = 0;
+    for &a in at {
+        let (head, tail) = rest.split_at_mut(a - from);
+        pieces.push(head);
+        rest = tail;
+        from = a;
+    }
+    pieces.push(rest);
+    pieces
+}
+
 #[test]
 fn errors_are_the_same_on_both_paths() {
     let host = spawn_host("errors");
