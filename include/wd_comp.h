@@ -120,6 +120,28 @@ int wd_comp_decompress_sg(struct wd_comp *c, int alg, const struct iovec *src, s
                           size_t *consumed, const struct iovec *dst, size_t n_dst,
                           size_t *produced, unsigned max_ratio);
 
+/* Asynchronous requests (since WD_COMP_0.2). wd_comp_submit starts one
+ * and returns at once with *ticket: op WD_COMP_OP_COMPRESS (level) or
+ * WD_COMP_OP_DECOMPRESS (max_ratio as for wd_comp_decompress) of src
+ * into dst, dst_len bytes of room. src may be reused on return (it is
+ * copied); dst must stay valid and untouched until the request is
+ * finished. A request the router keeps here (below the threshold, every
+ * device slot busy, no queue) is computed before submit returns: its
+ * error is submit's (no ticket), its result is ready at the first poll. Each ticket is finished exactly once:
+ * wd_comp_poll returns -EAGAIN while the request is on the device, else
+ * finishes it (0 with *produced and *consumed, optional, or the
+ * request's negative errno); wd_comp_wait waits. An unknown or finished
+ * ticket is -EINVAL. A request whose host died is computed here from its
+ * copy of the input. */
+enum wd_comp_op {
+    WD_COMP_OP_COMPRESS = 0,
+    WD_COMP_OP_DECOMPRESS = 1,
+};
+int wd_comp_submit(struct wd_comp *c, int op, int alg, int level, unsigned max_ratio,
+                   const void *src, size_t src_len, void *dst, size_t dst_len, uint64_t *ticket);
+int wd_comp_poll(struct wd_comp *c, uint64_t ticket, size_t *consumed, size_t *produced);
+int wd_comp_wait(struct wd_comp *c, uint64_t ticket, size_t *consumed, size_t *produced);
+
 /* Streams: state that carries across calls, in a session of the zip
  * device when a queue is to be had, else in this thread. A device stream
  * whose host restarted fails with -ENOTCONN (its state was in the host):

@@ -152,6 +152,61 @@ int main(void)
 		free(zz);
 	}
 
+	/* Asynchronous requests: eight started at once (the source buffer
+	 * reused after each submit), finished newest first by polling and
+	 * waiting; a corrupt one fails alone; tickets are spent once. */
+	{
+		enum { N = 8 };
+		size_t len = 60000, room = wd_comp_bound(WD_COMP_GZIP, len);
+		unsigned char *src = malloc(len), *zz[N];
+		uint64_t t[N];
+		for (int i = 0; i < N; i++) {
+			memcpy(src, d + i * 1000, len);
+			zz[i] = malloc(room);
+			CHECK(wd_comp_submit(c, WD_COMP_OP_COMPRESS, WD_COMP_GZIP, 6, 0, src, len, zz[i], room,
+					     &t[i]) == 0,
+			      "submit %d", i);
+			memset(src, 0, len);
+		}
+		size_t zl[N];
+		for (int i = N - 1; i >= 0; i--) {
+			size_t took = 0;
+			int r;
+			while ((r = wd_comp_poll(c, t[i], &took, &zl[i])) == -EAGAIN)
+				;
+			CHECK(r == 0 && took == len && zl[i] > 0, "poll %d: %d", i, r);
+			CHECK(wd_comp_poll(c, t[i], &took, &zl[i]) == -EINVAL, "ticket %d spent", i);
+		}
+		for (int i = 0; i < N; i++) {
+			size_t got = 0, blen = len;
+			CHECK(wd_comp_decompress(c, WD_COMP_GZIP, zz[i], zl[i], NULL, back, &blen, 0) == 0 &&
+				      blen == len && memcmp(back, d + i * 1000, len) == 0,
+			      "async result %d", i);
+			uint64_t u;
+			CHECK(wd_comp_submit(c, WD_COMP_OP_DECOMPRESS, WD_COMP_GZIP, 0, 0, zz[i], zl[i], back,
+					     len, &u) == 0 &&
+				      wd_comp_wait(c, u, NULL, &got) == 0 && got == len &&
+				      memcmp(back, d + i * 1000, len) == 0,
+			      "async decompress %d", i);
+		}
+		uint64_t bad;
+		size_t got = 99;
+		/* Computed at once, it fails at submit; on the device, at wait. */
+		int r = wd_comp_submit(c, WD_COMP_OP_DECOMPRESS, WD_COMP_GZIP, 0, 0, d, len, back, len, &bad);
+		if (r == 0)
+			r = wd_comp_wait(c, bad, NULL, &got);
+		CHECK(r == -EBADMSG && got == 99, "a corrupt stream fails its own request, counts untouched");
+		CHECK(wd_comp_submit(c, 7, WD_COMP_GZIP, 0, 0, d, len, back, len, &bad) == -EINVAL,
+		      "unknown operation");
+		CHECK(wd_comp_submit(c, WD_COMP_OP_COMPRESS, WD_COMP_GZIP, 6, 0, d, len, back, len, NULL) ==
+			      -EINVAL,
+		      "NULL ticket");
+		CHECK(wd_comp_wait(c, 123456789, NULL, &got) == -EINVAL, "unknown ticket");
+		for (int i = 0; i < N; i++)
+			free(zz[i]);
+		free(src);
+	}
+
 	/* A stream: compressed in pieces with every flush mode, then
 	 * decompressed in small pieces. */
 	struct wd_comp_stream *s = NULL;

@@ -12,7 +12,7 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
-use wd_comp::{Algorithm, CompError, Compressor, Flush, Stream, StreamParams};
+use wd_comp::{Algorithm, CompError, Compressor, Flush, Op, Pending, Stream, StreamParams};
 use wd_sys::dl::TextSink;
 use wd_zip_codec::CodecError;
 
@@ -25,6 +25,11 @@ const EIO: c_int = 5;
 pub struct WdComp {
     magic: u64,
     c: Compressor,
+    /// Requests started by `wd_comp_submit` and not yet finished, by
+    /// ticket: each with the caller's output buffer (valid until then,
+    /// by the header's contract).
+    pending: std::collections::HashMap<u64, (Pending, *mut u8, usize)>,
+    next_ticket: u64,
 }
 
 /// `struct wd_comp_stream`.
@@ -153,7 +158,14 @@ pub unsafe extern "C" fn wd_comp_new(out: *mut *mut WdComp) -> c_int {
         match Compressor::from_env() {
             Ok(c) => {
                 // SAFETY: checked non-null; caller contract.
-                unsafe { out.write(Box::into_raw(Box::new(WdComp { magic: MAGIC, c }))) };
+                unsafe {
+                    out.write(Box::into_raw(Box::new(WdComp {
+                        magic: MAGIC,
+                        c,
+                        pending: Default::default(),
+                        next_ticket: 1,
+                    })))
+                };
                 0
             }
             Err(e) => fail(EINVAL, &e),
@@ -540,6 +552,156 @@ pub unsafe extern "C" fn wd_comp_decompress_sg(
             Err(e) => fail(errno_of(&e), &format!("wd_comp_decompress_sg: {e}")),
         }
     })
+}
+
+/// `enum wd_comp_op`.
+const OP_COMPRESS: c_int = 0;
+const OP_DECOMPRESS: c_int = 1;
+const EAGAIN: c_int = 11;
+
+/// See wd_comp.h.
+///
+/// # Safety
+/// Pointers as wd_comp.h says; `dst` stays valid until the request is
+/// finished.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn wd_comp_submit(
+    c: *mut WdComp,
+    op: c_int,
+    alg: c_int,
+    level: c_int,
+    max_ratio: c_uint,
+    src: *const c_void,
+    src_len: usize,
+    dst: *mut c_void,
+    dst_len: usize,
+    ticket: *mut u64,
+) -> c_int {
+    guard(|| {
+        // SAFETY: caller contract.
+        let Some(w) = (unsafe { comp(c) }) else {
+            return fail(EINVAL, "wd_comp_submit: not a struct wd_comp");
+        };
+        let op = match (op, i8::try_from(level), u16::try_from(max_ratio)) {
+            (OP_COMPRESS, Ok(l), _) => Op::Compress(l),
+            (OP_DECOMPRESS, _, Ok(r)) => Op::Decompress(r),
+            _ => {
+                return fail(
+                    EINVAL,
+                    "wd_comp_submit: unknown operation, level, or ratio above 65535",
+                )
+            }
+        };
+        let Some(a) = alg_of(alg) else {
+            return fail(EINVAL, "wd_comp_submit: unknown algorithm");
+        };
+        if ticket.is_null() {
+            return fail(EINVAL, "wd_comp_submit: ticket is NULL");
+        }
+        // SAFETY: caller contract.
+        let Some((input, out)) = (unsafe { buffers(src, src_len, dst, dst_len) }) else {
+            return fail(EINVAL, "wd_comp_submit: NULL or overlapping buffer");
+        };
+        match w.c.start(op, a, input, out) {
+            Ok(p) => {
+                let t = w.next_ticket;
+                w.next_ticket += 1;
+                w.pending.insert(t, (p, dst.cast(), dst_len));
+                // SAFETY: checked non-null.
+                unsafe { *ticket = t };
+                0
+            }
+            Err(e) => fail(errno_of(&e), &format!("wd_comp_submit: {e}")),
+        }
+    })
+}
+
+/// Finish (or look at) the request of `ticket`: `wait` blocks.
+///
+/// # Safety
+/// As `wd_comp_poll`.
+unsafe fn finish_ticket(
+    what: &str,
+    c: *mut WdComp,
+    ticket: u64,
+    consumed: *mut usize,
+    produced: *mut usize,
+    wait: bool,
+) -> c_int {
+    // SAFETY: caller contract.
+    let Some(w) = (unsafe { comp(c) }) else {
+        return fail(EINVAL, &format!("{what}: not a struct wd_comp"));
+    };
+    if produced.is_null() {
+        return fail(EINVAL, &format!("{what}: produced is NULL"));
+    }
+    let Some((mut p, dst, len)) = w.pending.remove(&ticket) else {
+        return fail(EINVAL, &format!("{what}: no request with ticket {ticket}"));
+    };
+    let out: &mut [u8] = if len == 0 {
+        &mut []
+    } else {
+        // SAFETY: the buffer given to wd_comp_submit, valid until the
+        // request is finished (header contract); no other slice of it
+        // lives now.
+        unsafe { std::slice::from_raw_parts_mut(dst, len) }
+    };
+    let r = if wait {
+        w.c.finish(p, out).map(Some)
+    } else {
+        match w.c.poll(&mut p, out) {
+            Ok(None) => {
+                w.pending.insert(ticket, (p, dst, len));
+                return -EAGAIN;
+            }
+            other => other,
+        }
+    };
+    match r {
+        Ok(Some(d)) => {
+            // SAFETY: checked non-null; `consumed` is optional.
+            unsafe {
+                *produced = d.produced;
+                if !consumed.is_null() {
+                    *consumed = d.consumed;
+                }
+            }
+            0
+        }
+        Ok(None) => unreachable!("a finished request has a result"),
+        Err(e) => fail(errno_of(&e), &format!("{what}: {e}")),
+    }
+}
+
+/// See wd_comp.h.
+///
+/// # Safety
+/// Pointers as wd_comp.h says.
+#[no_mangle]
+pub unsafe extern "C" fn wd_comp_poll(
+    c: *mut WdComp,
+    ticket: u64,
+    consumed: *mut usize,
+    produced: *mut usize,
+) -> c_int {
+    // SAFETY: caller contract.
+    guard(|| unsafe { finish_ticket("wd_comp_poll", c, ticket, consumed, produced, false) })
+}
+
+/// See wd_comp.h.
+///
+/// # Safety
+/// Pointers as wd_comp.h says.
+#[no_mangle]
+pub unsafe extern "C" fn wd_comp_wait(
+    c: *mut WdComp,
+    ticket: u64,
+    consumed: *mut usize,
+    produced: *mut usize,
+) -> c_int {
+    // SAFETY: caller contract.
+    guard(|| unsafe { finish_ticket("wd_comp_wait", c, ticket, consumed, produced, true) })
 }
 
 /// See wd_comp.h.

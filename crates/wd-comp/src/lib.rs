@@ -7,6 +7,10 @@
 //! ([`Compressor::compress_blocks`]), and while every slot is busy the
 //! calling thread compresses the next block itself: the engine and the
 //! caller both work, and a batch finishes sooner than either alone.
+//! [`Compressor::start`] sends one block without waiting (finished by
+//! [`Compressor::poll`] or [`Compressor::finish`]); scatter lists
+//! ([`Compressor::compress_sg`]) and streams ([`Compressor::open_stream`])
+//! complete the set.
 //!
 //! Where each block runs is decided by the [`Policy`] and the threshold
 //! (blocks smaller than it stay on the CPU: a round trip costs more than
@@ -17,12 +21,14 @@
 //! limit) is the same error on both.
 #![deny(unsafe_code)]
 
+mod pending;
 mod stream;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+pub use pending::{Op, Pending};
 pub use stream::{Step, Stream};
 pub use wd_zip_codec::{compress_bound, Inflated, StreamParams};
 use wd_zip_codec::{CodecError, Engine};
@@ -247,6 +253,8 @@ pub struct Compressor {
     cfg: Config,
     host: Option<Arc<HostConn>>,
     lane: Option<Lane>,
+    /// The queue of asynchronous requests ([`Compressor::start`]).
+    alane: Option<pending::AsyncLane>,
     /// Why there is no lane (for `NoQueue`), and since when: a queue is
     /// asked for again after [`RETRY_AFTER`].
     no_lane: Option<String>,
@@ -303,6 +311,7 @@ impl Compressor {
             cfg,
             host,
             lane: None,
+            alane: None,
             no_lane: None,
             no_lane_at: None,
             addr: None,

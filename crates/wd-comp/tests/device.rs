@@ -7,7 +7,7 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use wd_comp::{Algorithm, CompError, Compressor, Config, Policy, DEFAULT_LEVEL};
+use wd_comp::{Algorithm, CompError, Compressor, Config, Op, Pending, Policy, DEFAULT_LEVEL};
 use wrapdrive::HostConn;
 
 /// The host process: this test binary re-run in the role "host" (see
@@ -346,6 +346,145 @@ fn a_batch_survives_its_host_dying() {
     }
     let _new_host = killer.join().unwrap();
     assert!(c.stats().offloaded > 0);
+}
+
+#[test]
+fn started_requests_finish_right_in_any_order_beside_batches() {
+    let host = spawn_host("async");
+    let conn = HostConn::connect(&host.socket).unwrap();
+    let mut c = Compressor::new(
+        Some(conn),
+        Config {
+            depth: 4,
+            ..offload_cfg()
+        },
+    );
+    let blocks: Vec<Vec<u8>> = (0..10)
+        .map(|i| data(20_000 + i * 7_000, i as u32 + 3))
+        .collect();
+    let mut cpu = Compressor::new(
+        None,
+        Config {
+            policy: Policy::Cpu,
+            ..Config::default()
+        },
+    );
+    let refs: Vec<&[u8]> = blocks.iter().map(|b| &b[..]).collect();
+    let want = cpu.compress_blocks(Algorithm::Zstd, 3, &refs).unwrap();
+    let mut outs: Vec<Vec<u8>> = blocks
+        .iter()
+        .map(|b| vec![0u8; wd_comp::compress_bound(Algorithm::Zstd, b.len())])
+        .collect();
+    // Ten started on four slots: the rest are computed here at once.
+    let mut pending = Vec::new();
+    for (b, o) in blocks.iter().zip(outs.iter_mut()) {
+        pending.push(Some(
+            c.start(Op::Compress(3), Algorithm::Zstd, b, o).unwrap(),
+        ));
+    }
+    assert!(
+        pending.iter().flatten().any(|p| p.is_done()),
+        "some computed here"
+    );
+    assert!(
+        pending.iter().flatten().any(|p| !p.is_done()),
+        "some on the device"
+    );
+    // A synchronous batch meanwhile neither takes nor loses their completions.
+    let again = c.compress_blocks(Algorithm::Zstd, 3, &refs).unwrap();
+    assert!(again == want);
+    // Finished newest first, polling before the last one waits.
+    let mut sizes = vec![0; blocks.len()];
+    for i in (0..blocks.len()).rev() {
+        let mut p = pending[i].take().unwrap();
+        let got = loop {
+            if let Some(g) = c.poll(&mut p, &mut outs[i]).unwrap() {
+                break g;
+            }
+            std::thread::yield_now();
+        };
+        assert_eq!(got.consumed, blocks[i].len());
+        sizes[i] = got.produced;
+        // A finished request polled again is the caller's error.
+        assert!(c.poll(&mut p, &mut outs[i]).is_err());
+    }
+    for i in 0..blocks.len() {
+        assert!(outs[i][..sizes[i]] == want[i][..], "block {i}");
+    }
+    // Decompress asynchronously, finish waiting; a bad stream fails its
+    // own request only.
+    let mut back = vec![0u8; blocks[9].len()];
+    let p = c
+        .start(Op::Decompress(0), Algorithm::Zstd, &want[9], &mut back)
+        .unwrap();
+    let mut junk_out = vec![0u8; 10_000];
+    let junk = c
+        .start(
+            Op::Decompress(0),
+            Algorithm::Zstd,
+            &blocks[0],
+            &mut junk_out,
+        )
+        .unwrap();
+    assert!(c.finish(junk, &mut junk_out).is_err());
+    let got = c.finish(p, &mut back).unwrap();
+    assert_eq!(got.produced, blocks[9].len());
+    assert!(back == blocks[9]);
+    let s = c.stats();
+    assert!(s.offloaded >= 4 && s.cpu_assist > 0, "{s:?}");
+    // A request of another compressor is refused, not read.
+    let mut other = Compressor::new(None, Config::default());
+    let mut q = c
+        .start(Op::Compress(3), Algorithm::Zstd, &blocks[1], &mut outs[1])
+        .unwrap();
+    assert!(other.poll(&mut q, &mut outs[1]).is_err());
+    c.finish(q, &mut outs[1]).unwrap();
+}
+
+#[test]
+fn started_requests_survive_their_host_dying() {
+    let host = spawn_host("async-restart");
+    let sock = host.socket.clone();
+    let conn = HostConn::connect(&sock).unwrap();
+    let mut c = Compressor::new(
+        Some(conn),
+        Config {
+            depth: 8,
+            ..offload_cfg()
+        },
+    );
+    c.start(Op::Compress(6), Algorithm::Gzip, b"warm", &mut [0u8; 64])
+        .map(|p| c.finish(p, &mut [0u8; 64]))
+        .unwrap()
+        .unwrap();
+    let text = data(1 << 20, 5);
+    let blocks: Vec<&[u8]> = text.chunks(128 << 10).collect();
+    let mut cpu = Compressor::new(
+        None,
+        Config {
+            policy: Policy::Cpu,
+            ..Config::default()
+        },
+    );
+    let want = cpu.compress_blocks(Algorithm::Gzip, 6, &blocks).unwrap();
+    let mut outs: Vec<Vec<u8>> = blocks
+        .iter()
+        .map(|b| vec![0u8; wd_comp::compress_bound(Algorithm::Gzip, b.len())])
+        .collect();
+    let mut pending: Vec<Pending> = Vec::new();
+    for (b, o) in blocks.iter().zip(outs.iter_mut()) {
+        pending.push(c.start(Op::Compress(6), Algorithm::Gzip, b, o).unwrap());
+    }
+    // The host dies with them in flight; another comes up on the socket.
+    drop(host);
+    let _new = spawn_host("async-restart");
+    for (i, p) in pending.into_iter().enumerate() {
+        let got = c.finish(p, &mut outs[i]).unwrap();
+        assert!(
+            outs[i][..got.produced] == want[i][..],
+            "block {i}: wrong data"
+        );
+    }
 }
 
 /// Compress `data` through a stream in pieces, flushing `flush` between
