@@ -7,7 +7,8 @@
 //! engines called directly in this thread into buffers made beforehand
 //! (`cpu`: the best one thread does alone), the system zlib (`stock`,
 //! zlib rows only, each output a new buffer as the library's are), the zip device one block at a time (`sync`), many in flight
-//! (`async`), and the library's `auto` policy (in flight, the caller
+//! through the asynchronous API, a window of `depth` in flight (`async`),
+//! and the library's `auto` policy (in flight, the caller
 //! computing while the device is full). Then unmodified programs with and
 //! without the drop-in zlib (libwdz.so): python's zlib module on whole
 //! blocks and on small requests, and pigz.
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
-use wd_comp::{Algorithm, Compressor, Config, Policy};
+use wd_comp::{Algorithm, Compressor, Config, Op, Pending, Policy};
 use wd_zip_codec::stock::StockZlib;
 use wd_zip_codec::{compress_bound, Engine};
 use wrapdrive::HostConn;
@@ -314,6 +315,10 @@ fn measure_path(
                 },
             };
             let mut comp = Compressor::new(Some(conn.clone()), cfg);
+            if path == "async" {
+                return windowed(&mut comp, alg, level, blocks, &rooms, depth)
+                    .map_err(|e| fail(&e));
+            }
             let mut outs = Vec::new();
             let mut err = None;
             let c = if path == "sync" {
@@ -356,6 +361,57 @@ fn measure_path(
             Ok((c, d, outs.iter().map(Vec::len).sum()))
         }
     }
+}
+
+/// The `async` path: the asynchronous API with a window of `depth`
+/// requests in flight (start the next, finish the oldest), into buffers
+/// made beforehand; compress then decompress seconds and compressed bytes.
+fn windowed(
+    comp: &mut Compressor,
+    alg: Algorithm,
+    level: i8,
+    blocks: &[&[u8]],
+    rooms: &[usize],
+    depth: usize,
+) -> Result<(f64, f64, usize), wd_comp::CompError> {
+    let depth = depth.max(1);
+    let run = |comp: &mut Compressor,
+               op: Op,
+               inputs: &[&[u8]],
+               outs: &mut [Vec<u8>],
+               lens: &mut [usize]|
+     -> Result<(), wd_comp::CompError> {
+        let mut window = std::collections::VecDeque::with_capacity(depth);
+        for (i, input) in inputs.iter().enumerate() {
+            if window.len() == depth {
+                let (j, p): (usize, Pending) = window.pop_front().expect("a full window");
+                lens[j] = comp.finish(p, &mut outs[j])?.produced;
+            }
+            window.push_back((i, comp.start(op, alg, input, &mut outs[i])?));
+        }
+        for (j, p) in window {
+            lens[j] = comp.finish(p, &mut outs[j])?.produced;
+        }
+        Ok(())
+    };
+    let mut zs: Vec<Vec<u8>> = blocks
+        .iter()
+        .map(|b| vec![0; compress_bound(alg, b.len())])
+        .collect();
+    let mut zlens = vec![0; blocks.len()];
+    let mut result = Ok(());
+    let c = timed(|| result = run(comp, Op::Compress(level), blocks, &mut zs, &mut zlens));
+    std::mem::replace(&mut result, Ok(()))?;
+    let zrefs: Vec<&[u8]> = zs.iter().zip(&zlens).map(|(z, &n)| &z[..n]).collect();
+    let mut backs: Vec<Vec<u8>> = rooms.iter().map(|&r| vec![0; r]).collect();
+    let mut blens = vec![0; blocks.len()];
+    let d = timed(|| result = run(comp, Op::Decompress(0), &zrefs, &mut backs, &mut blens));
+    result?;
+    if blens.iter().zip(rooms).any(|(a, b)| a != b) || backs.iter().zip(blocks).any(|(a, b)| a != b)
+    {
+        return Err(wd_zip_codec::CodecError::Corrupt.into());
+    }
+    Ok((c, d, zlens.iter().sum()))
 }
 
 /// The python program the shim rows run: compress each block at `level`,

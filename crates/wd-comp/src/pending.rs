@@ -18,7 +18,7 @@ use wd_zip_codec::{CodecError, Inflated};
 use wd_zip_msg::{Algorithm, Done, OneShot, MAX_DATA};
 use wrapdrive::{Capability, ClientError, HostConn, Queue, SharedBuf};
 
-use crate::{device_status, op_index, CompError, Compressor, Policy, Result};
+use crate::{device_status, op_index, CompError, Compressor, Policy, Result, POLL_BEFORE_SLEEP};
 
 /// What a request does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -288,11 +288,22 @@ impl Compressor {
             p.state = State::Taken;
             return Err(CodecError::Param.into());
         };
+        let mut polled = false;
         let got = loop {
             match lane.q.recv_cookie(slot as u64) {
                 Ok(Some(c)) => break Ok(c.desc),
                 Ok(None) if !block => return Ok(None),
+                // Poll a while before sleeping, as a batch does: a sleeper
+                // costs the engine a wake-up call per completion.
+                Ok(None) if !polled => {
+                    polled = true;
+                    let t = Instant::now();
+                    while !lane.q.completions_ready() && t.elapsed() < POLL_BEFORE_SLEEP {
+                        std::hint::spin_loop();
+                    }
+                }
                 Ok(None) => {
+                    polled = false;
                     if let Err(e) = lane.q.wait_completion(None) {
                         break Err(e);
                     }
