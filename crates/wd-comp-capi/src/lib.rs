@@ -422,34 +422,38 @@ unsafe fn scatter_lists<'a>(
     {
         return None;
     }
-    let ranges = |v: *const IoVec, n: usize| -> Option<Vec<(usize, usize)>> {
+    // Each entry is read once: what is checked is what is used.
+    let read = |v: *const IoVec, n: usize| -> Option<Vec<(*mut u8, usize)>> {
         (0..n)
             .map(|i| {
                 // SAFETY: caller contract: n entries.
                 let e = unsafe { &*v.add(i) };
-                (!e.base.is_null() || e.len == 0).then_some((e.base as usize, e.len))
+                (!e.base.is_null() || e.len == 0).then_some((e.base.cast::<u8>(), e.len))
             })
             .collect()
     };
-    let (ins, outs) = (ranges(src, n_src)?, ranges(dst, n_dst)?);
-    if !disjoint(&ins, &outs) {
+    let (ins, outs) = (read(src, n_src)?, read(dst, n_dst)?);
+    let range = |&(p, n): &(*mut u8, usize)| (p as usize, n);
+    let in_ranges: Vec<_> = ins.iter().map(range).collect();
+    let out_ranges: Vec<_> = outs.iter().map(range).collect();
+    if !disjoint(&in_ranges, &out_ranges) {
         return None;
     }
     let ins = ins
-        .iter()
-        .map(|&(a, n)| match n {
+        .into_iter()
+        .map(|(p, n)| match n {
             0 => &[][..],
             // SAFETY: caller contract; non-null when non-empty (checked).
-            _ => unsafe { std::slice::from_raw_parts(a as *const u8, n) },
+            _ => unsafe { std::slice::from_raw_parts(p.cast_const(), n) },
         })
         .collect();
     let outs = outs
-        .iter()
-        .map(|&(a, n)| match n {
+        .into_iter()
+        .map(|(p, n)| match n {
             0 => &mut [][..],
             // SAFETY: caller contract; non-null, and overlapping no other
             // piece (checked above).
-            _ => unsafe { std::slice::from_raw_parts_mut(a as *mut u8, n) },
+            _ => unsafe { std::slice::from_raw_parts_mut(p, n) },
         })
         .collect();
     Some((ins, outs))
