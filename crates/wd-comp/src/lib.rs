@@ -135,6 +135,17 @@ pub struct Stats {
     pub bytes_out: u64,
 }
 
+impl Stats {
+    /// Count a block the router kept on the CPU, by its reason.
+    fn count_cpu(&mut self, why: Why) {
+        *match why {
+            Why::Threshold => &mut self.cpu_threshold,
+            Why::NoQueue | Why::HostGone => &mut self.cpu_fallback,
+            Why::Policy => &mut self.cpu_policy,
+        } += 1;
+    }
+}
+
 /// The device side of a compressor: a queue and its staging area,
 /// `slots` areas of `slot` bytes (input, then output room).
 struct Lane {
@@ -694,11 +705,7 @@ impl Compressor {
                     Route::Device => None,
                 };
                 if let Some(why) = on_cpu {
-                    *match why {
-                        Why::Threshold => &mut self.stats.cpu_threshold,
-                        Why::NoQueue | Why::HostGone => &mut self.stats.cpu_fallback,
-                        Why::Policy => &mut self.stats.cpu_policy,
-                    } += 1;
+                    self.stats.count_cpu(why);
                     let i = next;
                     next += 1;
                     let t = decision.timed.then(Instant::now);

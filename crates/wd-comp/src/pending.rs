@@ -32,7 +32,8 @@ pub enum Op {
 
 /// A request started by [`Compressor::start`]: finish it with
 /// [`Compressor::poll`] or [`Compressor::finish`] and the same output
-/// buffer.
+/// buffer. One dropped unfinished keeps its device slot until the
+/// compressor is dropped.
 #[derive(Debug)]
 #[must_use = "a started request holds a slot until it is finished"]
 pub struct Pending {
@@ -365,11 +366,7 @@ impl Compressor {
         out: &mut [u8],
         why: Why,
     ) -> Result<Inflated> {
-        *match why {
-            Why::Threshold => &mut self.stats.cpu_threshold,
-            Why::NoQueue | Why::HostGone => &mut self.stats.cpu_fallback,
-            Why::Policy => &mut self.stats.cpu_policy,
-        } += 1;
+        self.stats.count_cpu(why);
         self.on_cpu_now(op, alg, input, out)
     }
 
