@@ -117,4 +117,36 @@ if command -v git >/dev/null; then
 else
     skip "git not installed"
 fi
+echo "-- curl --compressed (gzip and deflate responses from a local server)"
+if command -v curl >/dev/null && command -v python3 >/dev/null; then
+    cat > "$out/serve.py" <<'PY'
+import gzip, http.server, sys, zlib
+data = open(sys.argv[1], "rb").read()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        enc = self.path.strip("/")
+        body = gzip.compress(data) if enc == "gzip" else zlib.compress(data)
+        self.send_response(200)
+        self.send_header("Content-Encoding", enc)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+s = http.server.HTTPServer(("127.0.0.1", 0), H)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+PY
+    python3 "$out/serve.py" "$out/text" > "$out/port" &
+    http=$!
+    for _ in $(seq 50); do [ -s "$out/port" ] && break; sleep 0.1; done
+    port=$(cat "$out/port")
+    for enc in gzip deflate; do
+        LD_PRELOAD="$lib" curl -sf --compressed "http://127.0.0.1:$port/$enc" -o "$out/curl.$enc"
+        cmp "$out/curl.$enc" "$out/text"
+    done
+    kill "$http"
+else
+    skip "curl or python3 not installed"
+fi
 echo "libwdz: all checks passed"
