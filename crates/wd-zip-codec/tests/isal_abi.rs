@@ -1,0 +1,153 @@
+//! The igzip binding's idea of `struct isal_zstream` against the installed
+//! header (a C program prints each offset, size and constant it relies
+//! on), and igzip's level 1 output against stock zlib. Skipped (and
+//! counted) without the header, a C compiler or the library.
+
+use std::process::Command;
+
+use wd_zip_codec::isal::abi;
+use wd_zip_codec::{compress_bound, stock::StockZlib, CodecError, Engine};
+use wd_zip_msg::Algorithm;
+
+const HEADER: &str = "/usr/include/isa-l/igzip_lib.h";
+
+#[test]
+fn layout_matches_the_installed_header() {
+    let name = "isal layout_matches_the_installed_header";
+    if !std::path::Path::new(HEADER).exists() {
+        wd_testutil::skip(name, "no isa-l/igzip_lib.h (libisal-dev)");
+        return;
+    }
+    let want: [(&str, usize); 17] = [
+        ("offsetof(struct isal_zstream, next_in)", abi::NEXT_IN),
+        ("offsetof(struct isal_zstream, avail_in)", abi::AVAIL_IN),
+        ("offsetof(struct isal_zstream, next_out)", abi::NEXT_OUT),
+        ("offsetof(struct isal_zstream, avail_out)", abi::AVAIL_OUT),
+        ("offsetof(struct isal_zstream, total_out)", abi::TOTAL_OUT),
+        ("offsetof(struct isal_zstream, level)", abi::LEVEL),
+        (
+            "offsetof(struct isal_zstream, level_buf_size)",
+            abi::LEVEL_BUF_SIZE,
+        ),
+        ("offsetof(struct isal_zstream, level_buf)", abi::LEVEL_BUF),
+        (
+            "offsetof(struct isal_zstream, end_of_stream)",
+            abi::END_OF_STREAM,
+        ),
+        ("offsetof(struct isal_zstream, flush)", abi::FLUSH),
+        ("offsetof(struct isal_zstream, gzip_flag)", abi::GZIP_FLAG),
+        ("sizeof(struct isal_zstream)", abi::SIZE),
+        ("ISAL_DEF_LVL1_DEFAULT", abi::LEVEL1_BUF),
+        ("IGZIP_GZIP", abi::GZIP as usize),
+        ("IGZIP_ZLIB", abi::ZLIB as usize),
+        ("COMP_OK + 100", (abi::COMP_OK + 100) as usize),
+        (
+            "STATELESS_OVERFLOW + 100",
+            (abi::STATELESS_OVERFLOW + 100) as usize,
+        ),
+    ];
+    let dir = wd_testutil::tempdir("isal-abi");
+    let src = dir.join("abi.c");
+    let bin = dir.join("abi");
+    let mut c = String::from(
+        "#include <stdio.h>\n#include <stddef.h>\n#include <isa-l/igzip_lib.h>\nint main(void) {\n",
+    );
+    for (expr, _) in &want {
+        c.push_str(&format!("    printf(\"%zu\\n\", (size_t)({expr}));\n"));
+    }
+    c.push_str("    return 0;\n}\n");
+    std::fs::write(&src, c).unwrap();
+    let cc = match Command::new("cc").args([&src, "-o", &bin]).output() {
+        Ok(o) => o,
+        Err(e) => {
+            wd_testutil::skip(name, &format!("no C compiler: {e}"));
+            return;
+        }
+    };
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let out = Command::new(&bin).output().unwrap();
+    let got: Vec<usize> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(got.len(), want.len());
+    for ((expr, mine), theirs) in want.iter().zip(got) {
+        assert_eq!(*mine, theirs, "{expr}: binding {mine}, header {theirs}");
+    }
+}
+
+/// Text with binary bytes mixed in, of many sizes.
+fn samples() -> Vec<Vec<u8>> {
+    let mut x = 0x2545_f491u32;
+    let mut out = Vec::new();
+    for &n in &[0usize, 1, 100, 4096, 65_536, 300_000] {
+        let mut v = Vec::with_capacity(n + 32);
+        while v.len() < n {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            if x % 3 == 0 {
+                v.push(x as u8);
+            } else {
+                v.extend_from_slice(b"queue domain engine ");
+            }
+        }
+        v.truncate(n);
+        out.push(v);
+    }
+    out
+}
+
+#[test]
+fn level_one_decodes_with_stock_zlib_and_stays_near_its_size() {
+    let name = "isal level_one_decodes_with_stock_zlib_and_stays_near_its_size";
+    if !wd_zip_codec::isal::available() {
+        wd_testutil::skip(name, "no libisal.so.2 (libisal2)");
+        return;
+    }
+    let Some(z) = StockZlib::load() else {
+        wd_testutil::skip(name, "no libz.so.1");
+        return;
+    };
+    let mut e = Engine::new();
+    for data in samples() {
+        let mut out = vec![0u8; compress_bound(Algorithm::Zlib, data.len())];
+        let n = e
+            .compress(Algorithm::Zlib, 1, &data[..], &mut out[..])
+            .unwrap();
+        let mut back = vec![0u8; data.len()];
+        assert_eq!(z.decompress(&out[..n], &mut back), Ok((n, data.len())));
+        assert!(back == data);
+        let mut theirs = vec![0u8; compress_bound(Algorithm::Zlib, data.len())];
+        let m = z.compress(1, &data, &mut theirs).unwrap();
+        assert!(
+            n as f64 <= m as f64 * 1.1 + 64.0,
+            "{} bytes: igzip {n}, zlib {m}",
+            data.len()
+        );
+        // Too little room: igzip gives up and libdeflate answers, or the
+        // error is the one every engine gives.
+        if n > 10 {
+            let mut small = vec![0u8; n - 1];
+            let r = e.compress(Algorithm::Zlib, 1, &data[..], &mut small[..]);
+            assert!(
+                matches!(r, Err(CodecError::NoSpace)) || r.is_ok_and(|k| k < n),
+                "{r:?}"
+            );
+        }
+    }
+    // The other framings round-trip through the engine's own decoder.
+    let data = &samples()[5];
+    for alg in [Algorithm::Deflate, Algorithm::Gzip] {
+        let mut out = vec![0u8; compress_bound(alg, data.len())];
+        let n = e.compress(alg, 1, &data[..], &mut out[..]).unwrap();
+        let mut back = vec![0u8; data.len()];
+        let got = e.decompress(alg, &out[..n], &mut back[..], 0).unwrap();
+        assert_eq!((got.consumed, got.produced), (n, data.len()));
+        assert!(back == *data);
+    }
+}
