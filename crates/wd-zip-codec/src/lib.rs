@@ -5,8 +5,9 @@
 //! Which library serves what was chosen by measurement (`wd bench zip`
 //! shows them side by side): one-shot deflate, zlib and gzip go to
 //! libdeflate (twice zlib's speed at level 1 and more in decompression),
-//! except level 1 compression where ISA-L's igzip is installed (several
-//! times faster again, output within a few percent of zlib's),
+//! except level 1 compression on ISA-L's igzip where it is installed and
+//! `WD_ZIP_ISAL=1` asks for it (several times faster again, output within
+//! a few percent of zlib's),
 //! deflate streams to zlib-rs (zlib's stream semantics: flush modes,
 //! dictionaries, window sizes), zstd to libzstd, LZ4 frames to lz4_flex.
 //!
