@@ -106,7 +106,10 @@ fn samples() -> Vec<Vec<u8>> {
 fn level_one_decodes_with_stock_zlib_and_stays_near_its_size() {
     let name = "isal level_one_decodes_with_stock_zlib_and_stays_near_its_size";
     if !wd_zip_codec::isal::available() {
-        wd_testutil::skip(name, "no libisal.so.2 (libisal2)");
+        wd_testutil::skip(
+            name,
+            "ISA-L not in use (opt-in: WD_ZIP_ISAL=1, and libisal.so.2 from libisal2)",
+        );
         return;
     }
     let Some(z) = StockZlib::load() else {
