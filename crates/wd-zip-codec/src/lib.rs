@@ -93,6 +93,13 @@ pub fn compress_bound(alg: Algorithm, len: usize) -> usize {
     }
 }
 
+/// Whether a block compressed at a level gives the same stream wherever
+/// and whenever it is compressed (the device, a client's CPU engine, another
+/// run): true unless ISA-L serves level 1 (see [`isal`]).
+pub fn reproducible() -> bool {
+    !isal::available()
+}
+
 /// What serves each algorithm, as `wd ls` shows it: (one-shot, stream).
 pub fn engines() -> Vec<(Algorithm, &'static str, Option<&'static str>)> {
     Algorithm::ALL

@@ -154,3 +154,65 @@ fn level_one_decodes_with_stock_zlib_and_stays_near_its_size() {
         assert!(back == *data);
     }
 }
+
+/// igzip's level 1 choices depend on where its stream structure lies
+/// (why ISA-L is opt-in and [`wd_zip_codec::reproducible`] says false):
+/// whatever the address, every stream must still decode to its input.
+/// Many engines alive at once put their structures at many addresses.
+#[test]
+fn level_one_is_valid_wherever_its_structure_lies() {
+    let name = "isal level_one_is_valid_wherever_its_structure_lies";
+    if !wd_zip_codec::isal::available() {
+        wd_testutil::skip(
+            name,
+            "ISA-L not in use (opt-in: WD_ZIP_ISAL=1, and libisal.so.2 from libisal2)",
+        );
+        return;
+    }
+    assert!(!wd_zip_codec::reproducible());
+    let words: [&[u8]; 5] = [b"queue ", b"domain ", b"IOVA ", b"engine ", b"session\n"];
+    let mut x = 0x9e37_79b9u32;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        x
+    };
+    let blocks: Vec<Vec<u8>> = (0..24)
+        .map(|i| {
+            let n = [29, 105, 919, 4000, 40_000][i % 5];
+            let mut v = Vec::new();
+            while v.len() < n {
+                if next() % 5 == 0 {
+                    v.push(next() as u8);
+                } else {
+                    v.extend_from_slice(words[(next() % 5) as usize]);
+                }
+            }
+            v.truncate(n);
+            v
+        })
+        .collect();
+    let mut engines: Vec<Engine> = (0..150).map(|_| Engine::new()).collect();
+    let mut check = Engine::new();
+    let mut variants = 0;
+    for (i, b) in blocks.iter().enumerate() {
+        let alg = [Algorithm::Deflate, Algorithm::Zlib, Algorithm::Gzip][i % 3];
+        let mut seen: Vec<Vec<u8>> = Vec::new();
+        for e in &mut engines {
+            let mut out = vec![0u8; compress_bound(alg, b.len())];
+            let n = e.compress(alg, 1, &b[..], &mut out[..]).unwrap();
+            out.truncate(n);
+            if seen.contains(&out) {
+                continue;
+            }
+            let mut back = vec![0u8; b.len()];
+            let got = check.decompress(alg, &out, &mut back[..], 0).unwrap();
+            assert_eq!((got.consumed, got.produced), (n, b.len()), "{alg}");
+            assert!(back == *b, "{alg} stream of {} bytes", b.len());
+            seen.push(out);
+        }
+        variants += seen.len() - 1;
+    }
+    eprintln!("{name}: {variants} extra stream(s) for 24 blocks over 150 structure addresses");
+}
