@@ -404,10 +404,11 @@ fn fault(model: &str, q: &mut Queue, dst: &Mem) -> Result<(), End> {
 }
 
 /// Compression through the library, forced onto the zip device (no
-/// fallback): batches of random blocks in random formats, each stream
-/// compared byte for byte with the same engine on the CPU (decoded on the
-/// CPU instead where the engine's output is not reproducible) and
-/// decompressed back on the device; a stream session now and then.
+/// fallback): batches (or asynchronous requests) of random blocks in
+/// random formats, each stream compared byte for byte with the same engine
+/// on the CPU (decoded on the CPU instead where the engine's output is not
+/// reproducible) and decompressed back on the device; a stream session now
+/// and then.
 fn zip(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
     use wd_comp::{Algorithm, CompError, Compressor, Config, Policy};
     let mut dev = Compressor::new(
@@ -457,7 +458,13 @@ fn zip(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
             .collect();
         let refs: Vec<&[u8]> = blocks.iter().map(|b| &b[..]).collect();
         let t = Instant::now();
-        let streams = match dev.compress_blocks(alg, 1, &refs) {
+        // Half the time as a batch, half through the asynchronous API
+        // (all started, then finished newest first).
+        let streams = match if rng.next() % 2 == 0 {
+            dev.compress_blocks(alg, 1, &refs)
+        } else {
+            compress_async(&mut dev, alg, &refs)
+        } {
             Ok(z) => z,
             Err(e) if gone(&e) => {
                 report.restarts += 1;
@@ -567,6 +574,45 @@ fn zip(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
         report.op(t);
     }
     Ok(End::Stopped)
+}
+
+/// Each block started on its own, then finished newest first: the
+/// streams, in order.
+fn compress_async(
+    dev: &mut wd_comp::Compressor,
+    alg: wd_comp::Algorithm,
+    blocks: &[&[u8]],
+) -> wd_comp::Result<Vec<Vec<u8>>> {
+    let mut outs: Vec<Vec<u8>> = blocks
+        .iter()
+        .map(|b| vec![0u8; wd_zip_codec::compress_bound(alg, b.len())])
+        .collect();
+    let mut started = Vec::with_capacity(blocks.len());
+    let mut first_err = None;
+    for (b, o) in blocks.iter().zip(outs.iter_mut()) {
+        match dev.start(wd_comp::Op::Compress(1), alg, b, o) {
+            Ok(p) => started.push(p),
+            Err(e) => {
+                first_err = Some(e);
+                break;
+            }
+        }
+    }
+    // Every started request is finished, even after an error.
+    let mut lens = vec![0; started.len()];
+    for (i, p) in started.into_iter().enumerate().rev() {
+        match dev.finish(p, &mut outs[i]) {
+            Ok(r) => lens[i] = r.produced,
+            Err(e) => first_err = Some(e),
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    for (o, n) in outs.iter_mut().zip(lens) {
+        o.truncate(n);
+    }
+    Ok(outs)
 }
 
 /// AES-128-CBC through the library, forced onto the device, in random
