@@ -9,7 +9,8 @@
  * buffer is at hand (docs/compression.md lists exactly when):
  *
  *   compress, compress2, uncompress, uncompress2: one call, one buffer;
- *   deflate: a stream's first call with Z_FINISH and all of its input;
+ *   deflate: a stream's input up to Z_FINISH, given in one call or in
+ *            several with Z_NO_FLUSH (gathered, up to 16 MiB);
  *   inflate: a stream's first call, when its input holds the whole stream.
  *
  * Those go to libwd_comp (the zip device, or libdeflate in this thread
@@ -168,7 +169,9 @@ static struct wd_comp *comp(void)
 
 enum phase {
     FRESH,   /* nothing done yet: may be taken over */
+    GATHER,  /* input taken with Z_NO_FLUSH waits in the record */
     ZLIB,    /* the system zlib has it */
+    DRAIN,   /* zlib has it; output of gathered input waits in the record */
     PENDING, /* taken over; output waits in the record */
     DONE,    /* taken over and finished */
 };
@@ -190,6 +193,9 @@ struct record {
     size_t pend_len, pend_pos;
     size_t pend_cap; /* capacity when `pending` is a scratch buffer, else 0 */
     uLong adler;
+    /* GATHER: the input so far, compressed whole at Z_FINISH. */
+    unsigned char *gather;
+    size_t gather_len, gather_cap;
 };
 
 #define BUCKETS 256
@@ -261,6 +267,7 @@ static void forget(z_streamp s)
     pthread_mutex_unlock(&table_lock);
     if (r) {
         drop_pending(r);
+        free(r->gather);
         free(r);
     }
 }
@@ -277,6 +284,8 @@ static struct record *remember(z_streamp s, const struct record *init)
     r->strm = s;
     r->pending = NULL;
     r->pend_len = r->pend_pos = r->pend_cap = 0;
+    r->gather = NULL;
+    r->gather_len = r->gather_cap = 0;
     pthread_mutex_lock(&table_lock);
     r->next = table[bucket(s)];
     table[bucket(s)] = r;
@@ -291,7 +300,20 @@ static void remember_copy(z_streamp dest, z_streamp source)
     if (!src)
         return;
     struct record *r = remember(dest, src);
-    if (!r || !src->pending)
+    if (!r)
+        return;
+    if (src->gather_len) {
+        r->gather = malloc(src->gather_len);
+        if (!r->gather) {
+            /* Cannot copy the input taken so far: the copy cannot go on. */
+            r->gather_len = 0;
+            r->phase = DONE;
+            return;
+        }
+        memcpy(r->gather, src->gather, src->gather_len);
+        r->gather_len = r->gather_cap = src->gather_len;
+    }
+    if (!src->pending)
         return;
     r->pending = malloc(src->pend_len);
     if (!r->pending) {
@@ -493,7 +515,7 @@ static int ensure_real(z_streamp strm)
 /* Largest output the shim holds for a caller with a small buffer. */
 #define MAX_ASIDE ((size_t)256 << 20)
 
-/* A whole stream is done: `used` input bytes taken, `made` output bytes
+/* A whole stream is done: `used` bytes of the caller's input taken, `made` output bytes
  * at `out` (the caller's buffer or this thread's scratch). Hand out what
  * fits and keep the rest. */
 static int finish_whole(struct record *r, z_streamp s, size_t used, const unsigned char *out,
@@ -533,15 +555,17 @@ static int finish_whole(struct record *r, z_streamp s, size_t used, const unsign
     return Z_OK;
 }
 
-/* Compress all of the stream's input at once; Z_STREAM_END, Z_OK (output
+/* Compress the stream's whole input, `len` bytes at `src` (the caller's
+ * input, or what was gathered with the caller's last piece appended, of
+ * which `used` bytes are the caller's now); Z_STREAM_END, Z_OK (output
  * waits in the record), or -1 when the offload path declined (nothing
  * was consumed or written). */
-static int deflate_whole(struct record *r, z_streamp s)
+static int deflate_whole(struct record *r, z_streamp s, const unsigned char *src, size_t len,
+                         size_t used)
 {
     struct wd_comp *c = comp();
     if (!c)
         return -1;
-    size_t len = s->avail_in;
     size_t bound = wd_comp_bound(r->alg, len);
     size_t room = s->avail_out;
     unsigned char *out = s->next_out;
@@ -555,9 +579,139 @@ static int deflate_whole(struct record *r, z_streamp s)
             return -1;
         room = bound;
     }
-    if (wd_comp_compress(c, r->alg, r->level, s->next_in, len, out, &room) != 0)
+    if (wd_comp_compress(c, r->alg, r->level, src, len, out, &room) != 0)
         return -1;
-    return finish_whole(r, s, len, out, room, trailer_check(r->alg, out, room, s->adler));
+    return finish_whole(r, s, used, out, room, trailer_check(r->alg, out, room, s->adler));
+}
+
+/* Most input a stream gathers before zlib takes it over. */
+#define MAX_GATHER ((size_t)16 << 20)
+
+/* Append the caller's input to what the stream gathered; 0, or -1 out of
+ * memory (nothing taken). */
+static int gather(struct record *r, z_streamp s)
+{
+    size_t n = s->avail_in;
+    if (r->gather_len + n > r->gather_cap) {
+        size_t cap = r->gather_cap ? r->gather_cap : 64 << 10;
+        while (cap < r->gather_len + n)
+            cap *= 2;
+        unsigned char *g = realloc(r->gather, cap);
+        if (!g)
+            return -1;
+        r->gather = g;
+        r->gather_cap = cap;
+    }
+    memcpy(r->gather + r->gather_len, s->next_in, n);
+    r->gather_len += n;
+    s->next_in += n;
+    s->avail_in = 0;
+    s->total_in += n;
+    return 0;
+}
+
+/* zlib takes over a stream that gathered input: its state is made and the
+ * gathered input run through it (Z_NO_FLUSH), output going to the
+ * caller's buffer while it has room and then aside in the record, to be
+ * handed out before anything zlib writes later (DRAIN). Z_OK or zlib's
+ * error (Z_MEM_ERROR when the aside cannot grow). */
+static int spill(struct record *r, z_streamp s)
+{
+    /* Out of the record first: zlib's init calls deflateReset, which
+     * comes back here and restarts the record. */
+    unsigned char *g = r->gather;
+    size_t g_len = r->gather_len, g_cap = r->gather_cap;
+    r->gather = NULL;
+    r->gather_len = r->gather_cap = 0;
+    int ret = ensure_real(s);
+    if (ret != Z_OK) {
+        r->gather = g;
+        r->gather_len = g_len;
+        r->gather_cap = g_cap;
+        return ret;
+    }
+    r->phase = ZLIB;
+    if (!g_len) {
+        free(g);
+        return Z_OK;
+    }
+    /* zlib's init zeroed the totals: it counts the gathered input again
+     * as it takes it; the output set aside counts once handed out. */
+    z_const Bytef *in = s->next_in;
+    uInt in_len = s->avail_in;
+    Bytef *out = s->next_out;
+    uInt out_len = out ? s->avail_out : 0;
+    size_t aside_cap = 0, aside_len = 0;
+    unsigned char *aside = NULL;
+    s->next_in = g;
+    s->avail_in = (uInt)g_len;
+    tl_inside++;
+    while (s->avail_in > 0 && ret == Z_OK) {
+        if (out_len > 0) {
+            s->next_out = out;
+            s->avail_out = out_len;
+        } else {
+            if (aside_cap - aside_len < 4096) {
+                size_t cap = aside_cap ? aside_cap * 2 : g_len / 2 + 4096;
+                unsigned char *a = realloc(aside, cap);
+                if (!a) {
+                    ret = Z_MEM_ERROR;
+                    break;
+                }
+                aside = a;
+                aside_cap = cap;
+            }
+            s->next_out = aside + aside_len;
+            s->avail_out = (uInt)(aside_cap - aside_len);
+        }
+        Bytef *before = s->next_out;
+        ret = REAL(deflate)(s, Z_NO_FLUSH);
+        size_t made = (size_t)(s->next_out - before);
+        if (out_len > 0) {
+            out += made;
+            out_len -= (uInt)made;
+        } else {
+            aside_len += made;
+        }
+    }
+    tl_inside--;
+    s->total_out -= aside_len;
+    s->next_in = in;
+    s->avail_in = in_len;
+    s->next_out = out;
+    s->avail_out = out_len;
+    free(g);
+    if (ret != Z_OK) {
+        free(aside);
+        return ret;
+    }
+    if (aside_len) {
+        r->pending = aside;
+        r->pend_len = aside_len;
+        r->pend_pos = 0;
+        r->phase = DRAIN;
+    } else {
+        free(aside);
+    }
+    return Z_OK;
+}
+
+/* Hand out output of gathered input set aside by spill(): the bytes
+ * moved; the stream is zlib's alone once they are all out. */
+static size_t drain(struct record *r, z_streamp s)
+{
+    size_t left = r->pend_len - r->pend_pos;
+    size_t n = s->next_out && left < s->avail_out ? left : s->next_out ? s->avail_out : 0;
+    memcpy(s->next_out, r->pending + r->pend_pos, n);
+    r->pend_pos += n;
+    s->next_out += n;
+    s->avail_out -= (uInt)n;
+    s->total_out += n;
+    if (r->pend_pos == r->pend_len) {
+        drop_pending(r);
+        r->phase = ZLIB;
+    }
+    return n;
 }
 
 int deflate(z_streamp strm, int flush)
@@ -571,10 +725,53 @@ int deflate(z_streamp strm, int flush)
             return Z_BUF_ERROR;
         return r->phase == PENDING ? serve_pending(r, strm) : Z_STREAM_END;
     }
-    if (r && r->phase == FRESH && r->eligible && flush == Z_FINISH && strm->total_in == 0 &&
-        strm->total_out == 0 && strm->next_in && strm->next_out && strm->avail_out > 0 && worth(strm->avail_in)) {
-        int ret = deflate_whole(r, strm);
+    if (r && r->phase == DRAIN) {
+        if (!strm->next_out || (strm->avail_in && !strm->next_in))
+            return Z_STREAM_ERROR;
+        size_t moved = drain(r, strm);
+        if (r->phase == DRAIN)
+            return moved ? Z_OK : Z_BUF_ERROR;
+        int ret = REAL(deflate)(strm, flush);
+        /* Progress was made in this call even if zlib made none. */
+        return ret == Z_BUF_ERROR && moved ? Z_OK : ret;
+    }
+    int open = r && (r->phase == FRESH || r->phase == GATHER) && r->eligible && r->lazy &&
+               strm->next_out && strm->avail_out > 0 && (strm->next_in || !strm->avail_in);
+    if (open && flush == Z_NO_FLUSH && !tl_inside && !cfg_disabled &&
+        r->gather_len + strm->avail_in <= MAX_GATHER) {
+        /* No output is owed before a flush: take the input and wait. A
+         * first empty call is Z_OK (zlib would have written its header),
+         * a later one Z_BUF_ERROR (no progress possible), as zlib answers. */
+        if (!strm->avail_in && r->phase == GATHER)
+            return Z_BUF_ERROR;
+        if (gather(r, strm) == 0) {
+            r->phase = GATHER;
+            return Z_OK;
+        }
+    }
+    if (open && flush == Z_FINISH && strm->total_out == 0 &&
+        worth(r->gather_len + strm->avail_in)) {
+        int ret = -1;
+        if (r->phase == FRESH && strm->total_in == 0) {
+            ret = deflate_whole(r, strm, strm->next_in, strm->avail_in, strm->avail_in);
+        } else if (r->phase == GATHER && r->gather_len + strm->avail_in <= MAX_GATHER) {
+            size_t used = strm->avail_in;
+            z_const Bytef *at = strm->next_in;
+            if (gather(r, strm) == 0) {
+                /* gather() took the caller's piece; finish_whole() takes it
+                 * again from the caller's view. */
+                strm->next_in = at;
+                strm->avail_in = (uInt)used;
+                strm->total_in -= used;
+                ret = deflate_whole(r, strm, r->gather, r->gather_len, used);
+                if (ret < 0)
+                    r->gather_len -= used;
+            }
+        }
         if (ret >= 0) {
+            free(r->gather);
+            r->gather = NULL;
+            r->gather_len = r->gather_cap = 0;
             count(ST_DEFLATE);
             return ret;
         }
@@ -582,9 +779,11 @@ int deflate(z_streamp strm, int flush)
         r->eligible = 0;
     }
     if (r) {
-        int ret = ensure_real(strm);
+        int ret = r->phase == GATHER ? spill(r, strm) : ensure_real(strm);
         if (ret != Z_OK)
             return ret;
+        if (r->phase == DRAIN)
+            return deflate(strm, flush);
         /* After ensure_real: zlib's init resets the stream, which
          * marks it fresh. */
         r->phase = ZLIB;
@@ -611,6 +810,9 @@ static void restart(z_streamp strm)
     struct record *r = find(strm);
     if (r) {
         drop_pending(r);
+        free(r->gather);
+        r->gather = NULL;
+        r->gather_len = r->gather_cap = 0;
         r->phase = FRESH;
     }
 }
@@ -640,9 +842,17 @@ int deflateResetKeep(z_streamp strm)
 static int zlib_only(z_streamp strm)
 {
     struct record *r = strm ? find(strm) : NULL;
-    if (r)
-        r->eligible = 0;
-    return ensure_real(strm);
+    if (!r)
+        return Z_OK;
+    r->eligible = 0;
+    int ret = r->phase == GATHER ? spill(r, strm) : ensure_real(strm);
+    if (ret == Z_OK && r->phase == DRAIN) {
+        /* zlib may write now: what waits must be out first. */
+        drain(r, strm);
+        if (r->phase == DRAIN)
+            return Z_BUF_ERROR;
+    }
+    return ret;
 }
 
 /* Forward `call` once zlib has the stream (its error otherwise). */
@@ -701,6 +911,12 @@ int deflatePending(z_streamp strm, unsigned *pending, int *bits)
         if (bits)
             *bits = 0;
         return Z_OK;
+    }
+    if (r && r->phase == DRAIN) {
+        int ret = REAL(deflatePending)(strm, pending, bits);
+        if (ret == Z_OK && pending)
+            *pending += (unsigned)(r->pend_len - r->pend_pos);
+        return ret;
     }
     if (r && r->lazy) {
         /* Nothing of zlib's yet: nothing pending. */

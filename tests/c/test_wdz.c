@@ -288,6 +288,126 @@ static void inflate_framings(void)
     free(back);
 }
 
+/* Point the stream's output at what follows its output so far. */
+static void out_at(z_stream *s, unsigned char *c, size_t cap, size_t room)
+{
+    s->next_out = c + s->total_out;
+    size_t left = cap - s->total_out;
+    s->avail_out = (uInt)(left < room ? left : room);
+}
+
+/* Feed d[from..to) with Z_NO_FLUSH in `chunk`-byte calls. */
+static void feed(z_stream *s, const unsigned char *d, size_t from, size_t to, size_t chunk,
+                 unsigned char *c, size_t cap, size_t room)
+{
+    while (from < to) {
+        size_t k = to - from < chunk ? to - from : chunk;
+        s->next_in = (Bytef *)d + from;
+        s->avail_in = (uInt)k;
+        out_at(s, c, cap, room);
+        int ret = deflate(s, Z_NO_FLUSH);
+        CHECK(ret == Z_OK || ret == Z_BUF_ERROR);
+        from += k - s->avail_in;
+    }
+}
+
+/* Z_FINISH until the end, then check the stream against stock zlib: the
+ * data, the totals, the check value zlib would leave. */
+static void finish_and_check(z_stream *s, int wbits, const unsigned char *d, size_t n,
+                             unsigned char *c, size_t cap, size_t room, unsigned char *back)
+{
+    s->next_in = (Bytef *)d + n;
+    s->avail_in = 0;
+    int ret;
+    do {
+        out_at(s, c, cap, room);
+        ret = deflate(s, Z_FINISH);
+        CHECK(ret == Z_OK || ret == Z_STREAM_END || ret == Z_BUF_ERROR);
+    } while (ret != Z_STREAM_END);
+    CHECK(s->total_in == n);
+    size_t clen = s->total_out;
+    CHECK(ref_inflate(wbits, c, clen, back, n + 1) == n);
+    CHECK(n == 0 || memcmp(back, d, n) == 0);
+    if (wbits == 15)
+        CHECK(s->adler == adler32(adler32(0, NULL, 0), d, (uInt)n));
+    if (wbits == 31)
+        CHECK(s->adler == crc32(crc32(0, NULL, 0), d, (uInt)n));
+    CHECK(deflateEnd(s) == Z_OK);
+}
+
+/* deflate fed in pieces with Z_NO_FLUSH and then Z_FINISH: the shim
+ * gathers the input and compresses it whole; past 16 MiB, at another
+ * flush, or at a call only zlib serves (deflateParams), zlib takes the
+ * stream over with what was gathered; a copy or a reset in the middle.
+ * Every stream must decode with stock zlib to the data. */
+static void deflate_gathered(void)
+{
+    static const int wbits[] = {15, -15, 31};
+    static const size_t sizes[] = {0, 100, 5000, 300000, (16 << 20) + 12345};
+    static const size_t chunks[] = {1, 777, 65536};
+    static const size_t rooms[] = {64, (size_t)1 << 26};
+    enum { PLAIN, SYNC, PARAMS, COPY, RESET, MODES };
+    size_t most = sizes[sizeof sizes / sizeof sizes[0] - 1];
+    unsigned char *d = make_data(most, 77);
+    size_t cap = most + most / 8 + 4096;
+    unsigned char *c = malloc(cap), *c2 = malloc(cap), *back = malloc(most + 1);
+    for (size_t w = 0; w < sizeof wbits / sizeof wbits[0]; w++)
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+            for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++)
+                for (size_t r = 0; r < sizeof rooms / sizeof rooms[0]; r++)
+                    for (int mode = 0; mode < MODES; mode++) {
+                        size_t n = sizes[i], chunk = chunks[k], room = rooms[r];
+                        if (n > 1000000 && (chunk == 1 || mode != PLAIN))
+                            continue;
+                        z_stream s;
+                        memset(&s, 0, sizeof s);
+                        CHECK(deflateInit2(&s, 1, Z_DEFLATED, wbits[w], 8,
+                                           Z_DEFAULT_STRATEGY) == Z_OK);
+                        feed(&s, d, 0, n / 2, chunk, c, cap, room);
+                        if (mode == SYNC) {
+                            s.avail_in = 0;
+                            int ret;
+                            do {
+                                out_at(&s, c, cap, room);
+                                ret = deflate(&s, Z_SYNC_FLUSH);
+                                CHECK(ret == Z_OK || ret == Z_BUF_ERROR);
+                            } while (s.avail_out == 0);
+                        } else if (mode == PARAMS) {
+                            int ret;
+                            do {
+                                out_at(&s, c, cap, room);
+                                ret = deflateParams(&s, 9, Z_DEFAULT_STRATEGY);
+                                CHECK(ret == Z_OK || ret == Z_BUF_ERROR);
+                            } while (ret == Z_BUF_ERROR);
+                        } else if (mode == COPY) {
+                            z_stream t;
+                            CHECK(deflateCopy(&t, &s) == Z_OK);
+                            /* The copy writes its own stream, from the start. */
+                            size_t done = t.total_out;
+                            memcpy(c2, c, done);
+                            feed(&t, d, n / 2, n, chunk, c2, cap, room);
+                            finish_and_check(&t, wbits[w], d, n, c2, cap, room, back);
+                        } else if (mode == RESET) {
+                            CHECK(deflateReset(&s) == Z_OK);
+                            CHECK(s.total_in == 0 && s.total_out == 0);
+                            feed(&s, d, 0, n / 2, chunk, c, cap, room);
+                        }
+                        feed(&s, d, n / 2, n, chunk, c, cap, room);
+                        finish_and_check(&s, wbits[w], d, n, c, cap, room, back);
+                    }
+    /* A stream ended while it gathers frees what it gathered (valgrind
+     * and ASan runs would say otherwise). */
+    z_stream s;
+    memset(&s, 0, sizeof s);
+    CHECK(deflateInit(&s, 1) == Z_OK);
+    feed(&s, d, 0, 100000, 4096, c, cap, 1 << 20);
+    CHECK(deflateEnd(&s) == Z_OK);
+    free(d);
+    free(c);
+    free(c2);
+    free(back);
+}
+
 /* Streams the shim leaves to zlib still work: every flush mode, split at
  * every point of a small stream, a dictionary. */
 static void zlib_streams(void)
@@ -389,6 +509,7 @@ int main(void)
     CHECK(strcmp(zlibVersion(), ZLIB_VERSION) == 0);
     one_shot();
     deflate_framings();
+    deflate_gathered();
     inflate_framings();
     zlib_streams();
     gz_files();
