@@ -159,6 +159,65 @@ int wd_crypto_route(int kind, size_t len, int async);
 void wd_crypto_record(int kind, size_t len, int on_cpu, uint64_t ns);
 void wd_crypto_count_cpu(uint64_t requests, uint64_t bytes, int reason);
 
+/* A routing memo, for such callers that route every request of a context
+ * (an OpenSSL cipher context): the library's threshold, policy and router
+ * behind one inline call, so that a small request pays no call into the
+ * library. Fill it with wd_route_memo_init (the settings of the moment:
+ * make it after setting them); its fields are the library's. */
+struct wd_route_memo {
+	size_t threshold; /* requests below it stay on the CPU */
+	int policy;       /* WD_CRYPTO_POLICY_* */
+	int route;        /* the router's last answer, reused */
+	int left;         /* for this many more requests */
+	int async;        /* made for an asynchronous request */
+};
+void wd_route_memo_init(struct wd_route_memo *m);
+
+/* The requests that reuse one answer of the router: asking per request
+ * would cost more than a small request, and the router measures the paths
+ * on the requests it is asked about. */
+#define WD_ROUTE_MEMO_REUSE 15
+
+/* WD_CPU_* when a request of len bytes stays on the CPU without asking the
+ * router (below the threshold, the cpu policy, or, with may_reuse, a CPU
+ * answer being reused: one reuse is spent), else 0. */
+static inline int wd_route_memo_cpu(struct wd_route_memo *m, size_t len, int may_reuse)
+{
+	if (len < m->threshold)
+		return WD_CPU_THRESHOLD;
+	if (m->policy == WD_CRYPTO_POLICY_CPU)
+		return WD_CPU_POLICY;
+	if (may_reuse && m->left > 0 && !(m->route & WD_ROUTE_DEVICE)) {
+		m->left--;
+		return m->route & 0xff;
+	}
+	return 0;
+}
+
+/* Where a request of len bytes runs, as wd_crypto_route answers (never
+ * negative: an error means the device, which then says what is wrong).
+ * An answer made for the same kind of request (asynchronous or not) is
+ * reused WD_ROUTE_MEMO_REUSE times without WD_ROUTE_TIMED, except an
+ * asynchronous offload, which the router decides again each time as the
+ * device's load changes. */
+static inline int wd_route_memo_route(struct wd_route_memo *m, int kind, size_t len, int async)
+{
+	int why = wd_route_memo_cpu(m, len, m->async == async);
+	if (why != 0)
+		return why;
+	if (m->left > 0 && m->async == async) {
+		m->left--;
+		return m->route & ~WD_ROUTE_TIMED;
+	}
+	int route = wd_crypto_route(kind, len, async);
+	if (route < 0)
+		route = WD_ROUTE_DEVICE;
+	m->route = route;
+	m->async = async;
+	m->left = async && (route & WD_ROUTE_DEVICE) ? 0 : WD_ROUTE_MEMO_REUSE;
+	return route;
+}
+
 /* Move a CBC or CTR stream between a session and the caller: the chaining
  * value (16 bytes) and, for CTR, the bytes used of that counter block. */
 int wd_cipher_get_chain(struct wd_cipher *c, void *iv, size_t *num);

@@ -44,9 +44,6 @@
 struct wd_prov {
 	const OSSL_CORE_HANDLE *handle;
 	OSSL_FUNC_core_get_params_fn *core_get_params;
-	/* Settings read once: the inline CPU path runs without asking libwd. */
-	size_t threshold;
-	int policy;
 };
 
 /* The inline CPU path: OpenSSL's default provider, loaded into a private
@@ -252,9 +249,8 @@ struct wd_cctx {
 	struct wd_cpu_impl impl;
 	int chain_here;
 	struct wd_counts counts;
-	/* The last routing decision above the threshold, reused for a while
-	 * (asking libwd per request would cost more than a small request). */
-	int route_cached, route_left, in_job_cached;
+	/* The library's threshold, policy and router, inline (wd_crypto.h). */
+	struct wd_route_memo memo;
 	struct wd_aead *a;    /* GCM */
 	int enc, pad, key_set, iv_set;
 	unsigned char key[64];
@@ -290,6 +286,7 @@ static void *wd_cipher_newctx(void *provctx, const struct wd_cipher_desc *d)
 	x->pad = 1;
 	x->ivlen = d->ivlen;
 	x->taglen = 16;
+	wd_route_memo_init(&x->memo);
 	return x;
 }
 
@@ -527,26 +524,10 @@ static int wd_blocks(struct wd_cctx *x, unsigned char *out, const unsigned char 
 {
 	if (len == 0)
 		return 1;
-	int route, in_job = 0;
-	if (x->inner != NULL && (len < x->prov->threshold || x->prov->policy == WD_CRYPTO_POLICY_CPU)) {
-		route = len < x->prov->threshold ? WD_CPU_THRESHOLD : WD_CPU_POLICY;
-	} else if (x->route_left > 0 && x->inner != NULL) {
-		x->route_left--;
-		route = x->route_cached & ~WD_ROUTE_TIMED;
-		in_job = x->in_job_cached;
-	} else {
-		in_job = ASYNC_get_current_job() != NULL;
-		route = wd_crypto_route(WD_KIND_CIPHER, len, in_job);
-		if (route < 0)
-			route = WD_ROUTE_DEVICE;
-		/* Reuse a decision for a while (the library measures the paths
-		 * on the requests it is asked about), except an asynchronous
-		 * offload: the library re-decides those as the device's load
-		 * changes. */
-		x->route_cached = route;
-		x->in_job_cached = in_job;
-		x->route_left = in_job && (route & WD_ROUTE_DEVICE) ? 0 : 15;
-	}
+	int in_job = ASYNC_get_current_job() != NULL;
+	/* Without an inline path the library routes (and counts) itself. */
+	int route = x->inner != NULL ? wd_route_memo_route(&x->memo, WD_KIND_CIPHER, len, in_job)
+				     : WD_ROUTE_DEVICE;
 	if (!(route & WD_ROUTE_DEVICE) && x->inner != NULL) {
 		/* Inline: straight to OpenSSL's default implementation. */
 		uint64_t t0 = route & WD_ROUTE_TIMED ? wd_now_ns() : 0;
@@ -600,16 +581,10 @@ static int wd_gcm_begin(struct wd_cctx *x, size_t len)
 {
 	if (!x->iv_set)
 		return 0;
-	int why = len < x->prov->threshold ? WD_CPU_THRESHOLD
-		  : x->prov->policy == WD_CRYPTO_POLICY_CPU ? WD_CPU_POLICY : 0;
-	if (why == 0) {
-		/* Above the threshold the router decides, as for the other modes;
-		 * a GCM message on the device is waited for (never paused), so it
-		 * is asked as a synchronous request. */
-		int route = wd_crypto_route(WD_KIND_CIPHER, len, 0);
-		if (route >= 0 && !(route & WD_ROUTE_DEVICE))
-			why = route & 0xff;
-	}
+	/* A GCM message on the device is waited for (never paused), so it is
+	 * routed as a synchronous request. */
+	int route = wd_route_memo_route(&x->memo, WD_KIND_CIPHER, len, 0);
+	int why = route & WD_ROUTE_DEVICE ? 0 : route & 0xff;
 	int here = why != 0;
 	if (here && x->inner == NULL && wd_cpu_lookup(x->d->name, &x->impl))
 		x->inner = x->impl.newctx(wd_cpu_provctx);
@@ -694,16 +669,7 @@ static inline int wd_stays_here(struct wd_cctx *x, size_t len)
 {
 	if (x->inner == NULL || !x->chain_here)
 		return 0;
-	if (len < x->prov->threshold)
-		return WD_CPU_THRESHOLD;
-	if (x->prov->policy == WD_CRYPTO_POLICY_CPU)
-		return WD_CPU_POLICY;
-	if (x->route_left > 0 && !(x->route_cached & WD_ROUTE_DEVICE) &&
-	    (!x->in_job_cached || wd_jobs_waiting == 0)) {
-		x->route_left--;
-		return x->route_cached & 0xff;
-	}
-	return 0;
+	return wd_route_memo_cpu(&x->memo, len, !x->memo.async || wd_jobs_waiting == 0);
 }
 
 static int wd_cipher_update_fn(void *vctx, unsigned char *out, size_t *outl, size_t outsize,
@@ -1275,6 +1241,7 @@ struct wd_dctx {
 	const struct wd_cpu_dimpl *impl;
 	int path;
 	int route; /* the WD_CPU_* reason of an inline message */
+	struct wd_route_memo memo;
 	/* The router asked to time this message (WD_ROUTE_TIMED). */
 	uint64_t t0;
 	size_t total;
@@ -1286,6 +1253,7 @@ static void *wd_digest_newctx(void *provctx, const struct wd_digest_desc *d)
 	if (x != NULL) {
 		x->prov = provctx;
 		x->d = d;
+		wd_route_memo_init(&x->memo);
 	}
 	return x;
 }
@@ -1350,13 +1318,8 @@ static int wd_digest_init_fn(void *vctx, const OSSL_PARAM params[])
  * otherwise through libwd. */
 static int wd_digest_start(struct wd_dctx *x, size_t len)
 {
-	int route;
-	if (len < x->prov->threshold)
-		route = WD_CPU_THRESHOLD;
-	else if (x->prov->policy == WD_CRYPTO_POLICY_CPU)
-		route = WD_CPU_POLICY;
-	else if ((route = wd_crypto_route(WD_KIND_DIGEST, len, ASYNC_get_current_job() != NULL)) < 0)
-		route = WD_ROUTE_DEVICE;
+	int route = wd_route_memo_route(&x->memo, WD_KIND_DIGEST, len,
+					ASYNC_get_current_job() != NULL);
 	x->t0 = route & WD_ROUTE_TIMED ? wd_now_ns() : 0;
 	x->total = 0;
 	if (x->impl == NULL)
@@ -1571,7 +1534,6 @@ int OSSL_provider_init(const OSSL_CORE_HANDLE *handle, const OSSL_DISPATCH *in,
 	struct wd_prov *p = OPENSSL_zalloc(sizeof(*p));
 	if (p == NULL)
 		return 0;
-	p->threshold = 0;
 	p->handle = handle;
 	for (; in->function_id != 0; in++)
 		if (in->function_id == OSSL_FUNC_CORE_GET_PARAMS)
@@ -1595,8 +1557,6 @@ int OSSL_provider_init(const OSSL_CORE_HANDLE *handle, const OSSL_DISPATCH *in,
 	const char *fb = wd_setting(p, "fallback", "WD_PROVIDER_FALLBACK");
 	if (fb != NULL)
 		wd_crypto_set_fallback(strcmp(fb, "0") != 0 && strcmp(fb, "no") != 0);
-	p->threshold = wd_crypto_get_threshold();
-	p->policy = wd_crypto_get_policy();
 	pthread_mutex_lock(&wd_dcount_lock);
 	wd_instances++;
 	pthread_mutex_unlock(&wd_dcount_lock);

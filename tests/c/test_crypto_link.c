@@ -45,6 +45,41 @@ int main(void)
 		CHECK(r == 32 && memcmp(got, want, 32) == 0, "sha256(abc)");
 		wd_digest_free(d);
 	}
+
+	/* The routing memo: the library's settings inline, an answer of the
+	 * router reused WD_ROUTE_MEMO_REUSE times for the same kind of
+	 * request, asked again after that or for the other kind. */
+	struct wd_route_memo m;
+	CHECK(wd_crypto_set_threshold(4096) == 0 &&
+		      wd_crypto_set_policy(WD_CRYPTO_POLICY_OFFLOAD) == 0,
+	      "settings");
+	wd_route_memo_init(&m);
+	CHECK(m.threshold == 4096 && m.policy == WD_CRYPTO_POLICY_OFFLOAD && m.left == 0,
+	      "memo filled with the settings");
+	CHECK(wd_route_memo_route(&m, WD_KIND_CIPHER, 100, 0) == WD_CPU_THRESHOLD,
+	      "below the threshold: CPU, without an answer kept");
+	CHECK(m.left == 0, "nothing reused below the threshold");
+	int first = wd_route_memo_route(&m, WD_KIND_CIPHER, 8192, 0);
+	CHECK(first == wd_crypto_route(WD_KIND_CIPHER, 8192, 0), "the router's answer");
+	CHECK(m.left == WD_ROUTE_MEMO_REUSE, "kept for reuse");
+	for (int i = 0; i < WD_ROUTE_MEMO_REUSE; i++)
+		CHECK(wd_route_memo_route(&m, WD_KIND_CIPHER, 8192, 0) ==
+			      (first & ~WD_ROUTE_TIMED),
+		      "reused");
+	CHECK(m.left == 0, "reuses spent");
+	(void)wd_route_memo_route(&m, WD_KIND_CIPHER, 8192, 0);
+	CHECK(m.left == WD_ROUTE_MEMO_REUSE, "asked again once spent");
+	int a = wd_route_memo_route(&m, WD_KIND_CIPHER, 8192, 1);
+	CHECK(m.async == 1, "an asynchronous request is not served a synchronous answer");
+	CHECK(m.left == ((a & WD_ROUTE_DEVICE) ? 0 : WD_ROUTE_MEMO_REUSE),
+	      "an asynchronous offload is decided again each time");
+	CHECK(wd_crypto_set_policy(WD_CRYPTO_POLICY_CPU) == 0, "cpu policy");
+	wd_route_memo_init(&m);
+	CHECK(wd_route_memo_route(&m, WD_KIND_DIGEST, 1 << 20, 0) == WD_CPU_POLICY &&
+		      wd_route_memo_cpu(&m, 1 << 20, 0) == WD_CPU_POLICY,
+	      "the cpu policy, inline");
+	wd_route_memo_init(NULL); /* ignored */
+
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;
 }

@@ -87,6 +87,38 @@ pub extern "C" fn wd_crypto_route(k: c_int, len: usize, asynchronous: c_int) -> 
     })
 }
 
+/// `struct wd_route_memo` (`include/wd_crypto.h`): the inline functions
+/// there read and write it; the library only fills it.
+#[repr(C)]
+pub struct WdRouteMemo {
+    threshold: usize,
+    policy: c_int,
+    route: c_int,
+    left: c_int,
+    asynchronous: c_int,
+}
+
+/// Fill a routing memo with the current settings and no answer yet.
+///
+/// # Safety
+/// `m` is NULL or points to a `struct wd_route_memo` the caller owns.
+#[no_mangle]
+pub unsafe extern "C" fn wd_route_memo_init(m: *mut WdRouteMemo) {
+    if m.is_null() {
+        return;
+    }
+    let v = WdRouteMemo {
+        threshold: config::threshold(),
+        policy: config::policy() as c_int,
+        route: 0,
+        left: 0,
+        asynchronous: 0,
+    };
+    // SAFETY: m is non-null and points to caller-owned memory of the
+    // structure's size (the header's layout, which repr(C) matches).
+    unsafe { m.write_unaligned(v) };
+}
+
 /// Report a timed request.
 #[no_mangle]
 pub extern "C" fn wd_crypto_record(k: c_int, len: usize, on_cpu: c_int, ns: u64) {
