@@ -33,6 +33,51 @@ pub fn skip(test: &str, reason: &str) {
     }
 }
 
+/// A binding's idea of a C library's layout against its installed header:
+/// a C program including `header` prints each expression of `want`
+/// (`offsetof`, `sizeof`, constants; as `size_t`), which must equal the
+/// value the binding assumes. Skipped (and counted) without the header or
+/// a C compiler.
+pub fn check_c_layout(test: &str, header: &str, want: &[(&str, usize)]) {
+    let path = Path::new("/usr/include").join(header);
+    if !path.exists() {
+        skip(test, &format!("no {}", path.display()));
+        return;
+    }
+    let dir = tempdir("c-layout");
+    let src = dir.join("layout.c");
+    let bin = dir.join("layout");
+    let mut c = format!(
+        "#include <stdio.h>\n#include <stddef.h>\n#include <{header}>\nint main(void) {{\n"
+    );
+    for (expr, _) in want {
+        c.push_str(&format!("    printf(\"%zu\\n\", (size_t)({expr}));\n"));
+    }
+    c.push_str("    return 0;\n}\n");
+    std::fs::write(&src, c).expect("writing the C program");
+    let cc = match Command::new("cc").args([&src, "-o", &bin]).output() {
+        Ok(o) => o,
+        Err(e) => {
+            skip(test, &format!("no C compiler: {e}"));
+            return;
+        }
+    };
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let out = Command::new(&bin).output().expect("running the C program");
+    let got: Vec<usize> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.parse().expect("a number"))
+        .collect();
+    assert_eq!(got.len(), want.len());
+    for ((expr, mine), theirs) in want.iter().zip(got) {
+        assert_eq!(*mine, theirs, "{expr}: binding {mine}, header {theirs}");
+    }
+}
+
 /// Whether this process runs as root (by the owner of /proc/self, which
 /// needs no unsafe call).
 pub fn is_root() -> bool {

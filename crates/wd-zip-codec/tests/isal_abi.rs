@@ -3,21 +3,12 @@
 //! on), and igzip's level 1 output against stock zlib. Skipped (and
 //! counted) without the header, a C compiler or the library.
 
-use std::process::Command;
-
 use wd_zip_codec::isal::abi;
 use wd_zip_codec::{compress_bound, stock::StockZlib, CodecError, Engine};
 use wd_zip_msg::Algorithm;
 
-const HEADER: &str = "/usr/include/isa-l/igzip_lib.h";
-
 #[test]
 fn layout_matches_the_installed_header() {
-    let name = "isal layout_matches_the_installed_header";
-    if !std::path::Path::new(HEADER).exists() {
-        wd_testutil::skip(name, "no isa-l/igzip_lib.h (libisal-dev)");
-        return;
-    }
     let want: [(&str, usize); 17] = [
         ("offsetof(struct isal_zstream, next_in)", abi::NEXT_IN),
         ("offsetof(struct isal_zstream, avail_in)", abi::AVAIL_IN),
@@ -46,38 +37,11 @@ fn layout_matches_the_installed_header() {
             (abi::STATELESS_OVERFLOW + 100) as usize,
         ),
     ];
-    let dir = wd_testutil::tempdir("isal-abi");
-    let src = dir.join("abi.c");
-    let bin = dir.join("abi");
-    let mut c = String::from(
-        "#include <stdio.h>\n#include <stddef.h>\n#include <isa-l/igzip_lib.h>\nint main(void) {\n",
+    wd_testutil::check_c_layout(
+        "isal layout_matches_the_installed_header",
+        "isa-l/igzip_lib.h",
+        &want,
     );
-    for (expr, _) in &want {
-        c.push_str(&format!("    printf(\"%zu\\n\", (size_t)({expr}));\n"));
-    }
-    c.push_str("    return 0;\n}\n");
-    std::fs::write(&src, c).unwrap();
-    let cc = match Command::new("cc").args([&src, "-o", &bin]).output() {
-        Ok(o) => o,
-        Err(e) => {
-            wd_testutil::skip(name, &format!("no C compiler: {e}"));
-            return;
-        }
-    };
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
-    let out = Command::new(&bin).output().unwrap();
-    let got: Vec<usize> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| l.parse().unwrap())
-        .collect();
-    assert_eq!(got.len(), want.len());
-    for ((expr, mine), theirs) in want.iter().zip(got) {
-        assert_eq!(*mine, theirs, "{expr}: binding {mine}, header {theirs}");
-    }
 }
 
 /// Text with binary bytes mixed in, of many sizes.
