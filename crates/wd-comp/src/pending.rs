@@ -10,7 +10,7 @@
 //! The input stays in its slot until the request completes, so a request
 //! whose host died is computed here from that copy.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use wd_route::{Queue as QueueState, Route, Why};
@@ -32,14 +32,29 @@ pub enum Op {
 
 /// A request started by [`Compressor::start`]: finish it with
 /// [`Compressor::poll`] or [`Compressor::finish`] and the same output
-/// buffer. One dropped unfinished keeps its device slot until the
-/// compressor is dropped.
+/// buffer. One dropped unfinished is abandoned: its result is never
+/// written, and its device slot is free again once the device is done
+/// with it (the compressor looks when it next needs a slot).
 #[derive(Debug)]
-#[must_use = "a started request holds a slot until it is finished"]
+#[must_use = "a started request's result is written only when it is finished"]
 pub struct Pending {
     /// The compressor that started it.
     owner: u64,
     state: State,
+    /// Where an unfinished request leaves its slot when dropped: its
+    /// lane's list of abandoned slots.
+    abandoned: Option<Abandoned>,
+}
+
+/// Slots of a lane whose requests were dropped unfinished.
+type Abandoned = Arc<Mutex<Vec<usize>>>;
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let (State::InFlight { slot, .. }, Some(a)) = (&self.state, &self.abandoned) {
+            a.lock().unwrap_or_else(PoisonError::into_inner).push(*slot);
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -77,6 +92,8 @@ pub(crate) struct AsyncLane {
     stage: Option<SharedBuf>,
     slot: usize,
     busy: Vec<bool>,
+    /// Busy slots whose requests were dropped unfinished.
+    abandoned: Abandoned,
     /// The queue failed: no new requests; the ones in flight are computed
     /// here from their slots as they are finished, then the lane goes.
     dead: bool,
@@ -98,6 +115,7 @@ impl AsyncLane {
             stage: None,
             slot: 0,
             busy: vec![false; depth],
+            abandoned: Arc::default(),
         })
     }
 
@@ -105,9 +123,28 @@ impl AsyncLane {
         self.busy.iter().any(|&b| b)
     }
 
+    /// Free the slots of abandoned requests the device is done with (or
+    /// will never answer: the queue failed, the host restarted).
+    fn reap_abandoned(&mut self) {
+        let AsyncLane {
+            q, busy, abandoned, ..
+        } = self;
+        abandoned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|&slot| match q.recv_cookie(slot as u64) {
+                Ok(None) => true,
+                Ok(Some(_)) | Err(_) => {
+                    busy[slot] = false;
+                    false
+                }
+            });
+    }
+
     /// A free slot of at least `need` bytes: the staging area is made (or
     /// made larger) only while nothing is in flight.
     fn take(&mut self, need: usize) -> std::result::Result<Option<usize>, ClientError> {
+        self.reap_abandoned();
         if need > self.slot {
             if self.in_flight() {
                 return Ok(None);
@@ -151,6 +188,7 @@ impl Compressor {
         let done = |c: &Compressor, r: Inflated| Pending {
             owner: c.id,
             state: State::Done(r),
+            abandoned: None,
         };
         let settings = wd_route::Settings {
             policy: self.cfg.policy,
@@ -229,6 +267,7 @@ impl Compressor {
         }
         Ok(Pending {
             owner: self.id,
+            abandoned: Some(lane.abandoned.clone()),
             state: State::InFlight {
                 lane: lane.id,
                 slot,
@@ -392,6 +431,9 @@ impl Compressor {
     /// The asynchronous lane, opened on first use (None without a queue,
     /// or while a failed one still holds requests).
     fn async_lane(&mut self) -> Option<&mut AsyncLane> {
+        if let Some(l) = self.alane.as_mut().filter(|l| l.dead) {
+            l.reap_abandoned();
+        }
         if self.alane.as_ref().is_some_and(|l| l.dead) {
             if self.alane.as_ref().is_some_and(AsyncLane::in_flight) {
                 return None;

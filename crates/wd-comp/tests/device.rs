@@ -487,6 +487,54 @@ fn started_requests_survive_their_host_dying() {
     }
 }
 
+/// Requests dropped unfinished give their slots back once the device is
+/// done with them: later requests go to the device again instead of
+/// being computed here for want of a slot.
+#[test]
+fn abandoned_requests_free_their_slots() {
+    let host = spawn_host("async-abandon");
+    let conn = HostConn::connect(&host.socket).unwrap();
+    let mut c = Compressor::new(
+        Some(conn),
+        Config {
+            depth: 4,
+            ..offload_cfg()
+        },
+    );
+    let text = data(256 << 10, 9);
+    let mut out = vec![0u8; wd_comp::compress_bound(Algorithm::Gzip, text.len())];
+    for round in 0..5 {
+        let before = c.stats().cpu_assist;
+        // Four on the device, all dropped unfinished.
+        for _ in 0..4 {
+            let p = c
+                .start(Op::Compress(6), Algorithm::Gzip, &text, &mut out)
+                .unwrap();
+            assert!(!p.is_done(), "round {round}: a slot was free");
+            drop(p);
+        }
+        assert_eq!(c.stats().cpu_assist, before, "round {round}");
+        // Their slots come back as the device finishes them.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let p = c
+                .start(Op::Compress(6), Algorithm::Gzip, &text, &mut out)
+                .unwrap();
+            if !p.is_done() {
+                let got = c.finish(p, &mut out).unwrap();
+                let mut back = vec![0u8; text.len()];
+                let n = wd_comp::Compressor::new(None, Config::default())
+                    .decompress(Algorithm::Gzip, &out[..got.produced], &mut back, 0)
+                    .unwrap();
+                assert!(n.produced == text.len() && back == text);
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "no slot came back");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
 /// Compress `data` through a stream in pieces, flushing `flush` between
 /// them; the stream's bytes.
 fn stream_compress(
