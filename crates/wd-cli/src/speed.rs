@@ -347,6 +347,7 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
         })
         .collect();
     let targets = targets(&rows);
+    let copies = staging_copies(&rows);
     let labels: Vec<String> = SIZES.iter().map(|s| s.to_string()).collect();
     let svg = log_lines(
         &format!(
@@ -378,6 +379,7 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
             "block_sizes": SIZES,
             "units": "1000s of bytes per second",
             "rows": rows,
+            "staging_copies": copies,
             "targets": targets,
             "svg": args.svg,
         });
@@ -403,12 +405,62 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
     for r in &rows {
         println!("- {}: {}", r.label, r.memory_path);
     }
+    print!("\nThe staging copies (in and out, measured here with memcpy) per request, and their share of a sync offload request's time:");
+    for c in &copies {
+        print!(
+            " {} B {:.0} ns ({:.1}%);",
+            c.bytes,
+            c.ns,
+            c.share_of_sync * 100.0
+        );
+    }
     println!();
     for t in &targets {
         println!("{}", t.line());
     }
     println!("\nChart: {}", args.svg.display());
     Ok(())
+}
+
+/// What copying one request into the staging area and its result out
+/// costs, against the time of a sync offload request of that size.
+#[derive(Debug, Serialize)]
+struct CopyCost {
+    bytes: u64,
+    /// Nanoseconds for both copies.
+    ns: f64,
+    share_of_sync: f64,
+}
+
+fn staging_copies(rows: &[Row]) -> Vec<CopyCost> {
+    let sync = rows.iter().find(|r| r.key == "sync");
+    let mut src = vec![0x5au8; 16384];
+    let mut stage = vec![0u8; 16384];
+    SIZES
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let n = n as usize;
+            // Best of 5 timings of enough copies to last about 2 ms.
+            let reps = (32 << 20) / n.max(64);
+            let ns = (0..5)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    for _ in 0..reps {
+                        stage[..n].copy_from_slice(std::hint::black_box(&src[..n]));
+                        src[..n].copy_from_slice(std::hint::black_box(&stage[..n]));
+                    }
+                    t.elapsed().as_nanos() as f64 / reps as f64
+                })
+                .fold(f64::INFINITY, f64::min);
+            let request_ns = sync.map_or(f64::NAN, |r| n as f64 / r.kbytes_per_sec[i] * 1e6);
+            CopyCost {
+                bytes: n as u64,
+                ns,
+                share_of_sync: ns / request_ns,
+            }
+        })
+        .collect()
 }
 
 fn targets(rows: &[Row]) -> Vec<Target> {
