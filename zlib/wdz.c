@@ -592,6 +592,8 @@ static int deflate_whole(struct record *r, z_streamp s, const unsigned char *src
 static int gather(struct record *r, z_streamp s)
 {
     size_t n = s->avail_in;
+    if (n == 0)
+        return 0;
     if (r->gather_len + n > r->gather_cap) {
         size_t cap = r->gather_cap ? r->gather_cap : 64 << 10;
         while (cap < r->gather_len + n)
@@ -623,6 +625,7 @@ static int spill(struct record *r, z_streamp s)
     size_t g_len = r->gather_len, g_cap = r->gather_cap;
     r->gather = NULL;
     r->gather_len = r->gather_cap = 0;
+    int was_lazy = r->lazy;
     int ret = ensure_real(s);
     if (ret != Z_OK) {
         r->gather = g;
@@ -630,13 +633,16 @@ static int spill(struct record *r, z_streamp s)
         r->gather_cap = g_cap;
         return ret;
     }
+    if (!was_lazy)
+        s->total_in -= g_len; /* counted when gathered, counted again below */
     r->phase = ZLIB;
     if (!g_len) {
         free(g);
         return Z_OK;
     }
-    /* zlib's init zeroed the totals: it counts the gathered input again
-     * as it takes it; the output set aside counts once handed out. */
+    /* zlib counts the gathered input as it takes it (its init zeroed the
+     * totals of a lazy stream); the output set aside counts once handed
+     * out. */
     z_const Bytef *in = s->next_in;
     uInt in_len = s->avail_in;
     Bytef *out = s->next_out;
@@ -701,8 +707,10 @@ static int spill(struct record *r, z_streamp s)
 static size_t drain(struct record *r, z_streamp s)
 {
     size_t left = r->pend_len - r->pend_pos;
-    size_t n = s->next_out && left < s->avail_out ? left : s->next_out ? s->avail_out : 0;
-    memcpy(s->next_out, r->pending + r->pend_pos, n);
+    size_t room = s->next_out ? s->avail_out : 0;
+    size_t n = left < room ? left : room;
+    if (n)
+        memcpy(s->next_out, r->pending + r->pend_pos, n);
     r->pend_pos += n;
     s->next_out += n;
     s->avail_out -= (uInt)n;
@@ -735,7 +743,8 @@ int deflate(z_streamp strm, int flush)
         /* Progress was made in this call even if zlib made none. */
         return ret == Z_BUF_ERROR && moved ? Z_OK : ret;
     }
-    int open = r && (r->phase == FRESH || r->phase == GATHER) && r->eligible && r->lazy &&
+    /* (zlib's state may exist: a stream reset for its next message.) */
+    int open = r && (r->phase == FRESH || r->phase == GATHER) && r->eligible &&
                strm->next_out && strm->avail_out > 0 && (strm->next_in || !strm->avail_in);
     if (open && flush == Z_NO_FLUSH && !tl_inside && !cfg_disabled &&
         r->gather_len + strm->avail_in <= MAX_GATHER) {

@@ -394,6 +394,12 @@ static void deflate_gathered(void)
                         }
                         feed(&s, d, n / 2, n, chunk, c, cap, room);
                         finish_and_check(&s, wbits[w], d, n, c, cap, room, back);
+                        if (n >= 1024 && n <= (16 << 20) && mode != SYNC && mode != PARAMS) {
+                            /* Taken over (libdeflate's bytes, not zlib's),
+                             * after a reset too. */
+                            size_t zlen = ref_deflate(1, wbits[w], d, n, c2, cap);
+                            CHECK(zlen != s.total_out || memcmp(c, c2, zlen) != 0);
+                        }
                     }
     /* A stream ended while it gathers frees what it gathered (valgrind
      * and ASan runs would say otherwise). */
