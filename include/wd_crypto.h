@@ -178,16 +178,21 @@ void wd_route_memo_init(struct wd_route_memo *m);
  * on the requests it is asked about. */
 #define WD_ROUTE_MEMO_REUSE 15
 
-/* WD_CPU_* when a request of len bytes stays on the CPU without asking the
- * router (below the threshold, the cpu policy, or, with may_reuse, a CPU
- * answer being reused: one reuse is spent), else 0. */
-static inline int wd_route_memo_cpu(struct wd_route_memo *m, size_t len, int may_reuse)
+/* WD_CPU_THRESHOLD or WD_CPU_POLICY when the settings alone keep a request
+ * of len bytes on the CPU, else 0. */
+static inline int wd_route_memo_fixed(const struct wd_route_memo *m, size_t len)
 {
 	if (len < m->threshold)
 		return WD_CPU_THRESHOLD;
 	if (m->policy == WD_CRYPTO_POLICY_CPU)
 		return WD_CPU_POLICY;
-	if (may_reuse && m->left > 0 && !(m->route & WD_ROUTE_DEVICE)) {
+	return 0;
+}
+
+/* The reason of a CPU answer being reused (one reuse is spent), else 0. */
+static inline int wd_route_memo_reuse_cpu(struct wd_route_memo *m)
+{
+	if (m->left > 0 && !(m->route & WD_ROUTE_DEVICE)) {
 		m->left--;
 		return m->route & 0xff;
 	}
@@ -202,7 +207,7 @@ static inline int wd_route_memo_cpu(struct wd_route_memo *m, size_t len, int may
  * device's load changes. */
 static inline int wd_route_memo_route(struct wd_route_memo *m, int kind, size_t len, int async)
 {
-	int why = wd_route_memo_cpu(m, len, m->async == async);
+	int why = wd_route_memo_fixed(m, len);
 	if (why != 0)
 		return why;
 	if (m->left > 0 && m->async == async) {

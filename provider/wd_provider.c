@@ -669,7 +669,10 @@ static inline int wd_stays_here(struct wd_cctx *x, size_t len)
 {
 	if (x->inner == NULL || !x->chain_here)
 		return 0;
-	return wd_route_memo_cpu(&x->memo, len, !x->memo.async || wd_jobs_waiting == 0);
+	int why = wd_route_memo_fixed(&x->memo, len);
+	if (why != 0 || (x->memo.async && wd_jobs_waiting > 0))
+		return why;
+	return wd_route_memo_reuse_cpu(&x->memo);
 }
 
 static int wd_cipher_update_fn(void *vctx, unsigned char *out, size_t *outl, size_t outsize,

@@ -76,8 +76,9 @@ int main(void)
 	CHECK(wd_crypto_set_policy(WD_CRYPTO_POLICY_CPU) == 0, "cpu policy");
 	wd_route_memo_init(&m);
 	CHECK(wd_route_memo_route(&m, WD_KIND_DIGEST, 1 << 20, 0) == WD_CPU_POLICY &&
-		      wd_route_memo_cpu(&m, 1 << 20, 0) == WD_CPU_POLICY,
-	      "the cpu policy, inline");
+		      wd_route_memo_fixed(&m, 1 << 20) == WD_CPU_POLICY &&
+		      wd_route_memo_reuse_cpu(&m) == 0,
+	      "the cpu policy, inline, nothing to reuse");
 	wd_route_memo_init(NULL); /* ignored */
 
 	printf("%d passed, %d failed\n", passed, failed);
