@@ -163,7 +163,9 @@ void wd_crypto_count_cpu(uint64_t requests, uint64_t bytes, int reason);
  * (an OpenSSL cipher context): the library's threshold, policy and router
  * behind one inline call, so that a small request pays no call into the
  * library. Fill it with wd_route_memo_init (the settings of the moment:
- * make it after setting them); its fields are the library's. */
+ * make it after setting them); its fields are written by these functions
+ * only (a caller may read them, e.g. whether the answer kept was made for
+ * an asynchronous request). */
 struct wd_route_memo {
 	size_t threshold; /* requests below it stay on the CPU */
 	int policy;       /* WD_CRYPTO_POLICY_* */

@@ -441,7 +441,7 @@ fn staging_copies(rows: &[Row]) -> Vec<CopyCost> {
         .enumerate()
         .map(|(i, &n)| {
             let n = n as usize;
-            // Best of 5 timings of enough copies to last about 2 ms.
+            // Best of 5 timings, each moving 32 MiB in and 32 MiB out.
             let reps = (32 << 20) / n.max(64);
             let ns = (0..5)
                 .map(|_| {

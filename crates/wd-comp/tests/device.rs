@@ -87,6 +87,19 @@ fn offload_cfg() -> Config {
     }
 }
 
+/// A compressor on `host` that offloads everything, `depth` requests in
+/// flight.
+fn offloading(host: &HostProc, depth: usize) -> Compressor {
+    let conn = HostConn::connect(&host.socket).unwrap();
+    Compressor::new(
+        Some(conn),
+        Config {
+            depth,
+            ..offload_cfg()
+        },
+    )
+}
+
 #[test]
 fn device_and_cpu_make_the_same_bytes() {
     let host = spawn_host("same");
@@ -351,14 +364,7 @@ fn a_batch_survives_its_host_dying() {
 #[test]
 fn started_requests_finish_right_in_any_order_beside_batches() {
     let host = spawn_host("async");
-    let conn = HostConn::connect(&host.socket).unwrap();
-    let mut c = Compressor::new(
-        Some(conn),
-        Config {
-            depth: 4,
-            ..offload_cfg()
-        },
-    );
+    let mut c = offloading(&host, 4);
     let blocks: Vec<Vec<u8>> = (0..10)
         .map(|i| data(20_000 + i * 7_000, i as u32 + 3))
         .collect();
@@ -444,15 +450,7 @@ fn started_requests_finish_right_in_any_order_beside_batches() {
 #[test]
 fn started_requests_survive_their_host_dying() {
     let host = spawn_host("async-restart");
-    let sock = host.socket.clone();
-    let conn = HostConn::connect(&sock).unwrap();
-    let mut c = Compressor::new(
-        Some(conn),
-        Config {
-            depth: 8,
-            ..offload_cfg()
-        },
-    );
+    let mut c = offloading(&host, 8);
     c.start(Op::Compress(6), Algorithm::Gzip, b"warm", &mut [0u8; 64])
         .map(|p| c.finish(p, &mut [0u8; 64]))
         .unwrap()
@@ -493,14 +491,7 @@ fn started_requests_survive_their_host_dying() {
 #[test]
 fn abandoned_requests_free_their_slots() {
     let host = spawn_host("async-abandon");
-    let conn = HostConn::connect(&host.socket).unwrap();
-    let mut c = Compressor::new(
-        Some(conn),
-        Config {
-            depth: 4,
-            ..offload_cfg()
-        },
-    );
+    let mut c = offloading(&host, 4);
     let text = data(256 << 10, 9);
     let mut out = vec![0u8; wd_comp::compress_bound(Algorithm::Gzip, text.len())];
     for round in 0..5 {
