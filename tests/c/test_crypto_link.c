@@ -60,7 +60,10 @@ int main(void)
 	      "below the threshold: CPU, without an answer kept");
 	CHECK(m.left == 0, "nothing reused below the threshold");
 	int first = wd_route_memo_route(&m, WD_KIND_CIPHER, 8192, 0);
-	CHECK(first == wd_crypto_route(WD_KIND_CIPHER, 8192, 0), "the router's answer");
+	/* (The router may ask to time one answer and not the next.) */
+	CHECK((first & ~WD_ROUTE_TIMED) ==
+		      (wd_crypto_route(WD_KIND_CIPHER, 8192, 0) & ~WD_ROUTE_TIMED),
+	      "the router's answer");
 	CHECK(m.left == WD_ROUTE_MEMO_REUSE, "kept for reuse");
 	for (int i = 0; i < WD_ROUTE_MEMO_REUSE; i++)
 		CHECK(wd_route_memo_route(&m, WD_KIND_CIPHER, 8192, 0) ==
