@@ -10,7 +10,9 @@
  * host named by WD_COMP_HOST, else WD_HOST, else the default socket;
  * WD_COMP_POLICY (auto, offload, cpu), WD_COMP_THRESHOLD (bytes; smaller
  * requests stay on the CPU) and WD_COMP_FALLBACK=0 (fail with -ENOTCONN
- * instead of computing here without a queue) choose where requests run.
+ * instead of computing here without a queue) choose where requests run;
+ * WD_COMP_JOURNAL (bytes, 4 MiB by default) bounds what a device stream
+ * keeps to survive a host restart.
  * No host is not an error: requests then run here, counted as fallbacks.
  *
  * Every call returns 0 or a negative errno, and then wd_last_error()
@@ -144,8 +146,9 @@ int wd_comp_wait(struct wd_comp *c, uint64_t ticket, size_t *consumed, size_t *p
 
 /* Streams: state that carries across calls, in a session of the zip
  * device when a queue is to be had, else in this thread. A device stream
- * whose host restarted fails with -ENOTCONN (its state was in the host):
- * start a new one. Not LZ4. */
+ * whose host restarted is rebuilt from the journal it keeps (its first
+ * WD_COMP_JOURNAL input bytes) on the new host, or here when fallback is
+ * on; one that cannot be fails with -ENOTCONN: start a new one. Not LZ4. */
 struct wd_comp_stream;
 
 /* Flush modes (zlib's Z_NO_FLUSH, Z_SYNC_FLUSH, Z_FULL_FLUSH, Z_FINISH). */

@@ -302,12 +302,14 @@ fn measure_path(
                     threshold: 0,
                     fallback: false,
                     depth: 1,
+                    ..Config::default()
                 },
                 "async" => Config {
                     policy: Policy::Offload,
                     threshold: 0,
                     fallback: false,
                     depth,
+                    ..Config::default()
                 },
                 _ => Config {
                     depth,

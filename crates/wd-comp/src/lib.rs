@@ -70,6 +70,10 @@ pub struct Config {
     pub fallback: bool,
     /// Requests in flight on the device.
     pub depth: usize,
+    /// Input bytes a device stream keeps (with the requests it sent) so
+    /// that it can be rebuilt when its host goes away; a stream that has
+    /// sent more cannot be (0: none can).
+    pub journal_limit: usize,
 }
 
 impl Default for Config {
@@ -79,9 +83,14 @@ impl Default for Config {
             threshold: DEFAULT_THRESHOLD,
             fallback: true,
             depth: 16,
+            journal_limit: DEFAULT_JOURNAL_LIMIT,
         }
     }
 }
+
+/// Enough for a stream of a few MiB (a file, a message, a response) to
+/// survive its host's restart, without holding much per stream.
+pub const DEFAULT_JOURNAL_LIMIT: usize = 4 << 20;
 
 /// Below this a round trip to the engine costs more than the work.
 pub const DEFAULT_THRESHOLD: usize = 4096;
@@ -96,8 +105,9 @@ pub const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Config {
     /// The defaults, changed by `WD_COMP_POLICY` (auto, offload, cpu),
-    /// `WD_COMP_THRESHOLD` (bytes) and `WD_COMP_FALLBACK=0`. A value that
-    /// does not parse is an error naming it.
+    /// `WD_COMP_THRESHOLD` (bytes), `WD_COMP_FALLBACK=0` and
+    /// `WD_COMP_JOURNAL` (bytes). A value that does not parse is an error
+    /// naming it.
     pub fn from_env() -> std::result::Result<Config, String> {
         let mut c = Config::default();
         if let Ok(p) = std::env::var("WD_COMP_POLICY") {
@@ -107,6 +117,11 @@ impl Config {
             c.threshold = t
                 .parse()
                 .map_err(|_| format!("WD_COMP_THRESHOLD: '{t}' is not a byte count"))?;
+        }
+        if let Ok(t) = std::env::var("WD_COMP_JOURNAL") {
+            c.journal_limit = t
+                .parse()
+                .map_err(|_| format!("WD_COMP_JOURNAL: '{t}' is not a byte count"))?;
         }
         if std::env::var("WD_COMP_FALLBACK").is_ok_and(|v| v == "0") {
             c.fallback = false;
@@ -133,6 +148,12 @@ pub struct Stats {
     pub bytes_in: u64,
     /// Output bytes.
     pub bytes_out: u64,
+    /// Device streams rebuilt from their journal after their host went
+    /// away (on the new host, or here).
+    pub streams_rebuilt: u64,
+    /// Device streams lost with their host (past the journal limit, the
+    /// replay answered otherwise, or nowhere to rebuild them).
+    pub streams_lost: u64,
 }
 
 impl Stats {

@@ -2,10 +2,20 @@
 //! calls, with zlib's flush modes. A stream opened where a queue is to be
 //! had keeps its state in a session of the zip device; otherwise (policy
 //! `cpu`, no host, no zip device) in this thread, on the same engine the
-//! device uses. A device stream's state lives in the host: when the host
-//! restarts, the stream cannot go on and its next call fails with
-//! [`Status::HostGone`] (the state is lost with the host; a new stream
-//! starts on the new one).
+//! device uses.
+//!
+//! A device stream's state lives in the host, and goes with it. So that
+//! a restart does not end the stream, the stream keeps a journal: its
+//! parameters and every request it sent (input, room, flush) with what the
+//! device answered, and a CRC of the output it was given. When the host
+//! goes away the journal is replayed on this thread's engine (the one the
+//! device runs), each step must answer as the device did and the output
+//! must have the same CRC; the stream then goes on here, and the request
+//! that met the restart is run again here (a request whose answer was
+//! lost left no trace in the caller's buffers). A journal holds at most
+//! [`crate::Config::journal_limit`] input bytes: a longer stream, or one
+//! whose replay differs (a host of another version), fails with
+//! [`Status::HostGone`] as before, and is counted.
 
 use wd_zip_codec::{CodecError, StreamParams};
 use wd_zip_msg::{Done, Flush, SessionFree, SessionNew, StreamOp};
@@ -17,7 +27,11 @@ pub use wd_zip_codec::Step;
 
 enum Inner {
     /// A session of the zip device, on the queue of this epoch.
-    Device { session: u64, epoch: u64 },
+    Device {
+        session: u64,
+        epoch: u64,
+        journal: Box<Journal>,
+    },
     /// State in this thread.
     Cpu(Box<wd_zip_codec::Stream>),
     /// Closed, or its host went away.
@@ -42,6 +56,98 @@ impl std::fmt::Debug for Stream {
     }
 }
 
+/// One request a device stream sent, and the device's answer.
+#[derive(Clone, Copy, Debug)]
+struct Call {
+    /// Input bytes sent (those not consumed come again in a later call).
+    len: usize,
+    room: usize,
+    flush: Flush,
+    step: Step,
+}
+
+/// What a device stream needs to be made again on this thread.
+struct Journal {
+    alg: wd_zip_msg::Algorithm,
+    compress: bool,
+    level: i8,
+    window_bits: u8,
+    dict: Vec<u8>,
+    /// The input of every call, one after another.
+    input: Vec<u8>,
+    calls: Vec<Call>,
+    /// Of all the output the device gave.
+    crc: wd_zip_codec::Crc,
+    /// `input` may not grow past this; past it the journal is dropped.
+    limit: usize,
+    /// The journal grew past its limit: the stream cannot be rebuilt.
+    over: bool,
+}
+
+impl Journal {
+    fn new(p: &StreamParams<'_>, limit: usize) -> Journal {
+        Journal {
+            alg: p.alg,
+            compress: p.compress,
+            level: p.level,
+            window_bits: p.window_bits,
+            dict: p.dict.to_vec(),
+            input: Vec::new(),
+            calls: Vec::new(),
+            crc: wd_zip_codec::Crc::new(),
+            limit,
+            over: false,
+        }
+    }
+
+    /// Keep a call (`input` its bytes, `out` its output).
+    fn record(&mut self, input: &[u8], call: Call, out: &[u8]) {
+        if self.over {
+            return;
+        }
+        if self.input.len() + input.len() > self.limit {
+            self.over = true;
+            self.input = Vec::new();
+            self.calls = Vec::new();
+            return;
+        }
+        self.input.extend_from_slice(input);
+        self.calls.push(call);
+        self.crc.update(out);
+    }
+
+    fn params(&self) -> StreamParams<'_> {
+        StreamParams {
+            alg: self.alg,
+            compress: self.compress,
+            level: self.level,
+            window_bits: self.window_bits,
+            dict: &self.dict,
+        }
+    }
+
+    /// Run the journal's calls through `run` (a fresh stream, on the
+    /// device or here): whether every call answered as the device did
+    /// and the output is the same.
+    fn replay(&self, mut run: impl FnMut(&[u8], &mut [u8], Flush) -> Option<Step>) -> bool {
+        if self.over {
+            return false;
+        }
+        let mut out = vec![0u8; self.calls.iter().map(|c| c.room).max().unwrap_or(0)];
+        let mut crc = wd_zip_codec::Crc::new();
+        let mut at = 0;
+        for c in &self.calls {
+            let input = &self.input[at..at + c.len];
+            if run(input, &mut out[..c.room], c.flush) != Some(c.step) {
+                return false;
+            }
+            crc.update(&out[..c.step.produced]);
+            at += c.len;
+        }
+        crc.sum() == self.crc.sum() && crc.amount() == self.crc.amount()
+    }
+}
+
 impl Stream {
     /// Whether the stream's state is on the device.
     pub fn on_device(&self) -> bool {
@@ -52,7 +158,8 @@ impl Stream {
 fn gone() -> CompError {
     CompError::Device(ClientError::new(
         Status::HostGone,
-        "the stream's state was on a host that went away; start a new stream",
+        "the stream's state was on a host that went away and could not be rebuilt \
+         (past the journal limit, or the replay differed); start a new stream",
     ))
 }
 
@@ -65,8 +172,17 @@ impl Compressor {
         // Checked here, so a bad parameter is the same error either way.
         wd_zip_codec::Stream::new(p)?;
         if self.cfg.policy != Policy::Cpu && p.dict.len() <= wd_zip_msg::MAX_DICT as usize {
-            match self.open_device_stream(p) {
-                Ok(s) => return Ok(s),
+            match self.open_session(p) {
+                Ok((session, epoch)) => {
+                    return Ok(Stream {
+                        inner: Inner::Device {
+                            session,
+                            epoch,
+                            journal: Box::new(Journal::new(p, self.cfg.journal_limit)),
+                        },
+                        owner,
+                    })
+                }
                 Err(e) if !self.cfg.fallback => return Err(e),
                 Err(_) => self.stats.cpu_fallback += 1,
             }
@@ -79,8 +195,8 @@ impl Compressor {
         })
     }
 
-    fn open_device_stream(&mut self, p: &StreamParams<'_>) -> Result<Stream> {
-        let owner = self.id;
+    /// A session of the zip device: its handle and the queue's epoch.
+    fn open_session(&mut self, p: &StreamParams<'_>) -> Result<(u64, u64)> {
         if self.lane().is_none() {
             return Err(CompError::NoQueue(self.no_lane.clone().unwrap_or_default()));
         }
@@ -99,13 +215,7 @@ impl Compressor {
         .to_desc(0);
         let done = lane.q.call(d)?;
         device_status(done.status)?;
-        Ok(Stream {
-            inner: Inner::Device {
-                session: done.result,
-                epoch: lane.q.epoch(),
-            },
-            owner,
-        })
+        Ok((done.result, lane.q.epoch()))
     }
 
     /// Feed a stream: take what fits of `input`, write what fits into
@@ -130,25 +240,48 @@ impl Compressor {
                 return Ok(step);
             }
             Inner::Gone => return Err(gone()),
-            Inner::Device { session, epoch } => (*session, *epoch),
+            Inner::Device { session, epoch, .. } => (*session, *epoch),
         };
-        let Some(lane) = self.lane.as_mut() else {
-            s.inner = Inner::Gone;
-            return Err(gone());
+        let Some(sent) = self.session_call(session, epoch, input, out, flush)? else {
+            // The answer (if any) is lost with the session; the caller's
+            // buffers hold nothing of it, so the request runs again on
+            // the rebuilt stream.
+            self.rebuild(s)?;
+            return self.stream_run(s, input, out, flush);
         };
-        if lane.q.epoch() != epoch {
-            s.inner = Inner::Gone;
-            return Err(gone());
+        let step = sent.step;
+        if let Inner::Device { journal, .. } = &mut s.inner {
+            journal.record(&input[..sent.len], sent, &out[..step.produced]);
         }
+        self.stats.offloaded += 1;
+        self.stats.bytes_in += step.consumed as u64;
+        self.stats.bytes_out += step.produced as u64;
+        Ok(step)
+    }
+
+    /// One request of a session: the call as sent and the device's
+    /// answer (its output in `out`), or `None` when the session is gone
+    /// with its host.
+    fn session_call(
+        &mut self,
+        session: u64,
+        epoch: u64,
+        input: &[u8],
+        out: &mut [u8],
+        flush: Flush,
+    ) -> Result<Option<Call>> {
+        let Some(lane) = self.lane.as_mut().filter(|l| l.q.epoch() == epoch) else {
+            return Ok(None);
+        };
         // One request takes at most a slot: half input, half output.
         let half = (lane.slot.max(64 << 10)) / 2;
         lane.ensure(2 * half, 1)?;
         let stage = lane.stage.as_ref().expect("ensured");
-        let take = input.len().min(half);
+        let len = input.len().min(half);
         let room = out.len().min(half);
-        stage.write(0, &input[..take]);
+        stage.write(0, &input[..len]);
         // Finishing with input held back is not finishing yet.
-        let flush = if take < input.len() && flush == Flush::Finish {
+        let flush = if len < input.len() && flush == Flush::Finish {
             Flush::None
         } else {
             flush
@@ -157,46 +290,161 @@ impl Compressor {
             session,
             flush,
             src: stage.addr(),
-            src_len: take as u64,
+            src_len: len as u64,
             dst: stage.addr() + half as u64,
             dst_len: room as u64,
         }
         .to_desc(0);
-        let done = lane.q.call(d);
-        let done = match done {
-            Ok(d) if d.status == wrapdrive::STATUS_RESTARTED || lane.q.epoch() != epoch => {
-                s.inner = Inner::Gone;
-                return Err(gone());
-            }
-            Ok(d) => d,
-            Err(e) => {
-                s.inner = Inner::Gone;
-                return Err(e.into());
-            }
+        let done = match lane.q.call(d) {
+            Ok(d) if d.status != wrapdrive::STATUS_RESTARTED && lane.q.epoch() == epoch => d,
+            _ => return Ok(None),
         };
         device_status(done.status)?;
         let r = Done::from_result(done.result);
-        let produced = (r.produced as usize).min(room);
-        stage.read(half as u64, &mut out[..produced]);
-        self.stats.offloaded += 1;
-        self.stats.bytes_in += r.consumed;
-        self.stats.bytes_out += produced as u64;
-        Ok(Step {
+        let step = Step {
             consumed: r.consumed as usize,
-            produced,
+            produced: (r.produced as usize).min(room),
             end: r.end,
-        })
+        };
+        stage.read(half as u64, &mut out[..step.produced]);
+        Ok(Some(Call {
+            len,
+            room,
+            flush,
+            step,
+        }))
+    }
+
+    /// A device stream whose host went away, made again from its
+    /// journal: in a session of the new host when a queue is to be had,
+    /// else here when fallback is on. Otherwise the stream is gone.
+    fn rebuild(&mut self, s: &mut Stream) -> Result<()> {
+        let Inner::Device { journal, .. } = std::mem::replace(&mut s.inner, Inner::Gone) else {
+            return Err(gone());
+        };
+        if journal.over {
+            self.stats.streams_lost += 1;
+            return Err(gone());
+        }
+        if self.cfg.policy != Policy::Cpu {
+            if let Ok((session, epoch)) = self.open_session(&journal.params()) {
+                let replayed = journal.replay(|input, out, flush| {
+                    self.session_call(session, epoch, input, out, flush)
+                        .ok()
+                        .flatten()
+                        .map(|c| c.step)
+                });
+                if replayed {
+                    self.stats.streams_rebuilt += 1;
+                    s.inner = Inner::Device {
+                        session,
+                        epoch,
+                        journal,
+                    };
+                    return Ok(());
+                }
+                self.free_session(session, epoch);
+            }
+        }
+        if self.cfg.fallback {
+            let mut st = Box::new(wd_zip_codec::Stream::new(&journal.params())?);
+            if journal.replay(|input, out, flush| st.run(input, out, flush).ok()) {
+                self.stats.streams_rebuilt += 1;
+                self.stats.cpu_fallback += 1;
+                s.inner = Inner::Cpu(st);
+                return Ok(());
+            }
+        }
+        self.stats.streams_lost += 1;
+        Err(gone())
+    }
+
+    fn free_session(&mut self, session: u64, epoch: u64) {
+        if let Some(lane) = self.lane.as_mut() {
+            if lane.q.epoch() == epoch {
+                let _ = lane.q.call(SessionFree { session }.to_desc(0));
+            }
+        }
     }
 
     /// Close a stream (its device session is freed; a stream of a host
     /// that went away has nothing left to free).
     pub fn close_stream(&mut self, s: Stream) {
-        if let Inner::Device { session, epoch } = s.inner {
-            if let Some(lane) = self.lane.as_mut() {
-                if lane.q.epoch() == epoch {
-                    let _ = lane.q.call(SessionFree { session }.to_desc(0));
+        if let Inner::Device { session, epoch, .. } = s.inner {
+            self.free_session(session, epoch);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wd_zip_msg::Algorithm;
+
+    /// A journal of a stream run here in `piece`-byte calls.
+    fn journal_of(data: &[u8], piece: usize, limit: usize) -> Journal {
+        let p = StreamParams {
+            alg: Algorithm::Gzip,
+            compress: true,
+            level: 6,
+            window_bits: 0,
+            dict: &[],
+        };
+        let mut j = Journal::new(&p, limit);
+        let mut st = wd_zip_codec::Stream::new(&p).unwrap();
+        let mut out = vec![0u8; 1000];
+        for (i, input) in data.chunks(piece).enumerate() {
+            let flush = if (i + 1) * piece >= data.len() {
+                Flush::Finish
+            } else {
+                Flush::None
+            };
+            let mut at = 0;
+            loop {
+                let step = st.run(&input[at..], &mut out, flush).unwrap();
+                let call = Call {
+                    len: input.len() - at,
+                    room: out.len(),
+                    flush,
+                    step,
+                };
+                j.record(&input[at..], call, &out[..step.produced]);
+                at += step.consumed;
+                if step.end || (flush == Flush::None && at == input.len()) {
+                    break;
                 }
             }
         }
+        j
+    }
+
+    fn replays(j: &Journal) -> bool {
+        let mut st = wd_zip_codec::Stream::new(&j.params()).unwrap();
+        j.replay(|input, out, flush| st.run(input, out, flush).ok())
+    }
+
+    #[test]
+    fn a_journal_replays_to_the_same_answers_and_bytes() {
+        let data: Vec<u8> = (0..50_000u32).map(|i| (i * i % 251) as u8).collect();
+        let j = journal_of(&data, 5000, usize::MAX);
+        assert!(j.calls.len() > 8);
+        assert!(replays(&j));
+    }
+
+    #[test]
+    fn a_replay_that_differs_or_a_dropped_journal_is_refused() {
+        let data: Vec<u8> = (0..50_000u32).map(|i| (i * i % 251) as u8).collect();
+        // Another answer at one step.
+        let mut j = journal_of(&data, 7000, usize::MAX);
+        j.calls[3].step.produced += 1;
+        assert!(!replays(&j));
+        // The same answers, other bytes.
+        let mut j = journal_of(&data, 7000, usize::MAX);
+        j.crc.update(b"x");
+        assert!(!replays(&j));
+        // Past the limit: nothing kept.
+        let j = journal_of(&data, 7000, 20_000);
+        assert!(j.over && j.input.is_empty() && j.calls.is_empty());
+        assert!(!replays(&j));
     }
 }

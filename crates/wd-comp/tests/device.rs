@@ -84,6 +84,7 @@ fn offload_cfg() -> Config {
         threshold: 0,
         fallback: false,
         depth: 8,
+        journal_limit: wd_comp::DEFAULT_JOURNAL_LIMIT,
     }
 }
 
@@ -553,7 +554,7 @@ fn stream_compress(
 }
 
 #[test]
-fn streams_run_on_the_device_or_here_and_end_with_their_host() {
+fn streams_run_on_the_device_or_here() {
     let data = data(200_000, 21);
     let host = spawn_host("streams");
     let conn = HostConn::connect(&host.socket).unwrap();
@@ -613,41 +614,211 @@ fn streams_run_on_the_device_or_here_and_end_with_their_host() {
         9,
         "no host: streams here, counted"
     );
-    // A stream whose host dies fails clearly; a new one runs on the new host.
+}
+
+/// Run `input` through a stream in pieces of `piece` bytes (the last with
+/// `Finish`, the others with `flush`) and 7000-byte output calls;
+/// `between(i)` runs before piece `i`. The stream's output.
+fn feed(
+    c: &mut Compressor,
+    s: &mut wd_comp::Stream,
+    input: &[u8],
+    flush: wd_comp::Flush,
+    piece: usize,
+    mut between: impl FnMut(usize),
+) -> Result<Vec<u8>, CompError> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 7000];
+    let pieces: Vec<&[u8]> = input.chunks(piece).collect();
+    for (i, p) in pieces.iter().enumerate() {
+        between(i);
+        let last = i + 1 == pieces.len();
+        let f = if last { wd_comp::Flush::Finish } else { flush };
+        let mut at = 0;
+        loop {
+            let st = c.stream_run(s, &p[at..], &mut buf, f)?;
+            at += st.consumed;
+            out.extend_from_slice(&buf[..st.produced]);
+            if st.end || (!last && at == p.len() && st.produced < buf.len()) {
+                break;
+            }
+            if last && st.consumed + st.produced == 0 {
+                panic!("no progress");
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[test]
+fn streams_go_on_when_their_host_restarts() {
+    let text = data(300_000, 23);
+    let dict = data(2000, 5);
+    let mut cpu = Compressor::new(
+        None,
+        Config {
+            policy: Policy::Cpu,
+            ..Config::default()
+        },
+    );
+    let mut host = Some(spawn_host("stream-restart"));
+    let sock = host.as_ref().unwrap().socket.clone();
+    let mut dev = Compressor::new(Some(HostConn::connect(&sock).unwrap()), offload_cfg());
+    let mut rebuilt = 0;
+    for (alg, d) in [
+        (Algorithm::Zlib, &dict[..]),
+        (Algorithm::Gzip, &[][..]),
+        (Algorithm::Deflate, &[][..]),
+        (Algorithm::Zstd, &[][..]),
+    ] {
+        for flush in [wd_comp::Flush::None, wd_comp::Flush::Sync] {
+            for compress in [true, false] {
+                let p = wd_comp::StreamParams {
+                    alg,
+                    compress,
+                    level: 6,
+                    window_bits: 0,
+                    dict: d,
+                };
+                // What the stream must give: the same stream, run here
+                // without a restart (the same engine and the same calls:
+                // pieces within one device request, so the same bytes).
+                let z = {
+                    let mut s = cpu
+                        .open_stream(&wd_comp::StreamParams {
+                            compress: true,
+                            ..p
+                        })
+                        .unwrap();
+                    feed(&mut cpu, &mut s, &text, flush, 30_000, |_| {}).unwrap()
+                };
+                let (input, want) = if compress { (&text, &z) } else { (&z, &text) };
+                let piece = if compress {
+                    30_000
+                } else {
+                    input.len() / 8 + 1
+                };
+                let mut s = dev.open_stream(&p).unwrap();
+                assert!(s.on_device());
+                let got = feed(&mut dev, &mut s, input, flush, piece, |i| {
+                    if i == 5 {
+                        drop(host.take());
+                        host = Some(spawn_host("stream-restart"));
+                    }
+                })
+                .unwrap_or_else(|e| panic!("{alg} {flush:?} compress={compress}: {e}"));
+                assert!(
+                    got == *want,
+                    "{alg} {flush:?} compress={compress}: not the stream's bytes ({} against {}, first difference at {:?}; {:?})",
+                    got.len(),
+                    want.len(),
+                    got.iter().zip(want.iter()).position(|(a, b)| a != b),
+                    dev.stats()
+                );
+                assert!(s.on_device(), "rebuilt on the new host's device");
+                rebuilt += 1;
+                assert_eq!(dev.stats().streams_rebuilt, rebuilt);
+                dev.close_stream(s);
+            }
+        }
+    }
+    assert_eq!(dev.stats().streams_lost, 0);
+    assert_eq!(dev.stats().cpu_fallback, 0);
+
+    // No host comes back: with fallback on, the stream goes on here.
+    let mut here = Compressor::new(
+        Some(HostConn::connect(&sock).unwrap()),
+        Config {
+            fallback: true,
+            ..offload_cfg()
+        },
+    );
     let p = wd_comp::StreamParams {
-        alg: Algorithm::Zstd,
+        alg: Algorithm::Gzip,
         compress: true,
-        level: 3,
+        level: 1,
         window_bits: 0,
         dict: &[],
     };
-    let mut s = dev.open_stream(&p).unwrap();
-    let mut buf = vec![0u8; 100_000];
-    dev.stream_run(&mut s, &data[..50_000], &mut buf, wd_comp::Flush::None)
-        .unwrap();
-    let sock = host.socket.clone();
-    drop(host);
-    let _new = {
-        let h = spawn_host("streams");
-        assert_eq!(h.socket, sock);
-        h
+    let want = {
+        let mut s = cpu.open_stream(&p).unwrap();
+        feed(
+            &mut cpu,
+            &mut s,
+            &text,
+            wd_comp::Flush::None,
+            30_000,
+            |_| {},
+        )
+        .unwrap()
     };
-    match dev.stream_run(&mut s, &data[50_000..], &mut buf, wd_comp::Flush::Finish) {
-        Err(CompError::Device(e)) => assert_eq!(e.status(), wrapdrive::Status::HostGone, "{e}"),
-        other => panic!("a stream outlived its host: {other:?}"),
-    }
-    assert!(dev
-        .stream_run(&mut s, &[], &mut buf, wd_comp::Flush::Finish)
-        .is_err());
-    let mut again = dev.open_stream(&p).unwrap();
-    assert!(again.on_device());
-    let z = stream_compress(&mut dev, &mut again, &data, wd_comp::Flush::None);
-    let mut back = vec![0u8; data.len()];
-    assert_eq!(
-        dev.decompress(Algorithm::Zstd, &z, &mut back, 0)
-            .unwrap()
-            .produced,
-        data.len()
+    let mut s = here.open_stream(&p).unwrap();
+    assert!(s.on_device());
+    let got = feed(
+        &mut here,
+        &mut s,
+        &text,
+        wd_comp::Flush::None,
+        30_000,
+        |i| {
+            if i == 4 {
+                drop(host.take());
+            }
+        },
+    )
+    .unwrap();
+    assert!(got == want, "rebuilt here: not the stream's bytes");
+    assert!(!s.on_device());
+    assert_eq!(here.stats().streams_rebuilt, 1);
+    assert_eq!(here.stats().cpu_fallback, 1);
+
+    // A stream past its journal's limit cannot be rebuilt: it fails
+    // clearly, and is counted.
+    host = Some(spawn_host("stream-restart"));
+    let mut short = Compressor::new(
+        Some(HostConn::connect(&sock).unwrap()),
+        Config {
+            fallback: true,
+            journal_limit: 50_000,
+            ..offload_cfg()
+        },
     );
-    assert!(back == data);
+    let mut s = short.open_stream(&p).unwrap();
+    let r = feed(
+        &mut short,
+        &mut s,
+        &text,
+        wd_comp::Flush::None,
+        30_000,
+        |i| {
+            if i == 4 {
+                drop(host.take());
+                host = Some(spawn_host("stream-restart"));
+            }
+        },
+    );
+    match r {
+        Err(CompError::Device(e)) => assert_eq!(e.status(), wrapdrive::Status::HostGone, "{e}"),
+        other => panic!(
+            "a stream past its journal outlived its host: {:?}",
+            other.map(|o| o.len())
+        ),
+    }
+    assert_eq!(short.stats().streams_lost, 1);
+    assert!(short
+        .stream_run(&mut s, &[], &mut [0u8; 64], wd_comp::Flush::Finish)
+        .is_err());
+    // A new stream runs on the new host.
+    let mut again = short.open_stream(&p).unwrap();
+    assert!(again.on_device());
+    let z = feed(
+        &mut short,
+        &mut again,
+        &text,
+        wd_comp::Flush::None,
+        30_000,
+        |_| {},
+    )
+    .unwrap();
+    assert!(z == want);
 }

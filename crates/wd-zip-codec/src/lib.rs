@@ -31,6 +31,10 @@ use wd_zip_msg::{Algorithm, DEFAULT_LEVEL};
 pub use stream::{Step, Stream, StreamParams};
 pub use wd_zip_msg::Flush;
 
+/// CRC-32 (gzip's), for callers that check bytes they already handed out
+/// against bytes made again.
+pub use flate2::Crc;
+
 /// Why a compression or decompression failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CodecError {

@@ -418,6 +418,7 @@ fn zip(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
             threshold: 0,
             fallback: false,
             depth: 8,
+            journal_limit: wd_comp::DEFAULT_JOURNAL_LIMIT,
         },
     );
     let mut cpu = wd_zip_codec::Engine::new();
@@ -511,7 +512,9 @@ fn zip(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
             Err(e) => return Err(End::Failed(e.to_string())),
         }
         if alg.streams() && rng.next() % 4 == 0 {
-            // A stream session: its state dies with its host (counted).
+            // A stream session: rebuilt on the new host from its journal
+            // when its host restarts; lost (counted) when no host is back
+            // yet, as fallback is off here.
             let p = wd_comp::StreamParams {
                 alg,
                 compress: true,
