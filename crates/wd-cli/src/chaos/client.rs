@@ -135,6 +135,8 @@ struct Report {
     /// cipher stream in flight, an NVMe command in flight), after which
     /// the client carried on.
     restarts: u64,
+    /// Compression streams rebuilt from their journal after a restart.
+    rebuilt: u64,
     period: Vec<u64>,
     last: Instant,
     stop: Arc<AtomicBool>,
@@ -146,6 +148,7 @@ impl Report {
             ops: 0,
             faults: 0,
             restarts: 0,
+            rebuilt: 0,
             period: Vec::new(),
             last: Instant::now(),
             stop,
@@ -207,8 +210,8 @@ pub fn run(args: ClientArgs) -> u8 {
     };
     let fallbacks = wd_crypto::stats().cpu_requests;
     line(&format!(
-        "done {} {} {fallbacks} {}",
-        report.ops, report.faults, report.restarts
+        "done {} {} {fallbacks} {} {}",
+        report.ops, report.faults, report.restarts, report.rebuilt
     ));
     let (code, why) = match end {
         End::Stopped => (EXIT_OK, None),
@@ -561,6 +564,7 @@ fn zip(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
                 }
             }
             dev.close_stream(s);
+            report.rebuilt = dev.stats().streams_rebuilt;
             if failed {
                 report.restarts += 1;
                 continue;

@@ -276,6 +276,7 @@ enum Said {
         ops: u64,
         faults: u64,
         restarts: u64,
+        rebuilt: u64,
     },
 }
 
@@ -330,6 +331,7 @@ impl ClientProc {
                         ops: num(1),
                         faults: num(2),
                         restarts: num(4),
+                        rebuilt: num(5),
                     },
                     _ => continue,
                 };
@@ -396,6 +398,9 @@ struct Tally {
     /// Requests in flight at a host kill that failed (documented unsafe
     /// cases: a cipher stream, an NVMe command); the clients carried on.
     requests_lost_to_restarts: u64,
+    /// Compression streams whose host restarted under them, rebuilt from
+    /// their journal (each then checked like any other).
+    streams_rebuilt: u64,
     leak_checks: u64,
     failures: Vec<String>,
 }
@@ -531,11 +536,13 @@ fn rounds(args: &ChaosArgs, kinds: &[&'static str], seed: u64, dir: &Path) -> Re
                 ops,
                 faults,
                 restarts,
+                rebuilt,
             } = said
             {
                 t.requests_checked += ops;
                 t.faults_checked += faults;
                 t.requests_lost_to_restarts += restarts;
+                t.streams_rebuilt += rebuilt;
             }
         }
         let leaks = host.settle(&base)?;
@@ -559,7 +566,7 @@ fn report(args: &ChaosArgs, t: &Tally) -> Result<(), String> {
         emit(&format!(
             "chaos: {} round(s), seed {}\n\
              clients: {} started, {} killed (SIGKILL), {} stopped clean, {} ended by a host kill, {} found nothing free\n\
-             host: {} kill(s) and restart(s) under load; {} request(s) in flight lost to them (cipher streams, NVMe commands: the documented unsafe cases)\n\
+             host: {} kill(s) and restart(s) under load; {} request(s) in flight lost to them (cipher streams, NVMe commands, compression streams with no host back yet: the documented unsafe cases); {} compression stream(s) rebuilt from their journal\n\
              checked: {} requests' data, {} faults, {} leak checks (queues, shares, mapped bytes, connections, domains, sessions, namespaces, free instances, host descriptors)\n",
             t.rounds,
             t.seed,
@@ -570,6 +577,7 @@ fn report(args: &ChaosArgs, t: &Tally) -> Result<(), String> {
             t.clients_busy,
             t.host_kills,
             t.requests_lost_to_restarts,
+            t.streams_rebuilt,
             t.requests_checked,
             t.faults_checked,
             t.leak_checks
