@@ -750,6 +750,9 @@ impl Compressor {
                 let Some(s) = free.pop() else {
                     break;
                 };
+                // A timed request's cost includes the staging copies, in
+                // and out: the CPU path's timing includes writing its output.
+                let started = decision.timed.then(Instant::now);
                 let lane = self.lane.as_mut().expect("staged");
                 let stage = lane.stage.as_ref().expect("staged");
                 let base = stage.addr() + (s * lane.slot) as u64;
@@ -772,7 +775,7 @@ impl Compressor {
                 match lane.q.send(d, s as u64) {
                     Ok(()) => {
                         in_slot[s] = Some(next);
-                        sent_at[s] = decision.timed.then(Instant::now);
+                        sent_at[s] = started;
                         next += 1;
                     }
                     Err(_) => {
@@ -847,10 +850,12 @@ impl Compressor {
                     continue;
                 };
                 free.push(s);
-                if let Some(t) = sent_at[s].take() {
-                    self.costs.record(op, jobs[i].len, false, t.elapsed());
-                }
+                let started = sent_at[s].take();
                 if let Err(e) = device_status(c.desc.status) {
+                    // (Timed like a failed request on the CPU.)
+                    if let Some(t) = started {
+                        self.costs.record(op, jobs[i].len, false, t.elapsed());
+                    }
                     failed.get_or_insert(e);
                     continue;
                 }
@@ -859,6 +864,9 @@ impl Compressor {
                 let stage = lane.stage.as_ref().expect("staged");
                 let at = (s * lane.slot + jobs[i].len) as u64;
                 outs.take_from(i, stage, at, produced);
+                if let Some(t) = started {
+                    self.costs.record(op, jobs[i].len, false, t.elapsed());
+                }
                 done[i] = Inflated {
                     consumed: r.consumed as usize,
                     produced,
