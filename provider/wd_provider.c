@@ -134,7 +134,9 @@ struct wd_counts {
 	uint64_t req[5], bytes[5];
 };
 
-static void wd_flush_counts(struct wd_counts *c)
+/* Cold and out of line: the fast paths that count stay free of the saves
+ * a call needs. */
+static __attribute__((noinline, cold)) void wd_flush_counts(struct wd_counts *c)
 {
 	for (int r = 1; r <= 4; r++) {
 		if (c->req[r] != 0) {
@@ -144,11 +146,17 @@ static void wd_flush_counts(struct wd_counts *c)
 	}
 }
 
-static inline void wd_count(struct wd_counts *c, size_t bytes, int reason)
+/* Count a request; whether the counts are due to be handed over. */
+static inline int wd_tally(struct wd_counts *c, size_t bytes, int reason)
 {
 	c->req[reason]++;
 	c->bytes[reason] += bytes;
-	if (c->req[reason] >= 4096)
+	return c->req[reason] >= 4096;
+}
+
+static inline void wd_count(struct wd_counts *c, size_t bytes, int reason)
+{
+	if (wd_tally(c, bytes, reason))
 		wd_flush_counts(c);
 }
 
@@ -665,6 +673,19 @@ static int wd_gcm_finish_inline(struct wd_cctx *x)
  * cpu policy, always; above it while a "CPU" decision of the router is
  * being reused (inside an async job only while none of this thread's jobs
  * waits on the device: they would need wd_crypto_after_inline). */
+/* Whether a request of len bytes can go to the inline context whole, in
+ * one call of OpenSSL's own update (nothing buffered, whole blocks where
+ * the mode needs them, the chain here). */
+static inline int wd_whole_here(const struct wd_cctx *x, size_t len)
+{
+	return x->tls == NULL && x->buflen == 0 && x->inner != NULL && x->chain_here &&
+	       (x->d->mode == EVP_CIPH_CTR_MODE ||
+		((x->d->mode == EVP_CIPH_CBC_MODE || x->d->mode == EVP_CIPH_ECB_MODE) &&
+		 len % 16 == 0 && (x->enc || !x->pad)));
+}
+
+/* The reason a request of len bytes stays here (the settings, or a CPU
+ * answer of the router reused unless jobs wait for the device), else 0. */
 static inline int wd_stays_here(struct wd_cctx *x, size_t len)
 {
 	if (x->inner == NULL || !x->chain_here)
@@ -675,23 +696,43 @@ static inline int wd_stays_here(struct wd_cctx *x, size_t len)
 	return wd_route_memo_reuse_cpu(&x->memo);
 }
 
+static int wd_cipher_update_rest(struct wd_cctx *x, unsigned char *out, size_t *outl,
+				 size_t outsize, const unsigned char *in, size_t inl);
+
 static int wd_cipher_update_fn(void *vctx, unsigned char *out, size_t *outl, size_t outsize,
 			       const unsigned char *in, size_t inl)
 {
 	struct wd_cctx *x = vctx;
-	if (x->tls != NULL)
-		return x->tls_impl.update(x->tls, out, outl, outsize, in, inl);
-	/* Fast path: the whole request stays here and leaves nothing buffered,
-	 * so OpenSSL's own update can do it (one call, no extra layer). */
+	/* Fast path: the settings alone keep the request here (below the
+	 * threshold, policy cpu). Nothing here calls a function but the two
+	 * tail calls, so a small request pays a few loads and compares and no
+	 * stack frame: at 16 bytes a frame was a tenth of the request. */
 	int why;
-	if (x->buflen == 0 &&
-	    (x->d->mode == EVP_CIPH_CTR_MODE ||
-	     ((x->d->mode == EVP_CIPH_CBC_MODE || x->d->mode == EVP_CIPH_ECB_MODE) && inl % 16 == 0 &&
-	      (x->enc || !x->pad))) &&
-	    (why = wd_stays_here(x, inl)) != 0) {
+	if (wd_whole_here(x, inl) && (why = wd_route_memo_fixed(&x->memo, inl)) != 0 &&
+	    !wd_tally(&x->counts, inl, why))
+		return x->impl.update(x->inner, out, outl, outsize, in, inl);
+	return wd_cipher_update_rest(x, out, outl, outsize, in, inl);
+}
+
+static __attribute__((noinline)) int wd_cipher_update_rest(struct wd_cctx *x, unsigned char *out,
+							   size_t *outl, size_t outsize,
+							   const unsigned char *in, size_t inl)
+{
+	/* Counted by the fast path, whose counts are due (every other count
+	 * hands them over at once, so only the fast path leaves them due, and
+	 * only for a request it would have run). */
+	if (x->counts.req[WD_CPU_THRESHOLD] >= 4096 || x->counts.req[WD_CPU_POLICY] >= 4096) {
+		wd_flush_counts(&x->counts);
+		return x->impl.update(x->inner, out, outl, outsize, in, inl);
+	}
+	/* A CPU answer of the router reused. */
+	int why;
+	if (wd_whole_here(x, inl) && (why = wd_stays_here(x, inl)) != 0) {
 		wd_count(&x->counts, inl, why);
 		return x->impl.update(x->inner, out, outl, outsize, in, inl);
 	}
+	if (x->tls != NULL)
+		return x->tls_impl.update(x->tls, out, outl, outsize, in, inl);
 	if (!x->key_set)
 		return 0;
 	if (x->d->mode == EVP_CIPH_GCM_MODE)

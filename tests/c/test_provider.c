@@ -436,6 +436,42 @@ static void test_fork(void)
 	EVP_CIPHER_free(d);
 }
 
+/* Small requests take the provider's fast path (straight to the default
+ * provider's update): 10000 of them in one context, each counted (the
+ * counts are handed over every 4096) and the stream the default provider
+ * makes. */
+static void test_small_requests_counted(void)
+{
+	EVP_CIPHER *w = EVP_CIPHER_fetch(NULL, "AES-128-CBC", "provider=wd");
+	EVP_CIPHER *d = EVP_CIPHER_fetch(NULL, "AES-128-CBC", "provider=default");
+	enum { N = 10000 };
+	static unsigned char in[16 * N], a[16 * N], b[16 * N];
+	unsigned char key[16], iv[16];
+	fill(key, 16);
+	fill(iv, 16);
+	fill(in, sizeof in);
+	struct wd_crypto_stats s0, s1;
+	wd_crypto_get_stats(&s0);
+	EVP_CIPHER_CTX *wc = EVP_CIPHER_CTX_new(), *dc = EVP_CIPHER_CTX_new();
+	int ok = EVP_EncryptInit_ex2(wc, w, key, iv, NULL) && EVP_CIPHER_CTX_set_padding(wc, 0) &&
+		 EVP_EncryptInit_ex2(dc, d, key, iv, NULL) && EVP_CIPHER_CTX_set_padding(dc, 0);
+	for (int i = 0; ok && i < N; i++) {
+		int l = 0, m = 0;
+		ok = EVP_EncryptUpdate(wc, a + 16 * i, &l, in + 16 * i, 16) && l == 16 &&
+		     EVP_EncryptUpdate(dc, b + 16 * i, &m, in + 16 * i, 16) && m == 16;
+	}
+	EVP_CIPHER_CTX_free(wc);
+	EVP_CIPHER_CTX_free(dc);
+	wd_crypto_get_stats(&s1);
+	CHECK(ok && !memcmp(a, b, sizeof a), "10000 small requests: the default provider's stream");
+	uint64_t counted = s1.cpu_requests - s0.cpu_requests + s1.offload_requests - s0.offload_requests;
+	uint64_t bytes = s1.cpu_bytes - s0.cpu_bytes + s1.offload_bytes - s0.offload_bytes;
+	CHECK(counted >= N && bytes >= 16 * (uint64_t)N, "every small request counted (%llu)",
+	      (unsigned long long)counted);
+	EVP_CIPHER_free(w);
+	EVP_CIPHER_free(d);
+}
+
 static void test_host_killed(pid_t host)
 {
 	EVP_CIPHER *w = EVP_CIPHER_fetch(NULL, "AES-128-CBC", "provider=wd");
@@ -490,6 +526,7 @@ int main(int argc, char **argv)
 		test_async();
 		test_threads();
 		test_fork();
+		test_small_requests_counted();
 	}
 	struct wd_crypto_stats s;
 	wd_crypto_get_stats(&s);
