@@ -44,6 +44,24 @@
 
 #include "wd_comp.h"
 
+/* zlib-rs's inflate, from libwd_comp.so (crates/wd-comp-capi/src/zrs.rs). */
+int wd__zrs_inflateInit2_(z_streamp strm, int windowBits, const char *version, int stream_size);
+int wd__zrs_inflate(z_streamp strm, int flush);
+int wd__zrs_inflateEnd(z_streamp strm);
+int wd__zrs_inflateReset(z_streamp strm);
+int wd__zrs_inflateReset2(z_streamp strm, int windowBits);
+int wd__zrs_inflateResetKeep(z_streamp strm);
+int wd__zrs_inflateCopy(z_streamp dest, z_streamp source);
+int wd__zrs_inflateSetDictionary(z_streamp strm, const Bytef *dictionary, uInt dictLength);
+int wd__zrs_inflateGetDictionary(z_streamp strm, Bytef *dictionary, uInt *dictLength);
+int wd__zrs_inflateSync(z_streamp strm);
+int wd__zrs_inflateSyncPoint(z_streamp strm);
+int wd__zrs_inflatePrime(z_streamp strm, int bits, int value);
+long wd__zrs_inflateMark(z_streamp strm);
+int wd__zrs_inflateUndermine(z_streamp strm, int subvert);
+int wd__zrs_inflateValidate(z_streamp strm, int check);
+unsigned long wd__zrs_inflateCodesUsed(z_streamp strm);
+
 #undef gzgetc
 
 /* ---- the system zlib ---------------------------------------------------- */
@@ -119,7 +137,7 @@ static int worth(size_t n)
 
 /* ---- counters (WDZ_STATS=1 prints them at exit) ------------------------- */
 
-enum { ST_ONESHOT, ST_DEFLATE, ST_INFLATE, ST_DECLINED, ST_COUNT };
+enum { ST_ONESHOT, ST_DEFLATE, ST_INFLATE, ST_ZRS, ST_DECLINED, ST_COUNT };
 static unsigned long stats[ST_COUNT];
 
 static void count(int what) { __atomic_fetch_add(&stats[what], 1, __ATOMIC_RELAXED); }
@@ -136,8 +154,9 @@ __attribute__((destructor)) static void print_stats(void)
         return; /* a process that never used zlib */
     fprintf(stderr,
             "libwdz: taken over: %lu one-shot calls, %lu deflate streams, %lu inflate streams; "
-            "declined (left to zlib): %lu\n",
-            stats[ST_ONESHOT], stats[ST_DEFLATE], stats[ST_INFLATE], stats[ST_DECLINED]);
+            "inflate streams in pieces on zlib-rs: %lu; declined (left to zlib): %lu\n",
+            stats[ST_ONESHOT], stats[ST_DEFLATE], stats[ST_INFLATE], stats[ST_ZRS],
+            stats[ST_DECLINED]);
 }
 
 /* ---- this thread's compressor ------------------------------------------ */
@@ -174,6 +193,7 @@ enum phase {
     DRAIN,   /* zlib has it; output of gathered input waits in the record */
     PENDING, /* taken over; output waits in the record */
     DONE,    /* taken over and finished */
+    ZRS,     /* an inflate stream zlib-rs decodes here (`zrs`) */
 };
 
 struct record {
@@ -196,6 +216,11 @@ struct record {
     /* GATHER: the input so far, compressed whole at Z_FINISH. */
     unsigned char *gather;
     size_t gather_len, gather_cap;
+    /* Inflate: zlib-rs's stream, made at the first call it serves and kept
+     * across resets; the caller's z_stream is copied in and out around
+     * each call (the system zlib's state beside it stays as initialised). */
+    z_stream *zrs;
+    int no_zrs; /* a call only the system zlib serves came first */
 };
 
 #define BUCKETS 256
@@ -268,6 +293,10 @@ static void forget(z_streamp s)
     if (r) {
         drop_pending(r);
         free(r->gather);
+        if (r->zrs) {
+            wd__zrs_inflateEnd(r->zrs);
+            free(r->zrs);
+        }
         free(r);
     }
 }
@@ -286,6 +315,7 @@ static struct record *remember(z_streamp s, const struct record *init)
     r->pend_len = r->pend_pos = r->pend_cap = 0;
     r->gather = NULL;
     r->gather_len = r->gather_cap = 0;
+    r->zrs = NULL;
     pthread_mutex_lock(&table_lock);
     r->next = table[bucket(s)];
     table[bucket(s)] = r;
@@ -854,6 +884,7 @@ static int zlib_only(z_streamp strm)
     if (!r)
         return Z_OK;
     r->eligible = 0;
+    r->no_zrs = 1;
     int ret = r->phase == GATHER ? spill(r, strm) : ensure_real(strm);
     if (ret == Z_OK && r->phase == DRAIN) {
         /* zlib may write now: what waits must be out first. */
@@ -1022,9 +1053,73 @@ static int inflate_whole(struct record *r, z_streamp s)
     return finish_whole(r, s, used, out, room, trailer_check(alg, s->next_in, used, s->adler));
 }
 
+/* ---- inflate streams in pieces: zlib-rs ---------------------------------- */
+
+/* The stream's zlib-rs state, made when first needed (NULL: out of memory
+ * or refused, and the system zlib serves the stream). */
+static z_stream *zrs_state(struct record *r)
+{
+    if (r->zrs)
+        return r->zrs;
+    z_stream *z = calloc(1, sizeof *z);
+    if (!z)
+        return NULL;
+    if (wd__zrs_inflateInit2_(z, r->window, ZLIB_VERSION, (int)sizeof *z) != Z_OK) {
+        free(z);
+        return NULL;
+    }
+    r->zrs = z;
+    return z;
+}
+
+static void zrs_in(z_stream *z, const z_stream *s)
+{
+    z->next_in = s->next_in;
+    z->avail_in = s->avail_in;
+    z->next_out = s->next_out;
+    z->avail_out = s->avail_out;
+}
+
+/* Back to the caller's stream. The counts grow by what this call took
+ * and wrote, as zlib counts (zlib-rs keeps its own output count, which
+ * inflateSync sets back to 0); a raw stream's `adler` stays the caller's,
+ * as zlib leaves it (zlib-rs would say 1). */
+static void zrs_out(z_stream *s, const z_stream *z, int raw)
+{
+    s->total_in += (uLong)(z->next_in - s->next_in);
+    s->total_out += (uLong)(z->next_out - s->next_out);
+    s->next_in = z->next_in;
+    s->avail_in = z->avail_in;
+    s->next_out = z->next_out;
+    s->avail_out = z->avail_out;
+    s->msg = z->msg;
+    s->data_type = z->data_type;
+    if (!raw)
+        s->adler = z->adler;
+}
+
+/* The record of a stream zlib-rs serves, else NULL. */
+static struct record *on_zrs(z_streamp strm)
+{
+    struct record *r = strm ? find(strm) : NULL;
+    return r && r->phase == ZRS ? r : NULL;
+}
+
+/* Run `call` on zlib-rs's state with the caller's fields copied in and back. */
+#define ZRS_CALL(r, strm, call)                                                          \
+    ({                                                                                   \
+        z_stream *z_ = (r)->zrs;                                                         \
+        zrs_in(z_, (strm));                                                              \
+        __typeof__(call) ret_ = (call);                                                  \
+        zrs_out((strm), z_, (r)->window < 0);                                            \
+        ret_;                                                                            \
+    })
+
 int inflate(z_streamp strm, int flush)
 {
     struct record *r = strm ? find(strm) : NULL;
+    if (r && r->phase == ZRS)
+        return ZRS_CALL(r, strm, wd__zrs_inflate(r->zrs, flush));
     if (r && (r->phase == PENDING || r->phase == DONE)) {
         if (!strm->next_out || (!strm->next_in && strm->avail_in != 0))
             return Z_STREAM_ERROR;
@@ -1043,6 +1138,13 @@ int inflate(z_streamp strm, int flush)
          * start (nothing was consumed) and says what it finds. */
         r->eligible = 0;
     }
+    /* Input in pieces (or declined whole): zlib-rs decodes it, unless a
+     * call only the system zlib serves came first. */
+    if (r && r->phase == FRESH && !r->no_zrs && zrs_state(r)) {
+        r->phase = ZRS;
+        count(ST_ZRS);
+        return ZRS_CALL(r, strm, wd__zrs_inflate(r->zrs, flush));
+    }
     if (r)
         r->phase = ZLIB;
     return REAL(inflate)(strm, flush);
@@ -1056,76 +1158,138 @@ int inflateEnd(z_streamp strm)
     return ret;
 }
 
-int inflateReset(z_streamp strm)
+/* After a reset of the system zlib's state: zlib-rs's too, and the stream
+ * may be taken over again. */
+static int inflate_reset(z_streamp strm, int ret, int (*zrs_reset)(z_streamp))
 {
-    int ret = REAL(inflateReset)(strm);
+    struct record *r = strm ? find(strm) : NULL;
+    if (ret == Z_OK && r && r->zrs && zrs_reset(r->zrs) != Z_OK) {
+        wd__zrs_inflateEnd(r->zrs);
+        free(r->zrs);
+        r->zrs = NULL;
+    }
     if (ret == Z_OK)
         restart(strm);
     return ret;
 }
 
+int inflateReset(z_streamp strm)
+{
+    return inflate_reset(strm, REAL(inflateReset)(strm), wd__zrs_inflateReset);
+}
+
 int inflateResetKeep(z_streamp strm)
 {
-    int ret = REAL(inflateResetKeep)(strm);
-    if (ret == Z_OK)
-        restart(strm);
-    return ret;
+    return inflate_reset(strm, REAL(inflateResetKeep)(strm), wd__zrs_inflateResetKeep);
 }
 
 int inflateReset2(z_streamp strm, int windowBits)
 {
     int ret = REAL(inflateReset2)(strm, windowBits);
     if (ret == Z_OK)
-        inflate_opened(strm, windowBits);
+        inflate_opened(strm, windowBits); /* a new record: zlib-rs's state is made anew */
     return ret;
 }
 
 int inflateCopy(z_streamp dest, z_streamp source)
 {
     int ret = REAL(inflateCopy)(dest, source);
-    if (ret == Z_OK)
-        remember_copy(dest, source);
-    return ret;
+    if (ret != Z_OK)
+        return ret;
+    remember_copy(dest, source);
+    struct record *src = source ? find(source) : NULL;
+    struct record *r = dest ? find(dest) : NULL;
+    if (src && src->zrs && r) {
+        z_stream *z = calloc(1, sizeof *z);
+        if (!z || wd__zrs_inflateCopy(z, src->zrs) != Z_OK) {
+            free(z);
+            REAL(inflateEnd)(dest);
+            forget(dest);
+            return Z_MEM_ERROR;
+        }
+        r->zrs = z;
+    }
+    return Z_OK;
 }
 
 int inflateSetDictionary(z_streamp strm, const Bytef *dictionary, uInt dictLength)
 {
+    struct record *r = on_zrs(strm);
+    if (r)
+        return ZRS_CALL(r, strm, wd__zrs_inflateSetDictionary(r->zrs, dictionary, dictLength));
     ZLIB_ONLY(strm, REAL(inflateSetDictionary)(strm, dictionary, dictLength));
 }
 
 int inflateGetHeader(z_streamp strm, gz_headerp head)
 {
+    /* Asked before the first inflate (as zlib requires): the system zlib
+     * fills the caller's header. */
     ZLIB_ONLY(strm, REAL(inflateGetHeader)(strm, head));
 }
 
 int inflatePrime(z_streamp strm, int bits, int value)
 {
+    struct record *r = on_zrs(strm);
+    if (r)
+        return ZRS_CALL(r, strm, wd__zrs_inflatePrime(r->zrs, bits, value));
     ZLIB_ONLY(strm, REAL(inflatePrime)(strm, bits, value));
 }
 
 int inflateSync(z_streamp strm)
 {
+    struct record *r = on_zrs(strm);
+    if (r)
+        return ZRS_CALL(r, strm, wd__zrs_inflateSync(r->zrs));
     ZLIB_ONLY(strm, REAL(inflateSync)(strm));
 }
 
 int inflateUndermine(z_streamp strm, int subvert)
 {
+    struct record *r = on_zrs(strm);
+    if (r)
+        return ZRS_CALL(r, strm, wd__zrs_inflateUndermine(r->zrs, subvert));
     ZLIB_ONLY(strm, REAL(inflateUndermine)(strm, subvert));
 }
 
 int inflateValidate(z_streamp strm, int check)
 {
+    struct record *r = on_zrs(strm);
+    if (r)
+        return ZRS_CALL(r, strm, wd__zrs_inflateValidate(r->zrs, check));
     ZLIB_ONLY(strm, REAL(inflateValidate)(strm, check));
 }
 
 int inflateGetDictionary(z_streamp strm, Bytef *dictionary, uInt *dictLength)
 {
+    struct record *r = on_zrs(strm);
+    if (r)
+        return ZRS_CALL(r, strm, wd__zrs_inflateGetDictionary(r->zrs, dictionary, dictLength));
     return REAL(inflateGetDictionary)(strm, dictionary, dictLength);
 }
 
-int inflateSyncPoint(z_streamp strm) { return REAL(inflateSyncPoint)(strm); }
-long inflateMark(z_streamp strm) { return REAL(inflateMark)(strm); }
-unsigned long inflateCodesUsed(z_streamp strm) { return REAL(inflateCodesUsed)(strm); }
+int inflateSyncPoint(z_streamp strm)
+{
+    struct record *r = on_zrs(strm);
+    if (r)
+        return ZRS_CALL(r, strm, wd__zrs_inflateSyncPoint(r->zrs));
+    return REAL(inflateSyncPoint)(strm);
+}
+
+long inflateMark(z_streamp strm)
+{
+    struct record *r = on_zrs(strm);
+    if (r)
+        return ZRS_CALL(r, strm, wd__zrs_inflateMark(r->zrs));
+    return REAL(inflateMark)(strm);
+}
+
+unsigned long inflateCodesUsed(z_streamp strm)
+{
+    struct record *r = on_zrs(strm);
+    if (r)
+        return ZRS_CALL(r, strm, wd__zrs_inflateCodesUsed(r->zrs));
+    return REAL(inflateCodesUsed)(strm);
+}
 
 int inflateBackInit_(z_streamp strm, int windowBits, unsigned char *window, const char *version,
                      int stream_size)

@@ -38,6 +38,7 @@ static struct {
     int (*inflateInit2_)(z_streamp, int, const char *, int);
     int (*inflate)(z_streamp, int);
     int (*inflateEnd)(z_streamp);
+    int (*inflateSync)(z_streamp);
 } ref;
 
 static void load_reference(void)
@@ -56,6 +57,7 @@ static void load_reference(void)
     SYM(inflateInit2_);
     SYM(inflate);
     SYM(inflateEnd);
+    SYM(inflateSync);
 #undef SYM
 }
 
@@ -481,6 +483,187 @@ static void zlib_streams(void)
     free(d);
 }
 
+/* One inflate call on the shim's stream and the reference's, the same input
+ * and room: the same answer, the same bytes, the same counts. */
+static int inflate_both(z_stream *s, z_stream *r, const unsigned char *in, size_t in_len,
+                        unsigned char *out_s, unsigned char *out_r, size_t room, int flush)
+{
+    s->next_in = r->next_in = (Bytef *)in;
+    s->avail_in = r->avail_in = (uInt)in_len;
+    s->next_out = out_s;
+    r->next_out = out_r;
+    s->avail_out = r->avail_out = (uInt)room;
+    int a = inflate(s, flush), b = ref.inflate(r, flush);
+    CHECK(a == b);
+    CHECK(s->avail_in == r->avail_in && s->avail_out == r->avail_out);
+    CHECK(s->total_in == r->total_in && s->total_out == r->total_out);
+    CHECK(memcmp(out_s, out_r, room - s->avail_out) == 0);
+    /* strm->adler: zlib's at the end and at Z_NEED_DICT (in between
+     * zlib-rs updates it later than zlib: a documented difference). */
+    if (a == Z_STREAM_END || a == Z_NEED_DICT)
+        CHECK(s->adler == r->adler);
+    if (a == Z_DATA_ERROR)
+        CHECK(s->msg != NULL && r->msg != NULL);
+    return a;
+}
+
+/* Inflate streams fed in pieces (zlib-rs in the shim) against stock zlib,
+ * call by call: random pieces and rooms, every framing, truncated and
+ * corrupted streams; then a copy taken mid-stream, a reset and reuse,
+ * inflateSync past damage, and a gzip header asked for before the first
+ * call (the system zlib's to fill). */
+static void inflate_in_pieces(void)
+{
+    size_t n = 100000;
+    unsigned char *d = make_data(n, 11);
+    unsigned char *c = malloc(2 * n + 64), *os = malloc(n + 64), *orf = malloc(n + 64);
+    static const int wbits[] = {15, -15, 31, 47};
+    uint32_t x = 12345;
+    for (size_t w = 0; w < sizeof wbits / sizeof wbits[0]; w++) {
+        int enc = wbits[w] == 47 ? 31 : wbits[w];
+        size_t clen = ref_deflate(6, enc, d, n, c, 2 * n);
+        for (int damage = 0; damage < 3; damage++) {
+            size_t len = clen;
+            if (damage == 1)
+                len = clen / 3; /* truncated */
+            if (damage == 2)
+                c[clen / 2] ^= 0x5a; /* corrupted */
+            z_stream s, r;
+            memset(&s, 0, sizeof s);
+            memset(&r, 0, sizeof r);
+            CHECK(inflateInit2(&s, wbits[w]) == Z_OK);
+            CHECK(ref.inflateInit2_(&r, wbits[w], ZLIB_VERSION, (int)sizeof r) == Z_OK);
+            size_t at = 0;
+            int ret = Z_OK;
+            for (int calls = 0; ret == Z_OK && calls < 100000; calls++) {
+                x = x * 1103515245u + 12345u;
+                size_t piece = 1 + (x >> 8) % 9000, room = 1 + (x >> 4) % 20000;
+                if (piece > len - at)
+                    piece = len - at;
+                int flush = at + piece == len && (x & 1) ? Z_FINISH : Z_NO_FLUSH;
+                ret = inflate_both(&s, &r, c + at, piece, os, orf, room, flush);
+                at += piece - s.avail_in;
+                if (ret == Z_BUF_ERROR && at == len)
+                    break;
+                if (ret == Z_BUF_ERROR)
+                    ret = Z_OK;
+            }
+            if (damage == 0)
+                CHECK(ret == Z_STREAM_END && s.total_out == n);
+            else if (damage == 1 || wbits[w] != -15) /* raw: no check value */
+                CHECK(ret != Z_STREAM_END);
+            inflateEnd(&s);
+            ref.inflateEnd(&r);
+            if (damage == 2)
+                c[clen / 2] ^= 0x5a;
+        }
+    }
+    /* A copy mid-stream: both finish to the data. */
+    size_t clen = ref_deflate(6, 15, d, n, c, 2 * n);
+    z_stream s, t;
+    memset(&s, 0, sizeof s);
+    CHECK(inflateInit(&s) == Z_OK);
+    s.next_in = c;
+    s.avail_in = (uInt)(clen / 2);
+    s.next_out = os;
+    s.avail_out = (uInt)n;
+    CHECK(inflate(&s, Z_NO_FLUSH) == Z_OK);
+    CHECK(inflateCopy(&t, &s) == Z_OK);
+    size_t made = s.total_out;
+    s.avail_in = t.avail_in = (uInt)(clen - clen / 2);
+    CHECK(inflate(&s, Z_FINISH) == Z_STREAM_END);
+    CHECK(s.total_out == n && memcmp(os, d, n) == 0);
+    t.next_out = orf + made;
+    memcpy(orf, d, made);
+    CHECK(inflate(&t, Z_FINISH) == Z_STREAM_END);
+    CHECK(t.total_out == n && memcmp(orf, d, n) == 0);
+    inflateEnd(&t);
+    /* Reset and reuse, in pieces again. */
+    CHECK(inflateReset(&s) == Z_OK);
+    s.next_in = c;
+    s.next_out = os;
+    s.avail_out = (uInt)n;
+    int ret = Z_OK;
+    for (size_t at = 0; ret == Z_OK; at += 1000) {
+        s.avail_in = (uInt)(at + 1000 <= clen ? 1000 : clen - at);
+        ret = inflate(&s, Z_NO_FLUSH);
+    }
+    CHECK(ret == Z_STREAM_END && s.total_out == n && memcmp(os, d, n) == 0);
+    inflateEnd(&s);
+    /* inflateSync past damage, as stock zlib does it: a stream of full
+     * flush points, its second block damaged. */
+    memset(&s, 0, sizeof s);
+    CHECK(deflateInit2(&s, 6, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+    s.next_out = c;
+    s.avail_out = (uInt)(2 * n);
+    for (size_t at = 0; at < n; at += 10000) {
+        s.next_in = d + at;
+        s.avail_in = 10000;
+        CHECK(deflate(&s, at + 10000 >= n ? Z_FINISH : Z_FULL_FLUSH) >= 0);
+    }
+    clen = s.total_out;
+    deflateEnd(&s);
+    c[clen / 10] ^= 0xff;
+    z_stream r;
+    memset(&s, 0, sizeof s);
+    memset(&r, 0, sizeof r);
+    CHECK(inflateInit2(&s, -15) == Z_OK);
+    CHECK(ref.inflateInit2_(&r, -15, ZLIB_VERSION, (int)sizeof r) == Z_OK);
+    size_t at = 0;
+    for (int round = 0; round < 40 && at < clen; round++) {
+        ret = inflate_both(&s, &r, c + at, clen - at, os, orf, n, Z_NO_FLUSH);
+        at += (clen - at) - s.avail_in;
+        if (ret == Z_STREAM_END)
+            break;
+        if (ret == Z_DATA_ERROR) {
+            s.next_in = r.next_in = c + at;
+            s.avail_in = r.avail_in = (uInt)(clen - at);
+            int a = inflateSync(&s), b = ref.inflateSync(&r);
+            CHECK(a == b && s.avail_in == r.avail_in && s.total_in == r.total_in);
+            at = clen - s.avail_in;
+        }
+    }
+    inflateEnd(&s);
+    ref.inflateEnd(&r);
+    /* A gzip header asked for first: filled in, the data right. */
+    memset(&s, 0, sizeof s);
+    CHECK(deflateInit2(&s, 6, Z_DEFLATED, 31, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+    gz_header h;
+    memset(&h, 0, sizeof h);
+    h.name = (Bytef *)"wd.txt";
+    CHECK(deflateSetHeader(&s, &h) == Z_OK);
+    s.next_in = d;
+    s.avail_in = (uInt)n;
+    s.next_out = c;
+    s.avail_out = (uInt)(2 * n);
+    CHECK(deflate(&s, Z_FINISH) == Z_STREAM_END);
+    clen = s.total_out;
+    deflateEnd(&s);
+    unsigned char name[32] = {0};
+    gz_header got;
+    memset(&got, 0, sizeof got);
+    got.name = name;
+    got.name_max = sizeof name;
+    memset(&s, 0, sizeof s);
+    CHECK(inflateInit2(&s, 31) == Z_OK);
+    CHECK(inflateGetHeader(&s, &got) == Z_OK);
+    s.next_in = c;
+    s.next_out = os;
+    s.avail_out = (uInt)n;
+    ret = Z_OK;
+    for (size_t at2 = 0; ret == Z_OK; at2 += 777) {
+        s.avail_in = (uInt)(at2 + 777 <= clen ? 777 : clen - at2);
+        ret = inflate(&s, Z_NO_FLUSH);
+    }
+    CHECK(ret == Z_STREAM_END && memcmp(os, d, n) == 0);
+    CHECK(got.done == 1 && strcmp((char *)name, "wd.txt") == 0);
+    inflateEnd(&s);
+    free(d);
+    free(c);
+    free(os);
+    free(orf);
+}
+
 /* gz files: written and read through the shim, read by stock zlib. */
 static void gz_files(void)
 {
@@ -518,6 +701,7 @@ int main(void)
     deflate_gathered();
     inflate_framings();
     zlib_streams();
+    inflate_in_pieces();
     gz_files();
     printf("test_wdz: ok\n");
     return 0;

@@ -16,6 +16,8 @@ use wd_comp::{Algorithm, CompError, Compressor, Flush, Op, Pending, Stream, Stre
 use wd_sys::dl::TextSink;
 use wd_zip_codec::CodecError;
 
+mod zrs;
+
 const MAGIC: u64 = 0x5744_434f_4d50_0001; // "WDCOMP"
 const STREAM_MAGIC: u64 = 0x5744_5a53_5452_4d01; // "WDZSTRM"
 const EINVAL: c_int = 22;
