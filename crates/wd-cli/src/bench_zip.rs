@@ -418,7 +418,8 @@ fn windowed(
 
 /// The python program the shim rows run: compress each block at `level`,
 /// decompress each, then the whole file as one gzip stream fed in 64 KiB
-/// pieces (as the gzip module writes); print seconds and bytes as JSON.
+/// pieces (as the gzip module writes) and that stream decoded in 64 KiB
+/// pieces (as the gzip module reads); print seconds and bytes as JSON.
 const PY: &str = r#"
 import json, sys, time, zlib
 data = open(sys.argv[1], "rb").read()
@@ -438,9 +439,13 @@ parts = [z.compress(data[i:i + 65536]) for i in range(0, len(data), 65536)]
 parts.append(z.flush())
 s = time.perf_counter() - t
 stream = b"".join(parts)
-if zlib.decompress(stream, 31) != data:
+t = time.perf_counter()
+z = zlib.decompressobj(31)
+back = [z.decompress(stream[i:i + 65536]) for i in range(0, len(stream), 65536)]
+i = time.perf_counter() - t
+if b"".join(back) != data:
     raise SystemExit("stream round trip differs")
-print(json.dumps({"c": c, "d": d, "bytes": sum(map(len, comp)), "s": s, "sbytes": len(stream)}))
+print(json.dumps({"c": c, "d": d, "bytes": sum(map(len, comp)), "s": s, "sbytes": len(stream), "i": i}))
 "#;
 
 /// What one run of the python program measured.
@@ -450,6 +455,8 @@ struct PyRun {
     bytes: u64,
     stream_s: f64,
     stream_bytes: u64,
+    /// Decoding that stream in 64 KiB pieces.
+    inflate_s: f64,
 }
 
 /// Timings of one program row, without and with the shim.
@@ -519,6 +526,7 @@ fn run_py(corpus: &Path, block: usize, level: i32, shim: Option<&Path>) -> Resul
         bytes: v["bytes"].as_u64().unwrap_or(0),
         stream_s: f("s"),
         stream_bytes: v["sbytes"].as_u64().unwrap_or(0),
+        inflate_s: f("i"),
     })
 }
 
@@ -699,6 +707,9 @@ pub fn run(a: BenchZipArgs) -> Result<(), String> {
                 let mut stream = Samples::new(
                     "python zlib.compressobj level 1, gzip stream fed in 64 KiB pieces".to_string(),
                 );
+                let mut pieces = Samples::new(
+                    "python zlib.decompressobj, that stream fed in 64 KiB pieces".to_string(),
+                );
                 for rep in 0..a.reps {
                     prog.step(&format!("rep {}/{} python zlib level 1, {size} blocks", rep + 1, a.reps));
                     // Without and with the shim, alternating.
@@ -707,12 +718,14 @@ pub fn run(a: BenchZipArgs) -> Result<(), String> {
                         comp.push(with, r.compress_s, r.bytes);
                         decomp.push(with, r.decompress_s, r.bytes);
                         stream.push(with, r.stream_s, r.stream_bytes);
+                        pieces.push(with, r.inflate_s, 0);
                     }
                 }
                 runs.push(comp);
                 runs.push(decomp);
                 if blk != small {
                     runs.push(stream);
+                    runs.push(pieces);
                 }
             }
             prog.finish();
