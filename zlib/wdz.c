@@ -220,7 +220,8 @@ struct record {
      * across resets; the caller's z_stream is copied in and out around
      * each call (the system zlib's state beside it stays as initialised). */
     z_stream *zrs;
-    int no_zrs; /* a call only the system zlib serves came first */
+    int no_zrs;    /* a call only the system zlib serves came first */
+    int zlib_used; /* inflate: the system zlib's state went past its init */
 };
 
 #define BUCKETS 256
@@ -844,9 +845,8 @@ int deflateEnd(z_streamp strm)
     return ret;
 }
 
-static void restart(z_streamp strm)
+static void restart_record(struct record *r)
 {
-    struct record *r = find(strm);
     if (r) {
         drop_pending(r);
         free(r->gather);
@@ -855,6 +855,8 @@ static void restart(z_streamp strm)
         r->phase = FRESH;
     }
 }
+
+static void restart(z_streamp strm) { restart_record(find(strm)); }
 
 int deflateReset(z_streamp strm)
 {
@@ -885,6 +887,7 @@ static int zlib_only(z_streamp strm)
         return Z_OK;
     r->eligible = 0;
     r->no_zrs = 1;
+    r->zlib_used = 1;
     int ret = r->phase == GATHER ? spill(r, strm) : ensure_real(strm);
     if (ret == Z_OK && r->phase == DRAIN) {
         /* zlib may write now: what waits must be out first. */
@@ -1145,8 +1148,10 @@ int inflate(z_streamp strm, int flush)
         count(ST_ZRS);
         return ZRS_CALL(r, strm, wd__zrs_inflate(r->zrs, flush));
     }
-    if (r)
+    if (r) {
         r->phase = ZLIB;
+        r->zlib_used = 1;
+    }
     return REAL(inflate)(strm, flush);
 }
 
@@ -1158,29 +1163,43 @@ int inflateEnd(z_streamp strm)
     return ret;
 }
 
-/* After a reset of the system zlib's state: zlib-rs's too, and the stream
- * may be taken over again. */
-static int inflate_reset(z_streamp strm, int ret, int (*zrs_reset)(z_streamp))
+/* Reset a stream for its next message: zlib-rs's state when it has one,
+ * the system zlib's when that was used (else it is still as initialised:
+ * a message read through zlib-rs costs no reset of it); the stream may be
+ * taken over again. */
+static int inflate_reset(z_streamp strm, int (*zrs_reset)(z_streamp),
+                         int (*zlib_reset)(z_streamp))
 {
     struct record *r = strm ? find(strm) : NULL;
+    int ret = Z_OK;
+    if (!r || !r->zrs || r->zlib_used) {
+        ret = zlib_reset(strm);
+        if (r)
+            r->zlib_used = 0;
+    } else {
+        strm->total_in = strm->total_out = 0;
+        strm->msg = Z_NULL;
+        if (r->window >= 0)
+            strm->adler = r->window & 16 ? 0 : 1; /* as zlib's reset: gzip 0, zlib 1 */
+    }
     if (ret == Z_OK && r && r->zrs && zrs_reset(r->zrs) != Z_OK) {
         wd__zrs_inflateEnd(r->zrs);
         free(r->zrs);
         r->zrs = NULL;
     }
     if (ret == Z_OK)
-        restart(strm);
+        restart_record(r);
     return ret;
 }
 
 int inflateReset(z_streamp strm)
 {
-    return inflate_reset(strm, REAL(inflateReset)(strm), wd__zrs_inflateReset);
+    return inflate_reset(strm, wd__zrs_inflateReset, REAL(inflateReset));
 }
 
 int inflateResetKeep(z_streamp strm)
 {
-    return inflate_reset(strm, REAL(inflateResetKeep)(strm), wd__zrs_inflateResetKeep);
+    return inflate_reset(strm, wd__zrs_inflateResetKeep, REAL(inflateResetKeep));
 }
 
 int inflateReset2(z_streamp strm, int windowBits)
