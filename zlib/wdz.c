@@ -61,6 +61,20 @@ long wd__zrs_inflateMark(z_streamp strm);
 int wd__zrs_inflateUndermine(z_streamp strm, int subvert);
 int wd__zrs_inflateValidate(z_streamp strm, int check);
 unsigned long wd__zrs_inflateCodesUsed(z_streamp strm);
+int wd__zrs_deflateInit2_(z_streamp strm, int level, int method, int windowBits, int memLevel,
+                          int strategy, const char *version, int stream_size);
+int wd__zrs_deflate(z_streamp strm, int flush);
+int wd__zrs_deflateEnd(z_streamp strm);
+int wd__zrs_deflateParams(z_streamp strm, int level, int strategy);
+int wd__zrs_deflateSetDictionary(z_streamp strm, const Bytef *dictionary, uInt dictLength);
+int wd__zrs_deflateGetDictionary(z_streamp strm, Bytef *dictionary, uInt *dictLength);
+int wd__zrs_deflateSetHeader(z_streamp strm, gz_headerp head);
+int wd__zrs_deflatePrime(z_streamp strm, int bits, int value);
+int wd__zrs_deflateTune(z_streamp strm, int good_length, int max_lazy, int nice_length,
+                        int max_chain);
+uLong wd__zrs_deflateBound(z_streamp strm, uLong sourceLen);
+int wd__zrs_deflatePending(z_streamp strm, unsigned *pending, int *bits);
+int wd__zrs_deflateCopy(z_streamp dest, z_streamp source);
 
 #undef gzgetc
 
@@ -137,7 +151,7 @@ static int worth(size_t n)
 
 /* ---- counters (WDZ_STATS=1 prints them at exit) ------------------------- */
 
-enum { ST_ONESHOT, ST_DEFLATE, ST_INFLATE, ST_ZRS, ST_DECLINED, ST_COUNT };
+enum { ST_ONESHOT, ST_DEFLATE, ST_INFLATE, ST_ZRS, ST_ZRS_BIG, ST_DECLINED, ST_COUNT };
 static unsigned long stats[ST_COUNT];
 
 static void count(int what) { __atomic_fetch_add(&stats[what], 1, __ATOMIC_RELAXED); }
@@ -154,9 +168,10 @@ __attribute__((destructor)) static void print_stats(void)
         return; /* a process that never used zlib */
     fprintf(stderr,
             "libwdz: taken over: %lu one-shot calls, %lu deflate streams, %lu inflate streams; "
-            "inflate streams in pieces on zlib-rs: %lu; declined (left to zlib): %lu\n",
+            "inflate streams in pieces on zlib-rs: %lu; deflate streams past 16 MiB on zlib-rs: "
+            "%lu; declined (left to zlib): %lu\n",
             stats[ST_ONESHOT], stats[ST_DEFLATE], stats[ST_INFLATE], stats[ST_ZRS],
-            stats[ST_DECLINED]);
+            stats[ST_ZRS_BIG], stats[ST_DECLINED]);
 }
 
 /* ---- this thread's compressor ------------------------------------------ */
@@ -201,7 +216,7 @@ struct record {
     z_streamp strm;
     int deflating;
     int alg;      /* WD_COMP_* of a deflate stream; -1: not offloadable */
-    int window;   /* inflate: windowBits as given */
+    int window;   /* windowBits as given */
     int level;
     int eligible; /* opened with parameters the offload path honours */
     /* zlib's own deflate state is made only when a call needs it (a
@@ -216,9 +231,12 @@ struct record {
     /* GATHER: the input so far, compressed whole at Z_FINISH. */
     unsigned char *gather;
     size_t gather_len, gather_cap;
-    /* Inflate: zlib-rs's stream, made at the first call it serves and kept
-     * across resets; the caller's z_stream is copied in and out around
-     * each call (the system zlib's state beside it stays as initialised). */
+    /* zlib-rs's stream; the caller's z_stream is copied in and out around
+     * each call. Inflate: made at the first call it serves and kept across
+     * resets (the system zlib's state beside it stays as initialised).
+     * Deflate: a stream that gathered more than one request carries goes
+     * on in a fresh zlib-rs state instead of the system zlib's (phase ZLIB
+     * then means zlib-rs), until its End or reset. */
     z_stream *zrs;
     int no_zrs;    /* a call only the system zlib serves came first */
     int zlib_used; /* inflate: the system zlib's state went past its init */
@@ -295,7 +313,7 @@ static void forget(z_streamp s)
         drop_pending(r);
         free(r->gather);
         if (r->zrs) {
-            wd__zrs_inflateEnd(r->zrs);
+            (r->deflating ? wd__zrs_deflateEnd : wd__zrs_inflateEnd)(r->zrs);
             free(r->zrs);
         }
         free(r);
@@ -399,6 +417,64 @@ static uLong trailer_check(int alg, const unsigned char *stream, size_t len, uLo
     return current;
 }
 
+/* ---- zlib-rs's streams -------------------------------------------------- */
+
+static void zrs_in(z_stream *z, const z_stream *s)
+{
+    z->next_in = s->next_in;
+    z->avail_in = s->avail_in;
+    z->next_out = s->next_out;
+    z->avail_out = s->avail_out;
+}
+
+/* Back to the caller's stream. The counts grow by what this call took
+ * and wrote, as zlib counts (zlib-rs keeps its own output count, which
+ * inflateSync sets back to 0); a raw stream's `adler` stays the caller's,
+ * as zlib leaves it (zlib-rs would say 1). */
+static void zrs_out(z_stream *s, const z_stream *z, int raw)
+{
+    s->total_in += (uLong)(z->next_in - s->next_in);
+    s->total_out += (uLong)(z->next_out - s->next_out);
+    s->next_in = z->next_in;
+    s->avail_in = z->avail_in;
+    s->next_out = z->next_out;
+    s->avail_out = z->avail_out;
+    s->msg = z->msg;
+    s->data_type = z->data_type;
+    if (!raw)
+        s->adler = z->adler;
+}
+
+/* Run `call` on zlib-rs's state with the caller's fields copied in and back. */
+#define ZRS_CALL(r, strm, call)                                                          \
+    ({                                                                                   \
+        z_stream *z_ = (r)->zrs;                                                         \
+        zrs_in(z_, (strm));                                                              \
+        __typeof__(call) ret_ = (call);                                                  \
+        zrs_out((strm), z_, (r)->window < 0);                                            \
+        ret_;                                                                            \
+    })
+
+/* zlib-rs's level for zlib's: its level 1 trades a fifth more output for
+ * speed (static codes); its level 2 is faster than zlib's level 1 and no
+ * larger. */
+static int zrs_level(int level) { return level == 1 ? 2 : level; }
+
+/* A deflate call on whichever zlib has the stream. */
+#define DEFLATE_CALL(r, strm, zrs_call, real_call)                                       \
+    ((r) && (r)->zrs ? ZRS_CALL((r), (strm), (zrs_call)) : (real_call))
+
+/* End a deflate stream's zlib-rs state: the stream is lazy again (no
+ * zlib's state at all); zlib-rs's answer. */
+static int zrs_deflate_drop(struct record *r)
+{
+    int ret = wd__zrs_deflateEnd(r->zrs);
+    free(r->zrs);
+    r->zrs = NULL;
+    r->lazy = 1;
+    return ret;
+}
+
 /* ---- one-shot calls ----------------------------------------------------- */
 
 int compress2(Bytef *dest, uLongf *destLen, const Bytef *source, uLong sourceLen, int level)
@@ -453,7 +529,7 @@ int uncompress(Bytef *dest, uLongf *destLen, const Bytef *source, uLong sourceLe
 
 static struct record deflate_record(int level, int windowBits, int strategy)
 {
-    struct record r = {.deflating = 1, .level = level, .phase = FRESH};
+    struct record r = {.deflating = 1, .level = level, .window = windowBits, .phase = FRESH};
     if (windowBits == 15)
         r.alg = WD_COMP_ZLIB;
     else if (windowBits == -15)
@@ -648,7 +724,7 @@ static int gather(struct record *r, z_streamp s)
  * caller's buffer while it has room and then aside in the record, to be
  * handed out before anything zlib writes later (DRAIN). Z_OK or zlib's
  * error (Z_MEM_ERROR when the aside cannot grow). */
-static int spill(struct record *r, z_streamp s)
+static int spill(struct record *r, z_streamp s, int big)
 {
     /* Out of the record first: zlib's init calls deflateReset, which
      * comes back here and restarts the record. */
@@ -657,23 +733,41 @@ static int spill(struct record *r, z_streamp s)
     r->gather = NULL;
     r->gather_len = r->gather_cap = 0;
     int was_lazy = r->lazy;
-    int ret = ensure_real(s);
+    int ret = Z_MEM_ERROR;
+    if (big && was_lazy) {
+        /* More than one request carries: a fresh zlib-rs state (faster
+         * than the system zlib; fresh, so its output depends on the input
+         * alone). */
+        z_stream *z = calloc(1, sizeof *z);
+        if (z && wd__zrs_deflateInit2_(z, zrs_level(r->level), r->method, r->window_bits,
+                                       r->mem_level, r->strategy, ZLIB_VERSION,
+                                       (int)sizeof *z) == Z_OK) {
+            r->zrs = z;
+            r->lazy = 0;
+            ret = Z_OK;
+            count(ST_ZRS_BIG);
+        } else {
+            free(z);
+        }
+    }
+    if (ret != Z_OK)
+        ret = ensure_real(s);
     if (ret != Z_OK) {
         r->gather = g;
         r->gather_len = g_len;
         r->gather_cap = g_cap;
         return ret;
     }
-    if (!was_lazy)
+    if (!was_lazy || r->zrs)
         s->total_in -= g_len; /* counted when gathered, counted again below */
     r->phase = ZLIB;
     if (!g_len) {
         free(g);
         return Z_OK;
     }
-    /* zlib counts the gathered input as it takes it (its init zeroed the
-     * totals of a lazy stream); the output set aside counts once handed
-     * out. */
+    /* zlib counts the gathered input as it takes it (the system zlib's
+     * init zeroed the totals of a lazy stream); the output set aside
+     * counts once handed out. */
     z_const Bytef *in = s->next_in;
     uInt in_len = s->avail_in;
     Bytef *out = s->next_out;
@@ -702,7 +796,7 @@ static int spill(struct record *r, z_streamp s)
             s->avail_out = (uInt)(aside_cap - aside_len);
         }
         Bytef *before = s->next_out;
-        ret = REAL(deflate)(s, Z_NO_FLUSH);
+        ret = DEFLATE_CALL(r, s, wd__zrs_deflate(r->zrs, Z_NO_FLUSH), REAL(deflate)(s, Z_NO_FLUSH));
         size_t made = (size_t)(s->next_out - before);
         if (out_len > 0) {
             out += made;
@@ -770,7 +864,7 @@ int deflate(z_streamp strm, int flush)
         size_t moved = drain(r, strm);
         if (r->phase == DRAIN)
             return moved ? Z_OK : Z_BUF_ERROR;
-        int ret = REAL(deflate)(strm, flush);
+        int ret = DEFLATE_CALL(r, strm, wd__zrs_deflate(r->zrs, flush), REAL(deflate)(strm, flush));
         /* Progress was made in this call even if zlib made none. */
         return ret == Z_BUF_ERROR && moved ? Z_OK : ret;
     }
@@ -819,7 +913,8 @@ int deflate(z_streamp strm, int flush)
         r->eligible = 0;
     }
     if (r) {
-        int ret = r->phase == GATHER ? spill(r, strm) : ensure_real(strm);
+        int big = r->gather_len + strm->avail_in > MAX_GATHER;
+        int ret = r->phase == GATHER ? spill(r, strm, big) : ensure_real(strm);
         if (ret != Z_OK)
             return ret;
         if (r->phase == DRAIN)
@@ -828,7 +923,7 @@ int deflate(z_streamp strm, int flush)
          * marks it fresh. */
         r->phase = ZLIB;
     }
-    return REAL(deflate)(strm, flush);
+    return DEFLATE_CALL(r, strm, wd__zrs_deflate(r->zrs, flush), REAL(deflate)(strm, flush));
 }
 
 int deflateEnd(z_streamp strm)
@@ -838,6 +933,11 @@ int deflateEnd(z_streamp strm)
         /* zlib never had it: nothing of zlib's to free. */
         forget(strm);
         return Z_OK;
+    }
+    if (r && r->zrs) {
+        int ret = zrs_deflate_drop(r);
+        forget(strm);
+        return ret;
     }
     int ret = REAL(deflateEnd)(strm);
     if (strm)
@@ -858,8 +958,30 @@ static void restart_record(struct record *r)
 
 static void restart(z_streamp strm) { restart_record(find(strm)); }
 
+/* A reset of a stream with no system zlib's state: lazy (nothing made
+ * yet) or on zlib-rs, whose state goes. The next message starts as a new
+ * stream would (so its bytes do not depend on the messages before it),
+ * the caller's fields as zlib's reset sets them. -1 when the system zlib
+ * has the stream. */
+static int lazy_reset(z_streamp strm)
+{
+    struct record *r = strm ? find(strm) : NULL;
+    if (!r || !(r->lazy || r->zrs))
+        return -1;
+    if (r->zrs)
+        zrs_deflate_drop(r);
+    strm->total_in = strm->total_out = 0;
+    strm->msg = Z_NULL;
+    strm->data_type = Z_UNKNOWN;
+    strm->adler = r->window > 15 ? crc32(0L, Z_NULL, 0) : adler32(0L, Z_NULL, 0);
+    restart_record(r);
+    return Z_OK;
+}
+
 int deflateReset(z_streamp strm)
 {
+    if (lazy_reset(strm) == Z_OK)
+        return Z_OK;
     int ret = ensure_real(strm);
     if (ret == Z_OK)
         ret = REAL(deflateReset)(strm);
@@ -870,6 +992,8 @@ int deflateReset(z_streamp strm)
 
 int deflateResetKeep(z_streamp strm)
 {
+    if (lazy_reset(strm) == Z_OK)
+        return Z_OK;
     int ret = ensure_real(strm);
     if (ret == Z_OK)
         ret = REAL(deflateResetKeep)(strm);
@@ -888,7 +1012,7 @@ static int zlib_only(z_streamp strm)
     r->eligible = 0;
     r->no_zrs = 1;
     r->zlib_used = 1;
-    int ret = r->phase == GATHER ? spill(r, strm) : ensure_real(strm);
+    int ret = r->phase == GATHER ? spill(r, strm, 0) : ensure_real(strm);
     if (ret == Z_OK && r->phase == DRAIN) {
         /* zlib may write now: what waits must be out first. */
         drain(r, strm);
@@ -914,35 +1038,65 @@ int deflateCopy(z_streamp dest, z_streamp source)
         remember_copy(dest, source);
         return Z_OK;
     }
+    if (r && r->zrs && dest) {
+        z_stream *z = calloc(1, sizeof *z);
+        if (!z || wd__zrs_deflateCopy(z, r->zrs) != Z_OK) {
+            free(z);
+            return Z_MEM_ERROR;
+        }
+        memcpy(dest, source, sizeof *dest);
+        remember_copy(dest, source);
+        struct record *d = find(dest);
+        if (!d) {
+            wd__zrs_deflateEnd(z);
+            free(z);
+            return Z_MEM_ERROR;
+        }
+        d->zrs = z;
+        return Z_OK;
+    }
     int ret = REAL(deflateCopy)(dest, source);
     if (ret == Z_OK)
         remember_copy(dest, source);
     return ret;
 }
 
+/* Forward a deflate call once a zlib (zlib-rs, or the system's) has the
+ * stream. */
+#define DEFLATE_ONLY(strm, zrs_call, real_call)                                          \
+    do {                                                                                 \
+        int ret_ = zlib_only(strm);                                                      \
+        struct record *r = ret_ == Z_OK && (strm) ? find(strm) : NULL;                   \
+        return ret_ != Z_OK ? ret_ : DEFLATE_CALL(r, (strm), (zrs_call), (real_call));   \
+    } while (0)
+
 int deflateParams(z_streamp strm, int level, int strategy)
 {
-    ZLIB_ONLY(strm, REAL(deflateParams)(strm, level, strategy));
+    DEFLATE_ONLY(strm, wd__zrs_deflateParams(r->zrs, zrs_level(level), strategy),
+                 REAL(deflateParams)(strm, level, strategy));
 }
 
 int deflateSetDictionary(z_streamp strm, const Bytef *dictionary, uInt dictLength)
 {
-    ZLIB_ONLY(strm, REAL(deflateSetDictionary)(strm, dictionary, dictLength));
+    DEFLATE_ONLY(strm, wd__zrs_deflateSetDictionary(r->zrs, dictionary, dictLength),
+                 REAL(deflateSetDictionary)(strm, dictionary, dictLength));
 }
 
 int deflateSetHeader(z_streamp strm, gz_headerp head)
 {
-    ZLIB_ONLY(strm, REAL(deflateSetHeader)(strm, head));
+    DEFLATE_ONLY(strm, wd__zrs_deflateSetHeader(r->zrs, head), REAL(deflateSetHeader)(strm, head));
 }
 
 int deflatePrime(z_streamp strm, int bits, int value)
 {
-    ZLIB_ONLY(strm, REAL(deflatePrime)(strm, bits, value));
+    DEFLATE_ONLY(strm, wd__zrs_deflatePrime(r->zrs, bits, value),
+                 REAL(deflatePrime)(strm, bits, value));
 }
 
 int deflateTune(z_streamp strm, int good_length, int max_lazy, int nice_length, int max_chain)
 {
-    ZLIB_ONLY(strm, REAL(deflateTune)(strm, good_length, max_lazy, nice_length, max_chain));
+    DEFLATE_ONLY(strm, wd__zrs_deflateTune(r->zrs, good_length, max_lazy, nice_length, max_chain),
+                 REAL(deflateTune)(strm, good_length, max_lazy, nice_length, max_chain));
 }
 
 int deflatePending(z_streamp strm, unsigned *pending, int *bits)
@@ -956,7 +1110,8 @@ int deflatePending(z_streamp strm, unsigned *pending, int *bits)
         return Z_OK;
     }
     if (r && r->phase == DRAIN) {
-        int ret = REAL(deflatePending)(strm, pending, bits);
+        int ret = DEFLATE_CALL(r, strm, wd__zrs_deflatePending(r->zrs, pending, bits),
+                               REAL(deflatePending)(strm, pending, bits));
         if (ret == Z_OK && pending)
             *pending += (unsigned)(r->pend_len - r->pend_pos);
         return ret;
@@ -969,19 +1124,23 @@ int deflatePending(z_streamp strm, unsigned *pending, int *bits)
             *bits = 0;
         return Z_OK;
     }
-    return REAL(deflatePending)(strm, pending, bits);
+    return DEFLATE_CALL(r, strm, wd__zrs_deflatePending(r->zrs, pending, bits),
+                        REAL(deflatePending)(strm, pending, bits));
 }
 
 uLong deflateBound(z_streamp strm, uLong sourceLen)
 {
     /* zlib's bound for a stream it does not know is its most cautious. */
     struct record *r = strm ? find(strm) : NULL;
+    if (r && r->zrs)
+        return wd__zrs_deflateBound(r->zrs, sourceLen);
     return REAL(deflateBound)(r && r->lazy ? Z_NULL : strm, sourceLen);
 }
 
 int deflateGetDictionary(z_streamp strm, Bytef *dictionary, uInt *dictLength)
 {
-    ZLIB_ONLY(strm, REAL(deflateGetDictionary)(strm, dictionary, dictLength));
+    DEFLATE_ONLY(strm, wd__zrs_deflateGetDictionary(r->zrs, dictionary, dictLength),
+                 REAL(deflateGetDictionary)(strm, dictionary, dictLength));
 }
 
 /* ---- inflate ------------------------------------------------------------ */
@@ -1075,48 +1234,12 @@ static z_stream *zrs_state(struct record *r)
     return z;
 }
 
-static void zrs_in(z_stream *z, const z_stream *s)
-{
-    z->next_in = s->next_in;
-    z->avail_in = s->avail_in;
-    z->next_out = s->next_out;
-    z->avail_out = s->avail_out;
-}
-
-/* Back to the caller's stream. The counts grow by what this call took
- * and wrote, as zlib counts (zlib-rs keeps its own output count, which
- * inflateSync sets back to 0); a raw stream's `adler` stays the caller's,
- * as zlib leaves it (zlib-rs would say 1). */
-static void zrs_out(z_stream *s, const z_stream *z, int raw)
-{
-    s->total_in += (uLong)(z->next_in - s->next_in);
-    s->total_out += (uLong)(z->next_out - s->next_out);
-    s->next_in = z->next_in;
-    s->avail_in = z->avail_in;
-    s->next_out = z->next_out;
-    s->avail_out = z->avail_out;
-    s->msg = z->msg;
-    s->data_type = z->data_type;
-    if (!raw)
-        s->adler = z->adler;
-}
-
 /* The record of a stream zlib-rs serves, else NULL. */
 static struct record *on_zrs(z_streamp strm)
 {
     struct record *r = strm ? find(strm) : NULL;
     return r && r->phase == ZRS ? r : NULL;
 }
-
-/* Run `call` on zlib-rs's state with the caller's fields copied in and back. */
-#define ZRS_CALL(r, strm, call)                                                          \
-    ({                                                                                   \
-        z_stream *z_ = (r)->zrs;                                                         \
-        zrs_in(z_, (strm));                                                              \
-        __typeof__(call) ret_ = (call);                                                  \
-        zrs_out((strm), z_, (r)->window < 0);                                            \
-        ret_;                                                                            \
-    })
 
 int inflate(z_streamp strm, int flush)
 {

@@ -1,16 +1,18 @@
-//! zlib-rs's inflate, for libwdz: an inflate stream fed in pieces cannot
-//! wait for its whole input (a protocol parser reads what it needs and no
-//! more), so it is not offloaded; zlib-rs decodes it here at about one and
-//! a half times the system zlib's speed, with zlib's own API and
-//! semantics (return codes, `Z_NEED_DICT`, sync, prime, mark, copy).
+//! zlib-rs's zlib API, for libwdz, on streams the offload path cannot
+//! take: an inflate stream fed in pieces cannot wait for its whole input
+//! (a protocol parser reads what it needs and no more), and a deflate
+//! stream past what one request carries cannot be one request. zlib-rs
+//! runs them here at about 1.5 to 2 times the system zlib's speed, with
+//! zlib's own API and semantics (return codes, flushes, `Z_NEED_DICT`,
+//! sync, prime, mark, copy, params, pending).
 //! These entry points are libwdz's only (`wd__` names, not in
 //! `wd_comp.h`, version node `WD_COMP_PRIVATE`); each takes a `z_stream`
 //! that libwdz owns and keeps in step with the caller's.
 #![allow(unsafe_code)]
 
-use std::ffi::{c_char, c_int, c_long, c_ulong};
+use std::ffi::{c_char, c_int, c_long, c_uint, c_ulong};
 
-use libz_rs_sys::{z_stream, Bytef};
+use libz_rs_sys::{gz_headerp, z_stream, Bytef};
 
 /// One `wd__zrs_<name>` per zlib function, forwarding to zlib-rs's.
 macro_rules! forward {
@@ -43,4 +45,16 @@ forward! {
     wd__zrs_inflateUndermine => inflateUndermine(strm: *mut z_stream, subvert: c_int) -> c_int;
     wd__zrs_inflateValidate => inflateValidate(strm: *mut z_stream, check: c_int) -> c_int;
     wd__zrs_inflateCodesUsed => inflateCodesUsed(strm: *mut z_stream) -> c_ulong;
+    wd__zrs_deflateInit2_ => deflateInit2_(strm: *mut z_stream, level: c_int, method: c_int, window_bits: c_int, mem_level: c_int, strategy: c_int, version: *const c_char, stream_size: c_int) -> c_int;
+    wd__zrs_deflate => deflate(strm: *mut z_stream, flush: c_int) -> c_int;
+    wd__zrs_deflateEnd => deflateEnd(strm: *mut z_stream) -> c_int;
+    wd__zrs_deflateParams => deflateParams(strm: *mut z_stream, level: c_int, strategy: c_int) -> c_int;
+    wd__zrs_deflateSetDictionary => deflateSetDictionary(strm: *mut z_stream, dictionary: *const Bytef, dict_length: u32) -> c_int;
+    wd__zrs_deflateGetDictionary => deflateGetDictionary(strm: *const z_stream, dictionary: *mut Bytef, dict_length: *mut u32) -> c_int;
+    wd__zrs_deflateSetHeader => deflateSetHeader(strm: *mut z_stream, head: gz_headerp) -> c_int;
+    wd__zrs_deflatePrime => deflatePrime(strm: *mut z_stream, bits: c_int, value: c_int) -> c_int;
+    wd__zrs_deflateTune => deflateTune(strm: *mut z_stream, good_length: c_int, max_lazy: c_int, nice_length: c_int, max_chain: c_int) -> c_int;
+    wd__zrs_deflateBound => deflateBound(strm: *mut z_stream, source_len: c_ulong) -> c_ulong;
+    wd__zrs_deflatePending => deflatePending(strm: *mut z_stream, pending: *mut c_uint, bits: *mut c_int) -> c_int;
+    wd__zrs_deflateCopy => deflateCopy(dest: *mut z_stream, source: *mut z_stream) -> c_int;
 }
