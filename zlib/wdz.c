@@ -49,7 +49,6 @@ int wd__zrs_inflateInit2_(z_streamp strm, int windowBits, const char *version, i
 int wd__zrs_inflate(z_streamp strm, int flush);
 int wd__zrs_inflateEnd(z_streamp strm);
 int wd__zrs_inflateReset(z_streamp strm);
-int wd__zrs_inflateReset2(z_streamp strm, int windowBits);
 int wd__zrs_inflateResetKeep(z_streamp strm);
 int wd__zrs_inflateCopy(z_streamp dest, z_streamp source);
 int wd__zrs_inflateSetDictionary(z_streamp strm, const Bytef *dictionary, uInt dictLength);
