@@ -174,6 +174,11 @@ int wd_comp_stream_run(struct wd_comp *c, struct wd_comp_stream *s, const void *
 /* Free (NULL is ignored); c must be the compressor that made it. */
 void wd_comp_stream_free(struct wd_comp *c, struct wd_comp_stream *s);
 
+/* Device streams of c rebuilt from their journal after a host restart,
+ * and those lost (past WD_COMP_JOURNAL, a replay that answered
+ * otherwise, nowhere to rebuild them). */
+int wd_comp_stream_stats(struct wd_comp *c, uint64_t *rebuilt, uint64_t *lost);
+
 #ifdef __cplusplus
 }
 #endif

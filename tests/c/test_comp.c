@@ -252,6 +252,12 @@ int main(void)
 	struct wd_comp_stats st;
 	memset(&st, 0xff, sizeof st);
 	CHECK(wd_comp_stats(c, NULL) == -EINVAL, "NULL stats");
+	uint64_t rebuilt = 7, lost = 7;
+	CHECK(wd_comp_stream_stats(c, &rebuilt, NULL) == -EINVAL && rebuilt == 7,
+	      "NULL stream stats: nothing written");
+	CHECK(wd_comp_stream_stats(NULL, &rebuilt, &lost) == -EINVAL, "stream stats of NULL");
+	CHECK(wd_comp_stream_stats(c, &rebuilt, &lost) == 0 && rebuilt == 0 && lost == 0,
+	      "no host restarted under a stream");
 	CHECK(wd_comp_stats(c, &st) == 0 && st.bytes_in > 0 &&
 		      st.offloaded + st.cpu_threshold + st.cpu_policy + st.cpu_assist + st.cpu_fallback > 0,
 	      "stats count the requests");

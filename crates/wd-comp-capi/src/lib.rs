@@ -323,6 +323,34 @@ pub unsafe extern "C" fn wd_comp_stats(c: *mut WdComp, out: *mut WdCompStats) ->
     })
 }
 
+/// `wd_comp_stream_stats`.
+///
+/// # Safety
+/// `c` from `wd_comp_new`; `rebuilt` and `lost` writable `uint64_t`s.
+#[no_mangle]
+pub unsafe extern "C" fn wd_comp_stream_stats(
+    c: *mut WdComp,
+    rebuilt: *mut u64,
+    lost: *mut u64,
+) -> c_int {
+    guard(|| {
+        // SAFETY: caller contract.
+        let Some(w) = (unsafe { comp(c) }) else {
+            return fail(EINVAL, "wd_comp_stream_stats: not a struct wd_comp");
+        };
+        if rebuilt.is_null() || lost.is_null() {
+            return fail(EINVAL, "wd_comp_stream_stats: an out-parameter is NULL");
+        }
+        let s = w.c.stats();
+        // SAFETY: both checked non-null; caller contract.
+        unsafe {
+            rebuilt.write(s.streams_rebuilt);
+            lost.write(s.streams_lost);
+        }
+        0
+    })
+}
+
 /// Whether no output range overlaps another range, input or output
 /// (inputs may overlap each other: they are only read). Ranges are
 /// (address, length); empty ones overlap nothing.
