@@ -725,6 +725,12 @@ fn streams_go_on_when_their_host_restarts() {
     assert_eq!(dev.stats().streams_lost, 0);
     assert_eq!(dev.stats().cpu_fallback, 0);
 
+    // The gzip stream of `text` in 30,000-byte pieces, `between` run
+    // before each piece.
+    let gz = |c: &mut Compressor, s: &mut wd_comp::Stream, between: &mut dyn FnMut(usize)| {
+        feed(c, s, &text, wd_comp::Flush::None, 30_000, between)
+    };
+
     // No host comes back: with fallback on, the stream goes on here.
     let mut here = Compressor::new(
         Some(HostConn::connect(&sock).unwrap()),
@@ -742,30 +748,15 @@ fn streams_go_on_when_their_host_restarts() {
     };
     let want = {
         let mut s = cpu.open_stream(&p).unwrap();
-        feed(
-            &mut cpu,
-            &mut s,
-            &text,
-            wd_comp::Flush::None,
-            30_000,
-            |_| {},
-        )
-        .unwrap()
+        gz(&mut cpu, &mut s, &mut |_| {}).unwrap()
     };
     let mut s = here.open_stream(&p).unwrap();
     assert!(s.on_device());
-    let got = feed(
-        &mut here,
-        &mut s,
-        &text,
-        wd_comp::Flush::None,
-        30_000,
-        |i| {
-            if i == 4 {
-                drop(host.take());
-            }
-        },
-    )
+    let got = gz(&mut here, &mut s, &mut |i| {
+        if i == 4 {
+            drop(host.take());
+        }
+    })
     .unwrap();
     assert!(got == want, "rebuilt here: not the stream's bytes");
     assert!(!s.on_device());
@@ -784,19 +775,12 @@ fn streams_go_on_when_their_host_restarts() {
         },
     );
     let mut s = short.open_stream(&p).unwrap();
-    let r = feed(
-        &mut short,
-        &mut s,
-        &text,
-        wd_comp::Flush::None,
-        30_000,
-        |i| {
-            if i == 4 {
-                drop(host.take());
-                host = Some(spawn_host("stream-restart"));
-            }
-        },
-    );
+    let r = gz(&mut short, &mut s, &mut |i| {
+        if i == 4 {
+            drop(host.take());
+            host = Some(spawn_host("stream-restart"));
+        }
+    });
     match r {
         Err(CompError::Device(e)) => assert_eq!(e.status(), wrapdrive::Status::HostGone, "{e}"),
         other => panic!(
@@ -811,14 +795,6 @@ fn streams_go_on_when_their_host_restarts() {
     // A new stream runs on the new host.
     let mut again = short.open_stream(&p).unwrap();
     assert!(again.on_device());
-    let z = feed(
-        &mut short,
-        &mut again,
-        &text,
-        wd_comp::Flush::None,
-        30_000,
-        |_| {},
-    )
-    .unwrap();
+    let z = gz(&mut short, &mut again, &mut |_| {}).unwrap();
     assert!(z == want);
 }
