@@ -4,7 +4,9 @@
  * (on the device, or counted on the CPU) like before the split.
  * Exit 0 and "N passed, 0 failed". */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "wd.h"
@@ -83,6 +85,59 @@ int main(void)
 		      wd_route_memo_reuse_cpu(&m) == 0,
 	      "the cpu policy, inline, nothing to reuse");
 	wd_route_memo_init(NULL); /* ignored */
+
+	/* Buffers from wd_alloc (libwd.so's allocator): the device reads the
+	 * input and writes the output where they are, counted; the same bytes
+	 * as through the staging area from malloc'ed buffers; one buffer for
+	 * both (in == out) is staged. */
+	enum { N = 96 << 10 };
+	void *src = NULL, *dst = NULL;
+	unsigned char *hsrc = malloc(N), *hdst = malloc(N);
+	uint64_t b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+	CHECK(wd_crypto_get_in_place_bytes(NULL) == -EINVAL, "NULL out-pointer refused");
+	CHECK(wd_alloc(N, -1, &src) == 0 && wd_alloc(N, -1, &dst) == 0 && hsrc && hdst,
+	      "buffers");
+	CHECK(wd_crypto_set_threshold(0) == 0 &&
+		      wd_crypto_set_policy(WD_CRYPTO_POLICY_OFFLOAD) == 0,
+	      "offload everything");
+	if (src && dst && hsrc && hdst) {
+		for (int i = 0; i < N; i++)
+			hsrc[i] = ((unsigned char *)src)[i] = (unsigned char)(i * 31 + 7);
+		static const unsigned char k[16] = "0123456789abcdef", iv[16] = "fedcba9876543210";
+		struct wd_cipher *e = NULL, *r = NULL;
+		CHECK(wd_cipher_new(&e, "aes-128-cbc", k, 16, 1) == 0 &&
+			      wd_cipher_new(&r, "aes-128-cbc", k, 16, 1) == 0 &&
+			      wd_cipher_set_iv(e, iv, 16) == 0 && wd_cipher_set_iv(r, iv, 16) == 0,
+		      "two sessions");
+		CHECK(wd_crypto_get_in_place_bytes(&b0) == 0, "in-place bytes");
+		/* Two requests, so the chain crosses from one to the next. */
+		CHECK(wd_cipher_update(e, src, dst, N / 2) == 0 &&
+			      wd_cipher_update(e, (char *)src + N / 2, (char *)dst + N / 2, N / 2) == 0,
+		      "encrypt wd_alloc buffers");
+		CHECK(wd_crypto_get_in_place_bytes(&b1) == 0 && b1 - b0 == N,
+		      "the device worked in place");
+		CHECK(wd_cipher_update(r, hsrc, hdst, N / 2) == 0 &&
+			      wd_cipher_update(r, hsrc + N / 2, hdst + N / 2, N / 2) == 0,
+		      "encrypt malloc'ed buffers");
+		CHECK(wd_crypto_get_in_place_bytes(&b2) == 0 && b2 == b1,
+		      "malloc'ed buffers are staged");
+		CHECK(memcmp(dst, hdst, N) == 0, "the same ciphertext either way");
+		struct wd_cipher *d = NULL;
+		CHECK(wd_cipher_new(&d, "aes-128-cbc", k, 16, 0) == 0 &&
+			      wd_cipher_set_iv(d, iv, 16) == 0 &&
+			      wd_cipher_update(d, dst, dst, N) == 0,
+		      "decrypt in one wd_alloc buffer");
+		CHECK(wd_crypto_get_in_place_bytes(&b3) == 0 && b3 == b2,
+		      "one buffer for input and output is staged");
+		CHECK(memcmp(dst, hsrc, N) == 0, "decrypted back");
+		wd_cipher_free(d);
+		wd_cipher_free(r);
+		wd_cipher_free(e);
+	}
+	wd_free(src);
+	wd_free(dst);
+	free(hsrc);
+	free(hdst);
 
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;

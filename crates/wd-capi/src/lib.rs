@@ -734,6 +734,39 @@ pub unsafe extern "C" fn wd__set_last_error(msg: *const c_char) {
     LAST_ERROR.with(|l| *l.borrow_mut() = m.to_owned());
 }
 
+/// Not API (version node `WD_PRIVATE`): which arena of `wd_alloc`'s
+/// allocator holds `[addr, addr+len)`: its base, size and memfd (never
+/// closed), so libwd_crypto.so, which links its own copy of the client
+/// library, can let the device work in place in a caller's `wd_alloc`
+/// buffers. Returns 0, or -ENOENT (nothing written) when the range is not
+/// inside one arena, -EINVAL for a NULL out-pointer.
+///
+/// # Safety
+/// `base`, `size` and `fd` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn wd__arena_of(
+    addr: u64,
+    len: u64,
+    base: *mut u64,
+    size: *mut u64,
+    fd: *mut c_int,
+) -> c_int {
+    if base.is_null() || size.is_null() || fd.is_null() {
+        return -Status::Invalid.errno();
+    }
+    let found = std::panic::catch_unwind(|| wrapdrive::own_arena_of(addr, len));
+    let Ok(Some(a)) = found else {
+        return -Status::NotFound.errno();
+    };
+    // SAFETY: the three pointers are non-null and writable (caller contract).
+    unsafe {
+        base.write_unaligned(a.base);
+        size.write_unaligned(a.size);
+        fd.write_unaligned(a.fd);
+    }
+    0
+}
+
 /// Switch this process to an in-process host (from libwd_embedded.so,
 /// loaded now if no host is linked in).
 #[no_mangle]

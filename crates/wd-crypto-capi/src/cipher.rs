@@ -27,6 +27,7 @@ pub unsafe extern "C" fn wd_cipher_new(
         if out.is_null() {
             return invalid("wd_cipher_new: NULL out-pointer");
         }
+        crate::arenas::install();
         match Cipher::new(alg, key, dir(encrypt)) {
             Ok(c) => {
                 // SAFETY: out was checked non-null.

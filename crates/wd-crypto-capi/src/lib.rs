@@ -14,6 +14,7 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use crypto::{Aead, Cipher, CryptoError, Digest, Direction, Job};
 
 mod aead;
+mod arenas;
 mod cipher;
 mod digest;
 mod errors;

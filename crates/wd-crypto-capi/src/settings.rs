@@ -54,6 +54,21 @@ pub unsafe extern "C" fn wd_crypto_get_stats(out: *mut WdCryptoStats) -> c_int {
     0
 }
 
+/// Bytes the device read and wrote where the caller had them.
+///
+/// # Safety
+/// Pointers as `include/wd_crypto.h` documents.
+#[no_mangle]
+pub unsafe extern "C" fn wd_crypto_get_in_place_bytes(out: *mut u64) -> c_int {
+    if out.is_null() {
+        return invalid("wd_crypto_get_in_place_bytes: NULL out-pointer");
+    }
+    let v = crypto::stats().offload_in_place_bytes;
+    // SAFETY: out is non-null and caller-owned.
+    unsafe { out.write_unaligned(v) };
+    0
+}
+
 fn kind(k: c_int) -> Option<Kind> {
     match k {
         0 => Some(Kind::Cipher),

@@ -11,6 +11,7 @@
 use wd_evp::CipherCtx;
 use wd_sec_msg::{Alg, Mode};
 use wd_sec_msg::{CipherOp, F_ENCRYPT, F_IV};
+use wrapdrive::SharedSpan;
 
 use crate::config;
 use crate::lane::{self, device_status, Kind, Lane, LaneId, NoLane, SLOT};
@@ -105,6 +106,29 @@ impl<'a> Io<'a> {
     }
 }
 
+/// Where the device reads a request's input and writes its output.
+#[derive(Clone, Copy)]
+enum Src<'a> {
+    /// The caller's bytes, copied into staging slots (the result is copied
+    /// out at completion).
+    Staged(&'a [u8]),
+    /// Shared memory the device reads and writes where it is (the spans do
+    /// not overlap, so the input is intact if the request must be redone).
+    Shared {
+        input: SharedSpan,
+        output: SharedSpan,
+    },
+}
+
+impl Src<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Src::Staged(b) => b.len(),
+            Src::Shared { input, .. } => input.len() as usize,
+        }
+    }
+}
+
 /// Key bytes, wiped when dropped.
 struct Key(Vec<u8>);
 
@@ -123,13 +147,19 @@ pub struct Job {
     len: usize,
     /// Computed at once on the CPU (the output is already written).
     done_on_cpu: bool,
+    /// The device writes the caller's shared memory: nothing to copy out.
+    in_place: bool,
 }
 
 #[derive(Debug)]
 struct Part {
     lane: LaneId,
     token: u64,
+    /// Held while the request is in flight (bounding requests in flight per
+    /// lane); it holds the data unless `out` is set.
     slot: u16,
+    /// The part's output, when the device writes it in place.
+    out: Option<SharedSpan>,
     offset: usize,
     len: usize,
     /// CBC encryption: the chaining value comes from this part's output.
@@ -142,6 +172,7 @@ impl Job {
             parts: Vec::new(),
             len,
             done_on_cpu: true,
+            in_place: false,
         }
     }
 
@@ -379,14 +410,101 @@ impl Cipher {
         self.update_io(Io::InPlace(buf), false)
     }
 
-    fn update_io(&mut self, mut io: Io<'_>, offload: bool) -> Result<usize> {
+    fn update_io(&mut self, io: Io<'_>, offload: bool) -> Result<usize> {
         let n = io.len();
         self.check(n)?;
-        let routed = if offload {
+        let routed = self.route_sync(n, offload);
+        self.update_routed(io, routed)
+    }
+
+    /// As [`Cipher::update`] for buffers in WrapDrive's shared memory
+    /// ([`wrapdrive::alloc`], [`wrapdrive::SharedBuf`]): the device reads
+    /// `input` and writes `output` where they are, without the two staging
+    /// copies. `output` must be at least as long as `input`. Requests the
+    /// CPU computes, and spans that overlap, go through a local copy (a
+    /// request redone on the CPU after its host died needs its input
+    /// intact).
+    pub fn update_shared(&mut self, input: SharedSpan, output: SharedSpan) -> Result<usize> {
+        self.update_span(input, output, false)
+    }
+
+    /// As [`Cipher::update_shared`], sent to the device whatever the policy
+    /// (see [`Cipher::update_offload`]).
+    pub fn update_shared_offload(
+        &mut self,
+        input: SharedSpan,
+        output: SharedSpan,
+    ) -> Result<usize> {
+        self.update_span(input, output, true)
+    }
+
+    fn update_span(
+        &mut self,
+        input: SharedSpan,
+        output: SharedSpan,
+        offload: bool,
+    ) -> Result<usize> {
+        if output.len() < input.len() {
+            return Err(CryptoError::invalid("output shorter than input"));
+        }
+        let output = output.sub(0, input.len());
+        let n = input.len() as usize;
+        self.check(n)?;
+        let routed = self.route_sync(n, offload);
+        let direct = matches!(routed.0, Route::Device)
+            && !input.overlaps(&output)
+            && self.ctr_head(n) == 0
+            && self.reach(&[input, output]);
+        if !direct {
+            let mut buf = vec![0u8; n];
+            input.read(0, &mut buf);
+            self.update_routed(Io::InPlace(&mut buf), routed)?;
+            output.write(0, &buf);
+            return Ok(n);
+        }
+        let watch = Stopwatch::start(routed.1);
+        let saved = self.saved();
+        let alone = self.in_flight == 0;
+        let r = match self.submit(Src::Shared { input, output }, 0)? {
+            Ok(mut job) => {
+                job.in_place = true;
+                self.complete(job, &mut [], true).map(|_| ())
+            }
+            Err(why) => Err((host_gone("no queue"), Some(why))),
+        };
+        self.after_device(r, saved, alone, watch, n, |c| {
+            let mut buf = vec![0u8; n];
+            input.read(0, &mut buf);
+            c.cpu_update(Io::InPlace(&mut buf))?;
+            output.write(0, &buf);
+            Ok(())
+        })
+    }
+
+    /// Whether this thread's lane can reach every span in place (sharing
+    /// their arenas with its queue if needed).
+    fn reach(&self, spans: &[SharedSpan]) -> bool {
+        lane::with_lane(Kind::Cipher, |lane| {
+            spans.iter().try_for_each(|s| lane.reach(s))
+        })
+        .inspect(|r| {
+            if let Err(e) = r {
+                eprintln!("REACH {e}")
+            }
+        })
+        .is_ok_and(|r| r.is_ok())
+    }
+
+    fn route_sync(&self, n: usize, offload: bool) -> (Route, bool) {
+        if offload {
             (Route::Device, false)
         } else {
             self.route(n, false)
-        };
+        }
+    }
+
+    fn update_routed(&mut self, mut io: Io<'_>, routed: (Route, bool)) -> Result<usize> {
+        let n = io.len();
         let timed = match routed {
             (Route::Cpu(why), timed) => {
                 let watch = Stopwatch::start(timed);
@@ -405,11 +523,33 @@ impl Cipher {
         }
         let saved = self.saved();
         let alone = self.in_flight == 0;
-        let r = match self.submit(&io.input()[head..], head)? {
-            Ok(job) => self.complete(job, io.output(), true).map(|_| ()),
+        let shared = self.shared_spans(&io, head);
+        let src = match shared {
+            Some((input, output)) => Src::Shared { input, output },
+            None => Src::Staged(&io.input()[head..]),
+        };
+        let r = match self.submit(src, head)? {
+            Ok(mut job) => {
+                job.in_place = shared.is_some();
+                self.complete(job, io.output(), true).map(|_| ())
+            }
             Err(why) => Err((host_gone("no queue"), Some(why))),
         };
         self.after_device(r, saved, alone, watch, n, |c| c.cpu_update(io.tail(head)))
+    }
+
+    /// The request's input and output from `head` on as shared memory the
+    /// device can work in where it is: both in the WrapDrive allocator's
+    /// arenas (reachable from this thread's lane), separate buffers that do
+    /// not overlap (the input must stay intact for a redo on the CPU).
+    fn shared_spans(&self, io: &Io<'_>, head: usize) -> Option<(SharedSpan, SharedSpan)> {
+        let Io::Copy(input, output) = io else {
+            return None;
+        };
+        let len = (input.len() - head) as u64;
+        let input = SharedSpan::locate(input[head..].as_ptr() as u64, len)?;
+        let output = SharedSpan::locate(output[head..].as_ptr() as u64, len)?;
+        (!input.overlaps(&output) && self.reach(&[input, output])).then_some((input, output))
     }
 
     /// After a device attempt: on success report the time; when the host
@@ -510,9 +650,15 @@ impl Cipher {
             stats::on_cpu(head, Why::Policy);
         }
         let saved = self.saved();
-        match self.submit(&io.input()[head..], head)? {
+        let shared = self.shared_spans(&io, head);
+        let src = match shared {
+            Some((input, output)) => Src::Shared { input, output },
+            None => Src::Staged(&io.input()[head..]),
+        };
+        match self.submit(src, head)? {
             Ok(mut job) => {
                 job.len = n;
+                job.in_place = shared.is_some();
                 Ok(job)
             }
             Err(why) => {
@@ -598,18 +744,19 @@ impl Cipher {
         Ok(h)
     }
 
-    /// Send `input` to the device as chained requests; `Ok(Err(why))`
+    /// Send `src` to the device as chained requests; `Ok(Err(why))`
     /// when there is no queue (the caller computes on the CPU).
-    fn submit(&mut self, input: &[u8], base: usize) -> Result<std::result::Result<Job, Why>> {
+    fn submit(&mut self, src: Src<'_>, base: usize) -> Result<std::result::Result<Job, Why>> {
         self.sync_from_cpu()?;
-        let r = lane::with_lane(Kind::Cipher, |lane| self.device_submit(lane, input, base));
+        let r = lane::with_lane(Kind::Cipher, |lane| self.device_submit(lane, src, base));
         match r {
             Ok(Ok(parts)) => {
                 self.in_flight += parts.len();
                 Ok(Ok(Job {
                     parts,
-                    len: base + input.len(),
+                    len: base + src.len(),
                     done_on_cpu: false,
+                    in_place: false,
                 }))
             }
             Ok(Err(e)) => Err(e),
@@ -619,18 +766,35 @@ impl Cipher {
         }
     }
 
-    /// Stage and submit `input` (cut into slots) as chained requests.
-    fn device_submit(&mut self, lane: &mut Lane, input: &[u8], base: usize) -> Result<Vec<Part>> {
+    /// Submit `src` (cut into slot-sized pieces, staged unless in place)
+    /// as chained requests.
+    fn device_submit(&mut self, lane: &mut Lane, src: Src<'_>, base: usize) -> Result<Vec<Part>> {
         let handle = self.handle_for(lane)?;
-        let mut parts = Vec::with_capacity(input.len().div_ceil(SLOT));
+        let total = src.len();
+        let mut parts = Vec::with_capacity(total.div_ceil(SLOT));
         let mut off = 0;
-        while off < input.len() {
-            let len = (input.len() - off).min(SLOT);
+        while off < total {
+            let len = (total - off).min(SLOT);
             let Some(slot) = lane.take_slot() else {
                 return Err(CryptoError::Busy);
             };
-            let piece = &input[off..off + len];
-            lane.put(slot, 0, piece);
+            // The piece's last (up to) 16 input bytes: a CBC decryption's
+            // next chaining value.
+            let mut tail = [0u8; 16];
+            let tail_len = len.min(16);
+            let (src_addr, dst_addr, out) = match src {
+                Src::Staged(input) => {
+                    let piece = &input[off..off + len];
+                    lane.put(slot, 0, piece);
+                    tail[..tail_len].copy_from_slice(&piece[len - tail_len..]);
+                    (lane.slot_addr(slot), lane.slot_addr(slot), None)
+                }
+                Src::Shared { input, output } => {
+                    input.read((off + len - tail_len) as u64, &mut tail[..tail_len]);
+                    let out = output.sub(off as u64, len as u64);
+                    (input.addr() + off as u64, out.addr(), Some(out))
+                }
+            };
             let mut flags = if self.dir == Direction::Encrypt {
                 F_ENCRYPT
             } else {
@@ -646,12 +810,11 @@ impl Cipher {
                     iv_len = 16;
                 }
             }
-            let addr = lane.slot_addr(slot);
             let desc = CipherOp {
                 session: handle,
                 flags,
-                src: addr,
-                dst: addr,
+                src: src_addr,
+                dst: dst_addr,
                 len: len as u64,
                 iv,
                 iv_len,
@@ -669,16 +832,17 @@ impl Cipher {
                 }
             };
             self.chain = Chain::Device(lane.id);
-            self.advance_chain(piece);
+            self.advance_chain(len, &tail[..tail_len]);
             parts.push(Part {
                 lane: lane.id,
                 token,
                 slot,
+                out,
                 offset: base + off,
                 len,
                 last_of_cbc_encrypt: self.mode == Mode::Cbc
                     && self.dir == Direction::Encrypt
-                    && off + len == input.len(),
+                    && off + len == total,
             });
             off += len;
         }
@@ -722,7 +886,7 @@ impl Cipher {
         if job.done_on_cpu {
             return Ok(Ok(job.len));
         }
-        if output.len() < job.len {
+        if !job.in_place && output.len() < job.len {
             self.abandon(&job);
             return Err((
                 CryptoError::invalid("output shorter than the request"),
@@ -747,12 +911,23 @@ impl Cipher {
                 self.in_flight -= 1;
                 match device_status(d.status, "cipher") {
                     Ok(()) => {
-                        let out = &mut output[p.offset..p.offset + p.len];
-                        lane.get(p.slot, 0, out);
-                        if p.last_of_cbc_encrypt && self.chain == Chain::Device(p.lane) {
-                            self.iv.copy_from_slice(&out[out.len() - 16..]);
+                        let last = p.last_of_cbc_encrypt && self.chain == Chain::Device(p.lane);
+                        match p.out {
+                            Some(out) => {
+                                if last {
+                                    out.read(out.len() - 16, &mut self.iv);
+                                }
+                                stats::offloaded_in_place(p.len);
+                            }
+                            None => {
+                                let out = &mut output[p.offset..p.offset + p.len];
+                                lane.get(p.slot, 0, out);
+                                if last {
+                                    self.iv.copy_from_slice(&out[out.len() - 16..]);
+                                }
+                                stats::offloaded(p.len);
+                            }
                         }
-                        stats::offloaded(p.len);
                     }
                     Err(e) => {
                         // The device's chain is now unknown: restart it from
@@ -820,12 +995,12 @@ impl Cipher {
         Ok(())
     }
 
-    /// Track the chaining value after `input` was sent to the device (CBC
-    /// encryption learns it from the output at completion).
-    fn advance_chain(&mut self, input: &[u8]) {
-        let n = input.len();
+    /// Track the chaining value after `n` bytes ending in `tail` (their last
+    /// 16 or fewer) were sent to the device (CBC encryption learns it from
+    /// the output at completion).
+    fn advance_chain(&mut self, n: usize, tail: &[u8]) {
         match (self.mode, self.dir) {
-            (Mode::Cbc, Direction::Decrypt) => self.iv.copy_from_slice(&input[n - 16..]),
+            (Mode::Cbc, Direction::Decrypt) => self.iv.copy_from_slice(tail),
             (Mode::Ctr, _) => {
                 let total = self.ctr_used + n;
                 let ctr = u128::from_be_bytes(self.iv).wrapping_add((total / 16) as u128);

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wd_sec_msg::{SessionFree, SessionNew};
-use wrapdrive::{Capability, Desc, HostConn, Queue, SharedBuf, Status};
+use wrapdrive::{Capability, Desc, HostConn, Queue, SharedBuf, SharedSpan, Status};
 
 use crate::{config, CryptoError, Result};
 
@@ -60,6 +60,9 @@ pub struct Lane {
     epoch: u64,
     q: Queue,
     stage: SharedBuf,
+    /// Allocator arenas (base addresses) shared with the queue, so that
+    /// callers' buffers inside them go to the device in place.
+    arenas: Vec<u64>,
     free_slots: Vec<u16>,
     next_token: u64,
 }
@@ -74,14 +77,24 @@ impl Lane {
         let mut q = host.request_queue(&capa)?;
         q.set_legacy_planner(wd_sec_msg::LEGACY_PLANNER);
         let stage = SharedBuf::new(SLOT * SLOTS)?;
+        let mut arenas = Vec::new();
         if !config::legacy() {
-            q.share(stage.addr(), stage.len())?;
+            // The staging area's whole arena: the device then also reaches
+            // the caller's buffers in it (this process's memory, touched
+            // only by this library's requests) in place.
+            // A host that refuses that much gets the staging area alone.
+            let (base, len) = SharedSpan::of(&stage).arena();
+            match q.share(base, len) {
+                Ok(()) => arenas.push(base),
+                Err(_) => q.share(stage.addr(), stage.len())?,
+            }
         }
         Ok(Lane {
             id: next_lane_id(),
             epoch: q.epoch(),
             q,
             stage,
+            arenas,
             free_slots: (0..SLOTS as u16).rev().collect(),
             next_token: 1,
         })
@@ -90,6 +103,25 @@ impl Lane {
     /// Device address of slot `s`.
     pub fn slot_addr(&self, s: u16) -> u64 {
         self.stage.addr() + s as u64 * SLOT as u64
+    }
+
+    /// Make `span` reachable by the device at its own address: its arena
+    /// is shared with the queue the first time (for the life of the lane:
+    /// an arena is never unmapped, and the queue shares it again with a
+    /// restarted host).
+    pub fn reach(&mut self, span: &SharedSpan) -> Result<()> {
+        let (base, len) = span.arena();
+        if config::legacy() {
+            // A legacy queue reaches no shared memory but its own staging.
+            return Err(CryptoError::invalid(
+                "a legacy queue works in its staging area only",
+            ));
+        }
+        if !self.arenas.contains(&base) {
+            self.q.share(base, len)?;
+            self.arenas.push(base);
+        }
+        Ok(())
     }
 
     /// Copy `data` into slot `s` at `offset`.

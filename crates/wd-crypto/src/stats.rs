@@ -22,7 +22,15 @@ pub struct Stats {
     pub cpu_host_gone: u64,
     /// CPU requests because the policy chose the CPU (cheaper here).
     pub cpu_policy: u64,
+    /// Of `offload_bytes`, those the device read and wrote where the caller
+    /// had them (WrapDrive shared memory), without staging copies. Not part
+    /// of the ring's counters (nor of `struct wd_crypto_stats`).
+    pub offload_in_place_bytes: u64,
 }
+
+/// Bytes offloaded in place, process-wide (rare enough, one per device
+/// request, for one shared counter).
+static IN_PLACE_BYTES: AtomicU64 = AtomicU64::new(0);
 
 /// Why a request ran on the CPU (the router's reasons).
 pub use wd_route::Why;
@@ -81,6 +89,11 @@ pub(crate) fn offloaded(bytes: usize) {
     add(0, 1, N, bytes);
 }
 
+pub(crate) fn offloaded_in_place(bytes: usize) {
+    offloaded(bytes);
+    IN_PLACE_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+}
+
 /// Count `requests` computed on the CPU by a caller that routes requests
 /// itself (an OpenSSL provider's inline path), `bytes` in all.
 pub fn count_cpu(requests: u64, bytes: u64, why: Why) {
@@ -117,7 +130,10 @@ pub fn stats() -> Stats {
             *s += v.load(Ordering::Relaxed);
         }
     }
-    Stats::from_array(sum)
+    Stats {
+        offload_in_place_bytes: IN_PLACE_BYTES.load(Ordering::Relaxed),
+        ..Stats::from_array(sum)
+    }
 }
 
 impl Stats {
@@ -148,6 +164,7 @@ impl Stats {
             cpu_no_queue,
             cpu_host_gone,
             cpu_policy,
+            offload_in_place_bytes: 0,
         }
     }
 }

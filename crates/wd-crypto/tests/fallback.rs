@@ -180,5 +180,53 @@ fn fallbacks_are_correct_and_counted() {
         "0",
         "a session on the new host"
     );
+    drop(h);
+
+    // 4. The same through shared memory the device works in in place: the
+    // request that meets the restart is redone on the CPU from its intact
+    // input, then the device works in place on the new host.
+    std::thread::sleep(Duration::from_millis(1100));
+    let src = wrapdrive::SharedBuf::new(data.len()).unwrap();
+    let dst = wrapdrive::SharedBuf::new(data.len()).unwrap();
+    src.write(0, &data);
+    let (src, dst) = (
+        wrapdrive::SharedSpan::of(&src),
+        wrapdrive::SharedSpan::of(&dst),
+    );
+    let piece = |i: u64| {
+        (
+            src.sub(i * quarter as u64, quarter as u64),
+            dst.sub(i * quarter as u64, quarter as u64),
+        )
+    };
+    let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
+    c.set_iv(&iv).unwrap();
+    let s0 = stats();
+    let (i, o) = piece(0);
+    c.update_shared(i, o).unwrap();
+    assert_eq!(
+        stats().offload_in_place_bytes - s0.offload_in_place_bytes,
+        quarter as u64
+    );
+    drop(_second);
+    let _third = spawn();
+    let (i, o) = piece(1);
+    c.update_shared(i, o).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    let s1 = stats();
+    for p in 2..4 {
+        let (i, o) = piece(p);
+        c.update_shared(i, o).unwrap();
+    }
+    assert_eq!(
+        stats().offload_in_place_bytes - s1.offload_in_place_bytes,
+        2 * quarter as u64,
+        "in place again on the new host: {:?}",
+        stats()
+    );
+    assert_eq!(dst.len(), data.len() as u64);
+    let mut got = vec![0u8; data.len()];
+    dst.read(0, &mut got);
+    assert_eq!(got, want, "the chain survives the restart in place");
     let _ = std::fs::remove_dir_all(&dir);
 }

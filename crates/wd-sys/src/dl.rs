@@ -164,33 +164,15 @@ impl Library {
 pub struct TextSink(unsafe extern "C" fn(*const c_char));
 
 impl TextSink {
-    /// The function named `symbol` of `library` (e.g. `libwd.so`) if that
-    /// library is loaded: looked up among the global objects, then in the
-    /// library itself (a plugin's dependencies, loaded with local scope,
-    /// are not global). It must have exactly the C type
-    /// `void symbol(const char *)`. Never loads anything.
+    /// The function named `symbol` of `library` if that library is loaded
+    /// (see [`find_loaded`]). It must have exactly the C type
+    /// `void symbol(const char *)`.
     pub fn find_loaded(library: &str, symbol: &str) -> Option<TextSink> {
-        let sym = CString::new(symbol).ok()?;
-        let lib = CString::new(library).ok()?;
-        // SAFETY: RTLD_DEFAULT searches the global objects; sym is NUL-terminated.
-        let mut f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, sym.as_ptr()) };
-        if f.is_null() {
-            // SAFETY: RTLD_NOLOAD only returns an already loaded object
-            // (with one more reference, kept: it is never unloaded).
-            let h = unsafe { libc::dlopen(lib.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
-            if h.is_null() {
-                return None;
-            }
-            // SAFETY: h is a live handle; sym is NUL-terminated.
-            f = unsafe { libc::dlsym(h, sym.as_ptr()) };
-        }
-        if f.is_null() {
-            return None;
-        }
+        let f = find_loaded(library, symbol)?;
         // SAFETY: the symbol's documented type is `void f(const char *)`;
         // function and data pointers have one size on Linux.
         Some(TextSink(unsafe {
-            std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_char)>(f)
+            std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_char)>(f.as_ptr())
         }))
     }
 
@@ -200,6 +182,28 @@ impl TextSink {
         // only reads it (its contract).
         unsafe { (self.0)(text.as_ptr()) }
     }
+}
+
+/// The address of `symbol` of `library` (e.g. `libwd.so`) if that library
+/// is loaded: looked up among the global objects, then in the library
+/// itself (a plugin's dependencies, loaded with local scope, are not
+/// global). Never loads anything. Calling it needs its exact C type.
+pub fn find_loaded(library: &str, symbol: &str) -> Option<NonNull<c_void>> {
+    let sym = CString::new(symbol).ok()?;
+    let lib = CString::new(library).ok()?;
+    // SAFETY: RTLD_DEFAULT searches the global objects; sym is NUL-terminated.
+    let mut f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, sym.as_ptr()) };
+    if f.is_null() {
+        // SAFETY: RTLD_NOLOAD only returns an already loaded object (with
+        // one more reference, kept: it is never unloaded).
+        let h = unsafe { libc::dlopen(lib.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+        if h.is_null() {
+            return None;
+        }
+        // SAFETY: h is a live handle; sym is NUL-terminated.
+        f = unsafe { libc::dlsym(h, sym.as_ptr()) };
+    }
+    NonNull::new(f)
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! The process-wide allocator of shareable memory, and an owned buffer type.
 #![allow(unsafe_code)]
 
-use std::sync::Mutex;
+use std::os::fd::{BorrowedFd, RawFd};
+use std::sync::{Mutex, OnceLock};
 use wd_sys::devmem::DeviceSlice;
 
 use wd_mem::{Allocator, Location};
@@ -46,9 +47,87 @@ pub fn free(addr: u64) -> Result<()> {
     with(|a| a.free(addr as usize)).map_err(mem_err)
 }
 
-/// Which arena holds a range (for `share`).
-pub(crate) fn locate(addr: u64, len: u64) -> Option<Location> {
-    with(|a| a.locate(addr as usize, len as usize))
+/// An arena of the allocator of another copy of this library in the
+/// process: each C library (`libwd.so`, `libwd_crypto.so`) links its own,
+/// and a buffer from `wd_alloc` must still be reachable in place by the
+/// crypto library's queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ForeignArena {
+    /// Base address.
+    pub base: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Its memfd, which that library never closes (arenas live as long as
+    /// the process).
+    pub fd: RawFd,
+}
+
+/// How to ask the other copy which of its arenas holds a range.
+pub type ForeignLookup = fn(addr: u64, len: u64) -> Option<ForeignArena>;
+
+static FOREIGN: OnceLock<ForeignLookup> = OnceLock::new();
+
+/// Consult `lookup` for ranges this copy's allocator does not hold (set
+/// once; later calls are ignored). `lookup` must only name arenas that stay
+/// mapped, with their descriptors open, for the life of the process.
+pub fn set_foreign_arenas(lookup: ForeignLookup) {
+    let _ = FOREIGN.set(lookup);
+}
+
+/// The arena of this copy's allocator holding `[addr, addr+len)`, for
+/// the C export (`wd__arena_of`) of the library that owns `wd_alloc`.
+pub fn own_arena_of(addr: u64, len: u64) -> Option<ForeignArena> {
+    use std::os::fd::AsRawFd;
+    let loc = with(|a| a.locate(addr as usize, len as usize))?;
+    Some(ForeignArena {
+        base: loc.arena.base() as u64,
+        size: loc.arena.len() as u64,
+        fd: loc.arena.fd().as_raw_fd(),
+    })
+}
+
+/// Where a range of shareable memory lives.
+pub(crate) enum Found {
+    /// In this copy's allocator.
+    Own(Location),
+    /// In another copy's (see [`set_foreign_arenas`]).
+    Foreign(ForeignArena),
+}
+
+impl Found {
+    /// Base address and size of the arena.
+    pub(crate) fn arena(&self) -> (u64, u64) {
+        match self {
+            Found::Own(l) => (l.arena.base() as u64, l.arena.len() as u64),
+            Found::Foreign(f) => (f.base, f.size),
+        }
+    }
+
+    /// The arena's memfd.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Found::Own(l) => l.arena.fd(),
+            // SAFETY: the other copy never closes an arena's descriptor
+            // (`set_foreign_arenas`' contract), so it is open for as long
+            // as this borrow.
+            Found::Foreign(f) => unsafe { BorrowedFd::borrow_raw(f.fd) },
+        }
+    }
+
+    /// Offset of `addr` inside the arena's file.
+    pub(crate) fn offset_of(&self, addr: u64) -> u64 {
+        addr - self.arena().0
+    }
+}
+
+/// Which arena holds a range (for `share`): this copy's allocator first.
+pub(crate) fn locate(addr: u64, len: u64) -> Option<Found> {
+    if let Some(l) = with(|a| a.locate(addr as usize, len as usize)) {
+        return Some(Found::Own(l));
+    }
+    let f = FOREIGN.get()?(addr, len)?;
+    let end = addr.checked_add(len)?;
+    (addr >= f.base && end <= f.base.checked_add(f.size)?).then_some(Found::Foreign(f))
 }
 
 /// An owned buffer of shareable memory, freed on drop.
@@ -142,6 +221,98 @@ impl SharedBuf {
         let mut v = vec![0u8; self.len as usize];
         self.read(0, &mut v);
         v
+    }
+}
+
+/// A range of memory from the WrapDrive allocator ([`alloc`],
+/// [`SharedBuf`]) that the caller names by address: what a library needs to
+/// let the device read and write a caller's buffer where it is, instead of
+/// copying it through a staging area.
+///
+/// The allocator never unmaps an arena, so the range stays mapped for the
+/// life of the process whatever the caller frees: reading and writing it
+/// through the span is always memory-safe, though the bytes are whatever
+/// the buffer's owner and the device left there. Like [`SharedBuf`], a span
+/// hands out no slices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedSpan {
+    addr: u64,
+    len: u64,
+    /// The arena holding it (base address and size): what is shared with a
+    /// queue so the device can reach every span inside.
+    arena: (u64, u64),
+}
+
+impl SharedSpan {
+    /// The span `[addr, addr+len)` if it lies inside one arena of this
+    /// process's allocator (`None` for any other memory, or an empty range).
+    pub fn locate(addr: u64, len: u64) -> Option<SharedSpan> {
+        if len == 0 {
+            return None;
+        }
+        let arena = locate(addr, len)?.arena();
+        Some(SharedSpan { addr, len, arena })
+    }
+
+    /// The whole of a buffer.
+    pub fn of(buf: &SharedBuf) -> SharedSpan {
+        SharedSpan::locate(buf.addr, buf.len).expect("a SharedBuf is allocator memory")
+    }
+
+    /// Address (the IOVA a request names once the arena is shared).
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether empty (never: spans are not empty).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Base address and size of the arena holding the span.
+    pub fn arena(&self) -> (u64, u64) {
+        self.arena
+    }
+
+    /// The `len` bytes at `offset` (panics beyond the span, or if empty).
+    pub fn sub(&self, offset: u64, len: u64) -> SharedSpan {
+        assert!(
+            len > 0 && offset.checked_add(len).is_some_and(|e| e <= self.len),
+            "span beyond its range"
+        );
+        SharedSpan {
+            addr: self.addr + offset,
+            len,
+            arena: self.arena,
+        }
+    }
+
+    /// Whether the two spans have a byte in common.
+    pub fn overlaps(&self, other: &SharedSpan) -> bool {
+        self.addr < other.addr + other.len && other.addr < self.addr + self.len
+    }
+
+    fn mem(&self) -> DeviceSlice<'_> {
+        // SAFETY: the range lies inside an arena (checked when the span was
+        // made), and arenas stay mapped for the life of the process.
+        unsafe { DeviceSlice::from_host_addr(self.addr, self.len as usize) }
+    }
+
+    /// Copy out `out.len()` bytes at `offset`.
+    pub fn read(&self, offset: u64, out: &mut [u8]) {
+        assert!(offset + out.len() as u64 <= self.len, "read beyond span");
+        self.mem().read_into(offset as usize, out);
+    }
+
+    /// Copy `data` in at `offset`.
+    pub fn write(&self, offset: u64, data: &[u8]) {
+        assert!(offset + data.len() as u64 <= self.len, "write beyond span");
+        self.mem().write_from(offset as usize, data);
     }
 }
 

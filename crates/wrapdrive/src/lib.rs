@@ -34,7 +34,10 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 
-pub use buf::{alloc, free, SharedBuf};
+pub use buf::{
+    alloc, free, own_arena_of, set_foreign_arenas, ForeignArena, ForeignLookup, SharedBuf,
+    SharedSpan,
+};
 pub use embedded::{register_embedded_host, EmbeddedHost, EmbeddedStarter, EMBEDDED_LIBRARY};
 pub use queue::{Completion, FaultReport, Queue, QueueStats, RecoveryStats, Waker};
 /// Shareable buffers on memfds (normal or hugetlb pages) and the fast file

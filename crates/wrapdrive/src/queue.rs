@@ -1042,7 +1042,7 @@ impl Queue {
                 ),
             )
         })?;
-        self.share_fd(start, end - start, loc.arena.fd(), loc.offset, false)
+        self.share_fd(start, end - start, loc.fd(), loc.offset_of(start), false)
     }
 
     /// The one share path: map `size` bytes of `fd` from `fd_offset` at
@@ -1358,7 +1358,7 @@ impl Queue {
                             format!("shared memory at {:#x} was freed while shared", s.iova),
                         )
                     })?;
-                    self.map_on_host(s.iova, s.size, loc.arena.fd(), loc.offset)?
+                    self.map_on_host(s.iova, s.size, loc.fd(), loc.offset_of(s.iova))?
                 }
             }
         }
