@@ -348,6 +348,8 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
         .collect();
     let targets = targets(&rows);
     let copies = staging_copies(&rows);
+    prog_note(!args.json, "library sync offload, staged and in place");
+    let in_place = in_place_costs(&socket, args.reps, args.algorithm())?;
     let labels: Vec<String> = SIZES.iter().map(|s| s.to_string()).collect();
     let svg = log_lines(
         &format!(
@@ -380,6 +382,7 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
             "units": "1000s of bytes per second",
             "rows": rows,
             "staging_copies": copies,
+            "in_place": in_place,
             "targets": targets,
             "svg": args.svg,
         });
@@ -412,6 +415,14 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
             c.bytes,
             c.ns,
             c.share_of_sync * 100.0
+        );
+    }
+    println!();
+    print!("\nThe library itself, sync offload through wd-crypto (one stream, medians of {} runs): staged through the staging area against in place on WrapDrive shared memory (no copies):", args.reps);
+    for c in &in_place {
+        print!(
+            " {} B {:.0} / {:.0} ns ({:.3}x);",
+            c.bytes, c.staged_ns, c.in_place_ns, c.speedup
         );
     }
     println!();
@@ -461,6 +472,94 @@ fn staging_copies(rows: &[Row]) -> Vec<CopyCost> {
             }
         })
         .collect()
+}
+
+/// A sync offload request through the library from ordinary memory
+/// (staged: copied in and out) and from WrapDrive shared memory (in place).
+#[derive(Debug, Serialize)]
+struct InPlaceCost {
+    bytes: u64,
+    /// Nanoseconds per request, staged.
+    staged_ns: f64,
+    /// Nanoseconds per request, in place.
+    in_place_ns: f64,
+    /// staged / in place.
+    speedup: f64,
+}
+
+fn prog_note(show: bool, what: &str) {
+    if show {
+        eprintln!("measuring {what}...");
+    }
+}
+
+/// Time sync offload requests of the library on the host at `socket`,
+/// staged and in place alternately (`reps` rounds of ~0.2 s each way per
+/// size), and report the medians.
+fn in_place_costs(socket: &str, reps: usize, alg: &str) -> Result<Vec<InPlaceCost>, String> {
+    use wd_crypto::{Cipher, Direction};
+    std::env::set_var("WD_CRYPTO_HOST", socket);
+    wd_crypto::config::set_fallback(false);
+    const SIZES_IN_PLACE: [usize; 4] = [1024, 8192, 16384, 65536];
+    let max = SIZES_IN_PLACE[SIZES_IN_PLACE.len() - 1];
+    let key = [7u8; 32];
+    let key = &key[..wd_crypto::Alg::by_name(alg)
+        .ok_or_else(|| format!("unknown cipher {alg}"))?
+        .key_len()];
+    let mut c = Cipher::new(alg, key, Direction::Encrypt).map_err(|e| e.to_string())?;
+    if c.iv().len() == 16 {
+        c.set_iv(&[1u8; 16]).map_err(|e| e.to_string())?;
+    }
+    let src = wrapdrive::SharedBuf::new(max).map_err(|e| e.to_string())?;
+    let dst = wrapdrive::SharedBuf::new(max).map_err(|e| e.to_string())?;
+    let (src, dst) = (
+        wrapdrive::SharedSpan::of(&src),
+        wrapdrive::SharedSpan::of(&dst),
+    );
+    let input = vec![0x5au8; max];
+    let mut output = vec![0u8; max];
+    let before = wd_crypto::stats().offload_in_place_bytes;
+    let mut in_place_bytes = 0u64;
+    let mut rows = Vec::new();
+    for n in SIZES_IN_PLACE {
+        let (i, o) = (src.sub(0, n as u64), dst.sub(0, n as u64));
+        let mut time = |shared: bool| -> Result<f64, String> {
+            let t = std::time::Instant::now();
+            let mut count = 0u64;
+            while t.elapsed().as_secs_f64() < 0.2 {
+                let r = if shared {
+                    c.update_shared_offload(i, o)
+                } else {
+                    c.update_offload(&input[..n], &mut output[..n])
+                };
+                r.map_err(|e| format!("library offload of {n} bytes: {e}"))?;
+                count += 1;
+            }
+            if shared {
+                in_place_bytes += count * n as u64;
+            }
+            Ok(t.elapsed().as_nanos() as f64 / count as f64)
+        };
+        let (mut staged, mut shared) = (Vec::new(), Vec::new());
+        for _ in 0..reps {
+            staged.push(time(false)?);
+            shared.push(time(true)?);
+        }
+        let (staged_ns, in_place_ns) = (median(&staged), median(&shared));
+        rows.push(InPlaceCost {
+            bytes: n as u64,
+            staged_ns,
+            in_place_ns,
+            speedup: staged_ns / in_place_ns,
+        });
+    }
+    let moved = wd_crypto::stats().offload_in_place_bytes - before;
+    if moved != in_place_bytes {
+        return Err(format!(
+            "of {in_place_bytes} bytes sent in place only {moved} were worked in place"
+        ));
+    }
+    Ok(rows)
 }
 
 fn targets(rows: &[Row]) -> Vec<Target> {
