@@ -241,11 +241,12 @@ struct wd_crypto_stats {
 };
 int wd_crypto_get_stats(struct wd_crypto_stats *out);
 
-/* Of offload_bytes, those the device read and wrote where the caller had
- * them, without the two staging copies: cipher requests (wd_cipher_update,
+/* Of offload_bytes, those the device read (and wrote) where the caller
+ * had them, without staging copies: cipher requests (wd_cipher_update,
  * wd_cipher_start and their _offload forms) whose input and output are
- * separate buffers from wd_alloc (libwd.so), not overlapping. (Since
- * WD_CRYPTO_0.3.) */
+ * separate buffers from wd_alloc (libwd.so), not overlapping, and digest
+ * input from wd_alloc streamed on the device (messages over 64 KiB).
+ * (Since WD_CRYPTO_0.3.) */
 int wd_crypto_get_in_place_bytes(uint64_t *out);
 
 #ifdef __cplusplus

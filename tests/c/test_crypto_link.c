@@ -133,6 +133,22 @@ int main(void)
 		wd_cipher_free(d);
 		wd_cipher_free(r);
 		wd_cipher_free(e);
+		/* A digest stream reads wd_alloc memory in place too. */
+		struct wd_digest *dd = NULL, *dr = NULL;
+		unsigned char m1[64], m2[64];
+		uint64_t b4 = 0, b5 = 0;
+		CHECK(wd_digest_new(&dd, "sha256", NULL, 0) == 0 &&
+			      wd_digest_new(&dr, "sha256", NULL, 0) == 0,
+		      "two digests");
+		CHECK(wd_crypto_get_in_place_bytes(&b4) == 0 && wd_digest_update(dd, src, N) == 0 &&
+			      wd_crypto_get_in_place_bytes(&b5) == 0 && b5 - b4 == N,
+		      "the device read the digest's input in place");
+		CHECK(wd_digest_update(dr, hsrc, N) == 0, "the same from malloc'ed memory");
+		CHECK(wd_digest_final(dd, m1, sizeof m1) == 32 &&
+			      wd_digest_final(dr, m2, sizeof m2) == 32 && memcmp(m1, m2, 32) == 0,
+		      "the same digest either way");
+		wd_digest_free(dd);
+		wd_digest_free(dr);
 	}
 	wd_free(src);
 	wd_free(dst);

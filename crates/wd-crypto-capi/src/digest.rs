@@ -23,6 +23,7 @@ pub unsafe extern "C" fn wd_digest_new(
         if out.is_null() {
             return invalid("wd_digest_new: NULL out-pointer");
         }
+        crate::arenas::install();
         match Digest::new(alg, key) {
             Ok(d) => {
                 // SAFETY: out was checked non-null.

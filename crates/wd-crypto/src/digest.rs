@@ -158,7 +158,14 @@ impl Digest {
                     Alg::Hmac(_) => lane.new_session(self.alg, &self.key)?,
                     _ => 0,
                 };
-                let out = request(lane, self.alg, handle, F_INIT | F_DIGEST_FINAL, &self.buf);
+                let out = request(
+                    lane,
+                    self.alg,
+                    handle,
+                    F_INIT | F_DIGEST_FINAL,
+                    &self.buf,
+                    None,
+                );
                 if handle != 0 {
                     lane.free_session(handle);
                 }
@@ -230,13 +237,19 @@ impl Digest {
                     let mut out = None;
                     let mut chunks = data.chunks(GATHER).peekable();
                     if chunks.peek().is_none() && last {
-                        out = request(lane, alg, handle, F_DIGEST_FINAL, &[])?;
+                        out = request(lane, alg, handle, F_DIGEST_FINAL, &[], None)?;
                     }
                     while let Some(c) = chunks.next() {
                         let fin = last && chunks.peek().is_none();
                         let flags = if fin { F_DIGEST_FINAL } else { 0 };
-                        out = request(lane, alg, handle, flags, c)?;
-                        stats::offloaded(c.len());
+                        // The caller's bytes, in place when they are shared
+                        // memory the lane reaches.
+                        let at = lane.place(c);
+                        out = request(lane, alg, handle, flags, c, at)?;
+                        match at {
+                            Some(_) => stats::offloaded_in_place(c.len()),
+                            None => stats::offloaded(c.len()),
+                        }
                     }
                     if last {
                         lane.free_session(handle);
@@ -266,23 +279,29 @@ fn why(no: NoLane) -> Why {
     }
 }
 
-/// One digest request through a staging slot.
+/// One digest request: `data` staged in a slot, or read by the device at
+/// `at` (where [`Lane::place`] found it); the digest comes back in the
+/// slot either way.
 fn request(
     lane: &mut Lane,
     alg: Alg,
     handle: u64,
     flags: u16,
     data: &[u8],
+    at: Option<u64>,
 ) -> Result<Option<Vec<u8>>> {
     let slot = lane.take_slot().ok_or(CryptoError::Busy)?;
-    lane.put(slot, 0, data);
     let addr = lane.slot_addr(slot);
+    let src = at.unwrap_or_else(|| {
+        lane.put(slot, 0, data);
+        addr
+    });
     let out = addr + (SLOT - MAX_DIGEST) as u64;
     let desc = DigestOp {
         session: handle,
         alg: (handle == 0).then_some(alg),
         flags,
-        src: addr,
+        src,
         len: data.len() as u64,
         out,
     }

@@ -124,6 +124,13 @@ impl Lane {
         Ok(())
     }
 
+    /// Where the device can read `data` in place: its address, when it lies
+    /// in WrapDrive shared memory this lane reaches (None: stage it).
+    pub fn place(&mut self, data: &[u8]) -> Option<u64> {
+        let span = SharedSpan::locate(data.as_ptr() as u64, data.len() as u64)?;
+        self.reach(&span).ok().map(|()| span.addr())
+    }
+
     /// Copy `data` into slot `s` at `offset`.
     pub fn put(&self, s: u16, offset: usize, data: &[u8]) {
         self.stage
