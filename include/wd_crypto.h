@@ -58,7 +58,8 @@ int wd_cipher_update(struct wd_cipher *c, const void *in, void *out, size_t len)
 int wd_cipher_offload(struct wd_cipher *c, const void *in, void *out, size_t len);
 /* Start a request without waiting: *job is NULL when it was computed at
  * once, else finish it with wd_job_poll/wd_job_wait (in and out must stay
- * valid until then; requests of one session complete in order). */
+ * valid, and in unchanged, until then: the device may work in them in
+ * place; requests of one session complete in order). */
 int wd_cipher_start(struct wd_cipher *c, const void *in, void *out, size_t len,
 		    struct wd_job **job);
 /* As wd_cipher_start, on the device whatever the policy (see

@@ -613,7 +613,10 @@ impl Cipher {
     /// Start a request without waiting (asynchronous use): computed at once
     /// on the CPU when small, else sent to the device. `output` receives a
     /// CPU result now; a device result is copied into the buffer given to
-    /// [`Cipher::finish`] or [`Cipher::poll`] (the same `output`).
+    /// [`Cipher::finish`] or [`Cipher::poll`] (the same `output`). When
+    /// both buffers are WrapDrive shared memory (the C API's `wd_alloc`
+    /// buffers) the device reads and writes them in place while the job is
+    /// in flight: leave them untouched until it is finished.
     pub fn start(&mut self, input: &[u8], output: &mut [u8]) -> Result<Job> {
         self.start_io(Io::copy(input, output)?, false)
     }
