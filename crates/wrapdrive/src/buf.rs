@@ -2,6 +2,7 @@
 #![allow(unsafe_code)]
 
 use std::os::fd::{BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use wd_sys::devmem::DeviceSlice;
 
@@ -37,9 +38,35 @@ fn mem_err(e: wd_mem::MemError) -> ClientError {
 /// new, but memory freed earlier in the process comes back as it was
 /// left), optionally on a NUMA node; returns its address.
 pub fn alloc(size: usize, node: Option<u32>) -> Result<u64> {
-    with(|a| a.alloc(size, node))
-        .map(|p| p as u64)
-        .map_err(mem_err)
+    with(|a| {
+        let p = a.alloc(size, node)?;
+        if let Some(l) = a.locate(p, size) {
+            // Under the allocator's lock: whoever is handed this address
+            // later learned it after the lock was released, so sees these.
+            let base = l.arena.base() as u64;
+            ARENAS_LO.fetch_min(base, Ordering::Relaxed);
+            ARENAS_HI.fetch_max(base + l.arena.len() as u64, Ordering::Relaxed);
+        }
+        Ok(p)
+    })
+    .map(|p| p as u64)
+    .map_err(mem_err)
+}
+
+/// The lowest arena base and the highest arena end this copy's allocator
+/// ever had: a first test without the allocator's lock, so that asking
+/// about memory that is not the allocator's (most buffers a library is
+/// handed) takes no lock shared with other threads.
+static ARENAS_LO: AtomicU64 = AtomicU64::new(u64::MAX);
+static ARENAS_HI: AtomicU64 = AtomicU64::new(0);
+
+/// This copy's allocator's arena holding the range, if any.
+fn own_location(addr: u64, len: u64) -> Option<Location> {
+    let end = addr.checked_add(len)?;
+    if addr < ARENAS_LO.load(Ordering::Relaxed) || end > ARENAS_HI.load(Ordering::Relaxed) {
+        return None;
+    }
+    with(|a| a.locate(addr as usize, len as usize))
 }
 
 /// Free memory from [`alloc`].
@@ -78,7 +105,7 @@ pub fn set_foreign_arenas(lookup: ForeignLookup) {
 /// the C export (`wd__arena_of`) of the library that owns `wd_alloc`.
 pub fn own_arena_of(addr: u64, len: u64) -> Option<ForeignArena> {
     use std::os::fd::AsRawFd;
-    let loc = with(|a| a.locate(addr as usize, len as usize))?;
+    let loc = own_location(addr, len)?;
     Some(ForeignArena {
         base: loc.arena.base() as u64,
         size: loc.arena.len() as u64,
@@ -122,7 +149,7 @@ impl Found {
 
 /// Which arena holds a range (for `share`): this copy's allocator first.
 pub(crate) fn locate(addr: u64, len: u64) -> Option<Found> {
-    if let Some(l) = with(|a| a.locate(addr as usize, len as usize)) {
+    if let Some(l) = own_location(addr, len) {
         return Some(Found::Own(l));
     }
     let f = FOREIGN.get()?(addr, len)?;
@@ -319,5 +346,54 @@ impl SharedSpan {
 impl Drop for SharedBuf {
     fn drop(&mut self) {
         let _ = free(self.addr);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_name_allocator_memory_only() {
+        let b = SharedBuf::new(3 * 4096).unwrap();
+        let s = SharedSpan::of(&b);
+        assert_eq!((s.addr(), s.len()), (b.addr(), b.len()));
+        let (base, size) = s.arena();
+        assert!(base <= s.addr() && s.addr() + s.len() <= base + size);
+        // Inside, to the arena's end; not across it, not empty.
+        assert!(SharedSpan::locate(b.addr() + 5, 100).is_some());
+        assert!(SharedSpan::locate(base + size - 1, 1).is_some());
+        assert!(SharedSpan::locate(base + size - 1, 2).is_none());
+        assert!(SharedSpan::locate(b.addr(), 0).is_none());
+        assert!(SharedSpan::locate(u64::MAX - 1, 10).is_none());
+        // Ordinary memory is not a span.
+        let v = vec![0u8; 4096];
+        assert!(SharedSpan::locate(v.as_ptr() as u64, 4096).is_none());
+        // Pieces, overlaps, copies through the span.
+        let (a, c) = (s.sub(0, 4096), s.sub(4096, 4096));
+        assert!(!a.overlaps(&c) && a.overlaps(&s.sub(4095, 2)) && s.overlaps(&c));
+        c.write(10, b"span");
+        let mut got = [0u8; 4];
+        b.read(4096 + 10, &mut got);
+        assert_eq!(&got, b"span");
+        s.read(4096 + 10, &mut got);
+        assert_eq!(&got, b"span");
+    }
+
+    #[test]
+    #[should_panic(expected = "span beyond its range")]
+    fn a_piece_beyond_the_span_panics() {
+        let b = SharedBuf::new(4096).unwrap();
+        let _ = SharedSpan::of(&b).sub(4000, 200);
+    }
+
+    #[test]
+    fn own_arenas_are_found_for_other_copies() {
+        let b = SharedBuf::new(4096).unwrap();
+        let f = own_arena_of(b.addr(), 4096).expect("an arena of this allocator");
+        assert_eq!((f.base, f.size), SharedSpan::of(&b).arena());
+        assert!(f.fd >= 0);
+        let v = [0u8; 64];
+        assert!(own_arena_of(v.as_ptr() as u64, 64).is_none());
     }
 }
