@@ -487,11 +487,6 @@ impl Cipher {
         lane::with_lane(Kind::Cipher, |lane| {
             spans.iter().try_for_each(|s| lane.reach(s))
         })
-        .inspect(|r| {
-            if let Err(e) = r {
-                eprintln!("REACH {e}")
-            }
-        })
         .is_ok_and(|r| r.is_ok())
     }
 
@@ -523,14 +518,11 @@ impl Cipher {
         }
         let saved = self.saved();
         let alone = self.in_flight == 0;
-        let shared = self.shared_spans(&io, head);
-        let src = match shared {
-            Some((input, output)) => Src::Shared { input, output },
-            None => Src::Staged(&io.input()[head..]),
-        };
+        let src = self.source(&io, head);
+        let in_place = matches!(src, Src::Shared { .. });
         let r = match self.submit(src, head)? {
             Ok(mut job) => {
-                job.in_place = shared.is_some();
+                job.in_place = in_place;
                 self.complete(job, io.output(), true).map(|_| ())
             }
             Err(why) => Err((host_gone("no queue"), Some(why))),
@@ -538,18 +530,23 @@ impl Cipher {
         self.after_device(r, saved, alone, watch, n, |c| c.cpu_update(io.tail(head)))
     }
 
-    /// The request's input and output from `head` on as shared memory the
-    /// device can work in where it is: both in the WrapDrive allocator's
-    /// arenas (reachable from this thread's lane), separate buffers that do
-    /// not overlap (the input must stay intact for a redo on the CPU).
-    fn shared_spans(&self, io: &Io<'_>, head: usize) -> Option<(SharedSpan, SharedSpan)> {
-        let Io::Copy(input, output) = io else {
-            return None;
-        };
-        let len = (input.len() - head) as u64;
-        let input = SharedSpan::locate(input[head..].as_ptr() as u64, len)?;
-        let output = SharedSpan::locate(output[head..].as_ptr() as u64, len)?;
-        (!input.overlaps(&output) && self.reach(&[input, output])).then_some((input, output))
+    /// Where the device finds the request from `head` on: in place when
+    /// input and output are both in the WrapDrive allocator's arenas
+    /// (reachable from this thread's lane) and separate buffers that do not
+    /// overlap (the input must stay intact for a redo on the CPU), else
+    /// staged.
+    fn source<'a>(&self, io: &'a Io<'_>, head: usize) -> Src<'a> {
+        if let Io::Copy(input, output) = io {
+            let len = (input.len() - head) as u64;
+            let spans = SharedSpan::locate(input[head..].as_ptr() as u64, len)
+                .zip(SharedSpan::locate(output[head..].as_ptr() as u64, len));
+            if let Some((input, output)) = spans {
+                if !input.overlaps(&output) && self.reach(&[input, output]) {
+                    return Src::Shared { input, output };
+                }
+            }
+        }
+        Src::Staged(&io.input()[head..])
     }
 
     /// After a device attempt: on success report the time; when the host
@@ -653,15 +650,12 @@ impl Cipher {
             stats::on_cpu(head, Why::Policy);
         }
         let saved = self.saved();
-        let shared = self.shared_spans(&io, head);
-        let src = match shared {
-            Some((input, output)) => Src::Shared { input, output },
-            None => Src::Staged(&io.input()[head..]),
-        };
+        let src = self.source(&io, head);
+        let in_place = matches!(src, Src::Shared { .. });
         match self.submit(src, head)? {
             Ok(mut job) => {
                 job.len = n;
-                job.in_place = shared.is_some();
+                job.in_place = in_place;
                 Ok(job)
             }
             Err(why) => {
