@@ -63,6 +63,9 @@ pub struct Lane {
     /// Allocator arenas (base addresses) shared with the queue, so that
     /// callers' buffers inside them go to the device in place.
     arenas: Vec<u64>,
+    /// Arenas the host refused to map (limits): staged without asking
+    /// again.
+    refused: Vec<u64>,
     free_slots: Vec<u16>,
     next_token: u64,
 }
@@ -95,6 +98,7 @@ impl Lane {
             q,
             stage,
             arenas,
+            refused: Vec::new(),
             free_slots: (0..SLOTS as u16).rev().collect(),
             next_token: 1,
         })
@@ -117,11 +121,22 @@ impl Lane {
                 "a legacy queue works in its staging area only",
             ));
         }
-        if !self.arenas.contains(&base) {
-            self.q.share(base, len)?;
-            self.arenas.push(base);
+        if self.arenas.contains(&base) {
+            return Ok(());
         }
-        Ok(())
+        if self.refused.contains(&base) {
+            return Err(CryptoError::invalid("the host refused to map this arena"));
+        }
+        match self.q.share(base, len) {
+            Ok(()) => {
+                self.arenas.push(base);
+                Ok(())
+            }
+            Err(e) => {
+                self.refused.push(base);
+                Err(e.into())
+            }
+        }
     }
 
     /// Where the device can read `data` in place: its address, when it lies

@@ -1,0 +1,105 @@
+//! In place where the host will not map a whole arena: a host whose
+//! per-uid mapping limit leaves room for the staging area only. The lane
+//! opens with its staging area alone, buffers of shared memory go through
+//! the staging area, on the device still, and every byte is right.
+#![allow(unsafe_code)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use openssl::symm::{Cipher as OCipher, Crypter, Mode as OMode};
+use wd_crypto::{config, stats, Cipher, Direction, Policy};
+
+/// Entry point of the host process; does nothing in a normal test run.
+#[test]
+fn host_entry() {
+    let Ok(sock) = std::env::var("WD_TEST_HOST_SOCKET") else {
+        return;
+    };
+    let mut cfg = wd_host::HostConfig {
+        socket: sock,
+        socket_mode: 0o600,
+        devices: vec![wd_host::DeviceConfig::new("sec")],
+        ..Default::default()
+    };
+    // Room for the 4 MiB staging area, not for a 64 MiB arena.
+    cfg.limits.mapped_bytes_per_uid = 8 << 20;
+    cfg.limits.exempt_owner = false;
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() };
+    let _h = wd_host::Host::start(&cfg).expect("host starts");
+    // SAFETY: as above.
+    while unsafe { libc::getppid() } == parent {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_host_that_maps_no_arena_gets_staged_requests() {
+    config::set_policy(Policy::Offload);
+    config::set_threshold(0);
+    config::set_fallback(false);
+    let dir = std::env::temp_dir().join(format!("wd-crypto-limits-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("wd.sock");
+    struct Killer(std::process::Child);
+    impl Drop for Killer {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _host = Killer(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "host_entry", "--nocapture"])
+            .env("WD_TEST_HOST_SOCKET", &sock)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let t = Instant::now();
+    while wrapdrive::HostConn::connect(sock.to_str().unwrap()).is_err() {
+        assert!(t.elapsed() < Duration::from_secs(10), "host did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::env::set_var("WD_CRYPTO_HOST", &sock);
+
+    let (key, iv) = ([5u8; 16], [6u8; 16]);
+    let data: Vec<u8> = (0..256 * 1024u32).map(|i| (i * 13 + 1) as u8).collect();
+    let mut want = vec![0u8; data.len() + 16];
+    let mut o = Crypter::new(OCipher::aes_128_cbc(), OMode::Encrypt, &key, Some(&iv)).unwrap();
+    o.pad(false);
+    let n = o.update(&data, &mut want).unwrap();
+    want.truncate(n);
+
+    let src = wrapdrive::SharedBuf::new(data.len()).unwrap();
+    let dst = wrapdrive::SharedBuf::new(data.len()).unwrap();
+    src.write(0, &data);
+    let (src, dst) = (
+        wrapdrive::SharedSpan::of(&src),
+        wrapdrive::SharedSpan::of(&dst),
+    );
+    let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
+    c.set_iv(&iv).unwrap();
+    let before = stats();
+    let piece = data.len() as u64 / 4;
+    for p in 0..4 {
+        c.update_shared(src.sub(p * piece, piece), dst.sub(p * piece, piece))
+            .unwrap();
+    }
+    let after = stats();
+    assert_eq!(
+        after.offload_bytes - before.offload_bytes,
+        data.len() as u64,
+        "{after:?}"
+    );
+    assert_eq!(
+        after.offload_in_place_bytes, before.offload_in_place_bytes,
+        "{after:?}"
+    );
+    assert_eq!(after.cpu_requests, before.cpu_requests, "{after:?}");
+    let mut got = vec![0u8; data.len()];
+    dst.read(0, &mut got);
+    assert_eq!(got, want);
+    let _ = std::fs::remove_dir_all(&dir);
+}
