@@ -4,7 +4,9 @@
 #   scripts/fuzz.sh [--time T | --runs N] [--sanitizer S] [TARGET...]
 #
 # Every target (or only those named) is built and run for T seconds
-# (default 60) or N executions, under sanitizer S (cargo fuzz's -s:
+# (default 60) or N executions, after replaying the inputs that once
+# failed it (fuzz/regressions/<t>, committed: each must pass), under
+# sanitizer S (cargo fuzz's -s:
 # address, the default, or none, about three times faster on the
 # host_session target, for runs of millions; others build in their own
 # target directory, fuzz/target-S, so the two do not rebuild each other),
@@ -77,6 +79,15 @@ for t in "${targets[@]}"; do
         rows+=("$t|-|-|-|-|-|-|build failed")
         failed=1
         continue
+    fi
+    if compgen -G "regressions/$t/*" >/dev/null; then
+        # Given files, libFuzzer runs each once and stops at the first failure.
+        if ! cargo +nightly fuzz run "${build[@]}" "$t" regressions/"$t"/* >>"$log" 2>&1; then
+            tail -20 "$log"
+            rows+=("$t|-|-|-|-|-|-|a regression input fails (fuzz/regressions/$t)")
+            failed=1
+            continue
+        fi
     fi
     # shellcheck disable=SC2086 # FUZZ_FLAGS is a list of flags
     cargo +nightly fuzz run "${build[@]}" "$t" -- "$limit" -rss_limit_mb=2048 -print_final_stats=1 \

@@ -167,7 +167,6 @@ impl Fixture {
     fn check(&mut self) {
         let t = Instant::now();
         let mut pause = Duration::from_micros(20);
-        let mut restored = false;
         loop {
             let now = self.state();
             let fds = session_fds().len();
@@ -175,17 +174,21 @@ impl Fixture {
             if now == self.baseline && fds == self.fds && threads == self.threads {
                 return;
             }
-            if !restored {
-                restored = true;
-                for (path, value) in &self.baseline {
-                    if path.ends_with("/priority") || path.ends_with("/numa_zone_id") {
-                        self.next_id = self.next_id.wrapping_add(1);
-                        let set = Message::SetAttr {
-                            path: path.clone(),
-                            value: value.clone(),
-                        };
-                        let _ = self.monitor.call(&set, self.next_id, &[]);
-                    }
+            // Every time they differ, not once: a connection that is going
+            // away may still have a SetAttr it sent before it closed, which
+            // the host rightly carries out after a first restore.
+            let owned = |p: &str| p.ends_with("/priority") || p.ends_with("/numa_zone_id");
+            let drifted: Vec<_> = self
+                .baseline
+                .iter()
+                .filter(|e| owned(&e.0) && !now.contains(e))
+                .cloned()
+                .collect();
+            if !drifted.is_empty() {
+                for (path, value) in drifted {
+                    self.next_id = self.next_id.wrapping_add(1);
+                    let set = Message::SetAttr { path, value };
+                    let _ = self.monitor.call(&set, self.next_id, &[]);
                 }
                 continue;
             }
