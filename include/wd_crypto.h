@@ -242,12 +242,16 @@ struct wd_crypto_stats {
 };
 int wd_crypto_get_stats(struct wd_crypto_stats *out);
 
-/* Of offload_bytes, those the device read (and wrote) where the caller
- * had them, without staging copies: cipher requests (wd_cipher_update,
- * wd_cipher_start and their _offload forms) whose input and output are
- * separate buffers from wd_alloc (libwd.so), not overlapping, and digest
- * input from wd_alloc streamed on the device (messages over 64 KiB).
- * (Since WD_CRYPTO_0.3.) */
+/* In place (since WD_CRYPTO_0.3). With wd_crypto_set_in_place(1) (or
+ * WD_CRYPTO_IN_PLACE=1) cipher requests (wd_cipher_update, wd_cipher_start
+ * and their _offload forms) whose input and output are separate buffers
+ * from wd_alloc (libwd.so), not overlapping, and digest input from
+ * wd_alloc streamed on the device (messages over 64 KiB) are worked where
+ * the caller has them, without staging copies. Off (0) by default: a
+ * caller that writes its input and reads its output around each request
+ * was slower in place here (wd speed). -EINVAL for another value.
+ * wd_crypto_get_in_place_bytes: of offload_bytes, those worked in place. */
+int wd_crypto_set_in_place(int on);
 int wd_crypto_get_in_place_bytes(uint64_t *out);
 
 #ifdef __cplusplus

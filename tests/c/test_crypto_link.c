@@ -109,14 +109,23 @@ int main(void)
 			      wd_cipher_new(&r, "aes-128-cbc", k, 16, 1) == 0 &&
 			      wd_cipher_set_iv(e, iv, 16) == 0 && wd_cipher_set_iv(r, iv, 16) == 0,
 		      "two sessions");
+		CHECK(wd_crypto_set_in_place(2) == -EINVAL, "wd_crypto_set_in_place: 0 or 1");
+		/* Off (the default): staged. */
+		CHECK(wd_crypto_set_in_place(0) == 0 && wd_crypto_get_in_place_bytes(&b0) == 0 &&
+			      wd_cipher_update(r, hsrc, hdst, 16) == 0 &&
+			      wd_cipher_update(e, src, dst, 16) == 0 &&
+			      wd_crypto_get_in_place_bytes(&b1) == 0 && b1 == b0,
+		      "in place off: wd_alloc buffers are staged");
+		CHECK(wd_crypto_set_in_place(1) == 0, "in place on");
 		CHECK(wd_crypto_get_in_place_bytes(&b0) == 0, "in-place bytes");
-		/* Two requests, so the chain crosses from one to the next. */
-		CHECK(wd_cipher_update(e, src, dst, N / 2) == 0 &&
+		/* Two requests, so the chain crosses from one to the next (after
+		 * the 16 bytes above, on both sessions). */
+		CHECK(wd_cipher_update(e, (char *)src + 16, (char *)dst + 16, N / 2 - 16) == 0 &&
 			      wd_cipher_update(e, (char *)src + N / 2, (char *)dst + N / 2, N / 2) == 0,
 		      "encrypt wd_alloc buffers");
-		CHECK(wd_crypto_get_in_place_bytes(&b1) == 0 && b1 - b0 == N,
+		CHECK(wd_crypto_get_in_place_bytes(&b1) == 0 && b1 - b0 == N - 16,
 		      "the device worked in place");
-		CHECK(wd_cipher_update(r, hsrc, hdst, N / 2) == 0 &&
+		CHECK(wd_cipher_update(r, hsrc + 16, hdst + 16, N / 2 - 16) == 0 &&
 			      wd_cipher_update(r, hsrc + N / 2, hdst + N / 2, N / 2) == 0,
 		      "encrypt malloc'ed buffers");
 		CHECK(wd_crypto_get_in_place_bytes(&b2) == 0 && b2 == b1,

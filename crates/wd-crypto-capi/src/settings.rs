@@ -54,6 +54,17 @@ pub unsafe extern "C" fn wd_crypto_get_stats(out: *mut WdCryptoStats) -> c_int {
     0
 }
 
+/// Send `wd_alloc` buffers to the device in place (1) or through the
+/// staging area (0, the default).
+#[no_mangle]
+pub extern "C" fn wd_crypto_set_in_place(on: c_int) -> c_int {
+    if on != 0 && on != 1 {
+        return invalid("wd_crypto_set_in_place: 0 or 1");
+    }
+    crypto::config::set_in_place(on == 1);
+    0
+}
+
 /// Bytes the device read and wrote where the caller had them.
 ///
 /// # Safety

@@ -420,10 +420,11 @@ impl Cipher {
     /// As [`Cipher::update`] for buffers in WrapDrive's shared memory
     /// ([`wrapdrive::alloc`], [`wrapdrive::SharedBuf`]): the device reads
     /// `input` and writes `output` where they are, without the two staging
-    /// copies. `output` must be at least as long as `input`. Requests the
-    /// CPU computes, and spans that overlap, go through a local copy (a
-    /// request redone on the CPU after its host died needs its input
-    /// intact).
+    /// copies, whatever `config::in_place` says (which governs buffers
+    /// given as slices). `output` must be at least as long as `input`.
+    /// Requests the CPU computes, and spans that overlap, go through a
+    /// local copy (a request redone on the CPU after its host died needs
+    /// its input intact).
     pub fn update_shared(&mut self, input: SharedSpan, output: SharedSpan) -> Result<usize> {
         self.update_span(input, output, false)
     }
@@ -530,12 +531,15 @@ impl Cipher {
         self.after_device(r, saved, alone, watch, n, |c| c.cpu_update(io.tail(head)))
     }
 
-    /// Where the device finds the request from `head` on: in place when
-    /// input and output are both in the WrapDrive allocator's arenas
+    /// Where the device finds the request from `head` on: in place, when
+    /// configured (`config::in_place`), if input and output are both in the WrapDrive allocator's arenas
     /// (reachable from this thread's lane) and separate buffers that do not
     /// overlap (the input must stay intact for a redo on the CPU), else
     /// staged.
     fn source<'a>(&self, io: &'a Io<'_>, head: usize) -> Src<'a> {
+        if !config::in_place() {
+            return Src::Staged(&io.input()[head..]);
+        }
         if let Io::Copy(input, output) = io {
             let len = (input.len() - head) as u64;
             let spans = SharedSpan::locate(input[head..].as_ptr() as u64, len)

@@ -139,9 +139,13 @@ impl Lane {
         }
     }
 
-    /// Where the device can read `data` in place: its address, when it lies
-    /// in WrapDrive shared memory this lane reaches (None: stage it).
+    /// Where the device can read `data` in place: its address, when in
+    /// place is configured and it lies in WrapDrive shared memory this lane
+    /// reaches (None: stage it).
     pub fn place(&mut self, data: &[u8]) -> Option<u64> {
+        if !config::in_place() {
+            return None;
+        }
         let span = SharedSpan::locate(data.as_ptr() as u64, data.len() as u64)?;
         self.reach(&span).ok().map(|()| span.addr())
     }
