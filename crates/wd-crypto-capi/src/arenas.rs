@@ -34,5 +34,8 @@ fn lookup(addr: u64, len: u64) -> Option<ForeignArena> {
 /// Let the crypto library find `wd_alloc`'s arenas (once per process).
 pub(crate) fn install() {
     static ONCE: Once = Once::new();
-    ONCE.call_once(|| wrapdrive::set_foreign_arenas(lookup));
+    // SAFETY: libwd.so's arenas are never unmapped and their memfds never
+    // closed (its allocator keeps every arena for the life of the process),
+    // which is what wd__arena_of reports.
+    ONCE.call_once(|| unsafe { wrapdrive::set_foreign_arenas(lookup) });
 }

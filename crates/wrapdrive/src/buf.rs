@@ -95,9 +95,14 @@ pub type ForeignLookup = fn(addr: u64, len: u64) -> Option<ForeignArena>;
 static FOREIGN: OnceLock<ForeignLookup> = OnceLock::new();
 
 /// Consult `lookup` for ranges this copy's allocator does not hold (set
-/// once; later calls are ignored). `lookup` must only name arenas that stay
-/// mapped, with their descriptors open, for the life of the process.
-pub fn set_foreign_arenas(lookup: ForeignLookup) {
+/// once; later calls are ignored).
+///
+/// # Safety
+/// `lookup` must only name arenas that stay mapped (readable and
+/// writable), with their descriptors open, for the life of the process:
+/// spans inside them are read and written, and their descriptors
+/// borrowed, without further checks.
+pub unsafe fn set_foreign_arenas(lookup: ForeignLookup) {
     let _ = FOREIGN.set(lookup);
 }
 
