@@ -472,6 +472,111 @@ static void test_small_requests_counted(void)
 	EVP_CIPHER_free(d);
 }
 
+/* One stream in pieces of mixed sizes: small whole blocks (the fast path),
+ * partial blocks (which close its gate until the buffered bytes are used),
+ * requests above the threshold (which take the chain away), and runs of
+ * more than 4096 small ones (the fast path hands its counts over mid-way),
+ * in both directions, with and without padding, against the default
+ * provider fed the same pieces. */
+static void test_mixed_pieces(void)
+{
+	static const size_t sizes[] = {16, 32, 48, 5, 11, 16, 0, 1, 4096, 65536, 16, 20000};
+	static unsigned char in[1 << 20], a[(1 << 20) + 32], b[(1 << 20) + 32];
+	const char *names[] = {"AES-128-CBC", "AES-256-ECB", "AES-128-CTR"};
+	for (size_t ni = 0; ni < 3; ni++) {
+		EVP_CIPHER *w = EVP_CIPHER_fetch(NULL, names[ni], "provider=wd");
+		EVP_CIPHER *d = EVP_CIPHER_fetch(NULL, names[ni], "provider=default");
+		CHECK(w && d, "fetch %s", names[ni]);
+		for (int enc = 0; w && d && enc <= 1; enc++) {
+			for (int pad = 0; pad <= 1; pad++) {
+				unsigned char key[32], iv[16];
+				fill(key, sizeof key);
+				fill(iv, sizeof iv);
+				size_t pieces[6000], n = 0, total = 0;
+				/* A run of 5000 small requests first, then a mix. */
+				while (n < 5000)
+					total += pieces[n++] = 16;
+				while (n < 6000 && total < sizeof in - 70000)
+					total += pieces[n] = sizes[rnd() % (sizeof sizes / sizeof *sizes)],
+						 n++;
+				/* Whole blocks in all, so that decryption with padding
+				 * off has a valid input. */
+				if (total % 16 != 0 && n < 6000)
+					total += pieces[n++] = 16 - total % 16;
+				fill(in, total);
+				EVP_CIPHER_CTX *wc = EVP_CIPHER_CTX_new(), *dc = EVP_CIPHER_CTX_new();
+				int ok = EVP_CipherInit_ex2(wc, w, key, iv, enc, NULL) &&
+					 EVP_CIPHER_CTX_set_padding(wc, pad) &&
+					 EVP_CipherInit_ex2(dc, d, key, iv, enc, NULL) &&
+					 EVP_CIPHER_CTX_set_padding(dc, pad);
+				size_t off = 0, ao = 0, bo = 0;
+				for (size_t i = 0; ok && i < n; i++) {
+					int l = 0, m = 0;
+					ok = EVP_CipherUpdate(wc, a + ao, &l, in + off, (int)pieces[i]) &&
+					     EVP_CipherUpdate(dc, b + bo, &m, in + off, (int)pieces[i]);
+					off += pieces[i];
+					ao += (size_t)l;
+					bo += (size_t)m;
+				}
+				int l = 0, m = 0;
+				int fa = ok && EVP_CipherFinal_ex(wc, a + ao, &l);
+				int fb = ok && EVP_CipherFinal_ex(dc, b + bo, &m);
+				ao += (size_t)l;
+				bo += (size_t)m;
+				/* Decrypting random bytes with padding on may fail the
+				 * padding check: then both must fail. */
+				CHECK(ok && fa == fb && ao == bo && !memcmp(a, b, ao),
+				      "%s %s pad %d: %zu pieces, %zu bytes, as the default provider",
+				      names[ni], enc ? "encrypt" : "decrypt", pad, n, total);
+				EVP_CIPHER_CTX_free(wc);
+				EVP_CIPHER_CTX_free(dc);
+			}
+		}
+		EVP_CIPHER_free(w);
+		EVP_CIPHER_free(d);
+	}
+}
+
+/* Small digests one after another, as EVP_Digest makes them (a context
+ * per message: the provider keeps a freed one for the next), with two
+ * contexts of one digest open at once and a copy, against the default
+ * provider. */
+static void test_small_digests(void)
+{
+	const char *names[] = {"SHA1", "SHA256", "SHA512"};
+	unsigned char in[300];
+	for (int i = 0; i < 3; i++) {
+		EVP_MD *w = EVP_MD_fetch(NULL, names[i], "provider=wd");
+		EVP_MD *d = EVP_MD_fetch(NULL, names[i], "provider=default");
+		int ok = w != NULL && d != NULL;
+		for (int r = 0; ok && r < 2000; r++) {
+			size_t len = rnd() % sizeof in;
+			fill(in, len);
+			unsigned char a[64], b[64], c[64], e[64];
+			unsigned int al = 0, bl = 0, cl = 0, el = 0;
+			ok = EVP_Digest(in, len, a, &al, w, NULL) && EVP_Digest(in, len, b, &bl, d, NULL) &&
+			     al == bl && !memcmp(a, b, al);
+			if (ok && r % 100 == 0) {
+				EVP_MD_CTX *x = EVP_MD_CTX_new(), *y = EVP_MD_CTX_new(),
+					   *z = EVP_MD_CTX_new();
+				ok = EVP_DigestInit_ex2(x, w, NULL) && EVP_DigestInit_ex2(y, w, NULL) &&
+				     EVP_DigestUpdate(x, in, len / 2) && EVP_DigestUpdate(y, "x", 1) &&
+				     EVP_MD_CTX_copy_ex(z, x) &&
+				     EVP_DigestUpdate(x, in + len / 2, len - len / 2) &&
+				     EVP_DigestUpdate(z, in + len / 2, len - len / 2) &&
+				     EVP_DigestFinal_ex(x, c, &cl) && EVP_DigestFinal_ex(z, e, &el) &&
+				     cl == bl && !memcmp(c, b, bl) && el == bl && !memcmp(e, b, bl);
+				EVP_MD_CTX_free(x);
+				EVP_MD_CTX_free(y); /* unfinished: not kept */
+				EVP_MD_CTX_free(z);
+			}
+		}
+		CHECK(ok, "%s: 2000 small digests as the default provider's", names[i]);
+		EVP_MD_free(w);
+		EVP_MD_free(d);
+	}
+}
+
 static void test_host_killed(pid_t host)
 {
 	EVP_CIPHER *w = EVP_CIPHER_fetch(NULL, "AES-128-CBC", "provider=wd");
@@ -527,6 +632,8 @@ int main(int argc, char **argv)
 		test_threads();
 		test_fork();
 		test_small_requests_counted();
+		test_mixed_pieces();
+		test_small_digests();
 	}
 	struct wd_crypto_stats s;
 	wd_crypto_get_stats(&s);
