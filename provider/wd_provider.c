@@ -1406,18 +1406,25 @@ static void *wd_digest_newctx(void *provctx, const struct wd_digest_desc *d)
 	struct wd_dctx **spare = &wd_this_thread.spare[d->index];
 	struct wd_dctx *x = *spare;
 	if (x != NULL) {
-		/* Its inline context and implementation stay; the rest is
-		 * as new. */
+		/* Its inline context and implementation stay, and so does the
+		 * router's answer for the messages it still covers (under the
+		 * same settings): a message per context would otherwise ask
+		 * the router every time. The rest is as new. */
 		*spare = NULL;
 		x->path = WD_MSG_UNDECIDED;
 		x->t0 = 0;
 		x->total = 0;
+		struct wd_route_memo kept = x->memo;
+		wd_route_memo_init(&x->memo);
+		if (x->memo.threshold == kept.threshold && x->memo.policy == kept.policy)
+			x->memo = kept;
 	} else if ((x = OPENSSL_zalloc(sizeof(*x))) == NULL) {
 		return NULL;
+	} else {
+		wd_route_memo_init(&x->memo);
 	}
 	x->prov = provctx;
 	x->d = d;
-	wd_route_memo_init(&x->memo);
 	return x;
 }
 
