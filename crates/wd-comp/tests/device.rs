@@ -2,9 +2,7 @@
 //! same bytes as the CPU path for every algorithm, errors alike on both
 //! paths, every routing decision counted, and a batch that meets a host
 //! killed mid-way finishing correct.
-#![allow(unsafe_code)]
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use wd_comp::{Algorithm, CompError, Compressor, Config, Op, Pending, Policy, DEFAULT_LEVEL};
@@ -18,18 +16,13 @@ fn child_entry() {
         return;
     }
     let cfg = wd_host::HostConfig {
-        socket: std::env::var("WD_TEST_HOST_SOCKET").expect("the host's socket"),
+        socket: wd_testutil::role_socket(),
         socket_mode: 0o600,
         devices: vec![wd_host::DeviceConfig::new("zip")],
         ..Default::default()
     };
-    // SAFETY: getppid has no preconditions.
-    let parent = unsafe { libc::getppid() };
     let _h = wd_host::Host::start(&cfg).expect("host starts");
-    // SAFETY: as above.
-    while unsafe { libc::getppid() } == parent {
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wd_testutil::while_parent_lives();
 }
 
 /// A host process with a zip device on its own socket (killed on drop).
@@ -38,18 +31,15 @@ struct HostProc {
     socket: String,
 }
 
+/// A host on the socket of `name` in this process: a host spawned again
+/// under the same name replaces one that was killed, on the same socket.
 fn spawn_host(name: &str) -> HostProc {
     let dir = std::env::temp_dir().join(format!("wd-comp-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let sock = dir.join("wd.sock").display().to_string();
-    let _ = std::fs::remove_file(&sock);
-    let mut c = wd_testutil::Role::command("host");
-    c.env("WD_TEST_HOST_SOCKET", &sock).stdout(Stdio::null());
-    let role = wd_testutil::Role::spawn(c);
-    wd_testutil::wait_until("the host", || HostConn::connect(&sock).is_ok());
+    let socket = dir.join("wd.sock").display().to_string();
     HostProc {
-        _process: role,
-        socket: sock,
+        _process: wd_testutil::Role::serving("host", &socket),
+        socket,
     }
 }
 

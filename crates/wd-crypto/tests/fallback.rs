@@ -1,10 +1,8 @@
 //! CPU fallback: with no host at all, and when the host is killed in the
 //! middle of a chained stream (the stream goes on, correct, on the CPU,
 //! and every fallback is counted).
-#![allow(unsafe_code)]
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use openssl::symm::{Cipher as OCipher, Crypter, Mode as OMode};
 use wd_crypto::{config, stats, Cipher, Digest, Direction, Policy};
@@ -18,26 +16,21 @@ fn reference_cbc(key: &[u8], iv: &[u8], data: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Entry point of the host process; does nothing in a normal test run.
+/// The host process: this test binary re-run in the role "host" (see
+/// wd_testutil::Role); does nothing in a normal test run.
 #[test]
-fn host_entry() {
-    let Ok(sock) = std::env::var("WD_TEST_HOST_SOCKET") else {
+fn child_entry() {
+    if wd_testutil::role().as_deref() != Some("host") {
         return;
-    };
+    }
     let cfg = wd_host::HostConfig {
-        socket: sock,
+        socket: wd_testutil::role_socket(),
         socket_mode: 0o600,
         devices: vec![wd_host::DeviceConfig::new("sec")],
         ..Default::default()
     };
-    // SAFETY: getppid has no preconditions.
-    let parent = unsafe { libc::getppid() };
     let _h = wd_host::Host::start(&cfg).expect("host starts");
-    // Serve until killed, or until the test that started us is gone.
-    // SAFETY: as above.
-    while unsafe { libc::getppid() } == parent {
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wd_testutil::while_parent_lives();
 }
 
 #[test]
@@ -78,35 +71,10 @@ fn fallbacks_are_correct_and_counted() {
     std::thread::sleep(Duration::from_millis(1100));
 
     // 2. A host in another process, killed in the middle of a stream.
-    let dir = std::env::temp_dir().join(format!("wd-crypto-fallback-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = wd_testutil::tempdir("wd-crypto-fallback");
     let sock = dir.join("wd.sock");
-    /// Kills the host process whatever happens to the test.
-    struct Killer(std::process::Child);
-    impl Drop for Killer {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    // A host process on `sock`, returned once it serves.
-    let spawn = || {
-        let _ = std::fs::remove_file(&sock);
-        let h = Killer(
-            Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", "host_entry", "--nocapture"])
-                .env("WD_TEST_HOST_SOCKET", &sock)
-                .stdout(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-        let t = Instant::now();
-        while wrapdrive::HostConn::connect(sock.to_str().unwrap()).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(10), "host did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        h
-    };
+    // A host process on `sock` (killed on drop), returned once it serves.
+    let spawn = || wd_testutil::Role::serving("host", &sock);
     let mut host = spawn();
     std::env::set_var("WD_CRYPTO_HOST", &sock);
     let before = stats();
@@ -121,7 +89,7 @@ fn fallbacks_are_correct_and_counted() {
         "{mid:?}"
     );
     // The process's counters are visible in the host's tree (wd ls).
-    let h = wrapdrive::HostConn::connect(sock.to_str().unwrap()).unwrap();
+    let h = wrapdrive::HostConn::connect(&sock).unwrap();
     let shown: Vec<_> = h
         .attrs("dev0/queues/")
         .unwrap()
@@ -135,9 +103,8 @@ fn fallbacks_are_correct_and_counted() {
         "fallback counters not in the attribute tree: {shown:?}"
     );
     drop(h);
-    // SAFETY: plain kill(2) of our own child.
-    unsafe { libc::kill(host.0.id() as i32, libc::SIGKILL) };
-    host.0.wait().unwrap();
+    host.child.kill().unwrap();
+    host.child.wait().unwrap();
     c.update(&data[half..], &mut out[half..]).unwrap();
     assert_eq!(out, want, "the chain survives the host's death");
     let after = stats();
@@ -157,9 +124,8 @@ fn fallbacks_are_correct_and_counted() {
     let s0 = stats();
     c.update(&data[..quarter], &mut out[..quarter]).unwrap();
     assert!(stats().offload_bytes - s0.offload_bytes >= quarter as u64);
-    // SAFETY: plain kill(2) of our own child.
-    unsafe { libc::kill(first.0.id() as i32, libc::SIGKILL) };
-    first.0.wait().unwrap();
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
     let _second = spawn();
     c.update(&data[quarter..2 * quarter], &mut out[quarter..2 * quarter])
         .unwrap();
@@ -174,7 +140,7 @@ fn fallbacks_are_correct_and_counted() {
         stats()
     );
     assert_eq!(out, want, "the chain survives the host's restart");
-    let h = wrapdrive::HostConn::connect(sock.to_str().unwrap()).unwrap();
+    let h = wrapdrive::HostConn::connect(&sock).unwrap();
     assert_ne!(
         h.get_attr("dev0/sessions").unwrap(),
         "0",
@@ -228,5 +194,4 @@ fn fallbacks_are_correct_and_counted() {
     let mut got = vec![0u8; data.len()];
     dst.read(0, &mut got);
     assert_eq!(got, want, "the chain survives the restart in place");
-    let _ = std::fs::remove_dir_all(&dir);
 }

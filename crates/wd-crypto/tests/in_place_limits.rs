@@ -2,22 +2,19 @@
 //! per-uid mapping limit leaves room for the staging area only. The lane
 //! opens with its staging area alone, buffers of shared memory go through
 //! the staging area, on the device still, and every byte is right.
-#![allow(unsafe_code)]
-
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use openssl::symm::{Cipher as OCipher, Crypter, Mode as OMode};
 use wd_crypto::{config, stats, Cipher, Direction, Policy};
 
-/// Entry point of the host process; does nothing in a normal test run.
+/// The host process: this test binary re-run in the role "host" (see
+/// wd_testutil::Role); does nothing in a normal test run.
 #[test]
-fn host_entry() {
-    let Ok(sock) = std::env::var("WD_TEST_HOST_SOCKET") else {
+fn child_entry() {
+    if wd_testutil::role().as_deref() != Some("host") {
         return;
-    };
+    }
     let mut cfg = wd_host::HostConfig {
-        socket: sock,
+        socket: wd_testutil::role_socket(),
         socket_mode: 0o600,
         devices: vec![wd_host::DeviceConfig::new("sec")],
         ..Default::default()
@@ -25,13 +22,8 @@ fn host_entry() {
     // Room for the 4 MiB staging area, not for a 64 MiB arena.
     cfg.limits.mapped_bytes_per_uid = 8 << 20;
     cfg.limits.exempt_owner = false;
-    // SAFETY: getppid has no preconditions.
-    let parent = unsafe { libc::getppid() };
     let _h = wd_host::Host::start(&cfg).expect("host starts");
-    // SAFETY: as above.
-    while unsafe { libc::getppid() } == parent {
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wd_testutil::while_parent_lives();
 }
 
 #[test]
@@ -39,29 +31,9 @@ fn a_host_that_maps_no_arena_gets_staged_requests() {
     config::set_policy(Policy::Offload);
     config::set_threshold(0);
     config::set_fallback(false);
-    let dir = std::env::temp_dir().join(format!("wd-crypto-limits-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = wd_testutil::tempdir("wd-crypto-limits");
     let sock = dir.join("wd.sock");
-    struct Killer(std::process::Child);
-    impl Drop for Killer {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _host = Killer(
-        Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "host_entry", "--nocapture"])
-            .env("WD_TEST_HOST_SOCKET", &sock)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let t = Instant::now();
-    while wrapdrive::HostConn::connect(sock.to_str().unwrap()).is_err() {
-        assert!(t.elapsed() < Duration::from_secs(10), "host did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let _host = wd_testutil::Role::serving("host", &sock);
     std::env::set_var("WD_CRYPTO_HOST", &sock);
 
     let (key, iv) = ([5u8; 16], [6u8; 16]);
@@ -101,5 +73,4 @@ fn a_host_that_maps_no_arena_gets_staged_requests() {
     let mut got = vec![0u8; data.len()];
     dst.read(0, &mut got);
     assert_eq!(got, want);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -160,6 +160,24 @@ pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 /// The environment variable naming the role of a re-run test binary.
 pub const ROLE_ENV: &str = "WD_TEST_ROLE";
 
+/// The environment variable giving a serving role its socket.
+pub const SOCKET_ENV: &str = "WD_TEST_HOST_SOCKET";
+
+/// The socket this process serves on, in a role started by
+/// [`Role::serving`].
+pub fn role_socket() -> String {
+    std::env::var(SOCKET_ENV).expect("a serving role is given its socket")
+}
+
+/// Return when the process that started this one is gone: a role that
+/// serves (a host) lives as long as its test, however the test ends.
+pub fn while_parent_lives() {
+    let parent = std::os::unix::process::parent_id();
+    while std::os::unix::process::parent_id() == parent {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// The role this process was started in by [`Role::command`], if any. A
 /// test binary that uses roles has a test named `child_entry` that returns
 /// at once when this is `None` and otherwise plays the role.
@@ -193,6 +211,20 @@ impl Role {
             .env(ROLE_ENV, role)
             .stdout(Stdio::piped());
         c
+    }
+
+    /// This test binary re-run in `role` to serve on `socket` (its
+    /// `child_entry` finds it with [`role_socket`]), returned once the
+    /// socket accepts connections.
+    pub fn serving(role: &str, socket: &str) -> Role {
+        let _ = std::fs::remove_file(socket);
+        let mut c = Role::command(role);
+        c.env(SOCKET_ENV, socket).stdout(Stdio::null());
+        let r = Role::spawn(c);
+        wait_until(&format!("the {role} to serve on {socket}"), || {
+            std::os::unix::net::UnixStream::connect(socket).is_ok()
+        });
+        r
     }
 
     /// Start `c` (from [`Role::command`]).
