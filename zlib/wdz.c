@@ -620,6 +620,8 @@ static int ensure_real(z_streamp strm)
 
 /* Largest output the shim holds for a caller with a small buffer. */
 #define MAX_ASIDE ((size_t)256 << 20)
+/* Smallest scratch buffer a whole stream of unknown size is decoded in. */
+#define SCRATCH_FIRST ((size_t)256 << 10)
 
 /* A whole stream is done: `used` bytes of the caller's input taken, `made` output bytes
  * at `out` (the caller's buffer or this thread's scratch). Hand out what
@@ -1191,18 +1193,31 @@ static int inflate_whole(struct record *r, z_streamp s)
     /* A guess of the output: a gzip member ends with its size (when the
      * input is exactly one member); otherwise text's usual ratio. */
     size_t guess = (size_t)s->avail_in * 4;
+    int exact = 0;
     if (alg == WD_COMP_GZIP && s->avail_in >= 18) {
         size_t isize = le32(s->next_in + s->avail_in - 4);
-        if (isize > 0 && isize <= MAX_ASIDE)
+        if (isize > 0 && isize <= MAX_ASIDE) {
             guess = isize;
+            exact = 1;
+        }
     }
     size_t used = 0, room = s->avail_out;
     unsigned char *out = s->next_out;
     int ret = -ENOBUFS;
     if (s->avail_out >= guess)
         ret = wd_comp_decompress(c, alg, s->next_in, s->avail_in, &used, out, &room, 0);
-    for (size_t size = guess > s->avail_out ? guess : 2 * (size_t)s->avail_out;
-         ret == -ENOBUFS && size <= MAX_ASIDE; size *= 2) {
+    /* Aside, room well beyond a guess: a stream that does not fit is
+     * decoded again from the start, which costs as much as the first
+     * time (18% of the 64 KiB blocks of 18 MB of /usr/share/doc,
+     * /usr/bin and this project's sources compress more than 4 to 1 at
+     * level 1), while the scratch buffer is kept and its size paid for
+     * once. */
+    size_t size = guess > s->avail_out ? guess : 2 * (size_t)s->avail_out;
+    if (!exact && size < SCRATCH_FIRST)
+        size = SCRATCH_FIRST;
+    if (!exact && size < (size_t)s->avail_in * 16)
+        size = (size_t)s->avail_in * 16;
+    for (; ret == -ENOBUFS && size <= MAX_ASIDE; size *= 2) {
         out = scratch(size);
         if (!out)
             return -1;
