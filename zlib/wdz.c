@@ -27,9 +27,10 @@
  * output that does not fit the caller's buffer waits in the record and
  * leaves in later calls, as zlib's own pending output does.
  *
- * WDZ_DISABLE=1 passes everything through; WDZ_MIN_BYTES (default 1024)
- * is the smallest buffer taken over (below it zlib's own call is
- * cheaper); WD_COMP_* configure the library (see wd_comp.h).
+ * WDZ_DISABLE=1 passes everything through; WDZ_MIN_BYTES is the smallest
+ * buffer taken over (default: 128 bytes to compress, 256 compressed bytes
+ * to decompress; below them zlib's own call is cheaper); WD_COMP_*
+ * configure the library (see wd_comp.h).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -115,7 +116,12 @@ static void *real_sym(const char *name)
 
 static int cfg_ready;
 static int cfg_disabled;
-static size_t cfg_min = 1024;
+/* Measured with python's zlib.compress and zlib.decompress per block
+ * size, against the system zlib (docs/compression.md): libdeflate wins
+ * from 128 bytes of input up when compressing (from 1.14x; at 64 bytes
+ * it is slower, 0.86x), and from about 256 compressed bytes (blocks of
+ * 512) when decoding a whole stream, below which zlib-rs does better. */
+static size_t cfg_min_deflate = 128, cfg_min_inflate = 256;
 
 static void cfg_load(void)
 {
@@ -128,10 +134,11 @@ static void cfg_load(void)
         char *end;
         unsigned long long v = strtoull(m, &end, 10);
         if (*end == '\0')
-            cfg_min = v;
+            cfg_min_deflate = cfg_min_inflate = v;
         else
-            fprintf(stderr, "libwdz: WDZ_MIN_BYTES='%s' is not a byte count (using %zu)\n", m,
-                    cfg_min);
+            fprintf(stderr,
+                    "libwdz: WDZ_MIN_BYTES='%s' is not a byte count (using %zu and %zu)\n", m,
+                    cfg_min_deflate, cfg_min_inflate);
     }
     __atomic_store_n(&cfg_ready, 1, __ATOMIC_RELEASE);
 }
@@ -141,12 +148,21 @@ static void cfg_load(void)
  * offload path a second time. */
 static __thread int tl_inside;
 
-/* Whether a buffer of n bytes is worth taking over. */
-static int worth(size_t n)
+/* Whether a buffer of n bytes is worth taking over, to compress (its
+ * input) or to decompress (its compressed input). */
+static int worth(size_t n, int deflating)
 {
     cfg_load();
-    return !cfg_disabled && !tl_inside && n >= cfg_min && n > 0;
+    size_t min = deflating ? cfg_min_deflate : cfg_min_inflate;
+    return !cfg_disabled && !tl_inside && n >= min && n > 0;
 }
+
+/* Least input of an inflate stream's first call for zlib-rs to decode it:
+ * below it (blocks of about 64 bytes and less) zlib-rs's set-up costs
+ * more than the system zlib's whole call (python's zlib.decompress of 16
+ * bytes: 0.45x stock zlib's rate on zlib-rs, 0.70x on the system zlib
+ * through the shim). */
+#define ZRS_MIN_IN 64
 
 /* ---- counters (WDZ_STATS=1 prints them at exit) ------------------------- */
 
@@ -478,7 +494,7 @@ static int zrs_deflate_drop(struct record *r)
 
 int compress2(Bytef *dest, uLongf *destLen, const Bytef *source, uLong sourceLen, int level)
 {
-    if (destLen && worth(sourceLen) && level >= -1 && level <= 9 && level != 0) {
+    if (destLen && worth(sourceLen, 1) && level >= -1 && level <= 9 && level != 0) {
         struct wd_comp *c = comp();
         size_t room = *destLen;
         if (c && wd_comp_compress(c, WD_COMP_ZLIB, level, source, sourceLen, dest, &room) == 0) {
@@ -501,7 +517,7 @@ int compress(Bytef *dest, uLongf *destLen, const Bytef *source, uLong sourceLen)
 
 int uncompress2(Bytef *dest, uLongf *destLen, const Bytef *source, uLong *sourceLen)
 {
-    if (destLen && sourceLen && worth(*sourceLen) && *destLen > 0) {
+    if (destLen && sourceLen && worth(*sourceLen, 0) && *destLen > 0) {
         struct wd_comp *c = comp();
         size_t room = *destLen, used = 0;
         if (c && wd_comp_decompress(c, WD_COMP_ZLIB, source, *sourceLen, &used, dest, &room, 0) ==
@@ -885,7 +901,7 @@ int deflate(z_streamp strm, int flush)
         }
     }
     if (open && flush == Z_FINISH && strm->total_out == 0 &&
-        worth(r->gather_len + strm->avail_in)) {
+        worth(r->gather_len + strm->avail_in, 1)) {
         int ret = -1;
         if (r->phase == FRESH && strm->total_in == 0) {
             ret = deflate_whole(r, strm, strm->next_in, strm->avail_in, strm->avail_in);
@@ -1267,7 +1283,7 @@ int inflate(z_streamp strm, int flush)
     }
     if (r && r->phase == FRESH && r->eligible && strm->total_in == 0 && strm->total_out == 0 &&
         strm->next_in &&
-        strm->next_out && worth(strm->avail_in)) {
+        strm->next_out && worth(strm->avail_in, 0)) {
         int ret = inflate_whole(r, strm);
         if (ret >= 0) {
             count(ST_INFLATE);
@@ -1279,8 +1295,9 @@ int inflate(z_streamp strm, int flush)
         r->eligible = 0;
     }
     /* Input in pieces (or declined whole): zlib-rs decodes it, unless a
-     * call only the system zlib serves came first. */
-    if (r && r->phase == FRESH && !r->no_zrs && zrs_state(r)) {
+     * call only the system zlib serves came first, or the first piece is
+     * small (see ZRS_MIN_IN). */
+    if (r && r->phase == FRESH && !r->no_zrs && strm->avail_in >= ZRS_MIN_IN && zrs_state(r)) {
         r->phase = ZRS;
         count(ST_ZRS);
         return ZRS_CALL(r, strm, wd__zrs_inflate(r->zrs, flush));
