@@ -746,7 +746,7 @@ static int wd_cipher_update_fn(void *vctx, unsigned char *out, size_t *outl, siz
 	 * compare decides, on the length with bit 60 up for a partial block
 	 * (where the mode needs whole ones) and every bit up once the budget
 	 * of uncounted requests is spent: at 16 bytes each further branch
-	 * cost about 4% (wd speed), and a stack frame a tenth of the request. */
+	 * cost about 4% (openssl speed), and a stack frame a tenth of the request. */
 	size_t left = x->fast_left;
 	size_t gate = inl | (inl & x->fast_mask) << 60 | -(size_t)(left == 0);
 	if (gate < x->fast_below) {

@@ -350,16 +350,8 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
     let copies = staging_copies(&rows);
     // Only the cipher API works in place: AEAD messages and digests are
     // staged whole (docs/sec-device.md), so there is nothing to compare.
-    let in_place_alg = wd_crypto::Alg::by_name(args.algorithm()).filter(|a| {
-        a.is_cipher()
-            && !matches!(
-                a,
-                wd_crypto::Alg::Aes {
-                    mode: wd_crypto::Mode::Gcm,
-                    ..
-                }
-            )
-    });
+    let in_place_alg =
+        wd_crypto::Alg::by_name(args.algorithm()).filter(|&a| wd_crypto::Cipher::serves(a));
     let in_place = match in_place_alg {
         Some(alg) => {
             prog_note(!args.json, "library sync offload, staged and in place");

@@ -247,17 +247,23 @@ fn host_gone(message: &str) -> CryptoError {
 }
 
 impl Cipher {
+    /// Whether a `Cipher` serves `alg`: every AES mode but GCM, an AEAD
+    /// (see [`crate::Aead`]).
+    pub fn serves(alg: Alg) -> bool {
+        matches!(alg, Alg::Aes { mode, .. } if mode != Mode::Gcm)
+    }
+
     /// A session for `name` (e.g. `aes-128-cbc`) with `key`.
     pub fn new(name: &str, key: &[u8], dir: Direction) -> Result<Cipher> {
         let alg = Alg::by_name(name)
             .filter(|a| a.is_cipher())
             .ok_or_else(|| CryptoError::invalid(format!("unknown cipher '{name}'")))?;
+        if !Cipher::serves(alg) {
+            return Err(CryptoError::invalid(format!("{name} is an AEAD: use Aead")));
+        }
         let Alg::Aes { mode, .. } = alg else {
             unreachable!("ciphers are AES")
         };
-        if mode == Mode::Gcm {
-            return Err(CryptoError::invalid(format!("{name} is an AEAD: use Aead")));
-        }
         if key.len() != alg.key_len() {
             return Err(CryptoError::invalid(format!(
                 "{name} needs a {}-byte key, got {}",
@@ -1028,5 +1034,26 @@ impl Drop for Cipher {
             }
             Ok(())
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serves_the_aes_modes_but_the_aead() {
+        let served = |n: &str| Cipher::serves(Alg::by_name(n).expect("known algorithm"));
+        for n in ["aes-128-ecb", "aes-256-cbc", "aes-192-ctr", "aes-128-xts"] {
+            assert!(served(n), "{n}");
+            // Halves that differ: XTS refuses a key whose halves are equal.
+            let key: Vec<u8> = (0..Alg::by_name(n).unwrap().key_len() as u8).collect();
+            assert!(Cipher::new(n, &key, Direction::Encrypt).is_ok(), "{n}");
+        }
+        for n in ["aes-128-gcm", "sha256", "hmac-sha256"] {
+            assert!(!served(n), "{n}");
+        }
+        let e = Cipher::new("aes-128-gcm", &[0u8; 16], Direction::Encrypt).unwrap_err();
+        assert!(e.to_string().contains("AEAD"), "{e}");
     }
 }
