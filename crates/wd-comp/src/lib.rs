@@ -425,8 +425,7 @@ impl Compressor {
         input: &[u8],
         out: &mut [u8],
     ) -> Result<usize> {
-        let mut outs = Outs::Slices(&mut [out]);
-        Ok(self.run(true, alg, level, 0, &[input], &mut outs)?[0].produced)
+        Ok(self.one(true, alg, level, 0, input, out)?.produced)
     }
 
     /// Decompress the stream(s) at the start of `input` into `out`,
@@ -438,8 +437,44 @@ impl Compressor {
         out: &mut [u8],
         max_ratio: u16,
     ) -> Result<Inflated> {
+        self.one(false, alg, 0, max_ratio, input, out)
+    }
+
+    /// One block. When the settings alone send it to the CPU (policy,
+    /// threshold) it runs here at once: the batch engine's vectors and
+    /// route table cost more than the work on a block of a few dozen
+    /// bytes (the drop-in zlib's small streams).
+    fn one(
+        &mut self,
+        compress: bool,
+        alg: Algorithm,
+        level: i8,
+        max_ratio: u16,
+        input: &[u8],
+        out: &mut [u8],
+    ) -> Result<Inflated> {
+        let fits = input.len() as u64 <= MAX_DATA && out.len() as u64 <= MAX_DATA;
+        let settled = wd_route::by_settings(&self.settings(), input.len());
         let mut outs = Outs::Slices(&mut [out]);
-        Ok(self.run(false, alg, 0, max_ratio, &[input], &mut outs)?[0])
+        let (true, Some(Route::Cpu(why))) = (fits, settled) else {
+            return Ok(self.run(compress, alg, level, max_ratio, &[input], &mut outs)?[0]);
+        };
+        if compress {
+            wd_zip_msg::check_level(alg, level).map_err(|_| CodecError::Param)?;
+        }
+        self.stats.count_cpu(why);
+        let d = self.on_cpu(compress, alg, level, max_ratio, input, &mut outs, 0)?;
+        self.stats.bytes_in += input.len() as u64;
+        self.stats.bytes_out += d.produced as u64;
+        Ok(d)
+    }
+
+    fn settings(&self) -> wd_route::Settings {
+        wd_route::Settings {
+            policy: self.cfg.policy,
+            threshold: self.cfg.threshold,
+            fallback: self.cfg.fallback,
+        }
     }
 
     /// Compress each input into its own stream in the output beside it,
@@ -636,11 +671,7 @@ impl Compressor {
         let threshold = self.cfg.threshold;
         // Each block's route. The queue is looked for only when a block
         // may go to the device.
-        let settings = wd_route::Settings {
-            policy,
-            threshold,
-            fallback: self.cfg.fallback,
-        };
+        let settings = self.settings();
         let maybe_device = policy != Policy::Cpu && jobs.iter().any(|j| j.len >= threshold);
         let queue = if maybe_device && self.lane().is_none() {
             QueueState::Missing(Why::NoQueue)

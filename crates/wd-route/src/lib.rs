@@ -247,6 +247,25 @@ impl Costs {
     }
 }
 
+/// The route the settings alone give a request of `bytes` (the first
+/// rules of [`decide`]), else `None`: a caller with one small request can
+/// learn that it runs on the CPU without preparing the rest of a decision
+/// (the queue's state, a batch's bookkeeping), which costs more than the
+/// work on a few dozen bytes.
+pub fn by_settings(s: &Settings, bytes: usize) -> Option<Route> {
+    if s.policy == Policy::Cpu {
+        return Some(Route::Cpu(Why::Policy));
+    }
+    if bytes < s.threshold {
+        return Some(Route::Cpu(Why::Threshold));
+    }
+    if !s.fallback {
+        // Every request must reach the device, and fail clearly without one.
+        return Some(Route::Device);
+    }
+    None
+}
+
 /// Where `r` runs (the rules of the crate's documentation). `queue` is
 /// asked only when the answer depends on it (finding out may cost a
 /// clock read).
@@ -256,15 +275,8 @@ pub fn decide(
     costs: &mut Costs,
     r: Request,
 ) -> Decision {
-    if s.policy == Policy::Cpu {
-        return Decision::untimed(Route::Cpu(Why::Policy));
-    }
-    if r.bytes < s.threshold {
-        return Decision::untimed(Route::Cpu(Why::Threshold));
-    }
-    if !s.fallback {
-        // Every request must reach the device, and fail clearly without one.
-        return Decision::untimed(Route::Device);
+    if let Some(route) = by_settings(s, r.bytes) {
+        return Decision::untimed(route);
     }
     if let Queue::Missing(why) = queue() {
         return Decision::untimed(Route::Cpu(why));
@@ -403,6 +415,11 @@ mod tests {
             }
             if bytes < threshold && s.policy != Policy::Cpu {
                 prop_assert_eq!(d.route, Route::Cpu(Why::Threshold));
+            }
+            // What the settings settle, decide answers alike, untimed,
+            // whatever the queue.
+            if let Some(r) = by_settings(&s, bytes) {
+                prop_assert_eq!(d, Decision { route: r, timed: false });
             }
         }
     }
