@@ -43,6 +43,10 @@ pub struct BenchZipArgs {
     /// Algorithms and levels, e.g. "zlib:1,zlib:6,gzip:6,zstd:1,zstd:3,lz4:1".
     #[arg(long, default_value = "zlib:1,zlib:6,zstd:1,zstd:3,lz4:1")]
     configs: String,
+    /// Small block sizes python's zlib is measured on too, with and
+    /// without the drop-in zlib (the "small requests" target).
+    #[arg(long, default_value = "16,64,256,512", value_delimiter = ',', value_parser = size_arg)]
+    small: Vec<u64>,
     /// Requests in flight for the async and auto paths.
     #[arg(long, default_value_t = 16)]
     depth: usize,
@@ -556,6 +560,9 @@ pub fn run(a: BenchZipArgs) -> Result<(), String> {
     if a.reps == 0 || a.block == 0 || a.corpus < a.block {
         return Err("need --reps >= 1 and --corpus >= --block > 0".into());
     }
+    if let Some(b) = a.small.iter().find(|&&b| b == 0 || b > a.corpus) {
+        return Err(format!("--small {b}: need 0 < size <= --corpus"));
+    }
     let mut configs = Vec::new();
     for c in a.configs.split(',').filter(|s| !s.is_empty()) {
         let (alg, level) = c.split_once(':').unwrap_or((c, "-1"));
@@ -696,11 +703,17 @@ pub fn run(a: BenchZipArgs) -> Result<(), String> {
             // The host of this run serves the shim's device requests.
             std::env::set_var("WD_HOST", &socket);
             let mut runs: Vec<Samples> = Vec::new();
-            let small = 512usize;
-            let small_file = dir.join("small");
-            std::fs::write(&small_file, &data[..data.len().min(4 << 20)]).map_err(|e| e.to_string())?;
-            let mut prog = Progress::new(a.reps * 2, !a.json);
-            for (file, blk) in [(&corpus_file, block), (&small_file, small)] {
+            // Each small size on 64 Ki blocks of the corpus (at most 4 MiB).
+            let mut files = vec![(corpus_file.clone(), block)];
+            for &blk in &a.small {
+                let f = dir.join(format!("small-{blk}"));
+                let len = data.len().min(4 << 20).min(blk as usize * 65536);
+                std::fs::write(&f, &data[..len]).map_err(|e| e.to_string())?;
+                files.push((f, blk as usize));
+            }
+            let mut prog = Progress::new(a.reps * files.len(), !a.json);
+            for (k, (file, blk)) in files.iter().enumerate() {
+                let blk = *blk;
                 let size = exact_size(blk as u64);
                 let mut comp = Samples::new(format!("python zlib.compress level 1, {size} blocks"));
                 let mut decomp = Samples::new(format!("python zlib.decompress, {size} blocks"));
@@ -723,7 +736,7 @@ pub fn run(a: BenchZipArgs) -> Result<(), String> {
                 }
                 runs.push(comp);
                 runs.push(decomp);
-                if blk != small {
+                if k == 0 {
                     runs.push(stream);
                     runs.push(pieces);
                 }
@@ -758,9 +771,12 @@ pub fn run(a: BenchZipArgs) -> Result<(), String> {
             if let Some(r) = row(&format!("python zlib.decompress, {}", exact_size(a.block))) {
                 targets.push(Target::at_least("shim decompress / stock zlib", r.speedup, 2.5));
             }
-            for prefix in ["python zlib.compress level 1, 512 B", "python zlib.decompress, 512 B"] {
-                if let Some(r) = row(prefix) {
-                    targets.push(Target::at_least(format!("{} through the shim / stock", r.what), r.speedup, 0.95));
+            for &blk in a.small.iter().filter(|&&b| b < 1024) {
+                let size = exact_size(blk);
+                for prefix in [format!("python zlib.compress level 1, {size} "), format!("python zlib.decompress, {size} ")] {
+                    if let Some(r) = row(&prefix) {
+                        targets.push(Target::at_least(format!("{} through the shim / stock", r.what), r.speedup, 0.95));
+                    }
                 }
             }
         }
