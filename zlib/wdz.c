@@ -78,6 +78,12 @@ int wd__zrs_deflateCopy(z_streamp dest, z_streamp source);
 
 #undef gzgetc
 
+/* Per-thread state, in the initial-exec model: the library is preloaded
+ * or linked, so its few bytes fit the static TLS block, and each access
+ * is one instruction instead of a call to __tls_get_addr (a dozen of
+ * which made up 4% of python's zlib.decompress of 16-byte blocks). */
+#define TLS __thread __attribute__((tls_model("initial-exec")))
+
 /* ---- the system zlib ---------------------------------------------------- */
 
 static void *real_sym(const char *name)
@@ -117,11 +123,14 @@ static void *real_sym(const char *name)
 static int cfg_ready;
 static int cfg_disabled;
 /* Measured with python's zlib.compress and zlib.decompress per block
- * size, against the system zlib (docs/compression.md): libdeflate wins
- * from 128 bytes of input up when compressing (from 1.14x; at 64 bytes
- * it is slower, 0.86x), and from about 256 compressed bytes (blocks of
- * 512) when decoding a whole stream, below which zlib-rs does better. */
-static size_t cfg_min_deflate = 128, cfg_min_inflate = 256;
+ * size, against the system zlib (wd bench zip, docs/compression.md).
+ * Compressing, libdeflate wins from 64 bytes of input up (twice as fast:
+ * zlib's init clears more memory than libdeflate's whole call), but
+ * stores inputs of up to 51 bytes uncompressed at level 1, where zlib's
+ * output is smaller: those stay with zlib. A whole inflate stream of any
+ * size decodes faster on libdeflate (no zlib state, no window) than zlib
+ * sets itself up for it. */
+static size_t cfg_min_deflate = 64, cfg_min_inflate = 1;
 
 static void cfg_load(void)
 {
@@ -146,7 +155,7 @@ static void cfg_load(void)
 /* Set while the system zlib runs a call the shim gave back to it: zlib's
  * own calls of deflate and inflate come back here, and must not try the
  * offload path a second time. */
-static __thread int tl_inside;
+static TLS int tl_inside;
 
 /* Whether a buffer of n bytes is worth taking over, to compress (its
  * input) or to decompress (its compressed input). */
@@ -193,8 +202,8 @@ __attribute__((destructor)) static void print_stats(void)
 
 static pthread_key_t comp_key;
 static pthread_once_t comp_once = PTHREAD_ONCE_INIT;
-static __thread struct wd_comp *tl_comp;
-static __thread int tl_comp_failed;
+static TLS struct wd_comp *tl_comp;
+static TLS int tl_comp_failed;
 
 static void comp_free(void *c) { wd_comp_free(c); }
 static void comp_key_make(void) { pthread_key_create(&comp_key, comp_free); }
@@ -234,8 +243,10 @@ struct record {
     int window;   /* windowBits as given */
     int level;
     int eligible; /* opened with parameters the offload path honours */
-    /* zlib's own deflate state is made only when a call needs it (a
-     * stream taken over whole never does): these are its parameters. */
+    /* The system zlib's state is made only when a call needs it (a
+     * stream taken over whole never does, nor an inflate stream zlib-rs
+     * decodes): for deflate, these are its parameters; for inflate,
+     * `window`. */
     int lazy;
     int method, window_bits, mem_level, strategy;
     enum phase phase;
@@ -278,8 +289,8 @@ static struct record *find(z_streamp s)
  * buffer allocated per call would be faulted in each time), freed at
  * thread exit. A stream whose output waits takes the buffer over and
  * gives it back to the thread that drains it. */
-static __thread unsigned char *tl_scratch;
-static __thread size_t tl_scratch_len;
+static TLS unsigned char *tl_scratch;
+static TLS size_t tl_scratch_len;
 static pthread_key_t scratch_key;
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 
@@ -314,34 +325,74 @@ static void drop_pending(struct record *r)
     r->pend_len = r->pend_pos = r->pend_cap = 0;
 }
 
-static void forget(z_streamp s)
+/* Take s's record out of the table (the caller holds the lock). */
+static struct record *unlink_record(z_streamp s)
 {
-    pthread_mutex_lock(&table_lock);
     struct record **p = &table[bucket(s)];
     while (*p && (*p)->strm != s)
         p = &(*p)->next;
     struct record *r = *p;
     if (r)
         *p = r->next;
-    pthread_mutex_unlock(&table_lock);
-    if (r) {
-        drop_pending(r);
-        free(r->gather);
-        if (r->zrs) {
-            (r->deflating ? wd__zrs_deflateEnd : wd__zrs_inflateEnd)(r->zrs);
-            free(r->zrs);
-        }
-        free(r);
+    return r;
+}
+
+/* A record freed by this thread, kept for its next stream: a program
+ * that opens and ends a stream per message (python's zlib.decompress)
+ * then pays no allocation for it. */
+static TLS struct record *tl_spare;
+static TLS int tl_spare_keyed;
+static pthread_key_t spare_key;
+static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
+
+/* At thread exit (this thread's variables still there). */
+static void spare_free(void *unused)
+{
+    (void)unused;
+    free(tl_spare);
+    tl_spare = NULL;
+}
+
+static void spare_key_make(void) { pthread_key_create(&spare_key, spare_free); }
+
+static void free_record(struct record *r)
+{
+    if (!r)
+        return;
+    drop_pending(r);
+    free(r->gather);
+    if (r->zrs) {
+        (r->deflating ? wd__zrs_deflateEnd : wd__zrs_inflateEnd)(r->zrs);
+        free(r->zrs);
     }
+    if (tl_spare) {
+        free(r);
+        return;
+    }
+    if (!tl_spare_keyed) {
+        pthread_once(&spare_once, spare_key_make);
+        pthread_setspecific(spare_key, (void *)1); /* so that the thread's end frees it */
+        tl_spare_keyed = 1;
+    }
+    tl_spare = r;
+}
+
+static void forget(z_streamp s)
+{
+    pthread_mutex_lock(&table_lock);
+    struct record *r = unlink_record(s);
+    pthread_mutex_unlock(&table_lock);
+    free_record(r);
 }
 
 /* Keep a record for s (replacing any earlier one: a stream re-initialised
  * without End). Out of memory leaves the stream to zlib alone. */
 static struct record *remember(z_streamp s, const struct record *init)
 {
-    forget(s);
-    struct record *r = malloc(sizeof *r);
-    if (!r)
+    struct record *r = tl_spare;
+    if (r)
+        tl_spare = NULL;
+    else if (!(r = malloc(sizeof *r)))
         return NULL;
     *r = *init;
     r->strm = s;
@@ -351,44 +402,41 @@ static struct record *remember(z_streamp s, const struct record *init)
     r->gather_len = r->gather_cap = 0;
     r->zrs = NULL;
     pthread_mutex_lock(&table_lock);
+    struct record *old = unlink_record(s);
     r->next = table[bucket(s)];
     table[bucket(s)] = r;
     pthread_mutex_unlock(&table_lock);
+    free_record(old);
     return r;
 }
 
-/* The record of a copy: its own pending bytes. */
-static void remember_copy(z_streamp dest, z_streamp source)
+/* The record of a copy of the stream whose record is `src`, with its own
+ * gathered input and waiting output; NULL out of memory (then dest has
+ * none: the copy must fail, it would lack what the source holds). */
+static struct record *remember_copy(z_streamp dest, const struct record *src)
 {
-    struct record *src = find(source);
-    if (!src)
-        return;
     struct record *r = remember(dest, src);
     if (!r)
-        return;
+        return NULL;
     if (src->gather_len) {
         r->gather = malloc(src->gather_len);
-        if (!r->gather) {
-            /* Cannot copy the input taken so far: the copy cannot go on. */
-            r->gather_len = 0;
-            r->phase = DONE;
-            return;
-        }
+        if (!r->gather)
+            goto fail;
         memcpy(r->gather, src->gather, src->gather_len);
         r->gather_len = r->gather_cap = src->gather_len;
     }
-    if (!src->pending)
-        return;
-    r->pending = malloc(src->pend_len);
-    if (!r->pending) {
-        /* Cannot copy what waits: the copy cannot go on. */
-        r->pend_len = r->pend_pos = 0;
-        r->phase = DONE;
-        return;
+    if (src->pending) {
+        r->pending = malloc(src->pend_len);
+        if (!r->pending)
+            goto fail;
+        memcpy(r->pending, src->pending, src->pend_len);
+        r->pend_len = src->pend_len;
+        r->pend_pos = src->pend_pos;
     }
-    memcpy(r->pending, src->pending, src->pend_len);
-    r->pend_len = src->pend_len;
-    r->pend_pos = src->pend_pos;
+    return r;
+fail:
+    forget(dest);
+    return NULL;
 }
 
 /* Move waiting output to the caller; Z_STREAM_END once all is out. */
@@ -616,22 +664,42 @@ int deflateInit_(z_streamp strm, int level, const char *version, int stream_size
                          stream_size);
 }
 
+static TLS int tl_initing;
+
 /* Give a lazily opened stream zlib's state now; Z_OK or zlib's error. A
- * stream that was taken over starts again (only a reset or a call zlib
- * refuses on a finished stream can follow). */
-static int ensure_real(z_streamp strm)
+ * deflate stream that was taken over starts again (only a reset or a
+ * call zlib refuses on a finished stream can follow). An inflate stream
+ * gets the state its init would have made, and keeps its counts and
+ * check value (zlib-rs or the whole path may have moved them). */
+static int ensure_real_record(struct record *r, z_streamp strm)
 {
-    struct record *r = strm ? find(strm) : NULL;
     if (!r || !r->lazy)
         return Z_OK;
-    /* Not lazy while zlib makes it: its init calls deflateReset, which
-     * comes back here. */
+    /* Not lazy while zlib makes it: its init calls its resets, which
+     * come back here. */
     r->lazy = 0;
-    int ret = REAL(deflateInit2_)(strm, r->level, r->method, r->window_bits, r->mem_level,
+    int ret;
+    if (r->deflating) {
+        ret = REAL(deflateInit2_)(strm, r->level, r->method, r->window_bits, r->mem_level,
                                   r->strategy, ZLIB_VERSION, (int)sizeof(z_stream));
+    } else {
+        z_stream was = *strm;
+        tl_initing++;
+        ret = REAL(inflateInit2_)(strm, r->window, ZLIB_VERSION, (int)sizeof(z_stream));
+        tl_initing--;
+        strm->total_in = was.total_in;
+        strm->total_out = was.total_out;
+        strm->adler = was.adler;
+        strm->msg = was.msg;
+    }
     if (ret != Z_OK)
         r->lazy = 1;
     return ret;
+}
+
+static int ensure_real(z_streamp strm)
+{
+    return ensure_real_record(strm ? find(strm) : NULL, strm);
 }
 
 /* Largest output the shim holds for a caller with a small buffer. */
@@ -1052,8 +1120,7 @@ int deflateCopy(z_streamp dest, z_streamp source)
     if (r && r->lazy && dest) {
         /* Nothing of zlib's to copy yet: the copy is lazy too. */
         memcpy(dest, source, sizeof *dest);
-        remember_copy(dest, source);
-        return Z_OK;
+        return remember_copy(dest, r) ? Z_OK : Z_MEM_ERROR;
     }
     if (r && r->zrs && dest) {
         z_stream *z = calloc(1, sizeof *z);
@@ -1062,8 +1129,7 @@ int deflateCopy(z_streamp dest, z_streamp source)
             return Z_MEM_ERROR;
         }
         memcpy(dest, source, sizeof *dest);
-        remember_copy(dest, source);
-        struct record *d = find(dest);
+        struct record *d = remember_copy(dest, r);
         if (!d) {
             wd__zrs_deflateEnd(z);
             free(z);
@@ -1073,8 +1139,10 @@ int deflateCopy(z_streamp dest, z_streamp source)
         return Z_OK;
     }
     int ret = REAL(deflateCopy)(dest, source);
-    if (ret == Z_OK)
-        remember_copy(dest, source);
+    if (ret == Z_OK && r && !remember_copy(dest, r)) {
+        REAL(deflateEnd)(dest);
+        return Z_MEM_ERROR;
+    }
     return ret;
 }
 
@@ -1162,41 +1230,55 @@ int deflateGetDictionary(z_streamp strm, Bytef *dictionary, uInt *dictLength)
 
 /* ---- inflate ------------------------------------------------------------ */
 
-static void inflate_opened(z_streamp s, int windowBits)
+/* Windows libdeflate's decoder honours exactly: 32 KiB (and 0, "as the
+ * zlib header says"); the rest stay with zlib, which refuses streams
+ * wider than the window it was given. */
+static int inflate_window_eligible(int windowBits)
 {
-    struct record r = {.deflating = 0, .window = windowBits, .phase = FRESH};
-    /* Windows libdeflate's decoder honours exactly: 32 KiB (and 0, "as the
-     * zlib header says"); the rest stay with zlib, which refuses streams
-     * wider than the window it was given. */
-    r.eligible = windowBits == 15 || windowBits == 0 || windowBits == -15 || windowBits == 31 ||
-                 windowBits == 47;
-    remember(s, &r);
+    return windowBits == 15 || windowBits == 0 || windowBits == -15 || windowBits == 31 ||
+           windowBits == 47;
 }
 
-/* Set while the system zlib initialises an inflate stream: the init and
- * resets it calls inside come back here, and need no record (the outer
- * init makes one, once). Each had made or looked one up: python's
- * zlib.decompress of 16-byte blocks through the shim went from 0.70x to
- * about 0.8x the system zlib's rate without them. */
-static __thread int tl_initing;
+static struct record *inflate_opened(z_streamp s, int windowBits, int lazy)
+{
+    struct record r = {.deflating = 0, .window = windowBits, .phase = FRESH, .lazy = lazy};
+    r.eligible = inflate_window_eligible(windowBits);
+    return remember(s, &r);
+}
+
+/* tl_initing (above): set while the system zlib initialises an inflate
+ * stream. The init and resets it calls inside come back here, and need
+ * no record (the outer init makes one, once). Each had made or looked
+ * one up: python's zlib.decompress of 16-byte blocks through the shim
+ * went from 0.70x to about 0.8x the system zlib's rate without them. */
 
 int inflateInit_(z_streamp strm, const char *version, int stream_size)
 {
-    tl_initing++;
-    int ret = REAL(inflateInit_)(strm, version, stream_size);
-    tl_initing--;
-    if (ret == Z_OK && !tl_initing)
-        inflate_opened(strm, 15);
-    return ret;
+    return inflateInit2_(strm, MAX_WBITS, version, stream_size);
 }
 
 int inflateInit2_(z_streamp strm, int windowBits, const char *version, int stream_size)
 {
+    cfg_load();
+    /* A stream the offload path may take whole gets no zlib state until
+     * a call needs it: the state (7 KiB) and its window (32 KiB) cost
+     * more than the whole decode of a small stream. What zlib's init
+     * checks and sets, checked and set as it does. */
+    if (inflate_window_eligible(windowBits) && !cfg_disabled && !tl_inside && !tl_initing &&
+        strm && version && version[0] == ZLIB_VERSION[0] &&
+        stream_size == (int)sizeof(z_stream) && inflate_opened(strm, windowBits, 1)) {
+        strm->msg = Z_NULL;
+        strm->state = Z_NULL;
+        strm->total_in = strm->total_out = 0;
+        if (windowBits >= 0)
+            strm->adler = windowBits & 16 ? 0 : 1; /* as zlib's reset: gzip 0, zlib 1 */
+        return Z_OK;
+    }
     tl_initing++;
     int ret = REAL(inflateInit2_)(strm, windowBits, version, stream_size);
     tl_initing--;
     if (ret == Z_OK && !tl_initing)
-        inflate_opened(strm, windowBits);
+        inflate_opened(strm, windowBits, 0);
     return ret;
 }
 
@@ -1262,6 +1344,29 @@ static int inflate_whole(struct record *r, z_streamp s)
     return finish_whole(r, s, used, out, room, trailer_check(alg, s->next_in, used, s->adler));
 }
 
+/* Below this many compressed bytes, a stream that starts with a block
+ * of its own (dynamic) codes is not decoded whole: libdeflate builds
+ * decode tables for speed on long blocks (2048 entries), zlib and
+ * zlib-rs smaller ones, and on blocks of a few dozen bytes the building
+ * is the whole cost (python's zlib.decompress of 64-byte text blocks,
+ * which zlib level 1 codes either way: 0.7x the system zlib's rate
+ * whole, against about 1.0x for each stream of fixed codes). */
+#define SMALL_DYNAMIC 256
+
+/* Whether the first deflate block of the stream at `in` (framed as
+ * windowBits `window` says) has dynamic codes; 0 when its header cannot
+ * be read without parsing optional fields. */
+static int dynamic_first(int window, const unsigned char *in, size_t len)
+{
+    size_t at = 2; /* zlib's header */
+    int gzip = window == 31 || (window == 47 && len >= 2 && in[0] == 0x1f && in[1] == 0x8b);
+    if (window < 0)
+        at = 0;
+    else if (gzip)
+        at = len >= 4 && in[3] == 0 ? 10 : len; /* no optional fields: 10 bytes */
+    return at < len && ((in[at] >> 1) & 3) == 2;
+}
+
 /* ---- inflate streams in pieces: zlib-rs ---------------------------------- */
 
 /* The stream's zlib-rs state, made when first needed (NULL: out of memory
@@ -1299,8 +1404,8 @@ int inflate(z_streamp strm, int flush)
         return r->phase == PENDING ? serve_pending(r, strm) : Z_STREAM_END;
     }
     if (r && r->phase == FRESH && r->eligible && strm->total_in == 0 && strm->total_out == 0 &&
-        strm->next_in &&
-        strm->next_out && worth(strm->avail_in, 0)) {
+        strm->next_in && strm->next_out && worth(strm->avail_in, 0) &&
+        !(strm->avail_in < SMALL_DYNAMIC && dynamic_first(r->window, strm->next_in, strm->avail_in))) {
         int ret = inflate_whole(r, strm);
         if (ret >= 0) {
             count(ST_INFLATE);
@@ -1320,6 +1425,9 @@ int inflate(z_streamp strm, int flush)
         return ZRS_CALL(r, strm, wd__zrs_inflate(r->zrs, flush));
     }
     if (r) {
+        int ret = ensure_real_record(r, strm);
+        if (ret != Z_OK)
+            return ret;
         r->phase = ZLIB;
         r->zlib_used = 1;
     }
@@ -1328,8 +1436,13 @@ int inflate(z_streamp strm, int flush)
 
 int inflateEnd(z_streamp strm)
 {
-    int ret = REAL(inflateEnd)(strm);
-    if (strm)
+    struct record *r = strm ? find(strm) : NULL;
+    int ret = Z_OK;
+    if (r && r->lazy)
+        strm->state = Z_NULL; /* as zlib's End leaves it */
+    else
+        ret = REAL(inflateEnd)(strm);
+    if (r)
         forget(strm);
     return ret;
 }
@@ -1345,7 +1458,7 @@ static int inflate_reset(z_streamp strm, int (*zrs_reset)(z_streamp),
         return zlib_reset(strm);
     struct record *r = strm ? find(strm) : NULL;
     int ret = Z_OK;
-    if (!r || !r->zrs || r->zlib_used) {
+    if (!r || (!r->lazy && (!r->zrs || r->zlib_used))) {
         ret = zlib_reset(strm);
         if (r)
             r->zlib_used = 0;
@@ -1379,25 +1492,39 @@ int inflateReset2(z_streamp strm, int windowBits)
 {
     if (tl_initing)
         return REAL(inflateReset2)(strm, windowBits);
-    int ret = REAL(inflateReset2)(strm, windowBits);
+    /* zlib checks the new window against its state. */
+    int ret = ensure_real(strm);
     if (ret == Z_OK)
-        inflate_opened(strm, windowBits); /* a new record: zlib-rs's state is made anew */
+        ret = REAL(inflateReset2)(strm, windowBits);
+    if (ret == Z_OK)
+        inflate_opened(strm, windowBits, 0); /* a new record: zlib-rs's state is made anew */
     return ret;
 }
 
 int inflateCopy(z_streamp dest, z_streamp source)
 {
-    int ret = REAL(inflateCopy)(dest, source);
-    if (ret != Z_OK)
-        return ret;
-    remember_copy(dest, source);
     struct record *src = source ? find(source) : NULL;
-    struct record *r = dest ? find(dest) : NULL;
-    if (src && src->zrs && r) {
+    int lazy = src && src->lazy && dest;
+    if (lazy) {
+        /* Nothing of zlib's to copy: the copy is lazy too. */
+        memcpy(dest, source, sizeof *dest);
+    } else {
+        int ret = REAL(inflateCopy)(dest, source);
+        if (ret != Z_OK)
+            return ret;
+    }
+    struct record *r = src ? remember_copy(dest, src) : NULL;
+    if (src && !r) {
+        if (!lazy)
+            REAL(inflateEnd)(dest);
+        return Z_MEM_ERROR;
+    }
+    if (src && src->zrs) {
         z_stream *z = calloc(1, sizeof *z);
         if (!z || wd__zrs_inflateCopy(z, src->zrs) != Z_OK) {
             free(z);
-            REAL(inflateEnd)(dest);
+            if (!lazy)
+                REAL(inflateEnd)(dest);
             forget(dest);
             return Z_MEM_ERROR;
         }
@@ -1458,7 +1585,8 @@ int inflateGetDictionary(z_streamp strm, Bytef *dictionary, uInt *dictLength)
     struct record *r = on_zrs(strm);
     if (r)
         return ZRS_CALL(r, strm, wd__zrs_inflateGetDictionary(r->zrs, dictionary, dictLength));
-    return REAL(inflateGetDictionary)(strm, dictionary, dictLength);
+    int ret = ensure_real(strm);
+    return ret != Z_OK ? ret : REAL(inflateGetDictionary)(strm, dictionary, dictLength);
 }
 
 int inflateSyncPoint(z_streamp strm)
@@ -1466,7 +1594,8 @@ int inflateSyncPoint(z_streamp strm)
     struct record *r = on_zrs(strm);
     if (r)
         return ZRS_CALL(r, strm, wd__zrs_inflateSyncPoint(r->zrs));
-    return REAL(inflateSyncPoint)(strm);
+    int ret = ensure_real(strm);
+    return ret != Z_OK ? ret : REAL(inflateSyncPoint)(strm);
 }
 
 long inflateMark(z_streamp strm)
@@ -1474,7 +1603,8 @@ long inflateMark(z_streamp strm)
     struct record *r = on_zrs(strm);
     if (r)
         return ZRS_CALL(r, strm, wd__zrs_inflateMark(r->zrs));
-    return REAL(inflateMark)(strm);
+    /* (zlib's answer for a stream it cannot use) */
+    return ensure_real(strm) != Z_OK ? -(1L << 16) : REAL(inflateMark)(strm);
 }
 
 unsigned long inflateCodesUsed(z_streamp strm)
@@ -1482,7 +1612,7 @@ unsigned long inflateCodesUsed(z_streamp strm)
     struct record *r = on_zrs(strm);
     if (r)
         return ZRS_CALL(r, strm, wd__zrs_inflateCodesUsed(r->zrs));
-    return REAL(inflateCodesUsed)(strm);
+    return ensure_real(strm) != Z_OK ? (unsigned long)-1 : REAL(inflateCodesUsed)(strm);
 }
 
 int inflateBackInit_(z_streamp strm, int windowBits, unsigned char *window, const char *version,

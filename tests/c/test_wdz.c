@@ -39,6 +39,12 @@ static struct {
     int (*inflate)(z_streamp, int);
     int (*inflateEnd)(z_streamp);
     int (*inflateSync)(z_streamp);
+    int (*inflateReset)(z_streamp);
+    int (*inflateReset2)(z_streamp, int);
+    long (*inflateMark)(z_streamp);
+    unsigned long (*inflateCodesUsed)(z_streamp);
+    int (*inflateSyncPoint)(z_streamp);
+    int (*inflateGetDictionary)(z_streamp, Bytef *, uInt *);
 } ref;
 
 static void load_reference(void)
@@ -58,6 +64,12 @@ static void load_reference(void)
     SYM(inflate);
     SYM(inflateEnd);
     SYM(inflateSync);
+    SYM(inflateReset);
+    SYM(inflateReset2);
+    SYM(inflateMark);
+    SYM(inflateCodesUsed);
+    SYM(inflateSyncPoint);
+    SYM(inflateGetDictionary);
 #undef SYM
 }
 
@@ -694,6 +706,112 @@ static void inflate_in_pieces(void)
     free(orf);
 }
 
+/* The stream's fields a program sees, as the reference left its own. */
+static void same_fields(const z_stream *s, const z_stream *r)
+{
+    CHECK(s->total_in == r->total_in && s->total_out == r->total_out);
+    CHECK(s->adler == r->adler && (s->msg == NULL) == (r->msg == NULL));
+}
+
+/* An inflate stream the shim opened without zlib's state (it makes it
+ * when a call needs it): every call before the first inflate answers as
+ * stock zlib's does, a copy and a new window work, and the init refuses
+ * what zlib's refuses. */
+static void inflate_before_first_call(void)
+{
+    size_t n = 3000;
+    unsigned char *d = make_data(n, 21);
+    unsigned char *c = malloc(2 * n + 64), *out = malloc(n + 64), *dict = malloc(32768);
+    static const int wbits[] = {15, 0, -15, 31, 47, 12, -9};
+    for (size_t w = 0; w < sizeof wbits / sizeof wbits[0]; w++) {
+        z_stream s, r;
+        memset(&s, 0, sizeof s);
+        memset(&r, 0, sizeof r);
+        s.adler = r.adler = 77; /* a raw stream's init leaves it */
+        CHECK(inflateInit2(&s, wbits[w]) == Z_OK);
+        CHECK(ref.inflateInit2_(&r, wbits[w], ZLIB_VERSION, (int)sizeof r) == Z_OK);
+        same_fields(&s, &r);
+        CHECK(inflateMark(&s) == ref.inflateMark(&r));
+        CHECK(inflateCodesUsed(&s) == ref.inflateCodesUsed(&r));
+        CHECK(inflateSyncPoint(&s) == ref.inflateSyncPoint(&r));
+        uInt a = 99, b = 99;
+        CHECK(inflateGetDictionary(&s, dict, &a) == ref.inflateGetDictionary(&r, dict, &b));
+        CHECK(a == b);
+        CHECK(inflateReset(&s) == ref.inflateReset(&r));
+        same_fields(&s, &r);
+        CHECK(inflateEnd(&s) == Z_OK && ref.inflateEnd(&r) == Z_OK);
+        CHECK(s.state == NULL);
+    }
+    /* A copy before the first call, and a new window: each decodes a
+     * whole stream of its framing. */
+    size_t zlen = ref_deflate(6, 15, d, n, c, 2 * n);
+    z_stream s, t;
+    memset(&s, 0, sizeof s);
+    CHECK(inflateInit(&s) == Z_OK);
+    CHECK(inflateCopy(&t, &s) == Z_OK);
+    s.next_in = t.next_in = c;
+    s.avail_in = t.avail_in = (uInt)zlen;
+    s.next_out = out;
+    s.avail_out = (uInt)n;
+    CHECK(inflate(&s, Z_FINISH) == Z_STREAM_END);
+    CHECK(s.total_out == n && memcmp(out, d, n) == 0);
+    /* A call that needs zlib's state after the whole path: the counts and
+     * check value stay. */
+    uLong check = s.adler;
+    CHECK(inflateSyncPoint(&s) == 0);
+    CHECK(s.total_in == zlen && s.total_out == n && s.adler == check && s.msg == NULL);
+    memset(out, 0, n);
+    t.next_out = out;
+    t.avail_out = (uInt)n;
+    CHECK(inflate(&t, Z_FINISH) == Z_STREAM_END);
+    CHECK(t.total_out == n && memcmp(out, d, n) == 0);
+    CHECK(inflateEnd(&t) == Z_OK);
+    size_t glen = ref_deflate(6, 31, d, n, c, 2 * n);
+    CHECK(inflateReset2(&s, 31) == Z_OK);
+    CHECK(s.total_in == 0 && s.total_out == 0 && s.adler == 0);
+    s.next_in = c;
+    s.avail_in = (uInt)glen;
+    s.next_out = out;
+    s.avail_out = (uInt)n;
+    CHECK(inflate(&s, Z_FINISH) == Z_STREAM_END);
+    CHECK(s.total_out == n && memcmp(out, d, n) == 0);
+    CHECK(inflateReset2(&s, 99) == Z_STREAM_ERROR);
+    CHECK(inflateEnd(&s) == Z_OK);
+    /* Refused as zlib refuses: a wrong version, a wrong size, no stream,
+     * a window it does not take. */
+    memset(&s, 0, sizeof s);
+    z_stream r;
+    memset(&r, 0, sizeof r);
+    CHECK(inflateInit2_(&s, 15, "0.9", (int)sizeof s) == Z_VERSION_ERROR);
+    CHECK(inflateInit2_(&s, 15, ZLIB_VERSION, (int)sizeof s - 8) == Z_VERSION_ERROR);
+    CHECK(inflateInit2_(NULL, 15, ZLIB_VERSION, (int)sizeof s) == Z_STREAM_ERROR);
+    CHECK(inflateInit2(&s, 7) == ref.inflateInit2_(&r, 7, ZLIB_VERSION, (int)sizeof r));
+    /* A small stream on the first call, a stream in two pieces (the
+     * first too short to be whole): zlib's answers and bytes. */
+    zlen = ref_deflate(1, 15, d, 40, c, 2 * n);
+    for (size_t first = 0; first <= zlen; first++) {
+        memset(&s, 0, sizeof s);
+        memset(&r, 0, sizeof r);
+        CHECK(inflateInit(&s) == Z_OK);
+        CHECK(ref.inflateInit2_(&r, 15, ZLIB_VERSION, (int)sizeof r) == Z_OK);
+        unsigned char o2[64];
+        int a1 = inflate_both(&s, &r, c, first, out, o2, 64, Z_NO_FLUSH);
+        if (a1 == Z_OK || a1 == Z_BUF_ERROR) {
+            size_t took = first - s.avail_in;
+            size_t made = 64 - s.avail_out;
+            inflate_both(&s, &r, c + took, zlen - took, out + made, o2 + made, 64 - made,
+                         Z_NO_FLUSH);
+        }
+        CHECK(s.total_out == 40 && memcmp(out, d, 40) == 0);
+        same_fields(&s, &r);
+        CHECK(inflateEnd(&s) == Z_OK && ref.inflateEnd(&r) == Z_OK);
+    }
+    free(d);
+    free(c);
+    free(out);
+    free(dict);
+}
+
 /* gz files: written and read through the shim, read by stock zlib. */
 static void gz_files(void)
 {
@@ -732,6 +850,7 @@ int main(void)
     inflate_framings();
     zlib_streams();
     inflate_in_pieces();
+    inflate_before_first_call();
     gz_files();
     printf("test_wdz: ok\n");
     return 0;
