@@ -36,6 +36,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -236,6 +237,9 @@ enum phase {
 };
 
 struct record {
+    /* RECORD_MAGIC: tells the record from zlib's state, whose first
+     * field is a pointer (see own_record). */
+    uint64_t magic;
     struct record *next;
     z_streamp strm;
     int deflating;
@@ -268,19 +272,56 @@ struct record {
     int zlib_used; /* inflate: the system zlib's state went past its init */
 };
 
+/* Not a user-space address (the top 16 bits are set). */
+#define RECORD_MAGIC 0x57445a2d52454344ull
+
+/* A stream with no system zlib state yet (a lazy inflate stream) keeps
+ * its record in its own `state` field, which only zlib reads: finding it
+ * needs no table and no lock. zlib's states (inflate's and deflate's)
+ * begin with a pointer to their stream, never equal to the magic. */
+static struct record *own_record(z_streamp s)
+{
+    struct record *r = (struct record *)s->state;
+    return r && r->magic == RECORD_MAGIC && r->strm == s ? r : NULL;
+}
+
+/* Every other stream's record is in a table keyed by the stream's
+ * address. */
 #define BUCKETS 256
 static struct record *table[BUCKETS];
-static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The table's lock: held for a walk along one bucket, so a spin lock (an
+ * exchange to take, a store to give back) rather than a mutex, whose
+ * lock and unlock calls cost about as much again as the walk: a stream
+ * takes it three times (open, first call, end), which was a tenth of the
+ * shim's cost on python's zlib.decompress of 16-byte blocks. A waiter
+ * whose holder was preempted yields after a while. */
+static int table_lock;
+
+static void table_take(void)
+{
+    for (unsigned spins = 0; __atomic_exchange_n(&table_lock, 1, __ATOMIC_ACQUIRE); spins++) {
+        if (spins >= 100)
+            sched_yield();
+        else
+            __builtin_ia32_pause();
+    }
+}
+
+/* Pairs with the acquiring exchange of the next table_take. */
+static void table_give(void) { __atomic_store_n(&table_lock, 0, __ATOMIC_RELEASE); }
 
 static size_t bucket(z_streamp s) { return ((uintptr_t)s >> 4) % BUCKETS; }
 
 static struct record *find(z_streamp s)
 {
-    pthread_mutex_lock(&table_lock);
+    struct record *own = own_record(s);
+    if (own)
+        return own;
+    table_take();
     struct record *r = table[bucket(s)];
     while (r && r->strm != s)
         r = r->next;
-    pthread_mutex_unlock(&table_lock);
+    table_give();
     return r;
 }
 
@@ -377,16 +418,38 @@ static void free_record(struct record *r)
     tl_spare = r;
 }
 
-static void forget(z_streamp s)
+/* s's record, taken from the stream or out of the table (the caller
+ * frees it), or NULL. */
+static struct record *take(z_streamp s)
 {
-    pthread_mutex_lock(&table_lock);
+    struct record *own = own_record(s);
+    if (own) {
+        s->state = Z_NULL;
+        return own;
+    }
+    table_take();
     struct record *r = unlink_record(s);
-    pthread_mutex_unlock(&table_lock);
-    free_record(r);
+    table_give();
+    return r;
 }
 
-/* Keep a record for s (replacing any earlier one: a stream re-initialised
- * without End). Out of memory leaves the stream to zlib alone. */
+static void forget(z_streamp s) { free_record(take(s)); }
+
+/* Into the table, replacing any record s had there (a stream
+ * re-initialised without End). */
+static void table_insert(struct record *r)
+{
+    table_take();
+    struct record *old = unlink_record(r->strm);
+    r->next = table[bucket(r->strm)];
+    table[bucket(r->strm)] = r;
+    table_give();
+    free_record(old);
+}
+
+/* Keep a record for s: in the stream itself when it is a lazy inflate
+ * stream (see own_record), else in the table. Out of memory leaves the
+ * stream to zlib alone. */
 static struct record *remember(z_streamp s, const struct record *init)
 {
     struct record *r = tl_spare;
@@ -401,12 +464,11 @@ static struct record *remember(z_streamp s, const struct record *init)
     r->gather = NULL;
     r->gather_len = r->gather_cap = 0;
     r->zrs = NULL;
-    pthread_mutex_lock(&table_lock);
-    struct record *old = unlink_record(s);
-    r->next = table[bucket(s)];
-    table[bucket(s)] = r;
-    pthread_mutex_unlock(&table_lock);
-    free_record(old);
+    r->magic = RECORD_MAGIC;
+    if (!r->deflating && r->lazy)
+        s->state = (struct internal_state *)r;
+    else
+        table_insert(r);
     return r;
 }
 
@@ -642,6 +704,9 @@ int deflateInit2_(z_streamp strm, int level, int method, int windowBits, int mem
         r.mem_level = memLevel;
         r.strategy = strategy;
         if (remember(strm, &r)) {
+            /* No state of zlib's: NULL, not what the caller left (find
+             * reads it). */
+            strm->state = Z_NULL;
             strm->msg = Z_NULL;
             strm->total_in = strm->total_out = 0;
             strm->data_type = Z_UNKNOWN;
@@ -691,6 +756,10 @@ static int ensure_real_record(struct record *r, z_streamp strm)
         strm->total_out = was.total_out;
         strm->adler = was.adler;
         strm->msg = was.msg;
+        if (ret == Z_OK)
+            table_insert(r); /* the stream's state is zlib's now */
+        else
+            strm->state = was.state; /* still lazy, its record there */
     }
     if (ret != Z_OK)
         r->lazy = 1;
@@ -1013,20 +1082,15 @@ int deflate(z_streamp strm, int flush)
 
 int deflateEnd(z_streamp strm)
 {
-    struct record *r = strm ? find(strm) : NULL;
-    if (r && r->lazy) {
-        /* zlib never had it: nothing of zlib's to free. */
-        forget(strm);
-        return Z_OK;
-    }
-    if (r && r->zrs) {
-        int ret = zrs_deflate_drop(r);
-        forget(strm);
-        return ret;
-    }
-    int ret = REAL(deflateEnd)(strm);
-    if (strm)
-        forget(strm);
+    struct record *r = strm ? take(strm) : NULL;
+    int ret;
+    if (r && r->lazy)
+        ret = Z_OK; /* zlib never had it: nothing of zlib's to free */
+    else if (r && r->zrs)
+        ret = zrs_deflate_drop(r);
+    else
+        ret = REAL(deflateEnd)(strm);
+    free_record(r);
     return ret;
 }
 
@@ -1268,7 +1332,6 @@ int inflateInit2_(z_streamp strm, int windowBits, const char *version, int strea
         strm && version && version[0] == ZLIB_VERSION[0] &&
         stream_size == (int)sizeof(z_stream) && inflate_opened(strm, windowBits, 1)) {
         strm->msg = Z_NULL;
-        strm->state = Z_NULL;
         strm->total_in = strm->total_out = 0;
         if (windowBits >= 0)
             strm->adler = windowBits & 16 ? 0 : 1; /* as zlib's reset: gzip 0, zlib 1 */
@@ -1436,14 +1499,11 @@ int inflate(z_streamp strm, int flush)
 
 int inflateEnd(z_streamp strm)
 {
-    struct record *r = strm ? find(strm) : NULL;
+    struct record *r = strm ? take(strm) : NULL;
     int ret = Z_OK;
-    if (r && r->lazy)
-        strm->state = Z_NULL; /* as zlib's End leaves it */
-    else
-        ret = REAL(inflateEnd)(strm);
-    if (r)
-        forget(strm);
+    if (!r || !r->lazy)
+        ret = REAL(inflateEnd)(strm); /* (take left a lazy stream's state NULL, as zlib's End) */
+    free_record(r);
     return ret;
 }
 
@@ -1515,7 +1575,9 @@ int inflateCopy(z_streamp dest, z_streamp source)
     }
     struct record *r = src ? remember_copy(dest, src) : NULL;
     if (src && !r) {
-        if (!lazy)
+        if (lazy)
+            dest->state = Z_NULL; /* not the source's record */
+        else
             REAL(inflateEnd)(dest);
         return Z_MEM_ERROR;
     }
