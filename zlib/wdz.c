@@ -1345,6 +1345,66 @@ int inflateInit2_(z_streamp strm, int windowBits, const char *version, int strea
     return ret;
 }
 
+/* Below this many compressed bytes a whole stream is decoded by the
+ * system zlib in a state this thread keeps (reset for each stream), not
+ * by libdeflate, which builds bigger decode tables for a block with its
+ * own codes than zlib does: on 64-byte text blocks (a third of them with
+ * such codes) libdeflate ran at 0.7x zlib's rate, zlib-rs beside it at
+ * 0.93x (the two evicting each other's tables), a kept zlib state at
+ * zlib's own rate; from 256-byte blocks libdeflate wins (1.1x). */
+#define SMALL_WHOLE 128
+
+static TLS z_stream *tl_small;
+static pthread_key_t small_key;
+static pthread_once_t small_once = PTHREAD_ONCE_INIT;
+
+static void small_free(void *z)
+{
+    REAL(inflateEnd)(z);
+    free(z);
+}
+
+static void small_key_make(void) { pthread_key_create(&small_key, small_free); }
+
+/* Decode a small whole stream as inflate_whole does, with zlib: into the
+ * caller's buffer, and only a stream that ends in it (anything else is
+ * declined, the caller's stream untouched). */
+static int small_whole(struct record *r, z_streamp s)
+{
+    z_stream *z = tl_small;
+    int ret;
+    tl_initing++; /* zlib's init and reset call its other resets */
+    if (z) {
+        ret = REAL(inflateReset2)(z, r->window);
+    } else if ((z = calloc(1, sizeof *z))) {
+        ret = REAL(inflateInit2_)(z, r->window, ZLIB_VERSION, (int)sizeof *z);
+        if (ret == Z_OK) {
+            pthread_once(&small_once, small_key_make);
+            pthread_setspecific(small_key, z); /* ended with the thread */
+            tl_small = z;
+        } else {
+            free(z);
+        }
+    } else {
+        ret = Z_MEM_ERROR;
+    }
+    tl_initing--;
+    if (ret != Z_OK)
+        return -1;
+    z->next_in = s->next_in;
+    z->avail_in = s->avail_in;
+    z->next_out = s->next_out;
+    z->avail_out = s->avail_out;
+    /* Z_FINISH: a stream that ends in this call needs no window. */
+    tl_inside++;
+    ret = REAL(inflate)(z, Z_FINISH);
+    tl_inside--;
+    if (ret != Z_STREAM_END)
+        return -1;
+    s->data_type = z->data_type;
+    return finish_whole(r, s, s->avail_in - z->avail_in, s->next_out,
+                        s->avail_out - z->avail_out, z->adler);
+}
 
 /* Decompress a whole stream from the stream's input; as deflate_whole. */
 static int inflate_whole(struct record *r, z_streamp s)
@@ -1407,29 +1467,6 @@ static int inflate_whole(struct record *r, z_streamp s)
     return finish_whole(r, s, used, out, room, trailer_check(alg, s->next_in, used, s->adler));
 }
 
-/* Below this many compressed bytes, a stream that starts with a block
- * of its own (dynamic) codes is not decoded whole: libdeflate builds
- * decode tables for speed on long blocks (2048 entries), zlib and
- * zlib-rs smaller ones, and on blocks of a few dozen bytes the building
- * is the whole cost (python's zlib.decompress of 64-byte text blocks,
- * which zlib level 1 codes either way: 0.7x the system zlib's rate
- * whole, against about 1.0x for each stream of fixed codes). */
-#define SMALL_DYNAMIC 256
-
-/* Whether the first deflate block of the stream at `in` (framed as
- * windowBits `window` says) has dynamic codes; 0 when its header cannot
- * be read without parsing optional fields. */
-static int dynamic_first(int window, const unsigned char *in, size_t len)
-{
-    size_t at = 2; /* zlib's header */
-    int gzip = window == 31 || (window == 47 && len >= 2 && in[0] == 0x1f && in[1] == 0x8b);
-    if (window < 0)
-        at = 0;
-    else if (gzip)
-        at = len >= 4 && in[3] == 0 ? 10 : len; /* no optional fields: 10 bytes */
-    return at < len && ((in[at] >> 1) & 3) == 2;
-}
-
 /* ---- inflate streams in pieces: zlib-rs ---------------------------------- */
 
 /* The stream's zlib-rs state, made when first needed (NULL: out of memory
@@ -1467,9 +1504,8 @@ int inflate(z_streamp strm, int flush)
         return r->phase == PENDING ? serve_pending(r, strm) : Z_STREAM_END;
     }
     if (r && r->phase == FRESH && r->eligible && strm->total_in == 0 && strm->total_out == 0 &&
-        strm->next_in && strm->next_out && worth(strm->avail_in, 0) &&
-        !(strm->avail_in < SMALL_DYNAMIC && dynamic_first(r->window, strm->next_in, strm->avail_in))) {
-        int ret = inflate_whole(r, strm);
+        strm->next_in && strm->next_out && worth(strm->avail_in, 0)) {
+        int ret = strm->avail_in < SMALL_WHOLE ? small_whole(r, strm) : inflate_whole(r, strm);
         if (ret >= 0) {
             count(ST_INFLATE);
             return ret;
