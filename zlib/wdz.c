@@ -1402,8 +1402,9 @@ static int small_whole(struct record *r, z_streamp s)
     if (ret != Z_STREAM_END)
         return -1;
     s->data_type = z->data_type;
+    /* (A raw stream's `adler` is the caller's: zlib leaves it.) */
     return finish_whole(r, s, s->avail_in - z->avail_in, s->next_out,
-                        s->avail_out - z->avail_out, z->adler);
+                        s->avail_out - z->avail_out, r->window < 0 ? s->adler : z->adler);
 }
 
 /* Decompress a whole stream from the stream's input; as deflate_whole. */
