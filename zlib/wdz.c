@@ -129,8 +129,7 @@ static int cfg_disabled;
  * zlib's init clears more memory than libdeflate's whole call), but
  * stores inputs of up to 51 bytes uncompressed at level 1, where zlib's
  * output is smaller: those stay with zlib. A whole inflate stream of any
- * size decodes faster on libdeflate (no zlib state, no window) than zlib
- * sets itself up for it. */
+ * size is taken (see SMALL_WHOLE for who decodes it). */
 static size_t cfg_min_deflate = 64, cfg_min_inflate = 1;
 
 static void cfg_load(void)
@@ -1324,10 +1323,10 @@ int inflateInit_(z_streamp strm, const char *version, int stream_size)
 int inflateInit2_(z_streamp strm, int windowBits, const char *version, int stream_size)
 {
     cfg_load();
-    /* A stream the offload path may take whole gets no zlib state until
-     * a call needs it: the state (7 KiB) and its window (32 KiB) cost
-     * more than the whole decode of a small stream. What zlib's init
-     * checks and sets, checked and set as it does. */
+    /* A stream the offload path may take whole gets no zlib state of its
+     * own (7 KiB, and a 32 KiB window) until a call needs one: one taken
+     * whole never does. What zlib's init checks and sets, checked and
+     * set as it does. */
     if (inflate_window_eligible(windowBits) && !cfg_disabled && !tl_inside && !tl_initing &&
         strm && version && version[0] == ZLIB_VERSION[0] &&
         stream_size == (int)sizeof(z_stream) && inflate_opened(strm, windowBits, 1)) {

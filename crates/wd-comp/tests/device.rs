@@ -286,6 +286,26 @@ fn routing_is_counted_and_fallback_is_explicit() {
         (1, 1, 0),
         "{s:?}"
     );
+    // One small block (the settings alone route it: no batch made) is
+    // counted alike, bytes and all, and refuses a bad level alike.
+    let mut z = vec![0u8; 256];
+    let n = none
+        .compress(Algorithm::Gzip, 1, &text[..100], &mut z)
+        .unwrap();
+    let mut back = vec![0u8; 100];
+    let got = none
+        .decompress(Algorithm::Gzip, &z[..n], &mut back, 0)
+        .unwrap();
+    assert_eq!((got.consumed, got.produced), (n, 100));
+    assert_eq!(back, &text[..100]);
+    let t = none.stats();
+    assert_eq!(t.cpu_threshold - s.cpu_threshold, 2, "{t:?}");
+    assert_eq!(t.bytes_in - s.bytes_in, 100 + n as u64, "{t:?}");
+    assert_eq!(t.bytes_out - s.bytes_out, n as u64 + 100, "{t:?}");
+    assert!(matches!(
+        none.compress(Algorithm::Gzip, 42, &text[..100], &mut z),
+        Err(CompError::Data(_))
+    ));
     let mut strict = Compressor::new(None, offload_cfg());
     match strict.compress_blocks(Algorithm::Gzip, 1, &blocks) {
         Err(CompError::NoQueue(why)) => assert!(why.contains("no host"), "{why}"),
