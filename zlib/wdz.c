@@ -123,14 +123,11 @@ static void *real_sym(const char *name)
 
 static int cfg_ready;
 static int cfg_disabled;
-/* Measured with python's zlib.compress and zlib.decompress per block
- * size, against the system zlib (wd bench zip, docs/compression.md).
- * Compressing, libdeflate wins from 64 bytes of input up (twice as fast:
- * zlib's init clears more memory than libdeflate's whole call), but
- * stores inputs of up to 51 bytes uncompressed at level 1, where zlib's
- * output is smaller: those stay with zlib. A whole inflate stream of any
- * size is taken (see SMALL_WHOLE for who decodes it). */
-static size_t cfg_min_deflate = 64, cfg_min_inflate = 1;
+/* Buffers below these sizes are left to zlib (WDZ_MIN_BYTES sets both).
+ * None by default: small whole streams go to a zlib state the thread
+ * keeps (see SMALL_DEFLATE and SMALL_WHOLE), which costs less than the
+ * program's own zlib call would. */
+static size_t cfg_min_deflate = 1, cfg_min_inflate = 1;
 
 static void cfg_load(void)
 {
@@ -156,6 +153,11 @@ static void cfg_load(void)
  * own calls of deflate and inflate come back here, and must not try the
  * offload path a second time. */
 static TLS int tl_inside;
+
+/* Set while the system zlib initialises a stream, or works on a state
+ * the shim keeps: the calls it makes inside come back here and go
+ * straight to it (no records; see inflateInit2_ and kept_deflate). */
+static TLS int tl_initing;
 
 /* Whether a buffer of n bytes is worth taking over, to compress (its
  * input) or to decompress (its compressed input). */
@@ -599,11 +601,101 @@ static int zrs_deflate_drop(struct record *r)
     return ret;
 }
 
+/* Below this many bytes of input a whole deflate stream (or a compress2
+ * call) is compressed by the system zlib in a state this thread keeps
+ * for its framing and resets for each stream, not by libdeflate, whose
+ * level 1 clears a 128 KiB table on every call where zlib's reset clears
+ * 64 KiB; and a program's own zlib init costs more than either when its
+ * 270 KiB come from cold heap. python's zlib.compress of 16-byte blocks:
+ * 0.18 s for 64 Ki blocks on the kept state, 0.62-0.81 s on the system
+ * zlib, the heap deciding; at 64 bytes the kept state and libdeflate are
+ * even (0.34 and 0.36 s), from 128 bytes libdeflate wins (0.40 against
+ * 0.49 s). The output is zlib's own, byte for byte. */
+#define SMALL_DEFLATE 128
+
+static TLS z_stream *tl_deflaters[3]; /* zlib, raw, gzip framing */
+static pthread_key_t deflaters_key;
+static pthread_once_t deflaters_once = PTHREAD_ONCE_INIT;
+
+static void deflaters_free(void *unused)
+{
+    (void)unused;
+    for (int i = 0; i < 3; i++) {
+        if (tl_deflaters[i]) {
+            REAL(deflateEnd)(tl_deflaters[i]);
+            free(tl_deflaters[i]);
+            tl_deflaters[i] = NULL;
+        }
+    }
+}
+
+static void deflaters_key_make(void) { pthread_key_create(&deflaters_key, deflaters_free); }
+
+/* Compress `len` bytes at `src` whole into `out` (`room` bytes) as zlib's
+ * deflateInit2_(level, windowBits, memLevel 8, default strategy) and
+ * deflate(Z_FINISH) would: the bytes written, its check value and data
+ * type; -1 when it did not fit (or no state could be had). */
+static long kept_deflate(int window_bits, int level, const unsigned char *src, size_t len,
+                         unsigned char *out, size_t room, uLong *check, int *data_type)
+{
+    int i = window_bits == 15 ? 0 : window_bits == -15 ? 1 : window_bits == 31 ? 2 : -1;
+    if (i < 0 || len > UINT32_MAX)
+        return -1;
+    if (room > UINT32_MAX)
+        room = UINT32_MAX;
+    z_stream *z = tl_deflaters[i];
+    int ret;
+    tl_initing++; /* zlib's init, reset and params call its other entries */
+    if (z) {
+        ret = REAL(deflateReset)(z);
+        /* After a reset no data is owed: params only sets the level. */
+        if (ret == Z_OK)
+            ret = REAL(deflateParams)(z, level, Z_DEFAULT_STRATEGY);
+    } else if ((z = calloc(1, sizeof *z))) {
+        ret = REAL(deflateInit2_)(z, level, Z_DEFLATED, window_bits, 8, Z_DEFAULT_STRATEGY,
+                                  ZLIB_VERSION, (int)sizeof *z);
+        if (ret == Z_OK) {
+            pthread_once(&deflaters_once, deflaters_key_make);
+            pthread_setspecific(deflaters_key, (void *)1); /* so that the thread's end frees them */
+            tl_deflaters[i] = z;
+        } else {
+            free(z);
+        }
+    } else {
+        ret = Z_MEM_ERROR;
+    }
+    if (ret == Z_OK) {
+        z->next_in = (z_const Bytef *)src;
+        z->avail_in = (uInt)len;
+        z->next_out = out;
+        z->avail_out = (uInt)room;
+        ret = REAL(deflate)(z, Z_FINISH);
+    }
+    tl_initing--;
+    if (ret != Z_STREAM_END)
+        return -1;
+    *check = z->adler;
+    *data_type = z->data_type;
+    return (long)(room - z->avail_out);
+}
+
 /* ---- one-shot calls ----------------------------------------------------- */
 
 int compress2(Bytef *dest, uLongf *destLen, const Bytef *source, uLong sourceLen, int level)
 {
-    if (destLen && worth(sourceLen, 1) && level >= -1 && level <= 9 && level != 0) {
+    if (destLen && worth(sourceLen, 1) && level >= -1 && level <= 9 && level != 0 &&
+        sourceLen < SMALL_DEFLATE) {
+        uLong check;
+        int data_type;
+        long n = kept_deflate(MAX_WBITS, level, source, sourceLen, dest, *destLen, &check,
+                              &data_type);
+        if (n >= 0) {
+            *destLen = (uLongf)n;
+            count(ST_ONESHOT);
+            return Z_OK;
+        }
+        /* Too little room: zlib's own call says so. */
+    } else if (destLen && worth(sourceLen, 1) && level >= -1 && level <= 9 && level != 0) {
         struct wd_comp *c = comp();
         size_t room = *destLen;
         if (c && wd_comp_compress(c, WD_COMP_ZLIB, level, source, sourceLen, dest, &room) == 0) {
@@ -728,8 +820,6 @@ int deflateInit_(z_streamp strm, int level, const char *version, int stream_size
                          stream_size);
 }
 
-static TLS int tl_initing;
-
 /* Give a lazily opened stream zlib's state now; Z_OK or zlib's error. A
  * deflate stream that was taken over starts again (only a reset or a
  * call zlib refuses on a finished stream can follow). An inflate stream
@@ -823,6 +913,22 @@ static int finish_whole(struct record *r, z_streamp s, size_t used, const unsign
 static int deflate_whole(struct record *r, z_streamp s, const unsigned char *src, size_t len,
                          size_t used)
 {
+    if (len < SMALL_DEFLATE && r->lazy && r->mem_level == 8) {
+        /* zlib's bound for a small input with the largest header. */
+        size_t bound = len + (len >> 12) + (len >> 14) + 13 + 18;
+        unsigned char *out = s->avail_out >= bound ? s->next_out : scratch(bound);
+        size_t room = out == s->next_out ? s->avail_out : bound;
+        uLong check;
+        int data_type;
+        long n = out ? kept_deflate(r->window_bits, r->level, src, len, out, room, &check,
+                                    &data_type)
+                     : -1;
+        if (n >= 0) {
+            s->data_type = data_type;
+            /* (A raw stream's `adler` stays as the init set it.) */
+            return finish_whole(r, s, used, out, (size_t)n, r->window < 0 ? s->adler : check);
+        }
+    }
     struct wd_comp *c = comp();
     if (!c)
         return -1;
@@ -1002,6 +1108,8 @@ static size_t drain(struct record *r, z_streamp s)
 
 int deflate(z_streamp strm, int flush)
 {
+    if (tl_initing)
+        return REAL(deflate)(strm, flush); /* zlib's own call, on a kept state */
     struct record *r = strm ? find(strm) : NULL;
     if (r && (r->phase == PENDING || r->phase == DONE)) {
         /* As zlib answers a finished stream. */
@@ -1128,6 +1236,8 @@ static int lazy_reset(z_streamp strm)
 
 int deflateReset(z_streamp strm)
 {
+    if (tl_initing)
+        return REAL(deflateReset)(strm);
     if (lazy_reset(strm) == Z_OK)
         return Z_OK;
     int ret = ensure_real(strm);
@@ -1140,6 +1250,8 @@ int deflateReset(z_streamp strm)
 
 int deflateResetKeep(z_streamp strm)
 {
+    if (tl_initing)
+        return REAL(deflateResetKeep)(strm);
     if (lazy_reset(strm) == Z_OK)
         return Z_OK;
     int ret = ensure_real(strm);

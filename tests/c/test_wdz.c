@@ -883,6 +883,71 @@ static void small_streams(void)
     free(d);
 }
 
+/* Small whole deflate streams and compress2 calls (the shim compresses
+ * them with zlib states it keeps, reset between streams): byte for byte
+ * stock zlib's output, counts and check values, for every level in turn
+ * (the kept state changes level between streams), every framing, and
+ * too little room (zlib's own answer). */
+static void small_deflates(void)
+{
+    unsigned char *d = make_data(200, 41);
+    unsigned char a[512], b[512];
+    static const int wbits[] = {15, -15, 31};
+    static const int levels[] = {1, 9, -1, 2, 6, 3, 8, 4, 7, 5};
+    for (size_t n = 0; n < 128; n += 7) { /* (below the size libdeflate takes) */
+        for (size_t l = 0; l < sizeof levels / sizeof levels[0]; l++) {
+            int level = levels[l];
+            for (size_t w = 0; w < sizeof wbits / sizeof wbits[0]; w++) {
+                z_stream s, r;
+                memset(&s, 0, sizeof s);
+                memset(&r, 0, sizeof r);
+                CHECK(deflateInit2(&s, level, Z_DEFLATED, wbits[w], 8, Z_DEFAULT_STRATEGY) ==
+                      Z_OK);
+                CHECK(ref.deflateInit2_(&r, level, Z_DEFLATED, wbits[w], 8, Z_DEFAULT_STRATEGY,
+                                        ZLIB_VERSION, (int)sizeof r) == Z_OK);
+                s.next_in = r.next_in = d + l;
+                s.avail_in = r.avail_in = (uInt)n;
+                s.next_out = a;
+                r.next_out = b;
+                s.avail_out = r.avail_out = sizeof a;
+                CHECK(deflate(&s, Z_FINISH) == Z_STREAM_END);
+                CHECK(ref.deflate(&r, Z_FINISH) == Z_STREAM_END);
+                CHECK(s.total_out == r.total_out && memcmp(a, b, s.total_out) == 0);
+                CHECK(s.total_in == n && s.adler == r.adler && s.data_type == r.data_type);
+                CHECK(deflateEnd(&s) == Z_OK);
+                ref.deflateEnd(&r);
+            }
+            uLongf la = sizeof a, lb = sizeof b;
+            CHECK(compress2(a, &la, d + l, (uLong)n, level) == Z_OK);
+            CHECK(ref.compress2(b, &lb, d + l, (uLong)n, level) == Z_OK);
+            CHECK(la == lb && memcmp(a, b, la) == 0);
+            /* One byte short: zlib's answer, and the stream still ends
+             * right once it has room. */
+            uLongf shorter = lb - 1;
+            CHECK(compress2(a, &shorter, d + l, (uLong)n, level) == Z_BUF_ERROR);
+            z_stream s;
+            memset(&s, 0, sizeof s);
+            CHECK(deflateInit(&s, level) == Z_OK);
+            s.next_in = d + l;
+            s.avail_in = (uInt)n;
+            s.next_out = a;
+            s.avail_out = (uInt)(lb - 1);
+            int ret = deflate(&s, Z_FINISH);
+            CHECK(ret == Z_OK || ret == Z_BUF_ERROR);
+            s.avail_out = 64;
+            while ((ret = deflate(&s, Z_FINISH)) == Z_OK)
+                s.avail_out = 64;
+            CHECK(ret == Z_STREAM_END && s.total_out >= lb - 1);
+            uLongf back = 200;
+            unsigned char o[200];
+            CHECK(ref.uncompress(o, &back, a, s.total_out) == Z_OK);
+            CHECK(back == n && memcmp(o, d + l, n) == 0);
+            deflateEnd(&s);
+        }
+    }
+    free(d);
+}
+
 /* gz files: written and read through the shim, read by stock zlib. */
 static void gz_files(void)
 {
@@ -923,6 +988,7 @@ int main(void)
     inflate_in_pieces();
     inflate_before_first_call();
     small_streams();
+    small_deflates();
     gz_files();
     printf("test_wdz: ok\n");
     return 0;
