@@ -61,6 +61,11 @@ for t in "${targets[@]}"; do
     grep -qx "$t" <<<"$all" || { echo "fuzz.sh: no target $t (targets: $(echo $all))" >&2; exit 2; }
 done
 
+# wdz_inflate drives the drop-in zlib, which is built apart (C).
+if printf '%s\n' "${targets[@]}" | grep -qx wdz_inflate; then
+    ../scripts/build-wdz.sh >/dev/null || { echo "fuzz.sh: cannot build libwdz.so" >&2; exit 1; }
+fi
+
 if [ -n "$runs" ]; then limit="-runs=$runs"; else limit="-max_total_time=$time_s"; fi
 build=(-O -s "$sanitizer")
 [ "$sanitizer" = address ] || build+=(--target-dir "target-$sanitizer")

@@ -1,0 +1,239 @@
+//! Hostile and valid compressed data through the drop-in zlib's inflate
+//! (libwdz.so: its whole-stream path, the small streams on a kept zlib
+//! state, zlib-rs for pieces, the lazy zlib state, output waiting in the
+//! shim) against the system zlib, with the same pieces and rooms: never a
+//! crash, and both agree on whether the stream ends; a stream that ends
+//! gives the same data, input taken and check value on both.
+//!
+//! The library is `$WDZ_LIB`, else target/release/libwdz.so of this
+//! checkout (scripts/build-wdz.sh builds it; scripts/fuzz.sh does first).
+//! Input: a selector byte (windowBits, whether the rest is compressed
+//! here first, at which level), room and piece sizes, a byte to flip and
+//! bytes to cut, then the data.
+#![no_main]
+use std::ffi::{c_char, c_int, c_ulong, c_void};
+use std::sync::OnceLock;
+
+use libfuzzer_sys::fuzz_target;
+use wd_sys::dl::{load_system, Library};
+
+/// zlib's `z_stream` (zlib.h, LP64).
+#[repr(C)]
+struct ZStream {
+    next_in: *const u8,
+    avail_in: u32,
+    total_in: c_ulong,
+    next_out: *mut u8,
+    avail_out: u32,
+    total_out: c_ulong,
+    msg: *const c_char,
+    state: *mut c_void,
+    zalloc: *mut c_void,
+    zfree: *mut c_void,
+    opaque: *mut c_void,
+    data_type: c_int,
+    adler: c_ulong,
+    reserved: c_ulong,
+}
+
+impl ZStream {
+    fn new() -> ZStream {
+        // SAFETY: all-zero is a valid z_stream before init (NULL
+        // pointers: zlib's default allocator).
+        unsafe { std::mem::zeroed() }
+    }
+}
+
+type InflateInit2 = unsafe extern "C" fn(*mut ZStream, c_int, *const c_char, c_int) -> c_int;
+type Inflate = unsafe extern "C" fn(*mut ZStream, c_int) -> c_int;
+type InflateEnd = unsafe extern "C" fn(*mut ZStream) -> c_int;
+type Compress2 = unsafe extern "C" fn(*mut u8, *mut c_ulong, *const u8, c_ulong, c_int) -> c_int;
+
+/// One zlib's entry points.
+struct Zlib {
+    init: InflateInit2,
+    inflate: Inflate,
+    end: InflateEnd,
+    compress2: Compress2,
+    _lib: Library,
+}
+
+fn zlib(lib: Library) -> Zlib {
+    let f = |name: &str| {
+        lib.symbol(name)
+            .unwrap_or_else(|| panic!("{}: no {name}", lib.path()))
+            .as_ptr()
+    };
+    // SAFETY: zlib.h declares the four with these C types; the library
+    // stays loaded as long as the Zlib holding it, which lives in a static.
+    unsafe {
+        Zlib {
+            init: std::mem::transmute::<*mut c_void, InflateInit2>(f("inflateInit2_")),
+            inflate: std::mem::transmute::<*mut c_void, Inflate>(f("inflate")),
+            end: std::mem::transmute::<*mut c_void, InflateEnd>(f("inflateEnd")),
+            compress2: std::mem::transmute::<*mut c_void, Compress2>(f("compress2")),
+            _lib: lib,
+        }
+    }
+}
+
+/// The shim and the system zlib. The shim is loaded on its own (not
+/// preloaded): its calls to the system zlib go to the libz.so.1 it was
+/// linked with, which is also the reference here.
+fn both() -> &'static (Zlib, Zlib) {
+    static BOTH: OnceLock<(Zlib, Zlib)> = OnceLock::new();
+    BOTH.get_or_init(|| {
+        let path = std::env::var("WDZ_LIB").unwrap_or_else(|_| {
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../target/release/libwdz.so").to_string()
+        });
+        let shim = load_system(&path)
+            .unwrap_or_else(|e| panic!("{path}: {e} (scripts/build-wdz.sh builds it)"));
+        let system = load_system("libz.so.1").expect("the system zlib");
+        (zlib(shim), zlib(system))
+    })
+}
+
+const VERSION: &[u8] = b"1.2.13\0";
+const Z_OK: c_int = 0;
+const Z_STREAM_END: c_int = 1;
+const Z_BUF_ERROR: c_int = -5;
+const MAX_OUT: usize = 1 << 20;
+
+/// What decoding with given pieces and rooms came to.
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    ended: bool,
+    out: Vec<u8>,
+    total_in: c_ulong,
+    adler: Option<c_ulong>,
+}
+
+fn decode(z: &Zlib, window: c_int, input: &[u8], room: usize, piece: usize) -> Outcome {
+    let mut s = ZStream::new();
+    // SAFETY: `s` is a zeroed z_stream; VERSION is NUL-terminated and the
+    // size is the structure's.
+    let ret = unsafe {
+        (z.init)(
+            &mut s,
+            window,
+            VERSION.as_ptr().cast(),
+            std::mem::size_of::<ZStream>() as c_int,
+        )
+    };
+    assert_eq!(ret, Z_OK, "inflateInit2_({window})");
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; room];
+    let mut at = 0;
+    let mut ended = false;
+    for _ in 0..100_000 {
+        let n = (input.len() - at).min(piece);
+        s.next_in = input[at..].as_ptr();
+        s.avail_in = n as u32;
+        s.next_out = buf.as_mut_ptr();
+        s.avail_out = room as u32;
+        // SAFETY: next_in/avail_in and next_out/avail_out describe live
+        // buffers of those lengths; `s` was initialised above.
+        let ret = unsafe { (z.inflate)(&mut s, 0) };
+        let took = n - s.avail_in as usize;
+        let made = room - s.avail_out as usize;
+        at += took;
+        out.extend_from_slice(&buf[..made]);
+        if ret == Z_STREAM_END {
+            ended = true;
+            break;
+        }
+        if (ret != Z_OK && ret != Z_BUF_ERROR) || out.len() > MAX_OUT {
+            break;
+        }
+        if took == 0 && made == 0 && at == input.len() {
+            break; // All given, no progress: it will not end.
+        }
+    }
+    let o = Outcome {
+        ended,
+        out,
+        total_in: s.total_in,
+        // A raw stream's `adler` is the caller's, not a check value.
+        adler: (ended && window >= 0).then_some(s.adler),
+    };
+    // SAFETY: initialised above, ended once.
+    unsafe { (z.end)(&mut s) };
+    o
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((head, body)) = data.split_first_chunk::<5>() else {
+        return;
+    };
+    let [sel, room, piece, flip, cut] = *head;
+    let window = [15, -15, 31, 47, 0, 12][(sel & 7) as usize % 6];
+    let (shim, system) = both();
+    let mut input = body.to_vec();
+    if sel & 8 != 0 && !body.is_empty() {
+        // A valid stream of the framing (47 and 0: zlib's or gzip's),
+        // then damaged as the other bytes say.
+        let level = 1 + (sel >> 4) as c_int % 9;
+        let mut z = vec![0u8; body.len() + body.len() / 8 + 64];
+        let mut zlen = z.len() as c_ulong;
+        // SAFETY: the buffers are live with the lengths given.
+        let ret = unsafe {
+            (system.compress2)(
+                z.as_mut_ptr(),
+                &mut zlen,
+                body.as_ptr(),
+                body.len() as c_ulong,
+                level,
+            )
+        };
+        assert_eq!(ret, Z_OK);
+        z.truncate(zlen as usize);
+        input = match window {
+            -15 => z[2..z.len() - 4].to_vec(),
+            31 => gzip_of(body, &z),
+            47 if sel & 0x80 != 0 => gzip_of(body, &z),
+            _ => z,
+        };
+        if flip != 0 {
+            let at = flip as usize * 7919 % input.len();
+            input[at] ^= 0x5a;
+        }
+        let cut = (cut as usize).min(input.len());
+        input.truncate(input.len() - cut);
+    }
+    let room = 1 + room as usize * 67;
+    let piece = if piece == 0 {
+        usize::MAX
+    } else {
+        piece as usize * 13
+    };
+    let a = decode(shim, window, &input, room, piece);
+    let b = decode(system, window, &input, room, piece);
+    assert_eq!(a.ended, b.ended, "window {window}: ends on one side only");
+    if a.ended {
+        assert_eq!(a, b, "window {window}: a stream that ends differs");
+    }
+});
+
+/// A gzip member around the deflate data of zlib stream `z` of `data`.
+fn gzip_of(data: &[u8], z: &[u8]) -> Vec<u8> {
+    let mut g = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3];
+    g.extend_from_slice(&z[2..z.len() - 4]);
+    g.extend_from_slice(&crc32(data).to_le_bytes());
+    g.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    g
+}
+
+fn crc32(data: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in data {
+        c ^= b as u32;
+        for _ in 0..8 {
+            c = if c & 1 != 0 {
+                (c >> 1) ^ 0xedb8_8320
+            } else {
+                c >> 1
+            };
+        }
+    }
+    !c
+}
