@@ -156,7 +156,10 @@ static TLS int tl_inside;
 
 /* Set while the system zlib initialises a stream, or works on a state
  * the shim keeps: the calls it makes inside come back here and go
- * straight to it (no records; see inflateInit2_ and kept_deflate). */
+ * straight to it (no records; see inflateInit2_ and kept_deflate). Each
+ * had made or looked up a record: python's zlib.decompress of 16-byte
+ * blocks through the shim went from 0.70x to about 0.8x the system
+ * zlib's rate without them. */
 static TLS int tl_initing;
 
 /* Whether a buffer of n bytes is worth taking over, to compress (its
@@ -379,23 +382,48 @@ static struct record *unlink_record(z_streamp s)
     return r;
 }
 
-/* A record freed by this thread, kept for its next stream: a program
- * that opens and ends a stream per message (python's zlib.decompress)
- * then pays no allocation for it. */
+/* What a thread keeps between streams, freed when it ends: a record
+ * (a program that opens and ends a stream per message, as python's
+ * zlib.decompress, then pays no allocation for it) and the system zlib
+ * states small whole streams run in (see SMALL_DEFLATE, SMALL_WHOLE). */
 static TLS struct record *tl_spare;
-static TLS int tl_spare_keyed;
-static pthread_key_t spare_key;
-static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
+static TLS z_stream *tl_deflaters[3]; /* zlib, raw, gzip framing */
+static TLS z_stream *tl_small;        /* inflate */
+static TLS int tl_keyed;
+static pthread_key_t kept_key;
+static pthread_once_t kept_once = PTHREAD_ONCE_INIT;
 
 /* At thread exit (this thread's variables still there). */
-static void spare_free(void *unused)
+static void kept_free(void *unused)
 {
     (void)unused;
     free(tl_spare);
     tl_spare = NULL;
+    for (int i = 0; i < 3; i++) {
+        if (tl_deflaters[i]) {
+            REAL(deflateEnd)(tl_deflaters[i]);
+            free(tl_deflaters[i]);
+            tl_deflaters[i] = NULL;
+        }
+    }
+    if (tl_small) {
+        REAL(inflateEnd)(tl_small);
+        free(tl_small);
+        tl_small = NULL;
+    }
 }
 
-static void spare_key_make(void) { pthread_key_create(&spare_key, spare_free); }
+static void kept_key_make(void) { pthread_key_create(&kept_key, kept_free); }
+
+/* Before this thread keeps anything: the key whose destructor frees it. */
+static void keeping(void)
+{
+    if (!tl_keyed) {
+        pthread_once(&kept_once, kept_key_make);
+        pthread_setspecific(kept_key, (void *)1); /* non-NULL: the destructor runs */
+        tl_keyed = 1;
+    }
+}
 
 static void free_record(struct record *r)
 {
@@ -411,11 +439,7 @@ static void free_record(struct record *r)
         free(r);
         return;
     }
-    if (!tl_spare_keyed) {
-        pthread_once(&spare_once, spare_key_make);
-        pthread_setspecific(spare_key, (void *)1); /* so that the thread's end frees it */
-        tl_spare_keyed = 1;
-    }
+    keeping();
     tl_spare = r;
 }
 
@@ -613,24 +637,6 @@ static int zrs_deflate_drop(struct record *r)
  * 0.49 s). The output is zlib's own, byte for byte. */
 #define SMALL_DEFLATE 128
 
-static TLS z_stream *tl_deflaters[3]; /* zlib, raw, gzip framing */
-static pthread_key_t deflaters_key;
-static pthread_once_t deflaters_once = PTHREAD_ONCE_INIT;
-
-static void deflaters_free(void *unused)
-{
-    (void)unused;
-    for (int i = 0; i < 3; i++) {
-        if (tl_deflaters[i]) {
-            REAL(deflateEnd)(tl_deflaters[i]);
-            free(tl_deflaters[i]);
-            tl_deflaters[i] = NULL;
-        }
-    }
-}
-
-static void deflaters_key_make(void) { pthread_key_create(&deflaters_key, deflaters_free); }
-
 /* Compress `len` bytes at `src` whole into `out` (`room` bytes) as zlib's
  * deflateInit2_(level, windowBits, memLevel 8, default strategy) and
  * deflate(Z_FINISH) would: the bytes written, its check value and data
@@ -655,8 +661,7 @@ static long kept_deflate(int window_bits, int level, const unsigned char *src, s
         ret = REAL(deflateInit2_)(z, level, Z_DEFLATED, window_bits, 8, Z_DEFAULT_STRATEGY,
                                   ZLIB_VERSION, (int)sizeof *z);
         if (ret == Z_OK) {
-            pthread_once(&deflaters_once, deflaters_key_make);
-            pthread_setspecific(deflaters_key, (void *)1); /* so that the thread's end frees them */
+            keeping();
             tl_deflaters[i] = z;
         } else {
             free(z);
@@ -1421,12 +1426,6 @@ static struct record *inflate_opened(z_streamp s, int windowBits, int lazy)
     return remember(s, &r);
 }
 
-/* tl_initing (above): set while the system zlib initialises an inflate
- * stream. The init and resets it calls inside come back here, and need
- * no record (the outer init makes one, once). Each had made or looked
- * one up: python's zlib.decompress of 16-byte blocks through the shim
- * went from 0.70x to about 0.8x the system zlib's rate without them. */
-
 int inflateInit_(z_streamp strm, const char *version, int stream_size)
 {
     return inflateInit2_(strm, MAX_WBITS, version, stream_size);
@@ -1465,18 +1464,6 @@ int inflateInit2_(z_streamp strm, int windowBits, const char *version, int strea
  * zlib's own rate; from 256-byte blocks libdeflate wins (1.1x). */
 #define SMALL_WHOLE 128
 
-static TLS z_stream *tl_small;
-static pthread_key_t small_key;
-static pthread_once_t small_once = PTHREAD_ONCE_INIT;
-
-static void small_free(void *z)
-{
-    REAL(inflateEnd)(z);
-    free(z);
-}
-
-static void small_key_make(void) { pthread_key_create(&small_key, small_free); }
-
 /* Decode a small whole stream as inflate_whole does, with zlib: into the
  * caller's buffer, and only a stream that ends in it (anything else is
  * declined, the caller's stream untouched). */
@@ -1490,8 +1477,7 @@ static int small_whole(struct record *r, z_streamp s)
     } else if ((z = calloc(1, sizeof *z))) {
         ret = REAL(inflateInit2_)(z, r->window, ZLIB_VERSION, (int)sizeof *z);
         if (ret == Z_OK) {
-            pthread_once(&small_once, small_key_make);
-            pthread_setspecific(small_key, z); /* ended with the thread */
+            keeping();
             tl_small = z;
         } else {
             free(z);

@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -948,6 +949,53 @@ static void small_deflates(void)
     free(d);
 }
 
+/* Threads, each with its own kept states and records, small and large
+ * streams in every framing, then ending (the shim frees what it kept). */
+static void *thread_work(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    unsigned char *d = make_data(70000, seed);
+    unsigned char *c = malloc(80000), *o = malloc(70000);
+    static const int wbits[] = {15, -15, 31};
+    for (int round = 0; round < 200; round++) {
+        size_t n = round % 3 == 0 ? 60000 + (size_t)round : (size_t)(round * 37) % 300;
+        int w = wbits[round % 3], level = 1 + round % 9;
+        z_stream s;
+        memset(&s, 0, sizeof s);
+        CHECK(deflateInit2(&s, level, Z_DEFLATED, w, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+        s.next_in = d;
+        s.avail_in = (uInt)n;
+        s.next_out = c;
+        s.avail_out = 80000;
+        CHECK(deflate(&s, Z_FINISH) == Z_STREAM_END);
+        size_t clen = s.total_out;
+        deflateEnd(&s);
+        CHECK(ref_inflate(w, c, clen, o, 70000) == n && memcmp(o, d, n) == 0);
+        memset(&s, 0, sizeof s);
+        CHECK(inflateInit2(&s, w) == Z_OK);
+        s.next_in = c;
+        s.avail_in = (uInt)clen;
+        s.next_out = o;
+        s.avail_out = 70000;
+        CHECK(inflate(&s, Z_NO_FLUSH) == Z_STREAM_END && s.total_out == n);
+        CHECK(memcmp(o, d, n) == 0);
+        inflateEnd(&s);
+    }
+    free(d);
+    free(c);
+    free(o);
+    return NULL;
+}
+
+static void threads(void)
+{
+    pthread_t t[4];
+    for (uintptr_t i = 0; i < 4; i++)
+        CHECK(pthread_create(&t[i], NULL, thread_work, (void *)(i + 50)) == 0);
+    for (int i = 0; i < 4; i++)
+        CHECK(pthread_join(t[i], NULL) == 0);
+}
+
 /* gz files: written and read through the shim, read by stock zlib. */
 static void gz_files(void)
 {
@@ -989,6 +1037,7 @@ int main(void)
     inflate_before_first_call();
     small_streams();
     small_deflates();
+    threads();
     gz_files();
     printf("test_wdz: ok\n");
     return 0;
