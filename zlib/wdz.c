@@ -684,6 +684,56 @@ static long kept_deflate(int window_bits, int level, const unsigned char *src, s
     return (long)(room - z->avail_out);
 }
 
+/* Below this many compressed bytes a whole stream is decoded by the
+ * system zlib in a state this thread keeps (reset for each stream), not
+ * by libdeflate, which builds bigger decode tables for a block with its
+ * own codes than zlib does: on 64-byte text blocks (a third of them with
+ * such codes) libdeflate ran at 0.7x zlib's rate, zlib-rs beside it at
+ * 0.93x (the two evicting each other's tables), a kept zlib state at
+ * zlib's own rate; from 256-byte blocks libdeflate wins (1.1x). */
+#define SMALL_WHOLE 128
+
+/* Decode the whole stream at `in` (framed as windowBits `window` says)
+ * into `out` with this thread's kept zlib inflate state: the state, to
+ * read what it took, wrote and checked, when the stream ends within
+ * `room` bytes; else NULL (nothing changed but bytes of `out`). */
+static z_stream *kept_inflate(int window, const unsigned char *in, size_t len,
+                              unsigned char *out, size_t room)
+{
+    if (len > UINT32_MAX)
+        return NULL;
+    if (room > UINT32_MAX)
+        room = UINT32_MAX;
+    z_stream *z = tl_small;
+    int ret;
+    tl_initing++; /* zlib's init and reset call its other resets */
+    if (z) {
+        ret = REAL(inflateReset2)(z, window);
+    } else if ((z = calloc(1, sizeof *z))) {
+        ret = REAL(inflateInit2_)(z, window, ZLIB_VERSION, (int)sizeof *z);
+        if (ret == Z_OK) {
+            keeping();
+            tl_small = z;
+        } else {
+            free(z);
+        }
+    } else {
+        ret = Z_MEM_ERROR;
+    }
+    tl_initing--;
+    if (ret != Z_OK)
+        return NULL;
+    z->next_in = (z_const Bytef *)in;
+    z->avail_in = (uInt)len;
+    z->next_out = out;
+    z->avail_out = (uInt)room;
+    /* Z_FINISH: a stream that ends in this call needs no window. */
+    tl_inside++;
+    ret = REAL(inflate)(z, Z_FINISH);
+    tl_inside--;
+    return ret == Z_STREAM_END ? z : NULL;
+}
+
 /* ---- one-shot calls ----------------------------------------------------- */
 
 int compress2(Bytef *dest, uLongf *destLen, const Bytef *source, uLong sourceLen, int level)
@@ -723,7 +773,17 @@ int compress(Bytef *dest, uLongf *destLen, const Bytef *source, uLong sourceLen)
 
 int uncompress2(Bytef *dest, uLongf *destLen, const Bytef *source, uLong *sourceLen)
 {
-    if (destLen && sourceLen && worth(*sourceLen, 0) && *destLen > 0) {
+    if (destLen && sourceLen && worth(*sourceLen, 0) && *destLen > 0 &&
+        *sourceLen < SMALL_WHOLE) {
+        z_stream *z = kept_inflate(MAX_WBITS, source, *sourceLen, dest, *destLen);
+        if (z) {
+            *destLen -= z->avail_out;
+            *sourceLen -= z->avail_in;
+            count(ST_ONESHOT);
+            return Z_OK;
+        }
+        /* Not whole, not valid, or too little room: zlib's call says. */
+    } else if (destLen && sourceLen && worth(*sourceLen, 0) && *destLen > 0) {
         struct wd_comp *c = comp();
         size_t room = *destLen, used = 0;
         if (c && wd_comp_decompress(c, WD_COMP_ZLIB, source, *sourceLen, &used, dest, &room, 0) ==
@@ -1455,48 +1515,12 @@ int inflateInit2_(z_streamp strm, int windowBits, const char *version, int strea
     return ret;
 }
 
-/* Below this many compressed bytes a whole stream is decoded by the
- * system zlib in a state this thread keeps (reset for each stream), not
- * by libdeflate, which builds bigger decode tables for a block with its
- * own codes than zlib does: on 64-byte text blocks (a third of them with
- * such codes) libdeflate ran at 0.7x zlib's rate, zlib-rs beside it at
- * 0.93x (the two evicting each other's tables), a kept zlib state at
- * zlib's own rate; from 256-byte blocks libdeflate wins (1.1x). */
-#define SMALL_WHOLE 128
-
-/* Decode a small whole stream as inflate_whole does, with zlib: into the
- * caller's buffer, and only a stream that ends in it (anything else is
- * declined, the caller's stream untouched). */
+/* A small whole stream, as inflate_whole takes one, on the kept state:
+ * into the caller's buffer, declined unless it ends there. */
 static int small_whole(struct record *r, z_streamp s)
 {
-    z_stream *z = tl_small;
-    int ret;
-    tl_initing++; /* zlib's init and reset call its other resets */
-    if (z) {
-        ret = REAL(inflateReset2)(z, r->window);
-    } else if ((z = calloc(1, sizeof *z))) {
-        ret = REAL(inflateInit2_)(z, r->window, ZLIB_VERSION, (int)sizeof *z);
-        if (ret == Z_OK) {
-            keeping();
-            tl_small = z;
-        } else {
-            free(z);
-        }
-    } else {
-        ret = Z_MEM_ERROR;
-    }
-    tl_initing--;
-    if (ret != Z_OK)
-        return -1;
-    z->next_in = s->next_in;
-    z->avail_in = s->avail_in;
-    z->next_out = s->next_out;
-    z->avail_out = s->avail_out;
-    /* Z_FINISH: a stream that ends in this call needs no window. */
-    tl_inside++;
-    ret = REAL(inflate)(z, Z_FINISH);
-    tl_inside--;
-    if (ret != Z_STREAM_END)
+    z_stream *z = kept_inflate(r->window, s->next_in, s->avail_in, s->next_out, s->avail_out);
+    if (!z)
         return -1;
     s->data_type = z->data_type;
     /* (A raw stream's `adler` is the caller's: zlib leaves it.) */

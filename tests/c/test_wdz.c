@@ -33,6 +33,7 @@
 static struct {
     int (*compress2)(Bytef *, uLongf *, const Bytef *, uLong, int);
     int (*uncompress)(Bytef *, uLongf *, const Bytef *, uLong);
+    int (*uncompress2)(Bytef *, uLongf *, const Bytef *, uLong *);
     int (*deflateInit2_)(z_streamp, int, int, int, int, int, const char *, int);
     int (*deflate)(z_streamp, int);
     int (*deflateEnd)(z_streamp);
@@ -58,6 +59,7 @@ static void load_reference(void)
 #define SYM(n) CHECK((*(void **)&ref.n = dlsym(h, #n)) != NULL)
     SYM(compress2);
     SYM(uncompress);
+    SYM(uncompress2);
     SYM(deflateInit2_);
     SYM(deflate);
     SYM(deflateEnd);
@@ -875,6 +877,16 @@ static void small_streams(void)
                     }
                     inflateEnd(&s);
                     ref.inflateEnd(&r);
+                }
+                if (wbits[w] == 15) {
+                    /* uncompress2 on the same bytes and room: zlib's
+                     * answer, lengths and data. */
+                    uLongf la = room, lb = room;
+                    uLong sa = len, sb = len;
+                    int ra = uncompress2(a, &la, c, &sa), rb = ref.uncompress2(b, &lb, c, &sb);
+                    CHECK(ra == rb && la == lb && sa == sb);
+                    if (ra == Z_OK)
+                        CHECK(memcmp(a, b, la) == 0);
                 }
                 if (variant == 4)
                     c[n % clen] ^= 0x10;
