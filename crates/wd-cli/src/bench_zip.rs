@@ -45,7 +45,7 @@ pub struct BenchZipArgs {
     configs: String,
     /// Small block sizes python's zlib is measured on too, with and
     /// without the drop-in zlib (the "small requests" target).
-    #[arg(long, default_value = "16,64,256,512", value_delimiter = ',', value_parser = size_arg)]
+    #[arg(long, default_value = "16,64,128,256,512", value_delimiter = ',', value_parser = size_arg)]
     small: Vec<u64>,
     /// Requests in flight for the async and auto paths.
     #[arg(long, default_value_t = 16)]
