@@ -296,9 +296,11 @@ static struct record *table[BUCKETS];
 /* The table's lock: held for a walk along one bucket, so a spin lock (an
  * exchange to take, a store to give back) rather than a mutex, whose
  * lock and unlock calls cost about as much again as the walk: a stream
- * takes it three times (open, first call, end), which was a tenth of the
- * shim's cost on python's zlib.decompress of 16-byte blocks. A waiter
- * whose holder was preempted yields after a while. */
+ * in the table takes it at its open, on each call and at its end (three
+ * times for a one-shot stream: a tenth of the shim's cost on python's
+ * zlib.decompress of 16-byte blocks, before those streams kept their
+ * record in themselves). A waiter whose holder was preempted yields
+ * after a while. */
 static int table_lock;
 
 static void table_take(void)
@@ -306,8 +308,10 @@ static void table_take(void)
     for (unsigned spins = 0; __atomic_exchange_n(&table_lock, 1, __ATOMIC_ACQUIRE); spins++) {
         if (spins >= 100)
             sched_yield();
+#if defined(__x86_64__) || defined(__i386__)
         else
             __builtin_ia32_pause();
+#endif
     }
 }
 
