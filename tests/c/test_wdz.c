@@ -47,6 +47,10 @@ static struct {
     unsigned long (*inflateCodesUsed)(z_streamp);
     int (*inflateSyncPoint)(z_streamp);
     int (*inflateGetDictionary)(z_streamp, Bytef *, uInt *);
+    int (*inflateSetDictionary)(z_streamp, const Bytef *, uInt);
+    int (*deflateSetDictionary)(z_streamp, const Bytef *, uInt);
+    int (*deflateGetDictionary)(z_streamp, Bytef *, uInt *);
+    int (*deflateParams)(z_streamp, int, int);
 } ref;
 
 static void load_reference(void)
@@ -73,6 +77,10 @@ static void load_reference(void)
     SYM(inflateCodesUsed);
     SYM(inflateSyncPoint);
     SYM(inflateGetDictionary);
+    SYM(inflateSetDictionary);
+    SYM(deflateSetDictionary);
+    SYM(deflateGetDictionary);
+    SYM(deflateParams);
 #undef SYM
 }
 
@@ -1008,6 +1016,149 @@ static void threads(void)
         CHECK(pthread_join(t[i], NULL) == 0);
 }
 
+/* Decode a zlib stream made with `dict` with the reference: the data. */
+static size_t ref_inflate_dict(const unsigned char *in, size_t len, const unsigned char *dict,
+                               size_t dict_len, unsigned char *out, size_t room)
+{
+    z_stream r;
+    memset(&r, 0, sizeof r);
+    CHECK(ref.inflateInit2_(&r, 15, ZLIB_VERSION, (int)sizeof r) == Z_OK);
+    r.next_in = (Bytef *)in;
+    r.avail_in = (uInt)len;
+    r.next_out = out;
+    r.avail_out = (uInt)room;
+    /* The stream must ask for it (the dictionary was used). */
+    CHECK(ref.inflate(&r, Z_FINISH) == Z_NEED_DICT);
+    CHECK(ref.inflateSetDictionary(&r, dict, (uInt)dict_len) == Z_OK);
+    CHECK(ref.inflate(&r, Z_FINISH) == Z_STREAM_END);
+    size_t n = r.total_out;
+    ref.inflateEnd(&r);
+    return n;
+}
+
+/* Parameters and a dictionary given before any data (held by the shim
+ * until the stream's size picks zlib-rs or the system zlib): pigz's
+ * blocks (reset, level, the last 32 KiB as dictionary, Z_BLOCK then
+ * Z_SYNC_FLUSH) decode to the data; a zlib stream's check value and
+ * Z_NEED_DICT are zlib's; zlib's refusals; the bound; a copy; a reset
+ * forgets the dictionary; the dictionary reads back. */
+static void held_params_and_dictionary(void)
+{
+    size_t n = 600000;
+    unsigned char *d = make_data(n, 61);
+    unsigned char *c = malloc(2 * n), *o = malloc(n + 64);
+    static const size_t blocks[] = {131072, 5000, 700, 131072, 3000, 131072, 65536};
+    z_stream s;
+    memset(&s, 0, sizeof s);
+    CHECK(deflateInit2(&s, 6, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+    size_t at = 0, out = 0;
+    for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
+        int last = b + 1 == sizeof blocks / sizeof blocks[0];
+        CHECK(deflateReset(&s) == Z_OK);
+        CHECK(deflateParams(&s, 1, Z_DEFAULT_STRATEGY) == Z_OK);
+        if (at)
+            CHECK(deflateSetDictionary(&s, d + at - (at < 32768 ? at : 32768),
+                                       at < 32768 ? (uInt)at : 32768) == Z_OK);
+        s.next_in = d + at;
+        s.avail_in = (uInt)blocks[b];
+        s.next_out = c + out;
+        s.avail_out = (uInt)(2 * n - out);
+        CHECK(deflate(&s, last ? Z_FINISH : Z_BLOCK) == (last ? Z_STREAM_END : Z_OK));
+        if (!last) {
+            unsigned pending;
+            int bits;
+            CHECK(deflatePending(&s, &pending, &bits) == Z_OK && pending == 0);
+            CHECK(deflate(&s, Z_SYNC_FLUSH) == Z_OK);
+        }
+        at += blocks[b];
+        out = 2 * n - s.avail_out;
+    }
+    CHECK(deflateEnd(&s) == Z_OK);
+    CHECK(ref_inflate(-15, c, out, o, n + 64) == at && memcmp(o, d, at) == 0);
+
+    /* A zlib stream with a dictionary, large (zlib-rs) and small (zlib). */
+    const unsigned char *dict = d + 500000;
+    for (size_t len = 1000; len <= 64000; len += 63000) {
+        z_stream r;
+        memset(&s, 0, sizeof s);
+        memset(&r, 0, sizeof r);
+        CHECK(deflateInit(&s, 1) == Z_OK);
+        CHECK(ref.deflateInit2_(&r, 1, Z_DEFLATED, 15, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
+                                (int)sizeof r) == Z_OK);
+        CHECK(deflateSetDictionary(&s, dict, 20000) == Z_OK);
+        CHECK(ref.deflateSetDictionary(&r, dict, 20000) == Z_OK);
+        CHECK(s.adler == r.adler);
+        unsigned char back[32768];
+        uInt bl = 0, rl = 0;
+        CHECK(deflateGetDictionary(&s, back, &bl) == Z_OK);
+        CHECK(ref.deflateGetDictionary(&r, o, &rl) == Z_OK);
+        CHECK(bl == rl && memcmp(back, o, bl) == 0);
+        ref.deflateEnd(&r);
+        s.next_in = d;
+        s.avail_in = (uInt)len;
+        s.next_out = c;
+        s.avail_out = (uInt)(2 * n);
+        CHECK(deflate(&s, Z_FINISH) == Z_STREAM_END);
+        size_t clen = s.total_out;
+        CHECK(deflateEnd(&s) == Z_OK);
+        CHECK(ref_inflate_dict(c, clen, dict, 20000, o, n) == len && memcmp(o, d, len) == 0);
+    }
+    /* The same before any use of zlib's state (GetDictionary above made
+     * it): held, then copied, each copy finishing on its own. */
+    memset(&s, 0, sizeof s);
+    CHECK(deflateInit(&s, 1) == Z_OK);
+    CHECK(deflateSetDictionary(&s, dict, 20000) == Z_OK);
+    CHECK(deflateBound(&s, 0) >= 6 + 4 + 5);
+    z_stream t;
+    CHECK(deflateCopy(&t, &s) == Z_OK);
+    for (z_stream *x = &s; x; x = x == &s ? &t : NULL) {
+        x->next_in = d;
+        x->avail_in = 50000;
+        x->next_out = c;
+        x->avail_out = (uInt)(2 * n);
+        CHECK(deflate(x, Z_FINISH) == Z_STREAM_END);
+        CHECK(ref_inflate_dict(c, x->total_out, dict, 20000, o, n) == 50000);
+        CHECK(memcmp(o, d, 50000) == 0);
+        CHECK(deflateEnd(x) == Z_OK);
+    }
+    /* A reset forgets the dictionary: no Z_NEED_DICT after it. */
+    memset(&s, 0, sizeof s);
+    CHECK(deflateInit(&s, 1) == Z_OK);
+    CHECK(deflateSetDictionary(&s, dict, 20000) == Z_OK);
+    CHECK(deflateReset(&s) == Z_OK);
+    CHECK(s.adler == 1);
+    s.next_in = d;
+    s.avail_in = 30000;
+    s.next_out = c;
+    s.avail_out = (uInt)(2 * n);
+    CHECK(deflate(&s, Z_FINISH) == Z_STREAM_END);
+    CHECK(ref_inflate(15, c, s.total_out, o, n) == 30000 && memcmp(o, d, 30000) == 0);
+    deflateEnd(&s);
+    /* zlib's refusals: no dictionary for gzip, levels and strategies out
+     * of range; a strategy other than the default is honoured. */
+    z_stream r;
+    memset(&s, 0, sizeof s);
+    memset(&r, 0, sizeof r);
+    CHECK(deflateInit2(&s, 1, Z_DEFLATED, 31, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+    CHECK(ref.deflateInit2_(&r, 1, Z_DEFLATED, 31, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
+                            (int)sizeof r) == Z_OK);
+    CHECK(deflateSetDictionary(&s, dict, 100) == ref.deflateSetDictionary(&r, dict, 100));
+    CHECK(deflateParams(&s, 10, 0) == ref.deflateParams(&r, 10, 0));
+    CHECK(deflateParams(&s, 1, 9) == ref.deflateParams(&r, 1, 9));
+    CHECK(deflateParams(&s, 2, Z_HUFFMAN_ONLY) == ref.deflateParams(&r, 2, Z_HUFFMAN_ONLY));
+    ref.deflateEnd(&r);
+    s.next_in = d;
+    s.avail_in = 40000;
+    s.next_out = c;
+    s.avail_out = (uInt)(2 * n);
+    CHECK(deflate(&s, Z_FINISH) == Z_STREAM_END);
+    CHECK(ref_inflate(31, c, s.total_out, o, n) == 40000 && memcmp(o, d, 40000) == 0);
+    deflateEnd(&s);
+    free(d);
+    free(c);
+    free(o);
+}
+
 /* gz files: written and read through the shim, read by stock zlib. */
 static void gz_files(void)
 {
@@ -1050,6 +1201,7 @@ int main(void)
     small_streams();
     small_deflates();
     threads();
+    held_params_and_dictionary();
     gz_files();
     printf("test_wdz: ok\n");
     return 0;
