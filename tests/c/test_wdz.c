@@ -142,6 +142,19 @@ static size_t ref_deflate(int level, int wbits, const unsigned char *in, size_t 
     return n;
 }
 
+/* Compress `len` bytes at `in` into `out` in one deflate(Z_FINISH) call
+ * on an opened stream: the stream's output size. */
+static size_t deflate_all(z_stream *s, const unsigned char *in, size_t len, unsigned char *out,
+                          size_t room)
+{
+    s->next_in = (Bytef *)in;
+    s->avail_in = (uInt)len;
+    s->next_out = out;
+    s->avail_out = (uInt)room;
+    CHECK(deflate(s, Z_FINISH) == Z_STREAM_END);
+    return s->total_out;
+}
+
 /* One-shot calls: compress2 output decodes with stock zlib; stock output
  * decodes through uncompress; too little room is Z_BUF_ERROR. */
 static void one_shot(void)
@@ -983,12 +996,7 @@ static void *thread_work(void *arg)
         z_stream s;
         memset(&s, 0, sizeof s);
         CHECK(deflateInit2(&s, level, Z_DEFLATED, w, 8, Z_DEFAULT_STRATEGY) == Z_OK);
-        s.next_in = d;
-        s.avail_in = (uInt)n;
-        s.next_out = c;
-        s.avail_out = 80000;
-        CHECK(deflate(&s, Z_FINISH) == Z_STREAM_END);
-        size_t clen = s.total_out;
+        size_t clen = deflate_all(&s, d, n, c, 80000);
         deflateEnd(&s);
         CHECK(ref_inflate(w, c, clen, o, 70000) == n && memcmp(o, d, n) == 0);
         memset(&s, 0, sizeof s);
@@ -1094,12 +1102,7 @@ static void held_params_and_dictionary(void)
         CHECK(ref.deflateGetDictionary(&r, o, &rl) == Z_OK);
         CHECK(bl == rl && memcmp(back, o, bl) == 0);
         ref.deflateEnd(&r);
-        s.next_in = d;
-        s.avail_in = (uInt)len;
-        s.next_out = c;
-        s.avail_out = (uInt)(2 * n);
-        CHECK(deflate(&s, Z_FINISH) == Z_STREAM_END);
-        size_t clen = s.total_out;
+        size_t clen = deflate_all(&s, d, len, c, 2 * n);
         CHECK(deflateEnd(&s) == Z_OK);
         CHECK(ref_inflate_dict(c, clen, dict, 20000, o, n) == len && memcmp(o, d, len) == 0);
     }
@@ -1112,12 +1115,8 @@ static void held_params_and_dictionary(void)
     z_stream t;
     CHECK(deflateCopy(&t, &s) == Z_OK);
     for (z_stream *x = &s; x; x = x == &s ? &t : NULL) {
-        x->next_in = d;
-        x->avail_in = 50000;
-        x->next_out = c;
-        x->avail_out = (uInt)(2 * n);
-        CHECK(deflate(x, Z_FINISH) == Z_STREAM_END);
-        CHECK(ref_inflate_dict(c, x->total_out, dict, 20000, o, n) == 50000);
+        size_t clen = deflate_all(x, d, 50000, c, 2 * n);
+        CHECK(ref_inflate_dict(c, clen, dict, 20000, o, n) == 50000);
         CHECK(memcmp(o, d, 50000) == 0);
         CHECK(deflateEnd(x) == Z_OK);
     }
@@ -1127,12 +1126,8 @@ static void held_params_and_dictionary(void)
     CHECK(deflateSetDictionary(&s, dict, 20000) == Z_OK);
     CHECK(deflateReset(&s) == Z_OK);
     CHECK(s.adler == 1);
-    s.next_in = d;
-    s.avail_in = 30000;
-    s.next_out = c;
-    s.avail_out = (uInt)(2 * n);
-    CHECK(deflate(&s, Z_FINISH) == Z_STREAM_END);
-    CHECK(ref_inflate(15, c, s.total_out, o, n) == 30000 && memcmp(o, d, 30000) == 0);
+    size_t clen = deflate_all(&s, d, 30000, c, 2 * n);
+    CHECK(ref_inflate(15, c, clen, o, n) == 30000 && memcmp(o, d, 30000) == 0);
     deflateEnd(&s);
     /* zlib's refusals: no dictionary for gzip, levels and strategies out
      * of range; a strategy other than the default is honoured. */
@@ -1147,12 +1142,8 @@ static void held_params_and_dictionary(void)
     CHECK(deflateParams(&s, 1, 9) == ref.deflateParams(&r, 1, 9));
     CHECK(deflateParams(&s, 2, Z_HUFFMAN_ONLY) == ref.deflateParams(&r, 2, Z_HUFFMAN_ONLY));
     ref.deflateEnd(&r);
-    s.next_in = d;
-    s.avail_in = 40000;
-    s.next_out = c;
-    s.avail_out = (uInt)(2 * n);
-    CHECK(deflate(&s, Z_FINISH) == Z_STREAM_END);
-    CHECK(ref_inflate(31, c, s.total_out, o, n) == 40000 && memcmp(o, d, 40000) == 0);
+    clen = deflate_all(&s, d, 40000, c, 2 * n);
+    CHECK(ref_inflate(31, c, clen, o, n) == 40000 && memcmp(o, d, 40000) == 0);
     deflateEnd(&s);
     free(d);
     free(c);
