@@ -16,6 +16,8 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use wd_sys::dl::{load_system, Library};
+use wd_zip_codec::Engine;
+use wd_zip_msg::Algorithm;
 
 /// zlib's `z_stream` (zlib.h, LP64).
 #[repr(C)]
@@ -47,14 +49,12 @@ impl ZStream {
 type InflateInit2 = unsafe extern "C" fn(*mut ZStream, c_int, *const c_char, c_int) -> c_int;
 type Inflate = unsafe extern "C" fn(*mut ZStream, c_int) -> c_int;
 type InflateEnd = unsafe extern "C" fn(*mut ZStream) -> c_int;
-type Compress2 = unsafe extern "C" fn(*mut u8, *mut c_ulong, *const u8, c_ulong, c_int) -> c_int;
 
 /// One zlib's entry points.
 struct Zlib {
     init: InflateInit2,
     inflate: Inflate,
     end: InflateEnd,
-    compress2: Compress2,
     _lib: Library,
 }
 
@@ -64,14 +64,13 @@ fn zlib(lib: Library) -> Zlib {
             .unwrap_or_else(|| panic!("{}: no {name}", lib.path()))
             .as_ptr()
     };
-    // SAFETY: zlib.h declares the four with these C types; the library
+    // SAFETY: zlib.h declares the three with these C types; the library
     // stays loaded as long as the Zlib holding it, which lives in a static.
     unsafe {
         Zlib {
             init: std::mem::transmute::<*mut c_void, InflateInit2>(f("inflateInit2_")),
             inflate: std::mem::transmute::<*mut c_void, Inflate>(f("inflate")),
             end: std::mem::transmute::<*mut c_void, InflateEnd>(f("inflateEnd")),
-            compress2: std::mem::transmute::<*mut c_void, Compress2>(f("compress2")),
             _lib: lib,
         }
     }
@@ -171,28 +170,19 @@ fuzz_target!(|data: &[u8]| {
     let mut input = body.to_vec();
     if sel & 8 != 0 && !body.is_empty() {
         // A valid stream of the framing (47 and 0: zlib's or gzip's),
-        // then damaged as the other bytes say.
-        let level = 1 + (sel >> 4) as c_int % 9;
-        let mut z = vec![0u8; body.len() + body.len() / 8 + 64];
-        let mut zlen = z.len() as c_ulong;
-        // SAFETY: the buffers are live with the lengths given.
-        let ret = unsafe {
-            (system.compress2)(
-                z.as_mut_ptr(),
-                &mut zlen,
-                body.as_ptr(),
-                body.len() as c_ulong,
-                level,
-            )
+        // made by the project's engines, then damaged as the other bytes
+        // say.
+        let alg = match window {
+            -15 => Algorithm::Deflate,
+            31 => Algorithm::Gzip,
+            47 if sel & 0x80 != 0 => Algorithm::Gzip,
+            _ => Algorithm::Zlib,
         };
-        assert_eq!(ret, Z_OK);
-        z.truncate(zlen as usize);
-        input = match window {
-            -15 => z[2..z.len() - 4].to_vec(),
-            31 => gzip_of(body, &z),
-            47 if sel & 0x80 != 0 => gzip_of(body, &z),
-            _ => z,
-        };
+        let level = 1 + (sel >> 4) as i8 % 9;
+        input = Vec::new();
+        Engine::new()
+            .compress_vec(alg, level, body, &mut input)
+            .expect("the engines compress any input");
         if flip != 0 {
             let at = flip as usize * 7919 % input.len();
             input[at] ^= 0x5a;
@@ -213,27 +203,3 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(a, b, "window {window}: a stream that ends differs");
     }
 });
-
-/// A gzip member around the deflate data of zlib stream `z` of `data`.
-fn gzip_of(data: &[u8], z: &[u8]) -> Vec<u8> {
-    let mut g = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3];
-    g.extend_from_slice(&z[2..z.len() - 4]);
-    g.extend_from_slice(&crc32(data).to_le_bytes());
-    g.extend_from_slice(&(data.len() as u32).to_le_bytes());
-    g
-}
-
-fn crc32(data: &[u8]) -> u32 {
-    let mut c = !0u32;
-    for &b in data {
-        c ^= b as u32;
-        for _ in 0..8 {
-            c = if c & 1 != 0 {
-                (c >> 1) ^ 0xedb8_8320
-            } else {
-                c >> 1
-            };
-        }
-    }
-    !c
-}
