@@ -14,13 +14,16 @@
  *   inflate: a stream's first call, when its input holds the whole stream.
  *
  * Those go to libwd_comp (the zip device, or libdeflate in this thread
- * when offloading does not pay or there is no host). Everything else, and
- * anything the offload path refuses (corrupt data, too little room,
+ * when offloading does not pay or there is no host); below 128 bytes, to
+ * zlib states the thread keeps. Streams that cannot wait for their whole
+ * input (inflate in pieces, inflateBack, deflate flushed on the way or
+ * past 16 MiB) run on zlib-rs here, with zlib's API. Everything else,
+ * and anything the offload path refuses (corrupt data, too little room,
  * parameters libdeflate's output would not honour: window sizes below
- * 32 KiB, strategies, dictionaries, gzip headers), runs in the system
- * zlib from the start, so its results, errors and messages are zlib's.
- * Output taken over is a valid stream that any zlib decodes, though not
- * byte for byte what zlib would have written.
+ * 32 KiB, strategies, gzip headers), runs in the system zlib from the
+ * start, so its results, errors and messages are zlib's. Output taken
+ * over is a valid stream that any zlib decodes, though not byte for byte
+ * what zlib would have written.
  *
  * Per stream the shim keeps a small record (found by the z_stream's
  * address) of how the stream was opened and whether it was taken over;
@@ -28,9 +31,8 @@
  * leaves in later calls, as zlib's own pending output does.
  *
  * WDZ_DISABLE=1 passes everything through; WDZ_MIN_BYTES is the smallest
- * buffer taken over (default: 128 bytes to compress, 256 compressed bytes
- * to decompress; below them zlib's own call is cheaper); WD_COMP_*
- * configure the library (see wd_comp.h).
+ * buffer taken over (default: any); WD_COMP_* configure the library (see
+ * wd_comp.h).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -596,6 +598,23 @@ static uLong trailer_check(int alg, const unsigned char *stream, size_t len, uLo
 
 /* ---- zlib-rs's streams -------------------------------------------------- */
 
+/* zlib-rs (0.6.8) reports damage that its fast decoding loop finds as
+ * "repeated call with bad state": the loop names the damage, and the
+ * state it leaves in then overwrites the message. zlib names the damage
+ * (one of the three messages below), and on a later call to a failed
+ * stream keeps saying what it said. The shim says what it can: the
+ * stream's message from before the call, else the three at once. */
+#define ZRS_BAD_STATE "repeated call with bad state"
+#define ZRS_FAST_DAMAGE                                                                  \
+    "invalid literal/length code, invalid distance code or invalid distance too far back"
+
+static char *zrs_msg(char *said, char *before)
+{
+    if (said && strcmp(said, ZRS_BAD_STATE) == 0)
+        return before ? before : (char *)ZRS_FAST_DAMAGE;
+    return said;
+}
+
 static void zrs_in(z_stream *z, const z_stream *s)
 {
     z->next_in = s->next_in;
@@ -616,7 +635,7 @@ static void zrs_out(z_stream *s, const z_stream *z, int raw)
     s->avail_in = z->avail_in;
     s->next_out = z->next_out;
     s->avail_out = z->avail_out;
-    s->msg = z->msg;
+    s->msg = zrs_msg(z->msg, s->msg);
     s->data_type = z->data_type;
     if (!raw)
         s->adler = z->adler;
@@ -1946,18 +1965,133 @@ unsigned long inflateCodesUsed(z_streamp strm)
     return ensure_real(strm) != Z_OK ? (unsigned long)-1 : REAL(inflateCodesUsed)(strm);
 }
 
+/* ---- inflateBack: on zlib-rs's inflate --------------------------------- */
+
+/* An inflateBack stream with zlib's default window (pigz -d decodes
+ * everything through one) runs on zlib-rs's inflate, whose decoding loop
+ * is about 1.5 times the system zlib's speed; zlib-rs's own inflateBack
+ * has no fast loop and runs at the system zlib's. The caller's window is
+ * the output buffer handed to `out` when full and at the end, as zlib's
+ * inflateBack hands it. Other windows stay with the system zlib: with a
+ * smaller window zlib's inflateBack refuses distances past it, which
+ * zlib-rs's inflate, keeping its own 32 KiB of history, would not. */
+struct back {
+    uint64_t magic; /* BACK_MAGIC; first, as a record's (see own_record) */
+    z_streamp strm;
+    unsigned char *window;
+    z_stream z; /* zlib-rs's raw inflate state */
+};
+
+/* Not a user-space address; not RECORD_MAGIC. */
+#define BACK_MAGIC 0x57445a2d4241434bull
+
+static struct back *back_of(z_streamp s)
+{
+    struct back *b = s ? (struct back *)s->state : NULL;
+    return b && b->magic == BACK_MAGIC && b->strm == s ? b : NULL;
+}
+
 int inflateBackInit_(z_streamp strm, int windowBits, unsigned char *window, const char *version,
                      int stream_size)
 {
-    return REAL(inflateBackInit_)(strm, windowBits, window, version, stream_size);
+    cfg_load();
+    if (cfg_disabled || tl_inside || tl_initing || !strm || !window || windowBits != MAX_WBITS)
+        return REAL(inflateBackInit_)(strm, windowBits, window, version, stream_size);
+    struct back *b = calloc(1, sizeof *b);
+    if (!b)
+        return Z_MEM_ERROR;
+    /* zlib-rs checks the version and the structure's size as zlib does. */
+    int ret = wd__zrs_inflateInit2_(&b->z, -MAX_WBITS, version, stream_size);
+    if (ret != Z_OK) {
+        free(b);
+        return ret;
+    }
+    b->magic = BACK_MAGIC;
+    b->strm = strm;
+    b->window = window;
+    strm->state = (struct internal_state *)b;
+    strm->msg = Z_NULL;
+    return Z_OK;
 }
 
+/* One raw stream, as zlib's inflateBack decodes it: input from `next_in`
+ * and then from `in` whenever the decoder has nothing left to read
+ * (`in` returning nothing ends the call: Z_BUF_ERROR, `next_in` NULL);
+ * output through the window to `out` (non-zero from `out`: Z_BUF_ERROR);
+ * what is left of the input goes back in `next_in`/`avail_in`; `msg` as
+ * zlib's. zlib's inflateBack sets no other field. */
 int inflateBack(z_streamp strm, in_func in, void *in_desc, out_func out, void *out_desc)
 {
-    return REAL(inflateBack)(strm, in, in_desc, out, out_desc);
+    struct back *b = back_of(strm);
+    if (!b)
+        return REAL(inflateBack)(strm, in, in_desc, out, out_desc);
+    if (!in || !out)
+        return Z_STREAM_ERROR;
+    z_stream *z = &b->z;
+    strm->msg = Z_NULL;
+    int ret = wd__zrs_inflateReset(z);
+    if (ret != Z_OK)
+        return ret;
+    z_const unsigned char *next = strm->next_in;
+    unsigned have = next ? strm->avail_in : 0;
+    const unsigned wsize = 1u << MAX_WBITS;
+    z->next_out = b->window;
+    z->avail_out = wsize;
+    for (;;) {
+        z->next_in = next;
+        z->avail_in = have;
+        ret = wd__zrs_inflate(z, Z_NO_FLUSH);
+        next = z->next_in;
+        have = z->avail_in;
+        if (ret == Z_STREAM_END)
+            break;
+        if (ret != Z_OK && ret != Z_BUF_ERROR) {
+            strm->msg = zrs_msg(z->msg, Z_NULL);
+            break;
+        }
+        if (z->avail_out == 0) {
+            /* The window is full: out it goes, and the decoder goes on
+             * (it may have what it needs without more input). */
+            z->next_out = b->window;
+            z->avail_out = wsize;
+            if (out(out_desc, b->window, wsize)) {
+                strm->next_in = next;
+                strm->avail_in = have;
+                return Z_BUF_ERROR;
+            }
+            continue;
+        }
+        if (have != 0) { /* room and input, yet no end: cannot happen */
+            ret = Z_STREAM_ERROR;
+            break;
+        }
+        /* Room left and the input used up: the decoder needs more. */
+        have = in(in_desc, (unsigned char **)&next);
+        if (have == 0) {
+            next = Z_NULL;
+            ret = Z_BUF_ERROR;
+            break;
+        }
+    }
+    /* What is in the window goes out, whatever ended the call. */
+    unsigned left = wsize - z->avail_out;
+    if (left && out(out_desc, b->window, left) && ret == Z_STREAM_END)
+        ret = Z_BUF_ERROR;
+    strm->next_in = next;
+    strm->avail_in = have;
+    return ret;
 }
 
-int inflateBackEnd(z_streamp strm) { return REAL(inflateBackEnd)(strm); }
+int inflateBackEnd(z_streamp strm)
+{
+    struct back *b = back_of(strm);
+    if (!b)
+        return REAL(inflateBackEnd)(strm);
+    wd__zrs_inflateEnd(&b->z);
+    free(b);
+    strm->state = Z_NULL;
+    return Z_OK;
+}
 
 /* ---- everything else: zlib's own ---------------------------------------- */
 

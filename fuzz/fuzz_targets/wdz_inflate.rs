@@ -7,6 +7,9 @@
 //! system zlib refuses only for the encodings libdeflate's decoder
 //! accepts and zlib's does not (docs/compression.md lists them), and then
 //! in a checked framing its data must match the stream's check value.
+//! Raw streams also go through `inflateBack` (zlib-rs's inflate in the
+//! shim), input handed out in the same pieces: the same return, output,
+//! input left over and message as the system zlib's.
 //!
 //! The library is `$WDZ_LIB`, else target/release/libwdz.so of this
 //! checkout (scripts/build-wdz.sh builds it; scripts/fuzz.sh does first).
@@ -53,6 +56,10 @@ type InflateInit2 = unsafe extern "C" fn(*mut ZStream, c_int, *const c_char, c_i
 type Inflate = unsafe extern "C" fn(*mut ZStream, c_int) -> c_int;
 type InflateEnd = unsafe extern "C" fn(*mut ZStream) -> c_int;
 type Check = unsafe extern "C" fn(c_ulong, *const u8, u32) -> c_ulong;
+type InFunc = unsafe extern "C" fn(*mut c_void, *mut *const u8) -> u32;
+type OutFunc = unsafe extern "C" fn(*mut c_void, *mut u8, u32) -> c_int;
+type BackInit = unsafe extern "C" fn(*mut ZStream, c_int, *mut u8, *const c_char, c_int) -> c_int;
+type Back = unsafe extern "C" fn(*mut ZStream, InFunc, *mut c_void, OutFunc, *mut c_void) -> c_int;
 
 /// One zlib's entry points.
 struct Zlib {
@@ -61,6 +68,9 @@ struct Zlib {
     end: InflateEnd,
     adler32: Check,
     crc32: Check,
+    back_init: BackInit,
+    back: Back,
+    back_end: InflateEnd,
     _lib: Library,
 }
 
@@ -79,6 +89,9 @@ fn zlib(lib: Library) -> Zlib {
             end: std::mem::transmute::<*mut c_void, InflateEnd>(f("inflateEnd")),
             adler32: std::mem::transmute::<*mut c_void, Check>(f("adler32")),
             crc32: std::mem::transmute::<*mut c_void, Check>(f("crc32")),
+            back_init: std::mem::transmute::<*mut c_void, BackInit>(f("inflateBackInit_")),
+            back: std::mem::transmute::<*mut c_void, Back>(f("inflateBack")),
+            back_end: std::mem::transmute::<*mut c_void, InflateEnd>(f("inflateBackEnd")),
             _lib: lib,
         }
     }
@@ -201,6 +214,97 @@ fn decode(z: &Zlib, window: c_int, input: &[u8], room: usize, piece: usize) -> O
     o
 }
 
+/// inflateBack's input and output, as its callbacks see them.
+struct BackIo<'a> {
+    input: &'a [u8],
+    at: usize,
+    piece: usize,
+    out: Vec<u8>,
+}
+
+unsafe extern "C" fn back_in(desc: *mut c_void, buf: *mut *const u8) -> u32 {
+    // SAFETY: `desc` is the BackIo that back_decode passes, alive and not
+    // otherwise borrowed during the call; `buf` is inflateBack's pointer.
+    let io = unsafe { &mut *desc.cast::<BackIo>() };
+    let n = (io.input.len() - io.at).min(io.piece);
+    // SAFETY: as above.
+    unsafe { *buf = io.input[io.at..].as_ptr() };
+    io.at += n;
+    n as u32
+}
+
+unsafe extern "C" fn back_out(desc: *mut c_void, buf: *mut u8, len: u32) -> c_int {
+    // SAFETY: as in back_in.
+    let io = unsafe { &mut *desc.cast::<BackIo>() };
+    if io.out.len() > MAX_OUT {
+        return 1; // enough: the call stops with Z_BUF_ERROR
+    }
+    // SAFETY: inflateBack hands `len` bytes of its window at `buf`.
+    io.out
+        .extend_from_slice(unsafe { std::slice::from_raw_parts(buf, len as usize) });
+    0
+}
+
+/// A raw stream through inflateBack: its return, output, where the input
+/// left over begins (None: `next_in` NULL) and how much, and message.
+fn back_decode(
+    z: &Zlib,
+    input: &[u8],
+    piece: usize,
+) -> (c_int, Vec<u8>, Option<usize>, u32, Option<String>) {
+    let mut window = vec![0u8; 1 << 15];
+    let mut s = ZStream::new();
+    // SAFETY: a zeroed z_stream and a window of 1 << 15 bytes, which
+    // outlives the stream (ended below).
+    let ret = unsafe {
+        (z.back_init)(
+            &mut s,
+            15,
+            window.as_mut_ptr(),
+            VERSION.as_ptr().cast(),
+            std::mem::size_of::<ZStream>() as c_int,
+        )
+    };
+    assert_eq!(ret, Z_OK, "inflateBackInit_");
+    let mut io = BackIo {
+        input,
+        at: 0,
+        piece: piece.max(1),
+        out: Vec::new(),
+    };
+    let desc: *mut c_void = (&raw mut io).cast();
+    // SAFETY: initialised above; the callbacks get `desc`, the BackIo
+    // above, which lives through the call.
+    let ret = unsafe { (z.back)(&mut s, back_in, desc, back_out, desc) };
+    let left_at =
+        (!s.next_in.is_null()).then(|| (s.next_in as usize).wrapping_sub(input.as_ptr() as usize));
+    let msg = (!s.msg.is_null()).then(|| {
+        // SAFETY: zlib's msg, when set, is a NUL-terminated static string.
+        unsafe { std::ffi::CStr::from_ptr(s.msg) }
+            .to_string_lossy()
+            .into_owned()
+    });
+    // SAFETY: initialised above, ended once.
+    unsafe { (z.back_end)(&mut s) };
+    (ret, io.out, left_at, s.avail_in, msg)
+}
+
+/// The shim's message for damage zlib-rs's fast loop finds (it loses
+/// which it was: docs/compression.md); zlib's is then one of the three.
+fn same_msg(shim: Option<&str>, zlib: Option<&str>) -> bool {
+    const SHIM: &str =
+        "invalid literal/length code, invalid distance code or invalid distance too far back";
+    const ZLIB: [&str; 3] = [
+        "invalid literal/length code",
+        "invalid distance code",
+        "invalid distance too far back",
+    ];
+    match (shim, zlib) {
+        (Some(SHIM), Some(z)) => ZLIB.contains(&z),
+        (a, b) => a == b,
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((head, body)) = data.split_first_chunk::<5>() else {
         return;
@@ -237,6 +341,30 @@ fuzz_target!(|data: &[u8]| {
     } else {
         piece as usize * 13
     };
+    if window == -15 {
+        let (ret, out, left_at, left, msg) = back_decode(shim, &input, piece);
+        let (zret, zout, zleft_at, zleft, zmsg) = back_decode(system, &input, piece);
+        assert_eq!(ret, zret, "inflateBack: return ({msg:?}, zlib {zmsg:?})");
+        assert!(out == zout, "inflateBack: output differs");
+        assert!(
+            same_msg(msg.as_deref(), zmsg.as_deref()),
+            "inflateBack: message {msg:?}, zlib {zmsg:?}"
+        );
+        if zret == Z_BUF_ERROR && zleft_at.is_some() {
+            // `out` refused: zlib promises a next_in that is not NULL;
+            // how much input was pulled before is each decoder's own.
+            assert!(
+                left_at.is_some(),
+                "inflateBack: next_in NULL after out refused"
+            );
+        } else {
+            assert_eq!(
+                (left_at, left),
+                (zleft_at, zleft),
+                "inflateBack: input left"
+            );
+        }
+    }
     let a = decode(shim, window, &input, room, piece);
     let b = decode(system, window, &input, room, piece);
     if b.ended {

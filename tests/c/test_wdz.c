@@ -51,6 +51,9 @@ static struct {
     int (*deflateSetDictionary)(z_streamp, const Bytef *, uInt);
     int (*deflateGetDictionary)(z_streamp, Bytef *, uInt *);
     int (*deflateParams)(z_streamp, int, int);
+    int (*inflateBackInit_)(z_streamp, int, unsigned char *, const char *, int);
+    int (*inflateBack)(z_streamp, in_func, void *, out_func, void *);
+    int (*inflateBackEnd)(z_streamp);
 } ref;
 
 static void load_reference(void)
@@ -81,6 +84,9 @@ static void load_reference(void)
     SYM(deflateSetDictionary);
     SYM(deflateGetDictionary);
     SYM(deflateParams);
+    SYM(inflateBackInit_);
+    SYM(inflateBack);
+    SYM(inflateBackEnd);
 #undef SYM
 }
 
@@ -105,6 +111,18 @@ static unsigned char *make_data(size_t n, unsigned seed)
         }
     }
     return d;
+}
+
+/* The shim's message for damage zlib-rs's fast loop finds (zlib-rs
+ * loses which it was; see zlib/wdz.c): zlib's is then one of the three. */
+static int same_msg(const char *shim, const char *zlib)
+{
+    if (strcmp(shim, "invalid literal/length code, invalid distance code or invalid distance "
+                     "too far back") == 0)
+        return strcmp(zlib, "invalid literal/length code") == 0 ||
+               strcmp(zlib, "invalid distance code") == 0 ||
+               strcmp(zlib, "invalid distance too far back") == 0;
+    return strcmp(shim, zlib) == 0;
 }
 
 /* Decode a whole stream with the reference (windowBits as given). */
@@ -567,7 +585,7 @@ static int inflate_both(z_stream *s, z_stream *r, const unsigned char *in, size_
     if (a == Z_STREAM_END || a == Z_NEED_DICT)
         CHECK(s->adler == r->adler);
     if (a == Z_DATA_ERROR)
-        CHECK(s->msg != NULL && r->msg != NULL);
+        CHECK(s->msg != NULL && r->msg != NULL && same_msg(s->msg, r->msg));
     return a;
 }
 
@@ -1151,6 +1169,204 @@ static void held_params_and_dictionary(void)
 }
 
 /* gz files: written and read through the shim, read by stock zlib. */
+/* inflateBack's callbacks: input in pieces of `piece` bytes from `in`
+ * (after what next_in held), output gathered with the length of each
+ * call, `out` failing at its call number `fail_at` (0: never). */
+struct back_io {
+    const unsigned char *in;
+    size_t len, at, piece;
+    unsigned in_calls;
+    unsigned char *out;
+    size_t out_len, out_cap;
+    unsigned out_calls, fail_at;
+    unsigned lens[64];
+};
+
+static unsigned back_in(void *desc, unsigned char **buf)
+{
+    struct back_io *io = desc;
+    io->in_calls++;
+    size_t n = io->len - io->at < io->piece ? io->len - io->at : io->piece;
+    *buf = (unsigned char *)io->in + io->at;
+    io->at += n;
+    return (unsigned)n;
+}
+
+static int back_out(void *desc, unsigned char *buf, unsigned len)
+{
+    struct back_io *io = desc;
+    io->out_calls++;
+    if (io->out_calls < 64)
+        io->lens[io->out_calls - 1] = len;
+    if (io->fail_at && io->out_calls == io->fail_at)
+        return 1;
+    CHECK(io->out_len + len <= io->out_cap);
+    memcpy(io->out + io->out_len, buf, len);
+    io->out_len += len;
+    return 0;
+}
+
+/* What one inflateBack call came to. */
+struct back_run {
+    int ret;
+    struct back_io io;
+    long left_at; /* next_in's offset in the input on return; -1: NULL */
+    unsigned left;
+    char msg[128];
+};
+
+static struct back_run back_run(int use_ref, int wbits, const unsigned char *in, size_t len,
+                                size_t given, size_t piece, unsigned fail_at, unsigned char *out,
+                                size_t cap)
+{
+    static unsigned char window[1 << 15];
+    struct back_run r;
+    memset(&r, 0, sizeof r);
+    r.io = (struct back_io){.in = in, .len = len, .at = given, .piece = piece, .out = out,
+                            .out_cap = cap, .fail_at = fail_at};
+    z_stream s;
+    memset(&s, 0, sizeof s);
+    int (*init)(z_streamp, int, unsigned char *, const char *, int) =
+        use_ref ? ref.inflateBackInit_ : inflateBackInit_;
+    CHECK(init(&s, wbits, window, ZLIB_VERSION, (int)sizeof s) == Z_OK);
+    s.next_in = given ? (Bytef *)in : Z_NULL;
+    s.avail_in = (uInt)given;
+    r.ret = (use_ref ? ref.inflateBack : inflateBack)(&s, back_in, &r.io, back_out, &r.io);
+    r.left_at = s.next_in ? (long)(s.next_in - in) : -1;
+    r.left = s.avail_in;
+    snprintf(r.msg, sizeof r.msg, "%s", s.msg ? s.msg : "");
+    CHECK((use_ref ? ref.inflateBackEnd : inflateBackEnd)(&s) == Z_OK);
+    return r;
+}
+
+/* inflateBack (pigz -d decodes through it; the shim runs it on
+ * zlib-rs's inflate): for raw streams whole, in pieces, truncated,
+ * damaged, followed by other bytes, with `out` failing, the same return,
+ * output (and the length of each `out` call), input left and message as
+ * stock zlib's. */
+static void inflate_back(void)
+{
+    static const size_t sizes[] = {0, 1, 100, 32768, 40000, 300000};
+    static const size_t pieces[] = {1, 7, 4096, (size_t)-1};
+    size_t cap = 400000;
+    unsigned char *c = malloc(cap), *o1 = malloc(cap), *o2 = malloc(cap);
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        unsigned char *d = make_data(sizes[i], (unsigned)i + 50);
+        for (int level = 0; level <= 9; level += 3) {
+            size_t n = ref_deflate(level, -15, d, sizes[i], c, cap - 16);
+            memcpy(c + n, "TRAILER-BYTES", 13); /* what follows, as a gzip trailer does */
+            for (int damage = 0; damage < 4; damage++) {
+                size_t len = n + 13;
+                unsigned char saved = 0;
+                size_t at = n * (size_t)damage / 4;
+                if (damage == 1)
+                    len = n / 2; /* truncated */
+                if (damage >= 2 && n > 2) {
+                    saved = c[at];
+                    c[at] ^= damage == 2 ? 0x10 : 0xff; /* damaged */
+                }
+                for (size_t p = 0; p < sizeof pieces / sizeof *pieces; p++) {
+                    for (size_t given = 0; given <= 5; given += 5) {
+                        for (unsigned fail = 0; fail < 3; fail += 2) {
+                            size_t g = given < len ? given : len;
+                            struct back_run a =
+                                back_run(0, 15, c, len, g, pieces[p], fail, o1, cap);
+                            struct back_run b =
+                                back_run(1, 15, c, len, g, pieces[p], fail, o2, cap);
+                            if (a.ret != b.ret || a.io.out_len != b.io.out_len ||
+                                (a.left_at != b.left_at && b.ret != Z_BUF_ERROR) ||
+                                !same_msg(a.msg, b.msg))
+                                fprintf(stderr,
+                                        "inflateBack size %zu level %d damage %d piece %zu given "
+                                        "%zu fail %u: shim %d out %zu left %ld+%u '%s', zlib %d "
+                                        "out %zu left %ld+%u '%s'\n",
+                                        sizes[i], level, damage, pieces[p], g, fail, a.ret,
+                                        a.io.out_len, a.left_at, a.left, a.msg, b.ret,
+                                        b.io.out_len, b.left_at, b.left, b.msg);
+                            CHECK(a.ret == b.ret);
+                            CHECK(a.io.out_len == b.io.out_len);
+                            CHECK(memcmp(o1, o2, a.io.out_len) == 0);
+                            CHECK(a.io.out_calls == b.io.out_calls);
+                            CHECK(memcmp(a.io.lens, b.io.lens, sizeof a.io.lens) == 0);
+                            if (b.ret == Z_BUF_ERROR && b.left_at >= 0)
+                                /* out() failed: zlib's contract is a
+                                 * next_in that is not NULL (how much input
+                                 * a decoder pulled before it wrote the
+                                 * window out is its own). */
+                                CHECK(a.left_at >= 0);
+                            else
+                                CHECK(a.left_at == b.left_at && a.left == b.left);
+                            CHECK(same_msg(a.msg, b.msg));
+                            if (damage == 0 && !fail) {
+                                CHECK(a.ret == Z_STREAM_END);
+                                CHECK(a.io.out_len == sizes[i] && memcmp(o1, d, sizes[i]) == 0);
+                            }
+                        }
+                    }
+                }
+                if (damage >= 2 && n > 2)
+                    c[at] = saved;
+            }
+        }
+        free(d);
+    }
+
+    /* A stream whose last input comes before its last output: all of it
+     * given at once, `in` is never asked (it would fail). */
+    unsigned char *zeros = calloc(1, 200000);
+    size_t n;
+    for (size_t len = 32768 - 600; len < 200000; len += len < 33500 ? 1 : 9973) {
+        for (int level = 1; level <= 9; level += 8) {
+            n = ref_deflate(level, -15, zeros, len, c, cap);
+            struct back_run a = back_run(0, 15, c, n, n, 0, 0, o1, cap);
+            CHECK(a.ret == Z_STREAM_END && a.io.in_calls == 0 && a.io.out_len == len);
+            CHECK(a.left == 0 && a.left_at == (long)n);
+        }
+    }
+
+    /* One stream after another on the same state, as pigz decodes gzip
+     * members; a smaller window (left to the system zlib) refuses a
+     * distance past it as zlib does. */
+    static unsigned char window[1 << 15];
+    z_stream s;
+    memset(&s, 0, sizeof s);
+    CHECK(inflateBackInit(&s, 15, window) == Z_OK);
+    for (int k = 0; k < 3; k++) {
+        unsigned char *d = make_data(50000, (unsigned)k);
+        n = ref_deflate(1 + k, -15, d, 50000, c, cap);
+        struct back_io io = {.in = c, .len = n, .piece = 1000, .out = o1, .out_cap = cap};
+        s.next_in = Z_NULL;
+        s.avail_in = 0;
+        CHECK(inflateBack(&s, back_in, &io, back_out, &io) == Z_STREAM_END);
+        CHECK(io.out_len == 50000 && memcmp(o1, d, 50000) == 0);
+        free(d);
+    }
+    CHECK(inflateBackEnd(&s) == Z_OK);
+    unsigned char *d = make_data(100000, 9);
+    n = ref_deflate(6, -15, d, 100000, c, cap);
+    free(d);
+    struct back_run small = back_run(0, 10, c, n, n, 0, 0, o1, cap);
+    struct back_run small_ref = back_run(1, 10, c, n, n, 0, 0, o2, cap);
+    CHECK(small.ret == Z_DATA_ERROR && small_ref.ret == Z_DATA_ERROR);
+    CHECK(same_msg(small.msg, small_ref.msg) && small.io.out_len == small_ref.io.out_len);
+
+    /* zlib's refusals. */
+    memset(&s, 0, sizeof s);
+    CHECK(inflateBackInit_(&s, 15, window, "0.9", (int)sizeof s) == Z_VERSION_ERROR);
+    CHECK(inflateBackInit_(&s, 15, window, ZLIB_VERSION, (int)sizeof s - 8) == Z_VERSION_ERROR);
+    CHECK(inflateBackInit(&s, 15, Z_NULL) == Z_STREAM_ERROR);
+    CHECK(inflateBackInit(&s, 16, window) == Z_STREAM_ERROR);
+    CHECK(inflateBackInit((z_streamp)Z_NULL, 15, window) == Z_STREAM_ERROR);
+    CHECK(inflateBackInit(&s, 15, window) == Z_OK);
+    CHECK(inflateBack(&s, NULL, NULL, back_out, NULL) == Z_STREAM_ERROR);
+    CHECK(inflateBackEnd(&s) == Z_OK);
+    CHECK(inflateBackEnd((z_streamp)Z_NULL) == Z_STREAM_ERROR);
+    free(zeros);
+    free(c);
+    free(o1);
+    free(o2);
+}
+
 static void gz_files(void)
 {
     char path[] = "/tmp/wdz-test-XXXXXX";
@@ -1193,6 +1409,7 @@ int main(void)
     small_deflates();
     threads();
     held_params_and_dictionary();
+    inflate_back();
     gz_files();
     printf("test_wdz: ok\n");
     return 0;

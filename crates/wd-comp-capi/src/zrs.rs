@@ -1,7 +1,9 @@
 //! zlib-rs's zlib API, for libwdz, on streams the offload path cannot
 //! take: an inflate stream fed in pieces cannot wait for its whole input
-//! (a protocol parser reads what it needs and no more), and a deflate
-//! stream past what one request carries cannot be one request. zlib-rs
+//! (a protocol parser reads what it needs and no more), nor can one
+//! decoded through `inflateBack` (its input comes from a callback as the
+//! decoder asks), and a deflate stream past what one request carries
+//! cannot be one request. zlib-rs
 //! runs them here at about 1.5 to 2 times the system zlib's speed, with
 //! zlib's own API and semantics (return codes, flushes, `Z_NEED_DICT`,
 //! sync, prime, mark, copy, params, pending).
