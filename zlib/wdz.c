@@ -1977,7 +1977,6 @@ unsigned long inflateCodesUsed(z_streamp strm)
  * zlib-rs's inflate, keeping its own 32 KiB of history, would not. */
 struct back {
     uint64_t magic; /* BACK_MAGIC; first, as a record's (see own_record) */
-    z_streamp strm;
     unsigned char *window;
     z_stream z; /* zlib-rs's raw inflate state */
 };
@@ -1985,10 +1984,13 @@ struct back {
 /* Not a user-space address; not RECORD_MAGIC. */
 #define BACK_MAGIC 0x57445a2d4241434bull
 
+/* Found by its magic alone: a copy of the z_stream shares the state, as
+ * with zlib (whose inflateBack, unlike inflate, does not check that the
+ * state is its stream's, so it must never be handed this one). */
 static struct back *back_of(z_streamp s)
 {
     struct back *b = s ? (struct back *)s->state : NULL;
-    return b && b->magic == BACK_MAGIC && b->strm == s ? b : NULL;
+    return b && b->magic == BACK_MAGIC ? b : NULL;
 }
 
 int inflateBackInit_(z_streamp strm, int windowBits, unsigned char *window, const char *version,
@@ -2007,7 +2009,6 @@ int inflateBackInit_(z_streamp strm, int windowBits, unsigned char *window, cons
         return ret;
     }
     b->magic = BACK_MAGIC;
-    b->strm = strm;
     b->window = window;
     strm->state = (struct internal_state *)b;
     strm->msg = Z_NULL;
