@@ -1976,21 +1976,39 @@ unsigned long inflateCodesUsed(z_streamp strm)
  * smaller window zlib's inflateBack refuses distances past it, which
  * zlib-rs's inflate, keeping its own 32 KiB of history, would not. */
 struct back {
-    uint64_t magic; /* BACK_MAGIC; first, as a record's (see own_record) */
+    struct back *next; /* in its bucket of backs[] */
     unsigned char *window;
     z_stream z; /* zlib-rs's raw inflate state */
 };
 
-/* Not a user-space address; not RECORD_MAGIC. */
-#define BACK_MAGIC 0x57445a2d4241434bull
+/* The states the shim made, by address. A stream's `state` is looked up
+ * here rather than recognised by a mark inside it: the system zlib's
+ * inflateBack state begins with a field its init leaves unset, so
+ * reading it would read memory nobody wrote; and zlib's inflateBack,
+ * unlike inflate, does not check that a state is its own, so it must
+ * never be handed one of these. A copy of the z_stream shares the state,
+ * as with zlib. Under the table's lock (one lookup per inflateBack
+ * call). */
+#define BACK_BUCKETS 64
+static struct back *backs[BACK_BUCKETS];
 
-/* Found by its magic alone: a copy of the z_stream shares the state, as
- * with zlib (whose inflateBack, unlike inflate, does not check that the
- * state is its stream's, so it must never be handed this one). */
-static struct back *back_of(z_streamp s)
+static size_t back_bucket(const void *p) { return ((uintptr_t)p >> 6) % BACK_BUCKETS; }
+
+/* s's state, if it is one of them; with `take`, out of the table. */
+static struct back *back_find(z_streamp s, int take)
 {
-    struct back *b = s ? (struct back *)s->state : NULL;
-    return b && b->magic == BACK_MAGIC ? b : NULL;
+    void *p = s ? (void *)s->state : NULL;
+    if (!p)
+        return NULL;
+    table_take();
+    struct back **at = &backs[back_bucket(p)];
+    while (*at && (void *)*at != p)
+        at = &(*at)->next;
+    struct back *b = *at;
+    if (b && take)
+        *at = b->next;
+    table_give();
+    return b;
 }
 
 int inflateBackInit_(z_streamp strm, int windowBits, unsigned char *window, const char *version,
@@ -2008,8 +2026,11 @@ int inflateBackInit_(z_streamp strm, int windowBits, unsigned char *window, cons
         free(b);
         return ret;
     }
-    b->magic = BACK_MAGIC;
     b->window = window;
+    table_take();
+    b->next = backs[back_bucket(b)];
+    backs[back_bucket(b)] = b;
+    table_give();
     strm->state = (struct internal_state *)b;
     strm->msg = Z_NULL;
     return Z_OK;
@@ -2023,7 +2044,7 @@ int inflateBackInit_(z_streamp strm, int windowBits, unsigned char *window, cons
  * zlib's. zlib's inflateBack sets no other field. */
 int inflateBack(z_streamp strm, in_func in, void *in_desc, out_func out, void *out_desc)
 {
-    struct back *b = back_of(strm);
+    struct back *b = back_find(strm, 0);
     if (!b)
         return REAL(inflateBack)(strm, in, in_desc, out, out_desc);
     if (!in || !out)
@@ -2085,7 +2106,7 @@ int inflateBack(z_streamp strm, in_func in, void *in_desc, out_func out, void *o
 
 int inflateBackEnd(z_streamp strm)
 {
-    struct back *b = back_of(strm);
+    struct back *b = back_find(strm, 1);
     if (!b)
         return REAL(inflateBackEnd)(strm);
     wd__zrs_inflateEnd(&b->z);
