@@ -98,6 +98,15 @@ if command -v pigz >/dev/null; then
     LD_PRELOAD="$lib" pigz -dc "$out/text.gzip.gz" | cmp - "$out/text"
     LD_PRELOAD="$lib" pigz -c -p 2 -z "$out/text" > "$out/text.zz"
     LD_PRELOAD="$lib" pigz -dc -z "$out/text.zz" | cmp - "$out/text"
+    # pigz -d decodes through inflateBack: members one after another, and
+    # damage refused as stock zlib refuses it.
+    cat "$out/text.gzip.gz" "$out/text.pigz.gz" > "$out/two.gz"
+    LD_PRELOAD="$lib" pigz -dc "$out/two.gz" | cmp - <(cat "$out/text" "$out/text")
+    cp "$out/text.gzip.gz" "$out/bad.gz"
+    printf '\377\377\377\377' | dd of="$out/bad.gz" bs=1 seek=$(( $(stat -c %s "$out/bad.gz") / 2 )) conv=notrunc status=none
+    if pigz -dc "$out/bad.gz" > /dev/null 2>&1; then stock=0; else stock=$?; fi
+    if LD_PRELOAD="$lib" pigz -dc "$out/bad.gz" > /dev/null 2>&1; then shim=0; else shim=$?; fi
+    [ "$stock" -ne 0 ] && [ "$shim" = "$stock" ] || { echo "pigz -d of damaged data: exit $shim through the shim, $stock on stock zlib"; exit 1; }
 else
     skip "pigz not installed (apt-get install pigz)"
 fi
