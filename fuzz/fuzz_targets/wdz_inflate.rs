@@ -116,6 +116,7 @@ fn both() -> &'static (Zlib, Zlib) {
 const VERSION: &[u8] = b"1.2.13\0";
 const Z_OK: c_int = 0;
 const Z_STREAM_END: c_int = 1;
+const Z_DATA_ERROR: c_int = -3;
 const Z_BUF_ERROR: c_int = -5;
 const MAX_OUT: usize = 1 << 20;
 
@@ -289,18 +290,20 @@ fn back_decode(
     (ret, io.out, left_at, s.avail_in, msg)
 }
 
-/// The shim's message for damage zlib-rs's fast loop finds (it loses
-/// which it was: docs/compression.md); zlib's is then one of the three.
+/// zlib's message for a distance past the data so far.
+const FAR: &str = "invalid distance too far back";
+
+/// The shim's message for damage zlib-rs's fast loop finds: zlib-rs loses
+/// which it was (docs/compression.md).
+const FAST_DAMAGE: &str =
+    "invalid literal/length code, invalid distance code or invalid distance too far back";
+
+/// Whether the shim's message is zlib's: for FAST_DAMAGE, zlib's is one
+/// of the three.
 fn same_msg(shim: Option<&str>, zlib: Option<&str>) -> bool {
-    const SHIM: &str =
-        "invalid literal/length code, invalid distance code or invalid distance too far back";
-    const ZLIB: [&str; 3] = [
-        "invalid literal/length code",
-        "invalid distance code",
-        "invalid distance too far back",
-    ];
+    const ZLIB: [&str; 3] = ["invalid literal/length code", "invalid distance code", FAR];
     match (shim, zlib) {
-        (Some(SHIM), Some(z)) => ZLIB.contains(&z),
+        (Some(FAST_DAMAGE), Some(z)) => ZLIB.contains(&z),
         (a, b) => a == b,
     }
 }
@@ -344,6 +347,21 @@ fuzz_target!(|data: &[u8]| {
     if window == -15 {
         let (ret, out, left_at, left, msg) = back_decode(shim, &input, piece);
         let (zret, zout, zleft_at, zleft, zmsg) = back_decode(system, &input, piece);
+        let far = matches!(msg.as_deref(), Some(FAR | FAST_DAMAGE));
+        if far && (!same_msg(msg.as_deref(), zmsg.as_deref()) || out != zout) {
+            // The system zlib's inflateBack lets some of these through (its
+            // fast loop counts the output as history twice, a bug zlib
+            // fixed later) and goes on with window bytes nobody wrote; the
+            // shim refuses them as zlib's inflate does, having written what
+            // came before (zlib may refuse a later one). Found in zlib-rs's
+            // fast loop, the shim's message is FAST_DAMAGE.
+            assert_eq!(ret, Z_DATA_ERROR);
+            assert!(
+                zout.starts_with(&out),
+                "inflateBack: output before the distance differs"
+            );
+            return;
+        }
         assert_eq!(ret, zret, "inflateBack: return ({msg:?}, zlib {zmsg:?})");
         assert!(out == zout, "inflateBack: output differs");
         assert!(
