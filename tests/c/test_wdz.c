@@ -1370,25 +1370,74 @@ static void inflate_back(void)
     free(o2);
 }
 
+/* The gz* functions are zlib's, but their deflate and inflate calls reach
+ * the shim (through the system zlib's PLT): files written with flushes,
+ * a level change, appended members and a seek decode with the reference
+ * zlib, read back with seeks, a rewind and gzungetc, and a damaged file
+ * fails. */
 static void gz_files(void)
 {
     char path[] = "/tmp/wdz-test-XXXXXX";
     int fd = mkstemp(path);
     CHECK(fd >= 0);
     size_t n = 500000;
-    unsigned char *d = make_data(n, 9), *back = malloc(n);
+    unsigned char *d = make_data(n, 9), *back = malloc(2 * n + 64);
     gzFile g = gzdopen(fd, "wb6");
     CHECK(g != NULL);
-    CHECK(gzwrite(g, d, (unsigned)n) == (int)n);
+    CHECK(gzwrite(g, d, 100000) == 100000);
+    CHECK(gzflush(g, Z_SYNC_FLUSH) == Z_OK);
+    CHECK(gzsetparams(g, 1, Z_DEFAULT_STRATEGY) == Z_OK);
+    CHECK(gzwrite(g, d + 100000, (unsigned)n - 100000) == (int)n - 100000);
     CHECK(gzprintf(g, "%s %d\n", "tail", 42) > 0);
     CHECK(gzclose(g) == Z_OK);
+    /* A second member, appended. */
+    g = gzopen(path, "ab");
+    CHECK(g != NULL);
+    CHECK(gzwrite(g, d, 1000) == 1000);
+    CHECK(gzclose(g) == Z_OK);
+
+    /* The first member decodes with the reference zlib. */
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL);
+    unsigned char *file = malloc(2 * n);
+    size_t flen = fread(file, 1, 2 * n, f);
+    fclose(f);
+    CHECK(ref_inflate(31, file, flen, back, 2 * n) == n + 8);
+    CHECK(memcmp(back, d, n) == 0 && memcmp(back + n, "tail 42\n", 8) == 0);
+
     g = gzopen(path, "rb");
     CHECK(g != NULL);
     CHECK(gzread(g, back, (unsigned)n) == (int)n && memcmp(back, d, n) == 0);
     char line[32];
     CHECK(gzgets(g, line, sizeof line) != NULL && strcmp(line, "tail 42\n") == 0);
+    CHECK(gzread(g, back, 2000) == 1000 && memcmp(back, d, 1000) == 0); /* both members */
+    CHECK(gzeof(g));
+    CHECK(gzseek(g, 12345, SEEK_SET) == 12345); /* back: a rewind and a skip */
+    CHECK(gzgetc(g) == d[12345]);
+    CHECK(gzungetc('Q', g) == 'Q' && gzgetc(g) == 'Q');
+    CHECK(gzread(g, back, 100) == 100 && memcmp(back, d + 12346, 100) == 0);
+    CHECK(gzrewind(g) == 0);
+    CHECK(gzread(g, back, 64) == 64 && memcmp(back, d, 64) == 0);
     CHECK(gzclose(g) == Z_OK);
+
+    /* Damaged in the middle: a read fails, and says why. */
+    file[flen / 3] ^= 0xff;
+    file[flen / 3 + 1] ^= 0x55;
+    f = fopen(path, "wb");
+    CHECK(f != NULL && fwrite(file, 1, flen, f) == flen);
+    fclose(f);
+    g = gzopen(path, "rb");
+    CHECK(g != NULL);
+    int got, total = 0;
+    while ((got = gzread(g, back, 65536)) > 0)
+        total += got;
+    int err;
+    const char *msg = gzerror(g, &err);
+    CHECK(got < 0 && err == Z_DATA_ERROR && msg && *msg);
+    CHECK(total < (int)n);
+    gzclose(g);
     unlink(path);
+    free(file);
     free(d);
     free(back);
 }
