@@ -165,6 +165,21 @@ impl Stats {
             Why::Policy => &mut self.cpu_policy,
         } += 1;
     }
+
+    /// Count a finished block's bytes, in and out.
+    fn count_bytes(&mut self, input: usize, produced: usize) {
+        self.bytes_in += input as u64;
+        self.bytes_out += produced as u64;
+    }
+}
+
+/// A compression level `alg` does not take is refused before anything
+/// runs, the same error on the single-block and the batch path.
+fn check_level(compress: bool, alg: Algorithm, level: i8) -> Result<()> {
+    if compress {
+        wd_zip_msg::check_level(alg, level).map_err(|_| CodecError::Param)?;
+    }
+    Ok(())
 }
 
 /// The device side of a compressor: a queue and its staging area,
@@ -459,13 +474,10 @@ impl Compressor {
         let (true, Some(Route::Cpu(why))) = (fits, settled) else {
             return Ok(self.run(compress, alg, level, max_ratio, &[input], &mut outs)?[0]);
         };
-        if compress {
-            wd_zip_msg::check_level(alg, level).map_err(|_| CodecError::Param)?;
-        }
+        check_level(compress, alg, level)?;
         self.stats.count_cpu(why);
         let d = self.on_cpu(compress, alg, level, max_ratio, input, &mut outs, 0)?;
-        self.stats.bytes_in += input.len() as u64;
-        self.stats.bytes_out += d.produced as u64;
+        self.stats.count_bytes(input.len(), d.produced);
         Ok(d)
     }
 
@@ -645,11 +657,7 @@ impl Compressor {
         inputs: &[&[&[u8]]],
         outs: &mut Outs<'_, '_>,
     ) -> Result<Vec<Inflated>> {
-        // Checked here too, so a bad level is the same error on both
-        // paths and before anything is sent.
-        if compress {
-            wd_zip_msg::check_level(alg, level).map_err(|_| CodecError::Param)?;
-        }
+        check_level(compress, alg, level)?;
         let jobs: Vec<Job<'_>> = inputs
             .iter()
             .enumerate()
@@ -909,8 +917,7 @@ impl Compressor {
             return Err(e);
         }
         for (d, j) in done.iter().zip(&jobs) {
-            self.stats.bytes_in += j.len as u64;
-            self.stats.bytes_out += d.produced as u64;
+            self.stats.count_bytes(j.len, d.produced);
         }
         Ok(done)
     }
