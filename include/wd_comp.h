@@ -179,6 +179,11 @@ void wd_comp_stream_free(struct wd_comp *c, struct wd_comp_stream *s);
  * otherwise, nowhere to rebuild them). */
 int wd_comp_stream_stats(struct wd_comp *c, uint64_t *rebuilt, uint64_t *lost);
 
+/* Deflate blocks of c cut in two pieces compressed at once, one on the
+ * device and one in the calling thread (WD_COMP_SPLIT, counted in no
+ * field of struct wd_comp_stats). */
+int wd_comp_split_stats(struct wd_comp *c, uint64_t *split);
+
 #ifdef __cplusplus
 }
 #endif

@@ -258,10 +258,16 @@ int main(void)
 	CHECK(wd_comp_stream_stats(NULL, &rebuilt, &lost) == -EINVAL, "stream stats of NULL");
 	CHECK(wd_comp_stream_stats(c, &rebuilt, &lost) == 0 && rebuilt == 0 && lost == 0,
 	      "no host restarted under a stream");
-	CHECK(wd_comp_stats(c, &st) == 0 && st.bytes_in > 0 &&
-		      st.offloaded + st.cpu_threshold + st.cpu_policy + st.cpu_assist + st.cpu_fallback > 0,
+	uint64_t split = 7;
+	CHECK(wd_comp_split_stats(c, NULL) == -EINVAL, "NULL split stats");
+	CHECK(wd_comp_split_stats(NULL, &split) == -EINVAL && split == 7,
+	      "split stats of NULL: nothing written");
+	CHECK(wd_comp_split_stats(c, &split) == 0, "split stats");
+	CHECK(wd_comp_stats(c, &st) == 0 && st.bytes_in > 0, "stats");
+	CHECK(st.offloaded + st.cpu_threshold + st.cpu_policy + st.cpu_assist + st.cpu_fallback + split > 0,
 	      "stats count the requests");
-	printf("offloaded %llu, cpu: policy %llu, fallback %llu\n", (unsigned long long)st.offloaded,
+	printf("offloaded %llu, split %llu, cpu: policy %llu, fallback %llu\n",
+	       (unsigned long long)st.offloaded, (unsigned long long)split,
 	       (unsigned long long)st.cpu_policy, (unsigned long long)st.cpu_fallback);
 	wd_comp_free(c);
 	wd_comp_free(NULL);

@@ -351,6 +351,26 @@ pub unsafe extern "C" fn wd_comp_stream_stats(
     })
 }
 
+/// `wd_comp_split_stats`.
+///
+/// # Safety
+/// `c` from `wd_comp_new`; `split` a writable `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn wd_comp_split_stats(c: *mut WdComp, split: *mut u64) -> c_int {
+    guard(|| {
+        // SAFETY: caller contract.
+        let Some(w) = (unsafe { comp(c) }) else {
+            return fail(EINVAL, "wd_comp_split_stats: not a struct wd_comp");
+        };
+        if split.is_null() {
+            return fail(EINVAL, "wd_comp_split_stats: split is NULL");
+        }
+        // SAFETY: checked non-null; caller contract.
+        unsafe { split.write(w.c.stats().split) };
+        0
+    })
+}
+
 /// Whether no output range overlaps another range, input or output
 /// (inputs may overlap each other: they are only read). Ranges are
 /// (address, length); empty ones overlap nothing.

@@ -31,7 +31,7 @@ use std::time::Instant;
 pub use pending::{Op, Pending};
 pub use stream::{Step, Stream};
 pub use wd_zip_codec::{compress_bound, Inflated, StreamParams};
-use wd_zip_codec::{CodecError, Engine};
+use wd_zip_codec::{pieces, CodecError, Engine};
 pub use wd_zip_msg::Flush;
 pub use wd_zip_msg::{Algorithm, DEFAULT_LEVEL};
 use wd_zip_msg::{Done, OneShot, MAX_DATA};
@@ -74,6 +74,10 @@ pub struct Config {
     /// that it can be rebuilt when its host goes away; a stream that has
     /// sent more cannot be (0: none can).
     pub journal_limit: usize,
+    /// Deflate blocks of at least this many bytes, compressed one at a
+    /// time under the auto policy, are cut in two pieces compressed at
+    /// once, on the device and here (0: never).
+    pub split_min: usize,
 }
 
 impl Default for Config {
@@ -84,6 +88,7 @@ impl Default for Config {
             fallback: true,
             depth: 16,
             journal_limit: DEFAULT_JOURNAL_LIMIT,
+            split_min: DEFAULT_SPLIT_MIN,
         }
     }
 }
@@ -94,6 +99,15 @@ pub const DEFAULT_JOURNAL_LIMIT: usize = 4 << 20;
 
 /// Below this a round trip to the engine costs more than the work.
 pub const DEFAULT_THRESHOLD: usize = 4096;
+
+/// From this a block compressed alone is cut in two pieces, one for the
+/// device and one for the caller (see [`Config::split_min`]).
+pub const DEFAULT_SPLIT_MIN: usize = 16 << 10;
+
+/// The device's share of a block cut in two, in sixteenths: less than
+/// half, since the device also walks its piece to end it open
+/// (`wd_zip_codec::pieces`), and the caller copies it in and out.
+const DEVICE_SIXTEENTHS: usize = 7;
 
 /// How long a caller with nothing else to do polls for a completion
 /// before it sleeps.
@@ -106,8 +120,8 @@ pub const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 impl Config {
     /// The defaults, changed by `WD_COMP_POLICY` (auto, offload, cpu),
     /// `WD_COMP_THRESHOLD` (bytes), `WD_COMP_FALLBACK=0` and
-    /// `WD_COMP_JOURNAL` (bytes). A value that does not parse is an error
-    /// naming it.
+    /// `WD_COMP_JOURNAL` (bytes), `WD_COMP_SPLIT` (bytes, 0: never). A
+    /// value that does not parse is an error naming it.
     pub fn from_env() -> std::result::Result<Config, String> {
         let mut c = Config::default();
         if let Ok(p) = std::env::var("WD_COMP_POLICY") {
@@ -122,6 +136,11 @@ impl Config {
             c.journal_limit = t
                 .parse()
                 .map_err(|_| format!("WD_COMP_JOURNAL: '{t}' is not a byte count"))?;
+        }
+        if let Ok(t) = std::env::var("WD_COMP_SPLIT") {
+            c.split_min = t
+                .parse()
+                .map_err(|_| format!("WD_COMP_SPLIT: '{t}' is not a byte count"))?;
         }
         if std::env::var("WD_COMP_FALLBACK").is_ok_and(|v| v == "0") {
             c.fallback = false;
@@ -144,6 +163,9 @@ pub struct Stats {
     pub cpu_assist: u64,
     /// Blocks run here because no queue could be had.
     pub cpu_fallback: u64,
+    /// Blocks cut in two pieces compressed at once, one on the device and
+    /// one here (counted here only).
+    pub split: u64,
     /// Input bytes.
     pub bytes_in: u64,
     /// Output bytes.
@@ -219,6 +241,22 @@ impl Lane {
         self.stage = Some(stage);
         self.slot = slot;
         self.slots = slots;
+        Ok(())
+    }
+}
+
+impl Lane {
+    /// Wait until a completion is ready: poll a while first (a block takes
+    /// tens to hundreds of microseconds; sleeping costs a wake-up of about
+    /// as much), then sleep.
+    fn wait(&mut self) -> std::result::Result<(), ClientError> {
+        let t = Instant::now();
+        while !self.q.completions_ready() {
+            if t.elapsed() >= POLL_BEFORE_SLEEP {
+                return self.q.wait_completion(None);
+            }
+            std::hint::spin_loop();
+        }
         Ok(())
     }
 }
@@ -309,6 +347,8 @@ pub struct Compressor {
     /// The host's address, to connect again after it went away.
     addr: Option<String>,
     cpu: Engine,
+    /// The caller's piece of a block cut in two.
+    piece: Vec<u8>,
     /// Measured cost of each path, per algorithm and direction.
     costs: Costs,
     stats: Stats,
@@ -363,6 +403,7 @@ impl Compressor {
             no_lane_at: None,
             addr: None,
             cpu: Engine::new(),
+            piece: Vec::new(),
             costs: Costs::new(2 * Algorithm::ALL.len()),
             stats: Stats::default(),
         }
@@ -440,7 +481,122 @@ impl Compressor {
         input: &[u8],
         out: &mut [u8],
     ) -> Result<usize> {
+        if let Some(n) = self.compress_split(alg, level, input, out)? {
+            return Ok(n);
+        }
         Ok(self.one(true, alg, level, 0, input, out)?.produced)
+    }
+
+    /// A large deflate block cut in two pieces compressed at once, the
+    /// first on the device and the rest here, joined into one stream
+    /// (`wd_zip_codec::pieces`): one caller thread keeps the engine and
+    /// itself busy, as a batch does. The stream differs from the block
+    /// compressed whole (the second piece starts without the first's
+    /// history: a fraction of a percent larger). `None` when the block is
+    /// not cut (it then goes the usual way: no queue, a policy or size
+    /// that rules it out, or a device that failed its piece).
+    fn compress_split(
+        &mut self,
+        alg: Algorithm,
+        level: i8,
+        input: &[u8],
+        out: &mut [u8],
+    ) -> Result<Option<usize>> {
+        let len = input.len();
+        if !alg.is_deflate()
+            || level == 0
+            || self.cfg.policy != Policy::Auto
+            || self.cfg.split_min == 0
+            || len < self.cfg.split_min
+            || len as u64 > MAX_DATA
+        {
+            return Ok(None);
+        }
+        check_level(true, alg, level)?;
+        let header = pieces::header(alg, level)?;
+        let cut = len * DEVICE_SIXTEENTHS / 16;
+        let room = compress_bound(Algorithm::Deflate, cut) + 5;
+        let Some(lane) = self.lane() else {
+            return Ok(None);
+        };
+        if lane.ensure(cut + room, 1).is_err() {
+            return Ok(None);
+        }
+        let stage = lane.stage.as_ref().expect("ensured");
+        stage.write(0, &input[..cut]);
+        let d = OneShot {
+            compress: true,
+            alg: Algorithm::Deflate,
+            level,
+            max_ratio: 0,
+            src: stage.addr(),
+            src_len: cut as u64,
+            dst: stage.addr() + cut as u64,
+            dst_len: room as u64,
+            piece: true,
+        }
+        .to_desc(0);
+        if lane.q.send(d, 0).is_err() {
+            return Ok(None);
+        }
+        // The rest here meanwhile, and the framing's checksum.
+        let mut rest = std::mem::take(&mut self.piece);
+        rest.clear();
+        let made = self
+            .cpu
+            .compress_vec(Algorithm::Deflate, level, &input[cut..], &mut rest);
+        let trailer = pieces::trailer(alg, input);
+        let first = self.recv_piece(room);
+        let joined = match (made, trailer, first) {
+            (Ok(_), Ok((t, tn)), Some(a)) => {
+                let total = header.len() + a + rest.len() + tn;
+                (total <= out.len()).then(|| {
+                    let stage = self.lane.as_ref().and_then(|l| l.stage.as_ref());
+                    let stage = stage.expect("the piece came back");
+                    let (h, b) = (header.len(), rest.len());
+                    out[..h].copy_from_slice(header);
+                    stage.read(cut as u64, &mut out[h..h + a]);
+                    out[h + a..h + a + b].copy_from_slice(&rest);
+                    out[h + a + b..total].copy_from_slice(&t[..tn]);
+                    total
+                })
+            }
+            _ => None,
+        };
+        self.piece = rest;
+        if let Some(n) = joined {
+            self.stats.split += 1;
+            self.stats.count_bytes(len, n);
+        }
+        Ok(joined)
+    }
+
+    /// The completion of the one piece in flight on the lane: the bytes
+    /// it wrote; `None` if the device failed it or the queue failed (that
+    /// queue is dropped, as in a batch): the block then goes the usual way.
+    fn recv_piece(&mut self, room: usize) -> Option<usize> {
+        let lane = self.lane.as_mut().expect("a piece was sent");
+        let mut comps = Vec::with_capacity(1);
+        loop {
+            let got = match lane.q.recv_batch(&mut comps, 1) {
+                Ok(0) => lane.wait().map(|_| 0),
+                other => other,
+            };
+            match got {
+                Ok(0) => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    self.lost(e.to_string());
+                    return None;
+                }
+            }
+        }
+        let c = comps[0];
+        if c.desc.status != 0 {
+            return None;
+        }
+        let produced = Done::from_result(c.desc.result).produced as usize;
+        (produced <= room).then_some(produced)
     }
 
     /// Decompress the stream(s) at the start of `input` into `out`,
@@ -742,8 +898,6 @@ impl Compressor {
         // collects what is in flight, so no completion of this batch is
         // left for the next one to mistake for its own.
         let mut failed: Option<CompError> = None;
-        // Whether this wait has polled already (then it sleeps).
-        let mut polled = false;
         loop {
             // Hand the next blocks out.
             while failed.is_none() && next < jobs.len() {
@@ -809,6 +963,7 @@ impl Compressor {
                     src_len: j.len as u64,
                     dst: base + j.len as u64,
                     dst_len: j.room as u64,
+                    piece: false,
                 }
                 .to_desc(0);
                 match lane.q.send(d, s as u64) {
@@ -834,9 +989,6 @@ impl Compressor {
             let lane = self.lane.as_mut().expect("staged");
             comps.clear();
             let got = lane.q.recv_batch(&mut comps, slots);
-            if !matches!(got, Ok(0)) {
-                polled = false;
-            }
             let got = match got {
                 // Slots full: compute a block here while the device works.
                 Ok(0)
@@ -862,18 +1014,8 @@ impl Compressor {
                     }
                     continue;
                 }
-                // Nothing to do here but wait: poll a while first (a block
-                // takes tens to hundreds of microseconds; sleeping costs a
-                // wake-up of about as much), then sleep.
-                Ok(0) if !polled => {
-                    polled = true;
-                    let t = Instant::now();
-                    while !lane.q.completions_ready() && t.elapsed() < POLL_BEFORE_SLEEP {
-                        std::hint::spin_loop();
-                    }
-                    continue;
-                }
-                Ok(0) => lane.q.wait_completion(None).map(|_| 0),
+                // Nothing to do here but wait.
+                Ok(0) => lane.wait().map(|_| 0),
                 other => other,
             };
             if let Err(e) = got {

@@ -256,6 +256,7 @@ impl Compressor {
             src_len: input.len() as u64,
             dst: base + input.len() as u64,
             dst_len: out.len() as u64,
+            piece: false,
         }
         .to_desc(0);
         if let Err(e) = lane.q.send_sync(d, slot as u64) {

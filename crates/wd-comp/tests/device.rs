@@ -75,6 +75,7 @@ fn offload_cfg() -> Config {
         fallback: false,
         depth: 8,
         journal_limit: wd_comp::DEFAULT_JOURNAL_LIMIT,
+        split_min: 0,
     }
 }
 
@@ -335,6 +336,116 @@ fn routing_is_counted_and_fallback_is_explicit() {
     {
         assert!(back == text);
     }
+}
+
+/// A stream of `alg` decoded by the reference (zlib-rs through flate2,
+/// zlib's own checks).
+fn reference_decode(alg: Algorithm, stream: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    match alg {
+        Algorithm::Deflate => flate2::read::DeflateDecoder::new(stream).read_to_end(&mut out),
+        Algorithm::Zlib => flate2::read::ZlibDecoder::new(stream).read_to_end(&mut out),
+        _ => flate2::read::GzDecoder::new(stream).read_to_end(&mut out),
+    }
+    .expect("the reference decodes it");
+    out
+}
+
+/// Random bytes: a block that does not compress.
+fn noise(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn large_blocks_are_cut_between_device_and_caller() {
+    let host = spawn_host("split");
+    let conn = HostConn::connect(&host.socket).unwrap();
+    let mut auto = Compressor::new(Some(conn), Config::default());
+    let text = data(1 << 20, 9);
+    let rand = noise(100_000, 5);
+    let mut cut = 0;
+    for alg in [Algorithm::Deflate, Algorithm::Zlib, Algorithm::Gzip] {
+        for level in [DEFAULT_LEVEL, 1, 6, 12] {
+            for block in [
+                &text[..wd_comp::DEFAULT_SPLIT_MIN],
+                &text[..65_543],
+                &text[..],
+                &rand[..],
+            ] {
+                let mut out = vec![0u8; wd_comp::compress_bound(alg, block.len())];
+                let n = auto.compress(alg, level, block, &mut out).unwrap();
+                cut += 1;
+                assert_eq!(auto.stats().split, cut, "{alg} level {level}");
+                assert!(
+                    reference_decode(alg, &out[..n]) == block,
+                    "{alg} level {level}"
+                );
+                let mut back = vec![0u8; block.len()];
+                let got = auto.decompress(alg, &out[..n], &mut back, 0).unwrap();
+                assert_eq!((got.consumed, got.produced), (n, block.len()));
+                assert!(back == block);
+                // The cost of the cut: the second piece starts without the
+                // first's history (a few percent at most on these small,
+                // repetitive blocks at the highest levels).
+                let mut whole = vec![0u8; out.len()];
+                let w = wd_zip_codec::Engine::new()
+                    .compress(alg, level, block, &mut whole[..])
+                    .unwrap();
+                assert!(n <= w + w / 20 + 16, "{alg} level {level}: {n} against {w}");
+            }
+        }
+    }
+    // Not cut: below the size, level 0, other formats, the CPU policy.
+    let s = auto.stats();
+    let mut out = vec![0u8; 2 << 20];
+    auto.compress(
+        Algorithm::Zlib,
+        1,
+        &text[..wd_comp::DEFAULT_SPLIT_MIN - 1],
+        &mut out,
+    )
+    .unwrap();
+    auto.compress(Algorithm::Zlib, 0, &text, &mut out).unwrap();
+    auto.compress(Algorithm::Zstd, 1, &text, &mut out).unwrap();
+    assert_eq!(auto.stats().split, s.split);
+    // Room for the whole stream but not the cut one: the block goes the
+    // usual way and fits.
+    let mut whole = vec![0u8; 1 << 20];
+    let w = wd_zip_codec::Engine::new()
+        .compress(Algorithm::Zlib, 1, &rand[..], &mut whole[..])
+        .unwrap();
+    let mut tight = vec![0u8; w];
+    let n = auto
+        .compress(Algorithm::Zlib, 1, &rand, &mut tight)
+        .unwrap();
+    assert_eq!((n, &tight[..]), (w, &whole[..w]));
+    assert_eq!(auto.stats().split, s.split);
+    let mut cpu = Compressor::new(
+        Some(HostConn::connect(&host.socket).unwrap()),
+        Config {
+            policy: Policy::Cpu,
+            ..Config::default()
+        },
+    );
+    cpu.compress(Algorithm::Gzip, 1, &text, &mut out).unwrap();
+    assert_eq!(cpu.stats().split, 0);
+    // The host gone: the block runs here, whole.
+    drop(host);
+    std::thread::sleep(Duration::from_millis(100));
+    for _ in 0..3 {
+        let n = auto.compress(Algorithm::Gzip, 1, &text, &mut out).unwrap();
+        assert!(reference_decode(Algorithm::Gzip, &out[..n]) == text);
+    }
+    assert_eq!(auto.stats().split, s.split);
 }
 
 #[test]

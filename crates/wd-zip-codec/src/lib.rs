@@ -20,6 +20,7 @@
 pub mod isal;
 mod libdeflate;
 mod mem;
+pub mod pieces;
 pub mod stock;
 mod stream;
 mod zstd_raw;
@@ -265,6 +266,21 @@ impl Engine {
                 _ => Err(CodecError::Param),
             },
         }
+    }
+
+    /// Compress all of `input` into raw deflate that ends at a full flush
+    /// point rather than a final block ([`pieces`]): a piece of a longer
+    /// stream, which the next piece (compressed without this one's
+    /// history) follows. Room of [`compress_bound`] plus 5 always
+    /// suffices.
+    pub fn compress_piece(
+        &mut self,
+        level: i8,
+        input: &(impl Input + ?Sized),
+        out: &mut [u8],
+    ) -> Result<usize, CodecError> {
+        let n = self.compress(Algorithm::Deflate, level, input, out)?;
+        pieces::end_open(out, n)
     }
 
     /// Decompress the stream(s) at the start of `input` into `out`. With

@@ -148,3 +148,15 @@ impl Drop for Decompressor {
         unsafe { sys::libdeflate_free_decompressor(self.0.as_ptr()) }
     }
 }
+
+/// Adler-32 of `data` (zlib's trailer).
+pub(crate) fn adler32(data: &[u8]) -> u32 {
+    // SAFETY: reads `data.len()` bytes of a live slice.
+    unsafe { sys::libdeflate_adler32(1, data.as_ptr().cast(), data.len()) }
+}
+
+/// CRC-32 of `data` (gzip's trailer).
+pub(crate) fn crc32(data: &[u8]) -> u32 {
+    // SAFETY: reads `data.len()` bytes of a live slice.
+    unsafe { sys::libdeflate_crc32(0, data.as_ptr().cast(), data.len()) }
+}

@@ -160,7 +160,8 @@ fn data_len(v: u64) -> Result<u64, i32> {
 /// 8, `dst` at 16, `dst_len` at 24 (the output limit), algorithm at 32,
 /// level at 33 (compression; [`DEFAULT_LEVEL`] or the algorithm's
 /// range), `max_ratio` at 34 (u16, decompression: refuse output larger
-/// than this many times the input consumed; 0 = no limit).
+/// than this many times the input consumed; 0 = no limit), `piece` at 36
+/// (0 or 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OneShot {
     /// Compress (else decompress).
@@ -179,6 +180,12 @@ pub struct OneShot {
     pub dst: u64,
     /// Output room.
     pub dst_len: u64,
+    /// Compression of raw deflate only: the input is a piece of a longer
+    /// stream, not its end. The output ends at a full flush point (no
+    /// block marked final, an empty stored block aligning the end), so
+    /// that the next piece's raw deflate, compressed without this one's
+    /// history, can follow it.
+    pub piece: bool,
 }
 
 impl OneShot {
@@ -200,6 +207,7 @@ impl OneShot {
         d.payload[32] = self.alg as u8;
         d.payload[33] = self.level as u8;
         d.payload[34..36].copy_from_slice(&self.max_ratio.to_le_bytes());
+        d.payload[36] = u8::from(self.piece);
         d
     }
 }
@@ -414,12 +422,18 @@ pub fn decode(d: &Desc) -> Result<Request, i32> {
             if compress && max_ratio != 0 {
                 return Err(status::EINVAL);
             }
-            zero_from(d, 36)?;
+            let piece = match p[36] {
+                0 => false,
+                1 if compress && alg == Algorithm::Deflate => true,
+                _ => return Err(status::EINVAL),
+            };
+            zero_from(d, 37)?;
             Ok(Request::OneShot(OneShot {
                 compress,
                 alg,
                 level,
                 max_ratio,
+                piece,
                 src: d.payload_u64(0),
                 src_len: data_len(d.payload_u64(8))?,
                 dst: d.payload_u64(16),
@@ -498,6 +512,7 @@ mod tests {
             src_len: 100,
             dst: 0x9000,
             dst_len: 200,
+            piece: false,
         }
     }
 
@@ -512,7 +527,25 @@ mod tests {
             };
             assert_eq!(decode(&d.to_desc(1)), Ok(Request::OneShot(d)));
             assert_eq!(alg.name().parse::<Algorithm>(), Ok(alg));
+            // A piece of a stream is raw deflate being compressed.
+            let p = OneShot {
+                piece: true,
+                ..one(true, alg, 1)
+            };
+            let want = match alg {
+                Algorithm::Deflate => Ok(Request::OneShot(p)),
+                _ => Err(status::EINVAL),
+            };
+            assert_eq!(decode(&p.to_desc(1)), want, "{alg}");
+            let p = OneShot {
+                piece: true,
+                ..one(false, alg, 0)
+            };
+            assert_eq!(decode(&p.to_desc(1)), Err(status::EINVAL), "{alg}");
         }
+        let mut d = one(true, Algorithm::Deflate, 1).to_desc(1);
+        d.payload[36] = 2;
+        assert_eq!(decode(&d), Err(status::EINVAL), "piece is 0 or 1");
         let s = SessionNew {
             alg: Algorithm::Zlib,
             level: 9,

@@ -129,6 +129,9 @@ impl ZipQueue {
     }
 
     fn one_shot(&mut self, r: OneShot, dma: &mut dyn Dma<'_>) -> Result<Done, i32> {
+        if r.piece {
+            return self.piece(r, dma);
+        }
         if Engine::works_in_place(r.alg) && r.src_len > 0 && r.dst_len > 0 {
             // The output, and a compression's input, in place in shared
             // memory when the domain maps them contiguously.
@@ -192,6 +195,33 @@ impl ZipQueue {
         };
         write_out(dma, r.dst, &self.output[..done.produced as usize])?;
         Ok(done)
+    }
+
+    /// Compress a piece of a deflate stream: into a host buffer, where
+    /// its end is rewritten (never in shared memory, which the client can
+    /// change under the rewrite), from the input in place when it is.
+    fn piece(&mut self, r: OneShot, dma: &mut dyn Dma<'_>) -> Result<Done, i32> {
+        self.output.resize(r.dst_len as usize, 0);
+        let input = (r.src_len > 0)
+            .then(|| dma.slice(r.src, r.src_len, Access::Read))
+            .flatten();
+        let n = match input {
+            Some(input) => self
+                .engine
+                .compress_piece(r.level, &input, &mut self.output),
+            None => {
+                self.stage(r.src, r.src_len, r.dst_len, dma)?;
+                self.engine
+                    .compress_piece(r.level, &self.input, &mut self.output)
+            }
+        }
+        .map_err(CodecError::status)?;
+        write_out(dma, r.dst, &self.output[..n])?;
+        Ok(Done {
+            produced: n as u64,
+            consumed: r.src_len,
+            end: false,
+        })
     }
 
     fn session_new(&mut self, s: SessionNew, dma: &mut dyn Dma<'_>) -> Result<u64, i32> {

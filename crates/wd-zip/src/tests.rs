@@ -45,6 +45,7 @@ fn shot(
         src_len: src_len as u64,
         dst,
         dst_len: dst_len as u64,
+        piece: false,
     }
     .to_desc(1)
 }
@@ -291,5 +292,63 @@ fn overlapping_input_and_output_are_safe() {
         );
         assert_eq!(st, 0, "{alg}");
         assert!(mem.get(BACK, data.len()) == data, "{alg}");
+    }
+}
+
+/// Pieces of one deflate stream, compressed by two requests, join into
+/// a stream that decodes to the whole input; the first piece's end does
+/// not end the stream.
+#[test]
+fn pieces_of_a_stream_join() {
+    for in_place in [true, false] {
+        let (mut q, mut mem, _) = queue();
+        mem.set_slices(in_place);
+        let data = text(150_000);
+        mem.put(SRC, &data);
+        let cut = 70_000;
+        let piece = |src: u64, len: usize, dst: u64, piece: bool| {
+            OneShot {
+                compress: true,
+                alg: Algorithm::Deflate,
+                level: 1,
+                max_ratio: 0,
+                src,
+                src_len: len as u64,
+                dst,
+                dst_len: 1 << 20,
+                piece,
+            }
+            .to_desc(3)
+        };
+        let (st, r) = run(&mut q, &mut mem, piece(SRC, cut, DST, true));
+        assert_eq!(st, 0);
+        let a = Done::from_result(r);
+        assert!(!a.end && a.consumed == cut as u64);
+        let b_at = DST + a.produced;
+        let (st, r) = run(
+            &mut q,
+            &mut mem,
+            piece(SRC + cut as u64, data.len() - cut, b_at, false),
+        );
+        assert_eq!(st, 0);
+        let b = Done::from_result(r);
+        let joined = (a.produced + b.produced) as usize;
+        let (st, r) = run(
+            &mut q,
+            &mut mem,
+            shot(false, Algorithm::Deflate, DST, joined, BACK, data.len()),
+        );
+        assert_eq!(st, 0, "in place {in_place}");
+        assert_eq!(Done::from_result(r).produced, data.len() as u64);
+        assert!(mem.get(BACK, data.len()) == data);
+        // Too little room for a piece is the usual status.
+        let mut d = piece(SRC, cut, DST, true);
+        d.set_payload_u64(24, 100);
+        assert_eq!(run(&mut q, &mut mem, d).0, status::ENOBUFS);
+        // An empty piece ends with the flush point's marker.
+        let (st, r) = run(&mut q, &mut mem, piece(SRC, 0, DST, true));
+        let n = Done::from_result(r).produced;
+        assert_eq!(st, 0);
+        assert_eq!(mem.get(DST + n - 4, 4), [0, 0, 0xff, 0xff]);
     }
 }

@@ -422,6 +422,7 @@ fn zip(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
             fallback: false,
             depth: 8,
             journal_limit: wd_comp::DEFAULT_JOURNAL_LIMIT,
+            split_min: 0,
         },
     );
     let mut cpu = wd_zip_codec::Engine::new();
