@@ -2,10 +2,13 @@
 //! drop-in zlib use: one-shot (libdeflate, libzstd, LZ4 frames) and
 //! streams (zlib-rs, libzstd) fed in pieces. Never a panic, never more
 //! output than the room, and the two deflate decoders agree: what one
-//! decodes whole, the other decodes to the same bytes.
+//! decodes whole, the other decodes to the same bytes. Raw deflate also
+//! goes through the walk that ends a stream open (`pieces::end_open`):
+//! never a panic, and a stream it rewrites still decodes to the same
+//! bytes once a final block follows.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use wd_zip_codec::{Engine, Flush, Stream, StreamParams};
+use wd_zip_codec::{pieces, Engine, Flush, Stream, StreamParams};
 use wd_zip_msg::Algorithm;
 
 fuzz_target!(|data: &[u8]| {
@@ -18,6 +21,24 @@ fuzz_target!(|data: &[u8]| {
     let mut e = Engine::new();
     let mut out = vec![0u8; room];
     let one = e.decompress(alg, input, &mut out[..], ratio);
+    if alg == Algorithm::Deflate {
+        let mut open = input.to_vec();
+        open.resize(input.len() + 5, 0);
+        if let Ok(n) = pieces::end_open(&mut open, input.len()) {
+            assert!(n <= input.len() + 5 && open[n - 4..n] == [0, 0, 0xff, 0xff]);
+            // An empty final block with fixed codes ends it again.
+            open.truncate(n);
+            open.extend_from_slice(&[3, 0]);
+            let mut again = vec![0u8; room];
+            let twice = e.decompress(alg, &open, &mut again[..], 0);
+            if let Ok(got) = one {
+                if got.consumed == input.len() && ratio == 0 {
+                    let t = twice.expect("a stream ended open and closed again decodes");
+                    assert_eq!(&again[..t.produced], &out[..got.produced]);
+                }
+            }
+        }
+    }
     if let Ok(got) = one {
         assert!(got.produced <= room && got.consumed <= input.len());
         if ratio != 0 {
