@@ -18,7 +18,10 @@
 //! host went away) blocks run on the CPU unless fallback is off. Every
 //! decision is counted ([`Compressor::stats`]). Both paths produce the
 //! same bytes, and a data error (corrupt input, too little room, a ratio
-//! limit) is the same error on both.
+//! limit) is the same error on both. The one exception is a large deflate
+//! block compressed alone, which the auto policy cuts between the device
+//! and the caller ([`Config::split_min`]): a valid stream, slightly
+//! larger, not the bytes of the block compressed whole.
 #![deny(unsafe_code)]
 
 mod pending;
