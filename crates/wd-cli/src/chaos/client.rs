@@ -425,6 +425,9 @@ fn zip(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
             split_min: 0,
         },
     );
+    // Large blocks alone under the auto policy, fallback on: cut between
+    // the device and this thread.
+    let mut auto = Compressor::new(Some(host()?), Config::default());
     let mut cpu = wd_zip_codec::Engine::new();
     let reproducible = wd_zip_codec::reproducible();
     let words: [&[u8]; 6] = [
@@ -514,6 +517,25 @@ fn zip(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
                 continue;
             }
             Err(e) => return Err(End::Failed(e.to_string())),
+        }
+        let whole = blocks.concat();
+        if alg.is_deflate() && whole.len() >= wd_comp::DEFAULT_SPLIT_MIN && rng.next() % 2 == 0 {
+            // A host killed while the device has its piece sends the block
+            // the usual way (here, or on the new host): never an error.
+            let mut z = vec![0u8; wd_zip_codec::compress_bound(alg, whole.len())];
+            let n = auto
+                .compress(alg, 1, &whole, &mut z)
+                .map_err(|e| End::Failed(format!("a block cut in two: {e}")))?;
+            let mut back = vec![0u8; whole.len()];
+            let ok = cpu
+                .decompress(alg, &z[..n], &mut back[..], 0)
+                .is_ok_and(|g| g.consumed == n && g.produced == whole.len());
+            if !ok || back != whole {
+                return Err(End::Data(format!(
+                    "{alg} block of {} bytes cut in two does not decode to itself",
+                    whole.len()
+                )));
+            }
         }
         if alg.streams() && rng.next() % 4 == 0 {
             // A stream session: rebuilt on the new host from its journal
