@@ -77,6 +77,27 @@ size_t wd_comp_bound(int alg, size_t len);
 int wd_comp_compress(struct wd_comp *c, int alg, int level, const void *src, size_t src_len,
                      void *dst, size_t *dst_len);
 
+/* A deflate, zlib or gzip stream compressed a piece at a time: its check
+ * value and length so far (set by the first piece). */
+struct wd_comp_pieces {
+    uint32_t check;
+    uint64_t len;
+};
+
+#define WD_COMP_PIECE_FIRST 1 /* the stream's first piece: its header first */
+#define WD_COMP_PIECE_LAST 2  /* its last: a final block and the trailer */
+
+/* Compress src as one piece of a stream of alg (WD_COMP_DEFLATE, _ZLIB or
+ * _GZIP), so that a long stream leaves as its input comes: a piece that is
+ * not the last ends at a full flush point (as zlib's Z_FULL_FLUSH leaves a
+ * stream; the next piece starts without its history). Large pieces are
+ * cut between the device and the calling thread under the auto policy.
+ * *dst_len: the room on entry (wd_comp_bound + 20 always suffices), the
+ * bytes written on success; *p is carried on (written on success only). */
+int wd_comp_compress_piece(struct wd_comp *c, int alg, int level, struct wd_comp_pieces *p,
+                           const void *src, size_t src_len, void *dst, size_t *dst_len,
+                           int flags);
+
 /* Decompress the stream at the start of src. *dst_len: the room at dst
  * on entry, the bytes written on success; *consumed (when not NULL): the
  * input bytes the stream took (any rest follows it). max_ratio: refuse

@@ -26,9 +26,8 @@ fuzz_target!(|data: &[u8]| {
         open.resize(input.len() + 5, 0);
         if let Ok(n) = pieces::end_open(&mut open, input.len()) {
             assert!(n <= input.len() + 5 && open[n - 4..n] == [0, 0, 0xff, 0xff]);
-            // An empty final block with fixed codes ends it again.
             open.truncate(n);
-            open.extend_from_slice(&[3, 0]);
+            open.extend_from_slice(&pieces::CLOSE);
             let mut again = vec![0u8; room];
             let twice = e.decompress(alg, &open, &mut again[..], 0);
             if let Ok(got) = one {

@@ -240,6 +240,83 @@ pub unsafe extern "C" fn wd_comp_compress(
     })
 }
 
+/// `struct wd_comp_pieces`.
+#[repr(C)]
+pub struct WdCompPieces {
+    check: u32,
+    len: u64,
+}
+
+/// `WD_COMP_PIECE_FIRST`, `WD_COMP_PIECE_LAST`.
+const PIECE_FIRST: c_int = 1;
+const PIECE_LAST: c_int = 2;
+
+/// See wd_comp.h.
+///
+/// # Safety
+/// Pointers as wd_comp.h says.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn wd_comp_compress_piece(
+    c: *mut WdComp,
+    alg: c_int,
+    level: c_int,
+    p: *mut WdCompPieces,
+    src: *const c_void,
+    src_len: usize,
+    dst: *mut c_void,
+    dst_len: *mut usize,
+    flags: c_int,
+) -> c_int {
+    guard(|| {
+        // SAFETY: caller contract.
+        let Some(w) = (unsafe { comp(c) }) else {
+            return fail(EINVAL, "wd_comp_compress_piece: not a struct wd_comp");
+        };
+        let (Some(a), Ok(level)) = (alg_of(alg), i8::try_from(level)) else {
+            return fail(EINVAL, "wd_comp_compress_piece: unknown algorithm or level");
+        };
+        if flags & !(PIECE_FIRST | PIECE_LAST) != 0 {
+            return fail(EINVAL, "wd_comp_compress_piece: unknown flags");
+        }
+        if dst_len.is_null() || p.is_null() {
+            return fail(EINVAL, "wd_comp_compress_piece: p or dst_len is NULL");
+        }
+        // SAFETY: both checked non-null; caller contract.
+        let (room, mut state) = unsafe {
+            (
+                *dst_len,
+                wd_comp::Pieces {
+                    check: (*p).check,
+                    len: (*p).len,
+                },
+            )
+        };
+        // SAFETY: caller contract.
+        let Some((input, out)) = (unsafe { buffers(src, src_len, dst, room) }) else {
+            return fail(EINVAL, "wd_comp_compress_piece: NULL or overlapping buffer");
+        };
+        let (first, last) = (flags & PIECE_FIRST != 0, flags & PIECE_LAST != 0);
+        match w
+            .c
+            .compress_piece(a, level, &mut state, input, out, first, last)
+        {
+            Ok(n) => {
+                // SAFETY: checked non-null.
+                unsafe {
+                    *dst_len = n;
+                    p.write(WdCompPieces {
+                        check: state.check,
+                        len: state.len,
+                    });
+                }
+                0
+            }
+            Err(e) => fail(errno_of(&e), &format!("wd_comp_compress_piece: {e}")),
+        }
+    })
+}
+
 /// See wd_comp.h.
 ///
 /// # Safety

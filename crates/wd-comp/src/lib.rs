@@ -25,6 +25,7 @@
 #![deny(unsafe_code)]
 
 mod pending;
+mod pieces;
 mod stream;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,9 +33,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub use pending::{Op, Pending};
+pub use pieces::Pieces;
 pub use stream::{Step, Stream};
 pub use wd_zip_codec::{compress_bound, Inflated, StreamParams};
-use wd_zip_codec::{pieces, CodecError, Engine};
+use wd_zip_codec::{CodecError, Engine};
 pub use wd_zip_msg::Flush;
 pub use wd_zip_msg::{Algorithm, DEFAULT_LEVEL};
 use wd_zip_msg::{Done, OneShot, MAX_DATA};
@@ -106,11 +108,6 @@ pub const DEFAULT_THRESHOLD: usize = 4096;
 /// From this a block compressed alone is cut in two pieces, one for the
 /// device and one for the caller (see [`Config::split_min`]).
 pub const DEFAULT_SPLIT_MIN: usize = 16 << 10;
-
-/// The device's share of a block cut in two, in sixteenths: less than
-/// half, since the device also walks its piece to end it open
-/// (`wd_zip_codec::pieces`), and the caller copies it in and out.
-const DEVICE_SIXTEENTHS: usize = 7;
 
 /// How long a caller with nothing else to do polls for a completion
 /// before it sleeps.
@@ -488,118 +485,6 @@ impl Compressor {
             return Ok(n);
         }
         Ok(self.one(true, alg, level, 0, input, out)?.produced)
-    }
-
-    /// A large deflate block cut in two pieces compressed at once, the
-    /// first on the device and the rest here, joined into one stream
-    /// (`wd_zip_codec::pieces`): one caller thread keeps the engine and
-    /// itself busy, as a batch does. The stream differs from the block
-    /// compressed whole (the second piece starts without the first's
-    /// history: a fraction of a percent larger). `None` when the block is
-    /// not cut (it then goes the usual way: no queue, a policy or size
-    /// that rules it out, or a device that failed its piece).
-    fn compress_split(
-        &mut self,
-        alg: Algorithm,
-        level: i8,
-        input: &[u8],
-        out: &mut [u8],
-    ) -> Result<Option<usize>> {
-        let len = input.len();
-        if !alg.is_deflate()
-            || level == 0
-            || self.cfg.policy != Policy::Auto
-            || self.cfg.split_min == 0
-            || len < self.cfg.split_min
-            || len as u64 > MAX_DATA
-        {
-            return Ok(None);
-        }
-        check_level(true, alg, level)?;
-        let header = pieces::header(alg, level)?;
-        let cut = len * DEVICE_SIXTEENTHS / 16;
-        let room = compress_bound(Algorithm::Deflate, cut) + 5;
-        let Some(lane) = self.lane() else {
-            return Ok(None);
-        };
-        if lane.ensure(cut + room, 1).is_err() {
-            return Ok(None);
-        }
-        let stage = lane.stage.as_ref().expect("ensured");
-        stage.write(0, &input[..cut]);
-        let d = OneShot {
-            compress: true,
-            alg: Algorithm::Deflate,
-            level,
-            max_ratio: 0,
-            src: stage.addr(),
-            src_len: cut as u64,
-            dst: stage.addr() + cut as u64,
-            dst_len: room as u64,
-            piece: true,
-        }
-        .to_desc(0);
-        if lane.q.send(d, 0).is_err() {
-            return Ok(None);
-        }
-        // The rest here meanwhile, and the framing's checksum.
-        let mut rest = std::mem::take(&mut self.piece);
-        rest.clear();
-        let made = self
-            .cpu
-            .compress_vec(Algorithm::Deflate, level, &input[cut..], &mut rest);
-        let trailer = pieces::trailer(alg, input);
-        let first = self.recv_piece(room);
-        let joined = match (made, trailer, first) {
-            (Ok(_), Ok((t, tn)), Some(a)) => {
-                let total = header.len() + a + rest.len() + tn;
-                (total <= out.len()).then(|| {
-                    let stage = self.lane.as_ref().and_then(|l| l.stage.as_ref());
-                    let stage = stage.expect("the piece came back");
-                    let (h, b) = (header.len(), rest.len());
-                    out[..h].copy_from_slice(header);
-                    stage.read(cut as u64, &mut out[h..h + a]);
-                    out[h + a..h + a + b].copy_from_slice(&rest);
-                    out[h + a + b..total].copy_from_slice(&t[..tn]);
-                    total
-                })
-            }
-            _ => None,
-        };
-        self.piece = rest;
-        if let Some(n) = joined {
-            self.stats.split += 1;
-            self.stats.count_bytes(len, n);
-        }
-        Ok(joined)
-    }
-
-    /// The completion of the one piece in flight on the lane: the bytes
-    /// it wrote; `None` if the device failed it or the queue failed (that
-    /// queue is dropped, as in a batch): the block then goes the usual way.
-    fn recv_piece(&mut self, room: usize) -> Option<usize> {
-        let lane = self.lane.as_mut().expect("a piece was sent");
-        let mut comps = Vec::with_capacity(1);
-        loop {
-            let got = match lane.q.recv_batch(&mut comps, 1) {
-                Ok(0) => lane.wait().map(|_| 0),
-                other => other,
-            };
-            match got {
-                Ok(0) => continue,
-                Ok(_) => break,
-                Err(e) => {
-                    self.lost(e.to_string());
-                    return None;
-                }
-            }
-        }
-        let c = comps[0];
-        if c.desc.status != 0 {
-            return None;
-        }
-        let produced = Done::from_result(c.desc.result).produced as usize;
-        (produced <= room).then_some(produced)
     }
 
     /// Decompress the stream(s) at the start of `input` into `out`,

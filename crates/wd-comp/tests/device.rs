@@ -448,6 +448,158 @@ fn large_blocks_are_cut_between_device_and_caller() {
     assert_eq!(auto.stats().split, s.split);
 }
 
+/// A stream of `alg` compressed in pieces of the given sizes, joined.
+fn in_pieces(
+    c: &mut Compressor,
+    alg: Algorithm,
+    level: i8,
+    data: &[u8],
+    sizes: &[usize],
+) -> Vec<u8> {
+    let mut p = wd_comp::Pieces::default();
+    let mut out = Vec::new();
+    let mut at = 0;
+    for (i, &n) in sizes.iter().enumerate() {
+        let piece = &data[at..at + n];
+        at += n;
+        let mut buf = vec![0u8; wd_comp::compress_bound(alg, n) + 20];
+        let first = i == 0;
+        let last = i + 1 == sizes.len();
+        let made = c
+            .compress_piece(alg, level, &mut p, piece, &mut buf, first, last)
+            .unwrap();
+        out.extend_from_slice(&buf[..made]);
+        assert_eq!(p.len, at as u64);
+    }
+    assert_eq!(at, data.len());
+    out
+}
+
+#[test]
+fn streams_in_pieces_are_one_stream_on_every_path() {
+    let host = spawn_host("pieces");
+    let text = data(3 << 20, 4);
+    let rand = noise(300_000, 8);
+    let mut both = text[..1 << 20].to_vec();
+    both.extend_from_slice(&rand);
+    let sizes: [&[usize]; 4] = [
+        &[0],
+        &[both.len()],
+        &[100, 70_000, 0, 5000, both.len() - 75_100],
+        &[1 << 20, 150_000, 150_000],
+    ];
+    let mut auto = Compressor::new(
+        Some(HostConn::connect(&host.socket).unwrap()),
+        Config::default(),
+    );
+    let mut offload = offloading(&host, 4);
+    let mut cpu = Compressor::new(
+        None,
+        Config {
+            policy: Policy::Cpu,
+            ..Config::default()
+        },
+    );
+    for alg in [Algorithm::Deflate, Algorithm::Zlib, Algorithm::Gzip] {
+        for level in [1, 6] {
+            for s in sizes {
+                let total: usize = s.iter().sum();
+                let data = &both[..total];
+                for (name, c) in [
+                    ("auto", &mut auto),
+                    ("offload", &mut offload),
+                    ("cpu", &mut cpu),
+                ] {
+                    let z = in_pieces(c, alg, level, data, s);
+                    assert!(
+                        reference_decode(alg, &z) == data,
+                        "{alg} {level} {s:?} {name}"
+                    );
+                }
+            }
+        }
+    }
+    assert!(auto.stats().split > 0, "{:?}", auto.stats());
+    let o = offload.stats();
+    assert!(
+        o.offloaded > 0 && o.split == 0 && o.cpu_policy + o.cpu_fallback == 0,
+        "{o:?}"
+    );
+    let c = cpu.stats();
+    assert!(c.offloaded + c.split == 0 && c.cpu_policy > 0, "{c:?}");
+    // A stream's pieces go on across calls that fail: a bad algorithm or
+    // too little room changes nothing.
+    let mut p = wd_comp::Pieces::default();
+    let mut buf = vec![0u8; 1 << 20];
+    let n = auto
+        .compress_piece(
+            Algorithm::Gzip,
+            1,
+            &mut p,
+            &text[..1000],
+            &mut buf,
+            true,
+            false,
+        )
+        .unwrap();
+    let before = p;
+    let mut z = buf[..n].to_vec();
+    assert!(matches!(
+        auto.compress_piece(
+            Algorithm::Zstd,
+            1,
+            &mut p,
+            &text[..10],
+            &mut buf,
+            false,
+            false
+        ),
+        Err(CompError::Data(_))
+    ));
+    assert!(matches!(
+        auto.compress_piece(
+            Algorithm::Gzip,
+            1,
+            &mut p,
+            &text[1000..200_000],
+            &mut buf[..100],
+            false,
+            false
+        ),
+        Err(CompError::Data(_))
+    ));
+    assert_eq!(p, before);
+    let n = auto
+        .compress_piece(
+            Algorithm::Gzip,
+            1,
+            &mut p,
+            &text[1000..200_000],
+            &mut buf,
+            false,
+            true,
+        )
+        .unwrap();
+    z.extend_from_slice(&buf[..n]);
+    assert!(reference_decode(Algorithm::Gzip, &z) == text[..200_000]);
+    // No host, offloading required: a clear error, the state unchanged.
+    let mut strict = Compressor::new(None, offload_cfg());
+    let mut p = wd_comp::Pieces::default();
+    match strict.compress_piece(
+        Algorithm::Zlib,
+        1,
+        &mut p,
+        &text[..100_000],
+        &mut buf,
+        true,
+        true,
+    ) {
+        Err(CompError::NoQueue(_)) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(p, wd_comp::Pieces::default());
+}
+
 #[test]
 fn a_batch_survives_its_host_dying() {
     let host = spawn_host("restart");

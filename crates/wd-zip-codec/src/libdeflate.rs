@@ -149,14 +149,14 @@ impl Drop for Decompressor {
     }
 }
 
-/// Adler-32 of `data` (zlib's trailer).
-pub(crate) fn adler32(data: &[u8]) -> u32 {
+/// Adler-32 (zlib's trailer) `adler` carried on over `data`.
+pub(crate) fn adler32(adler: u32, data: &[u8]) -> u32 {
     // SAFETY: reads `data.len()` bytes of a live slice.
-    unsafe { sys::libdeflate_adler32(1, data.as_ptr().cast(), data.len()) }
+    unsafe { sys::libdeflate_adler32(adler, data.as_ptr().cast(), data.len()) }
 }
 
-/// CRC-32 of `data` (gzip's trailer).
-pub(crate) fn crc32(data: &[u8]) -> u32 {
+/// CRC-32 (gzip's trailer) `crc` carried on over `data`.
+pub(crate) fn crc32(crc: u32, data: &[u8]) -> u32 {
     // SAFETY: reads `data.len()` bytes of a live slice.
-    unsafe { sys::libdeflate_crc32(0, data.as_ptr().cast(), data.len()) }
+    unsafe { sys::libdeflate_crc32(crc, data.as_ptr().cast(), data.len()) }
 }

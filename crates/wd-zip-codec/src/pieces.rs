@@ -65,24 +65,46 @@ pub fn header(alg: Algorithm, level: i8) -> Result<&'static [u8], CodecError> {
     })
 }
 
-/// The framing's trailer of a stream of `alg` whose pieces together hold
-/// `input`: the bytes, and how many of them there are.
-pub fn trailer(alg: Algorithm, input: &[u8]) -> Result<([u8; 8], usize), CodecError> {
+/// The check value of `alg`'s framing before any data (Adler-32 for
+/// zlib, CRC-32 for gzip, nothing for raw deflate).
+pub fn check_init(alg: Algorithm) -> u32 {
+    match alg {
+        Algorithm::Zlib => 1,
+        _ => 0,
+    }
+}
+
+/// The check value `check` carried on over `data`.
+pub fn check(alg: Algorithm, check: u32, data: &[u8]) -> u32 {
+    match alg {
+        Algorithm::Zlib => crate::libdeflate::adler32(check, data),
+        Algorithm::Gzip => crate::libdeflate::crc32(check, data),
+        _ => check,
+    }
+}
+
+/// The framing's trailer of a stream of `alg` of `len` input bytes whose
+/// check value is `check`: the bytes, and how many of them there are.
+pub fn trailer(alg: Algorithm, check: u32, len: u64) -> Result<([u8; 8], usize), CodecError> {
     let mut t = [0u8; 8];
     Ok(match alg {
         Algorithm::Deflate => (t, 0),
         Algorithm::Zlib => {
-            t[..4].copy_from_slice(&crate::libdeflate::adler32(input).to_be_bytes());
+            t[..4].copy_from_slice(&check.to_be_bytes());
             (t, 4)
         }
         Algorithm::Gzip => {
-            t[..4].copy_from_slice(&crate::libdeflate::crc32(input).to_le_bytes());
-            t[4..].copy_from_slice(&(input.len() as u32).to_le_bytes());
+            t[..4].copy_from_slice(&check.to_le_bytes());
+            t[4..].copy_from_slice(&(len as u32).to_le_bytes());
             (t, 8)
         }
         Algorithm::Zstd | Algorithm::Lz4 => return Err(CodecError::Param),
     })
 }
+
+/// What ends a stream whose last piece ended open: an empty final block
+/// with fixed codes (header bits 1, 01, then the 7-bit end-of-block code).
+pub const CLOSE: [u8; 2] = [0x03, 0x00];
 
 /// Rewrite the raw deflate stream in `buf[..len]` to end at a full flush
 /// point: the bytes it takes now (at most `len + 5`, and at most
@@ -562,8 +584,7 @@ mod tests {
             .collect();
         let mut s = open_piece(1, &noise);
         s.extend_from_slice(&open_piece(1, &noise[..10]));
-        // An empty final fixed block ends the stream.
-        s.extend_from_slice(&[3, 0]);
+        s.extend_from_slice(&CLOSE);
         let mut want = noise.clone();
         want.extend_from_slice(&noise[..10]);
         assert_eq!(inflate_raw(&s, want.len()), want);
@@ -581,7 +602,7 @@ mod tests {
             out.resize(n + 5, 0);
             let m = end_open(&mut out, n).unwrap();
             out.truncate(m);
-            out.extend_from_slice(&[3, 0]);
+            out.extend_from_slice(&CLOSE);
             assert_eq!(inflate_raw(&out, data.len()), data);
         }
     }
@@ -623,7 +644,9 @@ mod tests {
                 s.extend_from_slice(&a);
                 e.compress_vec(Algorithm::Deflate, level, &data[cut..], &mut s)
                     .unwrap();
-                let (t, n) = trailer(alg, &data).unwrap();
+                let c = check(alg, check_init(alg), &data[..cut]);
+                let c = check(alg, c, &data[cut..]);
+                let (t, n) = trailer(alg, c, data.len() as u64).unwrap();
                 s.extend_from_slice(&t[..n]);
                 let mut back = vec![0u8; data.len()];
                 let got = e.decompress(alg, &s, &mut back[..], 0).unwrap();
