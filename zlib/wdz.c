@@ -190,6 +190,7 @@ enum {
     ST_ZRS_BIG,
     ST_ZRS_FLUSHED,
     ST_DECLINED,
+    ST_PIECES,
     ST_COUNT
 };
 static unsigned long stats[ST_COUNT];
@@ -209,9 +210,10 @@ __attribute__((destructor)) static void print_stats(void)
     fprintf(stderr,
             "libwdz: taken over: %lu one-shot calls, %lu deflate streams, %lu inflate streams; "
             "inflate streams in pieces on zlib-rs: %lu; deflate streams on zlib-rs: %lu past "
-            "16 MiB, %lu flushed on the way; declined (left to zlib): %lu\n",
+            "16 MiB, %lu flushed on the way; deflate streams in pieces: %lu; declined (left "
+            "to zlib): %lu\n",
             stats[ST_ONESHOT], stats[ST_DEFLATE], stats[ST_INFLATE], stats[ST_ZRS],
-            stats[ST_ZRS_BIG], stats[ST_ZRS_FLUSHED], stats[ST_DECLINED]);
+            stats[ST_ZRS_BIG], stats[ST_ZRS_FLUSHED], stats[ST_PIECES], stats[ST_DECLINED]);
 }
 
 /* ---- this thread's compressor ------------------------------------------ */
@@ -247,6 +249,8 @@ enum phase {
     ZLIB,    /* the system zlib has it */
     DRAIN,   /* zlib has it; output of gathered input waits in the record */
     PENDING, /* taken over; output waits in the record */
+    PIECES,  /* taken over a piece at a time: input for the next piece
+                gathers, the last piece's output may wait in the record */
     DONE,    /* taken over and finished */
     ZRS,     /* an inflate stream zlib-rs decodes here (`zrs`) */
 };
@@ -288,6 +292,19 @@ struct record {
      * then means zlib-rs), until its End or reset. */
     z_stream *zrs;
     int no_zrs;    /* a call only the system zlib serves came first */
+    /* PIECES: the stream's check value and length so far, whether its
+     * header has left, the room of `pending` (which the pieces reuse), and
+     * the last 32 KiB of input before what is gathered (the history a
+     * zlib-rs state taking the stream over starts from). */
+    struct wd_comp_pieces pieces;
+    int pieced;
+    size_t piece_room;
+    unsigned char *tail;
+    size_t tail_len;
+    /* A stream in pieces that zlib-rs took over (raw deflate, continuing
+     * from the last piece's full flush point): the shim keeps the check
+     * value and writes the framing's trailer. */
+    int cont;
     int zlib_used; /* inflate: the system zlib's state went past its init */
 };
 
@@ -387,6 +404,7 @@ static void drop_pending(struct record *r)
     }
     r->pending = NULL;
     r->pend_len = r->pend_pos = r->pend_cap = 0;
+    r->piece_room = 0;
 }
 
 /* Take s's record out of the table (the caller holds the lock). */
@@ -451,6 +469,7 @@ static void free_record(struct record *r)
     drop_pending(r);
     free(r->gather);
     free(r->dict);
+    free(r->tail);
     if (r->zrs) {
         (r->deflating ? wd__zrs_deflateEnd : wd__zrs_inflateEnd)(r->zrs);
         free(r->zrs);
@@ -511,6 +530,9 @@ static struct record *remember(z_streamp s, const struct record *init)
     r->dict = NULL;
     r->dict_len = 0;
     r->zrs = NULL;
+    r->tail = NULL;
+    r->tail_len = 0;
+    r->piece_room = 0;
     r->magic = RECORD_MAGIC;
     if (!r->deflating && r->lazy)
         s->state = (struct internal_state *)r;
@@ -542,12 +564,20 @@ static struct record *remember_copy(z_streamp dest, const struct record *src)
         r->dict_len = src->dict_len;
     }
     if (src->pending) {
-        r->pending = malloc(src->pend_len);
+        r->pending = malloc(src->pend_len ? src->pend_len : 1);
         if (!r->pending)
             goto fail;
         memcpy(r->pending, src->pending, src->pend_len);
         r->pend_len = src->pend_len;
         r->pend_pos = src->pend_pos;
+        r->piece_room = src->pend_len;
+    }
+    if (src->tail) {
+        r->tail = malloc(src->tail_len);
+        if (!r->tail)
+            goto fail;
+        memcpy(r->tail, src->tail, src->tail_len);
+        r->tail_len = src->tail_len;
     }
     return r;
 fail:
@@ -1093,11 +1123,10 @@ static int deflate_whole(struct record *r, z_streamp s, const unsigned char *src
 /* Most input a stream gathers before zlib takes it over. */
 #define MAX_GATHER ((size_t)16 << 20)
 
-/* Append the caller's input to what the stream gathered; 0, or -1 out of
- * memory (nothing taken). */
-static int gather(struct record *r, z_streamp s)
+/* Append `n` bytes of the caller's input to what the stream gathered;
+ * 0, or -1 out of memory (nothing taken). */
+static int gather_n(struct record *r, z_streamp s, size_t n)
 {
-    size_t n = s->avail_in;
     if (n == 0)
         return 0;
     if (r->gather_len + n > r->gather_cap) {
@@ -1113,10 +1142,13 @@ static int gather(struct record *r, z_streamp s)
     memcpy(r->gather + r->gather_len, s->next_in, n);
     r->gather_len += n;
     s->next_in += n;
-    s->avail_in = 0;
+    s->avail_in -= (uInt)n;
     s->total_in += n;
     return 0;
 }
+
+/* All of the caller's input. */
+static int gather(struct record *r, z_streamp s) { return gather_n(r, s, s->avail_in); }
 
 /* zlib takes over a stream that gathered input: its state is made and the
  * gathered input run through it (Z_NO_FLUSH), output going to the
@@ -1258,6 +1290,274 @@ static size_t drain(struct record *r, z_streamp s)
     return n;
 }
 
+/* ---- deflate streams in pieces ------------------------------------------ */
+
+/* A Z_NO_FLUSH stream that gathers more than MAX_GATHER leaves in pieces
+ * of that size (wd_comp_compress_piece: the device and this thread at
+ * once, libdeflate on both), each but the last ending at a full flush
+ * point, instead of going on in zlib-rs: python's gzip module writing a
+ * file of 24 MiB ran 1.3x stock zlib in zlib-rs, 2.x in pieces. A call
+ * the pieces cannot serve (another flush, deflateParams, ...) hands the
+ * stream to a raw zlib-rs state that carries on from the last piece's
+ * flush point (its history the last 32 KiB of input), the shim keeping
+ * the check value and writing the trailer (`cont`). */
+
+/* The check value `check` of a stream of `alg` carried on over `len`
+ * bytes at `p`. */
+static uint32_t carry_check(int alg, uint32_t check, const unsigned char *p, size_t len)
+{
+    if (alg == WD_COMP_ZLIB)
+        return (uint32_t)adler32_z(check, p, len);
+    if (alg == WD_COMP_GZIP)
+        return (uint32_t)crc32_z(check, p, len);
+    return check;
+}
+
+/* The trailer of a stream in pieces into t: its length. */
+static size_t pieces_trailer(const struct record *r, unsigned char t[8])
+{
+    uint32_t c = r->pieces.check;
+    uint32_t n = (uint32_t)r->pieces.len;
+    if (r->alg == WD_COMP_ZLIB) {
+        t[0] = c >> 24, t[1] = c >> 16, t[2] = c >> 8, t[3] = c;
+        return 4;
+    }
+    if (r->alg == WD_COMP_GZIP) {
+        t[0] = c, t[1] = c >> 8, t[2] = c >> 16, t[3] = c >> 24;
+        t[4] = n, t[5] = n >> 8, t[6] = n >> 16, t[7] = n >> 24;
+        return 8;
+    }
+    return 0;
+}
+
+/* Keep the last 32 KiB of the input so far (what was kept, then what was
+ * gathered) as the history a zlib-rs state taking over would start from;
+ * 0, or -1 out of memory. */
+static int keep_tail(struct record *r)
+{
+    const size_t w = 32 << 10;
+    if (!r->tail && !(r->tail = malloc(w)))
+        return -1;
+    size_t g = r->gather_len;
+    if (g >= w) {
+        memcpy(r->tail, r->gather + g - w, w);
+        r->tail_len = w;
+        return 0;
+    }
+    size_t keep = r->tail_len + g > w ? w - g : r->tail_len;
+    memmove(r->tail, r->tail + r->tail_len - keep, keep);
+    memcpy(r->tail + keep, r->gather, g);
+    r->tail_len = keep + g;
+    return 0;
+}
+
+/* Compress what the stream gathered as its next piece (the first with the
+ * framing's header, the last with its trailer) into `pending`, which is
+ * empty; 0, or -1 (nothing changed). */
+static int emit_piece(struct record *r, int last)
+{
+    struct wd_comp *c = comp();
+    if (!c || keep_tail(r) != 0)
+        return -1;
+    size_t room = wd_comp_bound(r->alg, r->gather_len) + 20;
+    if (r->piece_room < room) {
+        drop_pending(r);
+        if (!(r->pending = malloc(room)))
+            return -1;
+        r->piece_room = room;
+    }
+    struct wd_comp_pieces p = r->pieces;
+    size_t n = room;
+    int flags = (r->pieced ? 0 : WD_COMP_PIECE_FIRST) | (last ? WD_COMP_PIECE_LAST : 0);
+    if (wd_comp_compress_piece(c, r->alg, r->level, &p, r->gather, r->gather_len, r->pending, &n,
+                               flags) != 0)
+        return -1;
+    r->pieces = p;
+    r->pieced = 1;
+    r->pend_len = n;
+    r->pend_pos = 0;
+    r->gather_len = 0;
+    return 0;
+}
+
+/* Hand out what waits of the pieces' output: the bytes moved. */
+static size_t serve_piece(struct record *r, z_streamp s)
+{
+    size_t left = r->pend_len - r->pend_pos;
+    size_t n = left < s->avail_out ? left : s->avail_out;
+    memcpy(s->next_out, r->pending + r->pend_pos, n);
+    r->pend_pos += n;
+    s->next_out += n;
+    s->avail_out -= (uInt)n;
+    s->total_out += n;
+    if (r->pend_pos == r->pend_len)
+        r->pend_pos = r->pend_len = 0; /* (the buffer stays for the next piece) */
+    return n;
+}
+
+/* Z_NO_FLUSH or Z_FINISH on a stream in pieces: zlib's answer, or -1
+ * when a piece could not be made (the input it gathered is still there:
+ * the stream is to be handed over). */
+static int deflate_pieces(struct record *r, z_streamp s, int flush)
+{
+    int progress = 0;
+    for (;;) {
+        if (r->pend_len > r->pend_pos) {
+            progress |= serve_piece(r, s) > 0;
+            if (r->pend_len > r->pend_pos)
+                return progress ? Z_OK : Z_BUF_ERROR;
+        }
+        size_t want = MAX_GATHER - r->gather_len;
+        size_t n = s->avail_in < want ? s->avail_in : want;
+        if (n) {
+            if (gather_n(r, s, n) != 0)
+                return -1;
+            progress = 1;
+        }
+        if (r->gather_len == MAX_GATHER && (s->avail_in || flush != Z_FINISH)) {
+            if (emit_piece(r, 0) != 0)
+                return -1;
+            s->adler = r->alg == WD_COMP_DEFLATE ? s->adler : r->pieces.check;
+            continue;
+        }
+        if (flush != Z_FINISH)
+            return progress ? Z_OK : Z_BUF_ERROR;
+        if (emit_piece(r, 1) != 0)
+            return -1;
+        r->adler = r->alg == WD_COMP_DEFLATE ? s->adler : r->pieces.check;
+        r->phase = PENDING;
+        count(ST_PIECES);
+        int ret = serve_pending(r, s);
+        /* (The buffer the pieces reused goes with the stream's end.) */
+        return ret == Z_BUF_ERROR && progress ? Z_OK : ret;
+    }
+}
+
+/* A stream in pieces goes on in a raw zlib-rs state from the last piece's
+ * flush point, its history the input before what it gathered, which is
+ * run through it now (its output waiting after the pieces', DRAIN). Z_OK
+ * or Z_MEM_ERROR (nothing changed). */
+static int pieces_handoff(struct record *r, z_streamp s)
+{
+    (void)s;
+    z_stream *z = calloc(1, sizeof *z);
+    int bits = r->window_bits < 0 ? -r->window_bits : r->window_bits & 15;
+    if (!z || wd__zrs_deflateInit2_(z, zrs_level(r->level), r->method, -bits, r->mem_level,
+                                    r->strategy, ZLIB_VERSION, (int)sizeof *z) != Z_OK) {
+        free(z);
+        return Z_MEM_ERROR;
+    }
+    int ret = Z_OK;
+    if (r->tail_len)
+        ret = wd__zrs_deflateSetDictionary(z, r->tail, (uInt)r->tail_len);
+    /* Its output after what waits: a buffer of its own, the waiting bytes first. */
+    size_t left = r->pend_len - r->pend_pos;
+    size_t cap = left + r->gather_len / 2 + 4096;
+    unsigned char *aside = ret == Z_OK ? malloc(cap) : NULL;
+    if (!aside) {
+        wd__zrs_deflateEnd(z);
+        free(z);
+        return Z_MEM_ERROR;
+    }
+    memcpy(aside, r->pending + r->pend_pos, left);
+    size_t len = left;
+    z->next_in = r->gather;
+    z->avail_in = (uInt)r->gather_len;
+    while (z->avail_in > 0 && ret == Z_OK) {
+        if (cap - len < 4096) {
+            unsigned char *a = realloc(aside, cap * 2);
+            if (!a) {
+                ret = Z_MEM_ERROR;
+                break;
+            }
+            aside = a;
+            cap *= 2;
+        }
+        z->next_out = aside + len;
+        z->avail_out = (uInt)(cap - len);
+        ret = wd__zrs_deflate(z, Z_NO_FLUSH);
+        len = (size_t)(z->next_out - aside);
+    }
+    if (ret != Z_OK) {
+        free(aside);
+        wd__zrs_deflateEnd(z);
+        free(z);
+        return Z_MEM_ERROR;
+    }
+    r->pieces.check = carry_check(r->alg, r->pieces.check, r->gather, r->gather_len);
+    r->pieces.len += r->gather_len;
+    r->gather_len = 0;
+    drop_pending(r);
+    r->zrs = z;
+    r->cont = 1;
+    r->lazy = 0;
+    if (len) {
+        r->pending = aside;
+        r->pend_len = len;
+        r->pend_pos = 0;
+        r->phase = DRAIN;
+    } else {
+        free(aside);
+        r->phase = ZLIB;
+    }
+    count(ST_ZRS_BIG);
+    return Z_OK;
+}
+
+/* A stream in pieces goes on in zlib-rs: from the last piece's flush
+ * point, or, before any piece left, as any stream past MAX_GATHER. */
+static int pieces_to_zrs(struct record *r, z_streamp s)
+{
+    if (r->pieced)
+        return pieces_handoff(r, s);
+    r->phase = GATHER;
+    r->eligible = 0;
+    return spill(r, s, 1);
+}
+
+/* deflate() on zlib-rs's raw state carrying a stream in pieces on: the
+ * check value kept, the trailer written after zlib-rs's end. */
+static int cont_deflate(struct record *r, z_streamp s, int flush)
+{
+    const unsigned char *in = s->next_in;
+    uLong adler = s->adler;
+    int ret = ZRS_CALL(r, s, wd__zrs_deflate(r->zrs, flush));
+    size_t took = (size_t)(s->next_in - in);
+    r->pieces.check = carry_check(r->alg, r->pieces.check, in, took);
+    r->pieces.len += took;
+    s->adler = r->alg == WD_COMP_DEFLATE ? adler : r->pieces.check;
+    if (ret != Z_STREAM_END)
+        return ret;
+    unsigned char t[8];
+    size_t tn = pieces_trailer(r, t);
+    size_t now = tn < s->avail_out ? tn : s->avail_out;
+    memcpy(s->next_out, t, now);
+    s->next_out += now;
+    s->avail_out -= (uInt)now;
+    s->total_out += now;
+    r->adler = s->adler;
+    if (now == tn) {
+        r->phase = DONE;
+        return Z_STREAM_END;
+    }
+    drop_pending(r);
+    if (!(r->pending = malloc(tn - now)))
+        return Z_MEM_ERROR;
+    memcpy(r->pending, t + now, tn - now);
+    r->pend_len = tn - now;
+    r->pend_pos = 0;
+    r->phase = PENDING;
+    return Z_OK;
+}
+
+/* deflate() on zlib-rs or the system zlib, whichever has the stream. */
+static int deflate_on(struct record *r, z_streamp s, int flush)
+{
+    if (r && r->cont)
+        return cont_deflate(r, s, flush);
+    return DEFLATE_CALL(r, s, wd__zrs_deflate(r->zrs, flush), REAL(deflate)(s, flush));
+}
+
 int deflate(z_streamp strm, int flush)
 {
     if (tl_initing)
@@ -1277,9 +1577,22 @@ int deflate(z_streamp strm, int flush)
         size_t moved = drain(r, strm);
         if (r->phase == DRAIN)
             return moved ? Z_OK : Z_BUF_ERROR;
-        int ret = DEFLATE_CALL(r, strm, wd__zrs_deflate(r->zrs, flush), REAL(deflate)(strm, flush));
+        int ret = deflate_on(r, strm, flush);
         /* Progress was made in this call even if zlib made none. */
         return ret == Z_BUF_ERROR && moved ? Z_OK : ret;
+    }
+    if (r && r->phase == PIECES) {
+        if (!strm->next_out || (strm->avail_in && !strm->next_in))
+            return Z_STREAM_ERROR;
+        if (flush == Z_NO_FLUSH || flush == Z_FINISH) {
+            int ret = strm->avail_out ? deflate_pieces(r, strm, flush) : Z_BUF_ERROR;
+            if (ret >= 0)
+                return ret;
+        }
+        int ret = pieces_to_zrs(r, strm);
+        if (ret != Z_OK)
+            return ret;
+        return deflate(strm, flush);
     }
     /* (zlib's state may exist: a stream reset for its next message.) */
     int open = r && (r->phase == FRESH || r->phase == GATHER) && r->eligible &&
@@ -1295,6 +1608,16 @@ int deflate(z_streamp strm, int flush)
             r->phase = GATHER;
             return Z_OK;
         }
+    }
+    if (open && (flush == Z_NO_FLUSH || (flush == Z_FINISH && r->phase == GATHER)) &&
+        r->lazy && !r->dict && !tl_inside && !cfg_disabled &&
+        r->gather_len + strm->avail_in > MAX_GATHER) {
+        /* Past what one piece holds: the stream leaves in pieces. */
+        r->phase = PIECES;
+        r->pieced = 0;
+        r->pieces.check = 0;
+        r->pieces.len = 0;
+        return deflate(strm, flush);
     }
     if (open && flush == Z_FINISH && strm->total_out == 0 &&
         worth(r->gather_len + strm->avail_in, 1)) {
@@ -1336,7 +1659,7 @@ int deflate(z_streamp strm, int flush)
          * marks it fresh. */
         r->phase = ZLIB;
     }
-    return DEFLATE_CALL(r, strm, wd__zrs_deflate(r->zrs, flush), REAL(deflate)(strm, flush));
+    return deflate_on(r, strm, flush);
 }
 
 int deflateEnd(z_streamp strm)
@@ -1363,6 +1686,12 @@ static void restart_record(struct record *r)
         free(r->dict); /* a reset forgets the dictionary, as zlib's */
         r->dict = NULL;
         r->dict_len = 0;
+        free(r->tail);
+        r->tail = NULL;
+        r->tail_len = 0;
+        r->piece_room = 0;
+        r->pieced = 0;
+        r->cont = 0;
         r->phase = FRESH;
     }
 }
@@ -1427,7 +1756,9 @@ static int zlib_only(z_streamp strm)
     r->eligible = 0;
     r->no_zrs = 1;
     r->zlib_used = 1;
-    int ret = r->phase == GATHER ? spill(r, strm, 0) : ensure_real(strm);
+    int ret = r->phase == PIECES   ? pieces_to_zrs(r, strm)
+              : r->phase == GATHER ? spill(r, strm, 0)
+                                   : ensure_real(strm);
     if (ret == Z_OK && r->phase == DRAIN) {
         /* zlib may write now: what waits must be out first. */
         drain(r, strm);
@@ -1513,8 +1844,14 @@ int deflateParams(z_streamp strm, int level, int strategy)
                  REAL(deflateParams)(strm, level, strategy));
 }
 
+/* Whether r is a stream in pieces, or one zlib-rs carries on from them. */
+static int in_pieces(const struct record *r) { return r && (r->phase == PIECES || r->cont); }
+
 int deflateSetDictionary(z_streamp strm, const Bytef *dictionary, uInt dictLength)
 {
+    struct record *p = strm ? find(strm) : NULL;
+    if (in_pieces(p) && p->window > 0)
+        return Z_STREAM_ERROR; /* as zlib: not after data, never for gzip */
     struct record *h = held(strm);
     if (h && dictionary && !h->dict) {
         /* As zlib answers: no dictionary in a gzip stream; a zlib
@@ -1538,6 +1875,9 @@ int deflateSetDictionary(z_streamp strm, const Bytef *dictionary, uInt dictLengt
 
 int deflateSetHeader(z_streamp strm, gz_headerp head)
 {
+    struct record *p = strm ? find(strm) : NULL;
+    if (in_pieces(p))
+        return p->window > 15 ? Z_OK : Z_STREAM_ERROR; /* zlib's answers, too late to matter */
     DEFLATE_ONLY(strm, wd__zrs_deflateSetHeader(r->zrs, head), REAL(deflateSetHeader)(strm, head));
 }
 
@@ -1556,7 +1896,7 @@ int deflateTune(z_streamp strm, int good_length, int max_lazy, int nice_length, 
 int deflatePending(z_streamp strm, unsigned *pending, int *bits)
 {
     struct record *r = strm ? find(strm) : NULL;
-    if (r && r->phase == PENDING) {
+    if (r && (r->phase == PENDING || r->phase == PIECES)) {
         if (pending)
             *pending = (unsigned)(r->pend_len - r->pend_pos);
         if (bits)
@@ -1586,8 +1926,10 @@ uLong deflateBound(z_streamp strm, uLong sourceLen)
 {
     /* zlib's bound for a stream it does not know is its most cautious. */
     struct record *r = strm ? find(strm) : NULL;
-    if (r && r->zrs)
-        return wd__zrs_deflateBound(r->zrs, sourceLen);
+    if (r && r->zrs) {
+        unsigned char t[8];
+        return wd__zrs_deflateBound(r->zrs, sourceLen) + (r->cont ? pieces_trailer(r, t) : 0);
+    }
     /* (a held dictionary: a zlib stream's header carries its check value) */
     return REAL(deflateBound)(r && r->lazy ? Z_NULL : strm, sourceLen) + (r && r->dict ? 4 : 0);
 }

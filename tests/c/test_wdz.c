@@ -51,6 +51,7 @@ static struct {
     int (*deflateSetDictionary)(z_streamp, const Bytef *, uInt);
     int (*deflateGetDictionary)(z_streamp, Bytef *, uInt *);
     int (*deflateParams)(z_streamp, int, int);
+    int (*deflateSetHeader)(z_streamp, gz_headerp);
     int (*inflateBackInit_)(z_streamp, int, unsigned char *, const char *, int);
     int (*inflateBack)(z_streamp, in_func, void *, out_func, void *);
     int (*inflateBackEnd)(z_streamp);
@@ -83,6 +84,7 @@ static void load_reference(void)
     SYM(inflateSetDictionary);
     SYM(deflateSetDictionary);
     SYM(deflateGetDictionary);
+    SYM(deflateSetHeader);
     SYM(deflateParams);
     SYM(inflateBackInit_);
     SYM(inflateBack);
@@ -491,6 +493,105 @@ static void deflate_gathered(void)
     memset(&s, 0, sizeof s);
     CHECK(deflateInit(&s, 1) == Z_OK);
     feed(&s, d, 0, 100000, 4096, c, cap, 1 << 20);
+    CHECK(deflateEnd(&s) == Z_OK);
+    free(d);
+    free(c);
+    free(c2);
+    free(back);
+}
+
+/* A Z_NO_FLUSH stream past 16 MiB leaves in pieces (each ending at a
+ * full flush point) as its input comes; a call the pieces cannot serve
+ * hands it to zlib-rs, which carries on from the last piece with the
+ * shim writing the trailer. Every stream decodes with stock zlib to its
+ * data and leaves zlib's check value; the answers zlib gives after data
+ * (a dictionary, a gzip header) are the shim's too. */
+static void deflate_in_pieces(void)
+{
+    static const int wbits[] = {15, -15, 31};
+    enum { PLAIN, SMALL_ROOM, SYNC, PARAMS, GETDICT, COPY, COPY_CONT, RESET, REFUSED, MODES };
+    size_t most = (40 << 20) + 777, mid = (20 << 20) + 3;
+    unsigned char *d = make_data(most, 5);
+    size_t cap = most + most / 8 + 4096;
+    unsigned char *c = malloc(cap), *c2 = malloc(cap), *back = malloc(most + 1);
+    unsigned char dict[32768];
+    for (size_t w = 0; w < sizeof wbits / sizeof wbits[0]; w++)
+        for (int mode = 0; mode < MODES; mode++) {
+            size_t n = mode == PLAIN ? most : mid;
+            size_t room = mode == SMALL_ROOM ? 4096 : (size_t)1 << 27;
+            z_stream s;
+            memset(&s, 0, sizeof s);
+            CHECK(deflateInit2(&s, 1, Z_DEFLATED, wbits[w], 8, Z_DEFAULT_STRATEGY) == Z_OK);
+            /* Past the first piece, with input gathered for the next. */
+            size_t at = (16 << 20) + 5000;
+            feed(&s, d, 0, at, 65536, c, cap, room);
+            unsigned pending = 1;
+            int bits = 1;
+            CHECK(deflatePending(&s, &pending, &bits) == Z_OK && bits == 0);
+            CHECK(s.total_out > 0 && s.total_in == at);
+            if (mode == SYNC) {
+                s.avail_in = 0;
+                int ret;
+                do {
+                    out_at(&s, c, cap, room);
+                    ret = deflate(&s, Z_SYNC_FLUSH);
+                    CHECK(ret == Z_OK || ret == Z_BUF_ERROR);
+                } while (s.avail_out == 0);
+                /* All that was given is out, ending at a flush point. */
+                CHECK(s.total_out >= 4 && memcmp(c + s.total_out - 4, "\0\0\xff\xff", 4) == 0);
+                CHECK(deflateBound(&s, 1000) >= 1000);
+            } else if (mode == PARAMS) {
+                int ret;
+                do {
+                    out_at(&s, c, cap, room);
+                    ret = deflateParams(&s, 9, Z_DEFAULT_STRATEGY);
+                    CHECK(ret == Z_OK || ret == Z_BUF_ERROR);
+                } while (ret == Z_BUF_ERROR);
+            } else if (mode == GETDICT) {
+                uInt len = sizeof dict;
+                CHECK(deflateGetDictionary(&s, dict, &len) == Z_OK);
+                CHECK(len == sizeof dict && memcmp(dict, d + at - len, len) == 0);
+            } else if (mode == COPY || mode == COPY_CONT) {
+                if (mode == COPY_CONT) {
+                    out_at(&s, c, cap, room);
+                    CHECK(deflate(&s, Z_FULL_FLUSH) == Z_OK);
+                }
+                z_stream t;
+                CHECK(deflateCopy(&t, &s) == Z_OK);
+                memcpy(c2, c, t.total_out);
+                feed(&t, d, at, n, 65536, c2, cap, room);
+                finish_and_check(&t, wbits[w], d, n, c2, cap, room, back);
+            } else if (mode == RESET) {
+                CHECK(deflateReset(&s) == Z_OK);
+                CHECK(s.total_in == 0 && s.total_out == 0);
+                at = 0;
+            } else if (mode == REFUSED) {
+                /* zlib's answers after data, from the reference itself. */
+                z_stream r;
+                memset(&r, 0, sizeof r);
+                CHECK(ref.deflateInit2_(&r, 1, Z_DEFLATED, wbits[w], 8, Z_DEFAULT_STRATEGY,
+                                        ZLIB_VERSION, (int)sizeof r) == Z_OK);
+                r.next_in = d;
+                r.avail_in = 100000;
+                r.next_out = c2;
+                r.avail_out = (uInt)cap;
+                CHECK(ref.deflate(&r, Z_NO_FLUSH) == Z_OK);
+                gz_header h;
+                memset(&h, 0, sizeof h);
+                CHECK(deflateSetHeader(&s, &h) == ref.deflateSetHeader(&r, &h));
+                if (wbits[w] > 0)
+                    CHECK(deflateSetDictionary(&s, dict, 100) ==
+                          ref.deflateSetDictionary(&r, dict, 100));
+                ref.deflateEnd(&r);
+            }
+            feed(&s, d, at, n, 65536, c, cap, room);
+            finish_and_check(&s, wbits[w], d, n, c, cap, room, back);
+        }
+    /* Ended in pieces: what waits is freed (valgrind and ASan runs). */
+    z_stream s;
+    memset(&s, 0, sizeof s);
+    CHECK(deflateInit(&s, 1) == Z_OK);
+    feed(&s, d, 0, (16 << 20) + 100, 1 << 20, c, cap, 1000);
     CHECK(deflateEnd(&s) == Z_OK);
     free(d);
     free(c);
@@ -1453,6 +1554,7 @@ int main(void)
     one_shot();
     deflate_framings();
     deflate_gathered();
+    deflate_in_pieces();
     inflate_framings();
     zlib_streams();
     inflate_in_pieces();
