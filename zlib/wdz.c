@@ -10,14 +10,16 @@
  *
  *   compress, compress2, uncompress, uncompress2: one call, one buffer;
  *   deflate: a stream's input up to Z_FINISH, given in one call or in
- *            several with Z_NO_FLUSH (gathered, up to 16 MiB);
+ *            several with Z_NO_FLUSH (gathered, up to 16 MiB; past it the
+ *            stream leaves a 16 MiB piece at a time);
  *   inflate: a stream's first call, when its input holds the whole stream.
  *
  * Those go to libwd_comp (the zip device, or libdeflate in this thread
  * when offloading does not pay or there is no host); below 128 bytes, to
  * zlib states the thread keeps. Streams that cannot wait for their whole
- * input (inflate in pieces, inflateBack, deflate flushed on the way or
- * past 16 MiB) run on zlib-rs here, with zlib's API. Everything else,
+ * input (inflate in pieces, inflateBack, deflate flushed on the way, or
+ * in pieces and then given a call the pieces cannot serve) run on
+ * zlib-rs here, with zlib's API. Everything else,
  * and anything the offload path refuses (corrupt data, too little room,
  * parameters libdeflate's output would not honour: window sizes below
  * 32 KiB, strategies, gzip headers), runs in the system zlib from the
