@@ -36,6 +36,8 @@ for _ in $(seq 100); do [ -S "$out/wd.sock" ] && break; sleep 0.05; done
 export WD_HOST="$out/wd.sock"
 echo "-- test_comp on the zip device (offload only, no fallback)"
 WD_COMP_POLICY=offload WD_COMP_FALLBACK=0 "$out/test_comp"
+echo "-- test_comp on the zip device (auto: large blocks cut between the device and the caller)"
+"$out/test_comp"
 WDZ_STATS=1 WD_COMP_THRESHOLD=0 LD_PRELOAD="$lib" "$out/test_wdz" 2> "$out/err"
 took_over "$out/err"
 # The engine woke for the requests: they reached the device.

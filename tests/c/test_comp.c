@@ -249,6 +249,41 @@ int main(void)
 	wd_comp_stream_free(c, u);
 	wd_comp_stream_free(c, NULL);
 
+	/* A stream in pieces: three calls, one stream; bad calls change
+	 * nothing. */
+	for (int alg = WD_COMP_DEFLATE; alg <= WD_COMP_GZIP; alg++) {
+		struct wd_comp_pieces p = {7, 7}, was;
+		size_t cuts[] = {0, 1000, 120000, n}, at = 0;
+		for (int i = 0; i < 3; i++) {
+			size_t len = cuts[i + 1] - cuts[i], room = wd_comp_bound(alg, len) + 20;
+			int flags = (i == 0 ? WD_COMP_PIECE_FIRST : 0) | (i == 2 ? WD_COMP_PIECE_LAST : 0);
+			if (i == 1) {
+				size_t r0 = 10;
+				was = p;
+				CHECK(wd_comp_compress_piece(c, alg, 1, &p, d + cuts[i], len, z + at, &r0,
+							     flags) == -ENOBUFS &&
+					      r0 == 10 && p.check == was.check && p.len == was.len,
+				      "a piece without room: nothing written, alg %d", alg);
+				CHECK(wd_comp_compress_piece(c, alg, 1, &p, d, len, z + at, &room, 8) == -EINVAL,
+				      "unknown flags");
+				CHECK(wd_comp_compress_piece(c, alg, 1, NULL, d, len, z + at, &room, 0) == -EINVAL,
+				      "NULL pieces");
+			}
+			CHECK(wd_comp_compress_piece(c, alg, 1, &p, d + cuts[i], len, z + at, &room, flags) == 0,
+			      "piece %d of alg %d", i, alg);
+			CHECK(p.len == cuts[i + 1], "length carried");
+			at += room;
+		}
+		size_t blen = n + 1, used = 0;
+		CHECK(wd_comp_decompress(c, alg, z, at, &used, back, &blen, 0) == 0 && blen == n &&
+			      used == at && memcmp(back, d, n) == 0,
+		      "pieces round trip alg %d", alg);
+	}
+	struct wd_comp_pieces p = {0, 0};
+	size_t room = 100;
+	CHECK(wd_comp_compress_piece(c, WD_COMP_ZSTD, 1, &p, d, 10, z, &room, 3) == -EINVAL,
+	      "pieces of zstd");
+
 	struct wd_comp_stats st;
 	memset(&st, 0xff, sizeof st);
 	CHECK(wd_comp_stats(c, NULL) == -EINVAL, "NULL stats");

@@ -577,6 +577,18 @@ impl Compressor {
         input: &[&[u8]],
         out: &mut [&mut [u8]],
     ) -> Result<usize> {
+        // A block the auto policy cuts in two (see `compress`), gathered
+        // and scattered: the same stream as from one contiguous buffer.
+        let len: usize = input.iter().map(|p| p.len()).sum();
+        if alg.is_deflate() && self.cuts(len) {
+            let whole = input.concat();
+            let room: usize = out.iter().map(|p| p.len()).sum();
+            let mut z = vec![0u8; room.min(compress_bound(alg, len) + 20)];
+            if let Some(n) = self.compress_split(alg, level, &whole, &mut z)? {
+                scatter(out, &z[..n]);
+                return Ok(n);
+            }
+        }
         let mut outs = Outs::Scatter(out);
         Ok(self.run_jobs(true, alg, level, 0, &[input], &mut outs)?[0].produced)
     }

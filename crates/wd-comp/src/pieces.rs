@@ -68,7 +68,7 @@ impl Compressor {
 
     /// Whether a block of `len` bytes is cut between the device and here:
     /// the auto policy, large enough, and a queue.
-    fn cuts(&mut self, len: usize) -> bool {
+    pub(crate) fn cuts(&mut self, len: usize) -> bool {
         self.cfg.policy == Policy::Auto
             && self.cfg.split_min > 0
             && len >= self.cfg.split_min
@@ -122,24 +122,35 @@ impl Compressor {
         let body = out.len().checked_sub(h + tn).ok_or(CodecError::NoSpace)?;
         let room = &mut out[h..h + body];
         let policy = self.cfg.policy;
-        let device = match policy {
+        let (device, split) = match policy {
             Policy::Auto if self.cuts(input.len()) => {
                 let cut = input.len() * if last { DEVICE_SIXTEENTHS } else { 8 } / 16;
-                self.in_two(level, input, cut, last, room)
-                    .map(|n| (n, true))
+                (Some(self.in_two(level, input, cut, last, room)), true)
             }
-            Policy::Offload if input.len() as u64 <= MAX_DATA && self.lane().is_some() => self
-                .in_two(level, input, input.len(), last, room)
-                .map(|n| (n, false)),
-            _ => None,
+            Policy::Offload if input.len() as u64 <= MAX_DATA && self.lane().is_some() => (
+                Some(self.in_two(level, input, input.len(), last, room)),
+                false,
+            ),
+            _ => (None, false),
         };
         let n = match device {
-            Some((n, true)) => {
+            Some(Some(n)) if split => {
                 self.stats.split += 1;
                 n
             }
-            Some((n, false)) => {
+            Some(Some(n)) => {
                 self.stats.offloaded += 1;
+                n
+            }
+            // The device failed its piece: here, unless fallback is off (a
+            // data error is the same error either way).
+            Some(None) => {
+                let n = here(&mut self.cpu, level, input, last, room)?;
+                if !self.cfg.fallback {
+                    let why = "the zip device failed a piece of a stream".to_string();
+                    return Err(CompError::NoQueue(why));
+                }
+                self.stats.count_cpu(Why::HostGone);
                 n
             }
             None => {
@@ -153,8 +164,9 @@ impl Compressor {
                     let why = self.no_lane.clone().unwrap_or_default();
                     return Err(CompError::NoQueue(why));
                 }
+                let n = here(&mut self.cpu, level, input, last, room)?;
                 self.stats.count_cpu(why);
-                here(&mut self.cpu, level, input, last, room)?
+                n
             }
         };
         out[..h].copy_from_slice(header);

@@ -404,6 +404,18 @@ fn large_blocks_are_cut_between_device_and_caller() {
             }
         }
     }
+    // A scatter list is cut the same way: the contiguous block's stream.
+    let mut whole = vec![0u8; wd_comp::compress_bound(Algorithm::Gzip, text.len())];
+    let n = auto
+        .compress(Algorithm::Gzip, 1, &text, &mut whole)
+        .unwrap();
+    let pieces = [&text[..1000], &text[1000..400_000], &text[400_000..]];
+    let mut z = vec![0u8; whole.len()];
+    let (a, b) = z.split_at_mut(5000);
+    let m = auto
+        .compress_sg(Algorithm::Gzip, 1, &pieces, &mut [a, b])
+        .unwrap();
+    assert!(m == n && z[..m] == whole[..n]);
     // Not cut: below the size, level 0, other formats, the CPU policy.
     let s = auto.stats();
     let mut out = vec![0u8; 2 << 20];
