@@ -1439,9 +1439,8 @@ static int deflate_pieces(struct record *r, z_streamp s, int flush)
  * flush point, its history the input before what it gathered, which is
  * run through it now (its output waiting after the pieces', DRAIN). Z_OK
  * or Z_MEM_ERROR (nothing changed). */
-static int pieces_handoff(struct record *r, z_streamp s)
+static int pieces_handoff(struct record *r)
 {
-    (void)s;
     z_stream *z = calloc(1, sizeof *z);
     int bits = r->window_bits < 0 ? -r->window_bits : r->window_bits & 15;
     if (!z || wd__zrs_deflateInit2_(z, zrs_level(r->level), r->method, -bits, r->mem_level,
@@ -1511,7 +1510,7 @@ static int pieces_handoff(struct record *r, z_streamp s)
 static int pieces_to_zrs(struct record *r, z_streamp s)
 {
     if (r->pieced)
-        return pieces_handoff(r, s);
+        return pieces_handoff(r);
     r->phase = GATHER;
     r->eligible = 0;
     return spill(r, s, 1);
@@ -1669,7 +1668,9 @@ int deflateEnd(z_streamp strm)
     struct record *r = strm ? take(strm) : NULL;
     int ret;
     if (r && r->lazy)
-        ret = Z_OK; /* zlib never had it: nothing of zlib's to free */
+        /* zlib never had it: nothing of zlib's to free. Its answer:
+         * data taken and not finished is thrown away. */
+        ret = r->phase == GATHER || r->phase == PIECES ? Z_DATA_ERROR : Z_OK;
     else if (r && r->zrs)
         ret = zrs_deflate_drop(r);
     else

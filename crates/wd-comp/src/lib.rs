@@ -156,8 +156,9 @@ pub struct Stats {
     pub offloaded: u64,
     /// Blocks run here because they were under the threshold.
     pub cpu_threshold: u64,
-    /// Blocks run here because of the policy, or because they are larger
-    /// than one request carries.
+    /// Blocks run here because of the policy, because they are larger
+    /// than one request carries, or because cut in two they did not fit
+    /// their room.
     pub cpu_policy: u64,
     /// Blocks run here while every device slot was busy.
     pub cpu_assist: u64,

@@ -31,9 +31,10 @@ impl Compressor {
     /// one caller thread keeps the engine and itself busy, as a batch
     /// does. The stream differs from the block compressed whole (the
     /// second piece starts without the first's history: about half a
-    /// percent larger at level 1). `None` when the block is not cut (it
-    /// then goes the usual way: no queue, a policy or size that rules it
-    /// out, a device that failed its piece, or too little room).
+    /// percent larger at level 1); where the device fails its piece, or
+    /// the joined stream does not fit, the block is compressed whole here
+    /// (the bytes of the usual CPU path). `None` when the block is not
+    /// cut (no queue, a policy, level or size that rules it out).
     pub(crate) fn compress_split(
         &mut self,
         alg: Algorithm,
@@ -44,26 +45,9 @@ impl Compressor {
         if !alg.is_deflate() || level == 0 || !self.cuts(input.len()) {
             return Ok(None);
         }
-        check_level(true, alg, level)?;
-        let header = pieces::header(alg, level)?;
-        let (t, tn) = pieces::trailer(
-            alg,
-            pieces::check(alg, pieces::check_init(alg), input),
-            input.len() as u64,
-        )?;
-        let h = header.len();
-        let Some(body) = out.len().checked_sub(h + tn) else {
-            return Ok(None);
-        };
-        let cut = input.len() * DEVICE_SIXTEENTHS / 16;
-        let Some(n) = self.in_two(level, input, cut, true, &mut out[h..h + body]) else {
-            return Ok(None);
-        };
-        out[..h].copy_from_slice(header);
-        out[h + n..h + n + tn].copy_from_slice(&t[..tn]);
-        self.stats.split += 1;
-        self.stats.count_bytes(input.len(), h + n + tn);
-        Ok(Some(h + n + tn))
+        let mut p = Pieces::default();
+        self.compress_piece(alg, level, &mut p, input, out, true, true)
+            .map(Some)
     }
 
     /// Whether a block of `len` bytes is cut between the device and here:
@@ -122,35 +106,37 @@ impl Compressor {
         let body = out.len().checked_sub(h + tn).ok_or(CodecError::NoSpace)?;
         let room = &mut out[h..h + body];
         let policy = self.cfg.policy;
-        let (device, split) = match policy {
+        let tried = match policy {
             Policy::Auto if self.cuts(input.len()) => {
                 let cut = input.len() * if last { DEVICE_SIXTEENTHS } else { 8 } / 16;
-                (Some(self.in_two(level, input, cut, last, room)), true)
+                Some((self.in_two(level, input, cut, last, room), true))
             }
-            Policy::Offload if input.len() as u64 <= MAX_DATA && self.lane().is_some() => (
-                Some(self.in_two(level, input, input.len(), last, room)),
-                false,
-            ),
-            _ => (None, false),
+            Policy::Offload if input.len() as u64 <= MAX_DATA && self.lane().is_some() => {
+                Some((self.in_two(level, input, input.len(), last, room), false))
+            }
+            _ => None,
         };
-        let n = match device {
-            Some(Some(n)) if split => {
-                self.stats.split += 1;
-                n
-            }
-            Some(Some(n)) => {
-                self.stats.offloaded += 1;
-                n
-            }
-            // The device failed its piece: here, unless fallback is off (a
-            // data error is the same error either way).
-            Some(None) => {
-                let n = here(&mut self.cpu, level, input, last, room)?;
-                if !self.cfg.fallback {
-                    let why = "the zip device failed a piece of a stream".to_string();
-                    return Err(CompError::NoQueue(why));
+        let n = match tried {
+            Some((Ok(n), cut)) => {
+                match cut {
+                    true => self.stats.split += 1,
+                    false => self.stats.offloaded += 1,
                 }
-                self.stats.count_cpu(Why::HostGone);
+                n
+            }
+            // Whole here: too large cut for the room (it may fit whole), or
+            // the device failed its piece (then only with fallback on; a
+            // data error is the same error either way).
+            Some((Err(miss), _)) => {
+                let n = here(&mut self.cpu, level, input, last, room)?;
+                match miss {
+                    Miss::Room => self.stats.count_cpu(Why::Policy),
+                    Miss::Device if self.cfg.fallback => self.stats.count_cpu(Why::HostGone),
+                    Miss::Device => {
+                        let why = "the zip device failed a piece of a stream".to_string();
+                        return Err(CompError::NoQueue(why));
+                    }
+                }
                 n
             }
             None => {
@@ -178,8 +164,7 @@ impl Compressor {
 
     /// Raw deflate of `input` into `out`: the first `cut` bytes on the
     /// device (ending open), the rest here at once (ending the stream when
-    /// `last`, else open too); the bytes written. `None` when the device
-    /// could not take its piece or failed it, or the two do not fit.
+    /// `last`, else open too); the bytes written.
     fn in_two(
         &mut self,
         level: i8,
@@ -187,10 +172,10 @@ impl Compressor {
         cut: usize,
         last: bool,
         out: &mut [u8],
-    ) -> Option<usize> {
+    ) -> std::result::Result<usize, Miss> {
         let room = compress_bound(Algorithm::Deflate, cut) + 5;
-        let lane = self.lane()?;
-        lane.ensure(cut + room, 1).ok()?;
+        let lane = self.lane().ok_or(Miss::Device)?;
+        lane.ensure(cut + room, 1).map_err(|_| Miss::Device)?;
         let stage = lane.stage.as_ref().expect("ensured");
         stage.write(0, &input[..cut]);
         let d = OneShot {
@@ -205,7 +190,7 @@ impl Compressor {
             piece: true,
         }
         .to_desc(0);
-        lane.q.send(d, 0).ok()?;
+        lane.q.send(d, 0).map_err(|_| Miss::Device)?;
         // The rest here meanwhile.
         let mut rest = std::mem::take(&mut self.piece);
         rest.clear();
@@ -236,9 +221,10 @@ impl Compressor {
                     .expect("the piece came back")
                     .read(cut as u64, &mut out[..a]);
                 out[a..a + rest.len()].copy_from_slice(&rest);
-                Some(a + rest.len())
+                Ok(a + rest.len())
             }
-            _ => None,
+            (Ok(()), Some(_)) | (Err(CodecError::NoSpace), _) => Err(Miss::Room),
+            _ => Err(Miss::Device),
         };
         self.piece = rest;
         joined
@@ -271,6 +257,14 @@ impl Compressor {
         let produced = Done::from_result(c.desc.result).produced as usize;
         (produced <= room).then_some(produced)
     }
+}
+
+/// Why a block was not cut in two after all.
+enum Miss {
+    /// The device could not take its piece, or failed it.
+    Device,
+    /// The two pieces do not fit the room.
+    Room,
 }
 
 /// Raw deflate of a piece on this thread's engine, ending the stream when
