@@ -404,7 +404,7 @@ static void finish_and_check(z_stream *s, int wbits, const unsigned char *d, siz
 }
 
 /* deflate fed in pieces with Z_NO_FLUSH and then Z_FINISH: the shim
- * gathers the input and compresses it whole; past 16 MiB, at another
+ * gathers the input and compresses it whole; past 4 MiB, at another
  * flush, or at a call only zlib serves (deflateParams), zlib takes the
  * stream over with what was gathered; a copy or a reset in the middle.
  * Every stream must decode with stock zlib to the data. */
@@ -462,16 +462,16 @@ static void deflate_gathered(void)
                         }
                         feed(&s, d, n / 2, n, chunk, c, cap, room);
                         finish_and_check(&s, wbits[w], d, n, c, cap, room, back);
-                        if (n >= 1024 && n <= (16 << 20) && mode != SYNC && mode != PARAMS) {
+                        if (n >= 1024 && n <= (4 << 20) && mode != SYNC && mode != PARAMS) {
                             /* Taken over (libdeflate's bytes, not zlib's),
                              * after a reset too. */
                             size_t zlen = ref_deflate(1, wbits[w], d, n, c2, cap);
                             CHECK(zlen != s.total_out || memcmp(c, c2, zlen) != 0);
                         }
                     }
-    /* Past 16 MiB a stream goes on in a fresh zlib-rs state, so its bytes
-     * depend on its input alone: the same from a new stream, from one
-     * reset after another message, and from a copy taken past the limit. */
+    /* Past 4 MiB a stream leaves in pieces, whose bytes depend on its
+     * input alone: the same from a new stream, from one reset after
+     * another message, and from a copy taken past the limit. */
     size_t big = most, len0 = 0;
     unsigned char *c3 = malloc(cap);
     for (int how = 0; how < 3; how++) {
@@ -515,7 +515,7 @@ static void deflate_gathered(void)
     free(back);
 }
 
-/* A Z_NO_FLUSH stream past 16 MiB leaves in pieces (each ending at a
+/* A Z_NO_FLUSH stream past 4 MiB leaves in pieces (each ending at a
  * full flush point) as its input comes; a call the pieces cannot serve
  * hands it to zlib-rs, which carries on from the last piece with the
  * shim writing the trailer. Every stream decodes with stock zlib to its
