@@ -1302,7 +1302,7 @@ static size_t drain(struct record *r, z_streamp s)
  * of that size (wd_comp_compress_piece: the device and this thread at
  * once, libdeflate on both), each but the last ending at a full flush
  * point, instead of going on in zlib-rs: python's compressobj writing a
- * 24 MiB gzip stream ran 1.3x stock zlib in zlib-rs, 2.5x in pieces. A call
+ * 24 MiB gzip stream ran 1.3x stock zlib in zlib-rs, 2.3x in pieces. A call
  * the pieces cannot serve (another flush, deflateParams, ...) hands the
  * stream to a raw zlib-rs state that carries on from the last piece's
  * flush point (its history the last 32 KiB of input), the shim keeping
