@@ -369,14 +369,25 @@ static void feed(z_stream *s, const unsigned char *d, size_t from, size_t to, si
     }
 }
 
-/* The reference fed `n` bytes with Z_NO_FLUSH. */
-static void feed_ref(z_stream *r, const unsigned char *d, size_t n, unsigned char *c, size_t cap)
+/* A level 1 zlib stream fed `n` bytes of d in `chunk`-byte calls with
+ * `room`-byte output, then ended unfinished: deflateEnd's answer is
+ * zlib's for data thrown away (the reference's, fed the same). */
+static void end_unfinished(const unsigned char *d, size_t n, size_t chunk, size_t room,
+                           unsigned char *c, unsigned char *c2, size_t cap)
 {
-    r->next_in = (Bytef *)d;
-    r->avail_in = (uInt)n;
-    r->next_out = c;
-    r->avail_out = (uInt)cap;
-    CHECK(ref.deflate(r, Z_NO_FLUSH) == Z_OK && r->avail_in == 0);
+    z_stream s, r;
+    memset(&s, 0, sizeof s);
+    memset(&r, 0, sizeof r);
+    CHECK(deflateInit(&s, 1) == Z_OK);
+    feed(&s, d, 0, n, chunk, c, cap, room);
+    CHECK(ref.deflateInit2_(&r, 1, Z_DEFLATED, 15, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
+                            (int)sizeof r) == Z_OK);
+    r.next_in = (Bytef *)d;
+    r.avail_in = 1000;
+    r.next_out = c2;
+    r.avail_out = (uInt)cap;
+    CHECK(ref.deflate(&r, Z_NO_FLUSH) == Z_OK && r.avail_in == 0);
+    CHECK(deflateEnd(&s) == ref.deflateEnd(&r));
 }
 
 /* Z_FINISH until the end, then check the stream against stock zlib: the
@@ -498,17 +509,8 @@ static void deflate_gathered(void)
     }
     free(c3);
     /* A stream ended while it gathers frees what it gathered (valgrind
-     * and ASan runs would say otherwise), and says what zlib says of data
-     * thrown away. */
-    z_stream s, r;
-    memset(&s, 0, sizeof s);
-    memset(&r, 0, sizeof r);
-    CHECK(deflateInit(&s, 1) == Z_OK);
-    feed(&s, d, 0, 100000, 4096, c, cap, 1 << 20);
-    CHECK(ref.deflateInit2_(&r, 1, Z_DEFLATED, 15, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
-                            (int)sizeof r) == Z_OK);
-    feed_ref(&r, d, 100000, c2, cap);
-    CHECK(deflateEnd(&s) == ref.deflateEnd(&r));
+     * and ASan runs would say otherwise). */
+    end_unfinished(d, 100000, 4096, 1 << 20, c, c2, cap);
     free(d);
     free(c);
     free(c2);
@@ -602,17 +604,8 @@ static void deflate_in_pieces(void)
             feed(&s, d, at, n, 65536, c, cap, room);
             finish_and_check(&s, wbits[w], d, n, c, cap, room, back);
         }
-    /* Ended in pieces: what waits is freed (valgrind and ASan runs), and
-     * the answer is zlib's for data thrown away. */
-    z_stream s, r;
-    memset(&s, 0, sizeof s);
-    memset(&r, 0, sizeof r);
-    CHECK(deflateInit(&s, 1) == Z_OK);
-    feed(&s, d, 0, (16 << 20) + 100, 1 << 20, c, cap, 1000);
-    CHECK(ref.deflateInit2_(&r, 1, Z_DEFLATED, 15, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
-                            (int)sizeof r) == Z_OK);
-    feed_ref(&r, d, 1000, c2, cap);
-    CHECK(deflateEnd(&s) == ref.deflateEnd(&r));
+    /* Ended in pieces: what waits is freed (valgrind and ASan runs). */
+    end_unfinished(d, (16 << 20) + 100, 1 << 20, 1000, c, c2, cap);
     free(d);
     free(c);
     free(c2);
