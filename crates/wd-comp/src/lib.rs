@@ -80,8 +80,8 @@ pub struct Config {
     /// sent more cannot be (0: none can).
     pub journal_limit: usize,
     /// Deflate blocks of at least this many bytes, compressed one at a
-    /// time under the auto policy, are cut in two pieces compressed at
-    /// once, on the device and here (0: never).
+    /// time under the auto policy (and pieces of streams as large), are
+    /// cut in two compressed at once, on the device and here (0: never).
     pub split_min: usize,
 }
 
@@ -164,8 +164,9 @@ pub struct Stats {
     pub cpu_assist: u64,
     /// Blocks run here because no queue could be had.
     pub cpu_fallback: u64,
-    /// Blocks cut in two pieces compressed at once, one on the device and
-    /// one here (counted here only).
+    /// Blocks, and pieces of streams ([`Compressor::compress_piece`]), cut
+    /// in two compressed at once, one on the device and one here (counted
+    /// here only).
     pub split: u64,
     /// Input bytes.
     pub bytes_in: u64,
@@ -244,9 +245,7 @@ impl Lane {
         self.slots = slots;
         Ok(())
     }
-}
 
-impl Lane {
     /// Wait until a completion is ready: poll a while first (a block takes
     /// tens to hundreds of microseconds; sleeping costs a wake-up of about
     /// as much), then sleep.
