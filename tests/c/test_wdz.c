@@ -369,6 +369,45 @@ static void feed(z_stream *s, const unsigned char *d, size_t from, size_t to, si
     }
 }
 
+/* Z_SYNC_FLUSH until all the stream owes is out (output in `room`-byte
+ * pieces after what it wrote). */
+static void sync_flush(z_stream *s, unsigned char *c, size_t cap, size_t room)
+{
+    s->avail_in = 0;
+    int ret;
+    do {
+        out_at(s, c, cap, room);
+        ret = deflate(s, Z_SYNC_FLUSH);
+        CHECK(ret == Z_OK || ret == Z_BUF_ERROR);
+    } while (s->avail_out == 0);
+}
+
+/* deflateParams to level 9 mid-stream, given room until it is done. */
+static void params_to_9(z_stream *s, unsigned char *c, size_t cap, size_t room)
+{
+    int ret;
+    do {
+        out_at(s, c, cap, room);
+        ret = deflateParams(s, 9, Z_DEFAULT_STRATEGY);
+        CHECK(ret == Z_OK || ret == Z_BUF_ERROR);
+    } while (ret == Z_BUF_ERROR);
+}
+
+/* A level 1 reference stream of framing `wbits` fed 100000 bytes of d
+ * with Z_NO_FLUSH: what zlib answers after data. */
+static void ref_after_data(z_stream *r, int wbits, const unsigned char *d, unsigned char *c,
+                           size_t cap)
+{
+    memset(r, 0, sizeof *r);
+    CHECK(ref.deflateInit2_(r, 1, Z_DEFLATED, wbits, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
+                            (int)sizeof *r) == Z_OK);
+    r->next_in = (Bytef *)d;
+    r->avail_in = 100000;
+    r->next_out = c;
+    r->avail_out = (uInt)cap;
+    CHECK(ref.deflate(r, Z_NO_FLUSH) == Z_OK && r->avail_in == 0);
+}
+
 /* A level 1 zlib stream fed `n` bytes of d in `chunk`-byte calls with
  * `room`-byte output, then ended unfinished: deflateEnd's answer is
  * zlib's for data thrown away (the reference's, fed the same). */
@@ -377,16 +416,9 @@ static void end_unfinished(const unsigned char *d, size_t n, size_t chunk, size_
 {
     z_stream s, r;
     memset(&s, 0, sizeof s);
-    memset(&r, 0, sizeof r);
     CHECK(deflateInit(&s, 1) == Z_OK);
     feed(&s, d, 0, n, chunk, c, cap, room);
-    CHECK(ref.deflateInit2_(&r, 1, Z_DEFLATED, 15, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
-                            (int)sizeof r) == Z_OK);
-    r.next_in = (Bytef *)d;
-    r.avail_in = 1000;
-    r.next_out = c2;
-    r.avail_out = (uInt)cap;
-    CHECK(ref.deflate(&r, Z_NO_FLUSH) == Z_OK && r.avail_in == 0);
+    ref_after_data(&r, 15, d, c2, cap);
     CHECK(deflateEnd(&s) == ref.deflateEnd(&r));
 }
 
@@ -444,20 +476,9 @@ static void deflate_gathered(void)
                                            Z_DEFAULT_STRATEGY) == Z_OK);
                         feed(&s, d, 0, n / 2, chunk, c, cap, room);
                         if (mode == SYNC) {
-                            s.avail_in = 0;
-                            int ret;
-                            do {
-                                out_at(&s, c, cap, room);
-                                ret = deflate(&s, Z_SYNC_FLUSH);
-                                CHECK(ret == Z_OK || ret == Z_BUF_ERROR);
-                            } while (s.avail_out == 0);
+                            sync_flush(&s, c, cap, room);
                         } else if (mode == PARAMS) {
-                            int ret;
-                            do {
-                                out_at(&s, c, cap, room);
-                                ret = deflateParams(&s, 9, Z_DEFAULT_STRATEGY);
-                                CHECK(ret == Z_OK || ret == Z_BUF_ERROR);
-                            } while (ret == Z_BUF_ERROR);
+                            params_to_9(&s, c, cap, room);
                         } else if (mode == COPY) {
                             z_stream t;
                             CHECK(deflateCopy(&t, &s) == Z_OK);
@@ -547,23 +568,12 @@ static void deflate_in_pieces(void)
             CHECK(deflatePending(&s, &pending, &bits) == Z_OK && bits == 0);
             CHECK(s.total_out > 0 && s.total_in == at);
             if (mode == SYNC) {
-                s.avail_in = 0;
-                int ret;
-                do {
-                    out_at(&s, c, cap, room);
-                    ret = deflate(&s, Z_SYNC_FLUSH);
-                    CHECK(ret == Z_OK || ret == Z_BUF_ERROR);
-                } while (s.avail_out == 0);
+                sync_flush(&s, c, cap, room);
                 /* All that was given is out, ending at a flush point. */
                 CHECK(s.total_out >= 4 && memcmp(c + s.total_out - 4, "\0\0\xff\xff", 4) == 0);
                 CHECK(deflateBound(&s, 1000) >= 1000);
             } else if (mode == PARAMS) {
-                int ret;
-                do {
-                    out_at(&s, c, cap, room);
-                    ret = deflateParams(&s, 9, Z_DEFAULT_STRATEGY);
-                    CHECK(ret == Z_OK || ret == Z_BUF_ERROR);
-                } while (ret == Z_BUF_ERROR);
+                params_to_9(&s, c, cap, room);
             } else if (mode == GETDICT) {
                 uInt len = sizeof dict;
                 CHECK(deflateGetDictionary(&s, dict, &len) == Z_OK);
@@ -585,14 +595,7 @@ static void deflate_in_pieces(void)
             } else if (mode == REFUSED) {
                 /* zlib's answers after data, from the reference itself. */
                 z_stream r;
-                memset(&r, 0, sizeof r);
-                CHECK(ref.deflateInit2_(&r, 1, Z_DEFLATED, wbits[w], 8, Z_DEFAULT_STRATEGY,
-                                        ZLIB_VERSION, (int)sizeof r) == Z_OK);
-                r.next_in = d;
-                r.avail_in = 100000;
-                r.next_out = c2;
-                r.avail_out = (uInt)cap;
-                CHECK(ref.deflate(&r, Z_NO_FLUSH) == Z_OK);
+                ref_after_data(&r, wbits[w], d, c2, cap);
                 gz_header h;
                 memset(&h, 0, sizeof h);
                 CHECK(deflateSetHeader(&s, &h) == ref.deflateSetHeader(&r, &h));
