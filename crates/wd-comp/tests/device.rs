@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use wd_comp::{Algorithm, CompError, Compressor, Config, Op, Pending, Policy, DEFAULT_LEVEL};
+use wd_testutil::text as data;
 use wrapdrive::HostConn;
 
 /// The host process: this test binary re-run in the role "host" (see
@@ -41,31 +42,6 @@ fn spawn_host(name: &str) -> HostProc {
         _process: wd_testutil::Role::serving("host", &socket),
         socket,
     }
-}
-
-fn data(n: usize, seed: u32) -> Vec<u8> {
-    let words: [&[u8]; 6] = [
-        b"queue ",
-        b"domain ",
-        b"IOVA ",
-        b"engine ",
-        b"session ",
-        b"\n",
-    ];
-    let mut x = seed | 1;
-    let mut out = Vec::with_capacity(n + 8);
-    while out.len() < n {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        if x % 5 == 0 {
-            out.push(x as u8);
-        } else {
-            out.extend_from_slice(words[x as usize % words.len()]);
-        }
-    }
-    out.truncate(n);
-    out
 }
 
 fn offload_cfg() -> Config {

@@ -7,7 +7,8 @@
 //! Besides: private temporary directories, waiting for a condition with a
 //! deadline, re-running the test binary as another process in a "role" (a
 //! client to kill, a host to lose), and client memory for driving a device
-//! without a host ([`dma::FlatMemory`]), written once.
+//! without a host ([`dma::FlatMemory`]), and compressible test data
+//! ([`text`]), written once.
 #![deny(unsafe_code)]
 
 pub mod dma;
@@ -17,6 +18,33 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+
+/// `len` bytes of seeded, compressible data for compression tests: the
+/// project's words, one step in five a random byte instead.
+pub fn text(len: usize, seed: u32) -> Vec<u8> {
+    let words: [&[u8]; 6] = [
+        b"queue ",
+        b"domain ",
+        b"IOVA ",
+        b"engine ",
+        b"session ",
+        b"\n",
+    ];
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        if x % 5 == 0 {
+            out.push(x as u8);
+        } else {
+            out.extend_from_slice(words[x as usize % words.len()]);
+        }
+    }
+    out.truncate(len);
+    out
+}
 
 /// Report that `test` did not run, and why.
 pub fn skip(test: &str, reason: &str) {

@@ -517,6 +517,7 @@ impl Table {
 mod tests {
     use super::*;
     use crate::Engine;
+    use wd_testutil::text;
     use wd_zip_msg::Algorithm;
 
     fn inflate_raw(stream: &[u8], expect: usize) -> Vec<u8> {
@@ -525,27 +526,6 @@ mod tests {
         d.decompress_vec(stream, &mut out, flate2::FlushDecompress::Finish)
             .expect("inflates");
         out
-    }
-
-    /// Compressible bytes with some noise, seeded.
-    fn sample(seed: u64, len: usize) -> Vec<u8> {
-        let mut x = seed | 1;
-        let words: [&[u8]; 6] = [
-            b"queue ", b"domain ", b"IOVA ", b"PASID ", b"gather ", b"\n",
-        ];
-        let mut v = Vec::with_capacity(len);
-        while v.len() < len {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            if x % 5 == 0 {
-                v.push(x as u8);
-            } else {
-                v.extend_from_slice(words[(x >> 8) as usize % words.len()]);
-            }
-        }
-        v.truncate(len);
-        v
     }
 
     fn open_piece(level: i8, input: &[u8]) -> Vec<u8> {
@@ -560,7 +540,7 @@ mod tests {
 
     #[test]
     fn pieces_join_into_one_stream_at_every_level() {
-        let data = sample(7, 200_000);
+        let data = text(200_000, 7);
         for level in 0..=12 {
             for cut in [0, 1, 1000, 65_536, 123_457] {
                 let mut s = open_piece(level, &data[..cut]);
@@ -592,7 +572,7 @@ mod tests {
 
     #[test]
     fn zlib_streams_walk_too() {
-        let data = sample(3, 70_000);
+        let data = text(70_000, 3);
         for level in [1u32, 6, 9] {
             let mut c = flate2::Compress::new(flate2::Compression::new(level), false);
             let mut out = Vec::with_capacity(data.len() + 64);
@@ -611,7 +591,7 @@ mod tests {
     fn refuses_what_is_not_one_whole_stream() {
         let mut e = Engine::new();
         let mut whole = Vec::new();
-        e.compress_vec(Algorithm::Deflate, 6, &sample(1, 5000), &mut whole)
+        e.compress_vec(Algorithm::Deflate, 6, &text(5000, 1), &mut whole)
             .unwrap();
         for cut in [0, 1, whole.len() / 2, whole.len() - 1] {
             let mut b = whole[..cut].to_vec();
@@ -629,7 +609,7 @@ mod tests {
 
     #[test]
     fn framed_pieces_are_one_checked_stream_beginning_as_a_whole_one() {
-        let data = sample(11, 150_000);
+        let data = text(150_000, 11);
         for alg in [Algorithm::Zlib, Algorithm::Gzip] {
             for level in [-1, 0, 1, 2, 5, 6, 7, 8, 12] {
                 let mut e = Engine::new();
@@ -681,8 +661,8 @@ mod tests {
         }
 
         #[test]
-        fn any_cut_of_any_data_joins(seed in 0u64..1000, len in 0usize..40_000, cut in 0usize..40_000, level in 0i8..=12) {
-            let data = sample(seed, len);
+        fn any_cut_of_any_data_joins(seed in 0u32..1000, len in 0usize..40_000, cut in 0usize..40_000, level in 0i8..=12) {
+            let data = text(len, seed);
             let cut = cut.min(len);
             let mut s = open_piece(level, &data[..cut]);
             let mut e = Engine::new();
