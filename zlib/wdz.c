@@ -127,6 +127,7 @@ static void *real_sym(const char *name)
 
 static int cfg_ready;
 static int cfg_disabled;
+static int cfg_stats; /* WDZ_STATS=1: count what is taken over (see count) */
 /* Buffers below these sizes are left to zlib (WDZ_MIN_BYTES sets both).
  * None by default: small whole streams go to a zlib state the thread
  * keeps (see SMALL_DEFLATE and SMALL_WHOLE), which costs less than the
@@ -139,6 +140,8 @@ static void cfg_load(void)
         return;
     const char *d = getenv("WDZ_DISABLE");
     cfg_disabled = d && strcmp(d, "1") == 0;
+    const char *st = getenv("WDZ_STATS");
+    cfg_stats = st && strcmp(st, "1") == 0;
     const char *m = getenv("WDZ_MIN_BYTES");
     if (m && *m) {
         char *end;
@@ -197,12 +200,22 @@ enum {
 };
 static unsigned long stats[ST_COUNT];
 
-static void count(int what) { __atomic_fetch_add(&stats[what], 1, __ATOMIC_RELAXED); }
+/* This thread's compressor (see comp). */
+static TLS struct wd_comp *tl_comp;
+
+/* Only when asked for: a locked add on a line every thread shares is
+ * paid on each stream (about 1 ns of the shim's 125 on a 16-byte message
+ * in a loop of init, inflate and end, one thread; more with several).
+ * (Every stream is opened after cfg_load.) */
+static void count(int what)
+{
+    if (cfg_stats)
+        __atomic_fetch_add(&stats[what], 1, __ATOMIC_RELAXED);
+}
 
 __attribute__((destructor)) static void print_stats(void)
 {
-    const char *s = getenv("WDZ_STATS");
-    if (!s || strcmp(s, "1") != 0)
+    if (!cfg_stats)
         return;
     unsigned long any = 0;
     for (int i = 0; i < ST_COUNT; i++)
@@ -216,13 +229,23 @@ __attribute__((destructor)) static void print_stats(void)
             "to zlib): %lu\n",
             stats[ST_ONESHOT], stats[ST_DEFLATE], stats[ST_INFLATE], stats[ST_ZRS],
             stats[ST_ZRS_BIG], stats[ST_ZRS_FLUSHED], stats[ST_PIECES], stats[ST_DECLINED]);
+    /* Where the requests went (the exiting thread's compressor: other
+     * threads' went with them). */
+    struct wd_comp_stats r;
+    if (tl_comp && wd_comp_stats(tl_comp, &r) == 0)
+        fprintf(stderr,
+                "libwdz: this thread's requests: %lu on the device; here: %lu under the "
+                "threshold, %lu by policy or measured cost, %lu while the device was busy, "
+                "%lu without a device\n",
+                (unsigned long)r.offloaded, (unsigned long)r.cpu_threshold,
+                (unsigned long)r.cpu_policy, (unsigned long)r.cpu_assist,
+                (unsigned long)r.cpu_fallback);
 }
 
 /* ---- this thread's compressor ------------------------------------------ */
 
 static pthread_key_t comp_key;
 static pthread_once_t comp_once = PTHREAD_ONCE_INIT;
-static TLS struct wd_comp *tl_comp;
 static TLS int tl_comp_failed;
 
 static void comp_free(void *c) { wd_comp_free(c); }
@@ -428,6 +451,7 @@ static struct record *unlink_record(z_streamp s)
 static TLS struct record *tl_spare;
 static TLS z_stream *tl_deflaters[3]; /* zlib, raw, gzip framing */
 static TLS z_stream *tl_small;        /* inflate */
+static TLS int tl_small_window;       /* its windowBits */
 static TLS int tl_keyed;
 static pthread_key_t kept_key;
 static pthread_once_t kept_once = PTHREAD_ONCE_INIT;
@@ -513,18 +537,38 @@ static void table_insert(struct record *r)
     free_record(old);
 }
 
-/* Keep a record for s: in the stream itself when it is a lazy inflate
- * stream (see own_record), else in the table. Out of memory leaves the
- * stream to zlib alone. */
-static struct record *remember(z_streamp s, const struct record *init)
+/* A record from this thread's spare, else a new one; NULL out of memory. */
+static struct record *new_record(void)
 {
     struct record *r = tl_spare;
     if (r)
         tl_spare = NULL;
-    else if (!(r = malloc(sizeof *r)))
+    else
+        r = malloc(sizeof *r);
+    return r;
+}
+
+/* Keep r as s's record: in the stream itself when it is a lazy inflate
+ * stream (see own_record), else in the table. */
+static struct record *keep_record(z_streamp s, struct record *r)
+{
+    r->strm = s;
+    r->magic = RECORD_MAGIC;
+    if (!r->deflating && r->lazy)
+        s->state = (struct internal_state *)r;
+    else
+        table_insert(r);
+    return r;
+}
+
+/* Keep a record for s with init's parameters and state, owning nothing
+ * yet. Out of memory leaves the stream to zlib alone. */
+static struct record *remember(z_streamp s, const struct record *init)
+{
+    struct record *r = new_record();
+    if (!r)
         return NULL;
     *r = *init;
-    r->strm = s;
     r->pending = NULL;
     r->pend_len = r->pend_pos = r->pend_cap = 0;
     r->gather = NULL;
@@ -535,12 +579,7 @@ static struct record *remember(z_streamp s, const struct record *init)
     r->tail = NULL;
     r->tail_len = 0;
     r->piece_room = 0;
-    r->magic = RECORD_MAGIC;
-    if (!r->deflating && r->lazy)
-        s->state = (struct internal_state *)r;
-    else
-        table_insert(r);
-    return r;
+    return keep_record(s, r);
 }
 
 /* The record of a copy of the stream whose record is `src`, with its own
@@ -785,7 +824,11 @@ static z_stream *kept_inflate(int window, const unsigned char *in, size_t len,
     z_stream *z = tl_small;
     int ret;
     tl_initing++; /* zlib's init and reset call its other resets */
-    if (z) {
+    if (z && window == tl_small_window) {
+        /* (What inflateReset2 does for an unchanged window, one call
+         * fewer.) */
+        ret = REAL(inflateReset)(z);
+    } else if (z) {
         ret = REAL(inflateReset2)(z, window);
     } else if ((z = calloc(1, sizeof *z))) {
         ret = REAL(inflateInit2_)(z, window, ZLIB_VERSION, (int)sizeof *z);
@@ -799,8 +842,11 @@ static z_stream *kept_inflate(int window, const unsigned char *in, size_t len,
         ret = Z_MEM_ERROR;
     }
     tl_initing--;
-    if (ret != Z_OK)
+    if (ret != Z_OK) {
+        tl_small_window = -100; /* (no windowBits: the next call resets in full) */
         return NULL;
+    }
+    tl_small_window = window;
     z->next_in = (z_const Bytef *)in;
     z->avail_in = (uInt)len;
     z->next_out = out;
@@ -1960,11 +2006,21 @@ static int inflate_window_eligible(int windowBits)
            windowBits == 47;
 }
 
+/* Made in place rather than copied from a record built beside it, as
+ * remember does: python's zlib.decompress opens a stream per message, and
+ * the copy read back what had just been written in narrower stores (a
+ * stall on each load), a tenth of the shim's cost on 16-byte messages. */
 static struct record *inflate_opened(z_streamp s, int windowBits, int lazy)
 {
-    struct record r = {.deflating = 0, .window = windowBits, .phase = FRESH, .lazy = lazy};
-    r.eligible = inflate_window_eligible(windowBits);
-    return remember(s, &r);
+    struct record *r = new_record();
+    if (!r)
+        return NULL;
+    memset(r, 0, sizeof *r);
+    r->window = windowBits;
+    r->phase = FRESH;
+    r->lazy = lazy;
+    r->eligible = inflate_window_eligible(windowBits);
+    return keep_record(s, r);
 }
 
 int inflateInit_(z_streamp strm, const char *version, int stream_size)

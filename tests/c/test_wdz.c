@@ -1052,6 +1052,49 @@ static void small_streams(void)
     free(d);
 }
 
+/* Small whole streams whose framing changes from one stream to the next
+ * (the thread's kept inflate state is reset to each stream's window, or
+ * only reset when the window is the one it had), some framed otherwise
+ * than the stream was opened for, some truncated or with a byte flipped
+ * (a failed stream leaves the kept state mid-stream), and uncompress
+ * calls in between: stock zlib's answers throughout. */
+static void small_streams_mixed(void)
+{
+    unsigned char *d = make_data(100, 37);
+    unsigned char c[256], a[128], b[128];
+    static const int wbits[] = {15, 15, -15, 31, 47, 0, -15};
+    for (unsigned i = 0; i < 700; i++) {
+        int w = wbits[i % 7], enc = w == 47 ? (i % 2 ? 31 : 15) : w == 0 ? 15 : w;
+        /* Now and then another framing than the stream was opened for:
+         * a state left with the wrong window would take it. */
+        if (i % 3 == 1)
+            enc = wbits[(i / 3) % 4];
+        size_t n = i % 101;
+        size_t clen = ref_deflate(1 + i % 9, enc, d, n, c, sizeof c);
+        int damage = i % 5 == 3 ? 1 : i % 5 == 4 ? 2 : 0;
+        size_t len = damage == 1 ? clen / 2 : clen;
+        if (damage == 2)
+            c[i % clen] ^= 0x40;
+        z_stream s, r;
+        memset(&s, 0, sizeof s);
+        memset(&r, 0, sizeof r);
+        CHECK(inflateInit2(&s, w) == Z_OK);
+        CHECK(ref.inflateInit2_(&r, w, ZLIB_VERSION, (int)sizeof r) == Z_OK);
+        int ret = inflate_both(&s, &r, c, len, a, b, sizeof a, Z_FINISH);
+        int framed_so = w == 47 ? enc == 15 || enc == 31 : enc == (w == 0 ? 15 : w);
+        if (!damage && framed_so)
+            CHECK(ret == Z_STREAM_END && s.total_out == n && memcmp(a, d, n) == 0);
+        inflateEnd(&s);
+        ref.inflateEnd(&r);
+        if (i % 11 == 0) {
+            uLongf la = sizeof a, lb = sizeof b;
+            CHECK(uncompress(a, &la, c, len) == ref.uncompress(b, &lb, c, len));
+            CHECK(la == lb && memcmp(a, b, la) == 0);
+        }
+    }
+    free(d);
+}
+
 /* Small whole deflate streams and compress2 calls (the shim compresses
  * them with zlib states it keeps, reset between streams): byte for byte
  * stock zlib's output, counts and check values, for every level in turn
@@ -1576,6 +1619,7 @@ int main(void)
     inflate_in_pieces();
     inflate_before_first_call();
     small_streams();
+    small_streams_mixed();
     small_deflates();
     threads();
     held_params_and_dictionary();
