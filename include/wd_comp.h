@@ -205,6 +205,13 @@ int wd_comp_stream_stats(struct wd_comp *c, uint64_t *rebuilt, uint64_t *lost);
  * field of struct wd_comp_stats). */
 int wd_comp_split_stats(struct wd_comp *c, uint64_t *split);
 
+/* Whether c may cut blocks and pieces between the device and the calling
+ * thread (on: 1, the default, as WD_COMP_SPLIT configures it) or never
+ * (0): a cut pays while the engine's CPU would otherwise idle, not in a
+ * program whose own threads keep every CPU busy. 0, or -EINVAL (on is
+ * neither 0 nor 1). Since WD_COMP_0.5. */
+int wd_comp_set_split(struct wd_comp *c, int on);
+
 #ifdef __cplusplus
 }
 #endif

@@ -298,6 +298,24 @@ int main(void)
 	CHECK(wd_comp_split_stats(NULL, &split) == -EINVAL && split == 7,
 	      "split stats of NULL: nothing written");
 	CHECK(wd_comp_split_stats(c, &split) == 0, "split stats");
+
+	/* Cutting switched off: a large block is not cut; on again: it is
+	 * where blocks were cut before (a device there, the auto policy). */
+	CHECK(wd_comp_set_split(NULL, 1) == -EINVAL, "set split of NULL");
+	CHECK(wd_comp_set_split(c, 2) == -EINVAL, "set split neither 0 nor 1");
+	uint64_t cut[3];
+	for (int on = 0; on < 2; on++) {
+		CHECK(wd_comp_set_split(c, on) == 0, "set split %d", on);
+		CHECK(wd_comp_split_stats(c, &cut[on]) == 0, "split stats");
+		size_t room = n + 1024, blen = n + 1, used = 0;
+		CHECK(wd_comp_compress(c, WD_COMP_ZLIB, 1, d, n, z, &room) == 0, "compress, split %d", on);
+		CHECK(wd_comp_decompress(c, WD_COMP_ZLIB, z, room, &used, back, &blen, 0) == 0 &&
+			      blen == n && memcmp(back, d, n) == 0,
+		      "round trip, split %d", on);
+	}
+	CHECK(wd_comp_split_stats(c, &cut[2]) == 0, "split stats");
+	CHECK(cut[1] == cut[0], "no cut while off");
+	CHECK(split == 0 || cut[2] > cut[1], "cut again once on");
 	CHECK(wd_comp_stats(c, &st) == 0 && st.bytes_in > 0, "stats");
 	CHECK(st.offloaded + st.cpu_threshold + st.cpu_policy + st.cpu_assist + st.cpu_fallback + split > 0,
 	      "stats count the requests");

@@ -446,6 +446,118 @@ static void finish_and_check(z_stream *s, int wbits, const unsigned char *d, siz
     CHECK(deflateEnd(s) == Z_OK);
 }
 
+/* Decode a whole stream with the reference given `dict`: a zlib stream
+ * must ask for it (Z_NEED_DICT: it was used), a raw stream has it first. */
+static size_t ref_inflate_dict(int wbits, const unsigned char *in, size_t len,
+                               const unsigned char *dict, size_t dict_len, unsigned char *out,
+                               size_t room)
+{
+    z_stream r;
+    memset(&r, 0, sizeof r);
+    CHECK(ref.inflateInit2_(&r, wbits, ZLIB_VERSION, (int)sizeof r) == Z_OK);
+    if (wbits < 0)
+        CHECK(ref.inflateSetDictionary(&r, dict, (uInt)dict_len) == Z_OK);
+    r.next_in = (Bytef *)in;
+    r.avail_in = (uInt)len;
+    r.next_out = out;
+    r.avail_out = (uInt)room;
+    if (wbits > 0) {
+        CHECK(ref.inflate(&r, Z_FINISH) == Z_NEED_DICT);
+        CHECK(ref.inflateSetDictionary(&r, dict, (uInt)dict_len) == Z_OK);
+    }
+    CHECK(ref.inflate(&r, Z_FINISH) == Z_STREAM_END);
+    size_t n = r.total_out;
+    ref.inflateEnd(&r);
+    return n;
+}
+
+/* Flushes that bring 64 KiB or more (Z_BLOCK, Z_PARTIAL_FLUSH,
+ * Z_SYNC_FLUSH, Z_FULL_FLUSH; the shim makes each a piece) in every
+ * framing, output in small rooms and in one: a sync or full flush's
+ * output ends in 00 00 FF FF; zlib's answers to a flush asked again with
+ * nothing new and to one out of range; then a small flush (zlib-rs takes
+ * the stream on), more data and the end, decoded by the reference with
+ * zlib's check value. A raw stream's dictionary may go unused on a large
+ * flush or end (the reference given it decodes the stream), a zlib
+ * stream's is used (its header names it). */
+static void deflate_flushed_in_pieces(void)
+{
+    static const int wbits[] = {15, -15, 31};
+    static const int flushes[] = {Z_BLOCK, Z_PARTIAL_FLUSH, Z_SYNC_FLUSH, Z_FULL_FLUSH};
+    size_t n = 400000, first = 100000, small = 1000;
+    unsigned char *d = make_data(n, 71);
+    size_t cap = 2 * n;
+    unsigned char *c = malloc(cap), *c2 = malloc(cap), *back = malloc(n + 1);
+    for (size_t w = 0; w < sizeof wbits / sizeof wbits[0]; w++)
+        for (size_t f = 0; f < sizeof flushes / sizeof flushes[0]; f++)
+            for (size_t room = 1000; room <= cap; room += cap - 1000) {
+                int flush = flushes[f];
+                z_stream s, r;
+                memset(&s, 0, sizeof s);
+                memset(&r, 0, sizeof r);
+                CHECK(deflateInit2(&s, 1, Z_DEFLATED, wbits[w], 8, Z_DEFAULT_STRATEGY) == Z_OK);
+                CHECK(ref.deflateInit2_(&r, 1, Z_DEFLATED, wbits[w], 8, Z_DEFAULT_STRATEGY,
+                                        ZLIB_VERSION, (int)sizeof r) == Z_OK);
+                s.next_in = d;
+                s.avail_in = (uInt)first;
+                do {
+                    out_at(&s, c, cap, room);
+                    CHECK(deflate(&s, flush) == Z_OK);
+                } while (s.avail_out == 0);
+                CHECK(s.avail_in == 0 && s.total_in == first);
+                if (flush == Z_SYNC_FLUSH || flush == Z_FULL_FLUSH)
+                    CHECK(memcmp(c + s.total_out - 4, "\0\0\377\377", 4) == 0);
+                r.next_in = d;
+                r.avail_in = (uInt)first;
+                r.next_out = c2;
+                r.avail_out = (uInt)cap;
+                CHECK(ref.deflate(&r, flush) == Z_OK && r.avail_out > 0);
+                out_at(&s, c, cap, room);
+                CHECK(deflate(&s, flush) == ref.deflate(&r, flush));
+                CHECK(deflate(&s, Z_BLOCK + 1) == ref.deflate(&r, Z_BLOCK + 1));
+                ref.deflateEnd(&r);
+                /* A small flush, then the rest. */
+                s.next_in = d + first;
+                s.avail_in = (uInt)small;
+                do {
+                    out_at(&s, c, cap, room);
+                    CHECK(deflate(&s, Z_SYNC_FLUSH) == Z_OK);
+                } while (s.avail_out == 0);
+                CHECK(s.total_in == first + small);
+                feed(&s, d, first + small, n, 65536, c, cap, room);
+                finish_and_check(&s, wbits[w], d, n, c, cap, room, back);
+            }
+
+    /* Dictionaries: a raw stream's, on a large end and on a large sync
+     * flush; a zlib stream's on a large flush. */
+    const unsigned char *dict = d + 300000;
+    for (int mode = 0; mode < 3; mode++) {
+        z_stream s;
+        memset(&s, 0, sizeof s);
+        CHECK(deflateInit2(&s, 1, Z_DEFLATED, mode == 2 ? 15 : -15, 8, Z_DEFAULT_STRATEGY) ==
+              Z_OK);
+        CHECK(deflateSetDictionary(&s, dict, 20000) == Z_OK);
+        s.next_in = d;
+        s.avail_in = (uInt)first;
+        s.next_out = c;
+        s.avail_out = (uInt)cap;
+        if (mode == 0) {
+            CHECK(deflate(&s, Z_FINISH) == Z_STREAM_END);
+        } else {
+            CHECK(deflate(&s, Z_SYNC_FLUSH) == Z_OK);
+            CHECK(deflate(&s, Z_FINISH) == Z_STREAM_END);
+        }
+        size_t clen = s.total_out;
+        CHECK(deflateEnd(&s) == Z_OK);
+        size_t got = ref_inflate_dict(mode == 2 ? 15 : -15, c, clen, dict, 20000, back, n);
+        CHECK(got == first && memcmp(back, d, first) == 0);
+    }
+    free(d);
+    free(c);
+    free(c2);
+    free(back);
+}
+
 /* deflate fed in pieces with Z_NO_FLUSH and then Z_FINISH: the shim
  * gathers the input and compresses it whole; past 4 MiB, at another
  * flush, or at a call only zlib serves (deflateParams), zlib takes the
@@ -1202,26 +1314,6 @@ static void threads(void)
         CHECK(pthread_join(t[i], NULL) == 0);
 }
 
-/* Decode a zlib stream made with `dict` with the reference: the data. */
-static size_t ref_inflate_dict(const unsigned char *in, size_t len, const unsigned char *dict,
-                               size_t dict_len, unsigned char *out, size_t room)
-{
-    z_stream r;
-    memset(&r, 0, sizeof r);
-    CHECK(ref.inflateInit2_(&r, 15, ZLIB_VERSION, (int)sizeof r) == Z_OK);
-    r.next_in = (Bytef *)in;
-    r.avail_in = (uInt)len;
-    r.next_out = out;
-    r.avail_out = (uInt)room;
-    /* The stream must ask for it (the dictionary was used). */
-    CHECK(ref.inflate(&r, Z_FINISH) == Z_NEED_DICT);
-    CHECK(ref.inflateSetDictionary(&r, dict, (uInt)dict_len) == Z_OK);
-    CHECK(ref.inflate(&r, Z_FINISH) == Z_STREAM_END);
-    size_t n = r.total_out;
-    ref.inflateEnd(&r);
-    return n;
-}
-
 /* Parameters and a dictionary given before any data (held by the shim
  * until the stream's size picks zlib-rs or the system zlib): pigz's
  * blocks (reset, level, the last 32 KiB as dictionary, Z_BLOCK then
@@ -1282,7 +1374,7 @@ static void held_params_and_dictionary(void)
         ref.deflateEnd(&r);
         size_t clen = deflate_all(&s, d, len, c, 2 * n);
         CHECK(deflateEnd(&s) == Z_OK);
-        CHECK(ref_inflate_dict(c, clen, dict, 20000, o, n) == len && memcmp(o, d, len) == 0);
+        CHECK(ref_inflate_dict(15, c, clen, dict, 20000, o, n) == len && memcmp(o, d, len) == 0);
     }
     /* The same before any use of zlib's state (GetDictionary above made
      * it): held, then copied, each copy finishing on its own. */
@@ -1294,7 +1386,7 @@ static void held_params_and_dictionary(void)
     CHECK(deflateCopy(&t, &s) == Z_OK);
     for (z_stream *x = &s; x; x = x == &s ? &t : NULL) {
         size_t clen = deflate_all(x, d, 50000, c, 2 * n);
-        CHECK(ref_inflate_dict(c, clen, dict, 20000, o, n) == 50000);
+        CHECK(ref_inflate_dict(15, c, clen, dict, 20000, o, n) == 50000);
         CHECK(memcmp(o, d, 50000) == 0);
         CHECK(deflateEnd(x) == Z_OK);
     }
@@ -1614,6 +1706,7 @@ int main(void)
     deflate_framings();
     deflate_gathered();
     deflate_in_pieces();
+    deflate_flushed_in_pieces();
     inflate_framings();
     zlib_streams();
     inflate_in_pieces();

@@ -448,6 +448,27 @@ pub unsafe extern "C" fn wd_comp_split_stats(c: *mut WdComp, split: *mut u64) ->
     })
 }
 
+/// `wd_comp_set_split`.
+///
+/// # Safety
+/// `c` from `wd_comp_new`.
+#[no_mangle]
+pub unsafe extern "C" fn wd_comp_set_split(c: *mut WdComp, on: c_int) -> c_int {
+    guard(|| {
+        // SAFETY: caller contract.
+        let Some(w) = (unsafe { comp(c) }) else {
+            return fail(EINVAL, "wd_comp_set_split: not a struct wd_comp");
+        };
+        let on = match on {
+            0 => false,
+            1 => true,
+            _ => return fail(EINVAL, "wd_comp_set_split: on is neither 0 nor 1"),
+        };
+        w.c.set_cutting(on);
+        0
+    })
+}
+
 /// Whether no output range overlaps another range, input or output
 /// (inputs may overlap each other: they are only read). Ranges are
 /// (address, length); empty ones overlap nothing.

@@ -352,6 +352,9 @@ pub struct Compressor {
     /// Measured cost of each path, per algorithm and direction.
     costs: Costs,
     stats: Stats,
+    /// Blocks may be cut in two as `cfg.split_min` says (see
+    /// [`Compressor::set_cutting`]).
+    cutting: bool,
 }
 
 impl std::fmt::Debug for Compressor {
@@ -406,6 +409,7 @@ impl Compressor {
             piece: Vec::new(),
             costs: Costs::new(2 * Algorithm::ALL.len()),
             stats: Stats::default(),
+            cutting: true,
         }
     }
 
@@ -425,6 +429,15 @@ impl Compressor {
         }
         c.addr = Some(addr);
         Ok(c)
+    }
+
+    /// Whether blocks and pieces of `split_min` bytes or more may be cut
+    /// between the device and this thread (the default), or not at all.
+    /// A cut pays when the engine's CPU would otherwise idle: a program
+    /// whose own threads already keep every CPU busy (pigz) does better
+    /// without, since the engine would take a CPU from one of them.
+    pub fn set_cutting(&mut self, on: bool) {
+        self.cutting = on;
     }
 
     /// Where blocks went so far.

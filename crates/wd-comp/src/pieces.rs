@@ -53,9 +53,10 @@ impl Compressor {
     }
 
     /// Whether a block of `len` bytes is cut between the device and here:
-    /// the auto policy, large enough, and a queue.
+    /// the auto policy, cutting on, large enough, and a queue.
     pub(crate) fn cuts(&mut self, len: usize) -> bool {
         self.cfg.policy == Policy::Auto
+            && self.cutting
             && self.cfg.split_min > 0
             && len >= self.cfg.split_min
             && len as u64 <= MAX_DATA

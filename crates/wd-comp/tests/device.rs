@@ -426,6 +426,20 @@ fn large_blocks_are_cut_between_device_and_caller() {
     );
     cpu.compress(Algorithm::Gzip, 1, &text, &mut out).unwrap();
     assert_eq!(cpu.stats().split, 0);
+    // Cutting switched off (a program whose threads take every CPU):
+    // whole, the bytes of the CPU path; on again, cut.
+    auto.set_cutting(false);
+    let n = auto.compress(Algorithm::Gzip, 1, &text, &mut out).unwrap();
+    let mut here = vec![0u8; out.len()];
+    let h = wd_zip_codec::Engine::new()
+        .compress(Algorithm::Gzip, 1, &text[..], &mut here[..])
+        .unwrap();
+    assert_eq!(&out[..n], &here[..h]);
+    assert_eq!(auto.stats().split, s.split);
+    auto.set_cutting(true);
+    auto.compress(Algorithm::Gzip, 1, &text, &mut out).unwrap();
+    assert_eq!(auto.stats().split, s.split + 1);
+    let s = auto.stats();
     // The host gone: the block runs here, whole.
     drop(host);
     std::thread::sleep(Duration::from_millis(100));
