@@ -61,8 +61,8 @@ for t in "${targets[@]}"; do
     grep -qx "$t" <<<"$all" || { echo "fuzz.sh: no target $t (targets: $(echo $all))" >&2; exit 2; }
 done
 
-# wdz_inflate drives the drop-in zlib, which is built apart (C).
-if printf '%s\n' "${targets[@]}" | grep -qx wdz_inflate; then
+# wdz_* drive the drop-in zlib, which is built apart (C).
+if printf '%s\n' "${targets[@]}" | grep -q '^wdz_'; then
     ../scripts/build-wdz.sh >/dev/null || { echo "fuzz.sh: cannot build libwdz.so" >&2; exit 1; }
 fi
 

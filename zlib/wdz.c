@@ -2039,6 +2039,15 @@ int deflateParams(z_streamp strm, int level, int strategy)
 /* Whether r is a stream in pieces, or one zlib-rs carries on from them. */
 static int in_pieces(const struct record *r) { return r && (r->phase == PIECES || r->cont); }
 
+/* What zlib adds to `total_in` for a dictionary: the bytes of it that fill
+ * the window (the last 2^windowBits; zlib reads them as input). */
+static uLong dict_counted(const struct record *r, uInt len)
+{
+    int bits = r->window_bits < 0 ? -r->window_bits : r->window_bits & 15;
+    uLong size = (uLong)1 << (bits == 8 ? 9 : bits); /* (zlib makes a window of 8 bits 9) */
+    return len < size ? len : size;
+}
+
 int deflateSetDictionary(z_streamp strm, const Bytef *dictionary, uInt dictLength)
 {
     struct record *p = strm ? find(strm) : NULL;
@@ -2058,11 +2067,22 @@ int deflateSetDictionary(z_streamp strm, const Bytef *dictionary, uInt dictLengt
             /* (Taken over only where it may go unused: see drops_dict.) */
             if (h->window > 0)
                 strm->adler = adler32(strm->adler, dictionary, dictLength);
+            /* Counted as zlib counts it. The system zlib taking the stream
+             * over counts it again from its init, which zeroes the count. */
+            strm->total_in += dict_counted(h, dictLength);
             return Z_OK;
         }
     }
-    DEFLATE_ONLY(strm, wd__zrs_deflateSetDictionary(r->zrs, dictionary, dictLength),
-                 REAL(deflateSetDictionary)(strm, dictionary, dictLength));
+    int ret = zlib_only(strm);
+    if (ret != Z_OK)
+        return ret;
+    struct record *r = strm ? find(strm) : NULL;
+    if (!r || !r->zrs)
+        return REAL(deflateSetDictionary)(strm, dictionary, dictLength);
+    ret = ZRS_CALL(r, strm, wd__zrs_deflateSetDictionary(r->zrs, dictionary, dictLength));
+    if (ret == Z_OK)
+        strm->total_in += dict_counted(r, dictLength); /* (zlib-rs moves no input) */
+    return ret;
 }
 
 int deflateSetHeader(z_streamp strm, gz_headerp head)

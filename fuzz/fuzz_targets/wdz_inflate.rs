@@ -11,46 +11,21 @@
 //! shim), input handed out in the same pieces: the same return, output,
 //! input left over and message as the system zlib's.
 //!
-//! The library is `$WDZ_LIB`, else target/release/libwdz.so of this
-//! checkout (scripts/build-wdz.sh builds it; scripts/fuzz.sh does first).
-//! Input: a selector byte (windowBits, whether the rest is compressed
-//! here first, at which level), room and piece sizes, a byte to flip and
-//! bytes to cut, then the data.
+//! The libraries: see `wd_fuzz::zlib`. Input: a selector byte
+//! (windowBits, whether the rest is compressed here first, at which
+//! level), room and piece sizes, a byte to flip and bytes to cut, then
+//! the data.
 #![no_main]
 use std::ffi::{c_char, c_int, c_ulong, c_void};
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use wd_sys::dl::{load_system, Library};
+use wd_fuzz::zlib::{
+    entry, libraries, ZStream, STREAM_SIZE, VERSION, Z_BUF_ERROR, Z_DATA_ERROR, Z_OK, Z_STREAM_END,
+};
+use wd_sys::dl::Library;
 use wd_zip_codec::Engine;
 use wd_zip_msg::Algorithm;
-
-/// zlib's `z_stream` (zlib.h, LP64).
-#[repr(C)]
-struct ZStream {
-    next_in: *const u8,
-    avail_in: u32,
-    total_in: c_ulong,
-    next_out: *mut u8,
-    avail_out: u32,
-    total_out: c_ulong,
-    msg: *const c_char,
-    state: *mut c_void,
-    zalloc: *mut c_void,
-    zfree: *mut c_void,
-    opaque: *mut c_void,
-    data_type: c_int,
-    adler: c_ulong,
-    reserved: c_ulong,
-}
-
-impl ZStream {
-    fn new() -> ZStream {
-        // SAFETY: all-zero is a valid z_stream before init (NULL
-        // pointers: zlib's default allocator).
-        unsafe { std::mem::zeroed() }
-    }
-}
 
 type InflateInit2 = unsafe extern "C" fn(*mut ZStream, c_int, *const c_char, c_int) -> c_int;
 type Inflate = unsafe extern "C" fn(*mut ZStream, c_int) -> c_int;
@@ -71,53 +46,34 @@ struct Zlib {
     back_init: BackInit,
     back: Back,
     back_end: InflateEnd,
-    _lib: Library,
 }
 
-fn zlib(lib: Library) -> Zlib {
-    let f = |name: &str| {
-        lib.symbol(name)
-            .unwrap_or_else(|| panic!("{}: no {name}", lib.path()))
-            .as_ptr()
-    };
-    // SAFETY: zlib.h declares the three with these C types; the library
-    // stays loaded as long as the Zlib holding it, which lives in a static.
+fn zlib(lib: &Library) -> Zlib {
+    // SAFETY: each type above is zlib.h's declaration of the entry point;
+    // the libraries stay loaded.
     unsafe {
         Zlib {
-            init: std::mem::transmute::<*mut c_void, InflateInit2>(f("inflateInit2_")),
-            inflate: std::mem::transmute::<*mut c_void, Inflate>(f("inflate")),
-            end: std::mem::transmute::<*mut c_void, InflateEnd>(f("inflateEnd")),
-            adler32: std::mem::transmute::<*mut c_void, Check>(f("adler32")),
-            crc32: std::mem::transmute::<*mut c_void, Check>(f("crc32")),
-            back_init: std::mem::transmute::<*mut c_void, BackInit>(f("inflateBackInit_")),
-            back: std::mem::transmute::<*mut c_void, Back>(f("inflateBack")),
-            back_end: std::mem::transmute::<*mut c_void, InflateEnd>(f("inflateBackEnd")),
-            _lib: lib,
+            init: entry(lib, "inflateInit2_"),
+            inflate: entry(lib, "inflate"),
+            end: entry(lib, "inflateEnd"),
+            adler32: entry(lib, "adler32"),
+            crc32: entry(lib, "crc32"),
+            back_init: entry(lib, "inflateBackInit_"),
+            back: entry(lib, "inflateBack"),
+            back_end: entry(lib, "inflateBackEnd"),
         }
     }
 }
 
-/// The shim and the system zlib. The shim is loaded on its own (not
-/// preloaded): its calls to the system zlib go to the libz.so.1 it was
-/// linked with, which is also the reference here.
+/// The shim's entry points and the system zlib's.
 fn both() -> &'static (Zlib, Zlib) {
     static BOTH: OnceLock<(Zlib, Zlib)> = OnceLock::new();
     BOTH.get_or_init(|| {
-        let path = std::env::var("WDZ_LIB").unwrap_or_else(|_| {
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../target/release/libwdz.so").to_string()
-        });
-        let shim = load_system(&path)
-            .unwrap_or_else(|e| panic!("{path}: {e} (scripts/build-wdz.sh builds it)"));
-        let system = load_system("libz.so.1").expect("the system zlib");
+        let (shim, system) = libraries();
         (zlib(shim), zlib(system))
     })
 }
 
-const VERSION: &[u8] = b"1.2.13\0";
-const Z_OK: c_int = 0;
-const Z_STREAM_END: c_int = 1;
-const Z_DATA_ERROR: c_int = -3;
-const Z_BUF_ERROR: c_int = -5;
 const MAX_OUT: usize = 1 << 20;
 
 /// What decoding with given pieces and rooms came to.
@@ -157,14 +113,7 @@ fn decode(z: &Zlib, window: c_int, input: &[u8], room: usize, piece: usize) -> O
     let mut s = ZStream::new();
     // SAFETY: `s` is a zeroed z_stream; VERSION is NUL-terminated and the
     // size is the structure's.
-    let ret = unsafe {
-        (z.init)(
-            &mut s,
-            window,
-            VERSION.as_ptr().cast(),
-            std::mem::size_of::<ZStream>() as c_int,
-        )
-    };
+    let ret = unsafe { (z.init)(&mut s, window, VERSION.as_ptr().cast(), STREAM_SIZE) };
     assert_eq!(ret, Z_OK, "inflateInit2_({window})");
     let mut out = Vec::new();
     let mut buf = vec![0u8; room];
@@ -263,7 +212,7 @@ fn back_decode(
             15,
             window.as_mut_ptr(),
             VERSION.as_ptr().cast(),
-            std::mem::size_of::<ZStream>() as c_int,
+            STREAM_SIZE,
         )
     };
     assert_eq!(ret, Z_OK, "inflateBackInit_");
