@@ -92,6 +92,37 @@ else
     skip "python3 not installed"
 fi
 
+echo "-- threads taking turns: a thread's blocks are cut while the others idle"
+if [ "$(nproc)" -lt 2 ]; then
+    skip "one CPU: blocks are never cut between the device and the caller"
+elif command -v python3 >/dev/null; then
+    # A worker compresses 16 blocks and idles, alive; then the main thread
+    # compresses 16: each is cut (one thread busy, two CPUs).
+    cat > "$out/turns.py" <<'PY'
+import sys, threading, time, zlib
+data = open(sys.argv[1], "rb").read()[:1 << 20]
+def burst():
+    for i in range(0, len(data), 65536):
+        zlib.compress(data[i:i + 65536], 1)
+done = threading.Event()
+def worker():
+    burst()
+    done.set()
+    time.sleep(1.0)
+t = threading.Thread(target=worker)
+t.start()
+done.wait()
+time.sleep(0.3)
+burst()
+t.join()
+PY
+    WDZ_STATS=1 LD_PRELOAD="$lib" python3 "$out/turns.py" "$out/text" 2> "$out/err"
+    grep -q "; 16 cut between the device and here" "$out/err" || {
+        echo "the main thread's blocks were not cut while the worker idled:"; cat "$out/err"; exit 1; }
+else
+    skip "python3 not installed"
+fi
+
 echo "-- pigz"
 if command -v pigz >/dev/null; then
     LD_PRELOAD="$lib" pigz -c -p 2 "$out/text" > "$out/text.pigz.gz"

@@ -47,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <zlib.h>
 
 #include "wd_comp.h"
@@ -233,14 +234,15 @@ __attribute__((destructor)) static void print_stats(void)
     /* Where the requests went (the exiting thread's compressor: other
      * threads' went with them). */
     struct wd_comp_stats r;
-    if (tl_comp && wd_comp_stats(tl_comp, &r) == 0)
+    uint64_t cut = 0;
+    if (tl_comp && wd_comp_stats(tl_comp, &r) == 0 && wd_comp_split_stats(tl_comp, &cut) == 0)
         fprintf(stderr,
                 "libwdz: this thread's requests: %lu on the device; here: %lu under the "
                 "threshold, %lu by policy or measured cost, %lu while the device was busy, "
-                "%lu without a device\n",
+                "%lu without a device; %lu cut between the device and here\n",
                 (unsigned long)r.offloaded, (unsigned long)r.cpu_threshold,
                 (unsigned long)r.cpu_policy, (unsigned long)r.cpu_assist,
-                (unsigned long)r.cpu_fallback);
+                (unsigned long)r.cpu_fallback, (unsigned long)cut);
 }
 
 /* ---- this thread's compressor ------------------------------------------ */
@@ -249,14 +251,18 @@ static pthread_key_t comp_key;
 static pthread_once_t comp_once = PTHREAD_ONCE_INIT;
 static TLS int tl_comp_failed;
 
-/* Threads that have compressed through their compressor (see deflater). */
-static int deflating_threads;
-static TLS int tl_deflating;
+/* When each thread that compresses through its compressor last did (see
+ * deflater): milliseconds of CLOCK_MONOTONIC_COARSE, plus one (0: a free
+ * slot); a thread's slot is freed when it ends. A thread that finds no
+ * free slot counts as always busy. */
+#define BUSY_SLOTS 64
+static uint64_t busy_at[BUSY_SLOTS];
+static TLS int tl_busy_slot = -1;
 
 static void comp_free(void *c)
 {
-    if (tl_deflating)
-        __atomic_sub_fetch(&deflating_threads, 1, __ATOMIC_RELAXED);
+    if (tl_busy_slot >= 0 && tl_busy_slot < BUSY_SLOTS)
+        __atomic_store_n(&busy_at[tl_busy_slot], 0, __ATOMIC_RELAXED);
     wd_comp_free(c);
 }
 static void comp_key_make(void) { pthread_key_create(&comp_key, comp_free); }
@@ -290,24 +296,41 @@ static int cpus(void)
     return got;
 }
 
+/* How long after its last compression a thread counts as compressing. */
+#define BUSY_MS 100
+
 /* This thread's compressor, to compress with: blocks are cut between the
  * device and this thread (wd_comp_set_split) only while fewer threads
  * compress than there are CPUs, so the engine runs on a CPU that would
  * otherwise idle. pigz's two compressing threads on two CPUs, each
  * block a piece cut in two, took 0.30 s for 68 MB at level 1 against
- * 0.20 s uncut (stock zlib 0.28 s). A thread counts from its first
- * compression to its end. */
+ * 0.20 s uncut (stock zlib 0.28 s). A thread counts while it compressed
+ * in the last BUSY_MS: a pool of threads that take turns still cuts. */
 static struct wd_comp *deflater(void)
 {
     static TLS int told = -1; /* what this thread's compressor was last told */
     struct wd_comp *c = comp();
     if (!c)
         return NULL;
-    if (!tl_deflating) {
-        tl_deflating = 1;
-        __atomic_add_fetch(&deflating_threads, 1, __ATOMIC_RELAXED);
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+    uint64_t now = (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000 + 1;
+    for (int i = 0; tl_busy_slot < 0 && i < BUSY_SLOTS; i++) {
+        uint64_t free_slot = 0;
+        if (__atomic_compare_exchange_n(&busy_at[i], &free_slot, now, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED))
+            tl_busy_slot = i;
     }
-    int split = __atomic_load_n(&deflating_threads, __ATOMIC_RELAXED) < cpus();
+    if (tl_busy_slot < 0)
+        tl_busy_slot = BUSY_SLOTS; /* (none free) */
+    int busy = tl_busy_slot == BUSY_SLOTS ? cpus() : 0;
+    if (tl_busy_slot < BUSY_SLOTS)
+        __atomic_store_n(&busy_at[tl_busy_slot], now, __ATOMIC_RELAXED);
+    for (int i = 0; i < BUSY_SLOTS && busy < cpus(); i++) {
+        uint64_t at = __atomic_load_n(&busy_at[i], __ATOMIC_RELAXED);
+        busy += at && (at >= now || now - at < BUSY_MS); /* (another's clock read later) */
+    }
+    int split = busy < cpus();
     if (split != told && wd_comp_set_split(c, split) == 0)
         told = split;
     return c;
