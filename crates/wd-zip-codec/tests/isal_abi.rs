@@ -54,24 +54,10 @@ fn isal_opted_in() -> bool {
 
 /// Text with binary bytes mixed in, of many sizes.
 fn samples() -> Vec<Vec<u8>> {
-    let mut x = 0x2545_f491u32;
-    let mut out = Vec::new();
-    for &n in &[0usize, 1, 100, 4096, 65_536, 300_000] {
-        let mut v = Vec::with_capacity(n + 32);
-        while v.len() < n {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            if x % 3 == 0 {
-                v.push(x as u8);
-            } else {
-                v.extend_from_slice(b"queue domain engine ");
-            }
-        }
-        v.truncate(n);
-        out.push(v);
-    }
-    out
+    [0usize, 1, 100, 4096, 65_536, 300_000]
+        .iter()
+        .map(|&n| wd_testutil::text(n, 0x2545_f491))
+        .collect()
 }
 
 #[test]
