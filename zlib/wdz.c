@@ -299,14 +299,20 @@ static int cpus(void)
 /* How long after its last compression a thread counts as compressing. */
 #define BUSY_MS 100
 
+/* The least input the library cuts by default (WD_COMP_SPLIT): only
+ * for as much does deflater count the busy threads (a walk of all the
+ * slots), not on the small compressions it cannot concern. */
+#define CUT_MIN ((size_t)16 << 10)
+
 /* This thread's compressor, to compress with: blocks are cut between the
  * device and this thread (wd_comp_set_split) only while fewer threads
  * compress than there are CPUs, so the engine runs on a CPU that would
  * otherwise idle. pigz's two compressing threads on two CPUs, each
  * block a piece cut in two, took 0.30 s for 68 MB at level 1 against
  * 0.20 s uncut (stock zlib 0.28 s). A thread counts while it compressed
- * in the last BUSY_MS: a pool of threads that take turns still cuts. */
-static struct wd_comp *deflater(void)
+ * in the last BUSY_MS: a pool of threads that take turns still cuts.
+ * `len`: the input about to be compressed. */
+static struct wd_comp *deflater(size_t len)
 {
     static TLS int told = -1; /* what this thread's compressor was last told */
     struct wd_comp *c = comp();
@@ -326,6 +332,8 @@ static struct wd_comp *deflater(void)
     int busy = tl_busy_slot == BUSY_SLOTS ? cpus() : 0;
     if (tl_busy_slot < BUSY_SLOTS)
         __atomic_store_n(&busy_at[tl_busy_slot], now, __ATOMIC_RELAXED);
+    if (len < CUT_MIN)
+        return c;
     for (int i = 0; i < BUSY_SLOTS && busy < cpus(); i++) {
         uint64_t at = __atomic_load_n(&busy_at[i], __ATOMIC_RELAXED);
         busy += at && (at >= now || now - at < BUSY_MS); /* (another's clock read later) */
@@ -948,7 +956,7 @@ int compress2(Bytef *dest, uLongf *destLen, const Bytef *source, uLong sourceLen
         }
         /* Too little room: zlib's own call says so. */
     } else if (destLen && worth(sourceLen, 1) && level >= -1 && level <= 9 && level != 0) {
-        struct wd_comp *c = deflater();
+        struct wd_comp *c = deflater(sourceLen);
         size_t room = *destLen;
         if (c && wd_comp_compress(c, WD_COMP_ZLIB, level, source, sourceLen, dest, &room) == 0) {
             *destLen = room;
@@ -1211,7 +1219,7 @@ static int deflate_whole(struct record *r, z_streamp s, const unsigned char *src
             return finish_whole(r, s, used, out, (size_t)n, r->window < 0 ? s->adler : check);
         }
     }
-    struct wd_comp *c = deflater();
+    struct wd_comp *c = deflater(len);
     if (!c)
         return -1;
     size_t bound = wd_comp_bound(r->alg, len);
@@ -1529,7 +1537,7 @@ static int keep_tail(struct record *r)
  * empty; 0, or -1 (nothing changed). */
 static int emit_piece(struct record *r, int last)
 {
-    struct wd_comp *c = deflater();
+    struct wd_comp *c = deflater(r->gather_len);
     if (!c || keep_tail(r) != 0)
         return -1;
     size_t room = wd_comp_bound(r->alg, r->gather_len) + 20;

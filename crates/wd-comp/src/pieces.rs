@@ -33,10 +33,10 @@ impl Compressor {
     /// second piece starts without the first's history: 3.5% larger at
     /// level 1 on `wd bench zip`'s 64 KiB blocks of text, programs and
     /// sources, 0.6% on blocks of more programs); where the device fails
-    /// its piece, or
-    /// the joined stream does not fit, the block is compressed whole here
-    /// (the bytes of the usual CPU path). `None` when the block is not
-    /// cut (no queue, a policy, level or size that rules it out).
+    /// its piece, or the joined stream does not fit, the block is
+    /// compressed whole here (the bytes of the usual CPU path). `None`
+    /// when the block is not cut (no queue, a policy, level or size that
+    /// rules it out).
     pub(crate) fn compress_split(
         &mut self,
         alg: Algorithm,
