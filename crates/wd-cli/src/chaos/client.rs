@@ -779,19 +779,34 @@ fn nvme(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
             // The host went away with the command in flight: bring the
             // controller up again on the restarted host (same namespace,
             // same queue) and write the same data again, which is safe.
-            Err(End::HostGone(_)) => match s.recover() {
-                Ok(()) if op <= 4 => s.q.write(&s.ns, lba, &s.buf, 0, bytes as u64)?,
-                Ok(()) => {}
-                // Another client took the namespace meanwhile: start over
-                // on a namespace of our own, knowing nothing of it.
-                Err(End::Failed(_)) => {
-                    report.restarts += 1;
-                    drop(s);
-                    s = NvmeSession::open(rng)?;
-                    written.clear();
+            // A host restarted every second may go away again during the
+            // recovery or the write after it: recover again, a few times.
+            Err(End::HostGone(_)) => {
+                let mut tries = 0;
+                loop {
+                    let again = s.recover().and_then(|()| {
+                        if op <= 4 {
+                            s.q.write(&s.ns, lba, &s.buf, 0, bytes as u64)?;
+                        }
+                        Ok(())
+                    });
+                    match again {
+                        Ok(()) => break,
+                        Err(End::HostGone(_)) if tries < 5 => tries += 1,
+                        // Another client took the namespace meanwhile:
+                        // start over on a namespace of our own, knowing
+                        // nothing of it.
+                        Err(End::Failed(_)) => {
+                            report.restarts += 1;
+                            drop(s);
+                            s = NvmeSession::open(rng)?;
+                            written.clear();
+                            break;
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
-                Err(e) => return Err(e),
-            },
+            }
             Err(e) => return Err(e),
         }
     }
