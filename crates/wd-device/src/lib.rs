@@ -61,6 +61,18 @@ pub trait Dma<'m> {
     fn slice(&mut self, _iova: u64, _len: u64, _access: Access) -> Option<DeviceSlice<'m>> {
         None
     }
+    /// Check that `[iova, iova + len)` allows `access`, without moving
+    /// data, recording a fault as `read` and `write` do. A request that
+    /// faults in a domain with the stall policy runs again from the start
+    /// once the fault is resolved, so a device whose request changes state
+    /// it cannot undo (a session's stream, a cipher's chain) checks its
+    /// memory before it changes anything. The default checks nothing:
+    /// such memory faults where it is used.
+    fn probe(&mut self, iova: u64, len: u64, access: Access) -> Result<(), Fault> {
+        let _ = (iova, len, access);
+        Ok(())
+    }
+
     /// Like [`Dma::slice`], for a request the device will hold past this
     /// call: the engine keeps the translation valid (an unshare waits)
     /// until the device reports the request complete. `None` when the

@@ -526,11 +526,13 @@ impl EngineLoop {
                     break;
                 }
                 (None, Progress::Done) => {
-                    if d.status == 0 {
-                        bytes += s.dev.bytes_of(&d);
-                    }
-                    spent += d.result.saturating_sub(done).max(1);
-                    big = d.status == 0 && d.result >= POST_AT_ONCE;
+                    // The device's count of the bytes moved, not its
+                    // result, which is something else for some devices (a
+                    // zip result packs the input taken and the output made).
+                    let n = if d.status == 0 { s.dev.bytes_of(&d) } else { 0 };
+                    bytes += n;
+                    spent += n.saturating_sub(done).max(1);
+                    big = n >= POST_AT_ONCE;
                     out.push(d);
                 }
             }
@@ -1101,6 +1103,28 @@ impl<'a> Dma<'a> for QueueDma<'a, '_> {
         self.sec.seq()
     }
 
+    fn probe(&mut self, iova: u64, len: u64, access: Access) -> Result<(), Fault> {
+        if len == 0 {
+            return Ok(());
+        }
+        match translate(
+            self.sec,
+            self.dom,
+            self.q.id,
+            iova,
+            len,
+            access,
+            self.runs_a,
+        ) {
+            Ok(()) => Ok(()),
+            // SHARE_ALL memory is reached through the client's own memory
+            // descriptor, page by page as it is used: nothing to check
+            // beforehand.
+            Err(_) if self.share_all().is_some() => Ok(()),
+            Err(f) => Err(self.fault(f)),
+        }
+    }
+
     fn hold(&mut self, iova: u64, len: u64, access: Access) -> Option<HeldSlice> {
         translate(
             self.sec,
@@ -1318,6 +1342,17 @@ impl LegacyDma<'_> {
 }
 
 impl Dma<'_> for LegacyDma<'_> {
+    fn probe(&mut self, iova: u64, len: u64, access: Access) -> Result<(), Fault> {
+        let limit = match access {
+            Access::Write => wd_proto::limits::MAX_PAYLOAD as u64,
+            _ => self.input.len() as u64,
+        };
+        match iova.checked_add(len) {
+            Some(e) if e <= limit => Ok(()),
+            _ => Err(self.bad(iova, access)),
+        }
+    }
+
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Fault> {
         let end = src
             .checked_add(len)

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use wd_device::{
-    status, AlgInfo, DeviceError, DeviceQueue, Dma, Driver, Progress, SessionTable, Started,
+    status, Access, AlgInfo, DeviceError, DeviceQueue, Dma, Driver, Progress, SessionTable, Started,
 };
 use wd_ipsecmb::{Engine, Schedule};
 use wd_ring::Desc;
@@ -478,6 +478,50 @@ impl SecQueue {
             && !(gcm && op.flags & F_FINAL != 0 && !(4..=16).contains(&op.tag_len))
     }
 
+    /// Fault now, if at all, on any memory a cipher or digest request
+    /// reaches: a session's chain or running hash cannot be taken back,
+    /// and a request that faults in a domain with the stall policy runs
+    /// again from the start once the fault is resolved (see `Dma::probe`).
+    fn probe(&mut self, req: &Request, dma: &mut dyn Dma<'_>) -> Result<(), i32> {
+        let mut ranges = [(0u64, 0u64, Access::Read); 4];
+        match *req {
+            Request::Cipher(op) => {
+                ranges[0] = (op.src, op.len, Access::Read);
+                ranges[1] = (op.dst, op.len, Access::Write);
+                ranges[2] = (op.aad, op.aad_len as u64, Access::Read);
+                if op.flags & F_FINAL != 0 {
+                    let access = if op.flags & F_ENCRYPT != 0 {
+                        Access::Write
+                    } else {
+                        Access::Read
+                    };
+                    ranges[3] = (op.tag, op.tag_len as u64, access);
+                }
+            }
+            Request::Digest(op) => {
+                ranges[0] = (op.src, op.len, Access::Read);
+                if op.flags & F_DIGEST_FINAL != 0 {
+                    let alg = match op.alg {
+                        Some(a) => Some(a),
+                        None => self.sessions.get(op.session).ok().map(|s| s.alg),
+                    };
+                    ranges[1] = (
+                        op.out,
+                        alg.map_or(0, |a| a.digest_len() as u64),
+                        Access::Write,
+                    );
+                }
+            }
+            _ => {}
+        }
+        for (iova, len, access) in ranges {
+            if len > 0 {
+                dma.probe(iova, len, access).map_err(|_| status::EFAULT)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Run bytes `done..` of a request cut in pieces, at most `piece` of
     /// them: each piece is the request's own chained continuation (IV and
     /// additional data with the first, tag and final digest with the
@@ -491,6 +535,11 @@ impl SecQueue {
     ) -> Option<(Result<u64, i32>, bool)> {
         match req {
             Request::Cipher(op) if done > 0 || (op.len > piece && self.cuttable(&op)) => {
+                if done == 0 {
+                    if let Err(st) = self.probe(&req, dma) {
+                        return Some((Err(st), true));
+                    }
+                }
                 let last = op.len - done <= piece;
                 let mut p = op;
                 p.src = op.src.checked_add(done)?;
@@ -506,6 +555,11 @@ impl SecQueue {
                 Some((self.cipher(p, dma).map(|_| op.len), last))
             }
             Request::Digest(op) if done > 0 || op.len > piece => {
+                if done == 0 {
+                    if let Err(st) = self.probe(&req, dma) {
+                        return Some((Err(st), true));
+                    }
+                }
                 let last = op.len - done <= piece;
                 let mut p = op;
                 p.src = op.src.checked_add(done)?;
@@ -609,8 +663,13 @@ impl DeviceQueue for SecQueue {
             Ok(Request::Nop) => Ok(0),
             Ok(Request::SessionNew(s)) => self.session_new(s, dma),
             Ok(Request::SessionFree(f)) => self.sessions.remove(f.session).map(|_| 0),
-            Ok(Request::Cipher(c)) => self.cipher(c, dma),
-            Ok(Request::Digest(g)) => self.digest(g, dma),
+            Ok(req @ (Request::Cipher(_) | Request::Digest(_))) => {
+                self.probe(&req, dma).and_then(|()| match req {
+                    Request::Cipher(c) => self.cipher(c, dma),
+                    Request::Digest(g) => self.digest(g, dma),
+                    _ => unreachable!("matched above"),
+                })
+            }
         };
         complete(desc, r);
     }

@@ -83,6 +83,9 @@ impl<'a> Dma<'a> for HeldDma<'a> {
     fn slice(&mut self, iova: u64, len: u64, access: Access) -> Option<DeviceSlice<'a>> {
         self.find(iova, len, access).ok()
     }
+    fn probe(&mut self, iova: u64, len: u64, access: Access) -> Result<(), Fault> {
+        self.find(iova, len, access).map(|_| ())
+    }
 }
 
 /// The session a request works on, if any.

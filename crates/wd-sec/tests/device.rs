@@ -32,7 +32,12 @@ impl Mem {
     }
     fn off(&self, a: u64, len: u64, access: Access) -> Result<usize, Fault> {
         match a.checked_sub(BASE) {
-            Some(o) if o + len <= self.bytes.len() as u64 => Ok(o as usize),
+            Some(o)
+                if o.checked_add(len)
+                    .is_some_and(|e| e <= self.bytes.len() as u64) =>
+            {
+                Ok(o as usize)
+            }
             _ => Err(Fault {
                 iova: a,
                 pasid: 1,
@@ -76,6 +81,9 @@ impl Dma<'static> for Mem {
         // SAFETY: inside `bytes`, which is never resized and outlives every
         // request a test runs (the 'static is the test's promise).
         Some(unsafe { DeviceSlice::from_raw(self.bytes.as_mut_ptr().add(o), len as usize) })
+    }
+    fn probe(&mut self, iova: u64, len: u64, access: Access) -> Result<(), Fault> {
+        self.off(iova, len, access).map(|_| ())
     }
     fn hold(&mut self, iova: u64, len: u64, access: Access) -> Option<HeldSlice> {
         if !self.direct {
@@ -591,6 +599,76 @@ fn bytes_count_data_not_handles() {
         .encode(),
     );
     assert_eq!(q.bytes_of(&free), 0);
+}
+
+/// A request that faults changes nothing: in a domain with the stall
+/// policy the engine runs it again from the start once the fault is
+/// resolved, so a chained part whose output (or a digest part whose
+/// input) faulted must leave the chain (or the running hash) as it was.
+#[test]
+fn a_request_that_faults_changes_nothing() {
+    let outside = BASE + 0x10000 - 16;
+    for direct in [true, false] {
+        for name in ["aes-128-cbc", "aes-128-ctr"] {
+            let mut mem = Mem::new(0x10000, direct);
+            let mut q = SecQueue::new(TYPE_CIPHER);
+            let alg = Alg::by_name(name).unwrap();
+            let (key, iv) = ([7u8; 16], [9u8; 16]);
+            let s = session(&mut q, &mut mem, alg, &key);
+            let data: Vec<u8> = (0..4096u32).map(|i| (i * 31 % 251) as u8).collect();
+            mem.put(BASE, &data);
+            let (src, dst) = (BASE, BASE + 0x2000);
+            let first = run(
+                &mut q,
+                &mut mem,
+                cipher_op(s, F_ENCRYPT | F_IV, src, dst, 2048, &iv),
+            );
+            assert_eq!(first.status, 0);
+            // The second part's output runs past the memory.
+            let bad = cipher_op(s, F_ENCRYPT, src + 2048, outside, 2048, &[]);
+            assert_eq!(run(&mut q, &mut mem, bad).status, status::EFAULT, "{name}");
+            let again = cipher_op(s, F_ENCRYPT, src + 2048, dst + 2048, 2048, &[]);
+            assert_eq!(run(&mut q, &mut mem, again).status, 0);
+            assert!(
+                mem.get(dst, 4096) == reference(alg, &key, &iv, &data, true),
+                "{name}, direct {direct}: the retried part continues the chain"
+            );
+        }
+        let mut mem = Mem::new(0x10000, direct);
+        let mut q = SecQueue::new(TYPE_DIGEST);
+        let d = run(
+            &mut q,
+            &mut mem,
+            SessionNew::new(Alg::Digest(Hash::Sha256), &[], 0).encode(),
+        );
+        assert_eq!(d.status, 0);
+        let s = d.result;
+        let data = vec![5u8; 4096];
+        mem.put(BASE, &data);
+        let out = BASE + 0x8000;
+        let part = |flags, src| {
+            DigestOp {
+                session: s,
+                alg: None,
+                flags,
+                src,
+                len: 2048,
+                out,
+            }
+            .encode()
+        };
+        assert_eq!(run(&mut q, &mut mem, part(F_INIT, BASE)).status, 0);
+        assert_eq!(
+            run(&mut q, &mut mem, part(F_DIGEST_FINAL, outside)).status,
+            status::EFAULT
+        );
+        assert_eq!(
+            run(&mut q, &mut mem, part(F_DIGEST_FINAL, BASE + 2048)).status,
+            0
+        );
+        let want = openssl::sha::sha256(&data);
+        assert_eq!(mem.get(out, 32), want.to_vec(), "direct {direct}");
+    }
 }
 
 /// Run a request the way a fair engine does: in pieces of the smallest

@@ -92,6 +92,10 @@ impl FlatMemory {
 }
 
 impl Dma<'static> for FlatMemory {
+    fn probe(&mut self, iova: u64, len: u64, access: Access) -> Result<(), Fault> {
+        self.off(iova, len, access).map(|_| ())
+    }
+
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Fault> {
         let s = self.off(src, len, Access::Read)?;
         let d = self.off(dst, len, Access::Write)?;

@@ -199,11 +199,17 @@ impl std::fmt::Debug for Engine {
     }
 }
 
+/// Bytes of zstd compression context kept between one-shot calls.
+const KEEP_ZSTD: usize = 16 << 20;
+
 pub(crate) fn zstd_error(code: usize) -> CodecError {
     match zstd_safe::get_error_name(code) {
         "Destination buffer is too small" => CodecError::NoSpace,
         "Allocation error : not enough memory" => CodecError::Memory,
         "Unsupported parameter" | "Parameter is out of bound" => CodecError::Param,
+        // A frame whose window is past the decoder's limit (8 MiB): a
+        // limit refused, as a ratio is, not damage.
+        "Frame requires too much memory for decoding" => CodecError::Ratio,
         _ => CodecError::Corrupt,
     }
 }
@@ -256,10 +262,14 @@ impl Engine {
                 if self.zc.is_none() {
                     self.zc = Some(zstd_raw::Cctx::new().ok_or(CodecError::Memory)?);
                 }
-                self.zc
-                    .as_mut()
-                    .expect("just made")
-                    .compress(level, input, out)
+                let zc = self.zc.as_mut().expect("just made");
+                let r = zc.compress(level, input, out);
+                // Tables a large input at a high level needed (up to 50
+                // MiB) are not kept warm: an idle queue holds nothing big.
+                if zc.size() > KEEP_ZSTD {
+                    self.zc = None;
+                }
+                r
             }
             Algorithm::Lz4 => match (input.as_slice(), out.as_mut_slice()) {
                 (Some(i), Some(o)) => lz4_compress(i, o),

@@ -8,10 +8,11 @@ use wd_zip_msg::{Algorithm, Flush};
 use zstd_safe::zstd_sys::ZSTD_EndDirective;
 use zstd_safe::{CParameter, DParameter, InBuffer, OutBuffer};
 
-use crate::{level_of, zstd_error, CodecError};
+use crate::{level_of, zstd_error, zstd_raw, CodecError};
 
-/// Largest zstd window a stream uses or accepts (8 MiB): bounds what one
-/// session can make the host allocate.
+/// Largest zstd window a compression uses or a stream accepts (8 MiB):
+/// with the capped match-finder tables (see `zstd_raw::params`), bounds
+/// what one session or request can make the host allocate.
 pub const ZSTD_WINDOW_LOG: u32 = 23;
 
 /// How to open a stream.
@@ -56,6 +57,7 @@ pub struct Stream {
     /// A zlib decompressor's dictionary, given when the stream asks.
     dict: Vec<u8>,
     ended: bool,
+    footprint: usize,
 }
 
 impl std::fmt::Debug for Stream {
@@ -80,16 +82,31 @@ impl Stream {
             b @ 9..=15 if p.alg.is_deflate() => b,
             _ => return Err(CodecError::Param),
         };
+        let footprint = match (p.alg, p.compress) {
+            (Algorithm::Zstd, true) => {
+                zstd_raw::cstream_size(zstd_raw::params(level_of(p.alg, p.level)?, None))
+            }
+            (Algorithm::Zstd, false) => zstd_raw::dstream_size(),
+            // zlib's own figures (zlib.h, "memory footprint"), which
+            // zlib-rs's layout follows: a window and hash chains, or a
+            // window and 7 KiB of tables.
+            (_, true) => (1 << (bits + 2)) + (1 << (8 + 9)),
+            (_, false) => (1 << bits) + (7 << 10),
+        } + p.dict.len();
         let kind = match (p.alg, p.compress) {
             (Algorithm::Zstd, true) => {
                 let mut c = zstd_safe::CCtx::create();
                 let level = level_of(p.alg, p.level)?;
                 c.set_parameter(CParameter::CompressionLevel(level))
                     .map_err(zstd_error)?;
-                c.set_parameter(CParameter::WindowLog(
-                    ZSTD_WINDOW_LOG.min(window_for(level)),
-                ))
-                .map_err(zstd_error)?;
+                let t = zstd_raw::params(level, None);
+                for param in [
+                    CParameter::WindowLog(t.windowLog),
+                    CParameter::HashLog(t.hashLog),
+                    CParameter::ChainLog(t.chainLog),
+                ] {
+                    c.set_parameter(param).map_err(zstd_error)?;
+                }
                 if !p.dict.is_empty() {
                     c.load_dictionary(p.dict).map_err(zstd_error)?;
                 }
@@ -136,7 +153,15 @@ impl Stream {
                 Vec::new()
             },
             ended: false,
+            footprint,
         })
+    }
+
+    /// The most memory the stream may hold (zstd's estimate for its
+    /// parameters, zlib's figures for deflate): what the zip device
+    /// counts against a queue's budget for sessions.
+    pub fn footprint(&self) -> usize {
+        self.footprint
     }
 
     /// The algorithm.
@@ -238,13 +263,36 @@ impl Stream {
     }
 }
 
-/// zstd's own window for a level (what it would pick for unbounded
-/// input), so the cap only ever lowers it.
-fn window_for(level: i32) -> u32 {
-    match level {
-        ..=1 => 19,
-        2..=3 => 21,
-        4..=8 => 22,
-        _ => 23,
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// zstd's highest levels would allocate 650 MiB for a stream whose
+    /// size it is not told; capped, what a session allocates stays within
+    /// its footprint, which stays well under 64 MiB.
+    #[test]
+    fn zstd_streams_allocate_what_their_footprint_says() {
+        for level in [1, 3, 9, 19, 22] {
+            let mut s = Stream::new(&StreamParams {
+                alg: Algorithm::Zstd,
+                compress: true,
+                level,
+                window_bits: 0,
+                dict: &[],
+            })
+            .unwrap();
+            let mut out = [0u8; 64];
+            s.run(b"x", &mut out, Flush::None).unwrap();
+            let Kind::ZstdC(c) = &s.kind else {
+                unreachable!("a zstd compressor")
+            };
+            assert!(
+                c.sizeof() <= s.footprint(),
+                "level {level}: {} > {}",
+                c.sizeof(),
+                s.footprint()
+            );
+            assert!(s.footprint() < 64 << 20, "level {level}: {}", s.footprint());
+        }
     }
 }

@@ -7,6 +7,7 @@ use std::ptr::NonNull;
 use zstd_safe::zstd_sys as sys;
 
 use crate::mem::{Input, Output};
+use crate::stream::ZSTD_WINDOW_LOG;
 use crate::CodecError;
 
 fn check(code: usize) -> Result<usize, CodecError> {
@@ -16,6 +17,40 @@ fn check(code: usize) -> Result<usize, CodecError> {
     } else {
         Err(crate::zstd_error(code))
     }
+}
+
+/// Largest match-finder tables (4 bytes an entry): 16 MiB of hash table
+/// and 32 MiB of chain table, zstd's own for levels 17 and 18. Higher
+/// levels (and 12, 14, 15's hash table) would take up to 640 MiB for
+/// input of unknown size, which a client could make the host allocate
+/// per session; capped, they compress a little less well.
+const HASH_LOG: u32 = 22;
+const CHAIN_LOG: u32 = 23;
+
+/// zstd's own parameters for `level` on an input of `size` bytes (`None`:
+/// unknown, a stream's case), the window and tables capped.
+pub(crate) fn params(level: i32, size: Option<u64>) -> sys::ZSTD_compressionParameters {
+    // zstd reads a size of 0 as unknown: an empty input counts as 1 byte.
+    let src = size.map_or(0, |n| n.max(1));
+    // SAFETY: a pure function of its arguments.
+    let mut p = unsafe { sys::ZSTD_getCParams(level, src, 0) };
+    p.windowLog = p.windowLog.min(ZSTD_WINDOW_LOG);
+    p.hashLog = p.hashLog.min(HASH_LOG);
+    p.chainLog = p.chainLog.min(CHAIN_LOG);
+    p
+}
+
+/// Bytes a compression stream with parameters `p` may allocate.
+pub(crate) fn cstream_size(p: sys::ZSTD_compressionParameters) -> usize {
+    // SAFETY: a pure function of the parameters.
+    unsafe { sys::ZSTD_estimateCStreamSize_usingCParams(p) }
+}
+
+/// Bytes a decompression stream accepting windows up to
+/// [`ZSTD_WINDOW_LOG`] may allocate.
+pub(crate) fn dstream_size() -> usize {
+    // SAFETY: a pure function of the window.
+    unsafe { sys::ZSTD_estimateDStreamSize(1 << ZSTD_WINDOW_LOG) }
 }
 
 /// A compression context (its tables stay warm between requests).
@@ -37,18 +72,34 @@ impl Cctx {
         out: &mut (impl Output + ?Sized),
     ) -> Result<usize, CodecError> {
         let room = out.len();
+        let p = params(level, Some(input.len() as u64));
+        let c = self.0.as_ptr();
+        // SAFETY: `c` is this context; parameters are plain values.
+        unsafe {
+            check(sys::ZSTD_CCtx_reset(
+                c,
+                sys::ZSTD_ResetDirective::ZSTD_reset_session_and_parameters,
+            ))?;
+            for (param, value) in [
+                (sys::ZSTD_cParameter::ZSTD_c_compressionLevel, level),
+                (sys::ZSTD_cParameter::ZSTD_c_windowLog, p.windowLog as i32),
+                (sys::ZSTD_cParameter::ZSTD_c_hashLog, p.hashLog as i32),
+                (sys::ZSTD_cParameter::ZSTD_c_chainLog, p.chainLog as i32),
+            ] {
+                check(sys::ZSTD_CCtx_setParameter(c, param, value))?;
+            }
+        }
         // SAFETY: the Input/Output contracts make both ranges valid for
         // the call; zstd reads at most input.len() and writes at most room.
         check(unsafe {
-            sys::ZSTD_compressCCtx(
-                self.0.as_ptr(),
-                out.ptr().cast(),
-                room,
-                input.ptr().cast(),
-                input.len(),
-                level,
-            )
+            sys::ZSTD_compress2(c, out.ptr().cast(), room, input.ptr().cast(), input.len())
         })
+    }
+
+    /// Bytes the context holds (its tables stay allocated between calls).
+    pub(crate) fn size(&self) -> usize {
+        // SAFETY: `self.0` is a live context.
+        unsafe { sys::ZSTD_sizeof_CCtx(self.0.as_ptr()) }
     }
 }
 

@@ -30,6 +30,13 @@ use wd_zip_msg::{decode, Done, OneShot, Request, SessionNew, StreamOp, MAX_SESSI
 /// Host buffers above this size are given back after the request.
 const KEEP: usize = 4 << 20;
 
+/// Memory a queue's sessions may hold together (by [`Stream::footprint`]):
+/// a deflate stream takes 256 KiB (the table's 64 take 16 MiB), a zstd
+/// compression stream 3.5 MiB at level 3, 17 MiB at level 9 and 58 MiB
+/// from level 19 up, a zstd decompression stream 8 MiB. Past the budget
+/// a new session is refused with -ENOSPC, as when the table is full.
+pub const SESSION_MEMORY: usize = 128 << 20;
+
 /// The zip driver.
 #[derive(Debug, Default)]
 pub struct ZipDriver {
@@ -89,6 +96,8 @@ impl Driver for ZipDriver {
 pub struct ZipQueue {
     engine: Engine,
     sessions: SessionTable<Stream>,
+    /// The sessions' footprints, summed.
+    held: usize,
     input: Vec<u8>,
     output: Vec<u8>,
 }
@@ -99,6 +108,7 @@ impl ZipQueue {
         ZipQueue {
             engine: Engine::new(),
             sessions: SessionTable::new(MAX_SESSIONS, live),
+            held: 0,
             input: Vec::new(),
             output: Vec::new(),
         }
@@ -237,13 +247,32 @@ impl ZipQueue {
             dict: &dict,
         })
         .map_err(CodecError::status)?;
-        self.sessions.insert(stream)
+        let fp = stream.footprint();
+        if self.held + fp > SESSION_MEMORY {
+            return Err(status::ENOSPC);
+        }
+        let h = self.sessions.insert(stream)?;
+        self.held += fp;
+        Ok(h)
+    }
+
+    fn session_free(&mut self, handle: u64) -> Result<u64, i32> {
+        let s = self.sessions.remove(handle)?;
+        self.held -= s.footprint();
+        Ok(0)
     }
 
     fn stream(&mut self, op: StreamOp, dma: &mut dyn Dma<'_>) -> Result<Done, i32> {
         // The session first: a request naming none reads no memory.
         self.sessions.get(op.session)?;
         self.stage(op.src, op.src_len, op.dst_len, dma)?;
+        // A step cannot be undone (the session takes its input): the
+        // output must fault, if it does, before the session runs (see
+        // `Dma::probe`).
+        if op.dst_len > 0 {
+            dma.probe(op.dst, op.dst_len, Access::Write)
+                .map_err(|_| status::EFAULT)?;
+        }
         let s = self.sessions.get(op.session)?;
         let step = s
             .run(&self.input, &mut self.output, op.flush)
@@ -276,7 +305,7 @@ impl DeviceQueue for ZipQueue {
             Err(st) => Err(st),
             Ok(Request::Nop) => Ok(0),
             Ok(Request::SessionNew(s)) => self.session_new(s, dma),
-            Ok(Request::SessionFree(f)) => self.sessions.remove(f.session).map(|_| 0),
+            Ok(Request::SessionFree(f)) => self.session_free(f.session),
             Ok(Request::OneShot(r)) => self.one_shot(r, dma).map(Done::to_result),
             Ok(Request::Stream(op)) => self.stream(op, dma).map(Done::to_result),
         };

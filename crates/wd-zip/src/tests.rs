@@ -251,6 +251,97 @@ fn streams_carry_state_across_requests_and_sessions_are_counted() {
     );
 }
 
+/// A stream step whose output faults leaves its session as it was: in a
+/// domain with the stall policy the engine runs the same request again
+/// once the fault is resolved, and a session that had already taken the
+/// input would take it twice (a compressor's stream would silently lose
+/// the first step's output).
+#[test]
+fn a_stream_step_that_faults_takes_nothing() {
+    for in_place in [true, false] {
+        for alg in [Algorithm::Gzip, Algorithm::Zstd] {
+            let (mut q, mut mem, _) = queue();
+            mem.set_slices(in_place);
+            let data = text(50_000);
+            mem.put(SRC, &data);
+            let new = |compress| SessionNew {
+                alg,
+                level: if compress { 3 } else { 0 },
+                compress,
+                window_bits: 0,
+                dict: 0,
+                dict_len: 0,
+            };
+            let (_, c) = run(&mut q, &mut mem, new(true).to_desc(1));
+            let step = |dst| StreamOp {
+                session: c,
+                flush: Flush::Finish,
+                src: SRC,
+                src_len: data.len() as u64,
+                dst,
+                dst_len: 1 << 20,
+            };
+            // Room that ends past the client's memory: nothing written yet.
+            let (st, _) = run(&mut q, &mut mem, step(BASE + (12 << 20) - 4096).to_desc(1));
+            assert_eq!(st, status::EFAULT, "{alg} in place {in_place}");
+            // The same request again, as a stall's retry would send it.
+            let (st, r) = run(&mut q, &mut mem, step(DST).to_desc(1));
+            assert_eq!(st, 0, "{alg}");
+            let d = Done::from_result(r);
+            assert!(d.end && d.consumed == data.len() as u64, "{alg}: {d:?}");
+            let (st, r) = run(
+                &mut q,
+                &mut mem,
+                shot(false, alg, DST, d.produced as usize, BACK, data.len()),
+            );
+            assert_eq!(st, 0, "{alg} in place {in_place}: the stream decodes");
+            assert_eq!(Done::from_result(r).produced, data.len() as u64);
+            assert!(mem.get(BACK, data.len()) == data, "{alg}");
+        }
+    }
+}
+
+/// Sessions are bounded by memory as well as by number: zstd streams at
+/// a high level take tens of MiB each, which a client could otherwise
+/// make the host allocate 64 times per queue.
+#[test]
+fn session_memory_is_bounded() {
+    let (mut q, mut mem, _) = queue();
+    let s = SessionNew {
+        alg: Algorithm::Zstd,
+        level: 19,
+        compress: true,
+        window_bits: 0,
+        dict: 0,
+        dict_len: 0,
+    };
+    let mut handles = Vec::new();
+    loop {
+        let (st, h) = run(&mut q, &mut mem, s.to_desc(1));
+        if st != 0 {
+            assert_eq!(st, status::ENOSPC);
+            break;
+        }
+        handles.push(h);
+        assert!(handles.len() < MAX_SESSIONS, "no bound below the table's");
+    }
+    assert!(!handles.is_empty(), "one high-level zstd stream fits");
+    assert!(q.held <= SESSION_MEMORY);
+    // Freed, its memory is for a new one; deflate streams still fit.
+    let free = SessionFree {
+        session: handles[0],
+    }
+    .to_desc(1);
+    assert_eq!(run(&mut q, &mut mem, free).0, 0);
+    assert_eq!(run(&mut q, &mut mem, s.to_desc(1)).0, 0);
+    let deflate = SessionNew {
+        alg: Algorithm::Zlib,
+        level: 6,
+        ..s
+    };
+    assert_eq!(run(&mut q, &mut mem, deflate.to_desc(1)).0, 0);
+}
+
 #[test]
 fn session_table_is_bounded() {
     let (mut q, mut mem, _) = queue();
