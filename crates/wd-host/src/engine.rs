@@ -577,6 +577,7 @@ impl EngineLoop {
             runs_b,
             bounce,
             held_seqs,
+            pinned,
             ..
         } = self;
         let s = &mut queues[i];
@@ -600,6 +601,24 @@ impl EngineLoop {
         };
         let done = catch_unwind(AssertUnwindSafe(|| s.dev.service(&mut dma)));
         let vanished = guard.take_fault();
+        // What the device holds (a transfer under way into client memory)
+        // is pinned before the section ends, as `serve_async` does: an
+        // unshare's sync that saw this section end unpinned would return
+        // while the transfer still writes.
+        if let Ok(done) = &done {
+            if done.holds_from != s.reg_pin {
+                if let Some(old) = s.reg_pin.take() {
+                    Self::unhold(held_seqs, old);
+                }
+                if let Some(new) = done.holds_from {
+                    *held_seqs.entry(new).or_default() += 1;
+                }
+                s.reg_pin = done.holds_from;
+            }
+        }
+        let oldest = held_seqs.keys().next().copied();
+        sec.pin(oldest);
+        *pinned = oldest;
         drop(sec);
         if let Some(f) = fault {
             q.fault_count.fetch_add(1, Ordering::Relaxed);
@@ -616,15 +635,6 @@ impl EngineLoop {
             q.set_state(QueueState::Broken);
             return Err(());
         };
-        if done.holds_from != s.reg_pin {
-            if let Some(old) = s.reg_pin.take() {
-                Self::unhold(held_seqs, old);
-            }
-            if let Some(new) = done.holds_from {
-                *held_seqs.entry(new).or_default() += 1;
-            }
-            s.reg_pin = done.holds_from;
-        }
         if vanished.is_some() {
             q.set_state(QueueState::Broken);
         }

@@ -730,7 +730,7 @@ impl DeviceQueue for Controller {
 impl Drop for Controller {
     fn drop(&mut self) {
         // The client is gone (or released the queue): its namespaces are
-        // free for another controller.
-        self.sub.detach_all(self.cntlid);
+        // free for another controller, its id for a new one.
+        self.sub.controller_gone(self.cntlid);
     }
 }

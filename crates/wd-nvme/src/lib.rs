@@ -19,7 +19,7 @@ mod io;
 pub mod store;
 mod xfer;
 
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,7 +74,6 @@ pub struct NvmeDriver {
     sub: Arc<Subsystem>,
     io: IoEngine,
     counters: Arc<Counters>,
-    next_cntlid: AtomicU16,
 }
 
 impl NvmeDriver {
@@ -85,7 +84,6 @@ impl NvmeDriver {
             sub: Arc::new(Subsystem::open(specs)?),
             io,
             counters: Arc::new(Counters::default()),
-            next_cntlid: AtomicU16::new(1),
         })
     }
 
@@ -200,13 +198,10 @@ impl Driver for NvmeDriver {
     }
 
     fn open_queue(&self, _alg: u32) -> Box<dyn DeviceQueue> {
-        // Controller ids 1..=0xffef (0xfff0 and above are reserved).
         let id = self
-            .next_cntlid
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
-                Some(if c >= 0xffef { 1 } else { c + 1 })
-            })
-            .unwrap_or(1);
+            .sub
+            .new_controller()
+            .expect("65519 live controllers: the host offers a queue type at most 4096 instances");
         Box::new(Controller::new(
             self.sub.clone(),
             self.counters.clone(),

@@ -1,7 +1,7 @@
 //! Namespaces: ranges of backing files or block devices, and the
 //! subsystem that owns them and says which controller each is attached to.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -320,7 +320,15 @@ struct State {
     namespaces: Vec<Option<Arc<Namespace>>>,
     /// NSID -> controller id.
     attached: HashMap<u32, u16>,
+    /// Controller ids in use: attachments name a controller by its id
+    /// only, so an id is never given again while its controller lives.
+    live: HashSet<u16>,
+    /// Where the search for the next id starts.
+    next: u16,
 }
+
+/// Highest controller id (0xfff0 and above are reserved).
+const MAX_CNTLID: u16 = 0xffef;
 
 impl Subsystem {
     /// Open every namespace of `specs` (NSIDs in order from 1), refusing
@@ -477,9 +485,32 @@ impl Subsystem {
         }
     }
 
-    /// Detach everything `cntlid` holds (its client is gone).
-    pub fn detach_all(&self, cntlid: u16) {
-        self.state().attached.retain(|_, c| *c != cntlid);
+    /// An id for a new controller, none a live controller has (ids cycle
+    /// through 1..=0xffef). `None` only when every id is in use, which the
+    /// host's limit on a device's queues keeps far off.
+    pub fn new_controller(&self) -> Option<u16> {
+        let mut st = self.state();
+        for _ in 0..MAX_CNTLID {
+            st.next = if st.next >= MAX_CNTLID {
+                1
+            } else {
+                st.next + 1
+            };
+            let id = st.next;
+            if st.live.insert(id) {
+                return Some(id);
+            }
+        }
+        None
+    }
+
+    /// The controller `cntlid` is gone (its client, or the queue, is):
+    /// its namespaces are free for another controller, and its id for a
+    /// new one.
+    pub fn controller_gone(&self, cntlid: u16) {
+        let mut st = self.state();
+        st.attached.retain(|_, c| *c != cntlid);
+        st.live.remove(&cntlid);
     }
 
     /// The controller `nsid` is attached to.
@@ -536,7 +567,7 @@ mod tests {
             sub.remove(1),
             Err(StoreError::Attached { controller: 5, .. })
         ));
-        sub.detach_all(5);
+        sub.controller_gone(5);
         assert_eq!(sub.owner(1), None);
         sub.remove(1).unwrap();
         assert!(sub.get(1).is_none());
@@ -551,5 +582,25 @@ mod tests {
         ));
         assert_eq!(sub.add(&format!("{p}:0:4M")).unwrap(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Attachments name a controller by its 16-bit id: a client cycling
+    /// through queues must never be given the id of a live controller
+    /// (it could then detach that controller's namespace and attach it).
+    #[test]
+    fn a_live_controllers_id_is_never_given_again() {
+        let sub = Subsystem::default();
+        let a = sub.new_controller().unwrap();
+        for _ in 0..2 * MAX_CNTLID as u32 {
+            let b = sub.new_controller().unwrap();
+            assert!(b != a && (1..=MAX_CNTLID).contains(&b));
+            sub.controller_gone(b);
+        }
+        sub.controller_gone(a);
+        assert!((0..MAX_CNTLID).any(|_| {
+            let b = sub.new_controller().unwrap();
+            sub.controller_gone(b);
+            b == a
+        }));
     }
 }
