@@ -439,7 +439,19 @@ impl Controller {
         if wd_sys::file::fallocate(fd, how, pos, len).is_ok() {
             return Status::SUCCESS;
         }
-        // A store without fallocate: write the zeroes.
+        // A store that cannot zero a range in place (tmpfs) may still punch
+        // it out, which reads as zeroes, and allocate it again: the
+        // polling thread must not write the zeroes of a whole namespace
+        // (a Dataset Management command names 256 ranges of any length).
+        if how == Allocate::ZeroRange
+            && wd_sys::file::fallocate(fd, Allocate::PunchHole, pos, len).is_ok()
+        {
+            // Not allocated again (the store is full): still zeroes.
+            let _ = wd_sys::file::fallocate(fd, Allocate::Reserve, pos, len);
+            return Status::SUCCESS;
+        }
+        // A store without fallocate (a block device without discard):
+        // write the zeroes.
         let zeroes = vec![0u8; CHUNK.min(len as usize)];
         let mut done = 0;
         while done < len {
@@ -475,13 +487,22 @@ impl Controller {
                 _ => return Status::LBA_OUT_OF_RANGE,
             }
         }
-        for r in ranges {
-            let st = Self::zero(
-                ns,
-                r.slba << ns.lbads,
-                (r.blocks as u64) << ns.lbads,
-                Allocate::PunchHole,
-            );
+        // Overlapping ranges merged: a store that must write its zeroes
+        // writes each block once, not once per range naming it.
+        let mut spans: Vec<(u64, u64)> = ranges
+            .iter()
+            .map(|r| (r.slba, r.slba + r.blocks as u64))
+            .collect();
+        spans.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
+        for (a, b) in spans {
+            match merged.last_mut() {
+                Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        for (a, b) in merged {
+            let st = Self::zero(ns, a << ns.lbads, (b - a) << ns.lbads, Allocate::PunchHole);
             if !st.is_success() {
                 return st;
             }

@@ -372,3 +372,62 @@ fn queue_creation_is_validated() {
         Status::INVALID_OPCODE
     );
 }
+
+/// A store that cannot zero a range in place (tmpfs refuses
+/// FALLOC_FL_ZERO_RANGE) still zeroes by punching the range out: Write
+/// Zeroes and a Dataset Management command of 256 whole-namespace ranges
+/// cost the polling thread a few system calls, not the zeroes of
+/// hundreds of MiB written one chunk at a time.
+#[test]
+fn zeroing_on_tmpfs_writes_no_zeroes() {
+    let shm = std::path::Path::new("/dev/shm");
+    if !shm.is_dir() {
+        wd_testutil::skip("zeroing_on_tmpfs_writes_no_zeroes", "no /dev/shm");
+        return;
+    }
+    let mut r = Rig::ready(Rig::bare_on(shm, &["0:64M"]));
+    r.io_queues(8, 8);
+    let (mut tail, mut head) = (0, 0);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&r.store)
+        .unwrap();
+    let ones = vec![0xa5u8; 1 << 20];
+    for at in (0..64u64 << 20).step_by(1 << 20) {
+        f.write_all_at(&ones, at).unwrap();
+    }
+    let zeroed = |r: &Rig, from: u64, len: u64| {
+        let f = std::fs::File::open(&r.store).unwrap();
+        let mut b = vec![0u8; len as usize];
+        f.read_exact_at(&mut b, from).unwrap();
+        b.iter().all(|&x| x == 0)
+    };
+    // Write Zeroes of 16384 blocks (64 MiB), no deallocate asked.
+    let before = wd_sys::syscalls_on_this_thread();
+    let wz = rw(IoOp::WriteZeroes, 1, 0, 16384, 0, 0);
+    assert_eq!(r.io(wz, &mut tail, &mut head, 8).status, Status::SUCCESS);
+    let calls = wd_sys::syscalls_on_this_thread() - before;
+    assert!(calls < 16, "{calls} system calls to zero 64 MiB");
+    assert!(zeroed(&r, 0, 64 << 20));
+    // Dataset Management: 256 ranges, each the whole namespace.
+    for at in (0..64u64 << 20).step_by(1 << 20) {
+        f.write_all_at(&ones, at).unwrap();
+    }
+    let mut list = Vec::new();
+    for _ in 0..256 {
+        list.extend_from_slice(&0u32.to_le_bytes());
+        list.extend_from_slice(&16384u32.to_le_bytes());
+        list.extend_from_slice(&0u64.to_le_bytes());
+    }
+    r.mem.put(DATA, &list);
+    let mut dsm = sqe(IoOp::Dsm as u8);
+    dsm.nsid = 1;
+    dsm.cdw[0] = 255; // 256 ranges
+    dsm.cdw[1] = 1 << 2; // deallocate
+    dsm.prp1 = DATA;
+    let before = wd_sys::syscalls_on_this_thread();
+    assert_eq!(r.io(dsm, &mut tail, &mut head, 8).status, Status::SUCCESS);
+    let calls = wd_sys::syscalls_on_this_thread() - before;
+    assert!(calls < 16, "{calls} system calls to deallocate 256 ranges");
+    assert!(zeroed(&r, 0, 64 << 20));
+}

@@ -574,6 +574,9 @@ pub enum Allocate {
     PunchHole,
     /// Make the range read as zeroes, blocks kept (keeps the size).
     ZeroRange,
+    /// Allocate the range's missing blocks, zeroed (keeps the size and
+    /// what the range holds).
+    Reserve,
 }
 
 /// fallocate on `[off, off+len)`.
@@ -582,6 +585,7 @@ pub fn fallocate(fd: BorrowedFd<'_>, how: Allocate, off: u64, len: u64) -> Resul
     let mode = match how {
         Allocate::PunchHole => libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
         Allocate::ZeroRange => libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+        Allocate::Reserve => libc::FALLOC_FL_KEEP_SIZE,
     };
     // SAFETY: plain system call on a borrowed descriptor.
     let r =

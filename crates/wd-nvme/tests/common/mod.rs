@@ -76,7 +76,13 @@ impl Rig {
     /// A controller on a fresh store with namespaces `specs`
     /// (`OFFSET:SIZE[:BLOCK]`), not yet enabled.
     pub fn bare(specs: &[&str]) -> Rig {
-        let dir = wd_testutil::tempdir("wd-nvme-spec");
+        Rig::bare_on(&std::env::temp_dir(), specs)
+    }
+
+    /// As [`Rig::bare`], the store in a new directory under `base` (a
+    /// file system of its own kind, such as tmpfs).
+    pub fn bare_on(base: &std::path::Path, specs: &[&str]) -> Rig {
+        let dir = wd_testutil::tempdir_in(base, "wd-nvme-spec", 0o755);
         let store = dir.path().join("store.img");
         let specs: Vec<String> = specs
             .iter()
@@ -105,7 +111,11 @@ impl Rig {
 
     /// Enabled, its controller id learnt, namespace 1 attached.
     pub fn new(specs: &[&str]) -> Rig {
-        let mut r = Rig::bare(specs);
+        Rig::ready(Rig::bare(specs))
+    }
+
+    /// `r` enabled, its controller id learnt, namespace 1 attached.
+    pub fn ready(mut r: Rig) -> Rig {
         r.enable();
         let info = ControllerInfo::from_bytes(&r.identify(cns::CONTROLLER, 0).unwrap());
         r.cntlid = info.cntlid;
