@@ -86,7 +86,15 @@ pub(crate) fn serve(host: &Arc<HostInner>, sock: UnixStream, cred: PeerCred, _ch
     };
     // A connection that does not say Hello in time is closed: idle
     // sockets must not hold connection slots.
-    let hello_by = Instant::now() + Duration::from_millis(host.quotas.limits().hello_timeout_ms);
+    let hello_ms = host.quotas.limits().hello_timeout_ms;
+    let hello_by = Instant::now() + Duration::from_millis(hello_ms);
+    // Waiting for a frame is poll's (with the pidfd); a frame once begun
+    // must arrive whole in as long as a Hello may take, or the thread
+    // would sit in recv, deaf to the pidfd, for as long as a client likes.
+    let _ = conn
+        .ch
+        .socket()
+        .set_read_timeout(Some(Duration::from_millis(hello_ms)));
     loop {
         if !conn.ch.has_buffered() {
             let mut fds: Vec<BorrowedFd<'_>> = vec![conn.ch.socket().as_fd()];
@@ -121,6 +129,23 @@ pub(crate) fn serve(host: &Arc<HostInner>, sock: UnixStream, cred: PeerCred, _ch
         }
         let frame = match conn.ch.recv() {
             Ok(f) => f,
+            Err(IpcError::Sys(e)) if e.timed_out() => {
+                let _ = conn
+                    .ch
+                    .socket()
+                    .set_write_timeout(Some(Duration::from_millis(100)));
+                let _ = conn.ch.send(
+                    &Message::error(
+                        Status::Protocol,
+                        format!(
+                            "a frame begun and not finished within {hello_ms} ms (limits.hello_timeout_ms)"
+                        ),
+                    ),
+                    0,
+                    &[],
+                );
+                break;
+            }
             Err(IpcError::Closed) | Err(IpcError::Sys(_)) => break,
             Err(e) => {
                 // Malformed input: say why, then drop the connection (its

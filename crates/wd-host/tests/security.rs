@@ -661,3 +661,30 @@ fn small_requests_do_not_wait_behind_huge_copies() {
         .iter()
         .all(|c| c.desc.status == 0 && c.desc.result == BIG));
 }
+
+/// A frame begun and never finished does not hold the connection's
+/// thread in recv (deaf to the pidfd that would reap a dead client's
+/// queues): it is cut off after `hello_timeout_ms`, with a reason.
+#[test]
+fn a_half_sent_frame_is_cut_off() {
+    use std::io::Write;
+    let host = limited_host(&["dummy"], "hello_timeout_ms = 300");
+    let mut ch = idle(&host.socket);
+    hello(&mut ch).unwrap();
+    // Failing, the test must not hang in its own recv.
+    ch.socket()
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut raw = ch.socket().try_clone().unwrap();
+    raw.write_all(&[0x57, 0x44]).unwrap();
+    let t = std::time::Instant::now();
+    let f = ch.recv().expect("a reason before the close");
+    match f.msg {
+        Message::Error { message, .. } => {
+            assert!(message.contains("not finished"), "{message}")
+        }
+        m => panic!("unexpected {m:?}"),
+    }
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(matches!(ch.recv(), Err(wd_ipc::IpcError::Closed)));
+}

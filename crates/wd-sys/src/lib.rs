@@ -53,6 +53,12 @@ impl SysError {
             SysError::Invalid { .. } => libc::EINVAL,
         }
     }
+
+    /// Whether a call on a descriptor with a timeout (SO_RCVTIMEO,
+    /// SO_SNDTIMEO) gave up waiting.
+    pub fn timed_out(&self) -> bool {
+        matches!(self.errno(), libc::EAGAIN | libc::ETIMEDOUT)
+    }
 }
 
 /// Result alias of this crate.
