@@ -375,7 +375,14 @@ fn send_batch(q: *mut WdQueue, reqs: *const *mut c_void, n: usize) -> c_int {
                     }
                 }
             }
-            let took = queue.send_batch(&batch[..k])?;
+            // Requests queued by an earlier chunk are in flight: a later
+            // failure must still report them, or the caller would free
+            // requests the device will complete.
+            let took = match queue.send_batch(&batch[..k]) {
+                Ok(t) => t,
+                Err(_) if sent > 0 => break,
+                Err(e) => return Err(e),
+            };
             sent += took;
             if took < k {
                 break;
@@ -405,7 +412,14 @@ fn rcv_batch(q: *mut WdQueue, out: *mut *mut c_void, max: usize) -> c_int {
         let mut got = 0usize;
         while got < max {
             done.clear();
-            let k = queue.recv_batch(&mut done, (max - got).min(BATCH_MAX))?;
+            let want = (max - got).min(BATCH_MAX);
+            // Completions already written to `out` are off the ring: a
+            // later failure must still hand them over.
+            let k = match queue.recv_batch(&mut done, want) {
+                Ok(k) => k,
+                Err(_) if got > 0 => break,
+                Err(e) => return Err(e),
+            };
             for (i, c) in done.iter().enumerate() {
                 let p = complete(h.family, c.cookie, &c.desc);
                 // SAFETY: out is non-null and has room for max pointers
@@ -413,7 +427,7 @@ fn rcv_batch(q: *mut WdQueue, out: *mut *mut c_void, max: usize) -> c_int {
                 unsafe { out.add(got + i).write_unaligned(p) };
             }
             got += k;
-            if k == 0 {
+            if k < want {
                 break;
             }
         }
@@ -627,13 +641,14 @@ pub unsafe extern "C" fn wd_list_capas(
             copy_name(&mut i.alg, &get(&format!("{base}/name")));
             infos.push(i);
         }
-        let n = infos.len().min(max);
-        for (k, i) in infos.into_iter().take(n).enumerate() {
-            // SAFETY: out has room for max >= n entries (caller contract).
+        let total = infos.len();
+        for (k, i) in infos.into_iter().take(max).enumerate() {
+            // SAFETY: out has room for max entries (caller contract); k < max.
             unsafe { out.add(k).write_unaligned(i) };
         }
-        // SAFETY: count is non-null.
-        unsafe { count.write_unaligned(n) };
+        // The total, not what fits: `wd_list_capas(NULL, 0, &n)` sizes the
+        // array of the next call. SAFETY: count is non-null.
+        unsafe { count.write_unaligned(total) };
         Ok(0)
     })
 }
@@ -653,7 +668,9 @@ pub unsafe extern "C" fn wd_get_faults(q: *mut WdQueue, out: *mut WdFault, max: 
             h.q.lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .faults(max.min(u32::MAX as usize) as u32)?;
-        for (k, e) in r.events.iter().enumerate() {
+        // At most `max`, whatever the host answered: out has room for no more.
+        let n = r.events.len().min(max);
+        for (k, e) in r.events.iter().take(n).enumerate() {
             let f = WdFault {
                 seq: e.seq,
                 iova: e.iova,
@@ -662,10 +679,10 @@ pub unsafe extern "C" fn wd_get_faults(q: *mut WdQueue, out: *mut WdFault, max: 
                 reason: e.reason.into(),
                 reserved: 0,
             };
-            // SAFETY: the host returns at most `max` events; out has room for max.
+            // SAFETY: k < n <= max; out has room for max.
             unsafe { out.add(k).write_unaligned(f) };
         }
-        Ok(r.events.len() as c_int)
+        Ok(n as c_int)
     })
 }
 

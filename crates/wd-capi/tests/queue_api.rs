@@ -165,9 +165,22 @@ fn null_pointers_are_einval_and_say_which() {
         assert_eq!(wd::wd_list_capas(null_mut(), 0, null_mut()), -EINVAL);
         assert_eq!(wd::wd_list_capas(null_mut(), 4, &mut count), -EINVAL);
         assert_eq!(count, 77, "count untouched");
-        // NULL out with max 0: only the count.
+        // NULL out with max 0: only the count, the total (the embedded
+        // host offers several queue types), so a caller can size its array.
         assert_eq!(wd::wd_list_capas(null_mut(), 0, &mut count), 0);
-        assert_eq!(count, 0);
+        assert!(count > 1, "{count}");
+        let total = count;
+        let mut two: [WdCapaInfo; 2] = std::mem::zeroed();
+        assert_eq!(wd::wd_list_capas(two.as_mut_ptr(), 1, &mut count), 0);
+        assert_eq!(count, total, "the total, not what was written");
+        let bytes = |i: usize| {
+            std::slice::from_raw_parts(
+                two.as_ptr().add(i).cast::<u8>(),
+                std::mem::size_of::<WdCapaInfo>(),
+            )
+        };
+        assert!(bytes(0).iter().any(|&b| b != 0), "the first written");
+        assert!(bytes(1).iter().all(|&b| b == 0), "only max written");
     }
 }
 
