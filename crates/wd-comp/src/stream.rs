@@ -370,6 +370,13 @@ impl Compressor {
     /// Close a stream (its device session is freed; a stream of a host
     /// that went away has nothing left to free).
     pub fn close_stream(&mut self, s: Stream) {
+        // A session id means something on its own compressor's queue only:
+        // another's would free a session of one of its own streams. A
+        // stream closed through the wrong compressor keeps its session
+        // until its queue goes.
+        if s.owner != self.id {
+            return;
+        }
         if let Inner::Device { session, epoch, .. } = s.inner {
             self.free_session(session, epoch);
         }

@@ -1073,3 +1073,36 @@ fn streams_go_on_when_their_host_restarts() {
     let z = gz(&mut short, &mut again, &mut |_| {}).unwrap();
     assert!(z == want);
 }
+
+/// A session id means something on its compressor's own queue: a stream
+/// closed through another compressor must not free that one's session of
+/// the same number (its stream would lose its state, rebuilt from the
+/// journal at best).
+#[test]
+fn a_stream_closed_through_another_compressor_frees_nothing_of_it() {
+    let data = data(100_000, 5);
+    let host = spawn_host("close-other");
+    let mut one = Compressor::new(
+        Some(HostConn::connect(&host.socket).unwrap()),
+        offload_cfg(),
+    );
+    let mut two = Compressor::new(
+        Some(HostConn::connect(&host.socket).unwrap()),
+        offload_cfg(),
+    );
+    let p = wd_comp::StreamParams {
+        alg: Algorithm::Gzip,
+        compress: true,
+        level: 6,
+        window_bits: 0,
+        dict: &[],
+    };
+    let a = one.open_stream(&p).unwrap();
+    let mut b = two.open_stream(&p).unwrap();
+    assert!(a.on_device() && b.on_device());
+    two.close_stream(a);
+    let z = stream_compress(&mut two, &mut b, &data, wd_comp::Flush::None);
+    assert!(reference_decode(Algorithm::Gzip, &z) == data);
+    assert_eq!(two.stats().streams_rebuilt, 0, "its session was left alone");
+    two.close_stream(b);
+}
