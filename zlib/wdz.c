@@ -606,6 +606,16 @@ static struct record *take(z_streamp s)
 
 static void forget(z_streamp s) { free_record(take(s)); }
 
+/* Drop s's record from the table, if it has one there; unlike forget,
+ * without reading s->state (a stream being opened may hold anything). */
+static void forget_table(z_streamp s)
+{
+    table_take();
+    struct record *old = unlink_record(s);
+    table_give();
+    free_record(old);
+}
+
 /* Into the table, replacing any record s had there (a stream
  * re-initialised without End). */
 static void table_insert(struct record *r)
@@ -1075,9 +1085,17 @@ int deflateInit2_(z_streamp strm, int level, int method, int windowBits, int mem
             return Z_OK;
         }
     }
+    /* A record left at this address (a stream opened again without its
+     * End, or memory reused) goes first, and zlib's init runs as zlib's
+     * own: the deflateReset it calls comes back here, and found on a
+     * lazy record it would answer for zlib without zlib's reset, leaving
+     * the state just allocated unset. */
+    forget_table(strm);
+    tl_initing++;
     int ret = REAL(deflateInit2_)(strm, level, method, windowBits, memLevel, strategy, version,
                                   stream_size);
-    if (ret == Z_OK) {
+    tl_initing--;
+    if (ret == Z_OK && !tl_initing) {
         r.lazy = 0;
         remember(strm, &r);
     }
