@@ -992,7 +992,9 @@ int uncompress2(Bytef *dest, uLongf *destLen, const Bytef *source, uLong *source
         *sourceLen < SMALL_WHOLE) {
         z_stream *z = kept_inflate(MAX_WBITS, source, *sourceLen, dest, *destLen);
         if (z) {
-            *destLen -= z->avail_out;
+            /* (The state's count: its room was at most 4 GiB, the
+             * caller's may be more.) */
+            *destLen = z->total_out;
             *sourceLen -= z->avail_in;
             count(ST_ONESHOT);
             return Z_OK;

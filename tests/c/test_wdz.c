@@ -219,6 +219,24 @@ static void one_shot(void)
     }
 }
 
+/* uncompress2 of a small stream (the shim's kept zlib state, whose room
+ * is at most 4 GiB) into a destination said to be larger: the length
+ * decoded, as zlib's. Only the decoded bytes are written. */
+static void uncompress_huge_room(void)
+{
+    if (sizeof(uLongf) <= 4)
+        return; /* (no such room) */
+    unsigned char d[50], c[128], a[64], b[64];
+    memset(d, 'a', sizeof d);
+    uLongf clen = sizeof c;
+    CHECK(ref.compress2(c, &clen, d, sizeof d, 6) == Z_OK && clen < 128);
+    uLongf la = (uLongf)5 << 30, lb = la;
+    uLong sa = clen, sb = clen;
+    int ra = uncompress2(a, &la, c, &sa), rb = ref.uncompress2(b, &lb, c, &sb);
+    CHECK(ra == Z_OK && ra == rb && la == lb && la == sizeof d && sa == sb && sa == clen);
+    CHECK(memcmp(a, d, sizeof d) == 0);
+}
+
 /* A stream opened again without its End, the second time with
  * parameters the shim leaves to zlib (a strategy): zlib's init runs
  * whole (its reset is not answered by the shim's record of the first
@@ -1731,6 +1749,7 @@ int main(void)
     CHECK(strcmp(zlibVersion(), ZLIB_VERSION) == 0);
     one_shot();
     reopened_without_end();
+    uncompress_huge_room();
     deflate_framings();
     deflate_gathered();
     deflate_in_pieces();
