@@ -803,13 +803,22 @@ static void zrs_out(z_stream *s, const z_stream *z, int raw)
         s->adler = z->adler;
 }
 
-/* Run `call` on zlib-rs's state with the caller's fields copied in and back. */
+static void carried(struct record *r, z_streamp s, const unsigned char *in);
+
+/* Run `call` on zlib-rs's state with the caller's fields copied in and
+ * back. On a stream zlib-rs carries on from pieces (`cont`, a raw state
+ * of zlib-rs's) the shim keeps the check value: whatever input the call
+ * took (deflate, and deflateParams, which deflates what it is given)
+ * goes into it. */
 #define ZRS_CALL(r, strm, call)                                                          \
     ({                                                                                   \
         z_stream *z_ = (r)->zrs;                                                         \
+        const unsigned char *in_ = (strm)->next_in;                                      \
         zrs_in(z_, (strm));                                                              \
         __typeof__(call) ret_ = (call);                                                  \
-        zrs_out((strm), z_, (r)->window < 0);                                            \
+        zrs_out((strm), z_, (r)->window < 0 || (r)->cont);                               \
+        if ((r)->cont)                                                                   \
+            carried((r), (strm), in_);                                                   \
         ret_;                                                                            \
     })
 
@@ -1514,6 +1523,18 @@ static uint32_t carry_check(int alg, uint32_t check, const unsigned char *p, siz
     return check;
 }
 
+/* Input a zlib-rs state carrying a stream on from its pieces took, from
+ * `in` to the stream's `next_in`: into the stream's check value and
+ * length, and `adler` (a raw stream's stays the caller's). */
+static void carried(struct record *r, z_streamp s, const unsigned char *in)
+{
+    size_t took = (size_t)(s->next_in - in);
+    r->pieces.check = carry_check(r->alg, r->pieces.check, in, took);
+    r->pieces.len += took;
+    if (r->alg != WD_COMP_DEFLATE)
+        s->adler = r->pieces.check;
+}
+
 /* The trailer of a stream in pieces into t: its length. */
 static size_t pieces_trailer(const struct record *r, unsigned char t[8])
 {
@@ -1762,13 +1783,7 @@ static int pieces_to_zrs(struct record *r, z_streamp s)
  * check value kept, the trailer written after zlib-rs's end. */
 static int cont_deflate(struct record *r, z_streamp s, int flush)
 {
-    const unsigned char *in = s->next_in;
-    uLong adler = s->adler;
     int ret = ZRS_CALL(r, s, wd__zrs_deflate(r->zrs, flush));
-    size_t took = (size_t)(s->next_in - in);
-    r->pieces.check = carry_check(r->alg, r->pieces.check, in, took);
-    r->pieces.len += took;
-    s->adler = r->alg == WD_COMP_DEFLATE ? adler : r->pieces.check;
     if (ret != Z_STREAM_END)
         return ret;
     unsigned char t[8];
@@ -2096,8 +2111,18 @@ int deflateParams(z_streamp strm, int level, int strategy)
             h->eligible = 0; /* not for the whole path */
         return Z_OK;
     }
-    DEFLATE_ONLY(strm, wd__zrs_deflateParams(r->zrs, zrs_level(level), strategy),
-                 REAL(deflateParams)(strm, level, strategy));
+    int ret = zlib_only(strm);
+    struct record *r = ret == Z_OK && strm ? find(strm) : NULL;
+    if (ret != Z_OK || !r || !r->zrs)
+        return ret != Z_OK ? ret : REAL(deflateParams)(strm, level, strategy);
+    ret = ZRS_CALL(r, strm, wd__zrs_deflateParams(r->zrs, zrs_level(level), strategy));
+    if (ret == Z_OK) {
+        /* Kept across a reset, as zlib keeps them: the reset drops
+         * zlib-rs's state, and the next one is made from the record. */
+        r->level = level;
+        r->strategy = strategy;
+    }
+    return ret;
 }
 
 /* Whether r is a stream in pieces, or one zlib-rs carries on from them. */

@@ -771,6 +771,66 @@ static void deflate_in_pieces(void)
     free(back);
 }
 
+/* deflateParams given input on a stream zlib-rs carries on from its
+ * pieces: zlib-rs deflates the input (zlib's Z_BLOCK), which goes into
+ * the check value the shim keeps (the trailer, `adler` right after the
+ * call). And a level set by deflateParams on zlib-rs stays across a
+ * reset, as zlib's. */
+static void params_after_pieces(void)
+{
+    static const int wbits[] = {15, -15, 31};
+    size_t n = (5 << 20) + 300000, first = 5 << 20;
+    unsigned char *d = make_data(n, 83);
+    size_t cap = n + n / 2;
+    unsigned char *c = malloc(cap), *back = malloc(n + 1);
+    for (size_t w = 0; w < sizeof wbits / sizeof wbits[0]; w++) {
+        z_stream s;
+        memset(&s, 0, sizeof s);
+        CHECK(deflateInit2(&s, 6, Z_DEFLATED, wbits[w], 8, Z_DEFAULT_STRATEGY) == Z_OK);
+        s.next_in = d;
+        s.avail_in = (uInt)first;
+        s.next_out = c;
+        s.avail_out = (uInt)cap;
+        CHECK(deflate(&s, Z_NO_FLUSH) == Z_OK && s.avail_in == 0);
+        uLong before = s.adler;
+        s.avail_in = 200000;
+        CHECK(deflateParams(&s, 1, Z_DEFAULT_STRATEGY) == Z_OK);
+        size_t took = first + 200000 - s.avail_in;
+        CHECK(s.total_in == took && took > first);
+        if (wbits[w] == 15)
+            CHECK(s.adler == adler32(adler32(0, NULL, 0), d, (uInt)took));
+        if (wbits[w] == 31)
+            CHECK(s.adler == crc32(crc32(0, NULL, 0), d, (uInt)took));
+        if (wbits[w] < 0)
+            CHECK(s.adler == before);
+        feed(&s, d, took, n, 1 << 20, c, cap, cap);
+        finish_and_check(&s, wbits[w], d, n, c, cap, cap, back);
+    }
+    /* Level 0 set on zlib-rs (a stream flushed with 8000 bytes), then a
+     * reset: the next stream is stored too, larger than its input. */
+    z_stream s;
+    memset(&s, 0, sizeof s);
+    CHECK(deflateInit(&s, 6) == Z_OK);
+    for (int round = 0; round < 2; round++) {
+        s.next_in = d;
+        s.avail_in = 8000;
+        s.next_out = c;
+        s.avail_out = (uInt)cap;
+        CHECK(deflate(&s, Z_SYNC_FLUSH) == Z_OK);
+        if (round == 0)
+            CHECK(deflateParams(&s, 0, Z_DEFAULT_STRATEGY) == Z_OK);
+        CHECK(deflate(&s, Z_FINISH) == Z_STREAM_END);
+        CHECK(ref_inflate(15, c, s.total_out, back, n) == 8000 && memcmp(back, d, 8000) == 0);
+        if (round == 1)
+            CHECK(s.total_out > 8000);
+        CHECK(deflateReset(&s) == Z_OK);
+    }
+    CHECK(deflateEnd(&s) == Z_OK);
+    free(d);
+    free(c);
+    free(back);
+}
+
 /* Streams the shim leaves to zlib still work: every flush mode, split at
  * every point of a small stream, a dictionary. */
 static void zlib_streams(void)
@@ -1754,6 +1814,7 @@ int main(void)
     deflate_gathered();
     deflate_in_pieces();
     deflate_flushed_in_pieces();
+    params_after_pieces();
     inflate_framings();
     zlib_streams();
     inflate_in_pieces();
