@@ -19,7 +19,7 @@ took_over() { # stderr-file
 }
 
 cargo build --release --locked -q -p wd-capi
-cc -std=gnu11 -O2 -Wall -Wextra -Werror -Iinclude tests/c/test_wdz.c -lz -ldl -lpthread -o "$out/test_wdz"
+cc -std=gnu11 -O2 -Wall -Wextra -Werror -Iinclude -rdynamic tests/c/test_wdz.c -lz -ldl -lpthread -o "$out/test_wdz"
 cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude tests/c/test_comp.c \
     -Ltarget/release -lwd_comp -lwd -Wl,-rpath,"$PWD/target/release" -o "$out/test_comp"
 echo "-- test_comp without a host (counted fallbacks)"

@@ -1361,6 +1361,9 @@ static void set_aside(struct record *r, unsigned char *aside, size_t len)
         free(aside);
         return;
     }
+    /* (What is there is empty: the buffer a first piece that failed
+     * left, or none.) */
+    drop_pending(r);
     r->pending = aside;
     r->pend_len = len;
     r->pend_pos = 0;
@@ -1555,9 +1558,10 @@ static size_t pieces_trailer(const struct record *r, unsigned char t[8])
 /* Keep the last 32 KiB of the input so far (what was kept, then what was
  * gathered) as the history a zlib-rs state taking over would start from;
  * 0, or -1 out of memory. */
+#define TAIL_MAX ((size_t)32 << 10)
 static int keep_tail(struct record *r)
 {
-    const size_t w = 32 << 10;
+    const size_t w = TAIL_MAX;
     if (!r->tail && !(r->tail = malloc(w)))
         return -1;
     size_t g = r->gather_len;
@@ -1579,7 +1583,9 @@ static int keep_tail(struct record *r)
 static int emit_piece(struct record *r, int last)
 {
     struct wd_comp *c = deflater(r->gather_len);
-    if (!c || keep_tail(r) != 0)
+    /* (The tail's buffer before the piece: keeping the tail once the
+     * piece is made cannot fail.) */
+    if (!c || (!r->tail && !(r->tail = malloc(TAIL_MAX))))
         return -1;
     size_t room = wd_comp_bound(r->alg, r->gather_len) + 20;
     if (r->piece_room < room) {
@@ -1594,6 +1600,9 @@ static int emit_piece(struct record *r, int last)
     if (wd_comp_compress_piece(c, r->alg, r->level, &p, r->gather, r->gather_len, r->pending, &n,
                                flags) != 0)
         return -1;
+    /* Only now: a piece that failed leaves its input to zlib-rs, whose
+     * history must end where that input begins (see pieces_handoff). */
+    keep_tail(r);
     r->pieces = p;
     r->pieced = 1;
     r->pend_len = n;

@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -18,6 +19,8 @@
 #include <string.h>
 #include <unistd.h>
 #include <zlib.h>
+
+#include "wd_comp.h"
 
 /* This program links no WrapDrive library (the shim is preloaded), so it
  * has its own assertion: the first failure ends it, naming the line. */
@@ -28,6 +31,28 @@
             exit(1);                                                                     \
         }                                                                                \
     } while (0)
+
+/* The library's piece compressor, as the shim reaches it: through this
+ * program (linked -rdynamic, so its definition comes first), which makes
+ * call number `fail_piece` fail as the library fails without a host when
+ * it may not fall back (WD_COMP_FALLBACK=0). `piece_calls` shows the
+ * shim's calls came here. */
+static int fail_piece, piece_calls;
+int wd_comp_compress_piece(struct wd_comp *c, int alg, int level, struct wd_comp_pieces *p,
+                           const void *src, size_t src_len, void *dst, size_t *dst_len,
+                           int flags)
+{
+    static int (*next)(struct wd_comp *, int, int, struct wd_comp_pieces *, const void *,
+                       size_t, void *, size_t *, int);
+    if (!next)
+        *(void **)&next = dlsym(RTLD_NEXT, "wd_comp_compress_piece");
+    if (!next)
+        abort();
+    __atomic_fetch_add(&piece_calls, 1, __ATOMIC_RELAXED);
+    if (fail_piece > 0 && __atomic_sub_fetch(&fail_piece, 1, __ATOMIC_RELAXED) == 0)
+        return -ENOTCONN;
+    return next(c, alg, level, p, src, src_len, dst, dst_len, flags);
+}
 
 /* The reference zlib's functions. */
 static struct {
@@ -826,6 +851,37 @@ static void params_after_pieces(void)
         CHECK(deflateReset(&s) == Z_OK);
     }
     CHECK(deflateEnd(&s) == Z_OK);
+    free(d);
+    free(c);
+    free(back);
+}
+
+/* A stream in pieces whose first or second piece cannot be made (the
+ * library failed it): zlib-rs takes the stream on with the input that
+ * piece had, its history the input before it, and the stream decodes to
+ * the data. */
+static void piece_fails(void)
+{
+    static const int wbits[] = {15, -15, 31};
+    size_t n = 10 << 20;
+    unsigned char *d = make_data(n, 85);
+    size_t cap = n + n / 2;
+    unsigned char *c = malloc(cap), *back = malloc(n + 1);
+    for (size_t w = 0; w < sizeof wbits / sizeof wbits[0]; w++)
+        for (int which = 1; which <= 2; which++) {
+            z_stream s;
+            memset(&s, 0, sizeof s);
+            CHECK(deflateInit2(&s, 6, Z_DEFLATED, wbits[w], 8, Z_DEFAULT_STRATEGY) == Z_OK);
+            int calls = piece_calls;
+            fail_piece = which;
+            s.next_in = d;
+            s.avail_in = (uInt)n;
+            s.next_out = c;
+            s.avail_out = (uInt)cap;
+            CHECK(deflate(&s, Z_NO_FLUSH) == Z_OK);
+            CHECK(piece_calls - calls >= which && fail_piece == 0);
+            finish_and_check(&s, wbits[w], d, n, c, cap, cap, back);
+        }
     free(d);
     free(c);
     free(back);
@@ -1815,6 +1871,7 @@ int main(void)
     deflate_in_pieces();
     deflate_flushed_in_pieces();
     params_after_pieces();
+    piece_fails();
     inflate_framings();
     zlib_streams();
     inflate_in_pieces();
