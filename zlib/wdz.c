@@ -2106,8 +2106,50 @@ static struct record *held(z_streamp strm)
     return r && r->deflating && r->lazy && !r->zrs && r->phase == FRESH ? r : NULL;
 }
 
+/* Whether r is a lazy deflate stream the shim finished (whole or in
+ * pieces; its output may still wait): zlib's state for it was never made,
+ * and making it now would start the stream anew (zlib's init resets it),
+ * the output that waits lost. The calls that need zlib's state answer
+ * instead as zlib's do on a finished stream, which has written its
+ * trailer (1.2.13: deflate refuses any flush but Z_FINISH, the framing
+ * no longer counts as one, nothing is pending). */
+static struct record *finished(z_streamp strm)
+{
+    struct record *r = strm ? find(strm) : NULL;
+    return r && r->deflating && r->lazy && !r->zrs && (r->phase == PENDING || r->phase == DONE)
+               ? r
+               : NULL;
+}
+
+/* zlib's compression function for a level (its configuration table):
+ * deflateParams flushes when it changes. */
+static int level_func(int level)
+{
+    level = level == Z_DEFAULT_COMPRESSION ? 6 : level;
+    return level == 0 ? 0 : level <= 3 ? 1 : 2;
+}
+
+/* An error zlib's deflate returns with its message (ERR_RETURN). */
+static int err_return(z_streamp strm, int err)
+{
+    strm->msg = (char *)REAL(zError)(err);
+    return err;
+}
+
 int deflateParams(z_streamp strm, int level, int strategy)
 {
+    struct record *f = finished(strm);
+    if (f) {
+        int l = level == Z_DEFAULT_COMPRESSION ? 6 : level;
+        if (l < 0 || l > 9 || strategy < 0 || strategy > Z_FIXED)
+            return Z_STREAM_ERROR;
+        /* A change of function or strategy flushes with Z_BLOCK, which
+         * zlib refuses on a finished stream. */
+        if (strategy != f->strategy || level_func(level) != level_func(f->level))
+            return err_return(strm, Z_STREAM_ERROR);
+        f->level = level;
+        return Z_OK;
+    }
     struct record *h = held(strm);
     if (h) {
         /* zlib's checks; with nothing taken it owes no output. */
@@ -2139,6 +2181,14 @@ static int in_pieces(const struct record *r) { return r && (r->phase == PIECES |
 
 int deflateSetDictionary(z_streamp strm, const Bytef *dictionary, uInt dictLength)
 {
+    if (finished(strm)) {
+        /* zlib takes one after the end (its framing's part is over), and
+         * counts it as input; it is never used. */
+        if (!dictionary)
+            return Z_STREAM_ERROR;
+        strm->total_in += dict_counted(finished(strm), dictLength);
+        return Z_OK;
+    }
     struct record *p = strm ? find(strm) : NULL;
     if (in_pieces(p) && p->window > 0)
         return Z_STREAM_ERROR; /* as zlib: not after data, never for gzip */
@@ -2176,6 +2226,8 @@ int deflateSetDictionary(z_streamp strm, const Bytef *dictionary, uInt dictLengt
 
 int deflateSetHeader(z_streamp strm, gz_headerp head)
 {
+    if (finished(strm))
+        return Z_STREAM_ERROR; /* (zlib's: the gzip framing is over) */
     struct record *p = strm ? find(strm) : NULL;
     if (in_pieces(p))
         return p->window > 15 ? Z_OK : Z_STREAM_ERROR; /* zlib's answers, too late to matter */
@@ -2184,12 +2236,18 @@ int deflateSetHeader(z_streamp strm, gz_headerp head)
 
 int deflatePrime(z_streamp strm, int bits, int value)
 {
+    /* zlib's answers; the bits, which it would put after the trailer,
+     * are dropped. */
+    if (finished(strm))
+        return bits < 0 || bits > 16 ? Z_BUF_ERROR : Z_OK;
     DEFLATE_ONLY(strm, wd__zrs_deflatePrime(r->zrs, bits, value),
                  REAL(deflatePrime)(strm, bits, value));
 }
 
 int deflateTune(z_streamp strm, int good_length, int max_lazy, int nice_length, int max_chain)
 {
+    if (finished(strm))
+        return Z_OK; /* (too late to matter) */
     DEFLATE_ONLY(strm, wd__zrs_deflateTune(r->zrs, good_length, max_lazy, nice_length, max_chain),
                  REAL(deflateTune)(strm, good_length, max_lazy, nice_length, max_chain));
 }
@@ -2237,6 +2295,17 @@ uLong deflateBound(z_streamp strm, uLong sourceLen)
 
 int deflateGetDictionary(z_streamp strm, Bytef *dictionary, uInt *dictLength)
 {
+    struct record *f = finished(strm);
+    if (f) {
+        /* zlib's: the last 32 KiB of input. A stream in pieces kept them;
+         * a whole stream's input was the caller's, not kept: none. */
+        size_t len = f->pieced ? f->tail_len : 0;
+        if (dictionary && len)
+            memcpy(dictionary, f->tail, len);
+        if (dictLength)
+            *dictLength = (uInt)len;
+        return Z_OK;
+    }
     DEFLATE_ONLY(strm, wd__zrs_deflateGetDictionary(r->zrs, dictionary, dictLength),
                  REAL(deflateGetDictionary)(strm, dictionary, dictLength));
 }

@@ -76,6 +76,8 @@ static struct {
     int (*deflateSetDictionary)(z_streamp, const Bytef *, uInt);
     int (*deflateGetDictionary)(z_streamp, Bytef *, uInt *);
     int (*deflateParams)(z_streamp, int, int);
+    int (*deflatePrime)(z_streamp, int, int);
+    int (*deflateTune)(z_streamp, int, int, int, int);
     int (*deflateSetHeader)(z_streamp, gz_headerp);
     int (*inflateBackInit_)(z_streamp, int, unsigned char *, const char *, int);
     int (*inflateBack)(z_streamp, in_func, void *, out_func, void *);
@@ -111,6 +113,8 @@ static void load_reference(void)
     SYM(deflateGetDictionary);
     SYM(deflateSetHeader);
     SYM(deflateParams);
+    SYM(deflatePrime);
+    SYM(deflateTune);
     SYM(inflateBackInit_);
     SYM(inflateBack);
     SYM(inflateBackEnd);
@@ -884,6 +888,109 @@ static void piece_fails(void)
         }
     free(d);
     free(c);
+    free(back);
+}
+
+/* Calls that need zlib's state on a deflate stream the shim finished
+ * (whole, or in pieces), its output still waiting or all out: the
+ * answers zlib gives a finished stream (the reference's, finished too),
+ * and then the output that waited, the stream decoding to its data. */
+static void calls_after_finish(void)
+{
+    static const int wbits[] = {15, -15, 31};
+    size_t most = (4 << 20) + 100000, small = 300000;
+    unsigned char *d = make_data(most, 87);
+    size_t cap = most + most / 2;
+    unsigned char *c = malloc(cap), *c2 = malloc(cap), *back = malloc(most + 1);
+    unsigned char dict[32768];
+    for (size_t w = 0; w < sizeof wbits / sizeof wbits[0]; w++)
+        for (int big = 0; big < 2; big++)
+            for (int waiting = 0; waiting < 2; waiting++)
+                for (int call = 0; call < 7; call++) {
+                    size_t n = big ? most : small;
+                    z_stream s, r;
+                    memset(&s, 0, sizeof s);
+                    memset(&r, 0, sizeof r);
+                    CHECK(deflateInit2(&s, 6, Z_DEFLATED, wbits[w], 8, Z_DEFAULT_STRATEGY) ==
+                          Z_OK);
+                    s.next_in = d;
+                    s.avail_in = (uInt)n;
+                    s.next_out = c;
+                    s.avail_out = (uInt)cap;
+                    if (big)
+                        CHECK(deflate(&s, Z_NO_FLUSH) == Z_OK && s.avail_in == 0);
+                    s.avail_out = waiting ? 1000 : (uInt)cap;
+                    CHECK(deflate(&s, Z_FINISH) == (waiting ? Z_OK : Z_STREAM_END));
+                    CHECK(ref.deflateInit2_(&r, 6, Z_DEFLATED, wbits[w], 8, Z_DEFAULT_STRATEGY,
+                                            ZLIB_VERSION, (int)sizeof r) == Z_OK);
+                    r.next_in = d;
+                    r.avail_in = (uInt)small;
+                    r.next_out = c2;
+                    r.avail_out = (uInt)cap;
+                    CHECK(ref.deflate(&r, Z_FINISH) == Z_STREAM_END);
+                    uLong in_s = s.total_in, in_r = r.total_in;
+                    s.msg = r.msg = NULL;
+                    gz_header h;
+                    memset(&h, 0, sizeof h);
+                    uInt len = 0;
+                    int a, b;
+                    switch (call) {
+                    case 0: /* the same compression function: only the level */
+                        a = deflateParams(&s, 7, Z_DEFAULT_STRATEGY);
+                        b = ref.deflateParams(&r, 7, Z_DEFAULT_STRATEGY);
+                        break;
+                    case 1: /* another: a flush zlib refuses */
+                        a = deflateParams(&s, 1, Z_DEFAULT_STRATEGY);
+                        b = ref.deflateParams(&r, 1, Z_DEFAULT_STRATEGY);
+                        break;
+                    case 2:
+                        a = deflatePrime(&s, 17, 0);
+                        b = ref.deflatePrime(&r, 17, 0);
+                        CHECK(a == b);
+                        a = deflatePrime(&s, 0, 0);
+                        b = ref.deflatePrime(&r, 0, 0);
+                        break;
+                    case 3:
+                        a = deflateTune(&s, 8, 16, 128, 128);
+                        b = ref.deflateTune(&r, 8, 16, 128, 128);
+                        break;
+                    case 4:
+                        a = deflateGetDictionary(&s, dict, &len);
+                        b = ref.deflateGetDictionary(&r, NULL, NULL);
+                        /* (zlib's: the input's last 32 KiB; a stream in
+                         * pieces has them, a whole one does not) */
+                        if (big)
+                            CHECK(len == sizeof dict && memcmp(dict, d + n - len, len) == 0);
+                        break;
+                    case 5:
+                        a = deflateSetDictionary(&s, d, 100);
+                        b = ref.deflateSetDictionary(&r, d, 100);
+                        CHECK(s.total_in - in_s == r.total_in - in_r);
+                        break;
+                    default:
+                        a = deflateSetHeader(&s, &h);
+                        b = ref.deflateSetHeader(&r, &h);
+                        break;
+                    }
+                    CHECK(a == b && (s.msg == NULL) == (r.msg == NULL));
+                    ref.deflateEnd(&r);
+                    int ret;
+                    do {
+                        out_at(&s, c, cap, 65536);
+                        ret = deflate(&s, Z_FINISH);
+                    } while (ret == Z_OK);
+                    CHECK(ret == Z_STREAM_END);
+                    CHECK(ref_inflate(wbits[w], c, s.total_out, back, n + 1) == n);
+                    CHECK(memcmp(back, d, n) == 0);
+                    if (wbits[w] == 15)
+                        CHECK(s.adler == adler32(adler32(0, NULL, 0), d, (uInt)n));
+                    if (wbits[w] == 31)
+                        CHECK(s.adler == crc32(crc32(0, NULL, 0), d, (uInt)n));
+                    CHECK(deflateEnd(&s) == Z_OK);
+                }
+    free(d);
+    free(c);
+    free(c2);
     free(back);
 }
 
@@ -1872,6 +1979,7 @@ int main(void)
     deflate_flushed_in_pieces();
     params_after_pieces();
     piece_fails();
+    calls_after_finish();
     inflate_framings();
     zlib_streams();
     inflate_in_pieces();
