@@ -259,17 +259,27 @@ static TLS int tl_comp_failed;
 static uint64_t busy_at[BUSY_SLOTS];
 static TLS int tl_busy_slot = -1;
 
+/* Set when this thread's key destructors begin (it is ending): what it
+ * keeps (compressor, scratch buffer, spare record, zlib states) is freed
+ * and not made again, since a destructor that runs later (another
+ * library's, calling zlib) would have it made after its own destructor
+ * ran, to be kept forever. Such calls are left to the system zlib. */
+static TLS int tl_ending;
+
 static void comp_free(void *c)
 {
     if (tl_busy_slot >= 0 && tl_busy_slot < BUSY_SLOTS)
         __atomic_store_n(&busy_at[tl_busy_slot], 0, __ATOMIC_RELAXED);
+    tl_ending = 1;
+    if (tl_comp == c)
+        tl_comp = NULL;
     wd_comp_free(c);
 }
 static void comp_key_make(void) { pthread_key_create(&comp_key, comp_free); }
 
 static struct wd_comp *comp(void)
 {
-    if (tl_comp || tl_comp_failed)
+    if (tl_comp || tl_comp_failed || tl_ending)
         return tl_comp;
     pthread_once(&comp_once, comp_key_make);
     if (wd_comp_new(&tl_comp) != 0) {
@@ -481,12 +491,24 @@ static TLS size_t tl_scratch_len;
 static pthread_key_t scratch_key;
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 
-static void scratch_key_make(void) { pthread_key_create(&scratch_key, free); }
+static void scratch_free(void *b)
+{
+    tl_ending = 1;
+    if (tl_scratch == b) {
+        tl_scratch = NULL;
+        tl_scratch_len = 0;
+    }
+    free(b);
+}
+
+static void scratch_key_make(void) { pthread_key_create(&scratch_key, scratch_free); }
 
 static unsigned char *scratch(size_t size)
 {
     if (size <= tl_scratch_len)
         return tl_scratch;
+    if (tl_ending)
+        return NULL;
     pthread_once(&scratch_once, scratch_key_make);
     unsigned char *b = realloc(tl_scratch, size);
     if (!b)
@@ -499,7 +521,7 @@ static unsigned char *scratch(size_t size)
 
 static void drop_pending(struct record *r)
 {
-    if (r->pending && r->pend_cap && !tl_scratch) {
+    if (r->pending && r->pend_cap && !tl_scratch && !tl_ending) {
         /* A scratch buffer the stream took over: back to this thread. */
         pthread_once(&scratch_once, scratch_key_make);
         tl_scratch = r->pending;
@@ -541,6 +563,7 @@ static pthread_once_t kept_once = PTHREAD_ONCE_INIT;
 static void kept_free(void *unused)
 {
     (void)unused;
+    tl_ending = 1;
     free(tl_spare);
     tl_spare = NULL;
     for (int i = 0; i < 3; i++) {
@@ -581,7 +604,7 @@ static void free_record(struct record *r)
         (r->deflating ? wd__zrs_deflateEnd : wd__zrs_inflateEnd)(r->zrs);
         free(r->zrs);
     }
-    if (tl_spare) {
+    if (tl_spare || tl_ending) {
         free(r);
         return;
     }
@@ -862,7 +885,7 @@ static long kept_deflate(int window_bits, int level, const unsigned char *src, s
                          unsigned char *out, size_t room, uLong *check, int *data_type)
 {
     int i = window_bits == 15 ? 0 : window_bits == -15 ? 1 : window_bits == 31 ? 2 : -1;
-    if (i < 0 || len > UINT32_MAX)
+    if (i < 0 || len > UINT32_MAX || tl_ending)
         return -1;
     if (room > UINT32_MAX)
         room = UINT32_MAX;
@@ -917,7 +940,7 @@ static long kept_deflate(int window_bits, int level, const unsigned char *src, s
 static z_stream *kept_inflate(int window, const unsigned char *in, size_t len,
                               unsigned char *out, size_t room)
 {
-    if (len > UINT32_MAX)
+    if (len > UINT32_MAX || tl_ending)
         return NULL;
     if (room > UINT32_MAX)
         room = UINT32_MAX;
