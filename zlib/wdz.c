@@ -1204,8 +1204,16 @@ static int ensure_real(z_streamp strm)
 
 /* Largest output the shim holds for a caller with a small buffer. */
 #define MAX_ASIDE ((size_t)256 << 20)
-/* Smallest scratch buffer a whole stream of unknown size is decoded in. */
+/* Smallest scratch buffer a whole stream of unknown size is decoded in,
+ * and the most a whole inflate stream sets aside for input of under
+ * SCRATCH_FIRST / ASIDE_PER_IN bytes. */
 #define SCRATCH_FIRST ((size_t)256 << 10)
+/* The most a whole inflate stream sets aside per byte of its input (a
+ * stream that would need more is declined): python's zlib.decompress of
+ * a 64 KiB block gives 16 KiB of room, and blocks compress 2 to 8 times,
+ * highly repetitive ones more (decoded within the 256 KiB floor up to
+ * 8 KiB of input, 32 times above). */
+#define ASIDE_PER_IN 32
 
 /* A whole stream is done: `used` bytes of the caller's input taken, `made` output bytes
  * at `out` (the caller's buffer or this thread's scratch). Hand out what
@@ -2418,13 +2426,23 @@ static int inflate_whole(struct record *r, z_streamp s)
                                                                                  : WD_COMP_ZLIB;
     else
         alg = WD_COMP_ZLIB;
+    /* The most set aside for this stream: the input is untrusted (a few
+     * hundred bytes may decode to gigabytes, a gzip trailer may claim any
+     * size), and a stream the aside cannot hold is declined, to zlib-rs,
+     * which decodes as much as the caller's room takes. */
+    size_t limit = (size_t)s->avail_in * ASIDE_PER_IN;
+    if (limit < SCRATCH_FIRST)
+        limit = SCRATCH_FIRST;
+    if (limit > MAX_ASIDE)
+        limit = MAX_ASIDE;
     /* A guess of the output: a gzip member ends with its size (when the
-     * input is exactly one member); otherwise text's usual ratio. */
+     * input is exactly one member), believed within the bound or the
+     * caller's room; otherwise text's usual ratio. */
     size_t guess = (size_t)s->avail_in * 4;
     int exact = 0;
     if (alg == WD_COMP_GZIP && s->avail_in >= 18) {
         size_t isize = le32(s->next_in + s->avail_in - 4);
-        if (isize > 0 && isize <= MAX_ASIDE) {
+        if (isize > 0 && (isize <= limit || isize <= s->avail_out)) {
             guess = isize;
             exact = 1;
         }
@@ -2445,18 +2463,21 @@ static int inflate_whole(struct record *r, z_streamp s)
         size_t roomy = (size_t)s->avail_in * 16;
         if (roomy < SCRATCH_FIRST)
             roomy = SCRATCH_FIRST;
-        /* Not past the most the shim holds, where a guess still fits. */
-        if (roomy > MAX_ASIDE)
-            roomy = MAX_ASIDE;
         if (size < roomy)
             size = roomy;
     }
-    for (; ret == -ENOBUFS && size <= MAX_ASIDE; size *= 2) {
+    if (size > limit)
+        size = limit;
+    /* (An aside no larger than the caller's room would hold no more.) */
+    while (ret == -ENOBUFS && size > s->avail_out) {
         out = scratch(size);
         if (!out)
             return -1;
         room = size;
         ret = wd_comp_decompress(c, alg, s->next_in, s->avail_in, &used, out, &room, 0);
+        if (size == limit)
+            break;
+        size = size <= limit / 2 ? size * 2 : limit;
     }
     if (ret != 0)
         return -1;

@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1244,6 +1245,79 @@ static void inflate_in_pieces(void)
     free(orf);
 }
 
+/* Whole streams from untrusted input: one that decodes to far more than
+ * its input and the caller's room (64 MiB of zeros) is declined, not set
+ * aside: zlib-rs decodes it as zlib does, call by call (the whole path
+ * would take all the input at the first call); a gzip member whose
+ * trailer claims 200 MiB makes no aside of that size (the thread's
+ * scratch buffer would stay mapped); an ordinary block read as python
+ * reads it (a 64 KiB block, 16 KiB of room) is still taken whole. */
+static void inflate_bounded(void)
+{
+    size_t n = 64 << 20, cap = n / 100;
+    unsigned char *zeros = calloc(1, n), *c = malloc(cap);
+    unsigned char *os = malloc(4096), *orf = malloc(4096);
+    static const int wbits[] = {15, 31};
+    for (size_t w = 0; w < sizeof wbits / sizeof wbits[0]; w++) {
+        size_t clen = ref_deflate(9, wbits[w], zeros, n, c, cap);
+        z_stream s, r;
+        memset(&s, 0, sizeof s);
+        memset(&r, 0, sizeof r);
+        CHECK(inflateInit2(&s, wbits[w]) == Z_OK);
+        CHECK(ref.inflateInit2_(&r, wbits[w], ZLIB_VERSION, (int)sizeof r) == Z_OK);
+        size_t at = 0;
+        int ret;
+        do {
+            ret = inflate_both(&s, &r, c + at, clen - at, os, orf, 4096, Z_NO_FLUSH);
+            at = clen - s.avail_in;
+        } while (ret == Z_OK);
+        CHECK(ret == Z_STREAM_END && s.total_out == n);
+        inflateEnd(&s);
+        ref.inflateEnd(&r);
+    }
+    /* The forged size. */
+    size_t m = 100000;
+    unsigned char *d = make_data(m, 93), *back = malloc(m);
+    size_t glen = ref_deflate(6, 31, d, m, c, cap);
+    uint32_t claim = 200u << 20;
+    memcpy(c + glen - 4, &claim, 4); /* (little-endian, as gzip's) */
+    z_stream s;
+    memset(&s, 0, sizeof s);
+    CHECK(inflateInit2(&s, 31) == Z_OK);
+    s.next_in = c;
+    s.avail_in = (uInt)glen;
+    int ret;
+    do {
+        s.next_out = back;
+        s.avail_out = 65536;
+        ret = inflate(&s, Z_NO_FLUSH);
+    } while (ret == Z_OK);
+    CHECK(ret == Z_DATA_ERROR);
+    CHECK(mallinfo2().hblkhd < (100 << 20));
+    inflateEnd(&s);
+    /* A block as python reads it. */
+    size_t blen = ref_deflate(6, 15, d, 65536, c, cap);
+    memset(&s, 0, sizeof s);
+    CHECK(inflateInit(&s) == Z_OK);
+    s.next_in = c;
+    s.avail_in = (uInt)blen;
+    s.next_out = back;
+    s.avail_out = 16384;
+    CHECK(inflate(&s, Z_NO_FLUSH) == Z_OK && s.avail_in == 0);
+    do {
+        s.avail_out = (uInt)(m - s.total_out);
+        ret = inflate(&s, Z_NO_FLUSH);
+    } while (ret == Z_OK);
+    CHECK(ret == Z_STREAM_END && s.total_out == 65536 && memcmp(back, d, 65536) == 0);
+    inflateEnd(&s);
+    free(zeros);
+    free(c);
+    free(os);
+    free(orf);
+    free(d);
+    free(back);
+}
+
 /* The stream's fields a program sees, as the reference left its own. */
 static void same_fields(const z_stream *s, const z_stream *r)
 {
@@ -2055,6 +2129,7 @@ int main(void)
     inflate_framings();
     zlib_streams();
     inflate_in_pieces();
+    inflate_bounded();
     inflate_before_first_call();
     small_streams();
     small_streams_mixed();
