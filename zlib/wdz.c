@@ -2481,7 +2481,13 @@ static int inflate_whole(struct record *r, z_streamp s)
     }
     if (ret != 0)
         return -1;
-    return finish_whole(r, s, used, out, room, trailer_check(alg, s->next_in, used, s->adler));
+    /* As zlib leaves it at the end: the last block seen (64), plus the
+     * bits left unused in the last byte, none after a trailer (a raw
+     * stream's, which the decoder does not say, are taken as none). */
+    int done = finish_whole(r, s, used, out, room, trailer_check(alg, s->next_in, used, s->adler));
+    if (done >= 0)
+        s->data_type = 64;
+    return done;
 }
 
 /* ---- inflate streams in pieces: zlib-rs ---------------------------------- */
@@ -2518,14 +2524,20 @@ int inflate(z_streamp strm, int flush)
     if (r && (r->phase == PENDING || r->phase == DONE)) {
         if (!strm->next_out || (!strm->next_in && strm->avail_in != 0))
             return Z_STREAM_ERROR;
-        return r->phase == PENDING ? serve_pending(r, strm) : Z_STREAM_END;
+        int ret = r->phase == PENDING ? serve_pending(r, strm) : Z_STREAM_END;
+        /* zlib's rule: with Z_FINISH, a call that does not reach the end
+         * is Z_BUF_ERROR. */
+        return ret == Z_OK && flush == Z_FINISH ? Z_BUF_ERROR : ret;
     }
+    /* (Z_BLOCK and Z_TREES stop at block boundaries, which a stream
+     * decoded whole has no answer for.) */
     if (r && r->phase == FRESH && r->eligible && strm->total_in == 0 && strm->total_out == 0 &&
-        strm->next_in && strm->next_out && worth(strm->avail_in, 0)) {
+        strm->next_in && strm->next_out && flush != Z_BLOCK && flush != Z_TREES &&
+        worth(strm->avail_in, 0)) {
         int ret = strm->avail_in < SMALL_WHOLE ? small_whole(r, strm) : inflate_whole(r, strm);
         if (ret >= 0) {
             count(ST_INFLATE);
-            return ret;
+            return ret == Z_OK && flush == Z_FINISH ? Z_BUF_ERROR : ret;
         }
         count(ST_DECLINED);
         /* Not whole, not valid, or not for us: zlib reads it from the

@@ -1318,6 +1318,59 @@ static void inflate_bounded(void)
     free(back);
 }
 
+/* Whole streams (large, and small: the kept state) as zlib answers them:
+ * with Z_FINISH every call that does not reach the end is Z_BUF_ERROR;
+ * data_type at the end is zlib's (a raw stream decoded by libdeflate
+ * aside: the unused bits of its last byte are not known); Z_BLOCK and
+ * Z_TREES stop at each block as zlib stops, data_type telling where. */
+static void inflate_whole_as_zlib(void)
+{
+    static const int wbits[] = {15, -15, 31};
+    size_t n = 100000;
+    unsigned char *d = make_data(n, 95), *c = malloc(2 * n);
+    unsigned char *a = malloc(n + 1), *b = malloc(n + 1);
+    for (size_t w = 0; w < sizeof wbits / sizeof wbits[0]; w++)
+        for (size_t len = n; len > 0; len = len == n ? 40 : 0)
+            for (int mode = 0; mode < 4; mode++) {
+                /* mode 0: Z_FINISH in 1000-byte rooms; 1: Z_FINISH, room
+                 * enough; 2: Z_BLOCK; 3: Z_TREES. */
+                size_t clen = ref_deflate(6, wbits[w], d, len, c, 2 * n);
+                z_stream s, r;
+                memset(&s, 0, sizeof s);
+                memset(&r, 0, sizeof r);
+                s.data_type = r.data_type = 12345;
+                CHECK(inflateInit2(&s, wbits[w]) == Z_OK);
+                CHECK(ref.inflateInit2_(&r, wbits[w], ZLIB_VERSION, (int)sizeof r) == Z_OK);
+                int flush = mode < 2 ? Z_FINISH : mode == 2 ? Z_BLOCK : Z_TREES;
+                size_t room = mode == 0 ? (len == n ? 1000 : 10) : n + 1;
+                s.next_in = r.next_in = c;
+                s.avail_in = r.avail_in = (uInt)clen;
+                int x, y, calls = 0;
+                do {
+                    s.next_out = a + s.total_out;
+                    r.next_out = b + r.total_out;
+                    s.avail_out = (uInt)(room < n + 1 - s.total_out ? room : n + 1 - s.total_out);
+                    r.avail_out = (uInt)(room < n + 1 - r.total_out ? room : n + 1 - r.total_out);
+                    x = inflate(&s, flush);
+                    y = ref.inflate(&r, flush);
+                    CHECK(x == y && s.total_out == r.total_out);
+                    if (flush != Z_FINISH) /* (the whole path takes all input at once) */
+                        CHECK(s.total_in == r.total_in && s.data_type == r.data_type);
+                    calls++;
+                } while ((x == Z_OK || x == Z_BUF_ERROR) && calls < 100000);
+                CHECK(x == Z_STREAM_END && s.total_out == len && memcmp(a, d, len) == 0);
+                CHECK(memcmp(a, b, len) == 0);
+                if (wbits[w] > 0 || len < 128)
+                    CHECK(s.data_type == r.data_type);
+                inflateEnd(&s);
+                ref.inflateEnd(&r);
+            }
+    free(d);
+    free(c);
+    free(a);
+    free(b);
+}
+
 /* The stream's fields a program sees, as the reference left its own. */
 static void same_fields(const z_stream *s, const z_stream *r)
 {
@@ -2130,6 +2183,7 @@ int main(void)
     zlib_streams();
     inflate_in_pieces();
     inflate_bounded();
+    inflate_whole_as_zlib();
     inflate_before_first_call();
     small_streams();
     small_streams_mixed();
