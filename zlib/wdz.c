@@ -1883,13 +1883,18 @@ int deflate(z_streamp strm, int flush)
         if (!strm->next_out || (strm->avail_in && !strm->next_in) || flush < 0 ||
             flush > Z_BLOCK)
             return Z_STREAM_ERROR;
+        z_const Bytef *in = strm->next_in;
+        Bytef *out = strm->next_out;
         int ret = strm->avail_out ? deflate_pieces(r, strm, flush) : Z_BUF_ERROR;
         if (ret != HAND_OVER)
             return ret;
         ret = pieces_to_zrs(r, strm);
         if (ret != Z_OK)
             return ret;
-        return deflate(strm, flush);
+        ret = deflate(strm, flush);
+        /* The pieces may have taken input and written output before the
+         * handover: progress, even if none came after it (zlib's Z_OK). */
+        return ret == Z_BUF_ERROR && (strm->next_in != in || strm->next_out != out) ? Z_OK : ret;
     }
     /* (zlib's state may exist: a stream reset for its next message.) */
     size_t brought = r ? r->gather_len + strm->avail_in : 0;

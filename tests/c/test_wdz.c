@@ -861,6 +861,39 @@ static void params_after_pieces(void)
     free(back);
 }
 
+/* A flush on a stream in pieces that hands it to zlib-rs (it brings
+ * little) after handing out, to the last byte of the caller's room, the
+ * output that waited and taking the call's input: progress, zlib's Z_OK.
+ * The stream then ends right. */
+static void flush_hands_over_full(void)
+{
+    size_t n = (5 << 20) + 5000, first = 5 << 20;
+    unsigned char *d = make_data(n, 97);
+    size_t cap = n + n / 2;
+    unsigned char *c = malloc(cap), *back = malloc(n + 1);
+    z_stream s;
+    memset(&s, 0, sizeof s);
+    CHECK(deflateInit(&s, 1) == Z_OK);
+    s.next_in = d;
+    s.avail_in = (uInt)first;
+    s.next_out = c;
+    s.avail_out = 1000;
+    CHECK(deflate(&s, Z_NO_FLUSH) == Z_OK && s.total_out == 1000 && s.avail_in > 0);
+    unsigned waiting = 0;
+    CHECK(deflatePending(&s, &waiting, NULL) == Z_OK && waiting > 0);
+    size_t in_before = s.total_in;
+    s.avail_in = 1000;
+    out_at(&s, c, cap, waiting);
+    CHECK(deflate(&s, Z_SYNC_FLUSH) == Z_OK);
+    CHECK(s.avail_out == 0 && s.total_in == in_before + 1000);
+    sync_flush(&s, c, cap, 4096);
+    feed(&s, d, s.total_in, n, 65536, c, cap, cap);
+    finish_and_check(&s, 15, d, n, c, cap, cap, back);
+    free(d);
+    free(c);
+    free(back);
+}
+
 /* A stream in pieces whose first or second piece cannot be made (the
  * library failed it): zlib-rs takes the stream on with the input that
  * piece had, its history the input before it, and the stream decodes to
@@ -2178,6 +2211,7 @@ int main(void)
     deflate_flushed_in_pieces();
     params_after_pieces();
     piece_fails();
+    flush_hands_over_full();
     calls_after_finish();
     inflate_framings();
     zlib_streams();
