@@ -1057,6 +1057,14 @@ int uncompress(Bytef *dest, uLongf *destLen, const Bytef *source, uLong sourceLe
 
 /* ---- deflate ------------------------------------------------------------ */
 
+/* An error zlib's deflate returns with its message (its ERR_RETURN; the
+ * string is zlib's own). */
+static int err_return(z_streamp strm, int err)
+{
+    strm->msg = (char *)REAL(zError)(err);
+    return err;
+}
+
 static struct record deflate_record(int level, int windowBits, int strategy)
 {
     struct record r = {.deflating = 1, .level = level, .window = windowBits, .phase = FRESH};
@@ -1696,7 +1704,7 @@ static int deflate_pieces(struct record *r, z_streamp s, int flush)
     r->last_flush = flush;
     if (flushing && r->pend_len == r->pend_pos && s->avail_in == 0 &&
         flush_rank(flush) <= flush_rank(old))
-        return Z_BUF_ERROR;
+        return err_return(s, Z_BUF_ERROR);
     int progress = 0;
     for (;;) {
         if (r->pend_len > r->pend_pos) {
@@ -1704,7 +1712,7 @@ static int deflate_pieces(struct record *r, z_streamp s, int flush)
             if (s->avail_out == 0)
                 r->last_flush = -1; /* (as zlib: the same flush again is no repeat) */
             if (r->pend_len > r->pend_pos)
-                return progress ? Z_OK : Z_BUF_ERROR;
+                return progress ? Z_OK : err_return(s, Z_BUF_ERROR);
             if (flushing && r->last_flush == flush && s->avail_in == 0 && r->gather_len == 0)
                 return Z_OK; /* this flush's piece is out */
         }
@@ -1722,7 +1730,7 @@ static int deflate_pieces(struct record *r, z_streamp s, int flush)
             continue;
         }
         if (flush == Z_NO_FLUSH)
-            return progress ? Z_OK : Z_BUF_ERROR;
+            return progress ? Z_OK : err_return(s, Z_BUF_ERROR);
         if (flushing) {
             if (r->gather_len > 0 && r->gather_len < FLUSH_PIECE_MIN)
                 return HAND_OVER;
@@ -1861,31 +1869,36 @@ int deflate(z_streamp strm, int flush)
     if (tl_initing)
         return REAL(deflate)(strm, flush); /* zlib's own call, on a kept state */
     struct record *r = strm ? find(strm) : NULL;
+    /* (zlib's checks, in its order: a flush out of range is refused
+     * without a message, the rest with one.) */
+    if (r && (r->phase == PENDING || r->phase == DONE || r->phase == DRAIN ||
+              r->phase == PIECES) &&
+        (flush < 0 || flush > Z_BLOCK))
+        return Z_STREAM_ERROR;
     if (r && (r->phase == PENDING || r->phase == DONE)) {
         /* As zlib answers a finished stream. */
         if (flush != Z_FINISH || !strm->next_out)
-            return Z_STREAM_ERROR;
+            return err_return(strm, Z_STREAM_ERROR);
         if (strm->avail_out == 0 || strm->avail_in != 0)
-            return Z_BUF_ERROR;
+            return err_return(strm, Z_BUF_ERROR);
         return r->phase == PENDING ? serve_pending(r, strm) : Z_STREAM_END;
     }
     if (r && r->phase == DRAIN) {
         if (!strm->next_out || (strm->avail_in && !strm->next_in))
-            return Z_STREAM_ERROR;
+            return err_return(strm, Z_STREAM_ERROR);
         size_t moved = drain(r, strm);
         if (r->phase == DRAIN)
-            return moved ? Z_OK : Z_BUF_ERROR;
+            return moved ? Z_OK : err_return(strm, Z_BUF_ERROR); /* (no room) */
         int ret = deflate_on(r, strm, flush);
         /* Progress was made in this call even if zlib made none. */
         return ret == Z_BUF_ERROR && moved ? Z_OK : ret;
     }
     if (r && r->phase == PIECES) {
-        if (!strm->next_out || (strm->avail_in && !strm->next_in) || flush < 0 ||
-            flush > Z_BLOCK)
-            return Z_STREAM_ERROR;
+        if (!strm->next_out || (strm->avail_in && !strm->next_in))
+            return err_return(strm, Z_STREAM_ERROR);
         z_const Bytef *in = strm->next_in;
         Bytef *out = strm->next_out;
-        int ret = strm->avail_out ? deflate_pieces(r, strm, flush) : Z_BUF_ERROR;
+        int ret = strm->avail_out ? deflate_pieces(r, strm, flush) : err_return(strm, Z_BUF_ERROR);
         if (ret != HAND_OVER)
             return ret;
         ret = pieces_to_zrs(r, strm);
@@ -1907,7 +1920,7 @@ int deflate(z_streamp strm, int flush)
          * first empty call is Z_OK (zlib would have written its header),
          * a later one Z_BUF_ERROR (no progress possible), as zlib answers. */
         if (!strm->avail_in && r->phase == GATHER)
-            return Z_BUF_ERROR;
+            return err_return(strm, Z_BUF_ERROR);
         if (gather(r, strm) == 0) {
             r->phase = GATHER;
             return Z_OK;
@@ -2163,13 +2176,6 @@ static int level_func(int level)
 {
     level = level == Z_DEFAULT_COMPRESSION ? 6 : level;
     return level == 0 ? 0 : level <= 3 ? 1 : 2;
-}
-
-/* An error zlib's deflate returns with its message (ERR_RETURN). */
-static int err_return(z_streamp strm, int err)
-{
-    strm->msg = (char *)REAL(zError)(err);
-    return err;
 }
 
 int deflateParams(z_streamp strm, int level, int strategy)

@@ -861,6 +861,56 @@ static void params_after_pieces(void)
     free(back);
 }
 
+/* The errors deflate answers itself on a stream the shim has (gathering,
+ * in pieces, finished): zlib's codes and messages (its own strings; none
+ * for a flush out of range), the reference's stream in the same place. */
+static void deflate_error_messages(void)
+{
+    size_t n = 100000;
+    unsigned char *d = make_data(n, 99);
+    size_t cap = 2 * n;
+    unsigned char *c = malloc(cap), *c2 = malloc(cap);
+    for (int where = 0; where < 3; where++) {
+        z_stream s, r;
+        memset(&s, 0, sizeof s);
+        memset(&r, 0, sizeof r);
+        CHECK(deflateInit(&s, 1) == Z_OK);
+        CHECK(ref.deflateInit2_(&r, 1, Z_DEFLATED, 15, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
+                                (int)sizeof r) == Z_OK);
+        /* 0: gathering; 1: in pieces (a large flush); 2: finished. */
+        int flush = where == 0 ? Z_NO_FLUSH : where == 1 ? Z_SYNC_FLUSH : Z_FINISH;
+        s.next_in = r.next_in = d;
+        s.avail_in = r.avail_in = (uInt)n;
+        s.next_out = c;
+        r.next_out = c2;
+        s.avail_out = r.avail_out = (uInt)cap;
+        int a = deflate(&s, flush), b = ref.deflate(&r, flush);
+        CHECK(a == b && s.avail_in == 0 && r.avail_in == 0);
+        /* Nothing new: the same flush again (a finished stream: another). */
+        int again = where == 2 ? Z_NO_FLUSH : flush;
+        s.msg = r.msg = NULL;
+        a = deflate(&s, again);
+        b = ref.deflate(&r, again);
+        CHECK(a == b && a < 0 && s.msg && r.msg && strcmp(s.msg, r.msg) == 0);
+        /* No room. */
+        s.msg = r.msg = NULL;
+        s.avail_out = r.avail_out = 0;
+        a = deflate(&s, Z_FINISH);
+        b = ref.deflate(&r, Z_FINISH);
+        CHECK(a == b && a == Z_BUF_ERROR && s.msg && r.msg && strcmp(s.msg, r.msg) == 0);
+        /* A flush out of range: no message. */
+        s.msg = r.msg = NULL;
+        s.avail_out = r.avail_out = 100;
+        CHECK(deflate(&s, Z_BLOCK + 1) == ref.deflate(&r, Z_BLOCK + 1));
+        CHECK(s.msg == NULL && r.msg == NULL);
+        deflateEnd(&s);
+        ref.deflateEnd(&r);
+    }
+    free(d);
+    free(c);
+    free(c2);
+}
+
 /* A flush on a stream in pieces that hands it to zlib-rs (it brings
  * little) after handing out, to the last byte of the caller's room, the
  * output that waited and taking the call's input: progress, zlib's Z_OK.
@@ -2212,6 +2262,7 @@ int main(void)
     params_after_pieces();
     piece_fails();
     flush_hands_over_full();
+    deflate_error_messages();
     calls_after_finish();
     inflate_framings();
     zlib_streams();
