@@ -1571,8 +1571,12 @@ static uint32_t carry_check(int alg, uint32_t check, const unsigned char *p, siz
 static void carried(struct record *r, z_streamp s, const unsigned char *in)
 {
     size_t took = (size_t)(s->next_in - in);
-    r->pieces.check = carry_check(r->alg, r->pieces.check, in, took);
-    r->pieces.len += took;
+    /* (Not for none: zlib's check functions given no buffer start a
+     * check anew, and a caller may pass none.) */
+    if (took) {
+        r->pieces.check = carry_check(r->alg, r->pieces.check, in, took);
+        r->pieces.len += took;
+    }
     if (r->alg != WD_COMP_DEFLATE)
         s->adler = r->pieces.check;
 }
@@ -2223,12 +2227,13 @@ static int in_pieces(const struct record *r) { return r && (r->phase == PIECES |
 
 int deflateSetDictionary(z_streamp strm, const Bytef *dictionary, uInt dictLength)
 {
-    if (finished(strm)) {
+    struct record *f = finished(strm);
+    if (f) {
         /* zlib takes one after the end (its framing's part is over), and
          * counts it as input; it is never used. */
         if (!dictionary)
             return Z_STREAM_ERROR;
-        strm->total_in += dict_counted(finished(strm), dictLength);
+        strm->total_in += dict_counted(f, dictLength);
         return Z_OK;
     }
     struct record *p = strm ? find(strm) : NULL;

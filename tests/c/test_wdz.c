@@ -834,6 +834,11 @@ static void params_after_pieces(void)
         if (wbits[w] < 0)
             CHECK(s.adler == before);
         feed(&s, d, took, n, 1 << 20, c, cap, cap);
+        /* A call with no input buffer at all leaves the check value. */
+        s.next_in = NULL;
+        s.avail_in = 0;
+        out_at(&s, c, cap, cap);
+        CHECK(deflate(&s, Z_FULL_FLUSH) == Z_OK);
         finish_and_check(&s, wbits[w], d, n, c, cap, cap, back);
     }
     /* Level 0 set on zlib-rs (a stream flushed with 8000 bytes), then a
