@@ -711,6 +711,20 @@ static int wd_gcm_finish_inline(struct wd_cctx *x)
 	return x->impl.get_ctx_params(x->inner, get);
 }
 
+/* End the GCM message: compute the tag (encryption) or check it
+ * (decryption: a wrong tag fails). */
+static int wd_gcm_final(struct wd_cctx *x)
+{
+	if (!x->gcm_started && !wd_gcm_begin(x, 0))
+		return 0;
+	x->gcm_started = 0;
+	if (x->gcm_inline)
+		return wd_gcm_finish_inline(x);
+	if (x->enc)
+		return wd_aead_finish(x->a, x->tag, x->taglen) == 0;
+	return x->taglen >= 4 && wd_aead_finish(x->a, x->tag, x->taglen) == 0;
+}
+
 /* Whether a request of `len` bytes runs inline without asking libwd: the
  * reason it does (a WD_CPU_* code), or 0. Below the threshold, or with the
  * cpu policy, always; above it while a "CPU" decision of the router is
@@ -843,17 +857,8 @@ static int wd_cipher_final_body(struct wd_cctx *x, unsigned char *out, size_t *o
 	if (!x->key_set)
 		return 0;
 	switch (x->d->mode) {
-	case EVP_CIPH_GCM_MODE: {
-		if (!x->gcm_started && !wd_gcm_begin(x, 0))
-			return 0;
-		*outl = 0;
-		x->gcm_started = 0;
-		if (x->gcm_inline)
-			return wd_gcm_finish_inline(x);
-		if (x->enc)
-			return wd_aead_finish(x->a, x->tag, x->taglen) == 0;
-		return x->taglen >= 4 && wd_aead_finish(x->a, x->tag, x->taglen) == 0;
-	}
+	case EVP_CIPH_GCM_MODE:
+		return wd_gcm_final(x);
 	case EVP_CIPH_CTR_MODE:
 	case EVP_CIPH_XTS_MODE:
 		return 1;
@@ -913,8 +918,17 @@ static int wd_cipher_body(struct wd_cctx *x, unsigned char *out, size_t *outl, s
 	}
 	if (!x->key_set || outsize < inl)
 		return 0;
-	if (x->d->mode == EVP_CIPH_GCM_MODE)
+	if (x->d->mode == EVP_CIPH_GCM_MODE) {
+		/* OpenSSL calls this for every EVP_Cipher of a provided cipher
+		 * that has it, the message's end included: EVP_Cipher(ctx, NULL,
+		 * NULL, 0) must check the tag (decryption) or make it
+		 * (encryption), never pass as empty AAD. */
+		if (in == NULL) {
+			*outl = 0;
+			return wd_gcm_final(x);
+		}
 		return wd_gcm_update(x, out, outl, in, inl);
+	}
 	if ((x->d->mode == EVP_CIPH_ECB_MODE || x->d->mode == EVP_CIPH_CBC_MODE) && inl % 16 != 0)
 		return 0;
 	*outl = inl;

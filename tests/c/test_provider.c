@@ -250,6 +250,72 @@ static void test_gcm(int rounds)
 	}
 }
 
+/* GCM through EVP_Cipher, the raw call: OpenSSL hands every call to the
+ * provider's cipher function, the end of the message too
+ * (EVP_Cipher(ctx, NULL, NULL, 0)), which must make the tag or check it.
+ * What each call returns (bytes written; -1 for a failure) is compared
+ * with the default provider's, on a small message and on one above the
+ * default threshold. */
+static void test_gcm_evp_cipher(void)
+{
+	static unsigned char pt[20000], ct[2][20000], back[20000];
+	EVP_CIPHER *cs[2] = {EVP_CIPHER_fetch(NULL, "AES-128-GCM", "provider=wd"),
+			     EVP_CIPHER_fetch(NULL, "AES-128-GCM", "provider=default")};
+	CHECK(cs[0] && cs[1], "fetch AES-128-GCM");
+	size_t lens[] = {64, 20000};
+	for (int li = 0; cs[0] && cs[1] && li < 2; li++) {
+		size_t len = lens[li];
+		unsigned char key[16], iv[12], aad[20], tag[2][16];
+		fill(key, sizeof key);
+		fill(iv, sizeof iv);
+		fill(aad, sizeof aad);
+		fill(pt, len);
+		int r[2][4];
+		for (int k = 0; k < 2; k++) {
+			EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+			memset(tag[k], 0, 16);
+			r[k][0] = EVP_EncryptInit_ex2(c, cs[k], key, iv, NULL);
+			r[k][1] = EVP_Cipher(c, NULL, aad, sizeof aad);
+			r[k][2] = EVP_Cipher(c, ct[k], pt, (unsigned)len);
+			r[k][3] = EVP_Cipher(c, NULL, NULL, 0);
+			CHECK(EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, 16, tag[k]) > 0,
+			      "GCM EVP_Cipher (%s) len %zu: the tag after the final call",
+			      k ? "default" : "wd", len);
+			EVP_CIPHER_CTX_free(c);
+		}
+		CHECK(!memcmp(r[0], r[1], sizeof r[0]),
+		      "GCM EVP_Cipher seal len %zu returns init %d aad %d data %d final %d, default %d %d %d %d",
+		      len, r[0][0], r[0][1], r[0][2], r[0][3], r[1][0], r[1][1], r[1][2], r[1][3]);
+		CHECK(!memcmp(ct[0], ct[1], len) && !memcmp(tag[0], tag[1], 16),
+		      "GCM EVP_Cipher seal len %zu: the default provider's ciphertext and tag", len);
+		for (int bad = 0; bad < 2; bad++) {
+			unsigned char t[16];
+			memcpy(t, tag[1], 16);
+			if (bad)
+				t[rnd() % 16] ^= (unsigned char)(1 + rnd() % 255);
+			int o[2][3];
+			for (int k = 0; k < 2; k++) {
+				EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+				int ok = EVP_DecryptInit_ex2(c, cs[k], key, iv, NULL) &&
+					 EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, 16, t) > 0;
+				o[k][0] = ok ? EVP_Cipher(c, NULL, aad, sizeof aad) : -2;
+				o[k][1] = ok ? EVP_Cipher(c, back, ct[1], (unsigned)len) : -2;
+				o[k][2] = ok ? EVP_Cipher(c, NULL, NULL, 0) : -2;
+				if (!bad && k == 0)
+					CHECK(!memcmp(back, pt, len), "GCM EVP_Cipher open len %zu", len);
+				EVP_CIPHER_CTX_free(c);
+			}
+			CHECK(o[0][2] == (bad ? -1 : 0) && !memcmp(o[0], o[1], sizeof o[0]),
+			      "GCM EVP_Cipher open len %zu %s tag: aad %d data %d final %d, default %d %d %d",
+			      len, bad ? "wrong" : "right", o[0][0], o[0][1], o[0][2], o[1][0], o[1][1],
+			      o[1][2]);
+		}
+	}
+	ERR_clear_error();
+	EVP_CIPHER_free(cs[0]);
+	EVP_CIPHER_free(cs[1]);
+}
+
 static void test_digests(int rounds)
 {
 	static unsigned char in[100000];
@@ -627,6 +693,7 @@ int main(int argc, char **argv)
 		test_kats();
 		test_ciphers_differential(12);
 		test_gcm(10);
+		test_gcm_evp_cipher();
 		test_digests(12);
 		test_async();
 		test_threads();
