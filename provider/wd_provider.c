@@ -275,6 +275,10 @@ struct wd_cctx {
 	unsigned char tag[16];
 	size_t taglen;
 	int gcm_started;
+	/* The IV has served a message to its end: the next one needs a new
+	 * IV (the same IV again is the same keystream), as OpenSSL's own GCM
+	 * refuses (IV_STATE_FINISHED). */
+	int gcm_iv_spent;
 	int gcm_inline;          /* the message under way runs in `inner` */
 	int gcm_inner_keyed;     /* `inner` holds the current key */
 	unsigned char gaad[256]; /* AAD held until the path is decided */
@@ -542,6 +546,7 @@ static int wd_cipher_init(struct wd_cctx *x, const unsigned char *key, size_t ke
 		}
 		memcpy(x->iv, iv, x->d->mode == EVP_CIPH_GCM_MODE ? ivlen : x->d->ivlen);
 		x->iv_set = 1;
+		x->gcm_iv_spent = 0;
 		x->gcm_started = 0;
 		x->gaad_len = 0;
 	}
@@ -630,7 +635,7 @@ static int wd_blocks(struct wd_cctx *x, unsigned char *out, const unsigned char 
  * first. A message keeps its path (GCM's state cannot move). */
 static int wd_gcm_begin(struct wd_cctx *x, size_t len)
 {
-	if (!x->iv_set)
+	if (!x->iv_set || x->gcm_iv_spent)
 		return 0;
 	/* A GCM message on the device is waited for (never paused), so it is
 	 * routed as a synchronous request. */
@@ -666,6 +671,8 @@ static int wd_gcm_update(struct wd_cctx *x, unsigned char *out, size_t *outl,
 			 const unsigned char *in, size_t inl)
 {
 	if (!x->gcm_started) {
+		if (x->gcm_iv_spent)
+			return 0;
 		/* AAD comes before the data that decides the path: hold it
 		 * while it is small. */
 		if (out == NULL && x->gaad_len + inl <= sizeof x->gaad) {
@@ -718,6 +725,9 @@ static int wd_gcm_final(struct wd_cctx *x)
 	if (!x->gcm_started && !wd_gcm_begin(x, 0))
 		return 0;
 	x->gcm_started = 0;
+	/* Spent whether or not a tag checks: the message is over either way
+	 * (its state is gone from the device session). */
+	x->gcm_iv_spent = 1;
 	if (x->gcm_inline)
 		return wd_gcm_finish_inline(x);
 	if (x->enc)
@@ -1025,7 +1035,7 @@ static int wd_tls_begin(struct wd_cctx *x)
 		return 0;
 	const unsigned char *key = x->key_set ? x->key : NULL;
 	size_t ivlen = x->d->mode == EVP_CIPH_GCM_MODE ? x->ivlen : x->d->ivlen;
-	const unsigned char *iv = x->iv_set && ivlen > 0 ? x->iv : NULL;
+	const unsigned char *iv = x->iv_set && !x->gcm_iv_spent && ivlen > 0 ? x->iv : NULL;
 	unsigned int pad = (unsigned int)x->pad;
 	OSSL_PARAM params[] = {OSSL_PARAM_construct_uint(OSSL_CIPHER_PARAM_PADDING, &pad),
 			       OSSL_PARAM_construct_end()};

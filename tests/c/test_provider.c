@@ -316,6 +316,78 @@ static void test_gcm_evp_cipher(void)
 	EVP_CIPHER_free(cs[1]);
 }
 
+/* A GCM IV serves one message: after the final call, further data, AAD
+ * or another final fail until a new IV is set (the same IV again would be
+ * the same keystream), also after an init that gives no IV or the same
+ * key again, in both directions, as the default provider answers. A new
+ * IV makes the default provider's message. */
+static void test_gcm_iv_spent(void)
+{
+	static unsigned char pt[20000], ct[2][20000];
+	EVP_CIPHER *cs[2] = {EVP_CIPHER_fetch(NULL, "AES-256-GCM", "provider=wd"),
+			     EVP_CIPHER_fetch(NULL, "AES-256-GCM", "provider=default")};
+	CHECK(cs[0] && cs[1], "fetch AES-256-GCM");
+	size_t lens[] = {64, 20000};
+	/* After the final call: 0 data, 1 AAD, 2 final, 3 init without key or
+	 * IV then data, 4 the same key without IV then data. */
+	for (int li = 0; cs[0] && cs[1] && li < 2; li++) {
+		size_t len = lens[li];
+		for (int enc = 0; enc <= 1; enc++) {
+			for (int what = 0; what < 5; what++) {
+				unsigned char key[32], iv[12], iv2[12], tag[16];
+				fill(key, sizeof key);
+				fill(iv, sizeof iv);
+				fill(iv2, sizeof iv2);
+				fill(pt, len);
+				int r[2][3], l = 0;
+				if (!enc) { /* a sealed message, whose tag checks */
+					EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+					int ok = EVP_EncryptInit_ex2(c, cs[1], key, iv, NULL) &&
+						 EVP_EncryptUpdate(c, ct[0], &l, pt, (int)len) &&
+						 EVP_EncryptFinal_ex(c, ct[0] + l, &l) &&
+						 EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, 16, tag) > 0;
+					CHECK(ok, "GCM seal (default)");
+					memcpy(pt, ct[0], len);
+					EVP_CIPHER_CTX_free(c);
+				}
+				for (int k = 0; k < 2; k++) {
+					EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+					int ok = EVP_CipherInit_ex2(c, cs[k], key, iv, enc, NULL) &&
+						 (enc || EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, 16, tag) > 0) &&
+						 EVP_CipherUpdate(c, ct[k], &l, pt, (int)len) &&
+						 EVP_CipherFinal_ex(c, ct[k] + l, &l);
+					r[k][0] = ok;
+					switch (what) {
+					case 0: r[k][1] = EVP_CipherUpdate(c, ct[k], &l, pt, (int)len); break;
+					case 1: r[k][1] = EVP_CipherUpdate(c, NULL, &l, pt, 16); break;
+					case 2: r[k][1] = EVP_CipherFinal_ex(c, ct[k], &l); break;
+					case 3:
+						r[k][1] = EVP_CipherInit_ex2(c, NULL, NULL, NULL, enc, NULL) &&
+							  EVP_CipherUpdate(c, ct[k], &l, pt, (int)len);
+						break;
+					case 4:
+						r[k][1] = EVP_CipherInit_ex2(c, NULL, key, NULL, enc, NULL) &&
+							  EVP_CipherUpdate(c, ct[k], &l, pt, (int)len);
+						break;
+					}
+					/* A new IV: a new message, the default provider's. */
+					r[k][2] = EVP_CipherInit_ex2(c, NULL, NULL, iv2, enc, NULL) &&
+						  EVP_CipherUpdate(c, ct[k], &l, pt, (int)len) && l == (int)len;
+					EVP_CIPHER_CTX_free(c);
+				}
+				CHECK(r[0][0] && r[0][1] == 0 && r[0][2] && !memcmp(r[0], r[1], sizeof r[0]) &&
+					      !memcmp(ct[0], ct[1], len),
+				      "GCM %s len %zu case %d after the final call: wd %d %d %d, default %d %d %d",
+				      enc ? "seal" : "open", len, what, r[0][0], r[0][1], r[0][2], r[1][0],
+				      r[1][1], r[1][2]);
+			}
+		}
+	}
+	ERR_clear_error();
+	EVP_CIPHER_free(cs[0]);
+	EVP_CIPHER_free(cs[1]);
+}
+
 static void test_digests(int rounds)
 {
 	static unsigned char in[100000];
@@ -694,6 +766,7 @@ int main(int argc, char **argv)
 		test_ciphers_differential(12);
 		test_gcm(10);
 		test_gcm_evp_cipher();
+		test_gcm_iv_spent();
 		test_digests(12);
 		test_async();
 		test_threads();
