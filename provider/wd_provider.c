@@ -401,6 +401,19 @@ fail:
 }
 
 static int wd_cipher_set_params(struct wd_cctx *x, const OSSL_PARAM params[]);
+static int wd_tls_begin(struct wd_cctx *x);
+static void wd_params_find(const OSSL_PARAM *params, const char *const names[], size_t n,
+			   const OSSL_PARAM *found[]);
+
+/* The TLS record-layer parameters: any of them hands the context over to
+ * the default provider (wd_tls_begin). */
+static const char *const wd_tls_param_names[] = {
+	OSSL_CIPHER_PARAM_AEAD_TLS1_AAD,	OSSL_CIPHER_PARAM_AEAD_TLS1_IV_FIXED,
+	OSSL_CIPHER_PARAM_AEAD_TLS1_GET_IV_GEN, OSSL_CIPHER_PARAM_AEAD_TLS1_SET_IV_INV,
+	OSSL_CIPHER_PARAM_TLS_VERSION,		OSSL_CIPHER_PARAM_TLS_MAC_SIZE,
+	OSSL_CIPHER_PARAM_TLS1_MULTIBLOCK_MAX_SEND_FRAGMENT,
+};
+#define WD_TLS_PARAMS (sizeof wd_tls_param_names / sizeof *wd_tls_param_names)
 
 /* Start the inline context on `iv` (key when given), padding off. */
 static int wd_inner_iv(struct wd_cctx *x, const unsigned char *key, size_t keylen,
@@ -497,15 +510,25 @@ static int wd_chain_from_session(struct wd_cctx *x)
 static int wd_cipher_init(struct wd_cctx *x, const unsigned char *key, size_t keylen,
 			  const unsigned char *iv, size_t ivlen, const OSSL_PARAM params[], int enc)
 {
-	if (x->tls != NULL) {
-		x->enc = enc;
+	x->enc = enc;
+	/* An init that brings TLS record-layer parameters is handed over
+	 * before anything of it applies, and then goes there whole: taking
+	 * them first handed over the previous key and IV (or none) and applied
+	 * this init's key here, where it no longer counts. */
+	if (x->tls == NULL && params != NULL) {
+		const OSSL_PARAM *tls[WD_TLS_PARAMS];
+		wd_params_find(params, wd_tls_param_names, WD_TLS_PARAMS, tls);
+		for (size_t i = 0; i < WD_TLS_PARAMS; i++)
+			if (tls[i] != NULL) {
+				if (!wd_tls_begin(x))
+					return 0;
+				break;
+			}
+	}
+	if (x->tls != NULL)
 		return enc ? x->tls_impl.einit(x->tls, key, keylen, iv, ivlen, params)
 			   : x->tls_impl.dinit(x->tls, key, keylen, iv, ivlen, params);
-	}
-	x->enc = enc;
 	x->buflen = 0;
-	if (params != NULL && !wd_cipher_set_params(x, params))
-		return 0;
 	/* The same key again (openssl speed and record layers re-key each
 	 * message): keep the session and the schedules. */
 	if (key != NULL && x->key_set && keylen == x->d->keylen && CRYPTO_memcmp(key, x->key, keylen) == 0)
@@ -555,7 +578,11 @@ static int wd_cipher_init(struct wd_cctx *x, const unsigned char *key, size_t ke
 		if (wd_cipher_set_iv(x->c, x->iv, x->d->ivlen) != 0)
 			return 0;
 	}
-	return wd_inner_init(x);
+	if (!wd_inner_init(x))
+		return 0;
+	/* Parameters after the key and IV, as OpenSSL's own ciphers take them
+	 * (an IV length given here applies to the IV already given). */
+	return wd_cipher_set_params(x, params);
 }
 
 static int wd_encrypt_init(void *vctx, const unsigned char *key, size_t keylen,
@@ -1068,18 +1095,14 @@ static int wd_cipher_set_params(struct wd_cctx *x, const OSSL_PARAM params[])
 		return 1;
 	if (x->tls != NULL)
 		return x->tls_impl.set_ctx_params(x->tls, params);
-	/* The TLS record-layer parameters first: any of them hands the
-	 * context over to the default provider (wd_tls_begin). */
-	enum { AAD, IV_FIXED, IV_GEN, IV_INV, VERSION, MAC_SIZE, MULTIBLOCK, PADDING, KEYLEN, IVLEN,
-	       TAG, N };
+	/* The TLS record-layer parameters first (wd_tls_param_names). */
+	const OSSL_PARAM *tls[WD_TLS_PARAMS];
+	wd_params_find(params, wd_tls_param_names, WD_TLS_PARAMS, tls);
+	for (size_t i = 0; i < WD_TLS_PARAMS; i++)
+		if (tls[i] != NULL)
+			return wd_tls_begin(x) && x->tls_impl.set_ctx_params(x->tls, params);
+	enum { PADDING, KEYLEN, IVLEN, TAG, N };
 	static const char *const names[N] = {
-		[AAD] = OSSL_CIPHER_PARAM_AEAD_TLS1_AAD,
-		[IV_FIXED] = OSSL_CIPHER_PARAM_AEAD_TLS1_IV_FIXED,
-		[IV_GEN] = OSSL_CIPHER_PARAM_AEAD_TLS1_GET_IV_GEN,
-		[IV_INV] = OSSL_CIPHER_PARAM_AEAD_TLS1_SET_IV_INV,
-		[VERSION] = OSSL_CIPHER_PARAM_TLS_VERSION,
-		[MAC_SIZE] = OSSL_CIPHER_PARAM_TLS_MAC_SIZE,
-		[MULTIBLOCK] = OSSL_CIPHER_PARAM_TLS1_MULTIBLOCK_MAX_SEND_FRAGMENT,
 		[PADDING] = OSSL_CIPHER_PARAM_PADDING,
 		[KEYLEN] = OSSL_CIPHER_PARAM_KEYLEN,
 		[IVLEN] = OSSL_CIPHER_PARAM_AEAD_IVLEN,
@@ -1087,9 +1110,6 @@ static int wd_cipher_set_params(struct wd_cctx *x, const OSSL_PARAM params[])
 	};
 	const OSSL_PARAM *found[N], *p;
 	wd_params_find(params, names, N, found);
-	for (int i = AAD; i <= MULTIBLOCK; i++)
-		if (found[i] != NULL)
-			return wd_tls_begin(x) && x->tls_impl.set_ctx_params(x->tls, params);
 	if ((p = found[PADDING]) != NULL) {
 		unsigned int pad;
 		if (!OSSL_PARAM_get_uint(p, &pad))

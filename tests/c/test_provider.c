@@ -21,8 +21,10 @@
 #include <unistd.h>
 
 #include <openssl/async.h>
+#include <openssl/core_names.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
+#include <openssl/params.h>
 #include <openssl/provider.h>
 
 #include "wd_crypto.h"
@@ -382,6 +384,55 @@ static void test_gcm_iv_spent(void)
 				      r[1][1], r[1][2]);
 			}
 		}
+	}
+	ERR_clear_error();
+	EVP_CIPHER_free(cs[0]);
+	EVP_CIPHER_free(cs[1]);
+}
+
+/* TLS record-layer parameters given at init (EVP_CipherInit_ex2 with the
+ * TLS version and MAC size) apply with that init's key and IV: on a new
+ * context and on one used before with another key, a TLS 1.2 CBC record
+ * comes out as the default provider makes it, both ways. */
+static void test_tls_params_at_init(void)
+{
+	EVP_CIPHER *cs[2] = {EVP_CIPHER_fetch(NULL, "AES-128-CBC", "provider=wd"),
+			     EVP_CIPHER_fetch(NULL, "AES-128-CBC", "provider=default")};
+	CHECK(cs[0] && cs[1], "fetch AES-128-CBC");
+	for (int reuse = 0; cs[0] && cs[1] && reuse <= 1; reuse++) {
+		unsigned char k1[16], k2[16], iv[16], rec[64], out[2][64], back[2][64];
+		fill(k1, sizeof k1);
+		fill(k2, sizeof k2);
+		fill(iv, sizeof iv);
+		fill(rec, 48);
+		memset(rec + 48, 15, 16); /* the record's padding, as libssl adds it */
+		int r[2][4];
+		for (int k = 0; k < 2; k++) {
+			for (int enc = 1; enc >= 0; enc--) {
+				unsigned int ver = 0x0303;
+				size_t mac = 0;
+				OSSL_PARAM p[] = {OSSL_PARAM_construct_uint(OSSL_CIPHER_PARAM_TLS_VERSION, &ver),
+						  OSSL_PARAM_construct_size_t(OSSL_CIPHER_PARAM_TLS_MAC_SIZE, &mac),
+						  OSSL_PARAM_END};
+				EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+				if (reuse) {
+					unsigned char junk[32];
+					int l = 0;
+					EVP_CipherInit_ex2(c, cs[k], k1, iv, enc, NULL);
+					EVP_CipherUpdate(c, junk, &l, rec, 16);
+				}
+				r[k][enc * 2] = EVP_CipherInit_ex2(c, reuse ? NULL : cs[k], k2, iv, enc, p);
+				memset(enc ? out[k] : back[k], 0, 64);
+				r[k][enc * 2 + 1] = enc ? EVP_Cipher(c, out[k], rec, 64)
+							: EVP_Cipher(c, back[k], out[k], 64);
+				EVP_CIPHER_CTX_free(c);
+			}
+		}
+		CHECK(r[0][2] == 1 && r[0][3] > 0 && !memcmp(r[0], r[1], sizeof r[0]) &&
+			      !memcmp(out[0], out[1], 64) && !memcmp(back[0], back[1], 64),
+		      "TLS parameters at init (%s context): wd init %d record %d back %d %d, default %d %d %d %d",
+		      reuse ? "used" : "new", r[0][2], r[0][3], r[0][0], r[0][1], r[1][2], r[1][3], r[1][0],
+		      r[1][1]);
 	}
 	ERR_clear_error();
 	EVP_CIPHER_free(cs[0]);
@@ -767,6 +818,7 @@ int main(int argc, char **argv)
 		test_gcm(10);
 		test_gcm_evp_cipher();
 		test_gcm_iv_spent();
+		test_tls_params_at_init();
 		test_digests(12);
 		test_async();
 		test_threads();
