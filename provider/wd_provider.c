@@ -268,6 +268,7 @@ struct wd_cctx {
 	unsigned char key[64];
 	unsigned char iv[16];
 	size_t ivlen;
+	unsigned char updated_iv[16]; /* what "updated-iv" last answered */
 	/* ECB/CBC: partial block kept between updates */
 	unsigned char buf[16];
 	size_t buflen;
@@ -991,6 +992,39 @@ static void wd_params_find(const OSSL_PARAM *params, const char *const names[], 
 			}
 }
 
+/* The stream's chaining value and CTR's bytes used of its block, from
+ * wherever the stream is now, in the default provider's terms (its counter
+ * names the next block once one is begun); the IV itself for the modes
+ * without a chain. */
+static void wd_chain_now(struct wd_cctx *x, unsigned char iv[16], unsigned int *num)
+{
+	memcpy(iv, x->iv, 16);
+	*num = 0;
+	if (x->d->mode != EVP_CIPH_CBC_MODE && x->d->mode != EVP_CIPH_CTR_MODE)
+		return;
+	if (x->chain_here && x->inner != NULL) {
+		unsigned char v[16];
+		unsigned int n = 0;
+		OSSL_PARAM params[] = {
+			OSSL_PARAM_construct_octet_string(OSSL_CIPHER_PARAM_UPDATED_IV, v, sizeof v),
+			OSSL_PARAM_construct_uint(OSSL_CIPHER_PARAM_NUM, &n), OSSL_PARAM_construct_end()};
+		if (x->impl.get_ctx_params(x->inner, params)) {
+			memcpy(iv, v, 16);
+			*num = n;
+		}
+		return;
+	}
+	size_t n = 0;
+	if (x->c == NULL || wd_cipher_get_chain(x->c, iv, &n) != 0) {
+		memcpy(iv, x->iv, 16);
+		return;
+	}
+	if (x->d->mode == EVP_CIPH_CTR_MODE && n > 0)
+		for (int i = 15; i >= 0 && ++iv[i] == 0; i--)
+			;
+	*num = (unsigned int)n;
+}
+
 static int wd_cipher_get_ctx_params(void *vctx, OSSL_PARAM params[])
 {
 	struct wd_cctx *x = vctx;
@@ -1017,22 +1051,20 @@ static int wd_cipher_get_ctx_params(void *vctx, OSSL_PARAM params[])
 	if ((p = WD_FOUND(PADDING)) != NULL &&
 	    !OSSL_PARAM_set_uint(p, (unsigned int)x->pad))
 		return 0;
+	unsigned int num = 0;
+	if (WD_FOUND(NUM) != NULL || WD_FOUND(UPDATED_IV) != NULL)
+		wd_chain_now(x, x->updated_iv, &num);
 	if ((p = WD_FOUND(NUM)) != NULL &&
-	    !OSSL_PARAM_set_uint(p, 0))
+	    !OSSL_PARAM_set_uint(p, num))
 		return 0;
 	if ((p = WD_FOUND(IV)) != NULL &&
 	    !OSSL_PARAM_set_octet_string(p, x->iv, x->ivlen) &&
 	    !OSSL_PARAM_set_octet_ptr(p, x->iv, x->ivlen))
 		return 0;
-	if ((p = WD_FOUND(UPDATED_IV)) != NULL) {
-		unsigned char iv[16];
-		memcpy(iv, x->iv, sizeof iv);
-		if (x->c != NULL && x->d->ivlen > 0)
-			wd_cipher_get_iv(x->c, iv, sizeof iv);
-		if (!OSSL_PARAM_set_octet_string(p, iv, x->ivlen) &&
-		    !OSSL_PARAM_set_octet_ptr(p, x->iv, x->ivlen))
-			return 0;
-	}
+	if ((p = WD_FOUND(UPDATED_IV)) != NULL &&
+	    !OSSL_PARAM_set_octet_string(p, x->updated_iv, x->ivlen) &&
+	    !OSSL_PARAM_set_octet_ptr(p, x->updated_iv, x->ivlen))
+		return 0;
 	if ((p = WD_FOUND(TAGLEN)) != NULL &&
 	    !OSSL_PARAM_set_size_t(p, x->taglen))
 		return 0;

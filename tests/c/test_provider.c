@@ -439,6 +439,53 @@ static void test_tls_params_at_init(void)
 	EVP_CIPHER_free(cs[1]);
 }
 
+/* The chaining value and CTR's position in its block, where the stream
+ * is now (on the device session or in the inline context): read through
+ * EVP_CIPHER_CTX_get_updated_iv and the "num" parameter as the default
+ * provider answers, after small and large requests. */
+static void test_chain_state(void)
+{
+	static unsigned char in[70100], a[70200], b[70200];
+	const char *names[] = {"AES-128-CBC", "AES-256-CTR"};
+	size_t lens[] = {32, 37, 4096, 4001, 70000, 70001};
+	for (int ni = 0; ni < 2; ni++) {
+		EVP_CIPHER *cs[2] = {EVP_CIPHER_fetch(NULL, names[ni], "provider=wd"),
+				     EVP_CIPHER_fetch(NULL, names[ni], "provider=default")};
+		CHECK(cs[0] && cs[1], "fetch %s", names[ni]);
+		int ctr = ni == 1;
+		for (size_t li = 0; cs[0] && cs[1] && li < sizeof lens / sizeof *lens; li++) {
+			size_t len = lens[li];
+			if (!ctr && len % 16 != 0)
+				continue;
+			unsigned char key[32], iv[16], uiv[2][16];
+			unsigned int num[2] = {99, 99};
+			fill(key, sizeof key);
+			fill(iv, sizeof iv);
+			fill(in, len + 100);
+			EVP_CIPHER_CTX *c[2];
+			int ok = 1;
+			unsigned char *outs[2] = {a, b};
+			for (int k = 0; k < 2; k++) {
+				int l = 0;
+				c[k] = EVP_CIPHER_CTX_new();
+				ok = ok && EVP_EncryptInit_ex2(c[k], cs[k], key, iv, NULL) &&
+				     EVP_CIPHER_CTX_set_padding(c[k], 0) &&
+				     EVP_EncryptUpdate(c[k], outs[k], &l, in, (int)len);
+				OSSL_PARAM p[] = {OSSL_PARAM_construct_uint(OSSL_CIPHER_PARAM_NUM, &num[k]),
+						  OSSL_PARAM_END};
+				ok = ok && EVP_CIPHER_CTX_get_updated_iv(c[k], uiv[k], 16) &&
+				     EVP_CIPHER_CTX_get_params(c[k], p);
+				EVP_CIPHER_CTX_free(c[k]);
+			}
+			CHECK(ok && !memcmp(uiv[0], uiv[1], 16) && num[0] == num[1],
+			      "%s after %zu bytes: updated IV %02x%02x.. num %u, default %02x%02x.. num %u",
+			      names[ni], len, uiv[0][0], uiv[0][15], num[0], uiv[1][0], uiv[1][15], num[1]);
+		}
+		EVP_CIPHER_free(cs[0]);
+		EVP_CIPHER_free(cs[1]);
+	}
+}
+
 static void test_digests(int rounds)
 {
 	static unsigned char in[100000];
@@ -819,6 +866,7 @@ int main(int argc, char **argv)
 		test_gcm_evp_cipher();
 		test_gcm_iv_spent();
 		test_tls_params_at_init();
+		test_chain_state();
 		test_digests(12);
 		test_async();
 		test_threads();
