@@ -388,9 +388,16 @@ static void *wd_cipher_dupctx(void *vctx)
 		} else {
 			if (wd_cipher_new(&n->c, x->d->name, x->key, x->d->keylen, x->enc) != 0)
 				goto fail;
+			/* The whole chain, CTR's place in its block too: the IV
+			 * alone starts the copy's next request at a block's start. */
+			int chained = x->d->mode == EVP_CIPH_CBC_MODE || x->d->mode == EVP_CIPH_CTR_MODE;
 			unsigned char iv[16];
-			if (x->iv_set && x->d->ivlen > 0 && wd_cipher_get_iv(x->c, iv, sizeof iv) > 0 &&
-			    wd_cipher_set_iv(n->c, iv, x->d->ivlen) != 0)
+			size_t num = 0;
+			if (x->iv_set && chained &&
+			    (wd_cipher_get_chain(x->c, iv, &num) != 0 || wd_cipher_set_chain(n->c, iv, num) != 0))
+				goto fail;
+			if (x->iv_set && x->d->mode == EVP_CIPH_XTS_MODE &&
+			    wd_cipher_set_iv(n->c, x->iv, x->d->ivlen) != 0)
 				goto fail;
 		}
 	}

@@ -441,8 +441,9 @@ static void test_tls_params_at_init(void)
 
 /* The chaining value and CTR's position in its block, where the stream
  * is now (on the device session or in the inline context): read through
- * EVP_CIPHER_CTX_get_updated_iv and the "num" parameter as the default
- * provider answers, after small and large requests. */
+ * EVP_CIPHER_CTX_get_updated_iv and the "num" parameter, and carried by a
+ * copy of the context, which goes on as the original does; all as the
+ * default provider, after small and large requests. */
 static void test_chain_state(void)
 {
 	static unsigned char in[70100], a[70200], b[70200];
@@ -457,17 +458,18 @@ static void test_chain_state(void)
 			size_t len = lens[li];
 			if (!ctr && len % 16 != 0)
 				continue;
-			unsigned char key[32], iv[16], uiv[2][16];
-			unsigned int num[2] = {99, 99};
+			unsigned char key[32], iv[16], uiv[2][16], civ[2][16];
+			unsigned int num[2] = {99, 99}, cnum[2] = {99, 99};
 			fill(key, sizeof key);
 			fill(iv, sizeof iv);
 			fill(in, len + 100);
-			EVP_CIPHER_CTX *c[2];
+			EVP_CIPHER_CTX *c[2], *d[2];
 			int ok = 1;
 			unsigned char *outs[2] = {a, b};
 			for (int k = 0; k < 2; k++) {
 				int l = 0;
 				c[k] = EVP_CIPHER_CTX_new();
+				d[k] = EVP_CIPHER_CTX_new();
 				ok = ok && EVP_EncryptInit_ex2(c[k], cs[k], key, iv, NULL) &&
 				     EVP_CIPHER_CTX_set_padding(c[k], 0) &&
 				     EVP_EncryptUpdate(c[k], outs[k], &l, in, (int)len);
@@ -475,11 +477,28 @@ static void test_chain_state(void)
 						  OSSL_PARAM_END};
 				ok = ok && EVP_CIPHER_CTX_get_updated_iv(c[k], uiv[k], 16) &&
 				     EVP_CIPHER_CTX_get_params(c[k], p);
+				/* The copy goes on with the rest; the original with the
+				 * same rest, for comparison. */
+				ok = ok && EVP_CIPHER_CTX_copy(d[k], c[k]);
+				int m = 0;
+				ok = ok && EVP_EncryptUpdate(d[k], outs[k] + len, &m, in + len, 48) &&
+				     EVP_EncryptUpdate(c[k], outs[k] + len + 48, &l, in + len, 48);
+				OSSL_PARAM q[] = {OSSL_PARAM_construct_uint(OSSL_CIPHER_PARAM_NUM, &cnum[k]),
+						  OSSL_PARAM_END};
+				ok = ok && EVP_CIPHER_CTX_get_updated_iv(d[k], civ[k], 16) &&
+				     EVP_CIPHER_CTX_get_params(d[k], q);
 				EVP_CIPHER_CTX_free(c[k]);
+				EVP_CIPHER_CTX_free(d[k]);
 			}
 			CHECK(ok && !memcmp(uiv[0], uiv[1], 16) && num[0] == num[1],
 			      "%s after %zu bytes: updated IV %02x%02x.. num %u, default %02x%02x.. num %u",
 			      names[ni], len, uiv[0][0], uiv[0][15], num[0], uiv[1][0], uiv[1][15], num[1]);
+			CHECK(ok && !memcmp(a, b, len + 96) && !memcmp(a + len, a + len + 48, 48),
+			      "%s copied after %zu bytes: goes on as the original and the default", names[ni],
+			      len);
+			CHECK(ok && !memcmp(civ[0], civ[1], 16) && cnum[0] == cnum[1],
+			      "%s copy after %zu + 48 bytes: updated IV and num as the default (num %u, %u)",
+			      names[ni], len, cnum[0], cnum[1]);
 		}
 		EVP_CIPHER_free(cs[0]);
 		EVP_CIPHER_free(cs[1]);
