@@ -1546,6 +1546,11 @@ static void *wd_digest_dupctx(void *vctx)
 	n->d = x->d;
 	n->impl = x->impl;
 	n->path = x->path;
+	/* The message's reason and the settings go along: without them a
+	 * copy's inline message was counted under no reason (never handed
+	 * to libwd) and its next ones saw a threshold of 0. */
+	n->route = x->route;
+	n->memo = x->memo;
 	n->t0 = x->t0;
 	n->total = x->total;
 	if (x->s != NULL && wd_digest_dup(x->s, &n->s) != 0)

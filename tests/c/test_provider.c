@@ -832,6 +832,53 @@ static void test_small_digests(void)
 	}
 }
 
+/* A copy of a digest context routes and counts as the original: HMAC,
+ * the TLS PRF and HKDF copy contexts all the time. In a thread (whose end
+ * hands its counts over): small messages, each finished in a copy, then
+ * a message of the copy's own; every one counted, and below the
+ * threshold as such. */
+static void *copied_digests_fn(void *arg)
+{
+	EVP_MD *w = arg;
+	unsigned char in[16] = {1}, out[64];
+	unsigned int l = 0;
+	long bad = 0;
+	for (int i = 0; i < 200; i++) {
+		EVP_MD_CTX *a = EVP_MD_CTX_new(), *b = EVP_MD_CTX_new();
+		if (!EVP_DigestInit_ex2(a, w, NULL) || !EVP_DigestUpdate(a, in, sizeof in) ||
+		    !EVP_MD_CTX_copy_ex(b, a) || !EVP_DigestFinal_ex(b, out, &l) ||
+		    !EVP_DigestInit_ex2(b, NULL, NULL) || !EVP_DigestUpdate(b, in, sizeof in) ||
+		    !EVP_DigestFinal_ex(b, out, &l))
+			bad++;
+		EVP_MD_CTX_free(a);
+		EVP_MD_CTX_free(b);
+	}
+	return (void *)bad;
+}
+
+static void test_copied_digests_counted(void)
+{
+	EVP_MD *w = EVP_MD_fetch(NULL, "SHA256", "provider=wd");
+	CHECK(w != NULL, "fetch SHA256");
+	if (w == NULL)
+		return;
+	struct wd_crypto_stats s0, s1;
+	wd_crypto_get_stats(&s0);
+	pthread_t t;
+	void *bad = NULL;
+	pthread_create(&t, NULL, copied_digests_fn, w);
+	pthread_join(t, &bad);
+	wd_crypto_get_stats(&s1);
+	uint64_t counted = s1.cpu_requests - s0.cpu_requests + s1.offload_requests - s0.offload_requests;
+	uint64_t below = s1.cpu_below_threshold - s0.cpu_below_threshold;
+	CHECK(bad == NULL && counted >= 400, "400 digests in copied contexts, %llu counted",
+	      (unsigned long long)counted);
+	if (wd_crypto_get_threshold() > 16)
+		CHECK(below >= 400, "400 digests of 16 bytes in copied contexts, %llu below the threshold",
+		      (unsigned long long)below);
+	EVP_MD_free(w);
+}
+
 static void test_host_killed(pid_t host)
 {
 	EVP_CIPHER *w = EVP_CIPHER_fetch(NULL, "AES-128-CBC", "provider=wd");
@@ -893,6 +940,7 @@ int main(int argc, char **argv)
 		test_small_requests_counted();
 		test_mixed_pieces();
 		test_small_digests();
+		test_copied_digests_counted();
 	}
 	struct wd_crypto_stats s;
 	wd_crypto_get_stats(&s);
