@@ -1598,6 +1598,12 @@ static int wd_digest_start(struct wd_dctx *x, size_t len)
 		x->route = route & 0xff;
 		return 1;
 	}
+	/* A message after a final without an init: the last one's session
+	 * is still here. */
+	if (x->s != NULL) {
+		wd_digest_free(x->s);
+		x->s = NULL;
+	}
 	if (wd_digest_new(&x->s, x->d->name, NULL, 0) != 0)
 		return 0;
 	x->path = WD_MSG_LIBRARY;
