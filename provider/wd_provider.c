@@ -569,8 +569,11 @@ static int wd_cipher_init(struct wd_cctx *x, const unsigned char *key, size_t ke
 	}
 	if (iv != NULL) {
 		if (x->d->mode == EVP_CIPH_GCM_MODE) {
-			if (ivlen == 0 || ivlen > 16)
+			if (ivlen == 0 || ivlen > 16) {
+				/* Not the old IV either, for a caller that goes on. */
+				x->gcm_iv_spent = 1;
 				return 0;
+			}
 			x->ivlen = ivlen;
 		} else if (ivlen < x->d->ivlen) {
 			return 0;
@@ -1163,7 +1166,15 @@ static int wd_cipher_set_params(struct wd_cctx *x, const OSSL_PARAM params[])
 	if (x->d->mode == EVP_CIPH_GCM_MODE) {
 		if ((p = found[IVLEN]) != NULL) {
 			size_t n;
-			if (!OSSL_PARAM_get_size_t(p, &n) || n == 0 || n > 16)
+			if (!OSSL_PARAM_get_size_t(p, &n))
+				return 0;
+			/* An IV given for the old length is no IV for the new one
+			 * (the default provider marks it finished). A length past
+			 * what the device takes fails, and must not leave the old
+			 * IV to a caller that goes on regardless. */
+			if (n != x->ivlen && x->iv_set)
+				x->gcm_iv_spent = 1;
+			if (n == 0 || n > 16)
 				return 0;
 			x->ivlen = n;
 		}

@@ -506,6 +506,48 @@ static void test_chain_state(void)
 	}
 }
 
+/* A GCM IV length changed after the IV was given makes that IV unusable
+ * (the default provider marks it finished): data fails until an IV of the
+ * new length comes, and then the message is the default provider's. A
+ * length this provider cannot take (past 16 bytes; the default provider
+ * takes it) fails, and leaves the old IV unusable too. The same length
+ * again changes nothing. */
+static void test_gcm_ivlen_change(void)
+{
+	EVP_CIPHER *cs[2] = {EVP_CIPHER_fetch(NULL, "AES-128-GCM", "provider=wd"),
+			     EVP_CIPHER_fetch(NULL, "AES-128-GCM", "provider=default")};
+	CHECK(cs[0] && cs[1], "fetch AES-128-GCM");
+	size_t newlens[] = {16, 12, 8, 20};
+	for (size_t ni = 0; cs[0] && cs[1] && ni < sizeof newlens / sizeof *newlens; ni++) {
+		size_t nl = newlens[ni];
+		unsigned char key[16], iv[12], iv2[16], pt[64], ct[2][64];
+		fill(key, sizeof key);
+		fill(iv, sizeof iv);
+		fill(iv2, sizeof iv2);
+		fill(pt, sizeof pt);
+		int r[2][3];
+		for (int k = 0; k < 2; k++) {
+			EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+			int l = 0;
+			int ok = EVP_EncryptInit_ex2(c, cs[k], key, iv, NULL);
+			r[k][0] = EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_IVLEN, (int)nl, NULL) > 0;
+			r[k][1] = ok && EVP_EncryptUpdate(c, ct[k], &l, pt, sizeof pt);
+			r[k][2] = nl > 16 || (EVP_EncryptInit_ex2(c, NULL, NULL, iv2, NULL) &&
+					      EVP_EncryptUpdate(c, ct[k], &l, pt, sizeof pt) &&
+					      EVP_CIPHER_CTX_get_iv_length(c) == (int)nl);
+			EVP_CIPHER_CTX_free(c);
+		}
+		int same = nl == sizeof iv;
+		CHECK(r[0][0] == (nl <= 16) && r[0][1] == same && r[1][1] == same && r[0][2] && r[1][2] &&
+			      !memcmp(ct[0], ct[1], sizeof pt),
+		      "GCM IV length 12 -> %zu after the IV: set %d, data %d, new IV %d; default %d %d %d", nl,
+		      r[0][0], r[0][1], r[0][2], r[1][0], r[1][1], r[1][2]);
+	}
+	ERR_clear_error();
+	EVP_CIPHER_free(cs[0]);
+	EVP_CIPHER_free(cs[1]);
+}
+
 static void test_digests(int rounds)
 {
 	static unsigned char in[100000];
@@ -967,6 +1009,7 @@ int main(int argc, char **argv)
 		test_gcm(10);
 		test_gcm_evp_cipher();
 		test_gcm_iv_spent();
+		test_gcm_ivlen_change();
 		test_tls_params_at_init();
 		test_chain_state();
 		test_digests(12);
