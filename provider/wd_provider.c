@@ -708,9 +708,9 @@ static int wd_gcm_begin(struct wd_cctx *x, size_t len)
 static int wd_gcm_update(struct wd_cctx *x, unsigned char *out, size_t *outl,
 			 const unsigned char *in, size_t inl)
 {
+	if (x->gcm_iv_spent)
+		return 0;
 	if (!x->gcm_started) {
-		if (x->gcm_iv_spent)
-			return 0;
 		/* AAD comes before the data that decides the path: hold it
 		 * while it is small. */
 		if (out == NULL && x->gaad_len + inl <= sizeof x->gaad) {
@@ -760,6 +760,8 @@ static int wd_gcm_finish_inline(struct wd_cctx *x)
  * (decryption: a wrong tag fails). */
 static int wd_gcm_final(struct wd_cctx *x)
 {
+	if (x->gcm_iv_spent)
+		return 0;
 	if (!x->gcm_started && !wd_gcm_begin(x, 0))
 		return 0;
 	x->gcm_started = 0;
@@ -846,8 +848,15 @@ static int wd_cipher_update_body(struct wd_cctx *x, unsigned char *out, size_t *
 		return x->tls_impl.update(x->tls, out, outl, outsize, in, inl);
 	if (!x->key_set)
 		return 0;
-	if (x->d->mode == EVP_CIPH_GCM_MODE)
+	if (x->d->mode == EVP_CIPH_GCM_MODE) {
+		/* Nothing to do, whatever the IV's state, as the default
+		 * provider answers an empty update. */
+		if (inl == 0) {
+			*outl = 0;
+			return 1;
+		}
 		return (out == NULL || outsize >= inl) && wd_gcm_update(x, out, outl, in, inl);
+	}
 	if (x->d->mode == EVP_CIPH_CTR_MODE || x->d->mode == EVP_CIPH_XTS_MODE) {
 		if (outsize < inl || (x->d->mode == EVP_CIPH_XTS_MODE && inl < 16))
 			return 0;

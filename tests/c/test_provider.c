@@ -332,12 +332,14 @@ static void test_gcm_iv_spent(void)
 	CHECK(cs[0] && cs[1], "fetch AES-256-GCM");
 	size_t lens[] = {64, 20000};
 	/* After the final call: 0 data, 1 AAD, 2 final, 3 init without key or
-	 * IV then data, 4 the same key without IV then data. */
+	 * IV then data, 4 the same key without IV then data, 5 an empty
+	 * update (which does nothing, and succeeds), 6 the IV length changed
+	 * mid-message. */
 	for (int li = 0; cs[0] && cs[1] && li < 2; li++) {
 		size_t len = lens[li];
 		for (int enc = 0; enc <= 1; enc++) {
-			for (int what = 0; what < 5; what++) {
-				unsigned char key[32], iv[12], iv2[12], tag[16];
+			for (int what = 0; what < 7; what++) {
+				unsigned char key[32], iv[12], iv2[16], tag[16];
 				fill(key, sizeof key);
 				fill(iv, sizeof iv);
 				fill(iv2, sizeof iv2);
@@ -372,13 +374,21 @@ static void test_gcm_iv_spent(void)
 						r[k][1] = EVP_CipherInit_ex2(c, NULL, key, NULL, enc, NULL) &&
 							  EVP_CipherUpdate(c, ct[k], &l, pt, (int)len);
 						break;
+					case 5: r[k][1] = EVP_CipherUpdate(c, ct[k], &l, pt, 0); break;
+					case 6:
+						r[k][1] = EVP_CipherInit_ex2(c, NULL, NULL, iv, enc, NULL) &&
+							  EVP_CipherUpdate(c, ct[k], &l, pt, 16) &&
+							  EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_IVLEN, 16, NULL) > 0 &&
+							  EVP_CipherUpdate(c, ct[k], &l, pt, 16);
+						/* The IV length was 16 for the new IV below. */
+						break;
 					}
 					/* A new IV: a new message, the default provider's. */
 					r[k][2] = EVP_CipherInit_ex2(c, NULL, NULL, iv2, enc, NULL) &&
 						  EVP_CipherUpdate(c, ct[k], &l, pt, (int)len) && l == (int)len;
 					EVP_CIPHER_CTX_free(c);
 				}
-				CHECK(r[0][0] && r[0][1] == 0 && r[0][2] && !memcmp(r[0], r[1], sizeof r[0]) &&
+				CHECK(r[0][0] && r[0][1] == (what == 5) && r[0][2] && !memcmp(r[0], r[1], sizeof r[0]) &&
 					      !memcmp(ct[0], ct[1], len),
 				      "GCM %s len %zu case %d after the final call: wd %d %d %d, default %d %d %d",
 				      enc ? "seal" : "open", len, what, r[0][0], r[0][1], r[0][2], r[1][0],
