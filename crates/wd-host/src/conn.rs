@@ -106,21 +106,9 @@ pub(crate) fn serve(host: &Arc<HostInner>, sock: UnixStream, cred: PeerCred, _ch
                 Ok(r) if r.len() > 1 && (r[1].readable || r[1].hangup) => break,
                 Ok(r) if r[0].readable || r[0].hangup => {}
                 Ok(_) if !conn.hello && Instant::now() >= hello_by => {
-                    let _ = conn
-                        .ch
-                        .socket()
-                        .set_write_timeout(Some(Duration::from_millis(100)));
-                    let _ = conn.ch.send(
-                        &Message::error(
-                            Status::Protocol,
-                            format!(
-                                "no Hello within {} ms (limits.hello_timeout_ms)",
-                                host.quotas.limits().hello_timeout_ms
-                            ),
-                        ),
-                        0,
-                        &[],
-                    );
+                    conn.last_word(format!(
+                        "no Hello within {hello_ms} ms (limits.hello_timeout_ms)"
+                    ));
                     break;
                 }
                 Ok(_) => continue,
@@ -130,20 +118,9 @@ pub(crate) fn serve(host: &Arc<HostInner>, sock: UnixStream, cred: PeerCred, _ch
         let frame = match conn.ch.recv() {
             Ok(f) => f,
             Err(IpcError::Sys(e)) if e.timed_out() => {
-                let _ = conn
-                    .ch
-                    .socket()
-                    .set_write_timeout(Some(Duration::from_millis(100)));
-                let _ = conn.ch.send(
-                    &Message::error(
-                        Status::Protocol,
-                        format!(
-                            "a frame begun and not finished within {hello_ms} ms (limits.hello_timeout_ms)"
-                        ),
-                    ),
-                    0,
-                    &[],
-                );
+                conn.last_word(format!(
+                    "a frame begun and not finished within {hello_ms} ms (limits.hello_timeout_ms)"
+                ));
                 break;
             }
             Err(IpcError::Closed) | Err(IpcError::Sys(_)) => break,
@@ -172,6 +149,20 @@ pub(crate) fn serve(host: &Arc<HostInner>, sock: UnixStream, cred: PeerCred, _ch
     let ids: Vec<u32> = conn.queues.keys().copied().collect();
     for id in ids {
         conn.release(id);
+    }
+}
+
+impl Conn<'_> {
+    /// The protocol error the host closes the connection for, sent
+    /// without waiting long on a client that does not read.
+    fn last_word(&mut self, message: String) {
+        let _ = self
+            .ch
+            .socket()
+            .set_write_timeout(Some(Duration::from_millis(100)));
+        let _ = self
+            .ch
+            .send(&Message::error(Status::Protocol, message), 0, &[]);
     }
 }
 

@@ -1108,6 +1108,21 @@ impl<'a> QueueDma<'a, '_> {
     }
 }
 
+impl QueueDma<'_, '_> {
+    /// `[iova, iova + len)` through the queue's domain into `runs_a`.
+    fn translate_a(&mut self, iova: u64, len: u64, access: Access) -> Result<(), Fault> {
+        translate(
+            self.sec,
+            self.dom,
+            self.q.id,
+            iova,
+            len,
+            access,
+            self.runs_a,
+        )
+    }
+}
+
 impl<'a> Dma<'a> for QueueDma<'a, '_> {
     fn section(&self) -> u64 {
         self.sec.seq()
@@ -1117,15 +1132,7 @@ impl<'a> Dma<'a> for QueueDma<'a, '_> {
         if len == 0 {
             return Ok(());
         }
-        match translate(
-            self.sec,
-            self.dom,
-            self.q.id,
-            iova,
-            len,
-            access,
-            self.runs_a,
-        ) {
+        match self.translate_a(iova, len, access) {
             Ok(()) => Ok(()),
             // SHARE_ALL memory is reached through the client's own memory
             // descriptor, page by page as it is used: nothing to check
@@ -1136,41 +1143,27 @@ impl<'a> Dma<'a> for QueueDma<'a, '_> {
     }
 
     fn hold(&mut self, iova: u64, len: u64, access: Access) -> Option<HeldSlice> {
-        translate(
-            self.sec,
-            self.dom,
-            self.q.id,
-            iova,
-            len,
-            access,
-            self.runs_a,
-        )
-        .ok()
-        .filter(|_| self.runs_a.len() == 1)
-        // SAFETY: translated just now inside the section; `serve_async`
-        // pins this section's translations before it ends and keeps the
-        // pin until the device reports the request, so the mapping stays
-        // (an unshare's sync waits for the pin).
-        .map(|_| unsafe { HeldSlice::from_host_addr(self.runs_a[0].0, self.runs_a[0].1 as usize) })
+        self.translate_a(iova, len, access)
+            .ok()
+            .filter(|_| self.runs_a.len() == 1)
+            // SAFETY: translated just now inside the section; `serve_async`
+            // pins this section's translations before it ends and keeps the
+            // pin until the device reports the request, so the mapping stays
+            // (an unshare's sync waits for the pin).
+            .map(|_| unsafe {
+                HeldSlice::from_host_addr(self.runs_a[0].0, self.runs_a[0].1 as usize)
+            })
     }
 
     fn slice(&mut self, iova: u64, len: u64, access: Access) -> Option<DeviceSlice<'a>> {
         // A fault here is not recorded: the caller falls back to read/write,
         // which records it.
-        translate(
-            self.sec,
-            self.dom,
-            self.q.id,
-            iova,
-            len,
-            access,
-            self.runs_a,
-        )
-        .ok()
-        .filter(|_| self.runs_a.len() == 1)
-        // SAFETY: translated just now inside the section this QueueDma
-        // borrows for 'a (see `run_slice`).
-        .map(|_| unsafe { run_slice(self.runs_a[0]) })
+        self.translate_a(iova, len, access)
+            .ok()
+            .filter(|_| self.runs_a.len() == 1)
+            // SAFETY: translated just now inside the section this QueueDma
+            // borrows for 'a (see `run_slice`).
+            .map(|_| unsafe { run_slice(self.runs_a[0]) })
     }
 
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Fault> {
