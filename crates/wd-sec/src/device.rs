@@ -350,6 +350,16 @@ impl SecQueue {
         if gcm && op.flags & F_FINAL != 0 && !(4..=16).contains(&op.tag_len) {
             return Err(status::EINVAL);
         }
+        // The tag and AAD are reached after the context has moved on:
+        // checked first (see `dma::reach`; the data is checked where it
+        // goes through host buffers).
+        if gcm && op.flags & F_FINAL != 0 {
+            let access = if encrypt { Access::Write } else { Access::Read };
+            dma::reach(dma, op.tag, op.tag_len as u64, access)?;
+        }
+        if gcm {
+            dma::reach(dma, op.aad, op.aad_len as u64, Access::Read)?;
+        }
         if op.flags & F_IV != 0 {
             let key = (*keyed_for != Some(encrypt)).then_some(&s.key.0[..]);
             let iv = (op.iv_len > 0).then_some(&op.iv[..op.iv_len as usize]);
@@ -417,6 +427,13 @@ impl SecQueue {
         if self.queue_type != TYPE_DIGEST {
             return Err(status::EOPNOTSUPP);
         }
+        let out_len = match op.alg {
+            Some(a) => a.digest_len(),
+            None => self
+                .sessions
+                .get(op.session)
+                .map_or(0, |s| s.alg.digest_len()),
+        };
         let ctx = match op.alg {
             Some(Alg::Digest(h)) => {
                 let pos = match self.oneshot.iter().position(|(x, _)| *x == h) {
@@ -435,12 +452,19 @@ impl SecQueue {
                 Work::Cipher { .. } => return Err(status::EINVAL),
             },
         };
+        if op.flags & F_DIGEST_FINAL != 0 {
+            // Written after the hash has taken the data: checked first.
+            dma::reach(dma, op.out, out_len as u64, Access::Write)?;
+        }
         if op.flags & F_INIT != 0 {
             ctx.restart().map_err(|_| status::EIO)?;
         }
         let r = dma::digest_dma(ctx, op.src, op.len as usize, dma, &mut self.bounce);
-        if r.is_err() {
-            // A failed request leaves no half-hashed state behind.
+        // A request that failed half way leaves no half-hashed state
+        // behind. -EFAULT comes before the hash took anything (memory
+        // reached in place is translated whole first, the rest checked
+        // first by `dma::reach`): the state stays, for a stall's retry.
+        if r.is_err_and(|st| st != status::EFAULT) {
             let _ = ctx.restart();
         }
         r?;
@@ -663,13 +687,8 @@ impl DeviceQueue for SecQueue {
             Ok(Request::Nop) => Ok(0),
             Ok(Request::SessionNew(s)) => self.session_new(s, dma),
             Ok(Request::SessionFree(f)) => self.sessions.remove(f.session).map(|_| 0),
-            Ok(req @ (Request::Cipher(_) | Request::Digest(_))) => {
-                self.probe(&req, dma).and_then(|()| match req {
-                    Request::Cipher(c) => self.cipher(c, dma),
-                    Request::Digest(g) => self.digest(g, dma),
-                    _ => unreachable!("matched above"),
-                })
-            }
+            Ok(Request::Cipher(c)) => self.cipher(c, dma),
+            Ok(Request::Digest(g)) => self.digest(g, dma),
         };
         complete(desc, r);
     }

@@ -8,6 +8,23 @@ use wd_evp::{CipherCtx, DigestCtx};
 /// Bytes moved per bounce step when memory is not reachable in place.
 pub(crate) const BOUNCE: usize = 256 << 10;
 
+/// Fault now, if at all, on memory a request reaches after it has changed
+/// session state it cannot take back (a chain, a running hash): a request
+/// that faults in a domain with the stall policy runs again from the
+/// start once the fault is resolved (`Dma::probe`). Memory reached in
+/// place needs no check: its slice was translated whole before any work.
+pub(crate) fn reach(
+    dma: &mut dyn Dma<'_>,
+    iova: u64,
+    len: u64,
+    access: Access,
+) -> std::result::Result<(), i32> {
+    if len == 0 {
+        return Ok(());
+    }
+    dma.probe(iova, len, access).map_err(|_| status::EFAULT)
+}
+
 /// Encrypt or decrypt in place in shared memory when both ranges are
 /// mapped contiguously, else through a host bounce buffer.
 pub fn cipher_dma(
@@ -27,6 +44,10 @@ pub fn cipher_dma(
         ctx.update_device(&d, &s).map_err(|_| status::EIO)?;
         return Ok(());
     }
+    // Through host buffers, piece by piece: a fault at a later piece
+    // would come after the context took the earlier ones.
+    reach(dma, src, len as u64, Access::Read)?;
+    reach(dma, dst, len as u64, Access::Write)?;
     let mut done = 0usize;
     while done < len {
         let n = (len - done).min(BOUNCE);
@@ -55,6 +76,7 @@ pub fn digest_dma(
     if let Some(s) = dma.slice(src, len as u64, Access::Read) {
         return ctx.update_device(&s).map_err(|_| status::EIO);
     }
+    reach(dma, src, len as u64, Access::Read)?;
     let mut done = 0usize;
     while done < len {
         let n = (len - done).min(BOUNCE);
