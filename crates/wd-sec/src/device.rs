@@ -427,13 +427,9 @@ impl SecQueue {
         if self.queue_type != TYPE_DIGEST {
             return Err(status::EOPNOTSUPP);
         }
-        let out_len = match op.alg {
-            Some(a) => a.digest_len(),
-            None => self
-                .sessions
-                .get(op.session)
-                .map_or(0, |s| s.alg.digest_len()),
-        };
+        // Written after the hash has taken the data: checked first.
+        let out_len = self.digest_out(&op);
+        dma::reach(dma, op.out, out_len as u64, Access::Write)?;
         let ctx = match op.alg {
             Some(Alg::Digest(h)) => {
                 let pos = match self.oneshot.iter().position(|(x, _)| *x == h) {
@@ -452,10 +448,6 @@ impl SecQueue {
                 Work::Cipher { .. } => return Err(status::EINVAL),
             },
         };
-        if op.flags & F_DIGEST_FINAL != 0 {
-            // Written after the hash has taken the data: checked first.
-            dma::reach(dma, op.out, out_len as u64, Access::Write)?;
-        }
         if op.flags & F_INIT != 0 {
             ctx.restart().map_err(|_| status::EIO)?;
         }
@@ -524,26 +516,29 @@ impl SecQueue {
             }
             Request::Digest(op) => {
                 ranges[0] = (op.src, op.len, Access::Read);
-                if op.flags & F_DIGEST_FINAL != 0 {
-                    let alg = match op.alg {
-                        Some(a) => Some(a),
-                        None => self.sessions.get(op.session).ok().map(|s| s.alg),
-                    };
-                    ranges[1] = (
-                        op.out,
-                        alg.map_or(0, |a| a.digest_len() as u64),
-                        Access::Write,
-                    );
-                }
+                ranges[1] = (op.out, self.digest_out(&op) as u64, Access::Write);
             }
             _ => {}
         }
         for (iova, len, access) in ranges {
-            if len > 0 {
-                dma.probe(iova, len, access).map_err(|_| status::EFAULT)?;
-            }
+            dma::reach(dma, iova, len, access)?;
         }
         Ok(())
+    }
+
+    /// Bytes a digest request writes at `out`: its digest's length with
+    /// the final part, else none.
+    fn digest_out(&mut self, op: &DigestOp) -> usize {
+        if op.flags & F_DIGEST_FINAL == 0 {
+            return 0;
+        }
+        match op.alg {
+            Some(a) => a.digest_len(),
+            None => self
+                .sessions
+                .get(op.session)
+                .map_or(0, |s| s.alg.digest_len()),
+        }
     }
 
     /// Run bytes `done..` of a request cut in pieces, at most `piece` of
@@ -557,13 +552,23 @@ impl SecQueue {
         done: u64,
         piece: u64,
     ) -> Option<(Result<u64, i32>, bool)> {
+        let cut = match req {
+            Request::Cipher(op) => done > 0 || (op.len > piece && self.cuttable(&op)),
+            Request::Digest(op) => done > 0 || op.len > piece,
+            _ => false,
+        };
+        if !cut {
+            return None;
+        }
+        // Parts already run cannot be taken back: the whole request faults
+        // now, if at all, before its first part.
+        if done == 0 {
+            if let Err(st) = self.probe(&req, dma) {
+                return Some((Err(st), true));
+            }
+        }
         match req {
-            Request::Cipher(op) if done > 0 || (op.len > piece && self.cuttable(&op)) => {
-                if done == 0 {
-                    if let Err(st) = self.probe(&req, dma) {
-                        return Some((Err(st), true));
-                    }
-                }
+            Request::Cipher(op) => {
                 let last = op.len - done <= piece;
                 let mut p = op;
                 p.src = op.src.checked_add(done)?;
@@ -578,12 +583,7 @@ impl SecQueue {
                 }
                 Some((self.cipher(p, dma).map(|_| op.len), last))
             }
-            Request::Digest(op) if done > 0 || op.len > piece => {
-                if done == 0 {
-                    if let Err(st) = self.probe(&req, dma) {
-                        return Some((Err(st), true));
-                    }
-                }
+            Request::Digest(op) => {
                 let last = op.len - done <= piece;
                 let mut p = op;
                 p.src = op.src.checked_add(done)?;
