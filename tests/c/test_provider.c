@@ -253,6 +253,22 @@ static void test_gcm(int rounds)
 	}
 }
 
+/* `name` from this provider ([0]) and from the default one ([1]), the two
+ * sides a differential test compares (a side not found is NULL, and the
+ * failure counted). */
+static void fetch_both(const char *name, EVP_CIPHER *cs[2])
+{
+	cs[0] = EVP_CIPHER_fetch(NULL, name, "provider=wd");
+	cs[1] = EVP_CIPHER_fetch(NULL, name, "provider=default");
+	CHECK(cs[0] && cs[1], "fetch %s", name);
+}
+
+static void free_both(EVP_CIPHER *cs[2])
+{
+	EVP_CIPHER_free(cs[0]);
+	EVP_CIPHER_free(cs[1]);
+}
+
 /* GCM through EVP_Cipher, the raw call: OpenSSL hands every call to the
  * provider's cipher function, the end of the message too
  * (EVP_Cipher(ctx, NULL, NULL, 0)), which must make the tag or check it.
@@ -262,9 +278,8 @@ static void test_gcm(int rounds)
 static void test_gcm_evp_cipher(void)
 {
 	static unsigned char pt[20000], ct[2][20000], back[20000];
-	EVP_CIPHER *cs[2] = {EVP_CIPHER_fetch(NULL, "AES-128-GCM", "provider=wd"),
-			     EVP_CIPHER_fetch(NULL, "AES-128-GCM", "provider=default")};
-	CHECK(cs[0] && cs[1], "fetch AES-128-GCM");
+	EVP_CIPHER *cs[2];
+	fetch_both("AES-128-GCM", cs);
 	size_t lens[] = {64, 20000};
 	for (int li = 0; cs[0] && cs[1] && li < 2; li++) {
 		size_t len = lens[li];
@@ -315,8 +330,7 @@ static void test_gcm_evp_cipher(void)
 		}
 	}
 	ERR_clear_error();
-	EVP_CIPHER_free(cs[0]);
-	EVP_CIPHER_free(cs[1]);
+	free_both(cs);
 }
 
 /* A GCM IV serves one message: after the final call, further data, AAD
@@ -327,9 +341,8 @@ static void test_gcm_evp_cipher(void)
 static void test_gcm_iv_spent(void)
 {
 	static unsigned char pt[20000], ct[2][20000];
-	EVP_CIPHER *cs[2] = {EVP_CIPHER_fetch(NULL, "AES-256-GCM", "provider=wd"),
-			     EVP_CIPHER_fetch(NULL, "AES-256-GCM", "provider=default")};
-	CHECK(cs[0] && cs[1], "fetch AES-256-GCM");
+	EVP_CIPHER *cs[2];
+	fetch_both("AES-256-GCM", cs);
 	size_t lens[] = {64, 20000};
 	/* After the final call: 0 data, 1 AAD, 2 final, 3 init without key or
 	 * IV then data, 4 the same key without IV then data, 5 an empty
@@ -397,8 +410,7 @@ static void test_gcm_iv_spent(void)
 		}
 	}
 	ERR_clear_error();
-	EVP_CIPHER_free(cs[0]);
-	EVP_CIPHER_free(cs[1]);
+	free_both(cs);
 }
 
 /* TLS record-layer parameters given at init (EVP_CipherInit_ex2 with the
@@ -407,9 +419,8 @@ static void test_gcm_iv_spent(void)
  * comes out as the default provider makes it, both ways. */
 static void test_tls_params_at_init(void)
 {
-	EVP_CIPHER *cs[2] = {EVP_CIPHER_fetch(NULL, "AES-128-CBC", "provider=wd"),
-			     EVP_CIPHER_fetch(NULL, "AES-128-CBC", "provider=default")};
-	CHECK(cs[0] && cs[1], "fetch AES-128-CBC");
+	EVP_CIPHER *cs[2];
+	fetch_both("AES-128-CBC", cs);
 	for (int reuse = 0; cs[0] && cs[1] && reuse <= 1; reuse++) {
 		unsigned char k1[16], k2[16], iv[16], rec[64], out[2][64], back[2][64];
 		fill(k1, sizeof k1);
@@ -446,8 +457,7 @@ static void test_tls_params_at_init(void)
 		      r[1][1]);
 	}
 	ERR_clear_error();
-	EVP_CIPHER_free(cs[0]);
-	EVP_CIPHER_free(cs[1]);
+	free_both(cs);
 }
 
 /* The chaining value and CTR's position in its block, where the stream
@@ -461,9 +471,8 @@ static void test_chain_state(void)
 	const char *names[] = {"AES-128-CBC", "AES-256-CTR"};
 	size_t lens[] = {32, 37, 4096, 4001, 70000, 70001};
 	for (int ni = 0; ni < 2; ni++) {
-		EVP_CIPHER *cs[2] = {EVP_CIPHER_fetch(NULL, names[ni], "provider=wd"),
-				     EVP_CIPHER_fetch(NULL, names[ni], "provider=default")};
-		CHECK(cs[0] && cs[1], "fetch %s", names[ni]);
+		EVP_CIPHER *cs[2];
+		fetch_both(names[ni], cs);
 		int ctr = ni == 1;
 		for (size_t li = 0; cs[0] && cs[1] && li < sizeof lens / sizeof *lens; li++) {
 			size_t len = lens[li];
@@ -511,8 +520,7 @@ static void test_chain_state(void)
 			      "%s copy after %zu + 48 bytes: updated IV and num as the default (num %u, %u)",
 			      names[ni], len, cnum[0], cnum[1]);
 		}
-		EVP_CIPHER_free(cs[0]);
-		EVP_CIPHER_free(cs[1]);
+		free_both(cs);
 	}
 }
 
@@ -524,9 +532,8 @@ static void test_chain_state(void)
  * again changes nothing. */
 static void test_gcm_ivlen_change(void)
 {
-	EVP_CIPHER *cs[2] = {EVP_CIPHER_fetch(NULL, "AES-128-GCM", "provider=wd"),
-			     EVP_CIPHER_fetch(NULL, "AES-128-GCM", "provider=default")};
-	CHECK(cs[0] && cs[1], "fetch AES-128-GCM");
+	EVP_CIPHER *cs[2];
+	fetch_both("AES-128-GCM", cs);
 	size_t newlens[] = {16, 12, 8, 20};
 	for (size_t ni = 0; cs[0] && cs[1] && ni < sizeof newlens / sizeof *newlens; ni++) {
 		size_t nl = newlens[ni];
@@ -554,8 +561,7 @@ static void test_gcm_ivlen_change(void)
 		      r[0][0], r[0][1], r[0][2], r[1][0], r[1][1], r[1][2]);
 	}
 	ERR_clear_error();
-	EVP_CIPHER_free(cs[0]);
-	EVP_CIPHER_free(cs[1]);
+	free_both(cs);
 }
 
 static void test_digests(int rounds)

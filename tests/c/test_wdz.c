@@ -192,6 +192,17 @@ static size_t ref_deflate(int level, int wbits, const unsigned char *in, size_t 
     return n;
 }
 
+/* The check value zlib leaves after `n` bytes of `d` in a stream of
+ * window bits `wbits`: adler32 for zlib framing, crc32 for gzip, none to
+ * check for a raw stream (its `adler` is the caller's). */
+static void check_value_is(int wbits, uLong got, const unsigned char *d, size_t n)
+{
+    if (wbits == 15)
+        CHECK(got == adler32(adler32(0, NULL, 0), d, (uInt)n));
+    if (wbits == 31)
+        CHECK(got == crc32(crc32(0, NULL, 0), d, (uInt)n));
+}
+
 /* Compress `len` bytes at `in` into `out` in one deflate(Z_FINISH) call
  * on an opened stream: the stream's output size. */
 static size_t deflate_all(z_stream *s, const unsigned char *in, size_t len, unsigned char *out,
@@ -326,10 +337,7 @@ static void deflate_framings(void)
             CHECK(deflateEnd(&s) == Z_OK);
             CHECK(ref_inflate(wbits[w], c, got, back, n + 1) == n);
             CHECK(memcmp(back, d, n) == 0);
-            if (wbits[w] == 15)
-                CHECK(check == adler32(adler32(0, NULL, 0), d, (uInt)n));
-            if (wbits[w] == 31)
-                CHECK(check == crc32(crc32(0, NULL, 0), d, (uInt)n));
+            check_value_is(wbits[w], check, d, n);
         }
     }
     free(d);
@@ -364,10 +372,7 @@ static void inflate_framings(void)
                 CHECK(ret == Z_OK || ret == Z_STREAM_END);
             } while (ret != Z_STREAM_END);
             CHECK(s.total_out == n && s.total_in == clen && memcmp(back, d, n) == 0);
-            if (enc == 15)
-                CHECK(s.adler == adler32(adler32(0, NULL, 0), d, (uInt)n));
-            if (enc == 31)
-                CHECK(s.adler == crc32(crc32(0, NULL, 0), d, (uInt)n));
+            check_value_is(enc, s.adler, d, n);
             s.avail_out = 10;
             CHECK(inflate(&s, Z_NO_FLUSH) == Z_STREAM_END);
             CHECK(inflateEnd(&s) == Z_OK);
@@ -511,10 +516,7 @@ static void finish_and_check(z_stream *s, int wbits, const unsigned char *d, siz
     size_t clen = s->total_out;
     CHECK(ref_inflate(wbits, c, clen, back, n + 1) == n);
     CHECK(n == 0 || memcmp(back, d, n) == 0);
-    if (wbits == 15)
-        CHECK(s->adler == adler32(adler32(0, NULL, 0), d, (uInt)n));
-    if (wbits == 31)
-        CHECK(s->adler == crc32(crc32(0, NULL, 0), d, (uInt)n));
+    check_value_is(wbits, s->adler, d, n);
     CHECK(deflateEnd(s) == Z_OK);
 }
 
@@ -827,10 +829,7 @@ static void params_after_pieces(void)
         CHECK(deflateParams(&s, 1, Z_DEFAULT_STRATEGY) == Z_OK);
         size_t took = first + 200000 - s.avail_in;
         CHECK(s.total_in == took && took > first);
-        if (wbits[w] == 15)
-            CHECK(s.adler == adler32(adler32(0, NULL, 0), d, (uInt)took));
-        if (wbits[w] == 31)
-            CHECK(s.adler == crc32(crc32(0, NULL, 0), d, (uInt)took));
+        check_value_is(wbits[w], s.adler, d, took);
         if (wbits[w] < 0)
             CHECK(s.adler == before);
         feed(&s, d, took, n, 1 << 20, c, cap, cap);
@@ -1069,10 +1068,7 @@ static void calls_after_finish(void)
                     CHECK(ret == Z_STREAM_END);
                     CHECK(ref_inflate(wbits[w], c, s.total_out, back, n + 1) == n);
                     CHECK(memcmp(back, d, n) == 0);
-                    if (wbits[w] == 15)
-                        CHECK(s.adler == adler32(adler32(0, NULL, 0), d, (uInt)n));
-                    if (wbits[w] == 31)
-                        CHECK(s.adler == crc32(crc32(0, NULL, 0), d, (uInt)n));
+                    check_value_is(wbits[w], s.adler, d, n);
                     CHECK(deflateEnd(&s) == Z_OK);
                 }
     free(d);
