@@ -723,6 +723,51 @@ fn started_requests_finish_right_in_any_order_beside_batches() {
     c.finish(q, &mut outs[1]).unwrap();
 }
 
+/// A long compression on one queue does not hold the device: another
+/// client's small request is answered while it runs, since the device
+/// serves it a part per engine pass (issue: a zstd level 19 compression of
+/// 64 MiB held every queue of the device for seconds).
+#[test]
+fn a_long_compression_does_not_hold_the_device() {
+    let host = spawn_host("long");
+    let mut big = offloading(&host, 1);
+    let mut small = offloading(&host, 1);
+    // Warm both queues up.
+    for c in [&mut big, &mut small] {
+        c.compress(Algorithm::Zstd, 1, b"warm", &mut [0u8; 64])
+            .unwrap();
+    }
+    let mut input = data(2 << 20, 9);
+    input.extend_from_slice(&noise(2 << 20, 9));
+    let mut out = vec![0u8; wd_comp::compress_bound(Algorithm::Zstd, input.len())];
+    let mut p = big
+        .start(Op::Compress(19), Algorithm::Zstd, &input, &mut out)
+        .unwrap();
+    assert!(!p.is_done(), "on the device");
+    // Running by now (seconds of work).
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    let few = data(1000, 1);
+    let mut z = [0u8; 2048];
+    let n = small.compress(Algorithm::Gzip, 6, &few, &mut z).unwrap();
+    let waited = t.elapsed();
+    assert_eq!(reference_decode(Algorithm::Gzip, &z[..n]), few);
+    assert!(
+        big.poll(&mut p, &mut out).unwrap().is_none(),
+        "the long compression finished before a 1000-byte one ({waited:?})"
+    );
+    let got = big.finish(p, &mut out).unwrap();
+    assert_eq!(got.consumed, input.len());
+    let took = t.elapsed();
+    let mut back = vec![0u8; input.len()];
+    let d = small
+        .decompress(Algorithm::Zstd, &out[..got.produced], &mut back, 0)
+        .unwrap();
+    assert_eq!(d.produced, input.len());
+    assert!(back == input);
+    eprintln!("small request: {waited:?}, the long one: {took:?}");
+}
+
 #[test]
 fn started_requests_survive_their_host_dying() {
     let host = spawn_host("async-restart");

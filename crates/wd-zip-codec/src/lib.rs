@@ -1,6 +1,7 @@
 //! The compression engines behind one bounded interface: the zip device
 //! computes with them in the host, and the client library's CPU path with
-//! the same code in the caller's thread, so both produce the same bytes.
+//! the same code in the caller's thread, so both produce the same bytes
+//! (except where the device cuts a long compression in [`Parts`]).
 //!
 //! Which library serves what was chosen by measurement (`wd bench zip`
 //! shows them side by side): one-shot deflate, zlib and gzip go to
@@ -20,12 +21,14 @@
 pub mod isal;
 mod libdeflate;
 mod mem;
+mod parts;
 pub mod pieces;
 pub mod stock;
 mod stream;
 mod zstd_raw;
 
 pub use mem::{Input, Output};
+pub use parts::{part_len, Parts};
 use wd_msg::status;
 use wd_zip_msg::{Algorithm, DEFAULT_LEVEL};
 

@@ -8,7 +8,7 @@ use wd_zip_msg::{Algorithm, Flush};
 use zstd_safe::zstd_sys::ZSTD_EndDirective;
 use zstd_safe::{CParameter, DParameter, InBuffer, OutBuffer};
 
-use crate::{level_of, zstd_error, zstd_raw, CodecError};
+use crate::{level_of, parts, zstd_error, zstd_raw, CodecError};
 
 /// Largest zstd window a compression uses or a stream accepts (8 MiB):
 /// with the capped match-finder tables (see `zstd_raw::params`), bounds
@@ -58,6 +58,8 @@ pub struct Stream {
     dict: Vec<u8>,
     ended: bool,
     footprint: usize,
+    /// Input bytes of one part of a long step ([`Stream::part_len`]).
+    part: usize,
 }
 
 impl std::fmt::Debug for Stream {
@@ -154,6 +156,10 @@ impl Stream {
             },
             ended: false,
             footprint,
+            part: match p.compress {
+                true => parts::part_len(p.alg, p.level).unwrap_or(parts::DEFLATE_PART),
+                false => parts::DEFLATE_PART,
+            },
         })
     }
 
@@ -162,6 +168,16 @@ impl Stream {
     /// counts against a queue's budget for sessions.
     pub fn footprint(&self) -> usize {
         self.footprint
+    }
+
+    /// Input bytes a long step is cut into parts of: a device runs such a
+    /// step as several calls of [`Stream::run`], one per engine pass, the
+    /// caller's flush given with the last. The stream's state carries
+    /// across them, so cutting costs nothing and every level is cut, the
+    /// slow zstd levels a block at a time ([`crate::part_len`]), the rest
+    /// a MiB.
+    pub fn part_len(&self) -> usize {
+        self.part
     }
 
     /// The algorithm.

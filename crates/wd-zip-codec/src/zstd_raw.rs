@@ -72,7 +72,26 @@ impl Cctx {
         out: &mut (impl Output + ?Sized),
     ) -> Result<usize, CodecError> {
         let room = out.len();
-        let p = params(level, Some(input.len() as u64));
+        self.begin(level, input.len() as u64)?;
+        // SAFETY: the Input/Output contracts make both ranges valid for
+        // the call; zstd reads at most input.len() and writes at most room.
+        check(unsafe {
+            sys::ZSTD_compress2(
+                self.0.as_ptr(),
+                out.ptr().cast(),
+                room,
+                input.ptr().cast(),
+                input.len(),
+            )
+        })
+    }
+
+    /// Start a frame of `size` bytes with the parameters zstd picks for
+    /// that size at `level` (capped): the one-shot's, and a frame made a
+    /// part at a time ([`Cctx::part`]), whose size is pledged so that its
+    /// header records it as the one-shot's does.
+    pub(crate) fn begin(&mut self, level: i32, size: u64) -> Result<(), CodecError> {
+        let p = params(level, Some(size));
         let c = self.0.as_ptr();
         // SAFETY: `c` is this context; parameters are plain values.
         unsafe {
@@ -88,12 +107,49 @@ impl Cctx {
             ] {
                 check(sys::ZSTD_CCtx_setParameter(c, param, value))?;
             }
+            check(sys::ZSTD_CCtx_setPledgedSrcSize(c, size))?;
         }
-        // SAFETY: the Input/Output contracts make both ranges valid for
-        // the call; zstd reads at most input.len() and writes at most room.
-        check(unsafe {
-            sys::ZSTD_compress2(c, out.ptr().cast(), room, input.ptr().cast(), input.len())
-        })
+        Ok(())
+    }
+
+    /// Compress all of `input`, the next part of the frame [`Cctx::begin`]
+    /// started, into `out`, ending the frame when `end`: the bytes
+    /// written. Output that does not fit is [`CodecError::NoSpace`] (the
+    /// frame is then lost: begin again).
+    pub(crate) fn part(
+        &mut self,
+        input: &[u8],
+        out: &mut [u8],
+        end: bool,
+    ) -> Result<usize, CodecError> {
+        let mut inb = sys::ZSTD_inBuffer {
+            src: input.as_ptr().cast(),
+            size: input.len(),
+            pos: 0,
+        };
+        let mut outb = sys::ZSTD_outBuffer {
+            dst: out.as_mut_ptr().cast(),
+            size: out.len(),
+            pos: 0,
+        };
+        let directive = match end {
+            true => sys::ZSTD_EndDirective::ZSTD_e_end,
+            false => sys::ZSTD_EndDirective::ZSTD_e_continue,
+        };
+        loop {
+            let before = (inb.pos, outb.pos);
+            // SAFETY: both buffers describe the borrowed slices, which
+            // outlive the call; zstd keeps pos within size.
+            let left = check(unsafe {
+                sys::ZSTD_compressStream2(self.0.as_ptr(), &mut outb, &mut inb, directive)
+            })?;
+            if inb.pos == inb.size && (!end || left == 0) {
+                return Ok(outb.pos);
+            }
+            if outb.pos == outb.size || before == (inb.pos, outb.pos) {
+                return Err(CodecError::NoSpace);
+            }
+        }
     }
 
     /// Bytes the context holds (its tables stay allocated between calls).

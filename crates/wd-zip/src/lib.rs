@@ -9,9 +9,10 @@
 //! writes its output there, a decompression writes its output there but
 //! reads a host copy of its input, so a decoder never sees its input
 //! change under it. Everything else (LZ4, whose engine takes only Rust
-//! slices; streams; memory that is not one mapping) crosses through host
-//! buffers by copy. Host buffers are bounded by the request limits and
-//! released after a large request, so an idle queue keeps nothing big.
+//! slices; streams; a compression cut in parts, one per engine pass;
+//! memory that is not one mapping) crosses through host buffers by copy.
+//! Host buffers are bounded by the request limits and released after a
+//! large request, so an idle queue keeps nothing big.
 //!
 //! The message format is `wd-zip-msg` (re-exported as [`msg`]); the
 //! engines are `wd-zip-codec`, which the client library's CPU path uses
@@ -21,9 +22,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use wd_device::{status, Access, AlgInfo, DeviceQueue, DeviceSlice, Dma, Driver, SessionTable};
+use wd_device::{
+    status, Access, AlgInfo, DeviceQueue, DeviceSlice, Dma, Driver, Progress, SessionTable,
+};
 use wd_ring::Desc;
-use wd_zip_codec::{CodecError, Engine, Stream, StreamParams};
+use wd_zip_codec::{
+    compress_bound, part_len, CodecError, Engine, Flush, Parts, Stream, StreamParams,
+};
 pub use wd_zip_msg as msg;
 use wd_zip_msg::{decode, Done, OneShot, Request, SessionNew, StreamOp, MAX_SESSIONS};
 
@@ -100,7 +105,37 @@ pub struct ZipQueue {
     held: usize,
     input: Vec<u8>,
     output: Vec<u8>,
+    /// The request served a part per engine pass, between its parts.
+    cut: Option<Cut>,
 }
+
+/// A long request served a part per engine pass
+/// ([`DeviceQueue::process_part`]): a one-shot compression or a stream
+/// step longer than one part ([`wd_zip_codec::part_len`],
+/// [`Stream::part_len`]), so that a zstd level 19 or libdeflate level 12
+/// compression of 64 MiB, seconds of work, does not make every other
+/// queue of the device wait for it. Decompression, LZ4 and the fastest
+/// levels run whole: they make hundreds of MB/s of output or more, bounded
+/// by [`msg::MAX_DATA`]. Parts go through host buffers.
+struct Cut {
+    /// The request, to tell its continuation from any other.
+    desc: Desc,
+    /// Input taken and output written by its parts so far.
+    consumed: u64,
+    produced: u64,
+    work: Work,
+}
+
+enum Work {
+    Compress(OneShot, Parts),
+    Stream(StreamOp),
+}
+
+/// Room a compressed part needs past the engine's bound for its input:
+/// the framing's header and trailer and a piece's open end, or what zstd
+/// held back of the part before (less than a block; a part is at least
+/// one, so twice the part's bound covers it).
+const PART_SLACK: usize = 32;
 
 impl ZipQueue {
     /// A queue counting its sessions in `live`.
@@ -111,6 +146,7 @@ impl ZipQueue {
             held: 0,
             input: Vec::new(),
             output: Vec::new(),
+            cut: None,
         }
     }
 
@@ -286,10 +322,136 @@ impl ZipQueue {
     }
 }
 
+impl ZipQueue {
+    /// The first part of `desc` when it is long enough to be cut; `None`
+    /// when it runs whole.
+    fn begin_cut(&mut self, desc: &Desc) -> Option<Result<Cut, i32>> {
+        let work = match decode(desc).ok()? {
+            Request::OneShot(r) if r.compress => {
+                let part = part_len(r.alg, r.level)?;
+                if r.src_len <= part as u64 {
+                    return None;
+                }
+                match Parts::new(r.alg, r.level, r.src_len, r.piece) {
+                    Ok(parts) => Work::Compress(r, parts),
+                    Err(e) => return Some(Err(e.status())),
+                }
+            }
+            Request::Stream(op) => {
+                let part = self.sessions.get(op.session).ok()?.part_len();
+                if op.src_len <= part as u64 {
+                    return None;
+                }
+                Work::Stream(op)
+            }
+            _ => return None,
+        };
+        Some(Ok(Cut {
+            desc: *desc,
+            consumed: 0,
+            produced: 0,
+            work,
+        }))
+    }
+
+    /// Run the next part of `cut`: `Some(done)` when the request is
+    /// finished.
+    fn next_part(&mut self, cut: &mut Cut, dma: &mut dyn Dma<'_>) -> Result<Option<Done>, i32> {
+        match &mut cut.work {
+            Work::Compress(r, parts) => {
+                let n = parts.next_len();
+                let room = r.dst_len - cut.produced;
+                let room = room.min((2 * compress_bound(r.alg, n) + PART_SLACK) as u64);
+                self.stage(r.src + parts.taken(), n as u64, room, dma)?;
+                let made = parts
+                    .compress(&mut self.engine, &self.input, &mut self.output)
+                    .map_err(CodecError::status)?;
+                write_out(dma, r.dst + cut.produced, &self.output[..made])?;
+                cut.consumed = parts.taken();
+                cut.produced += made as u64;
+                Ok(parts.finished().then_some(Done {
+                    produced: cut.produced,
+                    consumed: cut.consumed,
+                    end: !r.piece,
+                }))
+            }
+            Work::Stream(op) => {
+                let op = *op;
+                let step = self.stream_part(&op, cut.consumed, cut.produced, dma);
+                // Parts already run were taken by the session and cannot
+                // be undone: memory failing a later part ends the step
+                // with what was done (the fault is recorded), as a step
+                // whose output filled ends.
+                let (step, given) = match step {
+                    Err(status::EFAULT) if cut.consumed > 0 => {
+                        return Ok(Some(Done {
+                            produced: cut.produced,
+                            consumed: cut.consumed,
+                            end: false,
+                        }))
+                    }
+                    r => r?,
+                };
+                cut.consumed += step.consumed as u64;
+                cut.produced += step.produced as u64;
+                // Finished: the last part ran, the stream ended, or a part
+                // was not taken whole (its output filled).
+                let last = cut.consumed == op.src_len;
+                Ok((last || step.end || step.consumed < given).then_some(Done {
+                    produced: cut.produced,
+                    consumed: cut.consumed,
+                    end: step.end,
+                }))
+            }
+        }
+    }
+
+    /// One part of stream step `op`, `consumed` bytes of its input taken
+    /// and `produced` written so far: what the session did, and the input
+    /// it was given.
+    fn stream_part(
+        &mut self,
+        op: &StreamOp,
+        consumed: u64,
+        produced: u64,
+        dma: &mut dyn Dma<'_>,
+    ) -> Result<(wd_zip_codec::Step, usize), i32> {
+        let part = self.sessions.get(op.session)?.part_len() as u64;
+        let n = (op.src_len - consumed).min(part);
+        let room = op.dst_len - produced;
+        self.stage(op.src + consumed, n, room, dma)?;
+        // As for a whole step: the output faults, if it does, before the
+        // session takes the part.
+        if room > 0 {
+            dma.probe(op.dst + produced, room, Access::Write)
+                .map_err(|_| status::EFAULT)?;
+        }
+        let flush = match consumed + n == op.src_len {
+            true => op.flush,
+            false => Flush::None,
+        };
+        let step = self
+            .sessions
+            .get(op.session)?
+            .run(&self.input, &mut self.output, flush)
+            .map_err(CodecError::status)?;
+        write_out(dma, op.dst + produced, &self.output[..step.produced])?;
+        Ok((step, n as usize))
+    }
+}
+
 /// Whether two device slices share host memory.
 fn overlap(a: &DeviceSlice<'_>, b: &DeviceSlice<'_>) -> bool {
     let (a0, b0) = (a.as_ptr() as usize, b.as_ptr() as usize);
     a0 < b0.saturating_add(b.len()) && b0 < a0.saturating_add(a.len())
+}
+
+/// Fill in a finished request's status and result.
+fn complete(desc: &mut Desc, r: Result<u64, i32>) {
+    (desc.status, desc.result) = match r {
+        Ok(v) => (status::OK, v),
+        Err(st) => (st, 0),
+    };
 }
 
 fn write_out(dma: &mut dyn Dma<'_>, dst: u64, data: &[u8]) -> Result<(), i32> {
@@ -310,16 +472,49 @@ impl DeviceQueue for ZipQueue {
             Ok(Request::Stream(op)) => self.stream(op, dma).map(Done::to_result),
         };
         self.release_big();
-        match r {
-            Ok(v) => {
-                desc.status = status::OK;
-                desc.result = v;
+        complete(desc, r);
+    }
+
+    fn process_part(
+        &mut self,
+        desc: &mut Desc,
+        dma: &mut dyn Dma<'_>,
+        done: u64,
+        budget: u64,
+    ) -> Progress {
+        let cut = if done == 0 {
+            // A request retried after a fault comes with no budget (it
+            // runs whole) and may come between the parts of another.
+            match (budget != u64::MAX).then(|| self.begin_cut(desc)).flatten() {
+                Some(cut) => cut,
+                None => {
+                    self.process(desc, dma);
+                    return Progress::Done;
+                }
             }
-            Err(st) => {
-                desc.status = st;
-                desc.result = 0;
+        } else {
+            // The engine continues the request it was told about; anything
+            // else is a bug, failed rather than run on stale state.
+            match self.cut.take() {
+                Some(c) if c.desc == *desc && c.consumed == done => Ok(c),
+                _ => Err(status::EIO),
             }
-        }
+        };
+        let r = match cut {
+            Err(st) => Err(st),
+            Ok(mut c) => match self.next_part(&mut c, dma) {
+                Ok(None) => {
+                    let upto = c.consumed;
+                    self.cut = Some(c);
+                    return Progress::More(upto);
+                }
+                Ok(Some(d)) => Ok(d.to_result()),
+                Err(st) => Err(st),
+            },
+        };
+        self.release_big();
+        complete(desc, r);
+        Progress::Done
     }
 
     fn bytes_of(&self, done: &Desc) -> u64 {

@@ -443,3 +443,277 @@ fn pieces_of_a_stream_join() {
         assert_eq!(mem.get(DST + n - 4, 4), [0, 0, 0xff, 0xff]);
     }
 }
+
+/// Memory for requests longer than one part: input at `SRC`, output at
+/// `LONG_DST`, decoded at `LONG_BACK`.
+const LONG: usize = (3 << 20) + 12_345;
+const LONG_DST: u64 = BASE + (8 << 20);
+const LONG_BACK: u64 = BASE + (16 << 20);
+const LONG_MEM: usize = 24 << 20;
+
+fn long_queue() -> (ZipQueue, FlatMemory) {
+    (
+        ZipQueue::new(Arc::new(AtomicU64::new(0))),
+        FlatMemory::new(BASE, LONG_MEM),
+    )
+}
+
+/// Run `d` as the engine does with a small pass budget: a part per call,
+/// `done` carried from call to call. The status, result and calls made.
+fn run_parts(q: &mut ZipQueue, mem: &mut FlatMemory, d: Desc) -> (i32, u64, usize) {
+    let (mut done, mut calls) = (0, 0);
+    loop {
+        let mut x = d;
+        calls += 1;
+        match q.process_part(&mut x, mem, done, 1) {
+            Progress::More(n) => {
+                assert!(n > done, "a part takes input");
+                done = n;
+            }
+            Progress::Done => return (x.status, x.result, calls),
+        }
+    }
+}
+
+/// Input that compresses about 2:1, so that its streams are long too.
+fn noisy(n: usize) -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..n)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if i % 2 == 0 {
+                x as u8
+            } else {
+                b"queue"[i % 5]
+            }
+        })
+        .collect()
+}
+
+fn decodes_to(q: &mut ZipQueue, mem: &mut FlatMemory, alg: Algorithm, len: u64, data: &[u8]) {
+    let (st, r) = run(
+        q,
+        mem,
+        shot(false, alg, LONG_DST, len as usize, LONG_BACK, data.len()),
+    );
+    assert_eq!(st, 0, "{alg}");
+    assert_eq!(Done::from_result(r).produced, data.len() as u64, "{alg}");
+    assert!(mem.get(LONG_BACK, data.len()) == data, "{alg}");
+}
+
+/// A long compression is served a part per engine pass (a zstd level 19
+/// or libdeflate level 12 compression of 64 MiB is seconds of work, which
+/// every other queue would wait behind), and its stream is the same
+/// wherever the passes fall; a retry, which the engine runs whole, is
+/// not cut, nor are the fastest levels.
+#[test]
+fn long_compressions_run_a_part_per_pass() {
+    let data = text(LONG);
+    for (alg, level, part) in [
+        (Algorithm::Deflate, 4, 1 << 20),
+        (Algorithm::Zlib, 6, 1 << 20),
+        (Algorithm::Gzip, 12, 1 << 20),
+        (Algorithm::Zstd, 9, 128 << 10),
+        // The fastest levels run whole.
+        (Algorithm::Deflate, 1, LONG),
+        (Algorithm::Zstd, 3, LONG),
+    ] {
+        let (mut q, mut mem) = long_queue();
+        mem.put(SRC, &data);
+        let d = OneShot {
+            compress: true,
+            alg,
+            level,
+            max_ratio: 0,
+            src: SRC,
+            src_len: LONG as u64,
+            dst: LONG_DST,
+            dst_len: 4 << 20,
+            piece: false,
+        }
+        .to_desc(1);
+        let (st, r, calls) = run_parts(&mut q, &mut mem, d);
+        assert_eq!(st, 0, "{alg} {level}");
+        assert_eq!(calls, LONG.div_ceil(part), "{alg} {level}");
+        let c = Done::from_result(r);
+        assert!(c.end && c.consumed == LONG as u64, "{alg}: {c:?}");
+        decodes_to(&mut q, &mut mem, alg, c.produced, &data);
+        let first = mem.get(LONG_DST, c.produced as usize);
+        let (st, r, _) = run_parts(&mut q, &mut mem, d);
+        assert_eq!((st, Done::from_result(r).produced), (0, c.produced));
+        assert!(mem.get(LONG_DST, c.produced as usize) == first, "{alg}");
+        let mut whole = d;
+        assert_eq!(
+            q.process_part(&mut whole, &mut mem, 0, u64::MAX),
+            Progress::Done
+        );
+        assert_eq!(whole.status, 0);
+    }
+    // LZ4 and decompression run whole.
+    let (mut q, mut mem) = long_queue();
+    mem.put(SRC, &data);
+    let d = shot(true, Algorithm::Lz4, SRC, LONG, LONG_DST, 4 << 20);
+    let (st, r, calls) = run_parts(&mut q, &mut mem, d);
+    assert_eq!((st, calls), (0, 1));
+    let n = Done::from_result(r).produced as usize;
+    let d = shot(false, Algorithm::Lz4, LONG_DST, n, LONG_BACK, LONG);
+    assert_eq!(run_parts(&mut q, &mut mem, d).2, 1);
+}
+
+/// The engine may run other requests of the queue between two parts (a
+/// retry after a fault, which it runs whole); they leave the cut request
+/// as it was. A continuation the device does not know fails, rather than
+/// running on another request's state.
+#[test]
+fn requests_between_parts_leave_the_cut_alone() {
+    let data = noisy(LONG);
+    let (mut q, mut mem) = long_queue();
+    mem.put(SRC, &data);
+    // Gzip at the default level, 6: cut.
+    let d = shot(true, Algorithm::Gzip, SRC, LONG, LONG_DST, 8 << 20);
+    let mut x = d;
+    let Progress::More(done) = q.process_part(&mut x, &mut mem, 0, 1) else {
+        panic!("a long request is cut")
+    };
+    // Between parts: a small request, and a long one retried whole.
+    let small = shot(true, Algorithm::Zstd, SRC, 1000, BASE + (20 << 20), 4096);
+    let mut s = small;
+    assert_eq!(q.process_part(&mut s, &mut mem, 0, 1), Progress::Done);
+    assert_eq!(s.status, 0);
+    let mut other = shot(true, Algorithm::Zlib, SRC, LONG, BASE + (20 << 20), 4 << 20);
+    assert_eq!(
+        q.process_part(&mut other, &mut mem, 0, u64::MAX),
+        Progress::Done
+    );
+    assert_eq!(other.status, 0);
+    // Not the request being cut, or not where it stopped.
+    let mut stranger = small;
+    assert_eq!(
+        q.process_part(&mut stranger, &mut mem, done, 1),
+        Progress::Done
+    );
+    assert_eq!(stranger.status, status::EIO);
+    let mut x = d;
+    assert_eq!(
+        q.process_part(&mut x, &mut mem, done + 1, 1),
+        Progress::Done
+    );
+    assert_eq!(x.status, status::EIO);
+    // Begun again, the request runs to the end.
+    let (st, r, _) = run_parts(&mut q, &mut mem, d);
+    assert_eq!(st, 0);
+    let c = Done::from_result(r);
+    decodes_to(&mut q, &mut mem, Algorithm::Gzip, c.produced, &data);
+}
+
+/// A long stream step runs a part per pass too, the caller's flush with
+/// the last part; decompression steps as well.
+#[test]
+fn long_stream_steps_run_in_parts() {
+    for (alg, level) in [(Algorithm::Zlib, 9), (Algorithm::Zstd, 19)] {
+        let data = noisy(LONG);
+        let (mut q, mut mem) = long_queue();
+        mem.put(SRC, &data);
+        let new = |compress| SessionNew {
+            alg,
+            level: if compress { level } else { 0 },
+            compress,
+            window_bits: 0,
+            dict: 0,
+            dict_len: 0,
+        };
+        let (st, c) = run(&mut q, &mut mem, new(true).to_desc(1));
+        assert_eq!(st, 0);
+        let (st, dsess) = run(&mut q, &mut mem, new(false).to_desc(1));
+        assert_eq!(st, 0);
+        let step = StreamOp {
+            session: c,
+            flush: Flush::Finish,
+            src: SRC,
+            src_len: LONG as u64,
+            dst: LONG_DST,
+            dst_len: 8 << 20,
+        };
+        let (st, r, calls) = run_parts(&mut q, &mut mem, step.to_desc(1));
+        assert_eq!(st, 0, "{alg}");
+        assert!(calls > 3, "{alg}: {calls} calls");
+        let z = Done::from_result(r);
+        assert!(z.end && z.consumed == LONG as u64, "{alg}: {z:?}");
+        assert!(z.produced > 1 << 20, "{alg}: a long stream to decode");
+        let back = StreamOp {
+            session: dsess,
+            flush: Flush::None,
+            src: LONG_DST,
+            src_len: z.produced,
+            dst: LONG_BACK,
+            dst_len: LONG as u64,
+        };
+        let (st, r, calls) = run_parts(&mut q, &mut mem, back.to_desc(1));
+        assert_eq!(st, 0, "{alg}");
+        assert!(calls > 1, "{alg}");
+        let d = Done::from_result(r);
+        assert!(d.end && d.produced == LONG as u64 && d.consumed == z.produced);
+        assert!(mem.get(LONG_BACK, LONG) == data, "{alg}");
+    }
+}
+
+/// Parts a stream session took cannot be undone: input that faults in a
+/// later part ends the step with what the earlier parts did, as a step
+/// whose output filled would; the stream carries on from there.
+#[test]
+fn a_later_part_that_faults_ends_the_step_with_what_was_done() {
+    let data = noisy(LONG);
+    let (mut q, mut mem) = long_queue();
+    mem.put(SRC, &data);
+    let new = SessionNew {
+        alg: Algorithm::Gzip,
+        level: 1,
+        compress: true,
+        window_bits: 0,
+        dict: 0,
+        dict_len: 0,
+    };
+    let (_, c) = run(&mut q, &mut mem, new.to_desc(1));
+    // Input that runs past the end of the client's memory.
+    let at = BASE + LONG_MEM as u64 - (1 << 20) - 100;
+    mem.put(at, &data[..(1 << 20) + 100]);
+    let step = StreamOp {
+        session: c,
+        flush: Flush::None,
+        src: at,
+        src_len: 2 << 20,
+        dst: LONG_DST,
+        dst_len: 4 << 20,
+    };
+    let (st, r, calls) = run_parts(&mut q, &mut mem, step.to_desc(1));
+    assert_eq!((st, calls), (0, 2));
+    let d = Done::from_result(r);
+    assert_eq!(d.consumed, 1 << 20);
+    assert!(!d.end);
+    // The rest of the stream, from the input the step did not take.
+    let rest = StreamOp {
+        src: at + d.consumed,
+        src_len: 100,
+        dst: LONG_DST + d.produced,
+        flush: Flush::Finish,
+        ..step
+    };
+    let (st, r) = run(&mut q, &mut mem, rest.to_desc(1));
+    assert_eq!(st, 0);
+    let e = Done::from_result(r);
+    assert!(e.end);
+    let mut out = Vec::new();
+    let n = wd_zip_codec::Engine::new()
+        .decompress_vec(
+            Algorithm::Gzip,
+            &mem.get(LONG_DST, (d.produced + e.produced) as usize),
+            &mut out,
+            4 << 20,
+            0,
+        )
+        .unwrap();
+    assert_eq!(n.produced, (1 << 20) + 100);
+    assert!(out == data[..(1 << 20) + 100]);
+}
