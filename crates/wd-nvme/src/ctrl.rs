@@ -176,6 +176,12 @@ pub struct Controller {
     /// The tail doorbell registers as last read, for queues whose tails
     /// come from the shadow buffer.
     mmio_seen: [u32; QUEUES],
+    /// Completion queues (a bit per id) found full in the last pass with
+    /// commands or events waiting for their room: the engine may sleep,
+    /// and the driver's next head doorbell wakes it.
+    full_cqs: u32,
+    /// Their head doorbell registers as last read (shadow doorbells).
+    cq_mmio_seen: [u32; QUEUES],
     /// Namespaces attached here, by NSID.
     pub(crate) active: BTreeMap<u32, Arc<Namespace>>,
     /// How I/O reaches the store.
@@ -225,6 +231,8 @@ impl Controller {
             dbbuf: None,
             armed: false,
             mmio_seen: [0; QUEUES],
+            full_cqs: 0,
+            cq_mmio_seen: [0; QUEUES],
             active: BTreeMap::new(),
             segs: Vec::new(),
             bounce: Vec::new(),
@@ -279,6 +287,8 @@ impl Controller {
             }
         }
         self.mmio_seen = [0; QUEUES];
+        self.full_cqs = 0;
+        self.cq_mmio_seen = [0; QUEUES];
         self.aers.clear();
         self.events.clear();
         self.dbbuf = None;
@@ -396,31 +406,57 @@ impl Controller {
     /// An idle pass with shadow doorbells: write each I/O submission
     /// queue's EventIdx as its head, so the driver's next submission also
     /// writes the doorbell register (which the sleeping engine's wake-up
-    /// check reads). Returns 1 when a submission came meanwhile.
+    /// check reads), and the same for the head of each full completion
+    /// queue, so that consuming completions does too. Returns 1 when a
+    /// submission or a consumed completion came meanwhile.
     fn arm_event_index(&mut self, r: &Registers, dma: &mut dyn Dma<'_>) -> usize {
         let Some((_, events)) = self.dbbuf else {
             return 0;
         };
+        let mut arm = |reg: usize, value: u32| {
+            let at = events + (reg - regs::DOORBELLS) as u64;
+            match dma.slice(at, 4, Access::Write) {
+                // Release, then the SeqCst fence below: pairs with the
+                // driver's fence between its shadow store and its
+                // EventIdx load (one of the two sees the other).
+                Some(s) => s.store_u32(0, value),
+                None => {
+                    let _ = dma.write(at, &value.to_le_bytes());
+                }
+            }
+        };
         for qid in 1..QUEUES as u16 {
             if let Some(sq) = self.sqs[qid as usize] {
-                let at = events + (regs::sq_tail_doorbell(qid) - regs::DOORBELLS) as u64;
-                match dma.slice(at, 4, Access::Write) {
-                    // Release, then the SeqCst fence below: pairs with the
-                    // driver's fence between its shadow store and its
-                    // EventIdx load (one of the two sees the other).
-                    Some(s) => s.store_u32(0, sq.head),
-                    None => {
-                        let _ = dma.write(at, &sq.head.to_le_bytes());
-                    }
-                }
+                arm(regs::sq_tail_doorbell(qid), sq.head);
+            }
+        }
+        for qid in self.full_io_cqs() {
+            if let Some(cq) = self.cqs[qid as usize] {
+                arm(regs::cq_head_doorbell(qid), cq.head);
             }
         }
         std::sync::atomic::fence(Ordering::SeqCst);
         self.armed = true;
         let moved = (1..QUEUES as u16).any(|qid| {
-            self.sqs[qid as usize].is_some_and(|sq| self.doorbell(r, dma, qid, false) != sq.head)
+            self.sqs[qid as usize].is_some_and(|sq| {
+                !self.waits_for_room(&sq) && self.doorbell(r, dma, qid, false) != sq.head
+            })
+        }) || self.full_io_cqs().any(|qid| {
+            self.cqs[qid as usize].is_some_and(|cq| self.doorbell(r, dma, qid, true) != cq.head)
         });
         usize::from(moved)
+    }
+
+    /// Whether `sq`'s commands wait for room in its full completion queue
+    /// (more of them are no news: the queue's head is).
+    fn waits_for_room(&self, sq: &Sq) -> bool {
+        self.full_cqs & 1 << sq.cqid != 0
+    }
+
+    /// The I/O completion queues found full in the last pass.
+    fn full_io_cqs(&self) -> impl Iterator<Item = u16> {
+        let full = self.full_cqs;
+        (1..QUEUES as u16).filter(move |q| full & 1 << q != 0)
     }
 
     /// Post a completion to queue `cqid` (which has room). False when the
@@ -513,7 +549,11 @@ impl Controller {
     /// Complete held Asynchronous Event Requests with queued events.
     fn deliver_events(&mut self, dma: &mut dyn Dma<'_>, r: &Registers) -> usize {
         let mut n = 0;
-        while !self.aers.is_empty() && !self.events.is_empty() && self.cq_room(r, dma, 0) {
+        while !self.aers.is_empty() && !self.events.is_empty() {
+            if !self.cq_room(r, dma, 0) {
+                self.full_cqs |= 1;
+                break;
+            }
             let cid = self.aers.remove(0);
             let ev = self.events.pop_front().expect("checked");
             let head = self.sqs[0].map(|s| s.head).unwrap_or(0);
@@ -555,8 +595,10 @@ impl Controller {
         while head != tail && budget > 0 {
             if !self.cq_room(r, dma, sq.cqid) {
                 // Back-pressure: the driver has not consumed completions.
-                out.busy = true;
-                break;
+                // Nothing to do until it does, which its head doorbell
+                // says (and wakes the engine with, should it sleep).
+                self.full_cqs |= 1 << sq.cqid;
+                return;
             }
             let at = sq.base + head as u64 * SQE_SIZE as u64;
             if dma.read(at, &mut raw).is_err() {
@@ -656,6 +698,7 @@ impl DeviceQueue for Controller {
         if !self.running() {
             return out;
         }
+        self.full_cqs = 0;
         if !self.inflight.is_empty() {
             self.complete_io(dma, &mut out);
         }
@@ -687,6 +730,9 @@ impl DeviceQueue for Controller {
                     self.mmio_seen[qid] = r.load32(regs::sq_tail_doorbell(qid as u16));
                 }
             }
+            for qid in self.full_io_cqs() {
+                self.cq_mmio_seen[qid as usize] = r.load32(regs::cq_head_doorbell(qid));
+            }
             if out.work > 0 || out.busy {
                 self.armed = false;
             } else if !self.armed {
@@ -712,18 +758,33 @@ impl DeviceQueue for Controller {
         if self.dbbuf.is_some() && !self.armed {
             return true;
         }
-        (0..QUEUES as u16).any(|qid| {
+        // With shadow doorbells an I/O queue's register is written only
+        // when EventIdx asks for it: a change is the news.
+        let shadowed = |qid: u16| qid > 0 && self.dbbuf.is_some();
+        let submitted = (0..QUEUES as u16).any(|qid| {
             self.sqs[qid as usize].is_some_and(|sq| {
+                if self.waits_for_room(&sq) {
+                    return false;
+                }
                 let v = r.load32(regs::sq_tail_doorbell(qid));
-                if qid == 0 || self.dbbuf.is_none() {
-                    v != sq.head
-                } else {
-                    // With shadow doorbells the register is written only
-                    // when EventIdx asks for it: a change is the news.
-                    v != self.mmio_seen[qid as usize]
+                match shadowed(qid) {
+                    false => v != sq.head,
+                    true => v != self.mmio_seen[qid as usize],
                 }
             })
-        })
+        });
+        let consumed = (0..QUEUES as u16)
+            .filter(|q| self.full_cqs & 1 << q != 0)
+            .any(|qid| {
+                self.cqs[qid as usize].is_some_and(|cq| {
+                    let v = r.load32(regs::cq_head_doorbell(qid));
+                    match shadowed(qid) {
+                        false => v != cq.head,
+                        true => v != self.cq_mmio_seen[qid as usize],
+                    }
+                })
+            });
+        submitted || consumed
     }
 }
 

@@ -109,14 +109,23 @@ fn phase_tags_wrap_and_a_full_completion_queue_holds_commands_back() {
         r.io_put(i as u32, &s);
     }
     r.regs.store32(regs::sq_tail_doorbell(1), 7);
-    let busy = r.pass();
-    assert!(busy.busy, "commands wait: the engine must not sleep");
+    r.pass();
     let got: Vec<Cqe> = (0..4).map(|i| r.io_cqe(i)).collect();
     assert!(got[..3].iter().all(|c| c.phase && c.status.is_success()));
     assert!(!got[3].phase, "no completion overwrites an unconsumed slot");
     assert_eq!(got[2].sq_head, 3);
-    // Consume them: three more, the queue wraps and the phase flips.
+    // Commands wait for the driver, not for the controller: the engine may
+    // sleep (a driver that never consumes does not keep a core spinning),
+    // until the head doorbell says there is room.
+    let blocked = r.pass();
+    assert_eq!((blocked.work, blocked.busy), (0, false));
+    assert!(!r.ctl.prepare_sleep(), "nothing to do before the driver");
     r.regs.store32(regs::cq_head_doorbell(1), 3);
+    assert!(
+        r.ctl.prepare_sleep(),
+        "consumed completions wake the engine"
+    );
+    // Consume them: three more, the queue wraps and the phase flips.
     r.pass();
     let c3 = r.io_cqe(3);
     let (c0, c1) = (r.io_cqe(0), r.io_cqe(1));
@@ -307,6 +316,52 @@ fn shadow_doorbells_and_event_index_let_the_engine_sleep() {
     r.regs.store32(regs::sq_tail_doorbell(1), 2);
     assert!(r.ctl.prepare_sleep(), "a register write wakes the engine");
     assert_eq!(r.pass().requests, 1);
+}
+
+/// With shadow doorbells a full completion queue lets the engine sleep
+/// too: the idle pass writes the queue's head EventIdx, so the driver's
+/// next head also goes to the register, which the wake-up check reads.
+#[test]
+fn a_full_completion_queue_with_shadow_doorbells_wakes_the_engine() {
+    let mut r = Rig::new(&["0:4M"]);
+    r.io_queues(8, 4);
+    let c = r.admin(Sqe {
+        opcode: AdminOp::DoorbellBuffer as u8,
+        prp1: SHADOW,
+        prp2: EVENTS,
+        ..Sqe::default()
+    });
+    assert!(c.status.is_success());
+    for i in 0..5u16 {
+        let mut s = sqe(IoOp::Flush as u8);
+        s.nsid = 1;
+        s.cid = 10 + i;
+        r.io_put(i as u32, &s);
+    }
+    // SQ 1 tail at shadow offset 8, CQ 1 head at 12.
+    r.mem.put(SHADOW + 8, &5u32.to_le_bytes());
+    assert_eq!(r.pass().requests, 3, "three fit in a queue of four");
+    let idle = r.pass();
+    assert_eq!((idle.work, idle.busy), (0, false));
+    assert_eq!(
+        r.mem.get(EVENTS + 12, 4),
+        0u32.to_le_bytes(),
+        "head EventIdx"
+    );
+    assert!(!r.ctl.prepare_sleep());
+    // A head in the shadow only, before the engine slept: seen there.
+    r.mem.put(SHADOW + 12, &1u32.to_le_bytes());
+    assert_eq!(r.pass().requests, 1);
+    let idle = r.pass();
+    assert_eq!((idle.work, idle.busy), (0, false));
+    assert_eq!(r.mem.get(EVENTS + 12, 4), 1u32.to_le_bytes());
+    assert!(!r.ctl.prepare_sleep());
+    // The driver consumes two more, crossing EventIdx: shadow and register.
+    r.mem.put(SHADOW + 12, &3u32.to_le_bytes());
+    r.regs.store32(regs::cq_head_doorbell(1), 3);
+    assert!(r.ctl.prepare_sleep(), "the head register wakes the engine");
+    assert_eq!(r.pass().requests, 1, "the last command completes");
+    assert_eq!(r.io_cqe(0).cid, 14);
 }
 
 #[test]
