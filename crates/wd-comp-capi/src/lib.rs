@@ -98,6 +98,7 @@ fn errno_of(e: &CompError) -> c_int {
         CompError::Data(CodecError::Ratio) => 75,    // EOVERFLOW
         CompError::Data(CodecError::Param) => EINVAL,
         CompError::Data(CodecError::Memory) => 12, // ENOMEM
+        CompError::Data(CodecError::Broken) => EIO,
         CompError::Device(d) => d.errno(),
         CompError::NoQueue(_) => 107, // ENOTCONN
     }

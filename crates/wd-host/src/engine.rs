@@ -751,17 +751,14 @@ impl EngineLoop {
     }
 
     /// Look at queue `i`'s stalled requests whose domain resolved a stall:
-    /// complete the aborted ones, run the retried ones again.
+    /// complete the aborted ones; the retried ones go back to the front of
+    /// the queue's backlog, in order, to run again the way the rest of the
+    /// queue's requests run (within the pass's budget, a long one in
+    /// pieces): a retry run whole at once would hold every other queue of
+    /// the engine as long as the whole request takes, seconds for a slow
+    /// compression.
     fn serve_parked(&mut self, i: usize, batch: &mut Vec<Desc>) -> Result<usize, ()> {
-        let EngineLoop {
-            queues,
-            tlb,
-            runs_a,
-            runs_b,
-            bounce,
-            ..
-        } = self;
-        let s = &mut queues[i];
+        let s = &mut self.queues[i];
         if s.parked
             .iter()
             .all(|p| p.dom.resolution_generation() == p.seen)
@@ -789,48 +786,11 @@ impl EngineLoop {
                 }
             }
         }
-        let q = s.q.clone();
         let resolved = batch.len() + retry.len();
-        if !retry.is_empty() {
-            let att = q.endpoint.attachment();
-            let mut sec = tlb.enter();
-            let mut scratch = Scratch {
-                runs_a,
-                runs_b,
-                bounce,
-                guard: Guard::enter(),
-            };
-            for orig in retry {
-                let mut d = orig;
-                if q.state() == QueueState::Broken {
-                    d.status = status::ECANCELED;
-                    d.result = 0;
-                    batch.push(d);
-                    continue;
-                }
-                let whole = (0, u64::MAX);
-                match process(
-                    &mut sec,
-                    &q,
-                    &att,
-                    &mut s.dev,
-                    &mut d,
-                    &mut scratch,
-                    true,
-                    whole,
-                )
-                .0
-                {
-                    Some(p) => s.parked.push(Parked { desc: orig, ..p }),
-                    None => {
-                        if d.status == 0 {
-                            q.bytes.fetch_add(s.dev.bytes_of(&d), Ordering::Relaxed);
-                        }
-                        batch.push(d);
-                    }
-                }
-            }
+        for d in retry.into_iter().rev() {
+            s.backlog.push_front(d);
         }
+        let q = &s.q;
         q.requests.fetch_add(batch.len() as u64, Ordering::Relaxed);
         if s.view.complete(batch).map_err(|_| ())? {
             let _ = wd_sys::eventfd_signal(q.cq_event.as_fd());
@@ -842,10 +802,10 @@ impl EngineLoop {
     }
 }
 
-/// Run one request (or, with `(done, budget)`, a piece of it) through the
-/// device inside `sec`. A request that faulted (completed with -EFAULT) in
-/// a domain with the stall policy is not completed: it comes back as a
-/// [`Parked`] (its `desc` to be filled in), and a retry starts it over.
+/// Run a piece of one request, `(done, budget)`, through the device inside
+/// `sec`. A request that faulted (completed with -EFAULT) in a domain with
+/// the stall policy is not completed: it comes back as a [`Parked`] (its
+/// `desc` to be filled in), and a retry starts it over.
 #[allow(clippy::too_many_arguments)]
 fn process(
     sec: &mut Section<'_>,

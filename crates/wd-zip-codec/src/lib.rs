@@ -1,7 +1,8 @@
 //! The compression engines behind one bounded interface: the zip device
 //! computes with them in the host, and the client library's CPU path with
 //! the same code in the caller's thread, so both produce the same bytes
-//! (except where the device cuts a long compression in [`Parts`]).
+//! (a long compression at a slow level in the same [`Parts`]: the device
+//! serves it a part per pass).
 //!
 //! Which library serves what was chosen by measurement (`wd bench zip`
 //! shows them side by side): one-shot deflate, zlib and gzip go to
@@ -61,6 +62,10 @@ pub enum CodecError {
     /// The library could not allocate its state.
     #[error("out of memory")]
     Memory,
+    /// A stream lost a step's output after taking its input (memory the
+    /// output was to go to failed): it cannot go on.
+    #[error("stream broken: a step's output could not be delivered")]
+    Broken,
 }
 
 impl CodecError {
@@ -71,7 +76,7 @@ impl CodecError {
             CodecError::Corrupt | CodecError::NeedDict => status::EBADMSG,
             CodecError::Ratio => status::EOVERFLOW,
             CodecError::Param => status::EINVAL,
-            CodecError::Memory => status::EIO,
+            CodecError::Memory | CodecError::Broken => status::EIO,
         }
     }
 }
@@ -230,8 +235,63 @@ impl Engine {
     }
 
     /// Compress all of `input` into one stream in `out`: the bytes
-    /// written.
+    /// written. An input longer than one part at a slow level
+    /// ([`part_len`]) is compressed in [`Parts`], as the zip device cuts
+    /// it to serve it a part per pass: the same bytes on every path.
     pub fn compress(
+        &mut self,
+        alg: Algorithm,
+        level: i8,
+        input: &(impl Input + ?Sized),
+        out: &mut (impl Output + ?Sized),
+    ) -> Result<usize, CodecError> {
+        if part_len(alg, level).is_some_and(|p| input.len() > p) {
+            return self.compress_in_parts(alg, level, input, out);
+        }
+        self.compress_whole(alg, level, input, out)
+    }
+
+    /// [`Engine::compress`] of an input [`Parts`] cuts. Parts take slices:
+    /// device memory and room not yet initialised are copied (a slow
+    /// level compresses tens of MB/s at most; a copy runs at GB/s).
+    fn compress_in_parts(
+        &mut self,
+        alg: Algorithm,
+        level: i8,
+        input: &(impl Input + ?Sized),
+        out: &mut (impl Output + ?Sized),
+    ) -> Result<usize, CodecError> {
+        let copied;
+        let input = match input.as_slice() {
+            Some(s) => s,
+            None => {
+                copied = mem::copy_in(input);
+                &copied[..]
+            }
+        };
+        let mut parts = Parts::new(alg, level, input.len() as u64, false)?;
+        let mut made = 0;
+        let mut run = |e: &mut Engine, o: &mut [u8]| {
+            while !parts.finished() {
+                let at = parts.taken() as usize;
+                let part = &input[at..at + parts.next_len()];
+                made += parts.compress(e, part, &mut o[made..])?;
+            }
+            Ok::<_, CodecError>(made)
+        };
+        match out.as_mut_slice() {
+            Some(o) => run(self, o),
+            None => {
+                let mut o = vec![0u8; out.len()];
+                let n = run(self, &mut o)?;
+                mem::copy_out(out, &o[..n]);
+                Ok(n)
+            }
+        }
+    }
+
+    /// Compress `input` in one call of its engine.
+    fn compress_whole(
         &mut self,
         alg: Algorithm,
         level: i8,

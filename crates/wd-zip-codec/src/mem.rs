@@ -192,3 +192,26 @@ unsafe impl Output for Spare<'_> {
         None
     }
 }
+
+/// A copy of `input`'s bytes, for engines that take only slices. Device
+/// memory its client may write is copied as bytes the way the engines
+/// read it (no reference into it is made).
+pub(crate) fn copy_in(input: &(impl Input + ?Sized)) -> Vec<u8> {
+    if let Some(s) = input.as_slice() {
+        return s.to_vec();
+    }
+    let mut v = vec![0u8; input.len()];
+    // SAFETY: the Input contract makes ptr()..ptr() + len() readable while
+    // borrowed; `v` is a distinct allocation of that length.
+    unsafe { std::ptr::copy_nonoverlapping(input.ptr(), v.as_mut_ptr(), v.len()) };
+    v
+}
+
+/// Write `data` at the start of `out`, which must have room for it.
+pub(crate) fn copy_out(out: &mut (impl Output + ?Sized), data: &[u8]) {
+    assert!(data.len() <= out.len(), "output larger than its room");
+    // SAFETY: the Output contract makes ptr()..ptr() + len() writable while
+    // borrowed, and data fits (checked above); `data` is host memory of
+    // its own, not the output.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), out.ptr(), data.len()) };
+}

@@ -20,22 +20,29 @@
 //! 9 with 9-16% more time, and the same at 19.
 //!
 //! Where a compression is cut depends only on its algorithm, level and
-//! length, never on what else the device is doing: the same input makes
-//! the same stream every time (not the stream the engine makes of it
-//! whole, which is what the client's CPU path makes).
+//! length, never on what else the device is doing, and
+//! [`Engine::compress`] cuts the same way (a client's CPU path is not
+//! shared, but its stream must be the device's): the same input makes the
+//! same stream every time, on every path.
 
 use wd_zip_msg::Algorithm;
 
 use crate::{level_of, pieces, zstd_raw, CodecError, Engine};
 
-/// Input bytes of a deflate part.
+/// Input bytes of a deflate part at levels 4 to 6, 7 to 9, and 10 to
+/// 12: each about a tenth of a second or less at the level's speed here
+/// (libdeflate took 163 ms for 1 MiB at level 9 and 527 ms at level 12 on
+/// one corpus, 25 ms at level 6), the slower levels in smaller parts,
+/// which cost more size.
 pub(crate) const DEFLATE_PART: usize = 1 << 20;
+const DEFLATE_SLOW_PART: usize = 512 << 10;
+const DEFLATE_SLOWEST_PART: usize = 256 << 10;
 /// The fastest levels, run whole: deflate up to 3 (70 MB/s and more
 /// here), zstd up to 5 (150 MB/s and more).
 const DEFLATE_WHOLE_UPTO: i32 = 3;
 const ZSTD_WHOLE_UPTO: i32 = 5;
 /// Input bytes of a zstd part: one block, the unit zstd works in (2 ms at
-/// level 9, 40 at level 19).
+/// level 9, about 100 at levels 19 to 22).
 const ZSTD_PART: usize = 128 << 10;
 
 /// Input bytes of one part of a one-shot compression with `alg` at
@@ -46,7 +53,10 @@ pub fn part_len(alg: Algorithm, level: i8) -> Option<usize> {
     match alg {
         Algorithm::Lz4 => None,
         Algorithm::Zstd => (level > ZSTD_WHOLE_UPTO).then_some(ZSTD_PART),
-        _ => (level > DEFLATE_WHOLE_UPTO).then_some(DEFLATE_PART),
+        _ if level <= DEFLATE_WHOLE_UPTO => None,
+        _ if level <= 6 => Some(DEFLATE_PART),
+        _ if level <= 9 => Some(DEFLATE_SLOW_PART),
+        _ => Some(DEFLATE_SLOWEST_PART),
     }
 }
 
@@ -112,6 +122,19 @@ impl Parts {
             part,
             kind,
         })
+    }
+
+    /// The most memory the compression holds between parts (zstd's
+    /// context: its window and tables, up to 57 MiB at the highest
+    /// levels), which a device counts against its queue's budget.
+    pub fn footprint(&self) -> usize {
+        match &self.kind {
+            Kind::Zstd(_) => zstd_raw::cstream_size(zstd_raw::params(
+                level_of(self.alg, self.level).unwrap_or(0),
+                Some(self.total),
+            )),
+            Kind::Deflate { .. } => 0,
+        }
     }
 
     /// Input bytes compressed so far.
@@ -248,6 +271,62 @@ mod tests {
                 // The same input is cut the same way: the same stream.
                 assert_eq!(in_parts(alg, level, &input, false), stream);
             }
+        }
+    }
+
+    #[test]
+    fn slower_levels_have_shorter_parts_and_zstd_counts_its_context() {
+        let lens: Vec<_> = [1, 3, 4, 6, 7, 9, 10, 12]
+            .map(|l| part_len(Algorithm::Gzip, l))
+            .into();
+        let (m, k) = (Some(1 << 20), Some(1usize << 10));
+        assert_eq!(
+            lens,
+            [
+                None,
+                None,
+                m,
+                m,
+                k.map(|k| k * 512),
+                k.map(|k| k * 512),
+                k.map(|k| k * 256),
+                k.map(|k| k * 256)
+            ]
+        );
+        let p = Parts::new(Algorithm::Zstd, 19, 64 << 20, false).unwrap();
+        assert!(
+            p.footprint() > 32 << 20 && p.footprint() < 64 << 20,
+            "{}",
+            p.footprint()
+        );
+        assert_eq!(
+            Parts::new(Algorithm::Zlib, 9, 4 << 20, false)
+                .unwrap()
+                .footprint(),
+            0
+        );
+    }
+
+    /// The engine cuts a long compression the same way, whatever its
+    /// output (a slice, uninitialised room): one stream on every path.
+    #[test]
+    fn the_engine_compresses_a_long_input_in_the_same_parts() {
+        let input = sample(DEFLATE_SLOWEST_PART * 2 + 77, 9);
+        for (alg, level) in [
+            (Algorithm::Gzip, 12),
+            (Algorithm::Zstd, 19),
+            (Algorithm::Zlib, 1),
+        ] {
+            let mut e = Engine::new();
+            let mut out = vec![0u8; crate::compress_bound(alg, input.len())];
+            let n = e.compress(alg, level, &input[..], &mut out[..]).unwrap();
+            let mut v = Vec::new();
+            assert_eq!(e.compress_vec(alg, level, &input[..], &mut v).unwrap(), n);
+            assert!(v == out[..n]);
+            if part_len(alg, level).is_some() {
+                assert!(in_parts(alg, level, &input, false) == out[..n], "{alg:?}");
+            }
+            assert_eq!(decompress(alg, &out[..n], input.len()), input);
         }
     }
 

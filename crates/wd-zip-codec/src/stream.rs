@@ -57,6 +57,9 @@ pub struct Stream {
     /// A zlib decompressor's dictionary, given when the stream asks.
     dict: Vec<u8>,
     ended: bool,
+    /// A step's output was lost after the stream took its input: nothing
+    /// more can follow.
+    broken: bool,
     footprint: usize,
     /// Input bytes of one part of a long step ([`Stream::part_len`]).
     part: usize,
@@ -155,6 +158,7 @@ impl Stream {
                 Vec::new()
             },
             ended: false,
+            broken: false,
             footprint,
             part: match p.compress {
                 true => parts::part_len(p.alg, p.level).unwrap_or(parts::DEFLATE_PART),
@@ -180,6 +184,18 @@ impl Stream {
         self.part
     }
 
+    /// Whether the stream compresses (else it decompresses).
+    pub fn compresses(&self) -> bool {
+        matches!(self.kind, Kind::Deflate(_) | Kind::ZstdC(_))
+    }
+
+    /// Mark the stream broken: the output of a step it ran could not be
+    /// delivered, so what follows would not continue what the caller has.
+    /// Every later [`Stream::run`] fails with [`CodecError::Broken`].
+    pub fn break_off(&mut self) {
+        self.broken = true;
+    }
+
     /// The algorithm.
     pub fn alg(&self) -> Algorithm {
         self.alg
@@ -196,6 +212,9 @@ impl Stream {
     /// with more room until [`Step::end`]). A decompressor stops at the
     /// end of its stream.
     pub fn run(&mut self, input: &[u8], out: &mut [u8], flush: Flush) -> Result<Step, CodecError> {
+        if self.broken {
+            return Err(CodecError::Broken);
+        }
         if self.ended {
             return Ok(Step {
                 end: true,

@@ -101,7 +101,7 @@ impl Driver for ZipDriver {
 pub struct ZipQueue {
     engine: Engine,
     sessions: SessionTable<Stream>,
-    /// The sessions' footprints, summed.
+    /// The sessions' footprints and the cut compression's, summed.
     held: usize,
     input: Vec<u8>,
     output: Vec<u8>,
@@ -110,19 +110,22 @@ pub struct ZipQueue {
 }
 
 /// A long request served a part per engine pass
-/// ([`DeviceQueue::process_part`]): a one-shot compression or a stream
-/// step longer than one part ([`wd_zip_codec::part_len`],
-/// [`Stream::part_len`]), so that a zstd level 19 or libdeflate level 12
+/// ([`DeviceQueue::process_part`]): a one-shot compression longer than
+/// one part ([`wd_zip_codec::part_len`]) or a stream step longer than one
+/// ([`Stream::part_len`]), so that a zstd level 19 or libdeflate level 12
 /// compression of 64 MiB, seconds of work, does not make every other
-/// queue of the device wait for it. Decompression, LZ4 and the fastest
-/// levels run whole: they make hundreds of MB/s of output or more, bounded
-/// by [`msg::MAX_DATA`]. Parts go through host buffers.
+/// queue of the device wait for it. One-shot decompression, LZ4 and the
+/// fastest levels run whole: they make hundreds of MB/s of output or more,
+/// bounded by [`msg::MAX_DATA`]. Parts go through host buffers of a part's
+/// size (a decompressing step's output at most [`PART_OUT`] a part).
 struct Cut {
     /// The request, to tell its continuation from any other.
     desc: Desc,
     /// Input taken and output written by its parts so far.
     consumed: u64,
     produced: u64,
+    /// Memory the cut holds between parts, counted in `held`.
+    footprint: usize,
     work: Work,
 }
 
@@ -136,6 +139,10 @@ enum Work {
 /// held back of the part before (less than a block; a part is at least
 /// one, so twice the part's bound covers it).
 const PART_SLACK: usize = 32;
+
+/// Output room a part of a decompressing stream step writes at most (the
+/// step goes on in the next part where more room was given).
+const PART_OUT: usize = 4 << 20;
 
 impl ZipQueue {
     /// A queue counting its sessions in `live`.
@@ -301,24 +308,52 @@ impl ZipQueue {
     fn stream(&mut self, op: StreamOp, dma: &mut dyn Dma<'_>) -> Result<Done, i32> {
         // The session first: a request naming none reads no memory.
         self.sessions.get(op.session)?;
-        self.stage(op.src, op.src_len, op.dst_len, dma)?;
-        // A step cannot be undone (the session takes its input): the
-        // output must fault, if it does, before the session runs (see
-        // `Dma::probe`).
-        if op.dst_len > 0 {
-            dma.probe(op.dst, op.dst_len, Access::Write)
-                .map_err(|_| status::EFAULT)?;
-        }
-        let s = self.sessions.get(op.session)?;
-        let step = s
-            .run(&self.input, &mut self.output, op.flush)
-            .map_err(CodecError::status)?;
-        write_out(dma, op.dst, &self.output[..step.produced])?;
+        let step = self.step(
+            op.session,
+            (op.src, op.src_len),
+            (op.dst, op.dst_len),
+            op.flush,
+            dma,
+        )?;
         Ok(Done {
             produced: step.produced as u64,
             consumed: step.consumed as u64,
             end: step.end,
         })
+    }
+
+    /// Run session `session` over the input `(address, length)` into the
+    /// room `(address, length)`, flushing as `flush` says. A step cannot
+    /// be undone (the session takes its input), so memory faults, if it
+    /// does, before the session runs: the input is staged and the output
+    /// probed first (see `Dma::probe`), and either failing is -EFAULT with
+    /// the session as it was. Output the session made and that could not
+    /// be written after all (memory reached only as it is used: SHARE_ALL)
+    /// is lost with its input: the session is broken, and the step fails
+    /// with -EIO, which a stall does not retry with input the session
+    /// already took.
+    fn step(
+        &mut self,
+        session: u64,
+        (src, len): (u64, u64),
+        (dst, room): (u64, u64),
+        flush: Flush,
+        dma: &mut dyn Dma<'_>,
+    ) -> Result<wd_zip_codec::Step, i32> {
+        self.stage(src, len, room, dma)?;
+        if room > 0 {
+            dma.probe(dst, room, Access::Write)
+                .map_err(|_| status::EFAULT)?;
+        }
+        let s = self.sessions.get(session)?;
+        let step = s
+            .run(&self.input, &mut self.output, flush)
+            .map_err(CodecError::status)?;
+        if write_out(dma, dst, &self.output[..step.produced]).is_err() {
+            s.break_off();
+            return Err(status::EIO);
+        }
+        Ok(step)
     }
 }
 
@@ -346,10 +381,24 @@ impl ZipQueue {
             }
             _ => return None,
         };
+        // A cut the engine left unfinished (it never does) is over.
+        if let Some(old) = self.cut.take() {
+            self.end_cut(old);
+        }
+        let footprint = match &work {
+            Work::Compress(_, parts) => parts.footprint(),
+            Work::Stream(_) => 0,
+        };
+        // Held across passes, so counted with the queue's sessions.
+        if self.held + footprint > SESSION_MEMORY {
+            return Some(Err(status::ENOSPC));
+        }
+        self.held += footprint;
         Some(Ok(Cut {
             desc: *desc,
             consumed: 0,
             produced: 0,
+            footprint,
             work,
         }))
     }
@@ -377,27 +426,43 @@ impl ZipQueue {
             }
             Work::Stream(op) => {
                 let op = *op;
-                let step = self.stream_part(&op, cut.consumed, cut.produced, dma);
-                // Parts already run were taken by the session and cannot
-                // be undone: memory failing a later part ends the step
-                // with what was done (the fault is recorded), as a step
-                // whose output filled ends.
-                let (step, given) = match step {
-                    Err(status::EFAULT) if cut.consumed > 0 => {
-                        return Ok(Some(Done {
-                            produced: cut.produced,
-                            consumed: cut.consumed,
-                            end: false,
-                        }))
-                    }
-                    r => r?,
+                let s = self.sessions.get(op.session)?;
+                let n = (op.src_len - cut.consumed).min(s.part_len() as u64);
+                let room = op.dst_len - cut.produced;
+                let cap = room.min(match s.compresses() {
+                    true => (2 * compress_bound(s.alg(), n as usize) + PART_SLACK) as u64,
+                    false => PART_OUT as u64,
+                });
+                let flush = match cut.consumed + n == op.src_len {
+                    true => op.flush,
+                    false => Flush::None,
                 };
+                let input = (op.src + cut.consumed, n);
+                let step =
+                    match self.step(op.session, input, (op.dst + cut.produced, cap), flush, dma) {
+                        Ok(step) => step,
+                        // Memory failing before a later part ran ends the step
+                        // with what the parts before did, as a step whose
+                        // output filled ends (the fault is recorded).
+                        Err(status::EFAULT) if cut.consumed + cut.produced > 0 => {
+                            return Ok(Some(Done {
+                                produced: cut.produced,
+                                consumed: cut.consumed,
+                                end: false,
+                            }))
+                        }
+                        Err(st) => return Err(st),
+                    };
                 cut.consumed += step.consumed as u64;
                 cut.produced += step.produced as u64;
-                // Finished: the last part ran, the stream ended, or a part
-                // was not taken whole (its output filled).
-                let last = cut.consumed == op.src_len;
-                Ok((last || step.end || step.consumed < given).then_some(Done {
+                // Output stopped by the part's cap, not the client's room,
+                // goes on in the next part (a `More` needs input taken).
+                let capped = step.produced as u64 == cap && cap < room && cut.consumed > 0;
+                let all_in = cut.consumed == op.src_len;
+                let stalled = step.consumed == 0 && step.produced == 0;
+                let finished =
+                    step.end || stalled || !capped && (all_in || (step.consumed as u64) < n);
+                Ok(finished.then_some(Done {
                     produced: cut.produced,
                     consumed: cut.consumed,
                     end: step.end,
@@ -406,37 +471,9 @@ impl ZipQueue {
         }
     }
 
-    /// One part of stream step `op`, `consumed` bytes of its input taken
-    /// and `produced` written so far: what the session did, and the input
-    /// it was given.
-    fn stream_part(
-        &mut self,
-        op: &StreamOp,
-        consumed: u64,
-        produced: u64,
-        dma: &mut dyn Dma<'_>,
-    ) -> Result<(wd_zip_codec::Step, usize), i32> {
-        let part = self.sessions.get(op.session)?.part_len() as u64;
-        let n = (op.src_len - consumed).min(part);
-        let room = op.dst_len - produced;
-        self.stage(op.src + consumed, n, room, dma)?;
-        // As for a whole step: the output faults, if it does, before the
-        // session takes the part.
-        if room > 0 {
-            dma.probe(op.dst + produced, room, Access::Write)
-                .map_err(|_| status::EFAULT)?;
-        }
-        let flush = match consumed + n == op.src_len {
-            true => op.flush,
-            false => Flush::None,
-        };
-        let step = self
-            .sessions
-            .get(op.session)?
-            .run(&self.input, &mut self.output, flush)
-            .map_err(CodecError::status)?;
-        write_out(dma, op.dst + produced, &self.output[..step.produced])?;
-        Ok((step, n as usize))
+    /// The cut is over: what it held is free.
+    fn end_cut(&mut self, cut: Cut) {
+        self.held -= cut.footprint;
     }
 }
 
@@ -480,12 +517,13 @@ impl DeviceQueue for ZipQueue {
         desc: &mut Desc,
         dma: &mut dyn Dma<'_>,
         done: u64,
-        budget: u64,
+        _budget: u64,
     ) -> Progress {
+        // Where a request is cut depends on the request only (never on
+        // what the pass has left), so that the same input makes the same
+        // stream every time.
         let cut = if done == 0 {
-            // A request retried after a fault comes with no budget (it
-            // runs whole) and may come between the parts of another.
-            match (budget != u64::MAX).then(|| self.begin_cut(desc)).flatten() {
+            match self.begin_cut(desc) {
                 Some(cut) => cut,
                 None => {
                     self.process(desc, dma);
@@ -493,24 +531,31 @@ impl DeviceQueue for ZipQueue {
                 }
             }
         } else {
-            // The engine continues the request it was told about; anything
-            // else is a bug, failed rather than run on stale state.
+            // The engine continues the request it was told about, before
+            // any other of the queue; anything else is a bug, failed
+            // rather than run on stale state.
             match self.cut.take() {
                 Some(c) if c.desc == *desc && c.consumed == done => Ok(c),
-                _ => Err(status::EIO),
+                other => {
+                    if let Some(c) = other {
+                        self.end_cut(c);
+                    }
+                    Err(status::EIO)
+                }
             }
         };
         let r = match cut {
             Err(st) => Err(st),
-            Ok(mut c) => match self.next_part(&mut c, dma) {
-                Ok(None) => {
+            Ok(mut c) => {
+                let r = self.next_part(&mut c, dma);
+                if let Ok(None) = r {
                     let upto = c.consumed;
                     self.cut = Some(c);
                     return Progress::More(upto);
                 }
-                Ok(Some(d)) => Ok(d.to_result()),
-                Err(st) => Err(st),
-            },
+                self.end_cut(c);
+                r.map(|d| d.expect("finished").to_result())
+            }
         };
         self.release_big();
         complete(desc, r);

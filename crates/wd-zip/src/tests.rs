@@ -460,7 +460,7 @@ fn long_queue() -> (ZipQueue, FlatMemory) {
 
 /// Run `d` as the engine does with a small pass budget: a part per call,
 /// `done` carried from call to call. The status, result and calls made.
-fn run_parts(q: &mut ZipQueue, mem: &mut FlatMemory, d: Desc) -> (i32, u64, usize) {
+fn run_parts(q: &mut ZipQueue, mem: &mut dyn wd_device::Dma<'_>, d: Desc) -> (i32, u64, usize) {
     let (mut done, mut calls) = (0, 0);
     loop {
         let mut x = d;
@@ -506,15 +506,14 @@ fn decodes_to(q: &mut ZipQueue, mem: &mut FlatMemory, alg: Algorithm, len: u64, 
 /// A long compression is served a part per engine pass (a zstd level 19
 /// or libdeflate level 12 compression of 64 MiB is seconds of work, which
 /// every other queue would wait behind), and its stream is the same
-/// wherever the passes fall; a retry, which the engine runs whole, is
-/// not cut, nor are the fastest levels.
+/// wherever the passes fall; the fastest levels are not cut.
 #[test]
 fn long_compressions_run_a_part_per_pass() {
     let data = text(LONG);
     for (alg, level, part) in [
         (Algorithm::Deflate, 4, 1 << 20),
         (Algorithm::Zlib, 6, 1 << 20),
-        (Algorithm::Gzip, 12, 1 << 20),
+        (Algorithm::Gzip, 12, 256 << 10),
         (Algorithm::Zstd, 9, 128 << 10),
         // The fastest levels run whole.
         (Algorithm::Deflate, 1, LONG),
@@ -544,12 +543,6 @@ fn long_compressions_run_a_part_per_pass() {
         let (st, r, _) = run_parts(&mut q, &mut mem, d);
         assert_eq!((st, Done::from_result(r).produced), (0, c.produced));
         assert!(mem.get(LONG_DST, c.produced as usize) == first, "{alg}");
-        let mut whole = d;
-        assert_eq!(
-            q.process_part(&mut whole, &mut mem, 0, u64::MAX),
-            Progress::Done
-        );
-        assert_eq!(whole.status, 0);
     }
     // LZ4 and decompression run whole.
     let (mut q, mut mem) = long_queue();
@@ -562,12 +555,13 @@ fn long_compressions_run_a_part_per_pass() {
     assert_eq!(run_parts(&mut q, &mut mem, d).2, 1);
 }
 
-/// The engine may run other requests of the queue between two parts (a
-/// retry after a fault, which it runs whole); they leave the cut request
-/// as it was. A continuation the device does not know fails, rather than
-/// running on another request's state.
+/// The engine continues a cut request before any other of its queue; a
+/// request that is not cut may still come between parts (the device must
+/// not mind), and a new long request abandons the cut. A continuation the
+/// device does not know fails, rather than running on another request's
+/// state.
 #[test]
-fn requests_between_parts_leave_the_cut_alone() {
+fn a_continuation_is_checked_and_a_new_cut_ends_the_old() {
     let data = noisy(LONG);
     let (mut q, mut mem) = long_queue();
     mem.put(SRC, &data);
@@ -577,17 +571,10 @@ fn requests_between_parts_leave_the_cut_alone() {
     let Progress::More(done) = q.process_part(&mut x, &mut mem, 0, 1) else {
         panic!("a long request is cut")
     };
-    // Between parts: a small request, and a long one retried whole.
     let small = shot(true, Algorithm::Zstd, SRC, 1000, BASE + (20 << 20), 4096);
     let mut s = small;
     assert_eq!(q.process_part(&mut s, &mut mem, 0, 1), Progress::Done);
     assert_eq!(s.status, 0);
-    let mut other = shot(true, Algorithm::Zlib, SRC, LONG, BASE + (20 << 20), 4 << 20);
-    assert_eq!(
-        q.process_part(&mut other, &mut mem, 0, u64::MAX),
-        Progress::Done
-    );
-    assert_eq!(other.status, 0);
     // Not the request being cut, or not where it stopped.
     let mut stranger = small;
     assert_eq!(
@@ -596,16 +583,90 @@ fn requests_between_parts_leave_the_cut_alone() {
     );
     assert_eq!(stranger.status, status::EIO);
     let mut x = d;
-    assert_eq!(
-        q.process_part(&mut x, &mut mem, done + 1, 1),
-        Progress::Done
-    );
+    assert_eq!(q.process_part(&mut x, &mut mem, done, 1), Progress::Done);
+    assert_eq!(x.status, status::EIO, "the cut ended with the stranger");
+    // Begun again, and abandoned for another long one.
+    let mut x = d;
+    let Progress::More(done) = q.process_part(&mut x, &mut mem, 0, 1) else {
+        panic!("cut")
+    };
+    let other = shot(true, Algorithm::Zlib, SRC, LONG, BASE + (20 << 20), 4 << 20);
+    let mut o = other;
+    assert!(matches!(
+        q.process_part(&mut o, &mut mem, 0, 1),
+        Progress::More(_)
+    ));
+    let mut x = d;
+    assert_eq!(q.process_part(&mut x, &mut mem, done, 1), Progress::Done);
     assert_eq!(x.status, status::EIO);
-    // Begun again, the request runs to the end.
+    assert_eq!(q.held, 0, "nothing held once no cut is left");
+    // Whole, the request decodes.
     let (st, r, _) = run_parts(&mut q, &mut mem, d);
     assert_eq!(st, 0);
     let c = Done::from_result(r);
     decodes_to(&mut q, &mut mem, Algorithm::Gzip, c.produced, &data);
+}
+
+/// A cut zstd compression's context stays between passes: it counts
+/// against the queue's memory budget with the sessions', and is given
+/// back when the request ends.
+#[test]
+fn a_cut_compression_counts_its_memory() {
+    let data = text(LONG);
+    let (mut q, mut mem) = long_queue();
+    mem.put(SRC, &data);
+    let d = OneShot {
+        compress: true,
+        alg: Algorithm::Zstd,
+        level: 19,
+        max_ratio: 0,
+        src: SRC,
+        src_len: LONG as u64,
+        dst: LONG_DST,
+        dst_len: 4 << 20,
+        piece: false,
+    }
+    .to_desc(1);
+    // Sessions up to the budget: the cut does not fit.
+    let new = SessionNew {
+        alg: Algorithm::Zstd,
+        level: 19,
+        compress: true,
+        window_bits: 0,
+        dict: 0,
+        dict_len: 0,
+    };
+    let mut sessions = Vec::new();
+    loop {
+        let (st, h) = run(&mut q, &mut mem, new.to_desc(1));
+        if st != 0 {
+            break;
+        }
+        sessions.push(h);
+    }
+    let full = q.held;
+    let mut x = d;
+    assert_eq!(q.process_part(&mut x, &mut mem, 0, 1), Progress::Done);
+    assert_eq!(x.status, status::ENOSPC);
+    assert_eq!(q.held, full);
+    // With a session less it does, and is counted until it ends.
+    let last = sessions.pop().unwrap();
+    assert_eq!(
+        run(&mut q, &mut mem, SessionFree { session: last }.to_desc(1)).0,
+        0
+    );
+    let fewer = q.held;
+    let mut x = d;
+    let Progress::More(done) = q.process_part(&mut x, &mut mem, 0, 1) else {
+        panic!("cut")
+    };
+    assert!(q.held > fewer + (8 << 20), "{} {fewer}", q.held);
+    let mut stranger = shot(true, Algorithm::Zstd, SRC, 100, LONG_BACK, 4096);
+    assert_eq!(
+        q.process_part(&mut stranger, &mut mem, done, 1),
+        Progress::Done
+    );
+    assert_eq!(q.held, fewer, "given back");
 }
 
 /// A long stream step runs a part per pass too, the caller's flush with
@@ -716,4 +777,114 @@ fn a_later_part_that_faults_ends_the_step_with_what_was_done() {
         .unwrap();
     assert_eq!(n.produced, (1 << 20) + 100);
     assert!(out == data[..(1 << 20) + 100]);
+}
+
+/// Memory reached only as it is used, as a SHARE_ALL queue's is: a probe
+/// says nothing, a fault shows only when data moves.
+struct UnprobedMemory<'a>(&'a mut FlatMemory);
+
+impl<'m> wd_device::Dma<'m> for UnprobedMemory<'_> {
+    fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), wd_device::Fault> {
+        self.0.copy(dst, src, len)
+    }
+    fn read(&mut self, src: u64, buf: &mut [u8]) -> Result<(), wd_device::Fault> {
+        self.0.read(src, buf)
+    }
+    fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), wd_device::Fault> {
+        self.0.write(dst, data)
+    }
+}
+
+/// A step whose output cannot be written after its session ran (memory
+/// that faults only when used) cannot be taken back: the session is
+/// broken and says so (-EIO, which a stall does not retry), whole or in
+/// parts, rather than report success or leave a stream that silently
+/// lacks the lost output.
+#[test]
+fn output_lost_after_a_step_ran_breaks_the_session() {
+    let data = noisy(LONG);
+    // Whole, with room for 1000 bytes; in parts, with room for the first
+    // part's output (less than its 1 MiB) and not more.
+    for (src_len, room, parts) in [(1_000_000u64, 1000, false), (LONG as u64, 1100 << 10, true)] {
+        let (mut q, mut mem) = long_queue();
+        mem.put(SRC, &data);
+        let new = SessionNew {
+            alg: Algorithm::Gzip,
+            level: 1,
+            compress: true,
+            window_bits: 0,
+            dict: 0,
+            dict_len: 0,
+        };
+        let (_, c) = run(&mut q, &mut mem, new.to_desc(1));
+        // Room that runs past the end of the client's memory.
+        let step = StreamOp {
+            session: c,
+            flush: Flush::Finish,
+            src: SRC,
+            src_len,
+            dst: BASE + LONG_MEM as u64 - room,
+            dst_len: 8 << 20,
+        };
+        let mut lying = UnprobedMemory(&mut mem);
+        let (st, _, calls) = run_parts(&mut q, &mut lying, step.to_desc(1));
+        assert_eq!(st, status::EIO, "parts {parts}");
+        assert_eq!(calls > 1, parts);
+        let again = StreamOp {
+            dst: LONG_DST,
+            ..step
+        };
+        assert_eq!(
+            run(&mut q, &mut mem, again.to_desc(1)).0,
+            status::EIO,
+            "broken"
+        );
+        // The session can still be freed.
+        assert_eq!(
+            run(&mut q, &mut mem, SessionFree { session: c }.to_desc(1)).0,
+            0
+        );
+    }
+}
+
+/// A decompressing step cut in parts writes at most `PART_OUT` a part
+/// (host buffers stay small), going on while the client's room lasts.
+#[test]
+fn a_long_decompression_step_goes_on_past_a_parts_output() {
+    let data = noisy(7 << 20);
+    let (mut q, mut mem) = long_queue();
+    let mut z = Vec::new();
+    let n = wd_zip_codec::Engine::new()
+        .compress_vec(Algorithm::Zlib, 1, &data, &mut z)
+        .unwrap();
+    assert!(n > 1 << 20 && n < 8 << 20, "{n}");
+    mem.put(LONG_DST, &z);
+    let new = SessionNew {
+        alg: Algorithm::Zlib,
+        level: 0,
+        compress: false,
+        window_bits: 0,
+        dict: 0,
+        dict_len: 0,
+    };
+    let (_, d) = run(&mut q, &mut mem, new.to_desc(1));
+    let step = StreamOp {
+        session: d,
+        flush: Flush::None,
+        src: LONG_DST,
+        src_len: n as u64,
+        dst: SRC,
+        dst_len: 8 << 20,
+    };
+    let (st, r, calls) = run_parts(&mut q, &mut mem, step.to_desc(1));
+    assert_eq!(st, 0);
+    assert!(calls > 2, "{calls}");
+    let done = Done::from_result(r);
+    assert!(done.end && done.consumed == n as u64 && done.produced == data.len() as u64);
+    assert!(mem.get(SRC, data.len()) == data);
+    assert!(
+        q.output.capacity() <= PART_OUT + (1 << 20),
+        "{}",
+        q.output.capacity()
+    );
 }
