@@ -35,7 +35,7 @@ enum Which {
     Iommu(crate::bench_iommu::IommuArgs),
     /// Loading files into shareable buffers (`wd load`) against buffered read(), O_DIRECT reads and the storage's own limit.
     Load(crate::bench_load::BenchLoadArgs),
-    /// Latency of small requests while other clients flood the engine with huge copies.
+    /// Latency of small requests while other clients flood the engine with huge copies or slow compressions.
     Fairness(crate::bench_fair::FairArgs),
     /// The mediated NVMe controller against io_uring on the same store (disk and memory).
     Nvme(crate::bench_nvme::BenchNvmeArgs),
