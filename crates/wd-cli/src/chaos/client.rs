@@ -412,6 +412,24 @@ fn fault(model: &str, q: &mut Queue, dst: &Mem) -> Result<(), End> {
 /// on the CPU (decoded on the CPU instead where the engine's output is not
 /// reproducible) and decompressed back on the device; a stream session now
 /// and then.
+/// Whether a compression call failed on a host restart: a request in
+/// flight lost to it is counted; without a queue (its host died; one is
+/// asked for again after `RETRY_AFTER`) nothing was in flight, and the
+/// client waits a little rather than spin through failures.
+fn met_restart(report: &mut Report, e: &wd_comp::CompError) -> bool {
+    match e {
+        wd_comp::CompError::Device(c) if c.status() == Status::HostGone => {
+            report.restarts += 1;
+            true
+        }
+        wd_comp::CompError::NoQueue(_) => {
+            std::thread::sleep(Duration::from_millis(20));
+            true
+        }
+        _ => false,
+    }
+}
+
 fn zip(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
     use wd_comp::{Algorithm, CompError, Compressor, Config, Policy};
     let mut dev = Compressor::new(
@@ -474,10 +492,7 @@ fn zip(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
             compress_async(&mut dev, alg, &refs)
         } {
             Ok(z) => z,
-            Err(e) if gone(&e) => {
-                report.restarts += 1;
-                continue;
-            }
+            Err(e) if met_restart(report, &e) => continue,
             Err(e) => return Err(End::Failed(e.to_string())),
         };
         for (b, z) in blocks.iter().zip(&streams) {
@@ -512,11 +527,35 @@ fn zip(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
             Ok(_) => {
                 return Err(End::Data(format!("{alg} blocks came back different")));
             }
-            Err(e) if gone(&e) => {
-                report.restarts += 1;
-                continue;
-            }
+            Err(e) if met_restart(report, &e) => continue,
             Err(e) => return Err(End::Failed(e.to_string())),
+        }
+        if alg != Algorithm::Lz4 && rng.next() % 8 == 0 {
+            // A long block at a slow level: the device serves it a part
+            // per engine pass (a host may die between parts), and its
+            // stream is the CPU engine's, which cuts it the same way.
+            let len = rng.range(1 << 20, 2 << 20) as usize;
+            let mut long = Vec::with_capacity(len + 16);
+            while long.len() < len {
+                long.extend_from_slice(words[rng.range(0, 5) as usize]);
+                long.push(rng.next() as u8);
+            }
+            long.truncate(len);
+            let mut z = vec![0u8; wd_zip_codec::compress_bound(alg, len)];
+            let n = match dev.compress(alg, 9, &long, &mut z) {
+                Ok(n) => n,
+                Err(e) if met_restart(report, &e) => continue,
+                Err(e) => return Err(End::Failed(format!("a long block: {e}"))),
+            };
+            let mut want = vec![0u8; z.len()];
+            let m = cpu
+                .compress(alg, 9, &long, &mut want)
+                .map_err(|e| End::Failed(e.to_string()))?;
+            if want[..m] != z[..n] {
+                return Err(End::Data(format!(
+                    "{alg} stream of a long block ({len} bytes, level 9) differs from the CPU engine's"
+                )));
+            }
         }
         let whole = blocks.concat();
         if alg.is_deflate() && whole.len() >= wd_comp::DEFAULT_SPLIT_MIN && rng.next() % 2 == 0 {
@@ -550,10 +589,7 @@ fn zip(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
             };
             let mut s = match dev.open_stream(&p) {
                 Ok(s) => s,
-                Err(e) if gone(&e) => {
-                    report.restarts += 1;
-                    continue;
-                }
+                Err(e) if met_restart(report, &e) => continue,
                 Err(e) => return Err(End::Failed(e.to_string())),
             };
             let mut out = Vec::new();
