@@ -182,6 +182,10 @@ pub struct Controller {
     full_cqs: u32,
     /// Their head doorbell registers as last read (shadow doorbells).
     cq_mmio_seen: [u32; QUEUES],
+    /// The full completion queues whose head EventIdx the current idle
+    /// spell wrote: a queue found full later in the spell (a submission
+    /// woke the engine, and the queue filled) must be armed too.
+    armed_cqs: u32,
     /// Namespaces attached here, by NSID.
     pub(crate) active: BTreeMap<u32, Arc<Namespace>>,
     /// How I/O reaches the store.
@@ -233,6 +237,7 @@ impl Controller {
             mmio_seen: [0; QUEUES],
             full_cqs: 0,
             cq_mmio_seen: [0; QUEUES],
+            armed_cqs: 0,
             active: BTreeMap::new(),
             segs: Vec::new(),
             bounce: Vec::new(),
@@ -289,6 +294,7 @@ impl Controller {
         self.mmio_seen = [0; QUEUES];
         self.full_cqs = 0;
         self.cq_mmio_seen = [0; QUEUES];
+        self.armed_cqs = 0;
         self.aers.clear();
         self.events.clear();
         self.dbbuf = None;
@@ -437,6 +443,7 @@ impl Controller {
         }
         std::sync::atomic::fence(Ordering::SeqCst);
         self.armed = true;
+        self.armed_cqs = self.full_cqs;
         let moved = (1..QUEUES as u16).any(|qid| {
             self.sqs[qid as usize].is_some_and(|sq| {
                 !self.waits_for_room(&sq) && self.doorbell(r, dma, qid, false) != sq.head
@@ -445,6 +452,13 @@ impl Controller {
             self.cqs[qid as usize].is_some_and(|cq| self.doorbell(r, dma, qid, true) != cq.head)
         });
         usize::from(moved)
+    }
+
+    /// Whether an idle pass must (re)write EventIdx before the engine may
+    /// sleep: not yet in this idle spell, or an I/O completion queue
+    /// became full since (the admin queue's head is always a register).
+    fn needs_arming(&self) -> bool {
+        !self.armed || self.full_cqs & !self.armed_cqs & !1 != 0
     }
 
     /// Whether `sq`'s commands wait for room in its full completion queue
@@ -735,7 +749,7 @@ impl DeviceQueue for Controller {
             }
             if out.work > 0 || out.busy {
                 self.armed = false;
-            } else if !self.armed {
+            } else if self.needs_arming() {
                 out.work += self.arm_event_index(&r, dma);
             }
         }
@@ -755,7 +769,7 @@ impl DeviceQueue for Controller {
         if !self.running() {
             return false;
         }
-        if self.dbbuf.is_some() && !self.armed {
+        if self.dbbuf.is_some() && self.needs_arming() {
             return true;
         }
         // With shadow doorbells an I/O queue's register is written only

@@ -364,6 +364,60 @@ fn a_full_completion_queue_with_shadow_doorbells_wakes_the_engine() {
     assert_eq!(r.io_cqe(0).cid, 14);
 }
 
+/// A completion queue that fills after the idle spell armed EventIdx (a
+/// submission woke the engine, and the queue was full by then) is armed
+/// too before the engine sleeps again: else its head EventIdx stays where
+/// an earlier spell left it, the driver's next head move does not cross
+/// it, goes to the shadow only, and the waiting command sleeps with the
+/// engine.
+#[test]
+fn a_queue_that_fills_while_armed_is_armed_too() {
+    let mut r = Rig::new(&["0:4M"]);
+    r.io_queues(8, 4);
+    let c = r.admin(Sqe {
+        opcode: AdminOp::DoorbellBuffer as u8,
+        prp1: SHADOW,
+        prp2: EVENTS,
+        ..Sqe::default()
+    });
+    assert!(c.status.is_success());
+    for i in 0..5u16 {
+        let mut s = sqe(IoOp::Flush as u8);
+        s.nsid = 1;
+        s.cid = 20 + i;
+        r.io_put(i as u32, &s);
+    }
+    // SQ 1 tail at shadow offset 8, CQ 1 head at 12 (EventIdx alike).
+    let head_event = |r: &Rig| u32::from_le_bytes(r.mem.get(EVENTS + 12, 4).try_into().unwrap());
+    // Four submitted, three fit: the idle pass arms the head at 0.
+    r.mem.put(SHADOW + 8, &4u32.to_le_bytes());
+    assert_eq!(r.pass().requests, 3);
+    assert_eq!(r.pass().work, 0);
+    assert_eq!(head_event(&r), 0);
+    // The driver consumes one (crossing 0: the register too); the fourth
+    // completes and the queue is full again with nothing waiting.
+    r.mem.put(SHADOW + 12, &1u32.to_le_bytes());
+    r.regs.store32(regs::cq_head_doorbell(1), 1);
+    assert!(r.ctl.prepare_sleep());
+    assert_eq!(r.pass().requests, 1);
+    assert_eq!(r.pass().work, 0, "an idle spell, armed");
+    assert!(!r.ctl.prepare_sleep());
+    // A fifth crosses the tail's EventIdx (register, wake-up) and finds
+    // the queue full: this pass must move the head's EventIdx to 1.
+    r.mem.put(SHADOW + 8, &5u32.to_le_bytes());
+    r.regs.store32(regs::sq_tail_doorbell(1), 5);
+    assert!(r.ctl.prepare_sleep());
+    let p = r.pass();
+    assert_eq!((p.requests, p.busy), (0, false));
+    assert!(!r.ctl.prepare_sleep(), "armed: the engine may sleep");
+    assert_eq!(head_event(&r), 1, "armed at the head, not left at 0");
+    // The driver consumes one more, 1 to 2, crossing 1: the register.
+    r.mem.put(SHADOW + 12, &2u32.to_le_bytes());
+    r.regs.store32(regs::cq_head_doorbell(1), 2);
+    assert!(r.ctl.prepare_sleep(), "the head wakes the engine");
+    assert_eq!(r.pass().requests, 1);
+}
+
 #[test]
 fn queue_creation_is_validated() {
     let mut r = Rig::new(&["0:4M"]);
