@@ -133,7 +133,9 @@ fn zip_flooder(
     let mut out = vec![0u8; wd_comp::compress_bound(alg, input.len())];
     let _ = ready.send(Ok(()));
     while !stop.load(Ordering::Relaxed) {
-        if c.compress(alg, level, &input, &mut out).is_err() {
+        if let Err(e) = c.compress(alg, level, &input, &mut out) {
+            // The row must not be measured without this flooder.
+            let _ = ready.send(Err(format!("flooder's compression: {e}")));
             return;
         }
         moved.fetch_add(f.bytes, Ordering::Relaxed);
@@ -177,8 +179,12 @@ fn flooder(
     }
     .to_desc(0);
     let reqs: Vec<_> = (0..depth as u64).map(|i| (d, i)).collect();
-    if q.send_batch(&reqs).is_err() {
-        return;
+    // The row must not be measured without this flooder.
+    let failed = |e: String| {
+        let _ = ready.send(Err(format!("flooder's copy: {e}")));
+    };
+    if let Err(e) = q.send_batch(&reqs) {
+        return failed(e.to_string());
     }
     while !stop.load(Ordering::Relaxed) {
         // Blocks on the completion eventfd: a flooder burns no CPU of its
@@ -187,8 +193,8 @@ fn flooder(
             if c.desc.status == 0 {
                 moved.fetch_add(c.desc.result, Ordering::Relaxed);
             }
-            if q.send(d, c.cookie).is_err() {
-                return;
+            if let Err(e) = q.send(d, c.cookie) {
+                return failed(e.to_string());
             }
         }
     }
@@ -258,6 +264,12 @@ fn one_rep(args: &FairArgs, f: Flood, host: &str, n: usize) -> Result<Row, Strin
     stop.store(true, Ordering::Relaxed);
     for t in threads {
         let _ = t.join();
+    }
+    // A flooder that failed while the row was measured (its sender is
+    // dropped when it returns).
+    drop(tx);
+    if let Some(Err(e)) = rx.iter().find(Result::is_err) {
+        return Err(format!("flooder: {e}"));
     }
     measured
 }

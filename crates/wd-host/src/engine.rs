@@ -773,7 +773,7 @@ impl EngineLoop {
             match p.dom.take_resolution(p.stag) {
                 None => j += 1,
                 Some(r) => {
-                    let p = s.parked.swap_remove(j);
+                    let p = s.parked.remove(j);
                     match r {
                         Resolution::Retry => retry.push(p.desc),
                         Resolution::Abort => {

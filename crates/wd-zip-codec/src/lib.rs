@@ -33,7 +33,7 @@ pub use parts::{part_len, Parts};
 use wd_msg::status;
 use wd_zip_msg::{Algorithm, DEFAULT_LEVEL};
 
-pub use stream::{Step, Stream, StreamParams};
+pub use stream::{Step, Stream, StreamParams, PART_OUT};
 pub use wd_zip_msg::Flush;
 
 /// CRC-32 (gzip's), for callers that check bytes they already handed out

@@ -10,6 +10,11 @@ use zstd_safe::{CParameter, DParameter, InBuffer, OutBuffer};
 
 use crate::{level_of, parts, zstd_error, zstd_raw, CodecError};
 
+/// Output one part of a stream step writes at most ([`Stream::run_part`]):
+/// a decompression may make a thousand times its input, and the zip
+/// device's host buffers stay a part's size.
+pub const PART_OUT: usize = 4 << 20;
+
 /// Largest zstd window a compression uses or a stream accepts (8 MiB):
 /// with the capped match-finder tables (see `zstd_raw::params`), bounds
 /// what one session or request can make the host allocate.
@@ -211,7 +216,62 @@ impl Stream {
     /// stream once all input is taken and the trailer fits (call again
     /// with more room until [`Step::end`]). A decompressor stops at the
     /// end of its stream.
+    ///
+    /// A step runs as parts ([`Stream::run_part`]): its input
+    /// [`Stream::part_len`] bytes at a time, at most [`PART_OUT`] of output
+    /// each, the flush with the last. The zip device runs a long step a
+    /// part per engine pass; here, the parts follow each other at once,
+    /// so that a stream is the same bytes wherever its steps run.
     pub fn run(&mut self, input: &[u8], out: &mut [u8], flush: Flush) -> Result<Step, CodecError> {
+        let mut done = Step::default();
+        loop {
+            let n = (input.len() - done.consumed).min(self.part);
+            let part = &input[done.consumed..done.consumed + n];
+            let last = done.consumed + n == input.len();
+            let rest = &mut out[done.produced..];
+            let more_room = rest.len() > PART_OUT;
+            let room = rest.len().min(PART_OUT);
+            let (step, finished) =
+                self.run_part(part, last, &mut rest[..room], more_room, flush)?;
+            done.consumed += step.consumed;
+            done.produced += step.produced;
+            done.end = step.end;
+            if finished {
+                return Ok(done);
+            }
+        }
+    }
+
+    /// One part of a step ([`Stream::run`]): `part`, the step's next input
+    /// (at most [`Stream::part_len`] bytes; `last` when the step's input
+    /// ends with it), into `out` (at most [`PART_OUT`] bytes; `more_room`
+    /// when the step has room past it), the flush given with the last
+    /// part. What the part did, and whether the step is finished: the
+    /// stream ended, nothing moved, or the part stopped for a reason of
+    /// the step's own (all its input taken, or its room full) rather than
+    /// the part's output limit.
+    pub fn run_part(
+        &mut self,
+        part: &[u8],
+        last: bool,
+        out: &mut [u8],
+        more_room: bool,
+        flush: Flush,
+    ) -> Result<(Step, bool), CodecError> {
+        if part.len() > self.part || out.len() > PART_OUT {
+            return Err(CodecError::Param);
+        }
+        let flush = if last { flush } else { Flush::None };
+        let step = self.run_once(part, out, flush)?;
+        let capped = more_room && step.produced == out.len();
+        let all_in = last && step.consumed == part.len();
+        let stalled = step.consumed == 0 && step.produced == 0;
+        let finished = step.end || stalled || !capped && (all_in || step.consumed < part.len());
+        Ok((step, finished))
+    }
+
+    /// One call of the library.
+    fn run_once(&mut self, input: &[u8], out: &mut [u8], flush: Flush) -> Result<Step, CodecError> {
         if self.broken {
             return Err(CodecError::Broken);
         }

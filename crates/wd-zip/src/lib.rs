@@ -27,7 +27,7 @@ use wd_device::{
 };
 use wd_ring::Desc;
 use wd_zip_codec::{
-    compress_bound, part_len, CodecError, Engine, Flush, Parts, Stream, StreamParams,
+    compress_bound, part_len, CodecError, Engine, Flush, Parts, Stream, StreamParams, PART_OUT,
 };
 pub use wd_zip_msg as msg;
 use wd_zip_msg::{decode, Done, OneShot, Request, SessionNew, StreamOp, MAX_SESSIONS};
@@ -101,7 +101,8 @@ impl Driver for ZipDriver {
 pub struct ZipQueue {
     engine: Engine,
     sessions: SessionTable<Stream>,
-    /// The sessions' footprints and the cut compression's, summed.
+    /// The sessions' footprints, summed (with the cut's, [`Cut::footprint`],
+    /// what the queue holds).
     held: usize,
     input: Vec<u8>,
     output: Vec<u8>,
@@ -124,7 +125,7 @@ struct Cut {
     /// Input taken and output written by its parts so far.
     consumed: u64,
     produced: u64,
-    /// Memory the cut holds between parts, counted in `held`.
+    /// Memory the cut holds between parts, counted with the sessions'.
     footprint: usize,
     work: Work,
 }
@@ -139,10 +140,6 @@ enum Work {
 /// held back of the part before (less than a block; a part is at least
 /// one, so twice the part's bound covers it).
 const PART_SLACK: usize = 32;
-
-/// Output room a part of a decompressing stream step writes at most (the
-/// step goes on in the next part where more room was given).
-const PART_OUT: usize = 4 << 20;
 
 impl ZipQueue {
     /// A queue counting its sessions in `live`.
@@ -291,7 +288,8 @@ impl ZipQueue {
         })
         .map_err(CodecError::status)?;
         let fp = stream.footprint();
-        if self.held + fp > SESSION_MEMORY {
+        let cut = self.cut.as_ref().map_or(0, |c| c.footprint);
+        if self.held + cut + fp > SESSION_MEMORY {
             return Err(status::ENOSPC);
         }
         let h = self.sessions.insert(stream)?;
@@ -308,11 +306,12 @@ impl ZipQueue {
     fn stream(&mut self, op: StreamOp, dma: &mut dyn Dma<'_>) -> Result<Done, i32> {
         // The session first: a request naming none reads no memory.
         self.sessions.get(op.session)?;
-        let step = self.step(
+        let (step, _) = self.step(
             op.session,
             (op.src, op.src_len),
             (op.dst, op.dst_len),
             op.flush,
+            None,
             dma,
         )?;
         Ok(Done {
@@ -323,7 +322,10 @@ impl ZipQueue {
     }
 
     /// Run session `session` over the input `(address, length)` into the
-    /// room `(address, length)`, flushing as `flush` says. A step cannot
+    /// room `(address, length)`, flushing as `flush` says: the whole step
+    /// ([`Stream::run`]), or with `part` = (last, more room) one part of it
+    /// ([`Stream::run_part`]); what it did and whether the step is
+    /// finished. A step cannot
     /// be undone (the session takes its input), so memory faults, if it
     /// does, before the session runs: the input is staged and the output
     /// probed first (see `Dma::probe`), and either failing is -EFAULT with
@@ -338,22 +340,26 @@ impl ZipQueue {
         (src, len): (u64, u64),
         (dst, room): (u64, u64),
         flush: Flush,
+        part: Option<(bool, bool)>,
         dma: &mut dyn Dma<'_>,
-    ) -> Result<wd_zip_codec::Step, i32> {
+    ) -> Result<(wd_zip_codec::Step, bool), i32> {
         self.stage(src, len, room, dma)?;
         if room > 0 {
             dma.probe(dst, room, Access::Write)
                 .map_err(|_| status::EFAULT)?;
         }
         let s = self.sessions.get(session)?;
-        let step = s
-            .run(&self.input, &mut self.output, flush)
-            .map_err(CodecError::status)?;
+        let (input, output) = (&self.input, &mut self.output);
+        let (step, finished) = match part {
+            None => s.run(input, output, flush).map(|step| (step, true)),
+            Some((last, more_room)) => s.run_part(input, last, output, more_room, flush),
+        }
+        .map_err(CodecError::status)?;
         if write_out(dma, dst, &self.output[..step.produced]).is_err() {
             s.break_off();
             return Err(status::EIO);
         }
-        Ok(step)
+        Ok((step, finished))
     }
 }
 
@@ -382,9 +388,7 @@ impl ZipQueue {
             _ => return None,
         };
         // A cut the engine left unfinished (it never does) is over.
-        if let Some(old) = self.cut.take() {
-            self.end_cut(old);
-        }
+        self.cut = None;
         let footprint = match &work {
             Work::Compress(_, parts) => parts.footprint(),
             Work::Stream(_) => 0,
@@ -393,7 +397,6 @@ impl ZipQueue {
         if self.held + footprint > SESSION_MEMORY {
             return Some(Err(status::ENOSPC));
         }
-        self.held += footprint;
         Some(Ok(Cut {
             desc: *desc,
             consumed: 0,
@@ -426,21 +429,17 @@ impl ZipQueue {
             }
             Work::Stream(op) => {
                 let op = *op;
-                let s = self.sessions.get(op.session)?;
-                let n = (op.src_len - cut.consumed).min(s.part_len() as u64);
+                let part = self.sessions.get(op.session)?.part_len() as u64;
+                let n = (op.src_len - cut.consumed).min(part);
+                let last = cut.consumed + n == op.src_len;
                 let room = op.dst_len - cut.produced;
-                let cap = room.min(match s.compresses() {
-                    true => (2 * compress_bound(s.alg(), n as usize) + PART_SLACK) as u64,
-                    false => PART_OUT as u64,
-                });
-                let flush = match cut.consumed + n == op.src_len {
-                    true => op.flush,
-                    false => Flush::None,
-                };
+                let cap = room.min(PART_OUT as u64);
                 let input = (op.src + cut.consumed, n);
-                let step =
-                    match self.step(op.session, input, (op.dst + cut.produced, cap), flush, dma) {
-                        Ok(step) => step,
+                let output = (op.dst + cut.produced, cap);
+                let part = Some((last, room > cap));
+                let (step, finished) =
+                    match self.step(op.session, input, output, op.flush, part, dma) {
+                        Ok(r) => r,
                         // Memory failing before a later part ran ends the step
                         // with what the parts before did, as a step whose
                         // output filled ends (the fault is recorded).
@@ -455,13 +454,10 @@ impl ZipQueue {
                     };
                 cut.consumed += step.consumed as u64;
                 cut.produced += step.produced as u64;
-                // Output stopped by the part's cap, not the client's room,
-                // goes on in the next part (a `More` needs input taken).
-                let capped = step.produced as u64 == cap && cap < room && cut.consumed > 0;
-                let all_in = cut.consumed == op.src_len;
-                let stalled = step.consumed == 0 && step.produced == 0;
-                let finished =
-                    step.end || stalled || !capped && (all_in || (step.consumed as u64) < n);
+                // A `More` must have taken input (the engine reads a
+                // continuation from 0 as a new request); a first part that
+                // took none ends the step (it cannot: output needs input).
+                let finished = finished || cut.consumed == 0;
                 Ok(finished.then_some(Done {
                     produced: cut.produced,
                     consumed: cut.consumed,
@@ -469,11 +465,6 @@ impl ZipQueue {
                 }))
             }
         }
-    }
-
-    /// The cut is over: what it held is free.
-    fn end_cut(&mut self, cut: Cut) {
-        self.held -= cut.footprint;
     }
 }
 
@@ -536,12 +527,7 @@ impl DeviceQueue for ZipQueue {
             // rather than run on stale state.
             match self.cut.take() {
                 Some(c) if c.desc == *desc && c.consumed == done => Ok(c),
-                other => {
-                    if let Some(c) = other {
-                        self.end_cut(c);
-                    }
-                    Err(status::EIO)
-                }
+                _ => Err(status::EIO),
             }
         };
         let r = match cut {
@@ -553,7 +539,6 @@ impl DeviceQueue for ZipQueue {
                     self.cut = Some(c);
                     return Progress::More(upto);
                 }
-                self.end_cut(c);
                 r.map(|d| d.expect("finished").to_result())
             }
         };

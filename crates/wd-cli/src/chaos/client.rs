@@ -406,12 +406,6 @@ fn fault(model: &str, q: &mut Queue, dst: &Mem) -> Result<(), End> {
     Ok(())
 }
 
-/// Compression through the library, forced onto the zip device (no
-/// fallback): batches (or asynchronous requests) of random blocks in
-/// random formats, each stream compared byte for byte with the same engine
-/// on the CPU (decoded on the CPU instead where the engine's output is not
-/// reproducible) and decompressed back on the device; a stream session now
-/// and then.
 /// Whether a compression call failed on a host restart: a request in
 /// flight lost to it is counted; without a queue (its host died; one is
 /// asked for again after `RETRY_AFTER`) nothing was in flight, and the
@@ -430,6 +424,13 @@ fn met_restart(report: &mut Report, e: &wd_comp::CompError) -> bool {
     }
 }
 
+/// Compression through the library, forced onto the zip device (no
+/// fallback): batches (or asynchronous requests) of random blocks in
+/// random formats, each stream compared byte for byte with the same engine
+/// on the CPU (decoded on the CPU instead where the engine's output is not
+/// reproducible) and decompressed back on the device; now and then a
+/// stream session, and a long block at a slow level, which the device
+/// cuts in parts.
 fn zip(rng: &mut Rng, report: &mut Report) -> Result<End, End> {
     use wd_comp::{Algorithm, CompError, Compressor, Config, Policy};
     let mut dev = Compressor::new(
