@@ -1,22 +1,23 @@
 //! Zip device descriptors and the memory they name, from a hostile
 //! client: a sequence of descriptors (each request's bytes, then the
 //! client memory's contents) run through one device queue over flat
-//! memory. Every request completes with a status, never a panic; what the
-//! decoder accepts re-encodes to the same request; an output never grows
-//! past the room the request gave; sessions stay within the table's bound
-//! and end with the queue.
+//! memory, as the engine runs them: a part per call where the device cuts
+//! a long one. Every request completes with a status, never a panic, in a
+//! bounded number of parts; what the decoder accepts re-encodes to the
+//! same request; an output never grows past the room the request gave;
+//! sessions stay within the table's bound and end with the queue.
 #![no_main]
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
-use wd_device::DeviceQueue;
+use wd_device::{DeviceQueue, Progress};
 use wd_ring::{Desc, DESC_SIZE};
 use wd_testutil::dma::FlatMemory;
 use wd_zip::msg::{self, Done, Request};
 
 const BASE: u64 = 0x1_0000;
-const MEM: usize = 256 << 10;
+const MEM: usize = 512 << 10;
 /// The bound on most requests' lengths.
 const SMALL: usize = 16 << 10;
 
@@ -43,8 +44,9 @@ fuzz_target!(|data: &[u8]| {
                 let v = d.payload_u64(off);
                 d.set_payload_u64(off, BASE + v % MEM as u64);
             }
-            // Large requests (past a window, many blocks) two per input
-            // at most: compressing 128 KiB takes most of an execution,
+            // Large requests (past a window, many blocks, two zstd parts)
+            // two per input at most: compressing 256 KiB takes most of an
+            // execution,
             // and the corpus fills with them when every request may be
             // that big.
             let most = if (chunk[1] >> 1) & 3 == 0 && large < 2 {
@@ -70,7 +72,20 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(msg::decode(&again), Ok(r));
         }
         let before = d;
-        q.process(&mut d, &mut mem);
+        let mut done = 0;
+        for parts in 0.. {
+            let mut x = before;
+            match q.process_part(&mut x, &mut mem, done, 1) {
+                Progress::More(n) => {
+                    assert!(n > 0 && n >= done && parts < 10_000);
+                    done = n;
+                }
+                Progress::Done => {
+                    d = x;
+                    break;
+                }
+            }
+        }
         assert!(d.status <= 0);
         if d.status == 0 {
             if let Ok(Request::OneShot(o)) = decoded {
