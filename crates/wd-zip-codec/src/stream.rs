@@ -117,6 +117,10 @@ impl Stream {
                 ] {
                     c.set_parameter(param).map_err(zstd_error)?;
                 }
+                if let Some(block) = zstd_raw::max_block(level) {
+                    c.set_parameter(CParameter::MaxBlockSize(block))
+                        .map_err(zstd_error)?;
+                }
                 if !p.dict.is_empty() {
                     c.load_dictionary(p.dict).map_err(zstd_error)?;
                 }

@@ -40,6 +40,17 @@ pub(crate) fn params(level: i32, size: Option<u64>) -> sys::ZSTD_compressionPara
     p
 }
 
+/// The largest block zstd makes at `level`, where it is not its own
+/// 128 KiB: from level 16 (a few MB/s), 64 KiB, so that a compression cut
+/// in parts ([`crate::Parts`], one block a part) holds the zip device's
+/// engine half as long per part. Measured on 8 MiB of this project's
+/// sources: at level 19, 44 ms a block against 94, the stream 0.1% larger
+/// (32 KiB blocks: 25 ms, 0.4% larger); on 8 MiB of programs and
+/// documents the same size and speed.
+pub(crate) fn max_block(level: i32) -> Option<u32> {
+    (level >= 16).then_some(64 << 10)
+}
+
 /// Bytes a compression stream with parameters `p` may allocate.
 pub(crate) fn cstream_size(p: sys::ZSTD_compressionParameters) -> usize {
     // SAFETY: a pure function of the parameters.
@@ -106,6 +117,13 @@ impl Cctx {
                 (sys::ZSTD_cParameter::ZSTD_c_chainLog, p.chainLog as i32),
             ] {
                 check(sys::ZSTD_CCtx_setParameter(c, param, value))?;
+            }
+            if let Some(block) = max_block(level) {
+                check(sys::ZSTD_CCtx_setParameter(
+                    c,
+                    sys::ZSTD_cParameter::ZSTD_c_experimentalParam18,
+                    block as i32,
+                ))?;
             }
             check(sys::ZSTD_CCtx_setPledgedSrcSize(c, size))?;
         }
