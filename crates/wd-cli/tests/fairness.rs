@@ -2,18 +2,9 @@
 //! floods: rows for each number of flooders, in JSON, and a bad flood
 //! named in the error.
 
-use std::process::Command;
-
 mod common;
-use common::HostProc;
+use common::{wd, HostProc};
 use wd_testutil::tempdir;
-
-fn wd(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_wd"))
-        .args(args)
-        .output()
-        .expect("run wd")
-}
 
 #[test]
 fn fairness_rows_for_copies_and_compressions() {

@@ -10,15 +10,8 @@ use wd_dummy_msg::CopyMsg;
 use wrapdrive::{Capability, SharedBuf};
 
 mod common;
-use common::HostProc;
+use common::{wd, HostProc};
 use wd_testutil::tempdir;
-
-fn wd(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_wd"))
-        .args(args)
-        .output()
-        .expect("run wd")
-}
 
 #[test]
 fn top_json_snapshots_show_a_busy_queue() {

@@ -287,13 +287,7 @@ fn commands_complete_with_the_statuses_the_specification_names() {
 fn shadow_doorbells_and_event_index_let_the_engine_sleep() {
     let mut r = Rig::new(&["0:4M"]);
     r.io_queues(8, 8);
-    let c = r.admin(Sqe {
-        opcode: AdminOp::DoorbellBuffer as u8,
-        prp1: SHADOW,
-        prp2: EVENTS,
-        ..Sqe::default()
-    });
-    assert!(c.status.is_success());
+    r.shadow_doorbells();
     // The tail now comes from the shadow page, not the register.
     let mut s = sqe(IoOp::Flush as u8);
     s.nsid = 1;
@@ -325,18 +319,9 @@ fn shadow_doorbells_and_event_index_let_the_engine_sleep() {
 fn a_full_completion_queue_with_shadow_doorbells_wakes_the_engine() {
     let mut r = Rig::new(&["0:4M"]);
     r.io_queues(8, 4);
-    let c = r.admin(Sqe {
-        opcode: AdminOp::DoorbellBuffer as u8,
-        prp1: SHADOW,
-        prp2: EVENTS,
-        ..Sqe::default()
-    });
-    assert!(c.status.is_success());
+    r.shadow_doorbells();
     for i in 0..5u16 {
-        let mut s = sqe(IoOp::Flush as u8);
-        s.nsid = 1;
-        s.cid = 10 + i;
-        r.io_put(i as u32, &s);
+        r.io_put(i as u32, &flush(10 + i));
     }
     // SQ 1 tail at shadow offset 8, CQ 1 head at 12.
     r.mem.put(SHADOW + 8, &5u32.to_le_bytes());
@@ -374,18 +359,9 @@ fn a_full_completion_queue_with_shadow_doorbells_wakes_the_engine() {
 fn a_queue_that_fills_while_armed_is_armed_too() {
     let mut r = Rig::new(&["0:4M"]);
     r.io_queues(8, 4);
-    let c = r.admin(Sqe {
-        opcode: AdminOp::DoorbellBuffer as u8,
-        prp1: SHADOW,
-        prp2: EVENTS,
-        ..Sqe::default()
-    });
-    assert!(c.status.is_success());
+    r.shadow_doorbells();
     for i in 0..5u16 {
-        let mut s = sqe(IoOp::Flush as u8);
-        s.nsid = 1;
-        s.cid = 20 + i;
-        r.io_put(i as u32, &s);
+        r.io_put(i as u32, &flush(20 + i));
     }
     // SQ 1 tail at shadow offset 8, CQ 1 head at 12 (EventIdx alike).
     let head_event = |r: &Rig| u32::from_le_bytes(r.mem.get(EVENTS + 12, 4).try_into().unwrap());

@@ -18,13 +18,6 @@ use wd_nvme::msg::{AdminOp, Cqe, IoOp, Sqe, Status, CQE_SIZE};
 mod common;
 use common::*;
 
-fn flush(cid: u16) -> Sqe {
-    let mut s = sqe(IoOp::Flush as u8);
-    s.nsid = 1;
-    s.cid = cid;
-    s
-}
-
 /// A deterministic generator (xorshift64).
 struct Rng(u64);
 
@@ -294,13 +287,7 @@ fn phase_tags_stay_right_over_many_laps_against_a_model() {
 fn a_shadow_completion_head_releases_back_pressure() {
     let mut r = Rig::new(&["0:4M"]);
     r.io_queues(8, 4);
-    let c = r.admin(Sqe {
-        opcode: AdminOp::DoorbellBuffer as u8,
-        prp1: SHADOW,
-        prp2: EVENTS,
-        ..Sqe::default()
-    });
-    assert_eq!(c.status, Status::SUCCESS);
+    r.shadow_doorbells();
     for i in 0..6u32 {
         r.io_put(i, &flush(i as u16));
     }

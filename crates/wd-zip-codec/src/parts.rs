@@ -206,25 +206,6 @@ fn put(out: &mut [u8], at: usize, bytes: &[u8]) -> Result<usize, CodecError> {
 mod tests {
     use super::*;
 
-    /// Input that compresses some: words and noise.
-    fn sample(len: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        let mut v = Vec::with_capacity(len);
-        while v.len() < len {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            if x % 4 == 0 {
-                v.push(x as u8);
-            } else {
-                let words: [&[u8]; 3] = [b"queue ", b"domain ", b"IOVA "];
-                v.extend_from_slice(words[(x % 3) as usize]);
-            }
-        }
-        v.truncate(len);
-        v
-    }
-
     fn in_parts(alg: Algorithm, level: i8, input: &[u8], open_end: bool) -> Vec<u8> {
         let mut e = Engine::new();
         let mut p = Parts::new(alg, level, input.len() as u64, open_end).unwrap();
@@ -250,7 +231,7 @@ mod tests {
 
     #[test]
     fn every_framing_round_trips_when_cut() {
-        let input = sample(2 * DEFLATE_PART + 12345, 7);
+        let input = wd_testutil::text(2 * DEFLATE_PART + 12345, 7);
         for alg in [
             Algorithm::Deflate,
             Algorithm::Zlib,
@@ -313,7 +294,7 @@ mod tests {
     /// output (a slice, uninitialised room): one stream on every path.
     #[test]
     fn the_engine_compresses_a_long_input_in_the_same_parts() {
-        let input = sample(DEFLATE_SLOWEST_PART * 2 + 77, 9);
+        let input = wd_testutil::text(DEFLATE_SLOWEST_PART * 2 + 77, 9);
         for (alg, level) in [
             (Algorithm::Gzip, 12),
             (Algorithm::Zstd, 19),
@@ -334,7 +315,7 @@ mod tests {
 
     #[test]
     fn a_zstd_frame_made_in_parts_records_its_size() {
-        let input = sample(ZSTD_PART * 5 + 3, 3);
+        let input = wd_testutil::text(ZSTD_PART * 5 + 3, 3);
         let stream = in_parts(Algorithm::Zstd, 19, &input, false);
         assert_eq!(
             zstd_safe::get_frame_content_size(&stream).ok(),
@@ -345,7 +326,7 @@ mod tests {
 
     #[test]
     fn an_open_piece_in_parts_joins_a_stream() {
-        let a = sample(DEFLATE_PART * 2 + 99, 11);
+        let a = wd_testutil::text(DEFLATE_PART * 2 + 99, 11);
         let mut joined = in_parts(Algorithm::Deflate, 9, &a, true);
         joined.extend_from_slice(&pieces::CLOSE);
         assert_eq!(decompress(Algorithm::Deflate, &joined, a.len()), a);
@@ -353,7 +334,7 @@ mod tests {
 
     #[test]
     fn a_part_of_the_wrong_length_or_too_little_room_is_refused() {
-        let input = sample(DEFLATE_PART + 10, 5);
+        let input = wd_testutil::text(DEFLATE_PART + 10, 5);
         let mut e = Engine::new();
         let mut p = Parts::new(Algorithm::Gzip, 6, input.len() as u64, false).unwrap();
         let mut out = vec![0u8; 4 << 20];

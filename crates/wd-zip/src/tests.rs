@@ -458,6 +458,22 @@ fn long_queue() -> (ZipQueue, FlatMemory) {
     )
 }
 
+/// A session of `alg` on `q`, compressing at `level` or decompressing:
+/// its handle.
+fn open(q: &mut ZipQueue, mem: &mut FlatMemory, alg: Algorithm, level: i8, compress: bool) -> u64 {
+    let new = SessionNew {
+        alg,
+        level,
+        compress,
+        window_bits: 0,
+        dict: 0,
+        dict_len: 0,
+    };
+    let (st, handle) = run(q, mem, new.to_desc(1));
+    assert_eq!(st, 0, "{alg} session");
+    handle
+}
+
 /// What the queue holds: its sessions and the cut in progress.
 fn held(q: &ZipQueue) -> usize {
     q.held + q.cut.as_ref().map_or(0, |c| c.footprint)
@@ -684,18 +700,8 @@ fn long_stream_steps_run_in_parts() {
         let data = noisy(LONG);
         let (mut q, mut mem) = long_queue();
         mem.put(SRC, &data);
-        let new = |compress| SessionNew {
-            alg,
-            level: if compress { level } else { 0 },
-            compress,
-            window_bits: 0,
-            dict: 0,
-            dict_len: 0,
-        };
-        let (st, c) = run(&mut q, &mut mem, new(true).to_desc(1));
-        assert_eq!(st, 0);
-        let (st, dsess) = run(&mut q, &mut mem, new(false).to_desc(1));
-        assert_eq!(st, 0);
+        let c = open(&mut q, &mut mem, alg, level, true);
+        let dsess = open(&mut q, &mut mem, alg, 0, false);
         let step = StreamOp {
             session: c,
             flush: Flush::Finish,
@@ -735,15 +741,7 @@ fn a_later_part_that_faults_ends_the_step_with_what_was_done() {
     let data = noisy(LONG);
     let (mut q, mut mem) = long_queue();
     mem.put(SRC, &data);
-    let new = SessionNew {
-        alg: Algorithm::Gzip,
-        level: 1,
-        compress: true,
-        window_bits: 0,
-        dict: 0,
-        dict_len: 0,
-    };
-    let (_, c) = run(&mut q, &mut mem, new.to_desc(1));
+    let c = open(&mut q, &mut mem, Algorithm::Gzip, 1, true);
     // Input that runs past the end of the client's memory.
     let at = BASE + LONG_MEM as u64 - (1 << 20) - 100;
     mem.put(at, &data[..(1 << 20) + 100]);
@@ -815,15 +813,7 @@ fn output_lost_after_a_step_ran_breaks_the_session() {
     for (src_len, room, parts) in [(1_000_000u64, 1000, false), (LONG as u64, 1100 << 10, true)] {
         let (mut q, mut mem) = long_queue();
         mem.put(SRC, &data);
-        let new = SessionNew {
-            alg: Algorithm::Gzip,
-            level: 1,
-            compress: true,
-            window_bits: 0,
-            dict: 0,
-            dict_len: 0,
-        };
-        let (_, c) = run(&mut q, &mut mem, new.to_desc(1));
+        let c = open(&mut q, &mut mem, Algorithm::Gzip, 1, true);
         // Room that runs past the end of the client's memory.
         let step = StreamOp {
             session: c,
@@ -866,15 +856,7 @@ fn a_long_decompression_step_goes_on_past_a_parts_output() {
         .unwrap();
     assert!(n > 1 << 20 && n < 8 << 20, "{n}");
     mem.put(LONG_DST, &z);
-    let new = SessionNew {
-        alg: Algorithm::Zlib,
-        level: 0,
-        compress: false,
-        window_bits: 0,
-        dict: 0,
-        dict_len: 0,
-    };
-    let (_, d) = run(&mut q, &mut mem, new.to_desc(1));
+    let d = open(&mut q, &mut mem, Algorithm::Zlib, 0, false);
     let step = StreamOp {
         session: d,
         flush: Flush::None,
@@ -917,15 +899,7 @@ fn a_step_cut_on_the_device_is_the_cpu_step() {
             window_bits: 0,
             dict: &[],
         };
-        let new = SessionNew {
-            alg,
-            level,
-            compress: true,
-            window_bits: 0,
-            dict: 0,
-            dict_len: 0,
-        };
-        let (_, c) = run(&mut q, &mut mem, new.to_desc(1));
+        let c = open(&mut q, &mut mem, alg, level, true);
         let step = StreamOp {
             session: c,
             flush: Flush::Finish,

@@ -21,6 +21,14 @@ pub struct HostProc {
     _dir: Option<TempDir>,
 }
 
+/// `wd ARGS...`, run to its end.
+pub fn wd(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_wd"))
+        .args(args)
+        .output()
+        .expect("run wd")
+}
+
 impl HostProc {
     /// `wd serve --socket SOCKET ARGS...`, returned once it accepts
     /// connections (a test that connected too early would fail for the

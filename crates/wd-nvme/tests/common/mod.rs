@@ -51,6 +51,14 @@ pub fn sqe(opcode: u8) -> Sqe {
     }
 }
 
+/// A Flush of namespace 1 with command id `cid`.
+pub fn flush(cid: u16) -> Sqe {
+    let mut s = sqe(IoOp::Flush as u8);
+    s.nsid = 1;
+    s.cid = cid;
+    s
+}
+
 pub fn rw(op: IoOp, nsid: u32, slba: u64, nlb: u32, prp1: u64, prp2: u64) -> Sqe {
     let mut s = sqe(op as u8);
     s.nsid = nsid;
@@ -252,6 +260,18 @@ impl Rig {
             self.create(AdminOp::CreateSq, 1, sq, 1, IOSQ),
             Status::SUCCESS
         );
+    }
+
+    /// Doorbell Buffer Config: shadow doorbells at `SHADOW`, EventIdx at
+    /// `EVENTS` (SQ 1's tail at offset 8 of each, CQ 1's head at 12).
+    pub fn shadow_doorbells(&mut self) {
+        let c = self.admin(Sqe {
+            opcode: AdminOp::DoorbellBuffer as u8,
+            prp1: SHADOW,
+            prp2: EVENTS,
+            ..Sqe::default()
+        });
+        assert!(c.status.is_success());
     }
 
     pub fn io_put(&mut self, slot: u32, s: &Sqe) {
