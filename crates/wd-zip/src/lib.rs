@@ -325,15 +325,16 @@ impl ZipQueue {
     /// room `(address, length)`, flushing as `flush` says: the whole step
     /// ([`Stream::run`]), or with `part` = (last, more room) one part of it
     /// ([`Stream::run_part`]); what it did and whether the step is
-    /// finished. A step cannot
-    /// be undone (the session takes its input), so memory faults, if it
-    /// does, before the session runs: the input is staged and the output
-    /// probed first (see `Dma::probe`), and either failing is -EFAULT with
-    /// the session as it was. Output the session made and that could not
-    /// be written after all (memory reached only as it is used: SHARE_ALL)
-    /// is lost with its input: the session is broken, and the step fails
-    /// with -EIO, which a stall does not retry with input the session
-    /// already took.
+    /// finished.
+    ///
+    /// A step cannot be undone (the session takes its input), so memory
+    /// faults, if it does, before the session runs: the input is staged
+    /// and the output probed first (see `Dma::probe`), and either failing
+    /// is -EFAULT with the session as it was. Output the session made and
+    /// that could not be written after all (memory reached only as it is
+    /// used: SHARE_ALL) is lost with its input: the session is broken, and
+    /// the step fails with -EIO, which a stall does not retry with input
+    /// the session already took.
     fn step(
         &mut self,
         session: u64,
@@ -532,15 +533,15 @@ impl DeviceQueue for ZipQueue {
         };
         let r = match cut {
             Err(st) => Err(st),
-            Ok(mut c) => {
-                let r = self.next_part(&mut c, dma);
-                if let Ok(None) = r {
+            Ok(mut c) => match self.next_part(&mut c, dma) {
+                Ok(None) => {
                     let upto = c.consumed;
                     self.cut = Some(c);
                     return Progress::More(upto);
                 }
-                r.map(|d| d.expect("finished").to_result())
-            }
+                Ok(Some(d)) => Ok(d.to_result()),
+                Err(st) => Err(st),
+            },
         };
         self.release_big();
         complete(desc, r);
