@@ -245,7 +245,11 @@ impl Engine {
         input: &(impl Input + ?Sized),
         out: &mut (impl Output + ?Sized),
     ) -> Result<usize, CodecError> {
-        if part_len(alg, level).is_some_and(|p| input.len() > p) {
+        // (Inputs shorter than the shortest part skip the lookup: most
+        // calls, and the small ones, whose cost it would show in.)
+        if input.len() > parts::SHORTEST_PART
+            && part_len(alg, level).is_some_and(|p| input.len() > p)
+        {
             return self.compress_in_parts(alg, level, input, out);
         }
         self.compress_whole(alg, level, input, out)

@@ -37,6 +37,8 @@ use crate::{level_of, pieces, zstd_raw, CodecError, Engine};
 pub(crate) const DEFLATE_PART: usize = 1 << 20;
 const DEFLATE_SLOW_PART: usize = 512 << 10;
 const DEFLATE_SLOWEST_PART: usize = 256 << 10;
+/// The shortest part of any level: shorter inputs are never cut.
+pub(crate) const SHORTEST_PART: usize = 64 << 10;
 /// The fastest levels, run whole: deflate up to 3 (70 MB/s and more
 /// here), zstd up to 5 (150 MB/s and more).
 const DEFLATE_WHOLE_UPTO: i32 = 3;
@@ -253,6 +255,16 @@ mod tests {
                 );
                 // The same input is cut the same way: the same stream.
                 assert_eq!(in_parts(alg, level, &input, false), stream);
+            }
+        }
+    }
+
+    #[test]
+    fn no_part_is_shorter_than_the_shortest() {
+        for alg in Algorithm::ALL {
+            for level in alg.levels().chain([wd_zip_msg::DEFAULT_LEVEL]) {
+                let p = part_len(alg, level);
+                assert!(p.is_none_or(|p| p >= SHORTEST_PART), "{alg:?} {level}");
             }
         }
     }

@@ -365,10 +365,24 @@ impl ZipQueue {
 }
 
 impl ZipQueue {
-    /// The first part of `desc` when it is long enough to be cut; `None`
-    /// when it runs whole.
-    fn begin_cut(&mut self, desc: &Desc) -> Option<Result<Cut, i32>> {
-        let work = match decode(desc).ok()? {
+    /// Run `desc`, decoded as `request`, whole.
+    fn whole(&mut self, desc: &mut Desc, request: Result<Request, i32>, dma: &mut dyn Dma<'_>) {
+        let r = match request {
+            Err(st) => Err(st),
+            Ok(Request::Nop) => Ok(0),
+            Ok(Request::SessionNew(s)) => self.session_new(s, dma),
+            Ok(Request::SessionFree(f)) => self.session_free(f.session),
+            Ok(Request::OneShot(r)) => self.one_shot(r, dma).map(Done::to_result),
+            Ok(Request::Stream(op)) => self.stream(op, dma).map(Done::to_result),
+        };
+        self.release_big();
+        complete(desc, r);
+    }
+
+    /// The first part of `desc` (decoded as `request`) when it is long
+    /// enough to be cut; `None` when it runs whole.
+    fn begin_cut(&mut self, desc: &Desc, request: Request) -> Option<Result<Cut, i32>> {
+        let work = match request {
             Request::OneShot(r) if r.compress => {
                 let part = part_len(r.alg, r.level)?;
                 if r.src_len <= part as u64 {
@@ -492,16 +506,8 @@ fn write_out(dma: &mut dyn Dma<'_>, dst: u64, data: &[u8]) -> Result<(), i32> {
 
 impl DeviceQueue for ZipQueue {
     fn process(&mut self, desc: &mut Desc, dma: &mut dyn Dma<'_>) {
-        let r = match decode(desc) {
-            Err(st) => Err(st),
-            Ok(Request::Nop) => Ok(0),
-            Ok(Request::SessionNew(s)) => self.session_new(s, dma),
-            Ok(Request::SessionFree(f)) => self.session_free(f.session),
-            Ok(Request::OneShot(r)) => self.one_shot(r, dma).map(Done::to_result),
-            Ok(Request::Stream(op)) => self.stream(op, dma).map(Done::to_result),
-        };
-        self.release_big();
-        complete(desc, r);
+        let request = decode(desc);
+        self.whole(desc, request, dma);
     }
 
     fn process_part(
@@ -515,10 +521,11 @@ impl DeviceQueue for ZipQueue {
         // what the pass has left), so that the same input makes the same
         // stream every time.
         let cut = if done == 0 {
-            match self.begin_cut(desc) {
+            let request = decode(desc);
+            match request.ok().and_then(|r| self.begin_cut(desc, r)) {
                 Some(cut) => cut,
                 None => {
-                    self.process(desc, dma);
+                    self.whole(desc, request, dma);
                     return Progress::Done;
                 }
             }

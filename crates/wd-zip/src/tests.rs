@@ -301,12 +301,9 @@ fn a_stream_step_that_faults_takes_nothing() {
     }
 }
 
-/// Sessions are bounded by memory as well as by number: zstd streams at
-/// a high level take tens of MiB each, which a client could otherwise
-/// make the host allocate 64 times per queue.
-#[test]
-fn session_memory_is_bounded() {
-    let (mut q, mut mem, _) = queue();
+/// Open zstd level 19 compression sessions until the queue's memory
+/// budget refuses one (-ENOSPC, before the table's bound): their handles.
+fn fill_with_zstd_streams(q: &mut ZipQueue, mem: &mut FlatMemory) -> Vec<u64> {
     let s = SessionNew {
         alg: Algorithm::Zstd,
         level: 19,
@@ -317,14 +314,23 @@ fn session_memory_is_bounded() {
     };
     let mut handles = Vec::new();
     loop {
-        let (st, h) = run(&mut q, &mut mem, s.to_desc(1));
+        let (st, h) = run(q, mem, s.to_desc(1));
         if st != 0 {
             assert_eq!(st, status::ENOSPC);
-            break;
+            return handles;
         }
         handles.push(h);
         assert!(handles.len() < MAX_SESSIONS, "no bound below the table's");
     }
+}
+
+/// Sessions are bounded by memory as well as by number: zstd streams at
+/// a high level take tens of MiB each, which a client could otherwise
+/// make the host allocate 64 times per queue.
+#[test]
+fn session_memory_is_bounded() {
+    let (mut q, mut mem, _) = queue();
+    let handles = fill_with_zstd_streams(&mut q, &mut mem);
     assert!(!handles.is_empty(), "one high-level zstd stream fits");
     assert!(q.held <= SESSION_MEMORY);
     // Freed, its memory is for a new one; deflate streams still fit.
@@ -333,13 +339,8 @@ fn session_memory_is_bounded() {
     }
     .to_desc(1);
     assert_eq!(run(&mut q, &mut mem, free).0, 0);
-    assert_eq!(run(&mut q, &mut mem, s.to_desc(1)).0, 0);
-    let deflate = SessionNew {
-        alg: Algorithm::Zlib,
-        level: 6,
-        ..s
-    };
-    assert_eq!(run(&mut q, &mut mem, deflate.to_desc(1)).0, 0);
+    open(&mut q, &mut mem, Algorithm::Zstd, 19, true);
+    open(&mut q, &mut mem, Algorithm::Zlib, 6, true);
 }
 
 #[test]
@@ -651,22 +652,7 @@ fn a_cut_compression_counts_its_memory() {
     }
     .to_desc(1);
     // Sessions up to the budget: the cut does not fit.
-    let new = SessionNew {
-        alg: Algorithm::Zstd,
-        level: 19,
-        compress: true,
-        window_bits: 0,
-        dict: 0,
-        dict_len: 0,
-    };
-    let mut sessions = Vec::new();
-    loop {
-        let (st, h) = run(&mut q, &mut mem, new.to_desc(1));
-        if st != 0 {
-            break;
-        }
-        sessions.push(h);
-    }
+    let mut sessions = fill_with_zstd_streams(&mut q, &mut mem);
     let full = held(&q);
     let mut x = d;
     assert_eq!(q.process_part(&mut x, &mut mem, 0, 1), Progress::Done);
