@@ -5,7 +5,7 @@
 #![allow(unsafe_code)]
 
 use crate::dummy::{CopyMsg, DummyQueue, DEVICE_API};
-use crate::{status, Access, AlgInfo, DeviceQueue, Dma, Driver, HeldSlice, Started};
+use crate::{status, Access, AlgInfo, DeviceQueue, Dma, Driver, HeldSlice, Progress, Started};
 use wd_ring::Desc;
 
 /// A memcpy device that completes later: it holds each copy for
@@ -55,6 +55,16 @@ impl DeviceQueue for AsyncCopyQueue {
         DummyQueue.process(desc, dma);
     }
 
+    fn process_part(
+        &mut self,
+        desc: &mut Desc,
+        dma: &mut dyn Dma<'_>,
+        done: u64,
+        budget: u64,
+    ) -> Progress {
+        DummyQueue.process_part(desc, dma, done, budget)
+    }
+
     fn asynchronous(&self) -> bool {
         true
     }
@@ -83,11 +93,8 @@ impl DeviceQueue for AsyncCopyQueue {
                 Started::Held
             }
             // Not holdable (split across mappings, a fault, SHARE_ALL
-            // memory): done now, through the engine.
-            _ => {
-                self.process(desc, dma);
-                Started::Done
-            }
+            // memory): the engine copies it, in pieces within its budget.
+            _ => Started::Cut,
         }
     }
 

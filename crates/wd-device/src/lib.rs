@@ -123,7 +123,8 @@ pub trait DeviceQueue: Send {
     /// Start a request that may finish later: complete it now (fill in
     /// `desc`'s status and result, return [`Started::Done`]) or keep it
     /// and report it from [`DeviceQueue::poll`] with its `token`
-    /// ([`Started::Held`]). Only called for devices whose
+    /// ([`Started::Held`]), or leave it to the engine to run in pieces
+    /// ([`Started::Cut`]). Only called for devices whose
     /// [`DeviceQueue::asynchronous`] is true; the default runs it now.
     fn start(&mut self, token: u64, desc: &mut Desc, dma: &mut dyn Dma<'_>) -> Started {
         let _ = token;
@@ -232,6 +233,12 @@ pub enum Started {
     Done,
     /// Held: it completes through a later [`DeviceQueue::poll`].
     Held,
+    /// Left to the engine, untouched: it runs the request as it runs a
+    /// synchronous device's, through [`DeviceQueue::process_part`] in
+    /// pieces within its passes' budget, and starts no other request of
+    /// the queue before it ends. For what the device cannot hold and
+    /// would otherwise run whole in `start`, however long.
+    Cut,
 }
 
 /// How far [`DeviceQueue::process_part`] got.

@@ -200,6 +200,21 @@ struct Served {
     held: HashMap<u64, u64>,
 }
 
+impl Served {
+    /// Whether the completion ring has room for one more request besides
+    /// those taken and not yet completed.
+    fn room_to_complete(&mut self) -> bool {
+        let kept = self.held.len()
+            + self.parked.len()
+            + self.backlog.len()
+            + usize::from(self.partial.is_some());
+        // A ring the client corrupted: serve it, so the pass finds out.
+        self.view
+            .cq_space()
+            .map_or(true, |free| free as usize > kept)
+    }
+}
+
 struct EngineLoop {
     rx: mpsc::Receiver<EngineCmd>,
     /// Commands wait in `rx` (see `EngineHandle::commands`).
@@ -397,8 +412,12 @@ impl EngineLoop {
         for s in &mut self.queues {
             // host_prepare_sleep sets NEED_WAKEUP then re-checks the ring;
             // a register-driven device arms its own wake-up and re-checks
-            // its doorbells after that.
-            work |= s.view.host_prepare_sleep();
+            // its doorbells after that. A submission the completion ring
+            // has no room for is no work: a client that stops reaping
+            // must not keep the engine awake. It is taken at the client's
+            // next doorbell or the sleep's timeout (the client library
+            // never sends more than its ring can complete).
+            work |= s.view.host_prepare_sleep() && s.room_to_complete();
             if s.register_driven {
                 work |= catch_unwind(AssertUnwindSafe(|| s.dev.prepare_sleep())).unwrap_or(true);
             }
@@ -650,6 +669,13 @@ impl EngineLoop {
     /// it finished, then hand it what the ring has; it completes each now
     /// or later, in any order. The memory of a held request stays pinned
     /// (an unshare's sync waits) until the device reports it.
+    ///
+    /// The pass's budget (`pass_bytes`) bounds what it runs here as it
+    /// bounds a synchronous queue's pass: requests the device completes at
+    /// once count their bytes, what the budget did not reach waits in the
+    /// backlog, and a request the device leaves to the engine
+    /// ([`Started::Cut`]) runs in pieces over passes, no other request of
+    /// the queue starting before it ends.
     fn serve_async(&mut self, i: usize, batch: &mut Vec<Desc>) -> Result<usize, ()> {
         let EngineLoop {
             queues,
@@ -662,26 +688,34 @@ impl EngineLoop {
             pinned,
             next_token,
             reported,
+            pass_bytes,
             ..
         } = self;
+        let budget = *pass_bytes;
         let s = &mut queues[i];
         let q = s.q.clone();
         out.clear();
         let mut worked = 0;
-        // Held and stalled requests keep their completion slots (those
-        // finished since the last pass too: they are reported below).
-        let kept = s.held.len() + s.parked.len();
-        let max = if kept == 0 {
-            BATCH
-        } else {
-            (s.view.cq_space().map_err(|_| ())? as usize)
-                .saturating_sub(kept)
-                .min(BATCH)
-        };
-        s.view.fetch(max, batch).map_err(|_| ())?;
-        if !batch.is_empty() {
-            let att = q.endpoint.attachment();
+        if s.partial.is_none() {
+            batch.extend(s.backlog.drain(..));
+            // Held and stalled requests keep their completion slots (those
+            // finished since the last pass too: they are reported below),
+            // as do the ones taken and not yet run.
+            let kept = s.held.len() + s.parked.len() + batch.len();
+            let max = if kept == 0 {
+                BATCH
+            } else {
+                (s.view.cq_space().map_err(|_| ())? as usize)
+                    .saturating_sub(kept)
+                    .min(BATCH.saturating_sub(batch.len()))
+            };
+            s.view.fetch(max, batch).map_err(|_| ())?;
+        }
+        if s.partial.is_some() || !batch.is_empty() {
+            // The attachment is read inside the section, as `serve` reads
+            // it: an ATTACH's sync then waits for this pass to end.
             let mut sec = tlb.enter();
+            let att = kept_attachment(&mut s.att, &q.endpoint);
             let seq = sec.seq();
             let mut scratch = Scratch {
                 runs_a,
@@ -689,27 +723,74 @@ impl EngineLoop {
                 bounce,
                 guard: Guard::enter(),
             };
-            let n = batch.len();
-            // A panic here is the device's bug; `start` meets it again.
-            let _ = catch_unwind(AssertUnwindSafe(|| s.dev.batch(n)));
-            for &orig in batch.iter() {
+            let mut spent = 0u64;
+            // A request cut in pieces: on with it, in this pass's budget.
+            let mut cut = s.partial.take();
+            if cut.is_none() && !batch.is_empty() {
+                // A panic here is the device's bug; `start` meets it again.
+                let n = batch.len();
+                let _ = catch_unwind(AssertUnwindSafe(|| s.dev.batch(n)));
+            }
+            let mut next = 0;
+            loop {
+                if let Some((orig, done)) = cut.take() {
+                    worked += 1;
+                    let mut d = orig;
+                    // No stall on an asynchronous queue (see `start`).
+                    let (_, progress) = process(
+                        &mut sec,
+                        &q,
+                        att,
+                        &mut s.dev,
+                        &mut d,
+                        &mut scratch,
+                        false,
+                        (done, budget - spent),
+                    );
+                    match progress {
+                        Progress::More(upto) => {
+                            s.partial = Some((orig, upto));
+                            break;
+                        }
+                        Progress::Done => {
+                            let n = if d.status == 0 { s.dev.bytes_of(&d) } else { 0 };
+                            spent += n.saturating_sub(done).max(1);
+                            out.push(d);
+                        }
+                    }
+                }
+                if next == batch.len() || spent >= budget {
+                    break;
+                }
+                let orig = batch[next];
+                next += 1;
+                worked += 1;
                 let token = *next_token;
                 *next_token += 1;
                 let mut d = orig;
-                match start(&mut sec, &q, &att, &mut s.dev, token, &mut d, &mut scratch) {
+                match start(&mut sec, &q, att, &mut s.dev, token, &mut d, &mut scratch) {
                     Started::Held => {
                         s.held.insert(token, seq);
                         *held_seqs.entry(seq).or_default() += 1;
                     }
-                    Started::Done => out.push(d),
+                    Started::Done => {
+                        let n = if d.status == 0 { s.dev.bytes_of(&d) } else { 0 };
+                        spent += n.max(1);
+                        out.push(d);
+                    }
+                    Started::Cut => cut = Some((orig, 0)),
                 }
+            }
+            // What the budget did not reach waits for the next pass, in
+            // order.
+            if next < batch.len() {
+                s.backlog.extend(batch.drain(next..));
             }
             // Pinned before the section ends: no sync may slip between.
             let oldest = held_seqs.keys().next().copied();
             sec.pin(oldest);
             *pinned = oldest;
             drop(sec);
-            worked += batch.len();
         }
         // Polled after this pass's requests went in, so a device that
         // gathers a batch (to run it side by side) completes it now.

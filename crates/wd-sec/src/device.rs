@@ -649,6 +649,12 @@ impl DeviceQueue for SecQueue {
         if self.hold_long(token, desc, dma) {
             return Started::Held;
         }
+        // One long enough to be cut (its memory could not be held) the
+        // engine runs as a synchronous queue's, in pieces within its
+        // passes' budget (`process_part`).
+        if self.bytes_of(desc) > MIN_PIECE {
+            return Started::Cut;
+        }
         self.process(desc, dma);
         Started::Done
     }

@@ -5,7 +5,9 @@
 
 use openssl::symm::{Cipher, Crypter, Mode as Dir};
 use proptest::prelude::*;
-use wd_device::{status, Access, DeviceQueue, DeviceSlice, Dma, Fault, HeldSlice, Started};
+use wd_device::{
+    status, Access, DeviceQueue, DeviceSlice, Dma, Fault, HeldSlice, Progress, Started,
+};
 use wd_iommu::FaultReason;
 use wd_ring::Desc;
 use wd_sec::msg::{
@@ -811,6 +813,17 @@ fn mb_engine(test: &str) -> Option<&'static wd_ipsecmb::Engine> {
     }
 }
 
+/// Run a request left to the engine (`Started::Cut`) as it does: in
+/// pieces of a pass's budget.
+fn run_cut(q: &mut SecQueue, mem: &mut Mem, mut d: Desc) -> Desc {
+    let mut done = 0;
+    while let Progress::More(upto) = q.process_part(&mut d, mem, done, 256 << 10) {
+        assert!(upto > done, "no progress");
+        done = upto;
+    }
+    d
+}
+
 /// Run a batch as the engine does: start every request, then poll; the
 /// requests held come back through `poll`, each exactly once.
 fn run_batch(q: &mut SecQueue, mem: &mut Mem, batch: &[Desc]) -> Vec<Desc> {
@@ -822,6 +835,7 @@ fn run_batch(q: &mut SecQueue, mem: &mut Mem, batch: &[Desc]) -> Vec<Desc> {
         match q.start(i as u64, &mut d, mem) {
             Started::Done => out[i] = Some(d),
             Started::Held => held += 1,
+            Started::Cut => out[i] = Some(run_cut(q, mem, d)),
         }
     }
     assert_eq!(q.in_flight(), held);
@@ -1011,8 +1025,14 @@ fn long_requests_run_in_pieces_in_order() {
     let mut results = std::collections::HashMap::new();
     for (t, d) in [(1u64, other), (2, next)] {
         let mut d = d;
-        if q.start(t, &mut d, &mut mem) == Started::Done {
-            results.insert(t, d);
+        match q.start(t, &mut d, &mut mem) {
+            Started::Done => {
+                results.insert(t, d);
+            }
+            Started::Cut => {
+                results.insert(t, run_cut(&mut q, &mut mem, d));
+            }
+            Started::Held => {}
         }
     }
     let t0 = std::time::Instant::now();
@@ -1032,5 +1052,51 @@ fn long_requests_run_in_pieces_in_order() {
     assert_eq!(
         mem.get(dst2, 4096),
         reference(ctr, &k2, &iv, &plain[..4096], true)
+    );
+}
+
+/// A long request whose memory cannot be held (a SHARE_ALL queue's, or
+/// split across mappings) is left to the engine, which runs it in pieces
+/// of its passes' budget; the session's next request chains on from it.
+/// A short one still runs at once.
+#[test]
+fn a_long_request_that_cannot_be_held_is_cut_by_the_engine() {
+    let Some(e) = mb_engine("a_long_request_that_cannot_be_held_is_cut_by_the_engine") else {
+        return;
+    };
+    let mut q = SecQueue::with_engine(TYPE_CIPHER, Some(e));
+    let mut mem = Mem::new(8 << 20, false);
+    let cbc = Alg::by_name("aes-128-cbc").unwrap();
+    let (key, iv) = ([9u8; 16], [3u8; 16]);
+    let s = session(&mut q, &mut mem, cbc, &key);
+    let long = 2 << 20;
+    let (src, dst) = (BASE + 0x10_0000, BASE + 0x40_0000);
+    let plain: Vec<u8> = (0..long + 4096).map(|i| (i * 7 % 253) as u8).collect();
+    mem.put(src, &plain);
+    q.batch(1);
+    let mut d = cipher_op(s, F_ENCRYPT | F_IV, src, dst, long, &iv);
+    assert_eq!(q.start(0, &mut d, &mut mem), Started::Cut);
+    let mut pieces = 0;
+    let mut done = 0;
+    while let Progress::More(upto) = q.process_part(&mut d, &mut mem, done, 256 << 10) {
+        done = upto;
+        pieces += 1;
+    }
+    assert_eq!(pieces, 7, "2 MiB in 256 KiB pieces");
+    assert_eq!((d.status, d.result), (0, long as u64));
+    let mut next = cipher_op(
+        s,
+        F_ENCRYPT,
+        src + long as u64,
+        dst + long as u64,
+        4096,
+        &iv,
+    );
+    q.batch(1);
+    assert_eq!(q.start(1, &mut next, &mut mem), Started::Done);
+    assert_eq!(next.status, 0);
+    assert_eq!(
+        mem.get(dst, long + 4096),
+        reference(cbc, &key, &iv, &plain, true)
     );
 }

@@ -1,0 +1,211 @@
+//! The engine against clients that misuse their queues: one that stops
+//! reaping completions must not keep a core busy, and one that floods an
+//! asynchronous device with huge requests must not hold the other queues
+//! of its engine for longer than a pass's budget.
+#![allow(unsafe_code)]
+
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use wd_dummy_msg::CopyMsg;
+use wd_host::{DeviceConfig, Host};
+use wd_proto::Message;
+use wrapdrive::{Capability, HostConn, SharedBuf, CAPA_SHARE_ALL};
+
+/// The tests run one at a time: each host's first engine thread has the
+/// same name, and one test measures its engine's CPU time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// CPU seconds used so far by this process's threads named `name`.
+fn thread_cpu(name: &str) -> f64 {
+    let mut total = 0.0;
+    for e in std::fs::read_dir("/proc/self/task").unwrap() {
+        let p = e.unwrap().path();
+        let comm = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let s = std::fs::read_to_string(p.join("stat")).unwrap();
+        let rest = &s[s.rfind(')').unwrap() + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 (11 and 12 after the name).
+        let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+        // SAFETY: sysconf has no preconditions.
+        total += ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    }
+    total
+}
+
+/// CPU seconds per second of the first device's engine thread over `d`.
+fn engine_load(d: Duration) -> f64 {
+    let before = thread_cpu("wd-dev0-e0");
+    std::thread::sleep(d);
+    (thread_cpu("wd-dev0-e0") - before) / d.as_secs_f64()
+}
+
+/// A client writing its ring by hand fills the completion ring, never
+/// reaps, and submits one more request: the host took the first ones, so
+/// the submission ring has room, the completion ring none. The engine
+/// used to count that request as work and never slept.
+#[test]
+fn a_client_that_stops_reaping_does_not_keep_its_engine_busy() {
+    let _serial = serial();
+    let host = Host::embedded(vec![DeviceConfig::new("dummy")]).unwrap();
+    use std::os::linux::net::SocketAddrExt;
+    let name = host.address().strip_prefix('@').expect("abstract address");
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let sock = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+    let mut ch = wd_ipc::Channel::new(sock);
+    ch.call(
+        &Message::Hello {
+            version: 1,
+            client_pid: 0,
+        },
+        1,
+        &[],
+    )
+    .unwrap();
+    const DEPTH: u32 = 8;
+    let f = ch
+        .call(
+            &Message::RequestQueue {
+                alg: "memcpy".into(),
+                flags: 0,
+                depth: DEPTH,
+                numa_node: -1,
+                probe_addr: 0,
+                probe_value: 0,
+            },
+            2,
+            &[],
+        )
+        .unwrap();
+    let Message::QueueGranted { ring_bytes, .. } = f.msg else {
+        panic!("{:?}", f.msg)
+    };
+    let map = wd_sys::Mapping::map_shared(f.fds[0].as_fd(), 0, ring_bytes as usize).unwrap();
+    // SAFETY: map is a live mapping of ring_bytes that outlives the view.
+    let mut view = unsafe { wd_ring::RingView::attach(map.as_ptr(), map.len(), DEPTH) }.unwrap();
+    let ring = |view: &wd_ring::RingView| {
+        if view.engine_needs_wakeup() {
+            wd_sys::eventfd_signal(f.fds[1].as_fd()).unwrap();
+        }
+    };
+    let nop = [wd_ring::Desc::default(); DEPTH as usize];
+    assert_eq!(view.submit(&nop).unwrap(), DEPTH as usize);
+    ring(&view);
+    wd_testutil::wait_until("the host to take the first requests", || {
+        view.completions_ready()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let idle = engine_load(Duration::from_secs(1));
+    assert_eq!(view.submit(&nop[..1]).unwrap(), 1);
+    ring(&view);
+    std::thread::sleep(Duration::from_millis(300));
+    let waiting = engine_load(Duration::from_secs(1));
+    eprintln!(
+        "engine load with a full completion ring: {idle:.2}, and a request waiting: {waiting:.2}"
+    );
+    assert!(idle < 0.2, "engine busy with nothing to do: {idle:.2}");
+    assert!(
+        waiting < 0.2,
+        "the engine spun ({waiting:.2} s of CPU per second) on a request it had no room to complete"
+    );
+    // Once the client reaps, the request is served (at the latest when
+    // the engine's sleep times out: the client rang no doorbell).
+    let mut out = [wd_ring::Desc::default(); DEPTH as usize];
+    assert_eq!(view.reap(&mut out), DEPTH as usize);
+    wd_testutil::wait_until("the last request's completion", || view.completions_ready());
+}
+
+/// One client floods an engine with 32 MiB copies between memory it never
+/// shared (a SHARE_ALL queue: the device cannot hold that memory), another
+/// sends a 64-byte copy. On the asynchronous device each huge copy ran
+/// whole in `start`, a batch of them in one pass, and the small request
+/// waited for all sixteen; now they run in pieces within the pass budget,
+/// as on the synchronous device.
+#[test]
+fn a_flood_on_an_asynchronous_device_does_not_hold_its_engine() {
+    let _serial = serial();
+    for (device, alg) in [("dummy-async", "memcpy-async"), ("dummy", "memcpy")] {
+        flood(device, alg);
+    }
+}
+
+fn flood(device: &str, alg: &str) {
+    let spec = DeviceConfig::parse_spec(&format!("{device}:engines=1")).unwrap();
+    let host = Host::embedded(vec![spec]).unwrap();
+    let h1 = HostConn::connect(host.address()).unwrap();
+    let h2 = HostConn::connect(host.address()).unwrap();
+    let mut flood = h1
+        .request_queue(&Capability::new(alg).depth(16).flags(CAPA_SHARE_ALL))
+        .unwrap();
+    let mut small = h2.request_queue(&Capability::new(alg).depth(16)).unwrap();
+    const BIG: usize = 32 << 20;
+    let a = vec![7u8; BIG];
+    let mut b = vec![0u8; BIG];
+    let s = SharedBuf::new(8192).unwrap();
+    small.share(s.addr(), 8192).unwrap();
+    let big = CopyMsg {
+        src: a.as_ptr() as u64,
+        dst: b.as_mut_ptr() as u64,
+        len: BIG as u64,
+    }
+    .to_desc(0);
+    // What one huge copy costs alone.
+    let t = Instant::now();
+    let d = flood.call(big).unwrap();
+    assert_eq!((d.status, d.result), (0, BIG as u64));
+    let one = t.elapsed();
+    assert!(b.iter().all(|&x| x == 7), "{device}: the copy is wrong");
+    b.fill(0);
+
+    let reqs: Vec<_> = (0..16).map(|i| (big, i)).collect();
+    assert_eq!(flood.send_batch(&reqs).unwrap(), 16);
+    let t = Instant::now();
+    let d = small
+        .call(
+            CopyMsg {
+                src: s.addr(),
+                dst: s.addr() + 4096,
+                len: 64,
+            }
+            .to_desc(99),
+        )
+        .unwrap();
+    let waited = t.elapsed();
+    assert_eq!(d.status, 0);
+    let mut done = Vec::new();
+    flood.recv_batch(&mut done, 16).unwrap();
+    let before_small = done.len();
+    let t = Instant::now();
+    while done.len() < 16 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{device}: copies lost"
+        );
+        flood.recv_batch(&mut done, 16).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(done
+        .iter()
+        .all(|c| c.desc.status == 0 && c.desc.result == BIG as u64));
+    assert!(
+        b.iter().all(|&x| x == 7),
+        "{device}: a copy in pieces is wrong"
+    );
+    eprintln!("{device}: one {BIG}-byte copy {one:?}; the 64-byte request waited {waited:?}, {before_small} of 16 copies done before it");
+    assert!(
+        before_small < 16,
+        "{device}: all 16 huge copies ran before one 64-byte request (it waited {waited:?}; one copy takes {one:?})"
+    );
+    assert!(
+        waited < one * 2 + wd_device::dummy_async::HOLD * 2,
+        "{device}: the 64-byte request waited {waited:?}, ~{:.0} huge copies of {one:?}",
+        waited.as_secs_f64() / one.as_secs_f64()
+    );
+}
