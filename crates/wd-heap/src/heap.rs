@@ -268,6 +268,10 @@ pub(crate) fn choose_pages(
     len: u64,
     policy: PagePolicy,
 ) -> Result<(PageKind, Option<String>), HeapError> {
+    // Past the largest buffer the rounding below would overflow.
+    if len > MAX_BUFFER {
+        return Err(HeapError::BadSize(len));
+    }
     let need = |k: PageKind| len.div_ceil(k.page_bytes()).max(1);
     let required = |k: PageKind| -> Result<(PageKind, Option<String>), HeapError> {
         let pool = system::huge_pool(k.memfd());
@@ -749,10 +753,12 @@ mod tests {
         assert!(matches!(e, HeapError::TooManyBuffers(2)), "{e}");
         drop(a);
         h.alloc(4096, &AllocOptions::default()).unwrap();
-        assert!(matches!(
-            h.alloc(MAX_BUFFER + 1, &AllocOptions::default()),
-            Err(HeapError::BadSize(_))
-        ));
+        for len in [MAX_BUFFER + 1, u64::MAX - 4095, u64::MAX] {
+            assert!(matches!(
+                h.alloc(len, &AllocOptions::default()),
+                Err(HeapError::BadSize(_))
+            ));
+        }
     }
 
     #[test]

@@ -141,14 +141,28 @@ impl Quotas {
 
     /// Charge `res` to `uid`, or say which limit refuses it.
     pub fn charge(self: &Arc<Self>, uid: u32, res: Resource) -> Result<Charge, HostError> {
+        let mut t = self.lock();
+        let r = self.admit(&mut t, uid, res);
+        // A refused first charge leaves no entry: a user is listed while
+        // it holds something.
+        if r.is_err() && t.users.get(&uid).is_some_and(Usage::is_empty) {
+            t.users.remove(&uid);
+        }
+        r.map(|()| Charge {
+            quotas: self.clone(),
+            uid,
+            res,
+        })
+    }
+
+    fn admit(&self, t: &mut Table, uid: u32, res: Resource) -> Result<(), HostError> {
         let l = &self.limits;
         let exempt = self.exempt(uid);
-        let mut t = self.lock();
         let Table {
             users,
             connections,
             mappings,
-        } = &mut *t;
+        } = t;
         let u = users.entry(uid).or_default();
         let quota = |what: String| Err(HostError::Status(Status::Quota, what));
         match res {
@@ -225,11 +239,7 @@ impl Quotas {
                 *mappings += 1;
             }
         }
-        Ok(Charge {
-            quotas: self.clone(),
-            uid,
-            res,
-        })
+        Ok(())
     }
 
     fn uncharge(&self, uid: u32, res: Resource) {
@@ -324,6 +334,22 @@ mod tests {
         drop(owner);
         assert_eq!(q.usage(1000), Usage::default());
         assert_eq!(q.usage(7).connections, 2);
+    }
+
+    #[test]
+    fn a_refused_charge_lists_no_user() {
+        let q = Quotas::new(
+            Limits {
+                connections_per_uid: 0,
+                shares_per_uid: 0,
+                ..limits()
+            },
+            1000,
+        );
+        assert_eq!(status(q.charge(4242, Resource::Connection)), Status::Quota);
+        let share = Resource::Share { bytes: 4096 };
+        assert_eq!(status(q.charge(4243, share)), Status::Quota);
+        assert!(q.users().is_empty(), "{:?}", q.users());
     }
 
     #[test]
