@@ -283,9 +283,10 @@ impl EngineLoop {
                         // Corrupt ring, or memory that vanished: stop
                         // serving it; the owner's connection tears it down.
                         let mut s = self.queues.swap_remove(i);
-                        self.drop_holds(&mut s);
+                        let stopped = self.drop_holds(&mut s);
                         s.q.set_state(QueueState::Broken);
                         s.view.set_host_state(HostState::Broken);
+                        fail_taken(&mut s, stopped);
                         let _ = wd_sys::eventfd_signal(s.q.cq_event.as_fd());
                     }
                 }
@@ -448,6 +449,13 @@ impl EngineLoop {
     /// within a bounded time, whatever the others ask for.
     fn serve(&mut self, i: usize, batch: &mut Vec<Desc>) -> Result<usize, ()> {
         batch.clear();
+        // An attachment replaced since the last pass that used it goes now,
+        // idle or not: a destroyed domain's tables must not live on for as
+        // long as its queue sends nothing.
+        let s = &mut self.queues[i];
+        if matches!(&s.att, Some((g, _)) if *g != s.q.endpoint.generation()) {
+            s.att = None;
+        }
         if self.queues[i].q.state() != QueueState::Active {
             return Ok(0);
         }
@@ -1017,9 +1025,11 @@ fn start(
     started
 }
 
-/// Fail whatever is still queued on a ring being torn down (stalled
-/// requests included), then mark it stopped.
-fn cancel_pending(s: &mut Served, stopped: Vec<Desc>) {
+/// Fail what a queue the engine stops serving had taken (`stopped`: what
+/// its device held), where its ring still takes completions. Its stalls
+/// go back to their domain, which other queues may share (a virtio-iommu
+/// domain counts them against its limit).
+fn fail_taken(s: &mut Served, stopped: Vec<Desc>) {
     let mut left: Vec<Desc> = stopped;
     for p in s.parked.drain(..) {
         p.dom.cancel_stall(p.stag);
@@ -1032,7 +1042,13 @@ fn cancel_pending(s: &mut Served, stopped: Vec<Desc>) {
         d.result = 0;
     }
     let _ = s.view.complete(&left);
-    left.clear();
+}
+
+/// Fail whatever is still queued on a ring being torn down (stalled
+/// requests included), then mark it stopped.
+fn cancel_pending(s: &mut Served, stopped: Vec<Desc>) {
+    fail_taken(s, stopped);
+    let mut left = Vec::new();
     while let Ok(n) = s.view.fetch(BATCH, &mut left) {
         if n == 0 {
             break;

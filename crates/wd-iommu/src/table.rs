@@ -112,11 +112,29 @@ impl Arena {
     fn ensure(&self, table: u32) {
         let (c, _) = chunk_of(table);
         self.chunks[c].get_or_init(|| {
-            let pages = (FIRST_CHUNK as usize) << c;
+            let pages = self.chunk_pages(c);
             std::iter::repeat_with(|| AtomicU64::new(0))
                 .take(pages * ENTRIES)
                 .collect()
         });
+    }
+
+    /// Pages of chunk `c`: `FIRST_CHUNK << c`, the last one cut at the
+    /// capacity, so a domain at its limit holds what the limit says and
+    /// not up to twice that (it is zeroed, so resident, whole).
+    fn chunk_pages(&self, c: usize) -> usize {
+        let first = (FIRST_CHUNK as usize) * ((1usize << c) - 1);
+        ((FIRST_CHUNK as usize) << c).min(self.capacity as usize - first)
+    }
+
+    /// Table pages allocated (whole chunks).
+    #[cfg(test)]
+    fn allocated_pages(&self) -> usize {
+        self.chunks
+            .iter()
+            .filter_map(|c| c.get())
+            .map(|c| c.len() / ENTRIES)
+            .sum()
     }
 }
 
@@ -578,6 +596,20 @@ mod tests {
     const P: u64 = 4096;
     const M2: u64 = 1 << 21;
     const G1: u64 = 1 << 30;
+
+    #[test]
+    fn an_arena_at_its_limit_holds_no_more_than_its_limit() {
+        for cap in [1u32, 8, 9, 100, 16384, 16385] {
+            let a = Arena::new(cap);
+            for t in 0..cap {
+                a.ensure(t);
+                let e = a.page(t);
+                assert_eq!(e.len(), ENTRIES);
+                e[ENTRIES - 1].store(1, Ordering::Relaxed);
+            }
+            assert_eq!(a.allocated_pages(), cap as usize, "capacity {cap}");
+        }
+    }
 
     #[test]
     fn chunk_indexing_is_dense() {
