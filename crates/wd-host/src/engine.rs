@@ -541,7 +541,11 @@ impl EngineLoop {
                     &mut s.dev,
                     &mut d,
                     &mut scratch,
-                    true,
+                    // A retry starts a request over: only one that has
+                    // changed nothing yet may stall (earlier pieces of a
+                    // cut one may have overwritten its source, or moved a
+                    // session on); a later piece's fault fails it.
+                    done == 0,
                     (done, budget - spent),
                 )
             };
