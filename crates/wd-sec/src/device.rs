@@ -196,7 +196,13 @@ pub(crate) enum Work {
         /// also runs them in multi-buffer bursts.
         chain: Chain,
     },
-    Digest(DigestCtx),
+    Digest {
+        ctx: DigestCtx,
+        /// A request failed after the hash took part of its data: the
+        /// message is lost, and only one that starts again (`F_INIT`)
+        /// is taken.
+        lost: bool,
+    },
 }
 
 pub(crate) struct Session {
@@ -290,8 +296,14 @@ impl SecQueue {
                 started: false,
                 chain: Chain::None,
             },
-            Alg::Digest(h) => Work::Digest(DigestCtx::new(h).map_err(|_| status::EOPNOTSUPP)?),
-            Alg::Hmac(h) => Work::Digest(DigestCtx::hmac(h, &key.0).map_err(|_| status::EINVAL)?),
+            Alg::Digest(h) => Work::Digest {
+                ctx: DigestCtx::new(h).map_err(|_| status::EOPNOTSUPP)?,
+                lost: false,
+            },
+            Alg::Hmac(h) => Work::Digest {
+                ctx: DigestCtx::hmac(h, &key.0).map_err(|_| status::EINVAL)?,
+                lost: false,
+            },
         };
         // ECB needs no IV: a message is always under way.
         let mut work = work;
@@ -359,6 +371,13 @@ impl SecQueue {
         }
         if gcm {
             dma::reach(dma, op.aad, op.aad_len as u64, Access::Read)?;
+            // The additional data goes into the hash before the data
+            // moves: a fault on the data must come first, or a retry
+            // hashes it twice.
+            if op.aad_len > 0 {
+                dma::reach(dma, op.src, op.len, Access::Read)?;
+                dma::reach(dma, op.dst, op.len, Access::Write)?;
+            }
         }
         if op.flags & F_IV != 0 {
             let key = (*keyed_for != Some(encrypt)).then_some(&s.key.0[..]);
@@ -398,7 +417,8 @@ impl SecQueue {
             r?;
             return Ok(op.len);
         }
-        dma::cipher_dma(ctx, op.dst, op.src, len, dma, &mut self.bounce)?;
+        let xts = mode == Mode::Xts;
+        dma::cipher_dma(ctx, op.dst, op.src, len, dma, &mut self.bounce, xts)?;
         if gcm && op.flags & F_FINAL != 0 {
             let mut tag = [0u8; 16];
             let tag = &mut tag[..op.tag_len as usize];
@@ -430,7 +450,8 @@ impl SecQueue {
         // Written after the hash has taken the data: checked first.
         let out_len = self.digest_out(&op);
         dma::reach(dma, op.out, out_len as u64, Access::Write)?;
-        let ctx = match op.alg {
+        let mut no_session_lost = false;
+        let (ctx, lost) = match op.alg {
             Some(Alg::Digest(h)) => {
                 let pos = match self.oneshot.iter().position(|(x, _)| *x == h) {
                     Some(p) => p,
@@ -440,24 +461,29 @@ impl SecQueue {
                         self.oneshot.len() - 1
                     }
                 };
-                &mut self.oneshot[pos].1
+                (&mut self.oneshot[pos].1, &mut no_session_lost)
             }
             Some(_) => return Err(status::EINVAL),
             None => match &mut self.sessions.get(op.session)?.work {
-                Work::Digest(c) => c,
+                Work::Digest { ctx, lost } => (ctx, lost),
                 Work::Cipher { .. } => return Err(status::EINVAL),
             },
         };
         if op.flags & F_INIT != 0 {
             ctx.restart().map_err(|_| status::EIO)?;
+            *lost = false;
+        } else if *lost {
+            return Err(status::EINVAL);
         }
         let r = dma::digest_dma(ctx, op.src, op.len as usize, dma, &mut self.bounce);
         // A request that failed half way leaves no half-hashed state
-        // behind. -EFAULT comes before the hash took anything (memory
-        // reached in place is translated whole first, the rest checked
-        // first by `dma::reach`): the state stays, for a stall's retry.
+        // behind, and the message is lost. -EFAULT comes before the hash
+        // took anything (memory reached in place is translated whole
+        // first, the rest checked first by `dma::reach`): the state
+        // stays, for a stall's retry.
         if r.is_err_and(|st| st != status::EFAULT) {
             let _ = ctx.restart();
+            *lost = true;
         }
         r?;
         if op.flags & F_DIGEST_FINAL == 0 {
@@ -492,6 +518,37 @@ impl SecQueue {
             && op.len % s.alg.granule() == 0
             && !(gcm && op.flags & F_ENCRYPT == 0 && whole_message)
             && !(gcm && op.flags & F_FINAL != 0 && !(4..=16).contains(&op.tag_len))
+    }
+
+    /// A request of `desc`'s session failed after earlier pieces of it
+    /// moved the session on: its message is lost, so that nothing goes on
+    /// from the middle of it (a retry of the request, or its next part,
+    /// would compute from the wrong chain or hash with status 0). Only a
+    /// request that starts a message again (`F_IV`, `F_INIT`) is taken.
+    pub(crate) fn lose_message(&mut self, desc: &Desc) {
+        let session = match msg::decode(desc) {
+            Ok(Request::Cipher(c)) => c.session,
+            Ok(Request::Digest(d)) if d.alg.is_none() => d.session,
+            _ => return,
+        };
+        let Ok(s) = self.sessions.get(session) else {
+            return;
+        };
+        match &mut s.work {
+            Work::Cipher {
+                mode,
+                started,
+                chain,
+                ..
+            } => {
+                *started = *mode == Mode::Ecb;
+                *chain = Chain::None;
+            }
+            Work::Digest { ctx, lost } => {
+                let _ = ctx.restart();
+                *lost = true;
+            }
+        }
     }
 
     /// Fault now, if at all, on any memory a cipher or digest request
@@ -622,6 +679,9 @@ impl DeviceQueue for SecQueue {
             Some((Ok(_), false)) => return Progress::More(done + piece),
             Some((r, _)) => r,
         };
+        if r.is_err() && done > 0 {
+            self.lose_message(desc);
+        }
         complete(desc, r);
         Progress::Done
     }

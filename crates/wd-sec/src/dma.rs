@@ -26,7 +26,9 @@ pub(crate) fn reach(
 }
 
 /// Encrypt or decrypt in place in shared memory when both ranges are
-/// mapped contiguously, else through a host bounce buffer.
+/// mapped contiguously, else through a host bounce buffer: in pieces of
+/// [`BOUNCE`], or `whole` in one (XTS, whose every update is a data unit
+/// of its own that starts again from the tweak).
 pub fn cipher_dma(
     ctx: &mut CipherCtx,
     dst: u64,
@@ -34,6 +36,7 @@ pub fn cipher_dma(
     len: usize,
     dma: &mut dyn Dma<'_>,
     bounce: &mut Vec<u8>,
+    whole: bool,
 ) -> std::result::Result<(), i32> {
     if len == 0 {
         return Ok(());
@@ -48,18 +51,26 @@ pub fn cipher_dma(
     // would come after the context took the earlier ones.
     reach(dma, src, len as u64, Access::Read)?;
     reach(dma, dst, len as u64, Access::Write)?;
+    let piece = if whole { len } else { BOUNCE };
     let mut done = 0usize;
-    while done < len {
-        let n = (len - done).min(BOUNCE);
-        bounce.resize(n, 0);
-        dma.read(src + done as u64, bounce)
-            .map_err(|_| status::EFAULT)?;
-        ctx.update_in_place(bounce).map_err(|_| status::EIO)?;
-        dma.write(dst + done as u64, bounce)
-            .map_err(|_| status::EFAULT)?;
-        done += n;
+    let r = (|| {
+        while done < len {
+            let n = (len - done).min(piece);
+            bounce.resize(n, 0);
+            dma.read(src + done as u64, bounce)
+                .map_err(|_| status::EFAULT)?;
+            ctx.update_in_place(bounce).map_err(|_| status::EIO)?;
+            dma.write(dst + done as u64, bounce)
+                .map_err(|_| status::EFAULT)?;
+            done += n;
+        }
+        Ok(())
+    })();
+    // A whole request's buffer is not kept.
+    if bounce.capacity() > BOUNCE {
+        *bounce = Vec::new();
     }
-    Ok(())
+    r
 }
 
 /// Hash in place when the range is mapped contiguously, else by bounce.

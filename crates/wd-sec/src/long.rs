@@ -181,6 +181,9 @@ impl SecQueue {
                 false
             }
             Some((r, _)) => {
+                if r.is_err() && l.done > 0 {
+                    self.lose_message(&l.desc);
+                }
                 complete(&mut l.desc, r);
                 self.finished.push((l.token, l.desc));
                 true

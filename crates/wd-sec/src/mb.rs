@@ -158,9 +158,13 @@ fn schedule<'s>(
     Ok(schedule.as_ref().expect("set above"))
 }
 
+/// Where the session's CBC encryption goes on after a burst. The
+/// burst's encryption also ended any message under way in the context (a
+/// decryption): it does not go on after it.
 fn set_chain(s: &mut Session, to: Chain) {
-    if let Work::Cipher { chain, .. } = &mut s.work {
+    if let Work::Cipher { chain, started, .. } = &mut s.work {
         *chain = to;
+        *started = false;
     }
 }
 
@@ -210,8 +214,11 @@ pub(crate) fn cbc_now(
         return Err(status::EINVAL);
     };
     let iv = cbc_start(&op, *chain).map_err(|_| status::EINVAL)?;
+    // `cbc_alone` uses the chain up: a fault must come before it does.
+    dma::reach(dma, op.src, op.len, Access::Read)?;
+    dma::reach(dma, op.dst, op.len, Access::Write)?;
     cbc_alone(s, iv, |ctx| {
-        dma::cipher_dma(ctx, op.dst, op.src, op.len as usize, dma, bounce)
+        dma::cipher_dma(ctx, op.dst, op.src, op.len as usize, dma, bounce, false)
     })?;
     Ok(op.len)
 }

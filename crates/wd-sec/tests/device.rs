@@ -1,117 +1,19 @@
 //! The sec device against OpenSSL's default provider (the `openssl` crate)
 //! on random keys, IVs, data and request splits, through both memory paths
 //! (in place and bounce), plus published known answers and error cases.
-#![allow(unsafe_code)]
 
+mod common;
+
+use common::{run, session, Mem, BASE};
 use openssl::symm::{Cipher, Crypter, Mode as Dir};
 use proptest::prelude::*;
-use wd_device::{
-    status, Access, DeviceQueue, DeviceSlice, Dma, Fault, HeldSlice, Progress, Started,
-};
-use wd_iommu::FaultReason;
+use wd_device::{status, DeviceQueue, Progress, Started};
 use wd_ring::Desc;
 use wd_sec::msg::{
     self, CipherOp, DigestOp, SessionFree, SessionNew, F_DIGEST_FINAL, F_ENCRYPT, F_FINAL, F_INIT,
     F_IV,
 };
 use wd_sec::{Alg, Hash, Mode, SecQueue, TYPE_CIPHER, TYPE_DIGEST};
-
-const BASE: u64 = 0x10_0000;
-
-/// Flat device memory at BASE; `direct` decides whether the device may work
-/// in place (slice) or must bounce through read/write.
-struct Mem {
-    bytes: Vec<u8>,
-    direct: bool,
-}
-
-impl Mem {
-    fn new(size: usize, direct: bool) -> Mem {
-        Mem {
-            bytes: vec![0; size],
-            direct,
-        }
-    }
-    fn off(&self, a: u64, len: u64, access: Access) -> Result<usize, Fault> {
-        match a.checked_sub(BASE) {
-            Some(o)
-                if o.checked_add(len)
-                    .is_some_and(|e| e <= self.bytes.len() as u64) =>
-            {
-                Ok(o as usize)
-            }
-            _ => Err(Fault {
-                iova: a,
-                pasid: 1,
-                access,
-                reason: FaultReason::Unmapped,
-            }),
-        }
-    }
-    fn put(&mut self, a: u64, data: &[u8]) {
-        let o = (a - BASE) as usize;
-        self.bytes[o..o + data.len()].copy_from_slice(data);
-    }
-    fn get(&self, a: u64, len: usize) -> Vec<u8> {
-        let o = (a - BASE) as usize;
-        self.bytes[o..o + len].to_vec()
-    }
-}
-
-impl Dma<'static> for Mem {
-    fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), Fault> {
-        let s = self.off(src, len, Access::Read)?;
-        let d = self.off(dst, len, Access::Write)?;
-        self.bytes.copy_within(s..s + len as usize, d);
-        Ok(())
-    }
-    fn read(&mut self, src: u64, buf: &mut [u8]) -> Result<(), Fault> {
-        let s = self.off(src, buf.len() as u64, Access::Read)?;
-        buf.copy_from_slice(&self.bytes[s..s + buf.len()]);
-        Ok(())
-    }
-    fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), Fault> {
-        let d = self.off(dst, data.len() as u64, Access::Write)?;
-        self.bytes[d..d + data.len()].copy_from_slice(data);
-        Ok(())
-    }
-    fn slice(&mut self, iova: u64, len: u64, access: Access) -> Option<DeviceSlice<'static>> {
-        if !self.direct {
-            return None;
-        }
-        let o = self.off(iova, len, access).ok()?;
-        // SAFETY: inside `bytes`, which is never resized and outlives every
-        // request a test runs (the 'static is the test's promise).
-        Some(unsafe { DeviceSlice::from_raw(self.bytes.as_mut_ptr().add(o), len as usize) })
-    }
-    fn probe(&mut self, iova: u64, len: u64, access: Access) -> Result<(), Fault> {
-        self.off(iova, len, access).map(|_| ())
-    }
-    fn hold(&mut self, iova: u64, len: u64, access: Access) -> Option<HeldSlice> {
-        if !self.direct {
-            return None;
-        }
-        let o = self.off(iova, len, access).ok()?;
-        // SAFETY: as in `slice`: `bytes` outlives every request a test runs.
-        Some(unsafe {
-            HeldSlice::from_host_addr(self.bytes.as_ptr() as u64 + o as u64, len as usize)
-        })
-    }
-}
-
-fn run(q: &mut SecQueue, mem: &mut Mem, d: Desc) -> Desc {
-    let mut d = d;
-    q.process(&mut d, mem);
-    d
-}
-
-fn session(q: &mut SecQueue, mem: &mut Mem, alg: Alg, key: &[u8]) -> u64 {
-    let key_addr = BASE + 0x8000;
-    mem.put(key_addr, key);
-    let d = run(q, mem, SessionNew::new(alg, key, key_addr).encode());
-    assert_eq!(d.status, 0, "session for {}", alg.name());
-    d.result
-}
 
 fn openssl_cipher(alg: Alg) -> Cipher {
     Cipher::from_nid(match alg.name().as_str() {
