@@ -463,6 +463,12 @@ impl EngineLoop {
         if !self.queues[i].parked.is_empty() {
             worked += self.serve_parked(i, batch)?;
             batch.clear();
+            // A stalled request holds its queue: nothing sent after it
+            // overtakes it (the next part of its session would run on a
+            // chain or hash that lacks it).
+            if !self.queues[i].parked.is_empty() {
+                return Ok(worked);
+            }
         }
         if self.queues[i].register_driven {
             return self.serve_registers(i);
@@ -549,9 +555,12 @@ impl EngineLoop {
                     (done, budget - spent),
                 )
             };
-            let mut big = false;
-            match (parked, progress) {
-                (Some(p), _) => s.parked.push(Parked { desc: orig, ..p }),
+            let big = match (parked, progress) {
+                (Some(p), _) => {
+                    // The rest of the pass waits behind it, in order.
+                    s.parked.push(Parked { desc: orig, ..p });
+                    break;
+                }
                 (None, Progress::More(upto)) => {
                     s.partial = Some((orig, upto));
                     break;
@@ -563,10 +572,10 @@ impl EngineLoop {
                     let n = if d.status == 0 { s.dev.bytes_of(&d) } else { 0 };
                     bytes += n;
                     spent += n.saturating_sub(done).max(1);
-                    big = n >= POST_AT_ONCE;
                     out.push(d);
+                    n >= POST_AT_ONCE
                 }
-            }
+            };
             // Post a large request's completion at once (its owner can use
             // the result while the next ones are processed; a strict unshare
             // of its buffers still waits for this section to end); small

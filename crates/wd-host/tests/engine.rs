@@ -209,3 +209,74 @@ fn flood(device: &str, alg: &str) {
         waited.as_secs_f64() / one.as_secs_f64()
     );
 }
+
+/// A request that stalls holds its queue: the next part of its session,
+/// sent after it, waits for it, so the digest covers both parts in order.
+/// It used to run at once, and the final part came back with status 0 and
+/// the digest of its own data alone.
+#[test]
+fn a_stalled_request_is_not_overtaken() {
+    use wd_sec::msg::{DigestOp, SessionNew, F_DIGEST_FINAL, F_INIT};
+    use wd_sec::{Alg, Hash};
+    use wrapdrive::{FaultPolicy, InvalidationMode};
+    let _serial = serial();
+    let host = Host::embedded(vec![DeviceConfig::new("sec")]).unwrap();
+    let h = HostConn::connect(host.address()).unwrap();
+    let mut q = h.request_queue(&Capability::new("digest")).unwrap();
+    let d = q
+        .call(SessionNew::new(Alg::Digest(Hash::Sha256), &[], 0).encode())
+        .unwrap();
+    assert_eq!(d.status, 0);
+    let session = d.result;
+    let (a, b, out) = (
+        SharedBuf::new(4096).unwrap(),
+        SharedBuf::new(4096).unwrap(),
+        SharedBuf::new(4096).unwrap(),
+    );
+    a.write(0, &[0xaa; 4096]);
+    b.write(0, &[0xbb; 4096]);
+    q.share(a.addr(), 4096).unwrap();
+    q.share(out.addr(), 4096).unwrap();
+    q.set_iommu_policy(InvalidationMode::Strict, FaultPolicy::Stall)
+        .unwrap();
+    let part = |flags, src| {
+        DigestOp {
+            session,
+            alg: None,
+            flags,
+            src,
+            len: 4096,
+            out: out.addr(),
+        }
+        .encode()
+    };
+    // b is not shared yet: its part stalls; a's final part comes after.
+    q.send(part(F_INIT, b.addr()), 1).unwrap();
+    q.send(part(F_DIGEST_FINAL, a.addr()), 2).unwrap();
+    let mut seq = None;
+    wd_testutil::wait_until("the stall", || {
+        seq = q.faults(8).unwrap().events.first().map(|e| e.seq);
+        seq.is_some()
+    });
+    // Time for the engine to run what follows, if it would.
+    std::thread::sleep(Duration::from_millis(100));
+    q.share(b.addr(), 4096).unwrap();
+    q.resume_fault(seq.unwrap(), true).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let c = q.recv_sync(Some(Duration::from_secs(5))).unwrap();
+        got.push((c.cookie, c.desc.status));
+    }
+    assert_eq!(got, [(1, 0), (2, 0)], "completions out of order");
+    let mut both = vec![0xbb; 4096];
+    both.extend_from_slice(&[0xaa; 4096]);
+    assert_eq!(out.read_vec(0, 32), openssl_sha256(&both));
+}
+
+fn openssl_sha256(data: &[u8]) -> Vec<u8> {
+    let mut c = wd_sec::evp::DigestCtx::new(wd_sec::Hash::Sha256).unwrap();
+    c.update(data).unwrap();
+    let mut out = [0u8; 64];
+    let n = c.finish(&mut out).unwrap();
+    out[..n].to_vec()
+}
