@@ -233,6 +233,10 @@ impl SecQueue {
         desc: &Desc,
         dma: &mut dyn Dma<'_>,
     ) -> Result<(), ()> {
+        // Only a queue with the engine bursts what it gathers.
+        if self.mb.is_none() {
+            return Err(());
+        }
         let Ok(Request::Cipher(op)) = msg::decode(desc) else {
             return Err(());
         };
