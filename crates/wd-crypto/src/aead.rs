@@ -20,6 +20,8 @@ enum Path {
     Undecided,
     Device {
         lane: LaneId,
+        /// The thread whose lane it is (see `lane::thread_mark`).
+        thread: std::thread::ThreadId,
         handle: u64,
         started: bool,
     },
@@ -46,6 +48,9 @@ impl std::fmt::Debug for Aead {
             .finish()
     }
 }
+
+/// Most additional data a message sends with its first device request.
+const MAX_DEVICE_AAD: usize = SLOT / 2;
 
 fn gone() -> CryptoError {
     CryptoError::Device {
@@ -277,12 +282,17 @@ impl Aead {
         if !matches!(self.path, Path::Undecided) {
             return Ok(());
         }
-        if route::choose(Kind::Cipher, n.max(self.aad.len()), false) == Route::Device {
+        // The first request carries the additional data, the data and the
+        // tag in one staging slot: more than half a slot of additional
+        // data is hashed here.
+        let fits = self.aad.len() <= MAX_DEVICE_AAD;
+        if fits && route::choose(Kind::Cipher, n.max(self.aad.len()), false) == Route::Device {
             let r = lane::with_lane(Kind::Cipher, |lane| Ok((lane.id, self.handle_for(lane)?)));
             match r {
                 Ok(Ok((lane, handle))) => {
                     self.path = Path::Device {
                         lane,
+                        thread: lane::thread_mark(),
                         handle,
                         started: false,
                     };
@@ -354,12 +364,16 @@ impl Aead {
     ) -> Result<()> {
         let Path::Device {
             lane: id,
+            thread,
             handle,
             started,
         } = self.path
         else {
             unreachable!("device path")
         };
+        if thread != lane::thread_mark() {
+            return Err(lane::elsewhere("this message"));
+        }
         let start = !started;
         let r = lane::with_open_lane(Kind::Cipher, |lane| {
             if lane.id != id {
@@ -412,7 +426,9 @@ impl Aead {
             lane.put_slot(slot);
             r
         });
-        if let Path::Device { started, .. } = &mut self.path {
+        // Started once a request went through: one refused before it was
+        // sent (Busy) starts the message again next time.
+        if let (Path::Device { started, .. }, Ok(Ok(()))) = (&mut self.path, &r) {
             *started = true;
         }
         match r {

@@ -14,7 +14,7 @@ use wd_sec_msg::{CipherOp, F_ENCRYPT, F_IV};
 use wrapdrive::SharedSpan;
 
 use crate::config;
-use crate::lane::{self, device_status, Kind, Lane, LaneId, NoLane, SLOT};
+use crate::lane::{self, device_status, Kind, Lane, LaneId, NoLane, SLOT, SLOTS};
 use crate::route::{self, Route, Stopwatch};
 use crate::stats::{self, Why};
 use crate::{CryptoError, Result};
@@ -139,7 +139,14 @@ impl Drop for Key {
     }
 }
 
-/// A request in flight (see [`Cipher::start`]).
+/// A request in flight (see [`Cipher::start`]). It is finished on the
+/// thread that started it: its parts are on that thread's queue, so it
+/// cannot be sent to another thread.
+///
+/// ```compile_fail
+/// fn needs_send<T: Send>(_: T) {}
+/// fn job(j: wd_crypto::Job) { needs_send(j) }
+/// ```
 #[derive(Debug)]
 #[must_use = "a started request must be finished to get its output and free its slots"]
 pub struct Job {
@@ -149,6 +156,9 @@ pub struct Job {
     done_on_cpu: bool,
     /// The device writes the caller's shared memory: nothing to copy out.
     in_place: bool,
+    /// The thread that started it (the C API can carry a job anywhere).
+    thread: std::thread::ThreadId,
+    _on_this_thread: std::marker::PhantomData<*const ()>,
 }
 
 #[derive(Debug)]
@@ -168,11 +178,17 @@ struct Part {
 
 impl Job {
     fn cpu(len: usize) -> Job {
+        Job::device(Vec::new(), len, true)
+    }
+
+    fn device(parts: Vec<Part>, len: usize, done_on_cpu: bool) -> Job {
         Job {
-            parts: Vec::new(),
+            parts,
             len,
-            done_on_cpu: true,
+            done_on_cpu,
             in_place: false,
+            thread: lane::thread_mark(),
+            _on_this_thread: std::marker::PhantomData,
         }
     }
 
@@ -191,6 +207,10 @@ impl Job {
         self.done_on_cpu
     }
 }
+
+/// Most of a synchronous request in flight at once: half the staging
+/// area, so this thread's asynchronous jobs keep room beside it.
+const WINDOW: usize = SLOT * SLOTS / 2;
 
 /// The tracked part of a stream's state, saved to redo a request.
 type Saved = ([u8; 16], usize, bool);
@@ -213,6 +233,9 @@ pub struct Cipher {
     cpu_keyed: Option<Direction>,
     /// Device requests of this stream not yet finished.
     in_flight: usize,
+    /// CBC encryption: the part whose output is the stream's chaining
+    /// value (the last one sent); jobs may finish in any order.
+    cbc_tail: Option<(LaneId, u64)>,
 }
 
 impl std::fmt::Debug for Cipher {
@@ -287,6 +310,7 @@ impl Cipher {
             cpu: None,
             cpu_keyed: None,
             in_flight: 0,
+            cbc_tail: None,
         })
     }
 
@@ -459,6 +483,7 @@ impl Cipher {
         self.check(n)?;
         let routed = self.route_sync(n, offload);
         let direct = matches!(routed.0, Route::Device)
+            && n <= WINDOW
             && !input.overlaps(&output)
             && self.ctr_head(n) == 0
             && self.reach(&[input, output]);
@@ -498,11 +523,21 @@ impl Cipher {
     }
 
     fn route_sync(&self, n: usize, offload: bool) -> (Route, bool) {
+        if self.too_long_for_a_slot(n) {
+            return (Route::Cpu(Why::Policy), false);
+        }
         if offload {
             (Route::Device, false)
         } else {
             self.route(n, false)
         }
+    }
+
+    /// An XTS data unit goes to the device in one request, which a
+    /// staging slot bounds: a longer one is computed here (cut in slots,
+    /// each piece would start again from the tweak).
+    fn too_long_for_a_slot(&self, n: usize) -> bool {
+        self.mode == Mode::Xts && n > SLOT
     }
 
     fn update_routed(&mut self, mut io: Io<'_>, routed: (Route, bool)) -> Result<usize> {
@@ -517,24 +552,44 @@ impl Cipher {
             }
             (Route::Device, timed) => timed,
         };
-        let watch = Stopwatch::start(timed);
         let head = self.ctr_head(n);
         if head > 0 {
             self.cpu_update(io.reborrow().head(head))?;
             stats::on_cpu(head, Why::Policy);
         }
+        // A window at a time (the staging area bounds what is in flight),
+        // each one chained on from the last.
+        let mut at = head;
+        while at < n {
+            let w = (n - at).min(WINDOW);
+            let watch = Stopwatch::start(timed);
+            self.device_window(io.reborrow().tail(at).head(w), watch)?;
+            at += w;
+        }
+        Ok(n)
+    }
+
+    /// One window of a synchronous request on the device. Without a free
+    /// slot for each of its pieces (this thread's jobs in flight hold
+    /// them) it is computed here, the caller waiting either way, unless
+    /// requests of this stream are in flight (then the stream's chain is
+    /// the device's, and the window fails with Busy, nothing sent).
+    fn device_window(&mut self, mut io: Io<'_>, watch: Stopwatch) -> Result<usize> {
+        let n = io.len();
         let saved = self.saved();
         let alone = self.in_flight == 0;
-        let src = self.source(&io, head);
+        let src = self.source(&io, 0);
         let in_place = matches!(src, Src::Shared { .. });
-        let r = match self.submit(src, head)? {
-            Ok(mut job) => {
+        let r = match self.submit(src, 0) {
+            Ok(Ok(mut job)) => {
                 job.in_place = in_place;
                 self.complete(job, io.output(), true).map(|_| ())
             }
-            Err(why) => Err((host_gone("no queue"), Some(why))),
+            Ok(Err(why)) => Err((host_gone("no queue"), Some(why))),
+            Err(CryptoError::Busy) => Err((CryptoError::Busy, Some(Why::NoQueue))),
+            Err(e) => return Err(e),
         };
-        self.after_device(r, saved, alone, watch, n, |c| c.cpu_update(io.tail(head)))
+        self.after_device(r, saved, alone, watch, n, |c| c.cpu_update(io))
     }
 
     /// Where the device finds the request from `head` on: in place, when
@@ -649,31 +704,44 @@ impl Cipher {
     fn start_io(&mut self, mut io: Io<'_>, offload: bool) -> Result<Job> {
         let n = io.len();
         self.check(n)?;
-        if let (Route::Cpu(why), _) = self.route_async(n, offload) {
+        let routed = self.route_async(n, offload);
+        if let (Route::Cpu(why), _) = routed {
             self.cpu_update(io)?;
             stats::on_cpu(n, why);
             return Ok(Job::cpu(n));
         }
+        if n > WINDOW {
+            // More than the staging area holds at once: run now, a window
+            // at a time, and hand back a finished job.
+            self.update_routed(io, routed)?;
+            return Ok(Job::cpu(n));
+        }
+        // Saved before the head: a request refused (Busy) must leave the
+        // stream where it was, so that it can be sent again.
+        let saved = self.saved();
         let head = self.ctr_head(n);
         if head > 0 {
             self.cpu_update(io.reborrow().head(head))?;
             stats::on_cpu(head, Why::Policy);
         }
-        let saved = self.saved();
         let src = self.source(&io, head);
         let in_place = matches!(src, Src::Shared { .. });
-        match self.submit(src, head)? {
-            Ok(mut job) => {
+        match self.submit(src, head) {
+            Ok(Ok(mut job)) => {
                 job.len = n;
                 job.in_place = in_place;
                 Ok(job)
             }
-            Err(why) => {
+            Ok(Err(why)) => {
                 self.restore(saved);
                 no_fallback(why)?;
-                self.cpu_update(io.tail(head))?;
-                stats::on_cpu(n - head, why);
+                self.cpu_update(io)?;
+                stats::on_cpu(n, why);
                 Ok(Job::cpu(n))
+            }
+            Err(e) => {
+                self.restore(saved);
+                Err(e)
             }
         }
     }
@@ -688,6 +756,9 @@ impl Cipher {
     }
 
     fn route_async(&self, n: usize, offload: bool) -> (Route, bool) {
+        if self.too_long_for_a_slot(n) {
+            return (Route::Cpu(Why::Policy), false);
+        }
         if offload {
             (Route::Device, false)
         } else {
@@ -698,8 +769,19 @@ impl Cipher {
     /// CTR in the middle of a keystream block: the device can only start
     /// on a block boundary, so this many bytes are done here first.
     fn ctr_head(&mut self, n: usize) -> usize {
-        if self.mode != Mode::Ctr || matches!(self.chain, Chain::Device(_)) {
+        if self.mode != Mode::Ctr {
             return 0;
+        }
+        if let Chain::Device(id) = self.chain {
+            // The device goes on from the middle of a block only on the
+            // lane that holds the chain; another lane (another thread's,
+            // or this thread's made again) starts from the tracked
+            // counter at a block boundary.
+            let here = lane::with_open_lane(Kind::Cipher, |l| Ok(l.id == id));
+            if matches!(here, Ok(Ok(true))) {
+                return 0;
+            }
+            self.chain = Chain::Fresh;
         }
         let _ = self.sync_from_cpu();
         if self.ctr_used == 0 {
@@ -759,12 +841,7 @@ impl Cipher {
         match r {
             Ok(Ok(parts)) => {
                 self.in_flight += parts.len();
-                Ok(Ok(Job {
-                    parts,
-                    len: base + src.len(),
-                    done_on_cpu: false,
-                    in_place: false,
-                }))
+                Ok(Ok(Job::device(parts, base + src.len(), false)))
             }
             Ok(Err(e)) => Err(e),
             Err(NoLane::NoQueue) if self.in_flight == 0 => Ok(Err(Why::NoQueue)),
@@ -778,6 +855,12 @@ impl Cipher {
     fn device_submit(&mut self, lane: &mut Lane, src: Src<'_>, base: usize) -> Result<Vec<Part>> {
         let handle = self.handle_for(lane)?;
         let total = src.len();
+        // Every piece gets a slot, or none is sent: a request sent in
+        // part would leave its pieces on the device, their slots taken
+        // and the chain moved on, behind a Busy.
+        if total.div_ceil(SLOT) > lane.free_slots() {
+            return Err(CryptoError::Busy);
+        }
         let mut parts = Vec::with_capacity(total.div_ceil(SLOT));
         let mut off = 0;
         while off < total {
@@ -840,6 +923,11 @@ impl Cipher {
             };
             self.chain = Chain::Device(lane.id);
             self.advance_chain(len, &tail[..tail_len]);
+            let last_of_cbc_encrypt =
+                self.mode == Mode::Cbc && self.dir == Direction::Encrypt && off + len == total;
+            if last_of_cbc_encrypt {
+                self.cbc_tail = Some((lane.id, token));
+            }
             parts.push(Part {
                 lane: lane.id,
                 token,
@@ -847,9 +935,7 @@ impl Cipher {
                 out,
                 offset: base + off,
                 len,
-                last_of_cbc_encrypt: self.mode == Mode::Cbc
-                    && self.dir == Direction::Encrypt
-                    && off + len == total,
+                last_of_cbc_encrypt,
             });
             off += len;
         }
@@ -893,6 +979,12 @@ impl Cipher {
         if job.done_on_cpu {
             return Ok(Ok(job.len));
         }
+        if job.thread != lane::thread_mark() {
+            // Its parts are on another thread's queue: an error for this
+            // call, not a host gone (this thread's queue stays).
+            self.abandon(&job);
+            return Err((lane::elsewhere("this job"), None));
+        }
         if !job.in_place && output.len() < job.len {
             self.abandon(&job);
             return Err((
@@ -918,7 +1010,9 @@ impl Cipher {
                 self.in_flight -= 1;
                 match device_status(d.status, "cipher") {
                     Ok(()) => {
-                        let last = p.last_of_cbc_encrypt && self.chain == Chain::Device(p.lane);
+                        let last = p.last_of_cbc_encrypt
+                            && self.chain == Chain::Device(p.lane)
+                            && self.cbc_tail == Some((p.lane, p.token));
                         match p.out {
                             Some(out) => {
                                 if last {

@@ -18,7 +18,12 @@ enum State {
     /// Nothing sent anywhere: data waits in `buf`.
     Gathering,
     /// Streaming through a device session.
-    Device { lane: LaneId, handle: u64 },
+    Device {
+        lane: LaneId,
+        /// The thread whose lane it is (see `lane::thread_mark`).
+        thread: std::thread::ThreadId,
+        handle: u64,
+    },
     /// Streaming through a CPU context.
     Cpu(DigestCtx),
 }
@@ -202,7 +207,11 @@ impl Digest {
             });
             match r {
                 Ok(Ok((lane, handle))) => {
-                    self.state = State::Device { lane, handle };
+                    self.state = State::Device {
+                        lane,
+                        thread: lane::thread_mark(),
+                        handle,
+                    };
                     return Ok(());
                 }
                 Ok(Err(e)) => return Err(e),
@@ -227,8 +236,15 @@ impl Digest {
                 let len = ctx.finish(&mut out)?;
                 Ok(Some(out[..len].to_vec()))
             }
-            State::Device { lane: id, handle } => {
+            State::Device {
+                lane: id,
+                thread,
+                handle,
+            } => {
                 let (id, handle) = (*id, *handle);
+                if *thread != lane::thread_mark() {
+                    return Err(lane::elsewhere("this digest"));
+                }
                 let alg = self.alg;
                 let r = lane::with_open_lane(Kind::Digest, |lane| {
                     if lane.id != id {
@@ -323,7 +339,10 @@ fn request(
 impl Drop for Digest {
     fn drop(&mut self) {
         self.key.fill(0);
-        if let State::Device { lane: id, handle } = self.state {
+        if let State::Device {
+            lane: id, handle, ..
+        } = self.state
+        {
             let _ = lane::with_open_lane(Kind::Digest, |lane| {
                 if lane.id == id {
                     lane.free_session(handle);

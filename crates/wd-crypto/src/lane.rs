@@ -46,6 +46,26 @@ impl Kind {
 /// (possibly re-created) lane.
 pub type LaneId = u64;
 
+/// A request found on another lane than its own: another thread's (a
+/// session, job or message moved between threads), not a host that went
+/// away, so this thread's lane stays.
+pub fn elsewhere(what: &str) -> CryptoError {
+    CryptoError::Device {
+        status: wrapdrive::Status::BadState,
+        message: format!(
+            "{what} belongs to another thread's queue: finish it on the thread that started it"
+        ),
+    }
+}
+
+/// This thread's mark, kept by each part of a request, so that one met on
+/// another lane tells another thread's (an error) from a lane of this
+/// thread made again after a restart (the host went away).
+pub fn thread_mark() -> std::thread::ThreadId {
+    thread_local!(static MARK: std::thread::ThreadId = std::thread::current().id());
+    MARK.with(|m| *m)
+}
+
 fn next_lane_id() -> LaneId {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
@@ -164,6 +184,11 @@ impl Lane {
     /// Take a staging slot (None when all are in flight).
     pub fn take_slot(&mut self) -> Option<u16> {
         self.free_slots.pop()
+    }
+
+    /// Staging slots free now.
+    pub fn free_slots(&self) -> usize {
+        self.free_slots.len()
     }
 
     /// Give a slot back.

@@ -1,0 +1,319 @@
+//! Cipher and AEAD sessions at the edges of the staging area and of their
+//! lanes, against OpenSSL (embedded host): XTS units longer than a slot,
+//! requests longer than the staging area or than its free slots, jobs
+//! finished out of order, CTR streams moving to another lane, additional
+//! data that fills a slot, a message moved to another thread.
+
+use std::sync::Mutex;
+
+use openssl::symm::{Cipher as OCipher, Crypter, Mode as OMode};
+use wd_crypto::{config, Aead, Cipher, CryptoError, Direction, Policy};
+
+static SETTINGS: Mutex<()> = Mutex::new(());
+
+fn setup(policy: Policy, threshold: usize) -> std::sync::MutexGuard<'static, ()> {
+    std::env::set_var("WD_CRYPTO_HOST", "embedded");
+    wd_embedded::install();
+    let g = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
+    config::set_policy(policy);
+    config::set_threshold(threshold);
+    config::set_fallback(true);
+    g
+}
+
+fn ocipher(name: &str) -> OCipher {
+    match name {
+        "aes-128-ecb" => OCipher::aes_128_ecb(),
+        "aes-128-cbc" => OCipher::aes_128_cbc(),
+        "aes-128-ctr" => OCipher::aes_128_ctr(),
+        "aes-128-xts" => OCipher::aes_128_xts(),
+        "aes-128-gcm" => OCipher::aes_128_gcm(),
+        n => panic!("{n}"),
+    }
+}
+
+fn reference(name: &str, key: &[u8], iv: Option<&[u8]>, data: &[u8], enc: bool) -> Vec<u8> {
+    let mode = if enc { OMode::Encrypt } else { OMode::Decrypt };
+    let mut c = Crypter::new(ocipher(name), mode, key, iv).unwrap();
+    c.pad(false);
+    let mut out = vec![0u8; data.len() + 32];
+    let n = c.update(data, &mut out).unwrap();
+    let m = c.finalize(&mut out[n..]).unwrap();
+    out.truncate(n + m);
+    out
+}
+
+fn bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// An XTS data unit longer than one staging slot (64 KiB) is cut into
+/// slot-sized requests, each sent with F_IV and the same tweak: every
+/// piece after the first is encrypted as a new data unit.
+#[test]
+fn xts_unit_longer_than_a_slot_matches_openssl() {
+    let _g = setup(Policy::Offload, 0);
+    let key = bytes(32, 1);
+    let tweak = bytes(16, 2);
+    for len in [100_000usize, 65536 + 16] {
+        let data = bytes(len, 3);
+        let mut c = Cipher::new("aes-128-xts", &key, Direction::Encrypt).unwrap();
+        c.set_iv(&tweak).unwrap();
+        let mut out = vec![0u8; len];
+        let r = c.update(&data, &mut out);
+        let want = reference("aes-128-xts", &key, Some(&tweak), &data, true);
+        assert!(r.is_ok(), "len {len}: {r:?}");
+        let first_bad = out.iter().zip(&want).position(|(a, b)| a != b);
+        assert_eq!(
+            first_bad, None,
+            "len {len}: XTS output differs from OpenSSL"
+        );
+    }
+}
+
+/// CBC encryption: two async jobs finished in the opposite order leave
+/// the tracked IV at the first job's last block; the next request that
+/// runs on the CPU (below the threshold) starts from that stale IV.
+#[test]
+fn cbc_jobs_finished_out_of_order_then_cpu_request() {
+    let _g = setup(Policy::Offload, 256);
+    let key = bytes(16, 11);
+    let iv = bytes(16, 12);
+    let data = bytes(4096 * 2 + 32, 13);
+    let want = reference("aes-128-cbc", &key, Some(&iv), &data, true);
+    let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
+    c.set_iv(&iv).unwrap();
+    let mut out = vec![0u8; data.len()];
+    let (o1, rest) = out.split_at_mut(4096);
+    let (o2, o3) = rest.split_at_mut(4096);
+    let j1 = c.start(&data[..4096], o1).unwrap();
+    let j2 = c.start(&data[4096..8192], o2).unwrap();
+    assert!(!j1.is_done() && !j2.is_done(), "both on the device");
+    c.finish(j2, o2).unwrap();
+    c.finish(j1, o1).unwrap();
+    // 32 bytes: below the threshold, on the CPU.
+    c.update(&data[8192..], o3).unwrap();
+    assert_eq!(&out[..8192], &want[..8192], "device part");
+    assert_eq!(
+        &out[8192..],
+        &want[8192..],
+        "CPU part after out-of-order finish"
+    );
+}
+
+/// CTR: a device request that ends inside a keystream block, then the
+/// stream continued on another lane (here: the session moved to another
+/// thread; the same happens after a lane is re-made on a restarted host):
+/// `ctr_head` skips the CPU head because the chain is "on a device", but
+/// the new lane starts with F_IV at the block boundary, ignoring the bytes
+/// already used of that block.
+#[test]
+fn ctr_partial_block_continued_on_another_lane() {
+    let _g = setup(Policy::Offload, 0);
+    let key = bytes(16, 21);
+    let iv = bytes(16, 22);
+    let data = bytes(100 + 4000, 23);
+    let want = reference("aes-128-ctr", &key, Some(&iv), &data, true);
+    let mut c = Cipher::new("aes-128-ctr", &key, Direction::Encrypt).unwrap();
+    c.set_iv(&iv).unwrap();
+    let mut out = vec![0u8; data.len()];
+    c.update(&data[..100], &mut out[..100]).unwrap();
+    let (data2, out2) = (&data[100..], &mut out[100..]);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            c.update(data2, out2).unwrap();
+        });
+    });
+    assert_eq!(&out[..100], &want[..100]);
+    let first_bad = out.iter().zip(&want).position(|(a, b)| a != b);
+    assert_eq!(first_bad, None, "CTR continued on another lane differs");
+}
+
+/// A synchronous update longer than the lane's 64 staging slots (4 MiB)
+/// fails with Busy after sending 64 pieces, whose slots are never given
+/// back: the thread's lane is dead for every later device request.
+#[test]
+fn update_longer_than_the_staging_area() {
+    let _g = setup(Policy::Offload, 0);
+    let key = bytes(16, 31);
+    let iv = bytes(16, 32);
+    let data = bytes(5 << 20, 33);
+    let mut c = Cipher::new("aes-128-ctr", &key, Direction::Encrypt).unwrap();
+    c.set_iv(&iv).unwrap();
+    let mut out = vec![0u8; data.len()];
+    let r = c.update(&data, &mut out);
+    let big = match &r {
+        Ok(_) => None,
+        Err(e) => Some(format!("{e:?}")),
+    };
+    // Whatever happened above, a small request of another session on this
+    // thread must work.
+    let mut d = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
+    let small = bytes(4096, 34);
+    let mut o = vec![0u8; 4096];
+    let r2 = d.update(&small, &mut o).map_err(|e| format!("{e:?}"));
+    assert_eq!(
+        (big, r2),
+        (None, Ok(4096)),
+        "5 MiB update, then a 4 KiB request of another session on the same thread"
+    );
+    assert_eq!(out, reference("aes-128-ctr", &key, Some(&iv), &data, true));
+}
+
+/// A start that runs out of slots half way returns Busy, but the pieces it
+/// already sent stay on the device (slots leaked, session chain and
+/// tracked IV advanced): retrying the same data then succeeds with the
+/// wrong output.
+#[test]
+fn busy_half_way_then_retry_gives_wrong_output() {
+    let _g = setup(Policy::Offload, 0);
+    let key = bytes(16, 41);
+    let iv = bytes(16, 42);
+    // 60 slots taken by another session's jobs.
+    let mut filler = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
+    let fill = bytes(64 << 10, 43);
+    let mut fill_out: Vec<Vec<u8>> = (0..60).map(|_| vec![0u8; 64 << 10]).collect();
+    let mut jobs = Vec::new();
+    for o in fill_out.iter_mut() {
+        jobs.push(filler.start_offload(&fill, o).unwrap());
+    }
+    // 8 slots needed, 4 free.
+    let data = bytes(8 * (64 << 10), 44);
+    let mut out = vec![0u8; data.len()];
+    let mut c = Cipher::new("aes-128-ctr", &key, Direction::Encrypt).unwrap();
+    c.set_iv(&iv).unwrap();
+    let e = c.start_offload(&data, &mut out).unwrap_err();
+    assert!(matches!(e, CryptoError::Busy), "{e:?}");
+    for (j, o) in jobs.into_iter().zip(fill_out.iter_mut()) {
+        filler.finish(j, o).unwrap();
+    }
+    // The caller retries the same request (EAGAIN).
+    let r = c.update(&data, &mut out).map_err(|e| format!("{e:?}"));
+    let want = reference("aes-128-ctr", &key, Some(&iv), &data, true);
+    let ok = out == want;
+    assert!(
+        r.is_err() || ok,
+        "retry after Busy succeeded with wrong output"
+    );
+    assert!(r.is_ok() && ok, "retry after Busy: {r:?}");
+}
+
+/// GCM with additional data near MAX_AAD (64 KiB, accepted by `aad`): the
+/// streaming update computes `SLOT - 16 - aad.len()` and underflows.
+#[test]
+fn gcm_with_large_aad_and_data() {
+    let _g = setup(Policy::Offload, 0);
+    let key = bytes(16, 51);
+    let iv = bytes(12, 52);
+    let aad = bytes(65530, 53);
+    let pt = bytes(64, 54);
+    let mut a = Aead::new("aes-128-gcm", &key).unwrap();
+    let mut ct = vec![0u8; pt.len()];
+    let mut tag = [0u8; 16];
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        a.seal(&iv, &aad, &pt, &mut ct, &mut tag)
+    }));
+    match r {
+        Err(p) => panic!(
+            "seal panicked: {:?}",
+            p.downcast_ref::<String>()
+                .cloned()
+                .or(p.downcast_ref::<&str>().map(|s| s.to_string()))
+        ),
+        Ok(r) => {
+            r.unwrap();
+        }
+    }
+    let want = openssl::symm::encrypt_aead(
+        ocipher("aes-128-gcm"),
+        &key,
+        Some(&iv),
+        &aad,
+        &pt,
+        &mut [0u8; 16],
+    )
+    .unwrap();
+    assert_eq!(ct, want);
+}
+
+/// GMAC (no data) with additional data that fills the slot: the tag is
+/// placed after the AAD, past the end of the request's slot, in the next
+/// slot, which another request of the thread owns: that request's output
+/// is overwritten and it completes with success.
+#[test]
+fn gmac_tag_written_into_another_requests_slot() {
+    let _g = setup(Policy::Offload, 0);
+    let key = bytes(16, 61);
+    let ekey = bytes(16, 62);
+    let mut ecb = Cipher::new("aes-128-ecb", &ekey, Direction::Encrypt).unwrap();
+    let a_in = bytes(4096, 63);
+    let b_in = bytes(4096, 64);
+    let mut a_out = vec![0u8; 4096];
+    let mut b_out = vec![0u8; 4096];
+    let ja = ecb.start_offload(&a_in, &mut a_out).unwrap();
+    let jb = ecb.start_offload(&b_in, &mut b_out).unwrap();
+    assert!(!ja.is_done() && !jb.is_done());
+    ecb.finish(ja, &mut a_out).unwrap();
+    // A's slot is free again; B's (the next one) still holds B's result.
+    let mut g = Aead::new("aes-128-gcm", &key).unwrap();
+    let aad = bytes(65530, 65);
+    g.begin(Direction::Encrypt, &bytes(12, 66)).unwrap();
+    g.aad(&aad).unwrap();
+    let mut tag = [0u8; 16];
+    g.finish_seal(&mut tag).unwrap();
+    ecb.finish(jb, &mut b_out).unwrap();
+    let want_b = reference("aes-128-ecb", &ekey, None, &b_in, true);
+    let bad: Vec<usize> = (0..4096).filter(|&i| b_out[i] != want_b[i]).collect();
+    assert!(
+        bad.is_empty(),
+        "B's output differs at {bad:?}; B's first bytes {:02x?}, the GMAC tag {:02x?}",
+        &b_out[..10],
+        &tag[6..]
+    );
+    let mut otag = [0u8; 16];
+    openssl::symm::encrypt_aead(
+        ocipher("aes-128-gcm"),
+        &key,
+        Some(&bytes(12, 66)),
+        &aad,
+        &[],
+        &mut otag,
+    )
+    .unwrap();
+    assert_eq!(tag, otag);
+}
+
+/// A GCM message begun on one thread and continued on another is an error
+/// for that call, and the other thread's own requests go on: its queue is
+/// not taken for a host that went away.
+#[test]
+fn a_message_continued_on_another_thread() {
+    let _g = setup(Policy::Offload, 0);
+    let key = bytes(16, 71);
+    let mut a = Aead::new("aes-128-gcm", &key).unwrap();
+    let mut ct = vec![0u8; 64];
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            a.begin(Direction::Encrypt, &bytes(12, 72)).unwrap();
+            a.update(&bytes(64, 73), &mut ct).unwrap();
+        });
+    });
+    let ekey = bytes(16, 74);
+    let mut ecb = Cipher::new("aes-128-ecb", &ekey, Direction::Encrypt).unwrap();
+    let input = bytes(4096, 75);
+    let mut out = vec![0u8; 4096];
+    let job = ecb.start_offload(&input, &mut out).unwrap();
+    assert!(!job.is_done());
+    let e = a.update(&bytes(64, 76), &mut ct).unwrap_err();
+    assert!(e.to_string().contains("another thread"), "{e}");
+    ecb.finish(job, &mut out).unwrap();
+    assert_eq!(out, reference("aes-128-ecb", &ekey, None, &input, true));
+}
