@@ -201,9 +201,14 @@ struct Served {
 }
 
 impl Served {
-    /// Whether the completion ring has room for one more request besides
-    /// those taken and not yet completed.
+    /// Whether a waiting submission can be taken: the completion ring has
+    /// room for one more request besides those taken and not yet
+    /// completed, and no stalled request holds the queue (its resolution
+    /// rings the doorbell; one that times out is met when the sleep does).
     fn room_to_complete(&mut self) -> bool {
+        if !self.parked.is_empty() {
+            return false;
+        }
         let kept = self.held.len()
             + self.parked.len()
             + self.backlog.len()

@@ -280,3 +280,140 @@ fn openssl_sha256(data: &[u8]) -> Vec<u8> {
     let n = c.finish(&mut out).unwrap();
     out[..n].to_vec()
 }
+
+/// A stalled request holds its queue, and the requests sent behind it are
+/// not work the engine can do: it sleeps until the stall is resolved
+/// (it spun a core meanwhile).
+#[test]
+fn an_engine_sleeps_behind_a_stalled_request() {
+    use wrapdrive::{FaultPolicy, InvalidationMode};
+    let _serial = serial();
+    let host = Host::embedded(vec![DeviceConfig::new("dummy")]).unwrap();
+    let h = HostConn::connect(host.address()).unwrap();
+    let mut q = h
+        .request_queue(&Capability::new("memcpy").depth(16))
+        .unwrap();
+    let a = SharedBuf::new(8192).unwrap();
+    let b = SharedBuf::new(4096).unwrap();
+    q.share(a.addr(), 8192).unwrap();
+    q.set_iommu_policy(InvalidationMode::Strict, FaultPolicy::Stall)
+        .unwrap();
+    let copy = |src, dst| CopyMsg { src, dst, len: 64 }.to_desc(0);
+    // From b, not shared: it stalls.
+    q.send(copy(b.addr(), a.addr()), 1).unwrap();
+    let mut seq = None;
+    wd_testutil::wait_until("the stall", || {
+        seq = q.faults(8).unwrap().events.first().map(|e| e.seq);
+        seq.is_some()
+    });
+    q.send(copy(a.addr(), a.addr() + 4096), 2).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let load = engine_load(Duration::from_secs(1));
+    q.share(b.addr(), 4096).unwrap();
+    q.resume_fault(seq.unwrap(), true).unwrap();
+    for cookie in [1, 2] {
+        let c = q.recv_sync(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!((c.cookie, c.desc.status), (cookie, 0));
+    }
+    assert!(
+        load < 0.2,
+        "the engine spun ({load:.2} s of CPU per second) behind a stalled request"
+    );
+}
+
+/// On a SHARE_ALL queue memory is reached only as it is used, so a digest
+/// through the bounce path can fault after hashing part of its data. The
+/// request then fails with -EIO (no stall: a retry would hash that part
+/// twice) and its message is lost: a continuation is refused, a new
+/// message is right. It used to stall, and the retry completed with
+/// status 0 and a wrong digest.
+#[test]
+fn a_share_all_digest_that_faults_half_way_loses_its_message() {
+    use wd_sec::msg::{DigestOp, SessionNew, F_DIGEST_FINAL, F_INIT};
+    use wd_sec::{Alg, Hash};
+    use wrapdrive::{FaultPolicy, InvalidationMode};
+    const LEN: usize = 1 << 20;
+    const HOLE: usize = 768 << 10;
+    let _serial = serial();
+    let mut cfg = wd_host::HostConfig {
+        socket: format!("@wd-engine-test-{}", std::process::id()),
+        socket_mode: 0o600,
+        devices: vec![DeviceConfig::new("sec")],
+        ..wd_host::HostConfig::default()
+    };
+    // A pass long enough for several bounce chunks of 256 KiB.
+    cfg.limits.pass_bytes = 1 << 20;
+    let host = Host::start(&cfg).unwrap();
+    let h = HostConn::connect(host.address()).unwrap();
+    let mut q = h
+        .request_queue(&Capability::new("digest").flags(CAPA_SHARE_ALL))
+        .unwrap();
+    let d = q
+        .call(SessionNew::new(Alg::Digest(Hash::Sha256), &[], 0).encode())
+        .unwrap();
+    assert_eq!(d.status, 0);
+    let session = d.result;
+    let data: Vec<u8> = (0..LEN).map(|i| (i * 7 + i / 4096) as u8).collect();
+    // SAFETY: a fresh private anonymous mapping, nobody else's memory.
+    let buf = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            LEN,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(buf, libc::MAP_FAILED);
+    let buf = buf.cast::<u8>();
+    // SAFETY: the mapping is LEN bytes, writable, and ours.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf, LEN) };
+    let out = vec![0u8; 64];
+    let op = |flags, src: u64, len: usize| {
+        DigestOp {
+            session,
+            alg: None,
+            flags,
+            src,
+            len: len as u64,
+            out: out.as_ptr() as u64,
+        }
+        .encode()
+    };
+    let head = vec![5u8; 4096];
+    assert_eq!(
+        q.call(op(F_INIT, head.as_ptr() as u64, 4096))
+            .unwrap()
+            .status,
+        0
+    );
+    q.set_iommu_policy(InvalidationMode::Strict, FaultPolicy::Stall)
+        .unwrap();
+    // The last quarter goes: three bounce chunks are hashed, the fourth
+    // faults.
+    // SAFETY: the tail of our own mapping; nothing refers to it.
+    assert_eq!(unsafe { libc::munmap(buf.add(HOLE).cast(), LEN - HOLE) }, 0);
+    let c = q
+        .call(op(0, buf as u64, LEN))
+        .expect("completes, does not stall");
+    assert_eq!(c.status, -5, "EIO");
+    // SAFETY: what is left of our mapping.
+    assert_eq!(unsafe { libc::munmap(buf.cast(), HOLE) }, 0);
+    assert_eq!(
+        q.call(op(F_DIGEST_FINAL, 0, 0)).unwrap().status,
+        -22,
+        "EINVAL"
+    );
+    let whole = data.as_ptr() as u64;
+    assert_eq!(
+        q.call(op(F_INIT, head.as_ptr() as u64, 4096))
+            .unwrap()
+            .status,
+        0
+    );
+    assert_eq!(q.call(op(F_DIGEST_FINAL, whole, LEN)).unwrap().status, 0);
+    let mut all = head.clone();
+    all.extend_from_slice(&data);
+    assert_eq!(&out[..32], &openssl_sha256(&all)[..]);
+}

@@ -418,7 +418,16 @@ impl SecQueue {
             return Ok(op.len);
         }
         let xts = mode == Mode::Xts;
-        dma::cipher_dma(ctx, op.dst, op.src, len, dma, &mut self.bounce, xts)?;
+        if let Err(f) = dma::cipher_dma(ctx, op.dst, op.src, len, dma, &mut self.bounce, xts) {
+            if f.taken {
+                // The context moved on part way: the message is lost, and
+                // the request is no fault to stall and retry (-EIO).
+                *started = mode == Mode::Ecb;
+                *chain = Chain::None;
+                return Err(status::EIO);
+            }
+            return Err(f.status);
+        }
         if gcm && op.flags & F_FINAL != 0 {
             let mut tag = [0u8; 16];
             let tag = &mut tag[..op.tag_len as usize];
@@ -477,15 +486,18 @@ impl SecQueue {
         }
         let r = dma::digest_dma(ctx, op.src, op.len as usize, dma, &mut self.bounce);
         // A request that failed half way leaves no half-hashed state
-        // behind, and the message is lost. -EFAULT comes before the hash
-        // took anything (memory reached in place is translated whole
-        // first, the rest checked first by `dma::reach`): the state
-        // stays, for a stall's retry.
-        if r.is_err_and(|st| st != status::EFAULT) {
-            let _ = ctx.restart();
-            *lost = true;
+        // behind, and the message is lost. One that failed before the
+        // hash took anything (memory reached in place is translated whole
+        // first, the rest checked first by `dma::reach`) keeps the state,
+        // for a stall's retry.
+        if let Err(f) = r {
+            if f.taken {
+                let _ = ctx.restart();
+                *lost = true;
+                return Err(status::EIO);
+            }
+            return Err(f.status);
         }
-        r?;
         if op.flags & F_DIGEST_FINAL == 0 {
             return Ok(0);
         }

@@ -218,7 +218,9 @@ pub(crate) fn cbc_now(
     dma::reach(dma, op.src, op.len, Access::Read)?;
     dma::reach(dma, op.dst, op.len, Access::Write)?;
     cbc_alone(s, iv, |ctx| {
+        // (The chain is used up whatever happened: nothing to lose.)
         dma::cipher_dma(ctx, op.dst, op.src, op.len as usize, dma, bounce, false)
+            .map_err(|f| f.status)
     })?;
     Ok(op.len)
 }
