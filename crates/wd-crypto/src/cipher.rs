@@ -158,6 +158,9 @@ pub struct Job {
     in_place: bool,
     /// The thread that started it (the C API can carry a job anywhere).
     thread: std::thread::ThreadId,
+    /// The first of its parts that failed, kept until the job is finished
+    /// (a poll may see it before the other parts are done).
+    failed: Option<CryptoError>,
     _on_this_thread: std::marker::PhantomData<*const ()>,
 }
 
@@ -188,6 +191,7 @@ impl Job {
             done_on_cpu,
             in_place: false,
             thread: lane::thread_mark(),
+            failed: None,
             _on_this_thread: std::marker::PhantomData,
         }
     }
@@ -992,7 +996,7 @@ impl Cipher {
                 None,
             ));
         }
-        let mut first_err: Option<CryptoError> = None;
+        let mut first_err = job.failed.take();
         let r = lane::with_open_lane(Kind::Cipher, |lane| {
             while let Some(p) = job.parts.first() {
                 if p.lane != lane.id {
@@ -1031,9 +1035,12 @@ impl Cipher {
                         }
                     }
                     Err(e) => {
-                        // The device's chain is now unknown: restart it from
-                        // the tracked IV next time.
+                        // The device lost the message (docs/sec-device.md),
+                        // and the stream cannot go on from the middle of a
+                        // request that failed: it ends, and the next one
+                        // needs an IV (ECB none).
                         self.chain = Chain::Fresh;
+                        self.iv_set = self.mode == Mode::Ecb;
                         first_err.get_or_insert(e);
                     }
                 }
@@ -1046,7 +1053,10 @@ impl Cipher {
                 Some(e) => Err((e, None)),
                 None => Ok(Ok(job.len)),
             },
-            Ok(Ok(false)) => Ok(Err(job)),
+            Ok(Ok(false)) => {
+                job.failed = first_err;
+                Ok(Err(job))
+            }
             Ok(Err(e)) => {
                 self.abandon(&job);
                 Err((e, None))

@@ -785,7 +785,9 @@ impl EngineLoop {
                         }
                     }
                 }
-                if next == batch.len() || spent >= budget {
+                // Nothing more starts on memory that vanished: what is left
+                // is failed with the queue.
+                if next == batch.len() || spent >= budget || q.state() == QueueState::Broken {
                     break;
                 }
                 let orig = batch[next];
@@ -827,6 +829,8 @@ impl EngineLoop {
                 wd_sys::guard::guarded(|| catch_unwind(AssertUnwindSafe(|| s.dev.poll(reported))));
             if r.is_err() || vanished.is_some() {
                 q.set_state(QueueState::Broken);
+                // What this pass finished still completes.
+                let _ = s.view.complete(out);
                 return Err(());
             }
             for (token, d) in reported.drain(..) {
