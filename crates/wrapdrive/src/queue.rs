@@ -1348,29 +1348,36 @@ impl Queue {
         self.wait_armed = false;
         self.wait_signalled = false;
         self.last_liveness = Instant::now();
-        for s in &self.shares {
-            match &s.fd {
-                Some((fd, off)) => self.map_on_host(s.iova, s.size, fd.as_fd(), *off)?,
-                None => {
-                    let loc = crate::buf::locate(s.iova, s.size).ok_or_else(|| {
-                        ClientError::new(
-                            Status::BadState,
-                            format!("shared memory at {:#x} was freed while shared", s.iova),
-                        )
-                    })?;
-                    self.map_on_host(s.iova, s.size, loc.fd(), loc.offset_of(s.iova))?
+        let restored: Result<()> = (|| {
+            for s in &self.shares {
+                match &s.fd {
+                    Some((fd, off)) => self.map_on_host(s.iova, s.size, fd.as_fd(), *off)?,
+                    None => {
+                        let loc = crate::buf::locate(s.iova, s.size).ok_or_else(|| {
+                            ClientError::new(
+                                Status::BadState,
+                                format!("shared memory at {:#x} was freed while shared", s.iova),
+                            )
+                        })?;
+                        self.map_on_host(s.iova, s.size, loc.fd(), loc.offset_of(s.iova))?
+                    }
                 }
             }
-        }
-        if let Some((mode, faults)) = self.iommu_policy {
-            self.apply_iommu_policy(mode, faults)?;
-        }
+            if let Some((mode, faults)) = self.iommu_policy {
+                self.apply_iommu_policy(mode, faults)?;
+            }
+            Ok(())
+        })();
+        // Without its memory or policy on the new host nothing is sent
+        // again: every request in flight completes as restarted (a waiter
+        // would otherwise wait on the new ring for ever).
+        let redo = self.redo.filter(|_| restored.is_ok());
         let mut again = Vec::new();
         for slot in 0..self.slots.len() {
             let Some(cookie) = self.slots[slot] else {
                 continue;
             };
-            if self.redo.is_some_and(|safe| safe(&self.sent[slot])) {
+            if redo.is_some_and(|safe| safe(&self.sent[slot])) {
                 again.push((self.sent[slot], slot as u64));
                 continue;
             }
@@ -1385,6 +1392,7 @@ impl Queue {
             }
             self.recovery.failed += 1;
         }
+        restored?;
         let n = self
             .view
             .submit_with(&again, |(d, slot)| (d, *slot))

@@ -22,12 +22,16 @@ fn child_entry() {
         return;
     };
     assert_eq!(role, "host");
-    let cfg = HostConfig {
+    let mut cfg = HostConfig {
         socket: std::env::var("WD_TEST_SOCKET").unwrap(),
         socket_mode: 0o600,
         devices: vec![DeviceConfig::new("dummy")],
         ..HostConfig::default()
     };
+    if let Ok(n) = std::env::var("WD_TEST_SHARES") {
+        cfg.limits.shares_per_uid = n.parse().unwrap();
+        cfg.limits.exempt_owner = false;
+    }
     let _h = wd_host::Host::start(&cfg).expect("host starts");
     report("ready");
     let mut sink = Vec::new();
@@ -36,10 +40,19 @@ fn child_entry() {
 
 /// A host process on `socket`, returned once it serves.
 fn start_host(socket: &str) -> Role {
+    start_host_with(socket, &[])
+}
+
+/// The same with environment variables for the host (`WD_TEST_SHARES`:
+/// the shares one user may have, the owner not exempt).
+fn start_host_with(socket: &str, env: &[(&str, &str)]) -> Role {
     // A killed host leaves its socket file behind.
     let _ = std::fs::remove_file(socket);
     let mut c = Role::command("host");
     c.env("WD_TEST_SOCKET", socket).stdin(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
     let mut role = Role::spawn(c);
     assert_eq!(role.read_report(), "ready");
     role
@@ -257,5 +270,58 @@ fn an_unshare_on_a_dead_host_is_not_undone_by_the_restart() {
         q.faults(8).unwrap(),
         a.addr(),
         b.addr()
+    );
+}
+
+/// A restarted host that refuses the queue's memory (its limit on shares
+/// is lower): nothing is sent again, every request in flight completes as
+/// restarted instead of waiting for ever on the new ring, and the error
+/// names the limit.
+#[test]
+fn a_restart_that_cannot_share_the_memory_again_fails_what_was_in_flight() {
+    let mut s = setup("wd-reconnect-refused");
+    let mut q = s
+        .conn
+        .request_queue(&Capability::new("memcpy").depth(16))
+        .unwrap();
+    q.set_redo_policy(wd_dummy_msg::redo_safe);
+    let src = SharedBuf::new(LEN).unwrap();
+    let dst = SharedBuf::new(3 * LEN).unwrap();
+    q.share(src.addr(), src.len()).unwrap();
+    q.share(dst.addr(), dst.len()).unwrap();
+    freeze(&s.host);
+    for i in 0..3 {
+        q.send(copy(src.addr(), dst.addr() + (i * LEN) as u64), i as u64)
+            .unwrap();
+    }
+    kill(&mut s.host);
+    s.host = start_host_with(&s.socket, &[("WD_TEST_SHARES", "1")]);
+    let mut done = Vec::new();
+    let mut errors = Vec::new();
+    let t = Instant::now();
+    while done.len() < 3 {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "waiting: {done:?} {errors:?}"
+        );
+        match q.recv_sync(Some(Duration::from_secs(2))) {
+            Ok(c) => done.push((c.cookie, c.desc.status)),
+            Err(e) => {
+                assert_ne!(
+                    e.status(),
+                    Status::Again,
+                    "a request never completed: {done:?}"
+                );
+                errors.push(e.to_string());
+            }
+        }
+    }
+    assert!(
+        done.iter().all(|&(_, st)| st == STATUS_RESTARTED),
+        "{done:?}"
+    );
+    assert!(
+        errors.iter().any(|e| e.contains("shares_per_uid")),
+        "{errors:?}"
     );
 }
