@@ -225,7 +225,9 @@ impl Costs {
         if n == 0 {
             return;
         }
-        let per_byte = took.as_nanos() as f64 / n as f64;
+        // Never zero (a coarse clock): two zero estimates would make the
+        // probe interval NaN, and every request a probe.
+        let per_byte = (took.as_nanos() as f64 / n as f64).max(f64::MIN_POSITIVE);
         let est = &mut classes[class(n)];
         let slot = if on_cpu { &mut est.cpu } else { &mut est.dev };
         // A running minimum that drifts up slowly: a path's first timing
@@ -362,6 +364,25 @@ mod tests {
         );
         assert_eq!("offload".parse::<Policy>(), Ok(Policy::Offload));
         assert!("fast".parse::<Policy>().is_err());
+    }
+
+    /// Timings of zero (a coarse clock) still leave the router choosing
+    /// and probing now and then, not probing on every request.
+    #[test]
+    fn zero_timings_do_not_make_every_request_a_probe() {
+        let mut c = Costs::new(1);
+        let mut probes = 0;
+        for _ in 0..10_000 {
+            let d = decide(&AUTO, || Queue::Ready, &mut c, req(10_000, false));
+            if d.timed {
+                c.record(0, 10_000, d.route != Route::Device, Duration::ZERO);
+            }
+            probes += usize::from(d.route == Route::Device);
+        }
+        assert!(
+            probes < 100,
+            "{probes} of 10000 requests went the other way"
+        );
     }
 
     /// Against a model: with each path's cost fixed, the router settles
