@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{run, session, Mem, BASE};
+use common::{mem, run, session, set_direct, Mem, BASE};
 use openssl::symm::{Cipher, Crypter, Mode as Dir};
 use proptest::prelude::*;
 use wd_device::{status, DeviceQueue, Progress, Started};
@@ -55,26 +55,7 @@ fn reference(alg: Alg, key: &[u8], iv: &[u8], data: &[u8], encrypt: bool) -> Vec
 }
 
 fn cipher_op(session: u64, flags: u16, src: u64, dst: u64, len: usize, iv: &[u8]) -> Desc {
-    let mut ivb = [0u8; 16];
-    ivb[..iv.len()].copy_from_slice(iv);
-    CipherOp {
-        session,
-        flags: if flags & F_IV != 0 {
-            flags
-        } else {
-            flags & !F_IV
-        },
-        src,
-        dst,
-        len: len as u64,
-        iv: ivb,
-        iv_len: if flags & F_IV != 0 { iv.len() as u8 } else { 0 },
-        aad: 0,
-        aad_len: 0,
-        tag: 0,
-        tag_len: 0,
-    }
-    .encode()
+    common::cipher(session, flags, src, dst, len, iv).encode()
 }
 
 const STREAM_MODES: [&str; 9] = [
@@ -116,7 +97,7 @@ proptest! {
             .collect();
         let total: usize = lens.iter().sum();
         let data: Vec<u8> = (0..total).map(|i| (seed.wrapping_mul(i as u64 + 1) >> 13) as u8).collect();
-        let mut mem = Mem::new(0x10000 + 2 * total, direct);
+        let mut mem = mem(0x10000 + 2 * total, direct);
         let src = BASE;
         let dst = if in_place { BASE } else { BASE + 0x10000 };
         mem.put(src, &data);
@@ -150,7 +131,7 @@ proptest! {
     ) {
         let alg = Alg::by_name(if big { "aes-256-gcm" } else { "aes-128-gcm" }).unwrap();
         let key = &key[..alg.key_len()];
-        let mut mem = Mem::new(0x10000, direct);
+        let mut mem = mem(0x10000, direct);
         let (src, dst, aad_at, tag_at) = (BASE, BASE + 0x1000, BASE + 0x2000, BASE + 0x3000);
         mem.put(src, &data);
         mem.put(aad_at, &aad);
@@ -211,7 +192,7 @@ proptest! {
         } else {
             openssl::hash::hash(md, &data).unwrap().to_vec()
         };
-        let mut mem = Mem::new(0x10000, direct);
+        let mut mem = mem(0x10000, direct);
         mem.put(BASE, &data);
         let mut q = SecQueue::new(TYPE_DIGEST);
         let alg = if hmac { Alg::Hmac(h) } else { Alg::Digest(h) };
@@ -259,7 +240,7 @@ fn xts_known_answer_ieee_1619_vector_4() {
     let want_start = hex("27a7479befa1d476489f308cd4cfa6e2a96e4bbe3208ff25287dd3819616e89c");
     let alg = Alg::by_name("aes-128-xts").unwrap();
     for direct in [true, false] {
-        let mut mem = Mem::new(0x10000, direct);
+        let mut mem = mem(0x10000, direct);
         mem.put(BASE, &pt);
         let mut q = SecQueue::new(TYPE_CIPHER);
         let s = session(&mut q, &mut mem, alg, &key);
@@ -301,7 +282,7 @@ fn gcm_known_answer_test_case_4() {
     );
     let tag = hex("5bc94fbc3221a5db94fae95ae7121a47");
     let alg = Alg::by_name("aes-128-gcm").unwrap();
-    let mut mem = Mem::new(0x10000, true);
+    let mut mem = mem(0x10000, true);
     mem.put(BASE, &pt);
     mem.put(BASE + 0x2000, &aad);
     let mut q = SecQueue::new(TYPE_CIPHER);
@@ -350,7 +331,7 @@ fn the_driver_counts_live_sessions_across_queues() {
         let a = drv.attributes();
         a.iter().find(|a| a.0 == "sessions").unwrap().1.clone()
     };
-    let mut mem = Mem::new(0x10000, true);
+    let mut mem = mem(0x10000, true);
     let alg = Alg::by_name("aes-128-cbc").unwrap();
     let key_addr = BASE + 0x8000;
     mem.put(key_addr, &[1; 16]);
@@ -377,7 +358,7 @@ fn the_driver_counts_live_sessions_across_queues() {
 
 #[test]
 fn sessions_are_bounded_checked_and_freed() {
-    let mut mem = Mem::new(0x10000, true);
+    let mut mem = mem(0x10000, true);
     let mut q = SecQueue::new(TYPE_CIPHER);
     let alg = Alg::by_name("aes-128-cbc").unwrap();
     let s = session(&mut q, &mut mem, alg, &[1; 16]);
@@ -451,7 +432,7 @@ fn long_hmac_keys_travel_by_address() {
     // RFC 4231 test case 6.
     let data = b"Test Using Larger Than Block-Size Key - Hash Key First";
     let want = hex("60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
-    let mut mem = Mem::new(0x10000, false);
+    let mut mem = mem(0x10000, false);
     mem.put(BASE, data);
     let mut q = SecQueue::new(TYPE_DIGEST);
     let s = session(&mut q, &mut mem, Alg::Hmac(Hash::Sha256), &key);
@@ -475,7 +456,7 @@ fn long_hmac_keys_travel_by_address() {
 /// Issue 9: a queue's `bytes` counter counts data, not session handles.
 #[test]
 fn bytes_count_data_not_handles() {
-    let mut mem = Mem::new(0x10000, true);
+    let mut mem = mem(0x10000, true);
     let mut q = SecQueue::new(TYPE_CIPHER);
     let alg = Alg::by_name("aes-128-cbc").unwrap();
     let key_addr = BASE + 0x8000;
@@ -514,7 +495,7 @@ fn a_request_that_faults_changes_nothing() {
     let outside = BASE + 0x10000 - 16;
     for direct in [true, false] {
         for name in ["aes-128-cbc", "aes-128-ctr"] {
-            let mut mem = Mem::new(0x10000, direct);
+            let mut mem = mem(0x10000, direct);
             let mut q = SecQueue::new(TYPE_CIPHER);
             let alg = Alg::by_name(name).unwrap();
             let (key, iv) = ([7u8; 16], [9u8; 16]);
@@ -538,7 +519,7 @@ fn a_request_that_faults_changes_nothing() {
                 "{name}, direct {direct}: the retried part continues the chain"
             );
         }
-        let mut mem = Mem::new(0x10000, direct);
+        let mut mem = mem(0x10000, direct);
         let mut q = SecQueue::new(TYPE_DIGEST);
         let d = run(
             &mut q,
@@ -610,7 +591,7 @@ fn pieces_equal_whole_requests() {
     ] {
         let alg = Alg::by_name(name).unwrap();
         let key: Vec<u8> = (0..alg.key_len() as u8).collect();
-        let mut mem = Mem::new(0x200000, true);
+        let mut mem = mem(0x200000, true);
         mem.put(src, &data[..n]);
         mem.put(aad_at, b"additional data");
         let (mut whole_q, mut piece_q) = (SecQueue::new(TYPE_CIPHER), SecQueue::new(TYPE_CIPHER));
@@ -675,7 +656,7 @@ fn pieces_equal_whole_requests() {
     }
     // Digests: one long request against the same in pieces.
     for alg in [Alg::Digest(Hash::Sha256), Alg::Hmac(Hash::Sha1)] {
-        let mut mem = Mem::new(0x200000, true);
+        let mut mem = mem(0x200000, true);
         mem.put(src, &data);
         let (mut q1, mut q2) = (SecQueue::new(TYPE_DIGEST), SecQueue::new(TYPE_DIGEST));
         let key = if matches!(alg, Alg::Hmac(_)) {
@@ -784,7 +765,7 @@ proptest! {
         ];
         let mut q = SecQueue::with_engine(TYPE_CIPHER, Some(e));
         prop_assert!(q.asynchronous());
-        let mut mem = Mem::new(1 << 20, true);
+        let mut mem = mem(1 << 20, true);
         // Each stream: its session, parts (in blocks) and where they live.
         struct Stream { alg: Alg, encrypt: bool, key: Vec<u8>, iv: [u8; 16], plain: Vec<u8>, parts: Vec<(u64, u64, usize)>, next: usize }
         let mut all = Vec::new();
@@ -813,7 +794,7 @@ proptest! {
         let mut b = 0;
         while all.iter().any(|s| s.next < s.parts.len()) {
             let want = batch_sizes[b % batch_sizes.len()];
-            mem.direct = direct[b % direct.len()];
+            set_direct(&mut mem, direct[b % direct.len()]);
             b += 1;
             let mut batch = Vec::new();
             while batch.len() < want && all.iter().any(|s| s.next < s.parts.len()) {
@@ -849,7 +830,7 @@ fn multi_buffer_streams_check_their_chaining() {
         return;
     };
     let mut q = SecQueue::with_engine(TYPE_CIPHER, Some(e));
-    let mut mem = Mem::new(1 << 16, true);
+    let mut mem = mem(1 << 16, true);
     let alg = Alg::by_name("aes-128-cbc").unwrap();
     let key = [3u8; 16];
     let iv = [9u8; 16];
@@ -889,7 +870,7 @@ fn long_requests_run_in_pieces_in_order() {
         return;
     };
     let mut q = SecQueue::with_engine(TYPE_CIPHER, Some(e));
-    let mut mem = Mem::new(12 << 20, true);
+    let mut mem = mem(12 << 20, true);
     let cbc = Alg::by_name("aes-128-cbc").unwrap();
     let ctr = Alg::by_name("aes-256-ctr").unwrap();
     let (k1, k2) = ([5u8; 16], [6u8; 32]);
@@ -967,7 +948,7 @@ fn a_long_request_that_cannot_be_held_is_cut_by_the_engine() {
         return;
     };
     let mut q = SecQueue::with_engine(TYPE_CIPHER, Some(e));
-    let mut mem = Mem::new(8 << 20, false);
+    let mut mem = mem(8 << 20, false);
     let cbc = Alg::by_name("aes-128-cbc").unwrap();
     let (key, iv) = ([9u8; 16], [3u8; 16]);
     let s = session(&mut q, &mut mem, cbc, &key);

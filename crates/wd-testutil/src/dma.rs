@@ -7,11 +7,13 @@
 //! (the engine slices memory a client shared); [`FlatMemory::set_slices`]
 //! turns it off, so they take their `read`/`write` paths instead (the
 //! engine's way to a client's own memory, reached through its
-//! descriptor). `hold` says no: a device runs the request now, which is
-//! what a test driving it pass by pass wants.
+//! descriptor). `hold` says no unless [`FlatMemory::set_holds`] asks for
+//! it: a device then keeps requests as an asynchronous one does.
+//! [`FlatMemory::set_hole`] makes a range fault, as memory the client
+//! unshared while a request ran does.
 #![allow(unsafe_code)]
 
-use wd_device::{Access, DeviceSlice, Dma, Fault, FaultReason};
+use wd_device::{Access, DeviceSlice, Dma, Fault, FaultReason, HeldSlice};
 
 /// `len` bytes of client memory at IOVA `base`.
 ///
@@ -24,6 +26,8 @@ pub struct FlatMemory {
     base: u64,
     bytes: Vec<u8>,
     slices: bool,
+    holds: bool,
+    hole: Option<(u64, u64)>,
 }
 
 impl FlatMemory {
@@ -33,7 +37,21 @@ impl FlatMemory {
             base,
             bytes: vec![0; len],
             slices: true,
+            holds: false,
+            hole: None,
         }
+    }
+
+    /// Whether `hold` hands out held slices (false at first), letting an
+    /// asynchronous device keep requests.
+    pub fn set_holds(&mut self, on: bool) {
+        self.holds = on;
+    }
+
+    /// Make `[start, end)` fault for the device (None: nothing does); the
+    /// test's own `put` and `get` still reach it.
+    pub fn set_hole(&mut self, hole: Option<(u64, u64)>) {
+        self.hole = hole;
     }
 
     /// Whether `slice` hands out in-place slices (true at first) or
@@ -57,15 +75,21 @@ impl FlatMemory {
         self.bytes.is_empty()
     }
 
-    /// The offset of `[a, a + len)`, or the fault an access there takes.
+    /// The offset of `[a, a + len)` in the memory, if it is inside.
+    fn inside(&self, a: u64, len: u64) -> Option<usize> {
+        let o = a.checked_sub(self.base)?;
+        let end = o.checked_add(len)?;
+        (end <= self.bytes.len() as u64).then_some(o as usize)
+    }
+
+    /// The offset of `[a, a + len)` for the device, or the fault an access
+    /// there takes.
     fn off(&self, a: u64, len: u64, access: Access) -> Result<usize, Fault> {
-        match a.checked_sub(self.base) {
-            Some(o)
-                if o.checked_add(len)
-                    .is_some_and(|e| e <= self.bytes.len() as u64) =>
-            {
-                Ok(o as usize)
-            }
+        let in_hole = self
+            .hole
+            .is_some_and(|(h0, h1)| a < h1 && a.saturating_add(len) > h0);
+        match self.inside(a, len) {
+            Some(o) if !in_hole => Ok(o),
             _ => Err(Fault {
                 iova: a,
                 pasid: 1,
@@ -78,15 +102,13 @@ impl FlatMemory {
     /// Write `data` at `a` (the client's own store). Panics outside: a
     /// test addressing memory it does not have is wrong.
     pub fn put(&mut self, a: u64, data: &[u8]) {
-        let o = self
-            .off(a, data.len() as u64, Access::Write)
-            .expect("inside");
+        let o = self.inside(a, data.len() as u64).expect("inside");
         self.bytes[o..o + data.len()].copy_from_slice(data);
     }
 
     /// `len` bytes at `a`. Panics outside.
     pub fn get(&self, a: u64, len: usize) -> Vec<u8> {
-        let o = self.off(a, len as u64, Access::Read).expect("inside");
+        let o = self.inside(a, len as u64).expect("inside");
         self.bytes[o..o + len].to_vec()
     }
 }
@@ -125,6 +147,19 @@ impl Dma<'static> for FlatMemory {
         // gets the slice through `&mut dyn Dma<'_>` and cannot keep it
         // past the call that borrows `self` (see the type's docs).
         Some(unsafe { DeviceSlice::from_raw(self.bytes.as_mut_ptr().add(o), len as usize) })
+    }
+
+    fn hold(&mut self, iova: u64, len: u64, access: Access) -> Option<HeldSlice> {
+        if !self.holds {
+            return None;
+        }
+        let o = self.off(iova, len, access).ok()?;
+        // SAFETY: inside `bytes`, which is never resized; a test that lets
+        // a device hold memory keeps the memory until the device reported
+        // every request it held (the promise `set_holds` asks for).
+        Some(unsafe {
+            HeldSlice::from_host_addr(self.bytes.as_ptr() as u64 + o as u64, len as usize)
+        })
     }
 }
 
