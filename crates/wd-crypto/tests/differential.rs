@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use openssl::symm::{Cipher as OCipher, Crypter, Mode as OMode};
 use proptest::prelude::*;
 use wd_crypto::{config, stats, Aead, Cipher, CryptoError, Digest, Direction, Policy};
+use wd_testutil::noise;
 
 /// Settings are process-wide: tests that change them run one at a time.
 static SETTINGS: Mutex<()> = Mutex::new(());
@@ -60,18 +61,6 @@ const STREAMS: [&str; 6] = [
     "aes-256-ctr",
 ];
 
-fn bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
 fn set(policy: Policy, threshold: usize) {
     config::set_policy(policy);
     config::set_threshold(threshold);
@@ -97,13 +86,13 @@ proptest! {
         }
         let name = STREAMS[which];
         let ctr = name.ends_with("ctr");
-        let key = bytes(32, seed ^ 1);
+        let key = noise(32, seed ^ 1);
         let key = &key[..wd_crypto::Alg::by_name(name).unwrap().key_len()];
-        let iv = bytes(16, seed ^ 2);
+        let iv = noise(16, seed ^ 2);
         let iv = if name.ends_with("ecb") { &iv[..0] } else { &iv[..] };
         let lens: Vec<usize> = pieces.iter().map(|&p| if ctr { p * 5 } else { p / 8 * 16 }).collect();
         let total: usize = lens.iter().sum();
-        let data = bytes(total, seed);
+        let data = noise(total, seed);
         let dir = if encrypt { Direction::Encrypt } else { Direction::Decrypt };
         let mut c = Cipher::new(name, key, dir).unwrap();
         if !iv.is_empty() {
@@ -145,13 +134,13 @@ proptest! {
         }
         let name = STREAMS[which];
         let ctr = name.ends_with("ctr");
-        let key = bytes(32, seed ^ 1);
+        let key = noise(32, seed ^ 1);
         let key = &key[..wd_crypto::Alg::by_name(name).unwrap().key_len()];
-        let iv = bytes(16, seed ^ 2);
+        let iv = noise(16, seed ^ 2);
         let iv = if name.ends_with("ecb") { &iv[..0] } else { &iv[..] };
         let lens: Vec<usize> = pieces.iter().map(|&p| if ctr { p * 5 } else { p / 8 * 16 }).collect();
         let total: usize = lens.iter().sum();
-        let data = bytes(total, seed);
+        let data = noise(total, seed);
         let dir = if encrypt { Direction::Encrypt } else { Direction::Decrypt };
         let mut c = Cipher::new(name, key, dir).unwrap();
         if !iv.is_empty() {
@@ -217,10 +206,10 @@ proptest! {
         let _g = setup();
         set(if offload { Policy::Offload } else { Policy::Cpu }, 0);
         let name = if big { "aes-256-gcm" } else { "aes-128-gcm" };
-        let key = bytes(if big { 32 } else { 16 }, seed ^ 3);
-        let iv = bytes(12, seed ^ 4);
-        let aad = bytes(aad_len, seed ^ 5);
-        let pt = bytes(len, seed);
+        let key = noise(if big { 32 } else { 16 }, seed ^ 3);
+        let iv = noise(12, seed ^ 4);
+        let aad = noise(aad_len, seed ^ 5);
+        let pt = noise(len, seed);
         let mut a = Aead::new(name, &key).unwrap();
         let mut ct = vec![0u8; len];
         let mut tag = [0u8; 16];
@@ -259,9 +248,9 @@ proptest! {
             openssl::hash::MessageDigest::sha384(),
             openssl::hash::MessageDigest::sha512(),
         ][which];
-        let key = bytes(key_len, seed ^ 9);
+        let key = noise(key_len, seed ^ 9);
         let total: usize = pieces.iter().sum();
-        let data = bytes(total, seed);
+        let data = noise(total, seed);
         let want = if hmac {
             let k = openssl::pkey::PKey::hmac(&key).unwrap();
             let mut s = openssl::sign::Signer::new(md, &k).unwrap();
@@ -289,9 +278,9 @@ fn scatter_lists_match_one_contiguous_message() {
     let _g = setup();
     for policy in [Policy::Offload, Policy::Cpu] {
         set(policy, 0);
-        let key = bytes(32, 5);
-        let iv = bytes(16, 6);
-        let data = bytes(100_000, 7);
+        let key = noise(32, 5);
+        let iv = noise(16, 6);
+        let data = noise(100_000, 7);
         // Pieces of uneven (whole-block) sizes, one larger than a staging slot.
         let cuts = [0, 16, 4096, 4096 + 70_000, data.len()];
         let inputs: Vec<&[u8]> = cuts.windows(2).map(|w| &data[w[0]..w[1]]).collect();
@@ -314,13 +303,13 @@ fn xts_data_units_match_openssl() {
     set(Policy::Offload, 0);
     for name in ["aes-128-xts", "aes-256-xts"] {
         let klen = wd_crypto::Alg::by_name(name).unwrap().key_len();
-        let key = bytes(klen, 77);
+        let key = noise(klen, 77);
         let mut c = Cipher::new(name, &key, Direction::Encrypt).unwrap();
         for (unit, len) in [(0u64, 512usize), (1, 4096), (2, 17), (3, 100)] {
             let mut tweak = [0u8; 16];
             tweak[..8].copy_from_slice(&unit.to_le_bytes());
             c.set_iv(&tweak).unwrap();
-            let data = bytes(len, unit);
+            let data = noise(len, unit);
             let mut out = vec![0u8; len];
             c.update(&data, &mut out).unwrap();
             assert_eq!(

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 
 use openssl::symm::{Cipher as OCipher, Crypter, Mode as OMode};
 use wd_crypto::{config, Aead, Cipher, CryptoError, Direction, Policy};
+use wd_testutil::noise;
 
 static SETTINGS: Mutex<()> = Mutex::new(());
 
@@ -43,28 +44,16 @@ fn reference(name: &str, key: &[u8], iv: Option<&[u8]>, data: &[u8], enc: bool) 
     out
 }
 
-fn bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
 /// An XTS data unit longer than one staging slot (64 KiB) is cut into
 /// slot-sized requests, each sent with F_IV and the same tweak: every
 /// piece after the first is encrypted as a new data unit.
 #[test]
 fn xts_unit_longer_than_a_slot_matches_openssl() {
     let _g = setup(Policy::Offload, 0);
-    let key = bytes(32, 1);
-    let tweak = bytes(16, 2);
+    let key = noise(32, 1);
+    let tweak = noise(16, 2);
     for len in [100_000usize, 65536 + 16] {
-        let data = bytes(len, 3);
+        let data = noise(len, 3);
         let mut c = Cipher::new("aes-128-xts", &key, Direction::Encrypt).unwrap();
         c.set_iv(&tweak).unwrap();
         let mut out = vec![0u8; len];
@@ -85,9 +74,9 @@ fn xts_unit_longer_than_a_slot_matches_openssl() {
 #[test]
 fn cbc_jobs_finished_out_of_order_then_cpu_request() {
     let _g = setup(Policy::Offload, 256);
-    let key = bytes(16, 11);
-    let iv = bytes(16, 12);
-    let data = bytes(4096 * 2 + 32, 13);
+    let key = noise(16, 11);
+    let iv = noise(16, 12);
+    let data = noise(4096 * 2 + 32, 13);
     let want = reference("aes-128-cbc", &key, Some(&iv), &data, true);
     let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
     c.set_iv(&iv).unwrap();
@@ -118,9 +107,9 @@ fn cbc_jobs_finished_out_of_order_then_cpu_request() {
 #[test]
 fn ctr_partial_block_continued_on_another_lane() {
     let _g = setup(Policy::Offload, 0);
-    let key = bytes(16, 21);
-    let iv = bytes(16, 22);
-    let data = bytes(100 + 4000, 23);
+    let key = noise(16, 21);
+    let iv = noise(16, 22);
+    let data = noise(100 + 4000, 23);
     let want = reference("aes-128-ctr", &key, Some(&iv), &data, true);
     let mut c = Cipher::new("aes-128-ctr", &key, Direction::Encrypt).unwrap();
     c.set_iv(&iv).unwrap();
@@ -143,9 +132,9 @@ fn ctr_partial_block_continued_on_another_lane() {
 #[test]
 fn update_longer_than_the_staging_area() {
     let _g = setup(Policy::Offload, 0);
-    let key = bytes(16, 31);
-    let iv = bytes(16, 32);
-    let data = bytes(5 << 20, 33);
+    let key = noise(16, 31);
+    let iv = noise(16, 32);
+    let data = noise(5 << 20, 33);
     let mut c = Cipher::new("aes-128-ctr", &key, Direction::Encrypt).unwrap();
     c.set_iv(&iv).unwrap();
     let mut out = vec![0u8; data.len()];
@@ -157,7 +146,7 @@ fn update_longer_than_the_staging_area() {
     // Whatever happened above, a small request of another session on this
     // thread must work.
     let mut d = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
-    let small = bytes(4096, 34);
+    let small = noise(4096, 34);
     let mut o = vec![0u8; 4096];
     let r2 = d.update(&small, &mut o).map_err(|e| format!("{e:?}"));
     assert_eq!(
@@ -175,18 +164,18 @@ fn update_longer_than_the_staging_area() {
 #[test]
 fn busy_half_way_then_retry_gives_wrong_output() {
     let _g = setup(Policy::Offload, 0);
-    let key = bytes(16, 41);
-    let iv = bytes(16, 42);
+    let key = noise(16, 41);
+    let iv = noise(16, 42);
     // 60 slots taken by another session's jobs.
     let mut filler = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
-    let fill = bytes(64 << 10, 43);
+    let fill = noise(64 << 10, 43);
     let mut fill_out: Vec<Vec<u8>> = (0..60).map(|_| vec![0u8; 64 << 10]).collect();
     let mut jobs = Vec::new();
     for o in fill_out.iter_mut() {
         jobs.push(filler.start_offload(&fill, o).unwrap());
     }
     // 8 slots needed, 4 free.
-    let data = bytes(8 * (64 << 10), 44);
+    let data = noise(8 * (64 << 10), 44);
     let mut out = vec![0u8; data.len()];
     let mut c = Cipher::new("aes-128-ctr", &key, Direction::Encrypt).unwrap();
     c.set_iv(&iv).unwrap();
@@ -211,10 +200,10 @@ fn busy_half_way_then_retry_gives_wrong_output() {
 #[test]
 fn gcm_with_large_aad_and_data() {
     let _g = setup(Policy::Offload, 0);
-    let key = bytes(16, 51);
-    let iv = bytes(12, 52);
-    let aad = bytes(65530, 53);
-    let pt = bytes(64, 54);
+    let key = noise(16, 51);
+    let iv = noise(12, 52);
+    let aad = noise(65530, 53);
+    let pt = noise(64, 54);
     let mut a = Aead::new("aes-128-gcm", &key).unwrap();
     let mut ct = vec![0u8; pt.len()];
     let mut tag = [0u8; 16];
@@ -251,11 +240,11 @@ fn gcm_with_large_aad_and_data() {
 #[test]
 fn gmac_tag_written_into_another_requests_slot() {
     let _g = setup(Policy::Offload, 0);
-    let key = bytes(16, 61);
-    let ekey = bytes(16, 62);
+    let key = noise(16, 61);
+    let ekey = noise(16, 62);
     let mut ecb = Cipher::new("aes-128-ecb", &ekey, Direction::Encrypt).unwrap();
-    let a_in = bytes(4096, 63);
-    let b_in = bytes(4096, 64);
+    let a_in = noise(4096, 63);
+    let b_in = noise(4096, 64);
     let mut a_out = vec![0u8; 4096];
     let mut b_out = vec![0u8; 4096];
     let ja = ecb.start_offload(&a_in, &mut a_out).unwrap();
@@ -264,8 +253,8 @@ fn gmac_tag_written_into_another_requests_slot() {
     ecb.finish(ja, &mut a_out).unwrap();
     // A's slot is free again; B's (the next one) still holds B's result.
     let mut g = Aead::new("aes-128-gcm", &key).unwrap();
-    let aad = bytes(65530, 65);
-    g.begin(Direction::Encrypt, &bytes(12, 66)).unwrap();
+    let aad = noise(65530, 65);
+    g.begin(Direction::Encrypt, &noise(12, 66)).unwrap();
     g.aad(&aad).unwrap();
     let mut tag = [0u8; 16];
     g.finish_seal(&mut tag).unwrap();
@@ -282,7 +271,7 @@ fn gmac_tag_written_into_another_requests_slot() {
     openssl::symm::encrypt_aead(
         ocipher("aes-128-gcm"),
         &key,
-        Some(&bytes(12, 66)),
+        Some(&noise(12, 66)),
         &aad,
         &[],
         &mut otag,
@@ -297,22 +286,22 @@ fn gmac_tag_written_into_another_requests_slot() {
 #[test]
 fn a_message_continued_on_another_thread() {
     let _g = setup(Policy::Offload, 0);
-    let key = bytes(16, 71);
+    let key = noise(16, 71);
     let mut a = Aead::new("aes-128-gcm", &key).unwrap();
     let mut ct = vec![0u8; 64];
     std::thread::scope(|s| {
         s.spawn(|| {
-            a.begin(Direction::Encrypt, &bytes(12, 72)).unwrap();
-            a.update(&bytes(64, 73), &mut ct).unwrap();
+            a.begin(Direction::Encrypt, &noise(12, 72)).unwrap();
+            a.update(&noise(64, 73), &mut ct).unwrap();
         });
     });
-    let ekey = bytes(16, 74);
+    let ekey = noise(16, 74);
     let mut ecb = Cipher::new("aes-128-ecb", &ekey, Direction::Encrypt).unwrap();
-    let input = bytes(4096, 75);
+    let input = noise(4096, 75);
     let mut out = vec![0u8; 4096];
     let job = ecb.start_offload(&input, &mut out).unwrap();
     assert!(!job.is_done());
-    let e = a.update(&bytes(64, 76), &mut ct).unwrap_err();
+    let e = a.update(&noise(64, 76), &mut ct).unwrap_err();
     assert!(e.to_string().contains("another thread"), "{e}");
     ecb.finish(job, &mut out).unwrap();
     assert_eq!(out, reference("aes-128-ecb", &ekey, None, &input, true));

@@ -46,6 +46,20 @@ pub fn text(len: usize, seed: u32) -> Vec<u8> {
     out
 }
 
+/// `n` seeded bytes that look random (xorshift): data for ciphers, and
+/// incompressible data for compression tests.
+pub fn noise(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
 /// Report that `test` did not run, and why.
 pub fn skip(test: &str, reason: &str) {
     eprintln!("skip: {test}: {reason}");
