@@ -278,6 +278,14 @@ unsafe fn job_step(j: *mut WdJob, block: bool) -> c_int {
     let Some(c) = (unsafe { cipher(w.cipher) }) else {
         return invalid("wd_job: its session was freed");
     };
+    if w.job.as_ref().is_some_and(|j| !j.on_this_thread()) {
+        // Its slots are on the starting thread's queue: that thread
+        // finishes it (the job stays).
+        return err(CryptoError::Device {
+            status: Status::BadState,
+            message: "wd_job: finish a job on the thread that started it".into(),
+        });
+    }
     let Some(job) = w.job.take() else {
         return invalid("wd_job: already finished");
     };

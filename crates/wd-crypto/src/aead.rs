@@ -128,16 +128,24 @@ impl Aead {
         if ct.len() + self.aad.len() + 16 <= SLOT {
             let (route, _) = route::choose_timed(Kind::Cipher, ct.len(), false);
             if route == Route::Device {
+                // Without a free slot (this thread's jobs hold them all) it
+                // is computed here: the caller waits either way.
                 let r = lane::with_lane(Kind::Cipher, |lane| {
-                    self.device_open_once(lane, ct, tag, pt)
+                    if lane.free_slots() == 0 {
+                        return Ok(false);
+                    }
+                    self.device_open_once(lane, ct, tag, pt).map(|()| true)
                 });
                 match r {
-                    Ok(r) => {
+                    Ok(Ok(true)) => {
                         self.active = false;
-                        if r.is_err() {
-                            pt[..ct.len()].fill(0);
-                        }
-                        return r;
+                        return Ok(());
+                    }
+                    Ok(Ok(false)) => stats::on_cpu(ct.len(), Why::NoQueue),
+                    Ok(Err(e)) => {
+                        self.active = false;
+                        pt[..ct.len()].fill(0);
+                        return Err(e);
                     }
                     Err(no) => {
                         crate::cipher::no_fallback(why(no))?;
@@ -287,9 +295,16 @@ impl Aead {
         // data is hashed here.
         let fits = self.aad.len() <= MAX_DEVICE_AAD;
         if fits && route::choose(Kind::Cipher, n.max(self.aad.len()), false) == Route::Device {
-            let r = lane::with_lane(Kind::Cipher, |lane| Ok((lane.id, self.handle_for(lane)?)));
+            let r = lane::with_lane(Kind::Cipher, |lane| {
+                // No free slot (this thread's jobs hold them): here.
+                if lane.free_slots() == 0 {
+                    return Ok(None);
+                }
+                Ok(Some((lane.id, self.handle_for(lane)?)))
+            });
             match r {
-                Ok(Ok((lane, handle))) => {
+                Ok(Ok(None)) => stats::on_cpu(n, Why::NoQueue),
+                Ok(Ok(Some((lane, handle)))) => {
                     self.path = Path::Device {
                         lane,
                         thread: lane::thread_mark(),

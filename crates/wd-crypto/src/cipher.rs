@@ -210,6 +210,12 @@ impl Job {
     pub fn is_done(&self) -> bool {
         self.done_on_cpu
     }
+
+    /// Whether this is the thread that started it (the only one that can
+    /// finish it; a C caller may carry a job anywhere).
+    pub fn on_this_thread(&self) -> bool {
+        self.thread == lane::thread_mark()
+    }
 }
 
 /// Most of a synchronous request in flight at once: half the staging
@@ -501,12 +507,15 @@ impl Cipher {
         let watch = Stopwatch::start(routed.1);
         let saved = self.saved();
         let alone = self.in_flight == 0;
-        let r = match self.submit(Src::Shared { input, output }, 0)? {
-            Ok(mut job) => {
+        let r = match self.submit(Src::Shared { input, output }, 0) {
+            Ok(Ok(mut job)) => {
                 job.in_place = true;
                 self.complete(job, &mut [], true).map(|_| ())
             }
-            Err(why) => Err((host_gone("no queue"), Some(why))),
+            Ok(Err(why)) => Err((host_gone("no queue"), Some(why))),
+            // No free slot: computed here, as `device_window` does.
+            Err(CryptoError::Busy) => Err((CryptoError::Busy, Some(Why::NoQueue))),
+            Err(e) => return Err(e),
         };
         self.after_device(r, saved, alone, watch, n, |c| {
             let mut buf = vec![0u8; n];
@@ -556,15 +565,19 @@ impl Cipher {
             }
             (Route::Device, timed) => timed,
         };
-        let head = self.ctr_head(n);
-        if head > 0 {
-            self.cpu_update(io.reborrow().head(head))?;
-            stats::on_cpu(head, Why::Policy);
-        }
         // A window at a time (the staging area bounds what is in flight),
-        // each one chained on from the last.
-        let mut at = head;
+        // each one chained on from the last. A CTR stream inside a block
+        // does the rest of the block here first, before every window: one
+        // that ran on the CPU may leave it so.
+        let mut at = 0;
         while at < n {
+            let head = self.ctr_head(n - at);
+            if head > 0 {
+                self.cpu_update(io.reborrow().tail(at).head(head))?;
+                stats::on_cpu(head, Why::Policy);
+                at += head;
+                continue;
+            }
             let w = (n - at).min(WINDOW);
             let watch = Stopwatch::start(timed);
             self.device_window(io.reborrow().tail(at).head(w), watch)?;
@@ -653,27 +666,47 @@ impl Cipher {
         if inputs.len() != outputs.len() {
             return Err(CryptoError::invalid("as many outputs as inputs are needed"));
         }
-        let mut jobs = Vec::with_capacity(inputs.len());
+        let mut jobs: Vec<(Job, usize)> = Vec::with_capacity(inputs.len());
         let mut first_err = None;
-        for (i, o) in inputs.iter().zip(outputs.iter_mut()) {
-            match self.start(i, o) {
-                Ok(j) => jobs.push(j),
+        let mut total = 0;
+        for k in 0..inputs.len() {
+            let mut r = self.start(inputs[k], outputs[k]);
+            if matches!(r, Err(CryptoError::Busy)) && !jobs.is_empty() {
+                // More pieces than free slots: finish those in flight,
+                // then go on (a piece refused sent nothing).
+                total += self.finish_all(&mut jobs, outputs, &mut first_err);
+                r = self.start(inputs[k], outputs[k]);
+            }
+            match r {
+                Ok(j) => jobs.push((j, k)),
                 Err(e) => {
                     first_err = Some(e);
                     break;
                 }
             }
         }
+        total += self.finish_all(&mut jobs, outputs, &mut first_err);
+        first_err.map_or(Ok(total), Err)
+    }
+
+    /// Finish `jobs` (each with the index of its output), keeping the first
+    /// error; the bytes they produced.
+    fn finish_all(
+        &mut self,
+        jobs: &mut Vec<(Job, usize)>,
+        outputs: &mut [&mut [u8]],
+        first_err: &mut Option<CryptoError>,
+    ) -> usize {
         let mut total = 0;
-        for (j, o) in jobs.into_iter().zip(outputs.iter_mut()) {
-            match self.finish(j, o) {
+        for (j, k) in jobs.drain(..) {
+            match self.finish(j, outputs[k]) {
                 Ok(n) => total += n,
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
             }
         }
-        first_err.map_or(Ok(total), Err)
+        total
     }
 
     /// Start a request without waiting (asynchronous use): computed at once
@@ -744,7 +777,13 @@ impl Cipher {
                 Ok(Job::cpu(n))
             }
             Err(e) => {
-                self.restore(saved);
+                // Refused before anything was sent (Busy): only a head done
+                // here moved the stream, and then its chain was not on
+                // this lane. A CBC encryption's chain in flight is learnt
+                // at completion and must not be reset.
+                if head > 0 {
+                    self.restore(saved);
+                }
                 Err(e)
             }
         }
@@ -857,6 +896,11 @@ impl Cipher {
     /// Submit `src` (cut into slot-sized pieces, staged unless in place)
     /// as chained requests.
     fn device_submit(&mut self, lane: &mut Lane, src: Src<'_>, base: usize) -> Result<Vec<Part>> {
+        if self.in_flight > 0 && self.chain != Chain::Device(lane.id) {
+            // Its chain is in those requests (a CBC encryption's is learnt
+            // at their completion): nothing can go on elsewhere before.
+            return Err(lane::elsewhere("this stream, with requests in flight,"));
+        }
         let handle = self.handle_for(lane)?;
         let total = src.len();
         // Every piece gets a slot, or none is sent: a request sent in

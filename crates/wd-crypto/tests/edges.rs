@@ -10,6 +10,9 @@ use openssl::symm::{Cipher as OCipher, Crypter, Mode as OMode};
 use wd_crypto::{config, Aead, Cipher, CryptoError, Direction, Policy};
 use wd_testutil::noise;
 
+/// A synchronous request's window (half the 64 slots of 64 KiB).
+const MIB2: usize = 2 << 20;
+
 static SETTINGS: Mutex<()> = Mutex::new(());
 
 fn setup(policy: Policy, threshold: usize) -> std::sync::MutexGuard<'static, ()> {
@@ -305,4 +308,214 @@ fn a_message_continued_on_another_thread() {
     assert!(e.to_string().contains("another thread"), "{e}");
     ecb.finish(job, &mut out).unwrap();
     assert_eq!(out, reference("aes-128-ecb", &ekey, None, &input, true));
+}
+
+/// CBC encryption with jobs of the stream in flight: a start refused with
+/// Busy (no free slot) runs `restore(saved)`, which sets the chain to
+/// Fresh and the IV to the tracked one, which for CBC encryption is still
+/// the IV from before the jobs in flight (it is learnt at completion).
+/// The jobs then finish without updating the IV (chain no longer on the
+/// device), and the retry the docs call right encrypts with the old IV.
+#[test]
+fn cbc_encrypt_busy_start_with_jobs_in_flight_then_retry() {
+    let _g = setup(Policy::Offload, 0);
+    let key = noise(16, 1);
+    let iv = noise(16, 2);
+    let data = noise(2 * MIB2 + 4096, 3);
+    let want = reference("aes-128-cbc", &key, Some(&iv), &data, true);
+    let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
+    c.set_iv(&iv).unwrap();
+    let mut out = vec![0u8; data.len()];
+    let (o1, rest) = out.split_at_mut(MIB2);
+    let (o2, o3) = rest.split_at_mut(MIB2);
+    // 32 slots each: the lane's 64 are all taken.
+    let j1 = c.start_offload(&data[..MIB2], o1).unwrap();
+    let j2 = c.start_offload(&data[MIB2..2 * MIB2], o2).unwrap();
+    assert!(!j1.is_done() && !j2.is_done());
+    let e = c.start_offload(&data[2 * MIB2..], o3).unwrap_err();
+    assert!(matches!(e, CryptoError::Busy), "{e:?}");
+    c.finish(j1, o1).unwrap();
+    c.finish(j2, o2).unwrap();
+    // Sending it again is right (docs/sec-device.md, Bounds).
+    let j3 = c.start_offload(&data[2 * MIB2..], o3).unwrap();
+    if !j3.is_done() {
+        c.finish(j3, o3).unwrap();
+    }
+    let first_bad = out.iter().zip(&want).position(|(a, b)| a != b);
+    assert_eq!(
+        first_bad,
+        None,
+        "retry after Busy: CBC output differs from OpenSSL (the retry starts at {})",
+        2 * MIB2
+    );
+}
+
+/// update_shared (in place, <= 2 MiB) while this thread's jobs of another
+/// stream hold every slot: a synchronous request should run on the CPU
+/// (docs: "a window that finds too few slots free is computed on the
+/// CPU"), the stream having nothing in flight; the direct path propagates
+/// Busy with `?`.
+#[test]
+fn update_shared_busy_while_other_jobs_hold_the_slots() {
+    let _g = setup(Policy::Offload, 0);
+    let key = noise(16, 11);
+    let mut filler = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
+    let fill = noise(MIB2, 12);
+    let mut f1 = vec![0u8; MIB2];
+    let mut f2 = vec![0u8; MIB2];
+    let j1 = filler.start_offload(&fill, &mut f1).unwrap();
+    let j2 = filler.start_offload(&fill, &mut f2).unwrap();
+    assert!(!j1.is_done() && !j2.is_done());
+
+    let iv = noise(16, 13);
+    let n = 128 << 10;
+    let data = noise(n, 14);
+    let src = wrapdrive::SharedBuf::new(n).unwrap();
+    let dst = wrapdrive::SharedBuf::new(n).unwrap();
+    src.write(0, &data);
+    let mut c = Cipher::new("aes-128-ctr", &key, Direction::Encrypt).unwrap();
+    c.set_iv(&iv).unwrap();
+    // The same request given as slices runs on the CPU:
+    let mut o = vec![0u8; n];
+    let mut c2 = Cipher::new("aes-128-ctr", &key, Direction::Encrypt).unwrap();
+    c2.set_iv(&iv).unwrap();
+    let r_slices = c2.update(&data, &mut o).map_err(|e| format!("{e:?}"));
+    let r_shared = c
+        .update_shared(
+            wrapdrive::SharedSpan::of(&src),
+            wrapdrive::SharedSpan::of(&dst),
+        )
+        .map_err(|e| format!("{e:?}"));
+    filler.finish(j1, &mut f1).unwrap();
+    filler.finish(j2, &mut f2).unwrap();
+    assert_eq!(r_slices, Ok(n), "slices");
+    assert_eq!(r_shared, Ok(n), "update_shared while the slots are taken");
+    assert_eq!(
+        dst.to_vec(),
+        reference("aes-128-ctr", &key, Some(&iv), &data, true)
+    );
+}
+
+/// A CBC encryption stream whose job is in flight on thread A, continued
+/// (sync) on thread B (C callers may hand a session to another thread):
+/// the docs say continuing a message under way elsewhere fails with
+/// BadState; B's lane instead starts it with F_IV and the tracked IV,
+/// which for CBC encryption is the IV from before A's job: wrong output,
+/// success.
+#[test]
+fn cbc_stream_with_job_in_flight_continued_on_another_thread() {
+    let _g = setup(Policy::Offload, 0);
+    let key = noise(16, 21);
+    let iv = noise(16, 22);
+    let data = noise(3 * 4096, 23);
+    let want = reference("aes-128-cbc", &key, Some(&iv), &data, true);
+    let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
+    c.set_iv(&iv).unwrap();
+    let mut out = vec![0u8; data.len()];
+    let (o1, rest) = out.split_at_mut(4096);
+    let (o2, o3) = rest.split_at_mut(4096);
+    let j1 = c.start_offload(&data[..4096], o1).unwrap();
+    assert!(!j1.is_done());
+    let r = std::thread::scope(|s| {
+        s.spawn(|| {
+            c.update_offload(&data[4096..8192], o2)
+                .map_err(|e| format!("{e:?}"))
+        })
+        .join()
+        .unwrap()
+    });
+    c.finish(j1, o1).unwrap();
+    let _ = o3;
+    assert_eq!(&out[..4096], &want[..4096]);
+    assert!(
+        r.is_err() || out[4096..8192] == want[4096..8192],
+        "continued on thread B: {r:?}, success with output that differs from OpenSSL"
+    );
+}
+
+/// update_sg: one message in more pieces than the lane has slots. Each
+/// piece is a start; the 65th is refused with Busy after 64 were sent, and
+/// update_sg returns Busy with 64 pieces computed and the stream moved:
+/// not "whole or not at all".
+#[test]
+fn update_sg_more_pieces_than_slots() {
+    let _g = setup(Policy::Offload, 0);
+    let key = noise(16, 41);
+    let iv = noise(16, 42);
+    let piece = 1024;
+    let data = noise(65 * piece, 43);
+    let want = reference("aes-128-ctr", &key, Some(&iv), &data, true);
+    let mut c = Cipher::new("aes-128-ctr", &key, Direction::Encrypt).unwrap();
+    c.set_iv(&iv).unwrap();
+    let mut out = vec![0u8; data.len()];
+    let inputs: Vec<&[u8]> = data.chunks(piece).collect();
+    let mut outputs: Vec<&mut [u8]> = out.chunks_mut(piece).collect();
+    let r = c
+        .update_sg(&inputs, &mut outputs)
+        .map_err(|e| format!("{e:?}"));
+    assert_eq!(r, Ok(data.len()), "update_sg of 65 pieces");
+    assert_eq!(out, want);
+}
+
+/// A synchronous CTR request over 2 MiB on a stream that is inside a
+/// keystream block: its first window finds too few free slots and runs on
+/// the CPU, the next goes to the device with F_IV at the block boundary,
+/// ignoring the bytes used of the block (`ctr_head` runs once per
+/// request, before the first window only). Wrong output, success.
+#[test]
+fn ctr_window_on_cpu_then_device_inside_a_block() {
+    let _g = setup(Policy::Offload, 0);
+    let key = noise(16, 51);
+    let iv = noise(16, 52);
+    // 40 slots held by another stream's jobs: 24 free, a 2 MiB window needs 32.
+    let mut filler = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
+    let fill = noise(64 << 10, 53);
+    let mut fill_out: Vec<Vec<u8>> = (0..40).map(|_| vec![0u8; 64 << 10]).collect();
+    let mut jobs = Vec::new();
+    for o in fill_out.iter_mut() {
+        jobs.push(filler.start_offload(&fill, o).unwrap());
+    }
+    let data = noise(100 + MIB2 + 4096, 54);
+    let want = reference("aes-128-ctr", &key, Some(&iv), &data, true);
+    let mut c = Cipher::new("aes-128-ctr", &key, Direction::Encrypt).unwrap();
+    c.set_iv(&iv).unwrap();
+    let mut out = vec![0u8; data.len()];
+    c.update_offload(&data[..100], &mut out[..100]).unwrap();
+    let r = c.update_offload(&data[100..], &mut out[100..]);
+    for (j, o) in jobs.into_iter().zip(fill_out.iter_mut()) {
+        filler.finish(j, o).unwrap();
+    }
+    assert!(r.is_ok(), "{r:?}");
+    let first_bad = out.iter().zip(&want).position(|(a, b)| a != b);
+    assert_eq!(
+        first_bad,
+        None,
+        "CTR: second window (from byte {}) differs from OpenSSL",
+        100 + MIB2
+    );
+}
+
+/// AEAD one-shot (synchronous) while this thread's cipher jobs hold every
+/// slot: Busy, where the bounds of the staging area say a synchronous
+/// request that finds no free slot runs on the CPU.
+#[test]
+fn aead_seal_busy_while_jobs_hold_the_slots() {
+    let _g = setup(Policy::Offload, 0);
+    let key = noise(16, 61);
+    let mut filler = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
+    let fill = noise(MIB2, 62);
+    let mut f1 = vec![0u8; MIB2];
+    let mut f2 = vec![0u8; MIB2];
+    let j1 = filler.start_offload(&fill, &mut f1).unwrap();
+    let j2 = filler.start_offload(&fill, &mut f2).unwrap();
+    let mut a = wd_crypto::Aead::new("aes-128-gcm", &key).unwrap();
+    let pt = noise(4096, 63);
+    let mut ct = vec![0u8; 4096];
+    let mut tag = [0u8; 16];
+    let r = a
+        .seal(&noise(12, 64), b"aad", &pt, &mut ct, &mut tag)
+        .map_err(|e| format!("{e:?}"));
+    filler.finish(j1, &mut f1).unwrap();
+    filler.finish(j2, &mut f2).unwrap();
+    assert_eq!(r, Ok(()), "AEAD seal while the slots are taken");
 }
