@@ -181,10 +181,10 @@ struct Part {
 
 impl Job {
     fn cpu(len: usize) -> Job {
-        Job::device(Vec::new(), len, true)
+        Job::new(Vec::new(), len, true)
     }
 
-    fn device(parts: Vec<Part>, len: usize, done_on_cpu: bool) -> Job {
+    fn new(parts: Vec<Part>, len: usize, done_on_cpu: bool) -> Job {
         Job {
             parts,
             len,
@@ -816,10 +816,15 @@ impl Cipher {
             return 0;
         }
         if let Chain::Device(id) = self.chain {
-            // The device goes on from the middle of a block only on the
-            // lane that holds the chain; another lane (another thread's,
-            // or this thread's made again) starts from the tracked
-            // counter at a block boundary.
+            // On a block boundary any lane starts from the tracked counter
+            // (tracked exactly while the device holds the chain), so the
+            // lane is looked up only in the middle of a block: the device
+            // goes on from there only on the lane that holds the chain;
+            // another lane (another thread's, or this thread's made again)
+            // needs the rest of the block done here first.
+            if self.ctr_used == 0 {
+                return 0;
+            }
             let here = lane::with_open_lane(Kind::Cipher, |l| Ok(l.id == id));
             if matches!(here, Ok(Ok(true))) {
                 return 0;
@@ -884,7 +889,7 @@ impl Cipher {
         match r {
             Ok(Ok(parts)) => {
                 self.in_flight += parts.len();
-                Ok(Ok(Job::device(parts, base + src.len(), false)))
+                Ok(Ok(Job::new(parts, base + src.len(), false)))
             }
             Ok(Err(e)) => Err(e),
             Err(NoLane::NoQueue) if self.in_flight == 0 => Ok(Err(Why::NoQueue)),

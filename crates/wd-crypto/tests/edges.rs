@@ -36,6 +36,35 @@ fn ocipher(name: &str) -> OCipher {
     }
 }
 
+/// Another stream's jobs holding `slots` of this thread's 64 staging
+/// slots until `release`.
+struct Held {
+    c: Cipher,
+    jobs: Vec<(wd_crypto::Job, Vec<u8>)>,
+}
+
+fn hold_slots(slots: usize) -> Held {
+    let mut c = Cipher::new("aes-128-ecb", &[0x77; 16], Direction::Encrypt).unwrap();
+    let fill = noise(64 << 10, 0x77);
+    let jobs = (0..slots)
+        .map(|_| {
+            let mut out = vec![0u8; 64 << 10];
+            let j = c.start_offload(&fill, &mut out).unwrap();
+            assert!(!j.is_done(), "a job holding a slot went to the CPU");
+            (j, out)
+        })
+        .collect();
+    Held { c, jobs }
+}
+
+impl Held {
+    fn release(mut self) {
+        for (j, mut out) in std::mem::take(&mut self.jobs) {
+            self.c.finish(j, &mut out).unwrap();
+        }
+    }
+}
+
 fn reference(name: &str, key: &[u8], iv: Option<&[u8]>, data: &[u8], enc: bool) -> Vec<u8> {
     let mode = if enc { OMode::Encrypt } else { OMode::Decrypt };
     let mut c = Crypter::new(ocipher(name), mode, key, iv).unwrap();
@@ -169,14 +198,7 @@ fn busy_half_way_then_retry_gives_wrong_output() {
     let _g = setup(Policy::Offload, 0);
     let key = noise(16, 41);
     let iv = noise(16, 42);
-    // 60 slots taken by another session's jobs.
-    let mut filler = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
-    let fill = noise(64 << 10, 43);
-    let mut fill_out: Vec<Vec<u8>> = (0..60).map(|_| vec![0u8; 64 << 10]).collect();
-    let mut jobs = Vec::new();
-    for o in fill_out.iter_mut() {
-        jobs.push(filler.start_offload(&fill, o).unwrap());
-    }
+    let held = hold_slots(60);
     // 8 slots needed, 4 free.
     let data = noise(8 * (64 << 10), 44);
     let mut out = vec![0u8; data.len()];
@@ -184,9 +206,7 @@ fn busy_half_way_then_retry_gives_wrong_output() {
     c.set_iv(&iv).unwrap();
     let e = c.start_offload(&data, &mut out).unwrap_err();
     assert!(matches!(e, CryptoError::Busy), "{e:?}");
-    for (j, o) in jobs.into_iter().zip(fill_out.iter_mut()) {
-        filler.finish(j, o).unwrap();
-    }
+    held.release();
     // The caller retries the same request (EAGAIN).
     let r = c.update(&data, &mut out).map_err(|e| format!("{e:?}"));
     let want = reference("aes-128-ctr", &key, Some(&iv), &data, true);
@@ -359,13 +379,7 @@ fn cbc_encrypt_busy_start_with_jobs_in_flight_then_retry() {
 fn update_shared_busy_while_other_jobs_hold_the_slots() {
     let _g = setup(Policy::Offload, 0);
     let key = noise(16, 11);
-    let mut filler = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
-    let fill = noise(MIB2, 12);
-    let mut f1 = vec![0u8; MIB2];
-    let mut f2 = vec![0u8; MIB2];
-    let j1 = filler.start_offload(&fill, &mut f1).unwrap();
-    let j2 = filler.start_offload(&fill, &mut f2).unwrap();
-    assert!(!j1.is_done() && !j2.is_done());
+    let held = hold_slots(64);
 
     let iv = noise(16, 13);
     let n = 128 << 10;
@@ -386,8 +400,7 @@ fn update_shared_busy_while_other_jobs_hold_the_slots() {
             wrapdrive::SharedSpan::of(&dst),
         )
         .map_err(|e| format!("{e:?}"));
-    filler.finish(j1, &mut f1).unwrap();
-    filler.finish(j2, &mut f2).unwrap();
+    held.release();
     assert_eq!(r_slices, Ok(n), "slices");
     assert_eq!(r_shared, Ok(n), "update_shared while the slots are taken");
     assert_eq!(
@@ -467,14 +480,8 @@ fn ctr_window_on_cpu_then_device_inside_a_block() {
     let _g = setup(Policy::Offload, 0);
     let key = noise(16, 51);
     let iv = noise(16, 52);
-    // 40 slots held by another stream's jobs: 24 free, a 2 MiB window needs 32.
-    let mut filler = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
-    let fill = noise(64 << 10, 53);
-    let mut fill_out: Vec<Vec<u8>> = (0..40).map(|_| vec![0u8; 64 << 10]).collect();
-    let mut jobs = Vec::new();
-    for o in fill_out.iter_mut() {
-        jobs.push(filler.start_offload(&fill, o).unwrap());
-    }
+    // 40 slots held: 24 free, a 2 MiB window needs 32.
+    let held = hold_slots(40);
     let data = noise(100 + MIB2 + 4096, 54);
     let want = reference("aes-128-ctr", &key, Some(&iv), &data, true);
     let mut c = Cipher::new("aes-128-ctr", &key, Direction::Encrypt).unwrap();
@@ -482,9 +489,7 @@ fn ctr_window_on_cpu_then_device_inside_a_block() {
     let mut out = vec![0u8; data.len()];
     c.update_offload(&data[..100], &mut out[..100]).unwrap();
     let r = c.update_offload(&data[100..], &mut out[100..]);
-    for (j, o) in jobs.into_iter().zip(fill_out.iter_mut()) {
-        filler.finish(j, o).unwrap();
-    }
+    held.release();
     assert!(r.is_ok(), "{r:?}");
     let first_bad = out.iter().zip(&want).position(|(a, b)| a != b);
     assert_eq!(
@@ -502,12 +507,7 @@ fn ctr_window_on_cpu_then_device_inside_a_block() {
 fn aead_seal_busy_while_jobs_hold_the_slots() {
     let _g = setup(Policy::Offload, 0);
     let key = noise(16, 61);
-    let mut filler = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
-    let fill = noise(MIB2, 62);
-    let mut f1 = vec![0u8; MIB2];
-    let mut f2 = vec![0u8; MIB2];
-    let j1 = filler.start_offload(&fill, &mut f1).unwrap();
-    let j2 = filler.start_offload(&fill, &mut f2).unwrap();
+    let held = hold_slots(64);
     let mut a = wd_crypto::Aead::new("aes-128-gcm", &key).unwrap();
     let pt = noise(4096, 63);
     let mut ct = vec![0u8; 4096];
@@ -515,7 +515,6 @@ fn aead_seal_busy_while_jobs_hold_the_slots() {
     let r = a
         .seal(&noise(12, 64), b"aad", &pt, &mut ct, &mut tag)
         .map_err(|e| format!("{e:?}"));
-    filler.finish(j1, &mut f1).unwrap();
-    filler.finish(j2, &mut f2).unwrap();
+    held.release();
     assert_eq!(r, Ok(()), "AEAD seal while the slots are taken");
 }

@@ -4,10 +4,10 @@
 
 mod common;
 
-use common::{mem, run, session, set_direct, Mem, BASE};
+use common::{mem, run, run_in_pieces, session, set_direct, Mem, BASE};
 use openssl::symm::{Cipher, Crypter, Mode as Dir};
 use proptest::prelude::*;
-use wd_device::{status, DeviceQueue, Progress, Started};
+use wd_device::{status, DeviceQueue, Started};
 use wd_ring::Desc;
 use wd_sec::msg::{
     self, CipherOp, DigestOp, SessionFree, SessionNew, F_DIGEST_FINAL, F_ENCRYPT, F_FINAL, F_INIT,
@@ -556,18 +556,6 @@ fn a_request_that_faults_changes_nothing() {
     }
 }
 
-/// Run a request the way a fair engine does: in pieces of the smallest
-/// size; returns the completed descriptor and how many calls it took.
-fn run_in_pieces(q: &mut SecQueue, mem: &mut Mem, d: Desc) -> (Desc, usize) {
-    let (mut d, mut done, mut calls) = (d, 0, 1);
-    while let wd_device::Progress::More(n) = q.process_part(&mut d, mem, done, 1) {
-        assert!(n > done, "no progress");
-        done = n;
-        calls += 1;
-    }
-    (d, calls)
-}
-
 /// Long requests cut in pieces (for fair service) give exactly the whole
 /// request's output, chaining state, tag and digest.
 #[test]
@@ -614,7 +602,7 @@ fn pieces_equal_whole_requests() {
         let w = run(&mut whole_q, &mut mem, op(s1, F_ENCRYPT | F_IV, src, a));
         assert_eq!(w.status, 0, "{name}");
         let want_tag = mem.get(tag_at, 16);
-        let (p, calls) = run_in_pieces(&mut piece_q, &mut mem, op(s2, F_ENCRYPT | F_IV, src, b));
+        let (p, calls) = run_in_pieces(&mut piece_q, &mut mem, op(s2, F_ENCRYPT | F_IV, src, b), 1);
         assert_eq!((p.status, p.result), (0, n as u64), "{name}");
         assert_eq!(calls > 1, cuttable, "{name}: {calls} calls");
         assert!(
@@ -644,7 +632,7 @@ fn pieces_equal_whole_requests() {
         if gcm {
             // A whole GCM decryption is never cut (no plaintext before the
             // tag is checked), and it still authenticates.
-            let (d, calls) = run_in_pieces(&mut piece_q, &mut mem, op(s2, F_IV, b, a));
+            let (d, calls) = run_in_pieces(&mut piece_q, &mut mem, op(s2, F_IV, b, a), 1);
             assert_eq!((d.status, calls), (0, 1));
             let got = mem.get(a, n);
             let first = got.iter().zip(&data[..n]).position(|(x, y)| x != y);
@@ -678,7 +666,7 @@ fn pieces_equal_whole_requests() {
             .encode()
         };
         let w = run(&mut q1, &mut mem, op(s1, a));
-        let (p, calls) = run_in_pieces(&mut q2, &mut mem, op(s2, b));
+        let (p, calls) = run_in_pieces(&mut q2, &mut mem, op(s2, b), 1);
         assert_eq!((w.status, p.status, w.result), (0, 0, p.result));
         assert!(calls > 1);
         assert_eq!(mem.get(a, 64), mem.get(b, 64), "{alg:?}");
@@ -696,17 +684,6 @@ fn mb_engine(test: &str) -> Option<&'static wd_ipsecmb::Engine> {
     }
 }
 
-/// Run a request left to the engine (`Started::Cut`) as it does: in
-/// pieces of a pass's budget.
-fn run_cut(q: &mut SecQueue, mem: &mut Mem, mut d: Desc) -> Desc {
-    let mut done = 0;
-    while let Progress::More(upto) = q.process_part(&mut d, mem, done, 256 << 10) {
-        assert!(upto > done, "no progress");
-        done = upto;
-    }
-    d
-}
-
 /// Run a batch as the engine does: start every request, then poll; the
 /// requests held come back through `poll`, each exactly once.
 fn run_batch(q: &mut SecQueue, mem: &mut Mem, batch: &[Desc]) -> Vec<Desc> {
@@ -718,7 +695,7 @@ fn run_batch(q: &mut SecQueue, mem: &mut Mem, batch: &[Desc]) -> Vec<Desc> {
         match q.start(i as u64, &mut d, mem) {
             Started::Done => out[i] = Some(d),
             Started::Held => held += 1,
-            Started::Cut => out[i] = Some(run_cut(q, mem, d)),
+            Started::Cut => out[i] = Some(run_in_pieces(q, mem, d, 256 << 10).0),
         }
     }
     assert_eq!(q.in_flight(), held);
@@ -913,7 +890,7 @@ fn long_requests_run_in_pieces_in_order() {
                 results.insert(t, d);
             }
             Started::Cut => {
-                results.insert(t, run_cut(&mut q, &mut mem, d));
+                results.insert(t, run_in_pieces(&mut q, &mut mem, d, 256 << 10).0);
             }
             Started::Held => {}
         }
@@ -959,13 +936,8 @@ fn a_long_request_that_cannot_be_held_is_cut_by_the_engine() {
     q.batch(1);
     let mut d = cipher_op(s, F_ENCRYPT | F_IV, src, dst, long, &iv);
     assert_eq!(q.start(0, &mut d, &mut mem), Started::Cut);
-    let mut pieces = 0;
-    let mut done = 0;
-    while let Progress::More(upto) = q.process_part(&mut d, &mut mem, done, 256 << 10) {
-        done = upto;
-        pieces += 1;
-    }
-    assert_eq!(pieces, 7, "2 MiB in 256 KiB pieces");
+    let (d, calls) = run_in_pieces(&mut q, &mut mem, d, 256 << 10);
+    assert_eq!(calls, 8, "2 MiB in 256 KiB pieces");
     assert_eq!((d.status, d.result), (0, long as u64));
     let mut next = cipher_op(
         s,

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{cipher, mem, run, session, Mem, BASE};
+use common::{cipher, mem, run, run_in_pieces, session, Mem, BASE};
 use openssl::symm::{Cipher, Crypter, Mode as Dir};
 use wd_device::{status, DeviceQueue, Progress};
 use wd_ring::Desc;
@@ -217,11 +217,7 @@ fn cut_digest_faulting_in_a_later_piece_then_retried() {
     assert_eq!(d.status, status::EINVAL, "a lost message went on");
     // The whole message again, from its start.
     assert_eq!(run(&mut q, &mut mem, part(F_INIT, hsrc, 4096)).status, 0);
-    let mut d = orig;
-    let mut at = 0;
-    while let Progress::More(n) = q.process_part(&mut d, &mut mem, at, 1) {
-        at = n;
-    }
+    let (d, _) = run_in_pieces(&mut q, &mut mem, orig, 1);
     assert_eq!(d.status, 0);
     let mut all = head.clone();
     all.extend_from_slice(&data);
@@ -265,11 +261,7 @@ fn cut_cbc_continuation_faulting_in_a_later_piece_then_retried() {
         cipher(s, F_ENCRYPT | F_IV, src, dst, 4096, &iv).encode(),
     );
     assert_eq!(d.status, 0);
-    let mut d = orig;
-    let mut at = 0;
-    while let Progress::More(n) = q.process_part(&mut d, &mut mem, at, 1) {
-        at = n;
-    }
+    let (d, _) = run_in_pieces(&mut q, &mut mem, orig, 1);
     assert_eq!(d.status, 0);
     assert!(mem.get(dst, 4096 + len) == reference(Cipher::aes_128_cbc(), &key, Some(&iv), &data));
 }

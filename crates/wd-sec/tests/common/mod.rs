@@ -3,7 +3,7 @@
 //! and hold, or only by copies, and the requests every test sends first.
 #![allow(dead_code)]
 
-use wd_device::DeviceQueue;
+use wd_device::{DeviceQueue, Progress};
 use wd_ring::Desc;
 use wd_sec::msg::{CipherOp, SessionNew, F_IV};
 use wd_sec::{Alg, SecQueue};
@@ -57,4 +57,17 @@ pub fn cipher(session: u64, flags: u16, src: u64, dst: u64, len: usize, iv: &[u8
         tag: 0,
         tag_len: 0,
     }
+}
+
+/// Run a request as the engine runs a synchronous queue's: in pieces of
+/// `budget` bytes (the device's smallest piece at least); the completed
+/// descriptor and how many calls it took.
+pub fn run_in_pieces(q: &mut SecQueue, mem: &mut Mem, d: Desc, budget: u64) -> (Desc, usize) {
+    let (mut d, mut done, mut calls) = (d, 0, 1);
+    while let Progress::More(n) = q.process_part(&mut d, mem, done, budget) {
+        assert!(n > done, "no progress");
+        done = n;
+        calls += 1;
+    }
+    (d, calls)
 }
