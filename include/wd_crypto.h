@@ -113,7 +113,9 @@ void wd_aead_free(struct wd_aead *a);
  * 1024 bytes). */
 int wd_digest_new(struct wd_digest **out, const char *alg, const void *key, size_t key_len);
 int wd_digest_update(struct wd_digest *d, const void *data, size_t len);
-/* Write the digest (out_len >= its size) and start over; returns its size. */
+/* Write the digest (out_len >= its size) and start over; returns its size.
+ * A long message streaming on the device is finished on the thread that
+ * fed it: elsewhere -EBADFD, and the message is kept. */
 int wd_digest_final(struct wd_digest *d, void *out, size_t out_len);
 /* Digest size in bytes of a session. */
 int wd_digest_size(struct wd_digest *d);

@@ -34,7 +34,6 @@ pub struct Digest {
     key: Vec<u8>,
     buf: Vec<u8>,
     state: State,
-    total: usize,
 }
 
 impl std::fmt::Debug for Digest {
@@ -68,7 +67,6 @@ impl Digest {
             key: key.to_vec(),
             buf: Vec::new(),
             state: State::Gathering,
-            total: 0,
         })
     }
 
@@ -105,13 +103,12 @@ impl Digest {
             key: self.key.clone(),
             buf: self.buf.clone(),
             state,
-            total: self.total,
         })
     }
 
-    /// Add data.
+    /// Add data. `Busy` (every staging slot of this thread is held by its
+    /// jobs) leaves the message as it was: call again with the same data.
     pub fn update(&mut self, data: &[u8]) -> Result<()> {
-        self.total += data.len();
         if matches!(self.state, State::Gathering) {
             if self.buf.len() + data.len() <= GATHER {
                 self.buf.extend_from_slice(data);
@@ -122,26 +119,36 @@ impl Digest {
             self.start_stream(self.buf.len() + data.len())?;
         }
         let pending = std::mem::take(&mut self.buf);
-        self.stream(&pending, false)?;
-        self.stream(data, false).map(|_| ())
+        let r = self.stream(&pending, data, false);
+        if matches!(r, Err(CryptoError::Busy)) {
+            self.buf = pending;
+        }
+        r.map(|_| ())
     }
 
-    /// The digest; the object starts over (same key) afterwards.
+    /// The digest; the object starts over (same key) afterwards, unless
+    /// the answer is `Busy` (nothing sent: call again) or the message
+    /// belongs to another thread.
     pub fn finish(&mut self) -> Result<Vec<u8>> {
-        let r = self.finish_inner();
+        if let State::Device { thread, .. } = self.state {
+            if thread != lane::thread_mark() {
+                return Err(lane::elsewhere("this digest"));
+            }
+        }
+        let r = if matches!(self.state, State::Gathering) {
+            self.one_shot()
+        } else {
+            let pending = std::mem::take(&mut self.buf);
+            let r = self.stream(&pending, &[], true);
+            if matches!(r, Err(CryptoError::Busy)) {
+                self.buf = pending;
+                return Err(CryptoError::Busy);
+            }
+            r.map(|d| d.expect("a final request yields the digest"))
+        };
         self.buf.clear();
-        self.total = 0;
         self.state = State::Gathering;
         r
-    }
-
-    fn finish_inner(&mut self) -> Result<Vec<u8>> {
-        if matches!(self.state, State::Gathering) {
-            return self.one_shot();
-        }
-        let pending = std::mem::take(&mut self.buf);
-        self.stream(&pending, true)
-            .map(|d| d.expect("a final request yields the digest"))
     }
 
     fn cpu_ctx(&self) -> Result<DigestCtx> {
@@ -159,29 +166,43 @@ impl Digest {
         let watch = Stopwatch::start(timed);
         if let Route::Device = route {
             let r = lane::with_lane(Kind::Digest, |lane| {
+                // Without a free slot (this thread's jobs hold them all) it
+                // is computed here: the caller waits either way.
+                let Some(slot) = lane.take_slot() else {
+                    return Ok(None);
+                };
                 let handle = match self.alg {
-                    Alg::Hmac(_) => lane.new_session(self.alg, &self.key)?,
+                    Alg::Hmac(_) => match lane.new_session(self.alg, &self.key) {
+                        Ok(h) => h,
+                        Err(e) => {
+                            lane.put_slot(slot);
+                            return Err(e);
+                        }
+                    },
                     _ => 0,
                 };
                 let out = request(
                     lane,
+                    slot,
                     self.alg,
                     handle,
                     F_INIT | F_DIGEST_FINAL,
                     &self.buf,
                     None,
                 );
+                lane.put_slot(slot);
                 if handle != 0 {
                     lane.free_session(handle);
                 }
                 out
             });
             match r {
-                Ok(Ok(d)) => {
+                Ok(Ok(Some(d))) => {
                     stats::offloaded(n);
                     watch.stop(Kind::Digest, n, false);
-                    return Ok(d.expect("final"));
+                    return Ok(d);
                 }
+                Ok(Ok(None)) => stats::on_cpu(n, Why::NoQueue),
                 Ok(Err(e)) => return Err(e),
                 Err(no) => {
                     crate::cipher::no_fallback(why(no))?;
@@ -222,13 +243,15 @@ impl Digest {
         Ok(())
     }
 
-    /// Feed `data` to the stream (and finish it when `last`).
-    fn stream(&mut self, data: &[u8], last: bool) -> Result<Option<Vec<u8>>> {
+    /// Feed `pending` then `data` to the stream (and finish it when
+    /// `last`). `Busy` comes before anything is sent.
+    fn stream(&mut self, pending: &[u8], data: &[u8], last: bool) -> Result<Option<Vec<u8>>> {
         match &mut self.state {
             State::Gathering => unreachable!("streams start first"),
             State::Cpu(ctx) => {
+                ctx.update(pending)?;
                 ctx.update(data)?;
-                stats::on_cpu(data.len(), Why::Policy);
+                stats::on_cpu(pending.len() + data.len(), Why::Policy);
                 if !last {
                     return Ok(None);
                 }
@@ -250,27 +273,17 @@ impl Digest {
                     if lane.id != id {
                         return Err(gone());
                     }
-                    let mut out = None;
-                    let mut chunks = data.chunks(GATHER).peekable();
-                    if chunks.peek().is_none() && last {
-                        out = request(lane, alg, handle, F_DIGEST_FINAL, &[], None)?;
-                    }
-                    while let Some(c) = chunks.next() {
-                        let fin = last && chunks.peek().is_none();
-                        let flags = if fin { F_DIGEST_FINAL } else { 0 };
-                        // The caller's bytes, in place when they are shared
-                        // memory the lane reaches.
-                        let at = lane.place(c);
-                        out = request(lane, alg, handle, flags, c, at)?;
-                        match at {
-                            Some(_) => stats::offloaded_in_place(c.len()),
-                            None => stats::offloaded(c.len()),
-                        }
-                    }
+                    // One slot for the whole call, taken first: a call that
+                    // cannot have one sends nothing.
+                    let slot = lane.take_slot().ok_or(CryptoError::Busy)?;
+                    let r = feed(lane, slot, alg, handle, [pending, data], last);
+                    lane.put_slot(slot);
+                    // A final request ends the session whatever its outcome
+                    // (the object starts over).
                     if last {
                         lane.free_session(handle);
                     }
-                    Ok(out)
+                    r
                 });
                 match r {
                     Ok(r) => r,
@@ -279,6 +292,36 @@ impl Digest {
             }
         }
     }
+}
+
+/// Stream `pieces` through `handle` in requests of at most [`GATHER`]
+/// bytes, the last one final when `last`.
+fn feed(
+    lane: &mut Lane,
+    slot: u16,
+    alg: Alg,
+    handle: u64,
+    pieces: [&[u8]; 2],
+    last: bool,
+) -> Result<Option<Vec<u8>>> {
+    let mut out = None;
+    let mut chunks = pieces.iter().flat_map(|p| p.chunks(GATHER)).peekable();
+    if chunks.peek().is_none() && last {
+        out = request(lane, slot, alg, handle, F_DIGEST_FINAL, &[], None)?;
+    }
+    while let Some(c) = chunks.next() {
+        let fin = last && chunks.peek().is_none();
+        let flags = if fin { F_DIGEST_FINAL } else { 0 };
+        // The caller's bytes, in place when they are shared memory the lane
+        // reaches.
+        let at = lane.place(c);
+        out = request(lane, slot, alg, handle, flags, c, at)?;
+        match at {
+            Some(_) => stats::offloaded_in_place(c.len()),
+            None => stats::offloaded(c.len()),
+        }
+    }
+    Ok(out)
 }
 
 fn gone() -> CryptoError {
@@ -300,13 +343,13 @@ fn why(no: NoLane) -> Why {
 /// slot either way.
 fn request(
     lane: &mut Lane,
+    slot: u16,
     alg: Alg,
     handle: u64,
     flags: u16,
     data: &[u8],
     at: Option<u64>,
 ) -> Result<Option<Vec<u8>>> {
-    let slot = lane.take_slot().ok_or(CryptoError::Busy)?;
     let addr = lane.slot_addr(slot);
     let src = at.unwrap_or_else(|| {
         lane.put(slot, 0, data);
@@ -322,18 +365,15 @@ fn request(
         out,
     }
     .encode();
-    let r = lane.call(desc).and_then(|d| {
-        device_status(d.status, "digest")?;
-        if flags & F_DIGEST_FINAL == 0 {
-            return Ok(None);
-        }
-        let n = (d.result as usize).min(MAX_DIGEST);
-        let mut digest = vec![0u8; n];
-        lane.get(slot, SLOT - MAX_DIGEST, &mut digest);
-        Ok(Some(digest))
-    });
-    lane.put_slot(slot);
-    r
+    let d = lane.call(desc)?;
+    device_status(d.status, "digest")?;
+    if flags & F_DIGEST_FINAL == 0 {
+        return Ok(None);
+    }
+    let n = (d.result as usize).min(MAX_DIGEST);
+    let mut digest = vec![0u8; n];
+    lane.get(slot, SLOT - MAX_DIGEST, &mut digest);
+    Ok(Some(digest))
 }
 
 impl Drop for Digest {

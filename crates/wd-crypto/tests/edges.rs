@@ -518,3 +518,24 @@ fn aead_seal_busy_while_jobs_hold_the_slots() {
     held.release();
     assert_eq!(r, Ok(()), "AEAD seal while the slots are taken");
 }
+
+/// A digest streaming on the device finished on another thread is refused
+/// and kept: finished on its own thread it gives the whole message's
+/// digest (the refused finish used to start the object over, dropping the
+/// message and leaving its device session behind).
+#[test]
+fn a_digest_finished_on_another_thread_is_kept() {
+    let _g = setup(Policy::Offload, 0);
+    let data = noise(300 << 10, 81);
+    let mut d = wd_crypto::Digest::new("sha256", &[]).unwrap();
+    d.update(&data).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let e = d.finish().unwrap_err();
+            assert!(e.to_string().contains("another thread"), "{e}");
+        });
+    });
+    let got = d.finish().unwrap();
+    let want = openssl::hash::hash(openssl::hash::MessageDigest::sha256(), &data).unwrap();
+    assert_eq!(got, want.to_vec());
+}
