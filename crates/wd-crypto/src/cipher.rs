@@ -365,8 +365,16 @@ impl Cipher {
 
     /// The chain as a caller continuing the stream elsewhere needs it: the
     /// IV or counter block and, for CTR, the bytes used of that block.
+    /// Refused when no message is under way (none begun, or the last one
+    /// ended by a failed request or a finished XTS unit): the old value
+    /// would continue a stream the device no longer continues.
     pub fn chain(&mut self) -> Result<([u8; 16], usize)> {
         self.idle()?;
+        if !self.iv_set {
+            return Err(CryptoError::invalid(
+                "no message under way to take the chain of: set_iv starts one",
+            ));
+        }
         self.sync_from_cpu()?;
         Ok((self.iv, self.ctr_used))
     }

@@ -539,3 +539,21 @@ fn a_digest_finished_on_another_thread_is_kept() {
     let want = openssl::hash::hash(openssl::hash::MessageDigest::sha256(), &data).unwrap();
     assert_eq!(got, want.to_vec());
 }
+
+/// The chain is given only for a message under way: a CBC session never
+/// given an IV, and an XTS session whose data unit is done, have none (the
+/// old IV was handed out as if the stream went on from it).
+#[test]
+fn no_chain_without_a_message_under_way() {
+    let _g = setup(Policy::Offload, 0);
+    let mut cbc = Cipher::new("aes-128-cbc", &noise(16, 91), Direction::Encrypt).unwrap();
+    assert!(cbc.chain().is_err());
+    cbc.set_iv(&noise(16, 92)).unwrap();
+    let mut out = vec![0u8; 64];
+    cbc.update(&noise(64, 93), &mut out).unwrap();
+    assert_eq!(cbc.chain().unwrap(), (out[48..].try_into().unwrap(), 0));
+    let mut xts = Cipher::new("aes-128-xts", &noise(32, 94), Direction::Encrypt).unwrap();
+    xts.set_iv(&noise(16, 95)).unwrap();
+    xts.update(&noise(64, 96), &mut out).unwrap();
+    assert!(xts.chain().is_err());
+}
