@@ -88,7 +88,11 @@ impl<T> SessionTable<T> {
     pub fn remove(&mut self, handle: u64) -> Result<T, i32> {
         let i = self.index(handle).ok_or(status::ENOENT)?;
         let s = self.slots[i].1.take().expect("checked by index");
-        self.free.push(i as u32);
+        // A slot whose generation would wrap is retired: a handle kept
+        // from its first session would reach its next one.
+        if self.slots[i].0 != u32::MAX {
+            self.free.push(i as u32);
+        }
         self.live.fetch_sub(1, Ordering::Relaxed);
         Ok(s)
     }
@@ -117,5 +121,21 @@ mod tests {
         assert_eq!(*t.get(b).unwrap(), "b");
         drop(t);
         assert_eq!(live.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_slot_is_retired_before_its_generation_wraps() {
+        let mut t = SessionTable::new(2, Arc::new(AtomicU64::new(0)));
+        let a = t.insert("a").unwrap();
+        t.slots[0].0 = u32::MAX - 1;
+        t.remove(a).unwrap_err();
+        let a = SessionTable::<&str>::handle(0, u32::MAX - 1);
+        t.remove(a).unwrap();
+        let b = t.insert("b").unwrap();
+        assert_eq!(b >> 32, u64::from(u32::MAX));
+        t.remove(b).unwrap();
+        let c = t.insert("c").unwrap();
+        assert_ne!(c & 0xffff_ffff, b & 0xffff_ffff, "the wrapped slot is not reused");
+        assert_eq!(t.insert("d"), Err(status::ENOSPC));
     }
 }
