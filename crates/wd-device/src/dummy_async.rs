@@ -5,7 +5,9 @@
 #![allow(unsafe_code)]
 
 use crate::dummy::{CopyMsg, DummyQueue, DEVICE_API};
-use crate::{status, Access, AlgInfo, DeviceQueue, Dma, Driver, HeldSlice, Progress, Started};
+use crate::{
+    cancelled, status, Access, AlgInfo, DeviceQueue, Dma, Driver, HeldSlice, Progress, Started,
+};
 use wd_ring::Desc;
 
 /// A memcpy device that completes later: it holds each copy for
@@ -126,6 +128,6 @@ impl DeviceQueue for AsyncCopyQueue {
     }
 
     fn abort(&mut self, stopped: &mut Vec<(u64, Desc)>) {
-        stopped.extend(self.held.drain(..).map(|h| (h.token, h.desc)));
+        stopped.extend(self.held.drain(..).map(|h| (h.token, cancelled(h.desc))));
     }
 }

@@ -156,8 +156,9 @@ pub trait DeviceQueue: Send {
     }
 
     /// Teardown: stop every held request and append it (token and
-    /// descriptor) unfinished; on
-    /// return the device touches none of their memory any more.
+    /// completed descriptor): one finished and not yet reported with its
+    /// outcome, the others with `ECANCELED`. On return the device touches
+    /// none of their memory any more.
     fn abort(&mut self, _stopped: &mut Vec<(u64, Desc)>) {}
 
     /// Whether this device is driven through its register block (see
@@ -295,3 +296,11 @@ pub trait Driver: Send + Sync {
 }
 
 pub use wd_msg::{status, LegacyPlan};
+
+/// A held request stopped unfinished at teardown (see
+/// [`DeviceQueue::abort`]).
+pub fn cancelled(mut d: Desc) -> Desc {
+    d.status = status::ECANCELED;
+    d.result = 0;
+    d
+}

@@ -135,7 +135,11 @@ mod tests {
         assert_eq!(b >> 32, u64::from(u32::MAX));
         t.remove(b).unwrap();
         let c = t.insert("c").unwrap();
-        assert_ne!(c & 0xffff_ffff, b & 0xffff_ffff, "the wrapped slot is not reused");
+        assert_ne!(
+            c & 0xffff_ffff,
+            b & 0xffff_ffff,
+            "the wrapped slot is not reused"
+        );
         assert_eq!(t.insert("d"), Err(status::ENOSPC));
     }
 }

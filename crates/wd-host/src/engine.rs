@@ -350,7 +350,8 @@ impl EngineLoop {
     }
 
     /// Stop a queue's held requests (teardown): the device lets go of
-    /// their memory, they complete with -ECANCELED, their pins go.
+    /// their memory, they complete (-ECANCELED unless they had finished),
+    /// their pins go.
     fn drop_holds(&mut self, s: &mut Served) -> Vec<Desc> {
         let mut stopped = Vec::new();
         if !s.held.is_empty() {
@@ -366,14 +367,7 @@ impl EngineLoop {
             Self::unhold(&mut self.held_seqs, seq);
         }
         s.q.in_flight.store(0, Ordering::Relaxed);
-        stopped
-            .into_iter()
-            .map(|(_, mut d)| {
-                d.status = status::ECANCELED;
-                d.result = 0;
-                d
-            })
-            .collect()
+        stopped.into_iter().map(|(_, d)| d).collect()
     }
 
     /// Apply pending commands; false when the engine must exit.

@@ -7,7 +7,7 @@
 //! pieces.
 #![allow(unsafe_code)]
 
-use wd_device::{status, Access, DeviceSlice, Dma, Fault, FaultReason, HeldSlice};
+use wd_device::{cancelled, status, Access, DeviceSlice, Dma, Fault, FaultReason, HeldSlice};
 use wd_ring::Desc;
 
 use crate::device::{complete, SecQueue, Work};
@@ -198,6 +198,6 @@ impl SecQueue {
 
     /// Teardown: hand back the long requests, unfinished.
     pub(crate) fn stop_long(&mut self, stopped: &mut Vec<(u64, Desc)>) {
-        stopped.extend(self.long.drain(..).map(|l| (l.token, l.desc)));
+        stopped.extend(self.long.drain(..).map(|l| (l.token, cancelled(l.desc))));
     }
 }

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use wd_device::{status, Access, Dma, HeldSlice};
+use wd_device::{cancelled, status, Access, Dma, HeldSlice};
 use wd_evp::CipherCtx;
 use wd_ipsecmb::{CbcJob, Engine, Schedule};
 use wd_ring::Desc;
@@ -275,9 +275,9 @@ impl SecQueue {
         Ok(())
     }
 
-    /// Teardown: hand back what was gathered, untouched.
+    /// Teardown: hand back what was gathered, untouched (cancelled).
     pub(crate) fn stop_gathered(&mut self, stopped: &mut Vec<(u64, Desc)>) {
-        stopped.extend(self.pending.drain(..).map(|p| (p.token, p.desc)));
+        stopped.extend(self.pending.drain(..).map(|p| (p.token, cancelled(p.desc))));
     }
 
     /// Encrypt everything gathered, side by side (one request alone goes

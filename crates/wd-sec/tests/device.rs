@@ -955,3 +955,43 @@ fn a_long_request_that_cannot_be_held_is_cut_by_the_engine() {
         reference(cbc, &key, &iv, &plain, true)
     );
 }
+
+/// Teardown hands back a request the engine ran but had not reported yet
+/// with its outcome (it was reported cancelled though its output was
+/// written), and one still gathered as cancelled.
+#[test]
+fn teardown_reports_what_finished_as_finished() {
+    let Some(e) = mb_engine("teardown_reports_what_finished_as_finished") else {
+        return;
+    };
+    let mut q = SecQueue::with_engine(TYPE_CIPHER, Some(e));
+    let mut mem = mem(1 << 16, true);
+    let alg = Alg::by_name("aes-128-cbc").unwrap();
+    let (key, iv) = ([3u8; 16], [9u8; 16]);
+    let s = session(&mut q, &mut mem, alg, &key);
+    let (src, dst) = (BASE + 0x1000, BASE + 0x2000);
+    let plain: Vec<u8> = (0..64u8).collect();
+    mem.put(src, &plain);
+    // The second part of the message makes the first run (it must finish
+    // first) and is gathered in its turn.
+    let first = cipher_op(s, F_ENCRYPT | F_IV, src, dst, 32, &iv);
+    let second = cipher_op(s, F_ENCRYPT, src + 32, dst + 32, 32, &iv);
+    q.batch(2);
+    for (t, d) in [(0u64, first), (1, second)] {
+        let mut d = d;
+        assert_eq!(q.start(t, &mut d, &mut mem), Started::Held);
+    }
+    let mut stopped = Vec::new();
+    q.abort(&mut stopped);
+    stopped.sort_by_key(|(t, _)| *t);
+    let got: Vec<(u64, i32, u64)> = stopped
+        .iter()
+        .map(|(t, d)| (*t, d.status, d.result))
+        .collect();
+    assert_eq!(got, vec![(0, 0, 32), (1, status::ECANCELED, 0)]);
+    assert_eq!(
+        mem.get(dst, 32),
+        reference(alg, &key, &iv, &plain[..32], true)
+    );
+    assert_eq!(q.in_flight(), 0);
+}
