@@ -22,6 +22,10 @@ pub struct DummyAsyncDriver;
 /// can act (unshare, release, kill) while requests are held.
 pub const HOLD: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// Bytes copied per `poll`: the engine serves its other queues between
+/// polls, so a long copy (or many due at once) goes on over several.
+pub const POLL_BYTES: u64 = 1 << 20;
+
 impl Driver for DummyAsyncDriver {
     fn name(&self) -> &'static str {
         "dummy-async"
@@ -46,6 +50,8 @@ struct HeldCopy {
     src: HeldSlice,
     dst: HeldSlice,
     until: std::time::Instant,
+    /// Bytes copied so far.
+    done: u64,
 }
 
 struct AsyncCopyQueue {
@@ -91,6 +97,7 @@ impl DeviceQueue for AsyncCopyQueue {
                     src,
                     dst,
                     until: std::time::Instant::now() + HOLD,
+                    done: 0,
                 });
                 Started::Held
             }
@@ -105,21 +112,31 @@ impl DeviceQueue for AsyncCopyQueue {
             return;
         }
         let now = std::time::Instant::now();
+        let mut budget = POLL_BYTES;
         // Newest first: completions leave in another order than requests
         // came.
         let mut i = self.held.len();
-        while i > 0 {
+        while i > 0 && budget > 0 {
             i -= 1;
-            if self.held[i].until > now {
+            let h = &mut self.held[i];
+            if h.until > now {
                 continue;
             }
-            let mut h = self.held.remove(i);
+            let len = h.src.len() as u64;
+            let n = (len - h.done).min(budget);
+            let (at, count) = (h.done as usize, n as usize);
             // SAFETY: the request is still held (not reported yet), so the
             // engine keeps both ranges mapped.
-            unsafe { h.src.slice().copy_to(&h.dst.slice()) };
-            h.desc.status = status::OK;
-            h.desc.result = h.src.len() as u64;
-            done.push((h.token, h.desc));
+            let (src, dst) = unsafe { (h.src.slice(), h.dst.slice()) };
+            src.subslice(at, count).copy_to(&dst.subslice(at, count));
+            h.done += n;
+            budget -= n;
+            if h.done == len {
+                let mut h = self.held.remove(i);
+                h.desc.status = status::OK;
+                h.desc.result = len;
+                done.push((h.token, h.desc));
+            }
         }
     }
 
