@@ -10,12 +10,27 @@ use wd_sys::PeerCred;
 use crate::config::QueueDetails;
 use crate::{HostError, HostInner};
 
+/// An entry the protocol can carry: a value longer than it allows (a
+/// store's path from the configuration) is cut, marked with `...`; one
+/// such value must not make a whole listing unsendable.
 fn entry(path: String, value: impl ToString, writable: bool) -> AttrEntry {
     AttrEntry {
-        path,
-        value: value.to_string(),
+        path: cut(path, wd_proto::limits::MAX_PATH),
+        value: cut(value.to_string(), wd_proto::limits::MAX_VALUE),
         writable,
     }
+}
+
+fn cut(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut at = max - 3;
+        while !s.is_char_boundary(at) {
+            at -= 1;
+        }
+        s.truncate(at);
+        s.push_str("...");
+    }
+    s
 }
 
 /// Every attribute whose path starts with `prefix`, as `who` may see it.
@@ -58,6 +73,8 @@ pub fn list(host: &HostInner, who: PeerCred, prefix: &str) -> Vec<AttrEntry> {
         false,
     ));
     out.push(entry("host/iommu/sync_wait_ns".into(), st.wait_ns, false));
+    // Before the devices: a listing cut at its limit keeps the host's own.
+    limit_attrs(&mut out, host, who, sees_all);
     for (n, d) in host.devices.iter().enumerate() {
         let base = format!("dev{n}");
         out.push(entry(format!("{base}/driver"), d.driver.name(), false));
@@ -199,9 +216,18 @@ pub fn list(host: &HostInner, who: PeerCred, prefix: &str) -> Vec<AttrEntry> {
             }
         }
     }
-    limit_attrs(&mut out, host, who, sees_all);
     out.retain(|e| e.path.starts_with(prefix));
-    out.truncate(wd_proto::limits::MAX_ATTRS);
+    let max = wd_proto::limits::MAX_ATTRS;
+    if out.len() > max {
+        // Said, not silent: the caller can list a narrower prefix.
+        let more = out.len() - (max - 1);
+        out.truncate(max - 1);
+        out.push(entry(
+            "truncated".into(),
+            format!("{more} more attributes not listed: list a narrower prefix"),
+            false,
+        ));
+    }
     out
 }
 

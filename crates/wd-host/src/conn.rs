@@ -12,7 +12,7 @@ use wd_device::DeviceQueue;
 use wd_iommu::virtio::{self, GuestMemory, ResvMem, VirtioIommu};
 use wd_iommu::{FaultRecord, Prot, Release, Resolution};
 use wd_ipc::{Channel, Frame, IpcError};
-use wd_proto::{limits, FaultEvent, Message, Status};
+use wd_proto::{limits, FaultEvent, Message, ProtoError, Status};
 use wd_ring::{Desc, RingLayout};
 use wd_sys::process_mem::ProcessMemory;
 use wd_sys::PeerCred;
@@ -84,67 +84,11 @@ pub(crate) fn serve(host: &Arc<HostInner>, sock: UnixStream, cred: PeerCred, _ch
         legacy: HashMap::new(),
         virtio: VirtioIommu::new(&host.iommu, virtio::DeviceSettings::default()),
     };
-    // A connection that does not say Hello in time is closed: idle
-    // sockets must not hold connection slots.
+    // A panic on a client's request is a host bug: the client is told, and
+    // what the connection holds is given back all the same.
     let hello_ms = host.quotas.limits().hello_timeout_ms;
-    let hello_by = Instant::now() + Duration::from_millis(hello_ms);
-    // Waiting for a frame is poll's (with the pidfd); a frame once begun
-    // must arrive whole in as long as a Hello may take, or the thread
-    // would sit in recv, deaf to the pidfd, for as long as a client likes.
-    let _ = conn
-        .ch
-        .socket()
-        .set_read_timeout(Some(Duration::from_millis(hello_ms)));
-    loop {
-        if !conn.ch.has_buffered() {
-            let mut fds: Vec<BorrowedFd<'_>> = vec![conn.ch.socket().as_fd()];
-            if let Some(p) = &pidfd {
-                fds.push(p.as_fd());
-            }
-            let timeout = (!conn.hello).then(|| hello_by.saturating_duration_since(Instant::now()));
-            match wd_sys::poll(&fds, timeout) {
-                Ok(r) if r.len() > 1 && (r[1].readable || r[1].hangup) => break,
-                Ok(r) if r[0].readable || r[0].hangup => {}
-                Ok(_) if !conn.hello && Instant::now() >= hello_by => {
-                    conn.last_word(format!(
-                        "no Hello within {hello_ms} ms (limits.hello_timeout_ms)"
-                    ));
-                    break;
-                }
-                Ok(_) => continue,
-                Err(_) => break,
-            }
-        }
-        let frame = match conn.ch.recv() {
-            Ok(f) => f,
-            Err(IpcError::Sys(e)) if e.timed_out() => {
-                conn.last_word(format!(
-                    "a frame begun and not finished within {hello_ms} ms (limits.hello_timeout_ms)"
-                ));
-                break;
-            }
-            Err(IpcError::Closed) | Err(IpcError::Sys(_)) => break,
-            Err(e) => {
-                // Malformed input: say why, then drop the connection (its
-                // framing can no longer be trusted).
-                let _ = conn
-                    .ch
-                    .send(&Message::error(Status::Protocol, e.to_string()), 0, &[]);
-                break;
-            }
-        };
-        let id = frame.request_id;
-        let (reply, fds) = match conn.handle(frame) {
-            Ok(r) => r,
-            Err(e) => (Message::error(e.status(), e.to_string()), Vec::new()),
-        };
-        let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
-        if conn.ch.send(&reply, id, &borrowed).is_err() {
-            break;
-        }
-        if !conn.hello {
-            break;
-        }
+    if catch_unwind(AssertUnwindSafe(|| conn.run(pidfd.as_ref(), hello_ms))).is_err() {
+        conn.last_word("the host failed on this connection's request (a bug): closing it".into());
     }
     let ids: Vec<u32> = conn.queues.keys().copied().collect();
     for id in ids {
@@ -153,6 +97,94 @@ pub(crate) fn serve(host: &Arc<HostInner>, sock: UnixStream, cred: PeerCred, _ch
 }
 
 impl Conn<'_> {
+    /// Requests and replies until the peer closes, its process exits, or
+    /// it breaks a rule.
+    fn run(&mut self, pidfd: Option<&OwnedFd>, hello_ms: u64) {
+        let limit = Duration::from_millis(hello_ms);
+        // A connection that does not say Hello in time is closed: idle
+        // sockets must not hold connection slots.
+        let hello_by = Instant::now() + limit;
+        // A reply the client does not read within as long ends the
+        // connection: the thread must not sit in send, deaf to the pidfd.
+        let _ = self.ch.socket().set_write_timeout(Some(limit));
+        loop {
+            if !self.ch.has_buffered() {
+                let mut fds: Vec<BorrowedFd<'_>> = vec![self.ch.socket().as_fd()];
+                if let Some(p) = pidfd {
+                    fds.push(p.as_fd());
+                }
+                let timeout =
+                    (!self.hello).then(|| hello_by.saturating_duration_since(Instant::now()));
+                match wd_sys::poll(&fds, timeout) {
+                    Ok(r) if r.len() > 1 && (r[1].readable || r[1].hangup) => break,
+                    Ok(r) if r[0].readable || r[0].hangup => {}
+                    Ok(_) if !self.hello && Instant::now() >= hello_by => {
+                        self.last_word(format!(
+                            "no Hello within {hello_ms} ms (limits.hello_timeout_ms)"
+                        ));
+                        break;
+                    }
+                    Ok(_) => continue,
+                    Err(_) => break,
+                }
+            }
+            // Waiting for a frame is poll's (with the pidfd); a frame once
+            // begun must arrive whole in as long as a Hello may take (the
+            // Hello by its deadline), or the thread would sit in recv, deaf
+            // to the pidfd, for as long as a client likes.
+            let by = if self.hello {
+                Instant::now() + limit
+            } else {
+                hello_by
+            };
+            let frame = match self.ch.recv_by(Some(by)) {
+                Ok(f) => f,
+                Err(IpcError::TimedOut) => {
+                    self.last_word(format!(
+                        "a frame begun and not finished within {hello_ms} ms (limits.hello_timeout_ms)"
+                    ));
+                    break;
+                }
+                Err(IpcError::Closed) | Err(IpcError::Sys(_)) => break,
+                Err(e) => {
+                    // Malformed input: say why, then drop the connection (its
+                    // framing can no longer be trusted).
+                    let status = match &e {
+                        IpcError::Proto(ProtoError::Version(_)) => Status::Version,
+                        IpcError::Proto(ProtoError::TooBig(_)) => Status::TooBig,
+                        _ => Status::Protocol,
+                    };
+                    let _ = self.ch.send(&Message::error(status, e.to_string()), 0, &[]);
+                    break;
+                }
+            };
+            let id = frame.request_id;
+            let (reply, fds) = match self.handle(frame) {
+                Ok(r) => r,
+                Err(e) => (Message::error(e.status(), e.to_string()), Vec::new()),
+            };
+            let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
+            match self.ch.send(&reply, id, &borrowed) {
+                Ok(()) => {}
+                // A reply the protocol cannot carry is this host's fault:
+                // the client hears why and keeps its connection.
+                Err(IpcError::Proto(e)) => {
+                    let why = Message::error(
+                        Status::TooBig,
+                        format!("the host's reply to {} cannot be sent: {e}", reply.name()),
+                    );
+                    if self.ch.send(&why, id, &[]).is_err() {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+            if !self.hello {
+                break;
+            }
+        }
+    }
+
     /// The protocol error the host closes the connection for, sent
     /// without waiting long on a client that does not read.
     fn last_word(&mut self, message: String) {

@@ -212,6 +212,13 @@ impl Quotas {
                 *u.per_type.entry((device, qtype)).or_default() += 1;
             }
             Resource::Share { bytes } => {
+                // The size is the client's word, exempt users' too.
+                let Some(total) = u.mapped_bytes.checked_add(bytes) else {
+                    return Err(HostError::Status(
+                        Status::TooBig,
+                        format!("a share of {bytes} bytes is larger than any memory"),
+                    ));
+                };
                 if *mappings >= self.max_mappings {
                     return Err(HostError::Status(
                         Status::NoMemory,
@@ -227,7 +234,7 @@ impl Quotas {
                             u.shares
                         ));
                     }
-                    if u.mapped_bytes.saturating_add(bytes) > l.mapped_bytes_per_uid {
+                    if total > l.mapped_bytes_per_uid {
                         return quota(format!(
                             "uid {uid} has {} bytes mapped; {bytes} more exceed limits.mapped_bytes_per_uid ({})",
                             u.mapped_bytes, l.mapped_bytes_per_uid
@@ -235,7 +242,7 @@ impl Quotas {
                     }
                 }
                 u.shares += 1;
-                u.mapped_bytes += bytes;
+                u.mapped_bytes = total;
                 *mappings += 1;
             }
         }

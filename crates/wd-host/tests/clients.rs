@@ -266,14 +266,14 @@ fn malformed_control_messages_get_a_status() {
     .unwrap();
     hello[4] = 99;
     s.write_all(&hello).unwrap();
-    assert!(read_error(&mut s).is_some());
+    assert_eq!(read_error(&mut s), Some(Status::Version));
     // A huge announced body.
     let mut s = UnixStream::connect(&host.socket).unwrap();
     let mut big = hello.clone();
     big[4] = 1;
     big[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
     s.write_all(&big).unwrap();
-    assert_eq!(read_error(&mut s), Some(Status::Protocol));
+    assert_eq!(read_error(&mut s), Some(Status::TooBig));
     // A request before Hello.
     let mut s = UnixStream::connect(&host.socket).unwrap();
     s.write_all(

@@ -9,6 +9,7 @@
 use std::collections::VecDeque;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::time::Instant;
 
 use wd_proto::{limits, Header, Message, ProtoError, HEADER_LEN};
 use wd_sys::SysError;
@@ -32,6 +33,10 @@ pub enum IpcError {
         /// Descriptors the message kind carries.
         want: usize,
     },
+    /// A frame did not arrive whole by the deadline given to
+    /// [`Channel::recv_by`].
+    #[error("a frame begun and not finished in time")]
+    TimedOut,
     /// A reply answered another request.
     #[error("reply for request {got} while waiting for request {want}")]
     Unexpected {
@@ -112,7 +117,21 @@ impl Channel {
         &self.buf[self.start..]
     }
 
-    fn fill(&mut self) -> Result<(), IpcError> {
+    fn fill(&mut self, by: Option<Instant>) -> Result<(), IpcError> {
+        if let Some(by) = by {
+            // One deadline for the whole frame, not one per read: a frame
+            // trickled a byte at a time must not outlive it.
+            let left = by.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(IpcError::TimedOut);
+            }
+            self.sock
+                .set_read_timeout(Some(left))
+                .map_err(|source| SysError::Call {
+                    call: "setsockopt",
+                    source,
+                })?;
+        }
         if self.start > 0 && self.start == self.buf.len() {
             self.buf.clear();
             self.start = 0;
@@ -127,6 +146,9 @@ impl Channel {
             Ok(v) => v,
             Err(e) => {
                 self.buf.truncate(old);
+                if by.is_some() && e.timed_out() {
+                    return Err(IpcError::TimedOut);
+                }
                 return Err(e.into());
             }
         };
@@ -147,8 +169,14 @@ impl Channel {
 
     /// Receive the next frame (blocking).
     pub fn recv(&mut self) -> Result<Frame, IpcError> {
+        self.recv_by(None)
+    }
+
+    /// Receive the next frame, whole by `by` ([`IpcError::TimedOut`]
+    /// after it; the socket's read timeout is the channel's from then on).
+    pub fn recv_by(&mut self, by: Option<Instant>) -> Result<Frame, IpcError> {
         while self.available().len() < HEADER_LEN {
-            self.fill()?;
+            self.fill(by)?;
         }
         let hbytes: [u8; HEADER_LEN] = self.available()[..HEADER_LEN]
             .try_into()
@@ -156,7 +184,7 @@ impl Channel {
         let header: Header = wd_proto::decode_header(&hbytes)?;
         let total = HEADER_LEN + header.body_len as usize;
         while self.available().len() < total {
-            self.fill()?;
+            self.fill(by)?;
         }
         let msg = wd_proto::decode_body(&header, &self.available()[HEADER_LEN..total])?;
         self.start += total;
@@ -169,7 +197,10 @@ impl Channel {
             });
         }
         let fds: Vec<OwnedFd> = self.fds.drain(..want).collect();
-        if want == 0 && !self.fds.is_empty() && self.available().is_empty() {
+        // Descriptors arrive with the first bytes of the frame they were
+        // sent with: with no bytes of another frame here, the extra ones
+        // came with this one.
+        if !self.fds.is_empty() && self.available().is_empty() {
             // Descriptors nobody asked for: close them and refuse the frame.
             let got = self.fds.len();
             self.fds.clear();
@@ -194,6 +225,10 @@ impl Channel {
         fds: &[BorrowedFd<'_>],
     ) -> Result<Frame, IpcError> {
         if let Err(e) = self.send(msg, request_id, fds) {
+            // Nothing was sent: the peer has nothing to answer.
+            if !matches!(e, IpcError::Sys(SysError::Call { .. })) {
+                return Err(e);
+            }
             // A peer that refused us (too many connections, a quota, no
             // Hello in time) says why before it closes: that reason beats
             // the EPIPE our write got.

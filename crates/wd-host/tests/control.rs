@@ -1,0 +1,451 @@
+//! Hostile clients against the host's control path, each against a
+//! promise of docs/protocol.md or docs/security.md: frames trickled past
+//! their deadline, sizes that overflow, descriptors too many, replies not
+//! read, values too long to list, names too long to send, another
+//! protocol version. The host runs in this process, the clients are raw
+//! protocol channels (or a child process that hands its socket over).
+#![allow(unsafe_code)]
+
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use wd_host::config::Limits;
+use wd_host::{DeviceConfig, Host, HostConfig};
+use wd_ipc::Channel;
+use wd_proto::{Message, Prot, Status};
+use wd_testutil::{tempdir_in, TempDir};
+
+struct TestHost {
+    _host: Host,
+    socket: String,
+    _dir: TempDir,
+}
+
+fn start(devices: &[&str], limits: Limits) -> TestHost {
+    let d = tempdir_in(Path::new(env!("CARGO_TARGET_TMPDIR")), "wd-control", 0o755);
+    let socket = d.join("wd.sock");
+    let cfg = HostConfig {
+        socket: socket.clone(),
+        socket_mode: 0o666,
+        devices: devices
+            .iter()
+            .map(|s| DeviceConfig::parse_spec(s).unwrap())
+            .collect(),
+        limits,
+        ..HostConfig::default()
+    };
+    TestHost {
+        _host: Host::start(&cfg).expect("host starts"),
+        socket,
+        _dir: d,
+    }
+}
+
+fn limits(body: &str) -> Limits {
+    toml::from_str(body).unwrap()
+}
+
+fn connect(socket: &str) -> Channel {
+    let s = UnixStream::connect(socket).unwrap();
+    // A failing test must not hang in its own recv.
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    Channel::new(s)
+}
+
+fn hello(ch: &mut Channel) {
+    let f = ch
+        .call(
+            &Message::Hello {
+                version: wd_proto::PROTOCOL_VERSION,
+                client_pid: 0,
+            },
+            1,
+            &[],
+        )
+        .unwrap();
+    assert!(matches!(f.msg, Message::HelloReply { .. }), "{:?}", f.msg);
+}
+
+fn request_queue(ch: &mut Channel) -> (u32, Vec<OwnedFd>) {
+    let f = ch
+        .call(
+            &Message::RequestQueue {
+                alg: "memcpy".into(),
+                flags: 0,
+                depth: 0,
+                numa_node: -1,
+                probe_addr: 0,
+                probe_value: 0,
+            },
+            2,
+            &[],
+        )
+        .unwrap();
+    match f.msg {
+        Message::QueueGranted { queue_id, .. } => (queue_id, f.fds),
+        m => panic!("unexpected {m:?}"),
+    }
+}
+
+/// A sealed memfd of `size` bytes, as a client shares.
+fn memfd(size: u64) -> OwnedFd {
+    let fd = wd_sys::memfd_create("control", false).unwrap();
+    wd_sys::ftruncate(fd.as_fd(), size).unwrap();
+    wd_sys::add_seals(fd.as_fd(), wd_sys::SEAL_SHRINK | wd_sys::SEAL_GROW).unwrap();
+    fd
+}
+
+fn attr(socket: &str, path: &str) -> String {
+    let mut ch = connect(socket);
+    hello(&mut ch);
+    match ch
+        .call(&Message::GetAttr { path: path.into() }, 3, &[])
+        .unwrap()
+        .msg
+    {
+        Message::AttrValue { value } => value,
+        Message::Error { message, .. } => format!("(error: {message})"),
+        m => panic!("unexpected {m:?}"),
+    }
+}
+
+/// Write `bytes` one at a time, `gap` apart.
+fn trickle(sock: &UnixStream, bytes: &[u8], gap: Duration) -> Result<(), std::io::Error> {
+    let mut raw = sock.try_clone().unwrap();
+    for b in bytes {
+        raw.write_all(std::slice::from_ref(b))?;
+        std::thread::sleep(gap);
+    }
+    Ok(())
+}
+
+/// docs/protocol.md: "a frame once begun must arrive whole within as long"
+/// (limits.hello_timeout_ms): one deadline for the frame. A read timeout
+/// per recvmsg let a frame trickled a byte at a time keep the connection
+/// thread in recv (deaf to the pidfd) as long as the client liked.
+#[test]
+fn a_trickled_frame_is_cut_off_like_a_half_sent_one() {
+    let host = start(&["dummy"], limits("hello_timeout_ms = 300"));
+    let mut ch = connect(&host.socket);
+    hello(&mut ch);
+    let frame = wd_proto::encode(&Message::ReleaseQueue { queue_id: 9 }, 7).unwrap();
+    let t = Instant::now();
+    // 20 bytes, 200 ms apart: 4 s for a frame that must arrive within 300 ms.
+    let sock = ch.socket().try_clone().unwrap();
+    let writer = std::thread::spawn(move || trickle(&sock, &frame, Duration::from_millis(200)));
+    let f = ch.recv().expect("a reply or a reason");
+    let _ = writer.join();
+    let elapsed = t.elapsed();
+    match f.msg {
+        Message::Error { message, .. } => assert!(
+            message.contains("not finished"),
+            "the host waited {elapsed:?} for a frame it must cut off after 300 ms, then answered: {message}"
+        ),
+        m => panic!("unexpected {m:?}"),
+    }
+}
+
+/// The same before Hello: "A connection must say Hello within
+/// limits.hello_timeout_ms"; a Hello trickled over 4 s was answered, so
+/// idle connections could hold their slots without limit.
+#[test]
+fn a_trickled_hello_does_not_outlive_the_hello_deadline() {
+    let host = start(&["dummy"], limits("hello_timeout_ms = 300"));
+    let mut ch = connect(&host.socket);
+    let frame = wd_proto::encode(
+        &Message::Hello {
+            version: wd_proto::PROTOCOL_VERSION,
+            client_pid: 0,
+        },
+        1,
+    )
+    .unwrap();
+    let t = Instant::now();
+    let sock = ch.socket().try_clone().unwrap();
+    let writer = std::thread::spawn(move || trickle(&sock, &frame, Duration::from_millis(200)));
+    let f = ch.recv().expect("a reply or a reason");
+    let _ = writer.join();
+    assert!(
+        matches!(f.msg, Message::Error { .. }),
+        "a Hello that took {:?} (deadline 300 ms) was answered: {:?}",
+        t.elapsed(),
+        f.msg
+    );
+}
+
+/// The quota charge of a share is made from the size the client wrote,
+/// before the memory is imported; for an exempt user (root, the host's
+/// owner: this test's uid) the sum overflowed, and in a build with
+/// overflow checks the connection thread panicked: the client got no
+/// reply and no EOF.
+#[test]
+fn an_exempt_users_huge_share_is_refused_not_a_panic() {
+    let host = start(&["dummy"], Limits::default());
+    let mut ch = connect(&host.socket);
+    hello(&mut ch);
+    let (q, _ring) = request_queue(&mut ch);
+    let fd = memfd(1 << 20);
+    let share = |size| Message::MemShare {
+        queue_id: q,
+        iova: 0x10_0000,
+        size,
+        fd_offset: 0,
+        prot: Prot::RW,
+    };
+    let f = ch.call(&share(4096), 4, &[fd.as_fd()]).unwrap();
+    assert_eq!(f.msg, Message::Ok);
+    let r = ch.call(&share(u64::MAX - 4095), 5, &[fd.as_fd()]);
+    match r {
+        Ok(f) if matches!(f.msg, Message::Error { .. }) => {}
+        other => panic!("a share of u64::MAX - 4095 bytes got no refusal: {other:?}"),
+    }
+}
+
+/// After the refusal above the client goes away, and its queue with it
+/// ("every queue of the connection is torn down ... instance returned"):
+/// when that refusal was a panic, the queue, its instance and the uid's
+/// charge stayed for good (the connection thread now gives them back
+/// after a panic too).
+#[test]
+fn a_client_refused_a_huge_share_gives_its_queue_back() {
+    let host = start(&["dummy:queues=4"], Limits::default());
+    let avail = "dev0/mdev_supported_types/dummy-memcpy/available_instances";
+    assert_eq!(attr(&host.socket, avail), "4");
+    {
+        let mut ch = connect(&host.socket);
+        hello(&mut ch);
+        let (q, _ring) = request_queue(&mut ch);
+        let fd = memfd(1 << 20);
+        let share = |size| Message::MemShare {
+            queue_id: q,
+            iova: 0x10_0000,
+            size,
+            fd_offset: 0,
+            prot: Prot::RW,
+        };
+        let _ = ch.call(&share(4096), 4, &[fd.as_fd()]);
+        let _ = ch.call(&share(u64::MAX - 4095), 5, &[fd.as_fd()]);
+        // The client goes away.
+    }
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while attr(&host.socket, avail) != "4" && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let uid = wd_sys::geteuid();
+    assert_eq!(
+        attr(&host.socket, avail),
+        "4",
+        "the queue's instance was never returned; host/users/{uid}/queues = {}",
+        attr(&host.socket, &format!("host/users/{uid}/queues"))
+    );
+}
+
+/// docs/protocol.md: "each kind says how many [descriptors] it carries
+/// ... and a frame with the wrong number is refused". A MemShare carrying
+/// two descriptors was accepted (the second stayed queued and was handed
+/// to whichever later frame expected one).
+#[test]
+fn a_frame_with_too_many_descriptors_is_refused() {
+    let host = start(&["dummy"], Limits::default());
+    let mut ch = connect(&host.socket);
+    hello(&mut ch);
+    let (q, _ring) = request_queue(&mut ch);
+    let a = memfd(1 << 16);
+    let b = memfd(1 << 16);
+    let bytes = wd_proto::encode(
+        &Message::MemShare {
+            queue_id: q,
+            iova: 0x10_0000,
+            size: 4096,
+            fd_offset: 0,
+            prot: Prot::RW,
+        },
+        4,
+    )
+    .unwrap();
+    wd_sys::send_with_fds(ch.socket(), &bytes, &[a.as_fd(), b.as_fd()]).unwrap();
+    let f = ch.recv().expect("a reply");
+    assert!(
+        matches!(
+            f.msg,
+            Message::Error {
+                status: Status::Protocol,
+                ..
+            }
+        ),
+        "MemShare with 2 descriptors (1 expected) was answered {:?}",
+        f.msg
+    );
+}
+
+/// docs/protocol.md: attribute values are at most MAX_VALUE (256) bytes,
+/// and `encode` refuses longer ones. An NVMe namespace whose store path
+/// is longer (from the host's configuration) made every full listing
+/// (`wd ls`) fail to encode, and the host dropped the asking client's
+/// connection, with its queues, without a word. Now the value is cut.
+#[test]
+fn a_long_attribute_value_does_not_break_every_listing() {
+    let d = tempdir_in(
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+        "wd-control-longpath",
+        0o755,
+    );
+    let deep = Path::new(&d.0).join("a".repeat(200));
+    std::fs::create_dir_all(&deep).unwrap();
+    let store = deep.join(format!("{}.img", "b".repeat(100)));
+    std::fs::write(&store, b"").unwrap();
+    let store = store.display().to_string();
+    assert!(store.len() > wd_proto::limits::MAX_VALUE);
+    let spec = format!("nvme:engine=sync,ns={store}:0:1M");
+    let host = start(&["dummy", &spec], Limits::default());
+    let mut ch = connect(&host.socket);
+    hello(&mut ch);
+    let (_q, _ring) = request_queue(&mut ch);
+    let r = ch.call(
+        &Message::ListAttrs {
+            prefix: String::new(),
+        },
+        9,
+        &[],
+    );
+    match r {
+        Ok(f) => assert!(
+            matches!(f.msg, Message::Attrs { .. } | Message::Error { .. }),
+            "{:?}",
+            f.msg
+        ),
+        Err(e) => panic!("ListAttrs \"\" with a {}-byte store path: {e}", store.len()),
+    }
+}
+
+/// The client library's view of the same: a caller's bad input (an
+/// attribute path over MAX_PATH, an algorithm name over MAX_NAME) hung
+/// the call for good (waiting for the host's answer to a request never
+/// sent) instead of returning an error.
+#[test]
+fn a_client_with_an_overlong_name_gets_an_error_not_a_hang() {
+    let host = start(&["dummy"], Limits::default());
+    let conn = wrapdrive::HostConn::connect(&host.socket).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let c = conn.clone();
+    std::thread::spawn(move || {
+        let r = c.request_queue(&wrapdrive::Capability::new(&"m".repeat(65)));
+        let _ = tx.send(r.map(|_| ()).map_err(|e| e.to_string()));
+    });
+    match rx.recv_timeout(Duration::from_secs(3)) {
+        Ok(r) => assert!(r.is_err(), "{r:?}"),
+        Err(_) => panic!("request_queue with a 65-byte algorithm name blocked for 3 s"),
+    }
+}
+
+/// Entry point of the re-run roles; does nothing in a normal run.
+#[test]
+fn child_entry() {
+    if wd_testutil::role().as_deref() != Some("passer") {
+        return;
+    }
+    // Connect, take a queue, hand the connection to the test (as a child
+    // inherits a socket), and stay alive until stdin closes.
+    let mut ch = connect(&std::env::var("WD_TEST_SOCKET").unwrap());
+    hello(&mut ch);
+    let (_q, _ring) = request_queue(&mut ch);
+    let to = UnixStream::connect(std::env::var("WD_TEST_PASS").unwrap()).unwrap();
+    wd_sys::send_with_fds(&to, b"x", &[ch.socket().as_fd()]).unwrap();
+    let mut sink = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+    // SAFETY: leave without running the harness's teardown twice.
+    unsafe { libc::_exit(0) };
+}
+
+/// docs/protocol.md: "A pidfd ties the queues to the process, not only
+/// to the socket: a socket inherited by a child does not keep a dead
+/// parent's queues." Replies were sent without a write timeout: once
+/// whoever held the socket stopped reading, the thread sat in send, deaf
+/// to the pidfd, and the dead process's queue stayed.
+#[test]
+fn a_dead_clients_queue_goes_even_when_its_socket_is_not_read() {
+    use std::os::unix::net::UnixListener;
+    let host = start(&["dummy:queues=4"], Limits::default());
+    let avail = "dev0/mdev_supported_types/dummy-memcpy/available_instances";
+    let pass = Path::new(&host._dir.0).join("pass.sock");
+    let listener = UnixListener::bind(&pass).unwrap();
+    let mut c = wd_testutil::Role::command("passer");
+    c.env("WD_TEST_SOCKET", &host.socket)
+        .env("WD_TEST_PASS", &pass)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null());
+    let mut role = wd_testutil::Role::spawn(c);
+    let (from, _) = listener.accept().unwrap();
+    let mut b = [0u8; 8];
+    let (_, mut fds) = wd_sys::recv_with_fds(&from, &mut b, 4).unwrap();
+    let conn = UnixStream::from(fds.pop().expect("the connection"));
+    assert_eq!(attr(&host.socket, avail), "3");
+    // Ask and never read: the host's replies fill the socket, then ours.
+    conn.set_nonblocking(true).unwrap();
+    let req = wd_proto::encode(
+        &Message::ListAttrs {
+            prefix: String::new(),
+        },
+        5,
+    )
+    .unwrap();
+    let mut w = &conn;
+    let t = Instant::now();
+    while std::env::var("WD_TEST_NO_FLOOD").is_err() {
+        match w.write(&req) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if t.elapsed() > Duration::from_secs(1) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // The process that connected exits; the socket lives on here.
+    drop(role.child.stdin.take());
+    let _ = role.child.wait();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while attr(&host.socket, avail) != "4" && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left = attr(&host.socket, avail);
+    drop(conn);
+    assert_eq!(
+        left, "4",
+        "3 s after the client process died its queue is still held (the connection thread is blocked sending to a socket nobody reads)"
+    );
+}
+
+/// docs/protocol.md: status Version (EPROTONOSUPPORT) is "the peer speaks
+/// another protocol version". A client of another version writes its
+/// version in the frame header as well as in Hello; the header is checked
+/// first, and was refused as a plain protocol error (-EPROTO).
+#[test]
+fn a_client_of_another_protocol_version_reads_version() {
+    let host = start(&["dummy"], Limits::default());
+    let mut ch = connect(&host.socket);
+    let mut frame = wd_proto::encode(
+        &Message::Hello {
+            version: 2,
+            client_pid: 0,
+        },
+        1,
+    )
+    .unwrap();
+    frame[4..6].copy_from_slice(&2u16.to_le_bytes());
+    let mut raw = ch.socket().try_clone().unwrap();
+    raw.write_all(&frame).unwrap();
+    match ch.recv().expect("a refusal").msg {
+        Message::Error { status, message } => assert_eq!(
+            status,
+            Status::Version,
+            "a version-2 Hello was refused as {status:?}: {message}"
+        ),
+        m => panic!("unexpected {m:?}"),
+    }
+}
