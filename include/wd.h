@@ -18,7 +18,8 @@
  *    negative errno on failure; wd_strerror() names it, wd_last_error()
  *    gives this thread's last detailed message.
  *  - Out-parameters are written only on success. Every pointer is checked;
- *    NULL where one is required is -EINVAL.
+ *    NULL where one is required is -EINVAL, a queue released or never
+ *    requested -EBADF.
  *  - Ownership: struct wd_queue and struct wd_capa belong to the caller.
  *    A request passed to wd_send belongs to the library until wd_rcv hands
  *    the same pointer back: keep it valid and do not touch it meanwhile.
@@ -147,7 +148,8 @@ int wd_mem_share(struct wd_queue *q, const void *addr, size_t size, int flags);
 /* Undo wd_mem_share (same addr and size); returns once the device can no
  * longer reach the memory. A range that is not exactly one shared range
  * (part of one, or several) is refused and stays reachable: errno is then
- * set (ENOENT, or EINVAL for a bad queue). Prefer wd_mem_unshare2. */
+ * set (ENOENT; EINVAL for a NULL queue, EBADF for a dead one). Prefer
+ * wd_mem_unshare2. */
 void wd_mem_unshare(struct wd_queue *q, const void *addr, size_t size);
 /* As wd_mem_unshare, returning 0 or a negative errno (-ENOENT: not exactly
  * one shared range, which stays shared). Since WD_0.2. */
