@@ -241,6 +241,7 @@ fn limit_attrs(out: &mut Vec<AttrEntry>, host: &HostInner, who: PeerCred, sees_a
         ("queue_type_percent", l.queue_type_percent as u64),
         ("shares_per_uid", l.shares_per_uid as u64),
         ("mapped_bytes_per_uid", l.mapped_bytes_per_uid),
+        ("table_bytes_per_uid", l.table_bytes_per_uid),
         ("hello_timeout_ms", l.hello_timeout_ms),
         ("reserved_connections", l.reserved_connections as u64),
         ("pass_bytes", l.pass_bytes),
@@ -264,6 +265,11 @@ fn limit_attrs(out: &mut Vec<AttrEntry>, host: &HostInner, who: PeerCred, sees_a
         out.push(entry(format!("{b}/queues"), u.queues, false));
         out.push(entry(format!("{b}/shares"), u.shares, false));
         out.push(entry(format!("{b}/mapped_bytes"), u.mapped_bytes, false));
+        out.push(entry(
+            format!("{b}/table_bytes"),
+            host.quotas.table_bytes(uid),
+            false,
+        ));
     }
 }
 

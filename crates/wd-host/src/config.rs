@@ -202,6 +202,10 @@ pub struct Limits {
     pub shares_per_uid: u32,
     /// Bytes of client memory one uid may have mapped into the host.
     pub mapped_bytes_per_uid: u64,
+    /// Bytes of IOMMU page tables one uid's domains may hold together
+    /// (virtio-iommu MAPs build tables of the client's choosing: one page
+    /// mapped at scattered addresses costs many table pages).
+    pub table_bytes_per_uid: u64,
     /// How long a new connection may take to say Hello, in milliseconds.
     pub hello_timeout_ms: u64,
     /// Connections held back for root and the host's owner once the rest
@@ -223,6 +227,7 @@ impl Default for Limits {
             queue_type_percent: 50,
             shares_per_uid: 16384,
             mapped_bytes_per_uid: 1 << 40,
+            table_bytes_per_uid: 256 << 20,
             hello_timeout_ms: 2000,
             reserved_connections: 16,
             exempt_owner: true,
@@ -245,6 +250,9 @@ impl Limits {
         }
         if self.reserved_connections as usize >= MAX_CONNECTIONS {
             return bad("reserved_connections must be below the connection limit");
+        }
+        if self.table_bytes_per_uid < 1 << 20 {
+            return bad("table_bytes_per_uid must be at least 1 MiB");
         }
         if self.pass_bytes < 4096 {
             return bad("pass_bytes must be at least 4096");

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use wd_device::DeviceQueue;
 use wd_iommu::virtio::{self, GuestMemory, ResvMem, VirtioIommu};
-use wd_iommu::{FaultRecord, Prot, Release, Resolution};
+use wd_iommu::{DomainConfig, FaultRecord, Prot, Release, Resolution};
 use wd_ipc::{Channel, Frame, IpcError};
 use wd_proto::{limits, FaultEvent, Message, ProtoError, Status};
 use wd_ring::{Desc, RingLayout};
@@ -82,7 +82,16 @@ pub(crate) fn serve(host: &Arc<HostInner>, sock: UnixStream, cred: PeerCred, _ch
         hello: false,
         queues: HashMap::new(),
         legacy: HashMap::new(),
-        virtio: VirtioIommu::new(&host.iommu, virtio::DeviceSettings::default()),
+        virtio: VirtioIommu::new(
+            &host.iommu,
+            virtio::DeviceSettings {
+                domain: DomainConfig {
+                    table_budget: host.quotas.table_budget(cred.uid),
+                    ..DomainConfig::default()
+                },
+                ..virtio::DeviceSettings::default()
+            },
+        ),
     };
     // A panic on a client's request is a host bug: the client is told, and
     // what the connection holds is given back all the same.
@@ -97,6 +106,15 @@ pub(crate) fn serve(host: &Arc<HostInner>, sock: UnixStream, cred: PeerCred, _ch
 }
 
 impl Conn<'_> {
+    /// The settings of a domain made for this connection's client: its
+    /// page tables count against its uid's budget.
+    fn domain_config(&self) -> DomainConfig {
+        DomainConfig {
+            table_budget: self.host.quotas.table_budget(self.cred.uid),
+            ..DomainConfig::default()
+        }
+    }
+
     /// Requests and replies until the peer closes, its process exits, or
     /// it breaks a rule.
     fn run(&mut self, pidfd: Option<&OwnedFd>, hello_ms: u64) {
@@ -533,7 +551,7 @@ impl Conn<'_> {
             engine_n,
             cq,
             ring_map,
-            &self.host.iommu,
+            (&self.host.iommu, self.domain_config()),
             (charge, instance),
         ));
         // Cannot fail: a connection holds at most MAX_ENDPOINTS queues, and

@@ -149,10 +149,10 @@ impl Queue {
         engine: usize,
         cq_event: OwnedFd,
         ring: Mapping,
-        iommu: &Arc<Iommu>,
+        (iommu, domain): (&Arc<Iommu>, DomainConfig),
         (charge, instance): (Charge, InstanceClaim),
     ) -> Queue {
-        let dom = Arc::new(Domain::new(iommu, id, DomainConfig::default()));
+        let dom = Arc::new(Domain::new(iommu, id, domain));
         iommu.track(&dom);
         Queue {
             id,
@@ -251,6 +251,7 @@ impl Queue {
                 let st = match e {
                     wd_iommu::IommuError::LimitExceeded { .. }
                     | wd_iommu::IommuError::TableLimit { .. } => Status::NoMemory,
+                    wd_iommu::IommuError::TableBudget { .. } => Status::Quota,
                     _ => Status::Invalid,
                 };
                 HostError::Status(st, format!("cannot share {iova:#x}+{size:#x}: {e}"))

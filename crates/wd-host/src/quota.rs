@@ -9,7 +9,9 @@
 //! never from the host-wide ones.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+
+use wd_iommu::TableBudget;
 
 use wd_proto::Status;
 
@@ -63,6 +65,8 @@ struct Table {
     users: HashMap<u32, Usage>,
     connections: usize,
     mappings: u64,
+    /// Each uid's page-table budget, alive while a domain of it is.
+    tables: HashMap<u32, Weak<TableBudget>>,
 }
 
 /// The host's accounting.
@@ -130,6 +134,32 @@ impl Quotas {
         v
     }
 
+    /// The page-table budget the domains of `uid` share
+    /// (`limits.table_bytes_per_uid`); none for an exempt user.
+    pub fn table_budget(&self, uid: u32) -> Option<Arc<TableBudget>> {
+        if self.exempt(uid) {
+            return None;
+        }
+        let mut t = self.lock();
+        if let Some(b) = t.tables.get(&uid).and_then(Weak::upgrade) {
+            return Some(b);
+        }
+        t.tables.retain(|_, b| b.strong_count() > 0);
+        let b = TableBudget::new(self.limits.table_bytes_per_uid / wd_iommu::PAGE_SIZE);
+        t.tables.insert(uid, Arc::downgrade(&b));
+        Some(b)
+    }
+
+    /// Bytes of page tables `uid`'s domains hold (none counted for an
+    /// exempt user).
+    pub fn table_bytes(&self, uid: u32) -> u64 {
+        self.lock()
+            .tables
+            .get(&uid)
+            .and_then(Weak::upgrade)
+            .map_or(0, |b| b.used() * wd_iommu::PAGE_SIZE)
+    }
+
     /// Host-wide mappings of client memory now, and the budget.
     pub fn mappings(&self) -> (u64, u64) {
         (self.lock().mappings, self.max_mappings)
@@ -162,6 +192,7 @@ impl Quotas {
             users,
             connections,
             mappings,
+            ..
         } = t;
         let u = users.entry(uid).or_default();
         let quota = |what: String| Err(HostError::Status(Status::Quota, what));
@@ -255,6 +286,7 @@ impl Quotas {
             users,
             connections,
             mappings,
+            ..
         } = &mut *t;
         let Some(u) = users.get_mut(&uid) else {
             return;

@@ -421,6 +421,91 @@ fn a_dead_clients_queue_goes_even_when_its_socket_is_not_read() {
     );
 }
 
+/// docs/security.md: nothing a user can take is unbounded. Page tables
+/// the host builds for a client's virtio-iommu MAP requests were charged
+/// to no limit: one shared 4 KiB page mapped at 4096 scattered IOVAs of
+/// one virtio domain cost 33 MiB of tables, and every queue could be the
+/// endpoint of a domain of its own. Now the tables of a uid's domains
+/// share `limits.table_bytes_per_uid`: past it a MAP is NOMEM, the uid's
+/// `table_bytes` says what it holds, and it goes back to 0 with the
+/// connection.
+#[test]
+fn virtio_page_tables_are_bounded_per_user() {
+    use wrapdrive::virtio::{Request, Status as VStatus, VIRTIO_IOMMU_MAP_F_READ};
+    let limit = 1u64 << 20;
+    let host = start(
+        &["dummy"],
+        limits(&format!(
+            "table_bytes_per_uid = {limit}\nexempt_owner = false"
+        )),
+    );
+    let uid = wd_sys::geteuid();
+    let held = || -> u64 {
+        attr(&host.socket, &format!("host/users/{uid}/table_bytes"))
+            .parse()
+            .unwrap_or(0)
+    };
+    {
+        let conn = wrapdrive::HostConn::connect(&host.socket).unwrap();
+        let mut q = conn
+            .request_queue(&wrapdrive::Capability::new("memcpy"))
+            .unwrap();
+        let buf = wrapdrive::SharedBuf::new(4096).unwrap();
+        q.share(buf.addr(), 4096).unwrap();
+        let st = conn
+            .virtio_requests(&[Request::Attach {
+                domain: 1,
+                endpoint: q.id(),
+                flags: 0,
+                reserved: [0; 4],
+            }])
+            .unwrap();
+        assert_eq!(st[0], Some(VStatus::Ok));
+        let mut refused = 0;
+        for chunk in 0..16u64 {
+            let reqs: Vec<Request> = (0..256u64)
+                .map(|i| {
+                    // (From 1: IOVA 0 is reserved.)
+                    let n = chunk * 256 + i + 1;
+                    let iova = (n % 512) << 39 | (n / 512) << 30;
+                    Request::Map {
+                        domain: 1,
+                        virt_start: iova,
+                        virt_end: iova + 4095,
+                        phys_start: buf.addr(),
+                        flags: VIRTIO_IOMMU_MAP_F_READ,
+                    }
+                })
+                .collect();
+            for s in conn.virtio_requests(&reqs).unwrap() {
+                match s {
+                    Some(VStatus::Ok) => {}
+                    Some(VStatus::NoMem) => refused += 1,
+                    other => panic!("MAP answered {other:?}"),
+                }
+            }
+        }
+        assert!(
+            refused > 0,
+            "4096 scattered MAPs fit in {limit} bytes of tables"
+        );
+        let pages: u64 = attr(
+            &host.socket,
+            &format!("dev0/queues/q{}/iommu/table_pages", q.id()),
+        )
+        .parse()
+        .unwrap();
+        assert!(pages * 4096 <= limit, "{pages} table pages");
+        let h = held();
+        assert!(h > 0 && h <= limit, "table_bytes {h}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while held() != 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(held(), 0, "the tables went with the connection");
+}
+
 /// docs/protocol.md: status Version (EPROTONOSUPPORT) is "the peer speaks
 /// another protocol version". A client of another version writes its
 /// version in the frame header as well as in Hello; the header is checked

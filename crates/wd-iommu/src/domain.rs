@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::faults::{FaultQueue, FaultRecord};
 use crate::gather::{IotlbGather, Release};
-use crate::table::{Leaf, PageTable, TableAlloc};
+use crate::table::{Leaf, PageTable, TableAlloc, TableBudget};
 use crate::{
     Access, Fault, FaultReason, Iommu, IommuError, Mapping, Pasid, Prot, IOVA_LIMIT, PAGE_SIZE,
 };
@@ -100,6 +100,9 @@ pub struct DomainConfig {
     pub fault_capacity: usize,
     /// Use 2 MiB / 1 GiB blocks when size and alignment allow.
     pub blocks: bool,
+    /// Table pages this domain shares with others of its owner (none: only
+    /// `max_table_pages` bounds it).
+    pub table_budget: Option<Arc<TableBudget>>,
 }
 
 impl Default for DomainConfig {
@@ -115,6 +118,7 @@ impl Default for DomainConfig {
             stall_timeout: DEFAULT_STALL_TIMEOUT,
             fault_capacity: FaultQueue::DEFAULT_CAPACITY,
             blocks: true,
+            table_budget: None,
         }
     }
 }
@@ -209,7 +213,7 @@ fn check_range(iova: u64, size: u64) -> Result<u64, IommuError> {
 impl Domain {
     /// An empty domain on `iommu`; `pasid` names it in fault records.
     pub fn new(iommu: &Arc<Iommu>, pasid: Pasid, cfg: DomainConfig) -> Domain {
-        let (table, alloc) = PageTable::new(cfg.max_table_pages);
+        let (table, alloc) = PageTable::new(cfg.max_table_pages, cfg.table_budget.clone());
         iommu.count_domain(true);
         Domain {
             tag: iommu.new_tag(),
@@ -331,10 +335,22 @@ impl Domain {
             // Out of table pages: retry once after releasing the pages the
             // flush queue holds.
             if retried || c.fq.is_empty() {
+                if std::mem::take(&mut c.alloc.over_budget) {
+                    let b = self
+                        .cfg
+                        .table_budget
+                        .as_ref()
+                        .expect("only a budget refuses");
+                    return Err(IommuError::TableBudget {
+                        used_pages: b.used(),
+                        limit_pages: b.limit(),
+                    });
+                }
                 return Err(IommuError::TableLimit {
                     limit_pages: self.cfg.max_table_pages,
                 });
             }
+            c.alloc.over_budget = false;
             self.flush_fq(&mut c);
             retried = true;
         }
@@ -949,6 +965,42 @@ mod tests {
         assert!(d.mappings().is_empty());
         assert_eq!(d.table_pages(), 1);
         d.map(0, 0, 512 * P, Prot::RW).unwrap();
+    }
+
+    #[test]
+    fn domains_share_a_table_budget() {
+        let b = TableBudget::new(24);
+        let cfg = DomainConfig {
+            table_budget: Some(b.clone()),
+            ..DomainConfig::default()
+        };
+        let (i, d) = dom(cfg.clone());
+        assert_eq!(b.used(), 8, "the root's chunk");
+        // 512 GiB apart, each map takes three table pages below the root:
+        // seven fit in the root's chunk and the next (16 pages).
+        let mut n = 0;
+        let e = loop {
+            match d.map(n << 39, 0, P, Prot::RW) {
+                Ok(_) => n += 1,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(n, 7);
+        assert_eq!(
+            e,
+            IommuError::TableBudget {
+                used_pages: 24,
+                limit_pages: 24
+            }
+        );
+        assert_eq!(d.mapped_bytes(), 7 * P, "the refused map left nothing");
+        let d2 = Domain::new(&i, 4, cfg);
+        assert!(
+            d2.map(1 << 39, 0, P, Prot::RW).is_ok(),
+            "within its root's chunk"
+        );
+        drop((d, d2));
+        assert_eq!(b.used(), 0);
     }
 
     #[test]

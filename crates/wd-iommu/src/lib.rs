@@ -37,7 +37,7 @@ pub use faults::{FaultQueue, FaultRecord};
 pub use gather::{IotlbGather, Release};
 pub use inval::{Command, EngineTlb, InvalidationStats, Iommu, Section, TlbStats, CMDQ_ENTRIES};
 pub use iotlb::{Iotlb, IOTLB_BLOCKS_1G, IOTLB_BLOCKS_2M, IOTLB_PAGES};
-pub use table::Leaf;
+pub use table::{Leaf, TableBudget};
 
 /// log2 of the page size.
 pub const PAGE_SHIFT: u32 = 12;
@@ -203,6 +203,15 @@ pub enum IommuError {
     TableLimit {
         /// The limit.
         limit_pages: u32,
+    },
+    /// The table pages the domain shares with its owner's other domains
+    /// ([`DomainConfig::table_budget`]) are used up.
+    #[error("the page tables of this owner's domains hold {used_pages} pages, their budget is {limit_pages}")]
+    TableBudget {
+        /// Pages held by the owner's domains.
+        used_pages: u64,
+        /// The budget.
+        limit_pages: u64,
     },
     /// A gather holds unmaps of another domain.
     #[error("the gather holds unmaps of another domain: sync it first")]

@@ -13,7 +13,7 @@
 //! index, so no raw pointer ever goes into an entry.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use crate::gather::IotlbGather;
 use crate::{Mapping, Prot, PAGE_SHIFT};
@@ -75,10 +75,74 @@ impl Leaf {
 /// Pages in chunk 0 of the arena; chunk k holds `FIRST_CHUNK << k` pages.
 const FIRST_CHUNK: u32 = 8;
 
+/// Table pages a group of domains may hold together: one owner's domains
+/// (a user's, on the host), so that spreading tables over many domains
+/// does not multiply what one owner can take. Counted in arena chunks as
+/// they are allocated; a domain gives its chunks back when it goes.
+#[derive(Debug)]
+pub struct TableBudget {
+    used: AtomicU64,
+    limit: u64,
+}
+
+impl TableBudget {
+    /// A budget of `limit_pages` table pages.
+    pub fn new(limit_pages: u64) -> Arc<TableBudget> {
+        Arc::new(TableBudget {
+            used: AtomicU64::new(0),
+            limit: limit_pages,
+        })
+    }
+
+    /// Table pages held now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// The limit.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    fn take(&self, pages: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                u.checked_add(pages).filter(|&t| t <= self.limit)
+            })
+            .is_ok()
+    }
+
+    fn give(&self, pages: u64) {
+        self.used.fetch_sub(pages, Ordering::Relaxed);
+    }
+}
+
+/// Budgets compare by identity: two domains share one or they do not.
+impl PartialEq for TableBudget {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl Eq for TableBudget {}
+
 /// Table pages of one domain: lock-free to read, allocated by the writer.
 pub(crate) struct Arena {
     chunks: Box<[OnceLock<Box<[AtomicU64]>>]>,
     capacity: u32,
+    budget: Option<Arc<TableBudget>>,
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        if let Some(b) = &self.budget {
+            let held: usize = (0..self.chunks.len())
+                .filter(|&c| self.chunks[c].get().is_some())
+                .map(|c| self.chunk_pages(c))
+                .sum();
+            b.give(held as u64);
+        }
+    }
 }
 
 fn chunk_of(idx: u32) -> (usize, usize) {
@@ -89,13 +153,21 @@ fn chunk_of(idx: u32) -> (usize, usize) {
 }
 
 impl Arena {
-    fn new(max_pages: u32) -> Arena {
+    /// An arena with its root's chunk (charged to `budget` whatever it
+    /// holds: a domain always has a root).
+    fn new(max_pages: u32, budget: Option<Arc<TableBudget>>) -> Arena {
         let max_pages = max_pages.max(1);
         let (last, _) = chunk_of(max_pages - 1);
-        Arena {
+        let a = Arena {
             chunks: (0..=last).map(|_| OnceLock::new()).collect(),
             capacity: max_pages,
+            budget,
+        };
+        if let Some(b) = &a.budget {
+            b.used.fetch_add(a.chunk_pages(0) as u64, Ordering::Relaxed);
         }
+        a.init(0);
+        a
     }
 
     /// The 512 entries of table page `table`.
@@ -108,9 +180,23 @@ impl Arena {
         &chunk[off * ENTRIES..(off + 1) * ENTRIES]
     }
 
-    /// Make sure the chunk holding `table` exists (writer only).
-    fn ensure(&self, table: u32) {
+    /// Make sure the chunk holding `table` exists (writer only); false
+    /// when the budget refuses a new one.
+    fn ensure(&self, table: u32) -> bool {
         let (c, _) = chunk_of(table);
+        if self.chunks[c].get().is_some() {
+            return true;
+        }
+        if let Some(b) = &self.budget {
+            if !b.take(self.chunk_pages(c) as u64) {
+                return false;
+            }
+        }
+        self.init(c);
+        true
+    }
+
+    fn init(&self, c: usize) {
         self.chunks[c].get_or_init(|| {
             let pages = self.chunk_pages(c);
             std::iter::repeat_with(|| AtomicU64::new(0))
@@ -151,6 +237,9 @@ pub(crate) struct TableAlloc {
     /// Block leaves (2 MiB and 1 GiB) in the table: without any, no unmap
     /// can split one.
     pub(crate) blocks: u64,
+    /// The last page allocation failed on the shared budget, not on the
+    /// domain's own limit.
+    pub(crate) over_budget: bool,
 }
 
 /// Why a map stopped before its end; everything below `at` was mapped by
@@ -170,12 +259,12 @@ pub(crate) struct PageTable {
 }
 
 impl PageTable {
-    /// An empty table allowed at most `max_pages` table pages (root included).
-    pub(crate) fn new(max_pages: u32) -> (PageTable, TableAlloc) {
+    /// An empty table allowed at most `max_pages` table pages (root
+    /// included), its chunks charged to `budget`.
+    pub(crate) fn new(max_pages: u32, budget: Option<Arc<TableBudget>>) -> (PageTable, TableAlloc) {
         let t = PageTable {
-            arena: Arena::new(max_pages.max(1)),
+            arena: Arena::new(max_pages, budget),
         };
-        t.arena.ensure(ROOT);
         (
             t,
             TableAlloc {
@@ -184,6 +273,7 @@ impl PageTable {
                 used: vec![0],
                 live: 1,
                 blocks: 0,
+                over_budget: false,
             },
         )
     }
@@ -285,8 +375,11 @@ impl PageTable {
                 return None;
             }
             let i = a.next;
+            if !self.arena.ensure(i) {
+                a.over_budget = true;
+                return None;
+            }
             a.next += 1;
-            self.arena.ensure(i);
             a.used.push(0);
             i
         };
@@ -607,7 +700,7 @@ mod tests {
             &[1, 8, 9, 100, 16384, 16385]
         };
         for &cap in caps {
-            let a = Arena::new(cap);
+            let a = Arena::new(cap, None);
             for t in 0..cap {
                 a.ensure(t);
                 let e = a.page(t);
@@ -638,7 +731,7 @@ mod tests {
 
     #[test]
     fn blocks_are_used_when_aligned() {
-        let (t, mut a) = PageTable::new(64);
+        let (t, mut a) = PageTable::new(64, None);
         t.map(
             &mut a,
             G1,
@@ -656,18 +749,18 @@ mod tests {
         let l = t.walk(2 * G1 + M2 + 9).unwrap();
         assert_eq!((l.shift, l.phys), (12, 9 * G1 + M2));
         // Misaligned physical address: pages only.
-        let (t, mut a) = PageTable::new(64);
+        let (t, mut a) = PageTable::new(64, None);
         t.map(&mut a, 0, M2, &[(P, M2)], Prot::READ, true).unwrap();
         assert_eq!(t.leaf_counts(), (512, 0, 0));
         // Blocks not allowed.
-        let (t, mut a) = PageTable::new(64);
+        let (t, mut a) = PageTable::new(64, None);
         t.map(&mut a, 0, M2, &[(0, M2)], Prot::READ, false).unwrap();
         assert_eq!(t.leaf_counts(), (512, 0, 0));
     }
 
     #[test]
     fn unmap_unlinks_empty_tables_into_the_gather() {
-        let (t, mut a) = PageTable::new(64);
+        let (t, mut a) = PageTable::new(64, None);
         t.map(&mut a, 0, 4 * P, &[(0x10_0000, 4 * P)], Prot::RW, true)
             .unwrap();
         assert_eq!(PageTable::live_pages(&a), 4);
@@ -687,7 +780,7 @@ mod tests {
 
     #[test]
     fn walk_run_follows_a_leaf_table() {
-        let (t, mut a) = PageTable::new(64);
+        let (t, mut a) = PageTable::new(64, None);
         t.map(
             &mut a,
             M2 - 2 * P,
@@ -727,14 +820,14 @@ mod tests {
 
     #[test]
     fn split_detection_and_table_limit() {
-        let (t, mut a) = PageTable::new(64);
+        let (t, mut a) = PageTable::new(64, None);
         t.map(&mut a, M2, 2 * M2, &[(0, M2)], Prot::RW, true)
             .unwrap();
         assert!(t.split_block(M2, M2 + P).is_some());
         assert!(t.split_block(M2 + P, 2 * M2).is_some());
         assert!(t.split_block(0, 3 * M2).is_none());
         // Three table pages at most: root + L2 + L1, no room for a leaf table.
-        let (t, mut a) = PageTable::new(3);
+        let (t, mut a) = PageTable::new(3, None);
         assert_eq!(
             t.map(&mut a, 0, P, &[(0, P)], Prot::RW, true),
             Err(MapStop {
@@ -744,7 +837,7 @@ mod tests {
             "needs a fourth page"
         );
         // Overlaps stop the map where they start.
-        let (t, mut a) = PageTable::new(64);
+        let (t, mut a) = PageTable::new(64, None);
         t.map(&mut a, 3 * P, 4 * P, &[(0, P)], Prot::RW, true)
             .unwrap();
         assert_eq!(

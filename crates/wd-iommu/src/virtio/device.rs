@@ -599,9 +599,9 @@ impl VirtioIommu {
         let dom = d.dom.clone();
         match dom.map_sg(virt_start, &sg, prot) {
             Ok(_) => {}
-            Err(IommuError::LimitExceeded { .. }) | Err(IommuError::TableLimit { .. }) => {
-                return Status::NoMem
-            }
+            Err(IommuError::LimitExceeded { .. })
+            | Err(IommuError::TableLimit { .. })
+            | Err(IommuError::TableBudget { .. }) => return Status::NoMem,
             Err(IommuError::Overlap { .. }) => return Status::Inval,
             Err(_) => return Status::DevErr,
         }
