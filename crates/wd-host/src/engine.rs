@@ -862,11 +862,17 @@ impl EngineLoop {
     /// pieces): a retry run whole at once would hold every other queue of
     /// the engine as long as the whole request takes, seconds for a slow
     /// compression.
+    ///
+    /// A stall left in a domain the queue no longer translates through (it
+    /// was attached elsewhere) is one nobody can resolve: the client's
+    /// resumes go to the domains of now. Its request, which changed
+    /// nothing, runs again in the new attachment.
     fn serve_parked(&mut self, i: usize, batch: &mut Vec<Desc>) -> Result<usize, ()> {
         let s = &mut self.queues[i];
+        let now = s.q.endpoint.fault_domain();
         if s.parked
             .iter()
-            .all(|p| p.dom.resolution_generation() == p.seen)
+            .all(|p| p.dom.resolution_generation() == p.seen && Arc::ptr_eq(&p.dom, &now))
         {
             return Ok(0);
         }
@@ -876,6 +882,11 @@ impl EngineLoop {
             let p = &mut s.parked[j];
             p.seen = p.dom.resolution_generation();
             match p.dom.take_resolution(p.stag) {
+                None if !Arc::ptr_eq(&p.dom, &now) => {
+                    let p = s.parked.remove(j);
+                    p.dom.cancel_stall(p.stag);
+                    retry.push(p.desc);
+                }
                 None => j += 1,
                 Some(r) => {
                     let p = s.parked.remove(j);

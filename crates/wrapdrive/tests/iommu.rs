@@ -351,3 +351,71 @@ fn a_client_manages_its_queue_through_virtio_iommu() {
         (virtio::VIRTIO_IOMMU_FAULT_R_MAPPING, ep, Some(dst.addr()))
     );
 }
+
+/// A request stalled in one virtio domain, its queue then attached to
+/// another: nobody can resolve the stall where it is (FaultResume looks in
+/// the queue's domains of now), so the request runs again in the new
+/// attachment (it changed nothing) instead of waiting out the stall
+/// timeout and failing.
+#[test]
+fn a_stall_left_behind_by_a_new_attachment_runs_again_there() {
+    let (h, mut q, src, dst) = setup();
+    q.share(src.addr(), LEN).unwrap();
+    q.share(dst.addr(), LEN).unwrap();
+    q.set_iommu_policy(InvalidationMode::Strict, FaultPolicy::Stall)
+        .unwrap();
+    let (s_iova, d_iova) = (0x7000_0000_0000u64, 0x7000_0010_0000u64);
+    let rw = virtio::VIRTIO_IOMMU_MAP_F_READ | virtio::VIRTIO_IOMMU_MAP_F_WRITE;
+    let map = |domain: u32, iova: u64, gpa: u64| Request::Map {
+        domain,
+        virt_start: iova,
+        virt_end: iova + LEN - 1,
+        phys_start: gpa,
+        flags: rw,
+    };
+    let ep = q.id();
+    let attach = |domain: u32| Request::Attach {
+        domain,
+        endpoint: ep,
+        flags: 0,
+        reserved: [0; 4],
+    };
+    // Domain 1 lacks the destination: the copy stalls there.
+    let st = h
+        .virtio_requests(&[attach(1), map(1, s_iova, src.addr())])
+        .unwrap();
+    assert_eq!(st, [Some(VStatus::Ok), Some(VStatus::Ok)]);
+    let copy = CopyMsg {
+        src: s_iova,
+        dst: d_iova,
+        len: LEN,
+    };
+    q.send(copy.to_desc(0), 11).unwrap();
+    let mut stalled = false;
+    for _ in 0..200 {
+        if !q.faults(8).unwrap().events.is_empty() {
+            stalled = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(stalled, "the copy faulted");
+    // Domain 2 maps both; the queue moves there.
+    let st = h
+        .virtio_requests(&[
+            attach(2),
+            map(2, s_iova, src.addr()),
+            map(2, d_iova, dst.addr()),
+        ])
+        .unwrap();
+    assert_eq!(st, [Some(VStatus::Ok); 3]);
+    let t = std::time::Instant::now();
+    let c = q.recv_sync(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!((c.cookie, c.desc.status, c.desc.result), (11, 0, LEN));
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "waited {:?} (the stall timeout)",
+        t.elapsed()
+    );
+    assert_eq!(dst.to_vec(), src.to_vec());
+}
