@@ -173,15 +173,24 @@ pub struct Controller {
     /// EventIdx was written for the current idle spell (shadow
     /// doorbells): a new submission makes the driver write the register.
     armed: bool,
-    /// The tail doorbell registers as last read, for queues whose tails
-    /// come from the shadow buffer.
+    /// The tail doorbell registers as last read: by `drain` where the
+    /// register is the tail, at the end of a pass where the tail comes
+    /// from the shadow buffer. The wake-up check looks for a change from
+    /// these, not for a tail other than the head: an invalid tail never
+    /// becomes the head, and must not keep the engine polling.
     mmio_seen: [u32; QUEUES],
+    /// The tail doorbells (register or shadow) as `drain` last read them.
+    tails_read: [u32; QUEUES],
     /// Completion queues (a bit per id) found full in the last pass with
     /// commands or events waiting for their room: the engine may sleep,
     /// and the driver's next head doorbell wakes it.
     full_cqs: u32,
-    /// Their head doorbell registers as last read (shadow doorbells).
+    /// Their head doorbell registers as last read (by `cq_room` where the
+    /// register is the head, at the end of a pass with shadow doorbells):
+    /// an invalid head, like an invalid tail, is news only once.
     cq_mmio_seen: [u32; QUEUES],
+    /// The head doorbells (register or shadow) as `cq_room` last read them.
+    heads_read: [u32; QUEUES],
     /// The full completion queues whose head EventIdx the current idle
     /// spell wrote: a queue found full later in the spell (a submission
     /// woke the engine, and the queue filled) must be armed too.
@@ -235,8 +244,10 @@ impl Controller {
             dbbuf: None,
             armed: false,
             mmio_seen: [0; QUEUES],
+            tails_read: [0; QUEUES],
             full_cqs: 0,
             cq_mmio_seen: [0; QUEUES],
+            heads_read: [0; QUEUES],
             armed_cqs: 0,
             active: BTreeMap::new(),
             segs: Vec::new(),
@@ -292,8 +303,10 @@ impl Controller {
             }
         }
         self.mmio_seen = [0; QUEUES];
+        self.tails_read = [0; QUEUES];
         self.full_cqs = 0;
         self.cq_mmio_seen = [0; QUEUES];
+        self.heads_read = [0; QUEUES];
         self.armed_cqs = 0;
         self.aers.clear();
         self.events.clear();
@@ -367,6 +380,12 @@ impl Controller {
         self.set_csts();
     }
 
+    /// Whether queue `qid`'s doorbells come from the shadow buffer (I/O
+    /// queues once Doorbell Buffer Config set one up).
+    fn shadowed(&self, qid: u16) -> bool {
+        qid > 0 && self.dbbuf.is_some()
+    }
+
     /// A doorbell value: the shadow buffer's for I/O queues when Doorbell
     /// Buffer Config set one up, else the register's.
     fn doorbell(&self, r: &Registers, dma: &mut dyn Dma<'_>, qid: u16, cq: bool) -> u32 {
@@ -401,8 +420,12 @@ impl Controller {
         if let Some(r) = &self.regs {
             r.store32(reg, 0);
         }
-        if !cq {
+        if cq {
+            self.cq_mmio_seen[qid as usize] = 0;
+            self.heads_read[qid as usize] = 0;
+        } else {
             self.mmio_seen[qid as usize] = 0;
+            self.tails_read[qid as usize] = 0;
         }
         if let Some((shadow, _)) = self.dbbuf {
             let _ = dma.write(shadow + (reg - regs::DOORBELLS) as u64, &[0; 4]);
@@ -517,6 +540,10 @@ impl Controller {
             return true;
         }
         let head = self.doorbell(r, dma, cqid, true);
+        self.heads_read[cqid as usize] = head;
+        if !self.shadowed(cqid) {
+            self.cq_mmio_seen[cqid as usize] = head;
+        }
         if head >= cq.entries {
             if !cq.bad_doorbell {
                 self.event_error(0x01);
@@ -594,6 +621,10 @@ impl Controller {
             return;
         };
         let tail = self.doorbell(r, dma, qid, false);
+        self.tails_read[qid as usize] = tail;
+        if !self.shadowed(qid) {
+            self.mmio_seen[qid as usize] = tail;
+        }
         if tail >= sq.entries {
             if !sq.bad_doorbell {
                 self.event_error(0x01);
@@ -739,14 +770,27 @@ impl DeviceQueue for Controller {
         out.holds_from = self.inflight.iter().flatten().map(|f| f.section).min();
         out.busy |= out.holds_from.is_some();
         if self.dbbuf.is_some() {
+            // A register that moved to a value the shadow did not show
+            // is news: the driver stores the shadow, fences, then the
+            // register, so this pass may have read the shadow before its
+            // store and the register (Acquire) after. Another pass reads
+            // the shadow again, after this load, and sees it; a register
+            // store after this load is the wake-up check's to see.
+            let mut rung = false;
             for qid in 1..QUEUES {
                 if self.sqs[qid].is_some() {
-                    self.mmio_seen[qid] = r.load32(regs::sq_tail_doorbell(qid as u16));
+                    let v = r.load32(regs::sq_tail_doorbell(qid as u16));
+                    rung |= v != self.mmio_seen[qid] && v != self.tails_read[qid];
+                    self.mmio_seen[qid] = v;
                 }
             }
             for qid in self.full_io_cqs() {
-                self.cq_mmio_seen[qid as usize] = r.load32(regs::cq_head_doorbell(qid));
+                let q = qid as usize;
+                let v = r.load32(regs::cq_head_doorbell(qid));
+                rung |= v != self.cq_mmio_seen[q] && v != self.heads_read[q];
+                self.cq_mmio_seen[q] = v;
             }
+            out.work += usize::from(rung);
             if out.work > 0 || out.busy {
                 self.armed = false;
             } else if self.needs_arming() {
@@ -772,31 +816,22 @@ impl DeviceQueue for Controller {
         if self.dbbuf.is_some() && self.needs_arming() {
             return true;
         }
-        // With shadow doorbells an I/O queue's register is written only
-        // when EventIdx asks for it: a change is the news.
-        let shadowed = |qid: u16| qid > 0 && self.dbbuf.is_some();
+        // A doorbell register that changed since the last pass read it is
+        // the news (with shadow doorbells an I/O queue's register is
+        // written only when EventIdx asks for it). The last pass ran
+        // everything up to the tails it read, or said it was busy; a value
+        // it found invalid stays unrun, and is no work until it changes.
         let submitted = (0..QUEUES as u16).any(|qid| {
             self.sqs[qid as usize].is_some_and(|sq| {
-                if self.waits_for_room(&sq) {
-                    return false;
-                }
-                let v = r.load32(regs::sq_tail_doorbell(qid));
-                match shadowed(qid) {
-                    false => v != sq.head,
-                    true => v != self.mmio_seen[qid as usize],
-                }
+                !self.waits_for_room(&sq)
+                    && r.load32(regs::sq_tail_doorbell(qid)) != self.mmio_seen[qid as usize]
             })
         });
         let consumed = (0..QUEUES as u16)
             .filter(|q| self.full_cqs & 1 << q != 0)
             .any(|qid| {
-                self.cqs[qid as usize].is_some_and(|cq| {
-                    let v = r.load32(regs::cq_head_doorbell(qid));
-                    match shadowed(qid) {
-                        false => v != cq.head,
-                        true => v != self.cq_mmio_seen[qid as usize],
-                    }
-                })
+                self.cqs[qid as usize].is_some()
+                    && r.load32(regs::cq_head_doorbell(qid)) != self.cq_mmio_seen[qid as usize]
             });
         submitted || consumed
     }

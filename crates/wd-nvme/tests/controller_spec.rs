@@ -516,3 +516,76 @@ fn zeroing_on_tmpfs_writes_no_zeroes() {
     assert!(calls < 16, "{calls} system calls to deallocate 256 ranges");
     assert!(zeroed(&r, 0, 64 << 20));
 }
+
+/// An idle, enabled controller lets the engine sleep; then the driver
+/// writes an admin tail doorbell beyond the queue. The controller reports
+/// it (once) and runs nothing: there is no work, so the engine must be
+/// allowed to sleep. A hostile client must not keep a host core polling.
+#[test]
+fn an_invalid_admin_tail_doorbell_lets_the_engine_sleep() {
+    let mut r = Rig::new(&["0:4M"]);
+    r.pass();
+    assert!(!r.ctl.prepare_sleep(), "idle controller may sleep");
+    r.regs
+        .store32(regs::sq_tail_doorbell(0), ADMIN_ENTRIES + 100);
+    for _ in 0..3 {
+        let s = r.pass();
+        assert_eq!(s.requests, 0);
+    }
+    assert!(
+        !r.ctl.prepare_sleep(),
+        "an invalid tail doorbell is no work: the engine must be allowed to sleep"
+    );
+}
+
+/// The same for an I/O submission queue without shadow doorbells.
+#[test]
+fn an_invalid_io_tail_doorbell_lets_the_engine_sleep() {
+    let mut r = Rig::new(&["0:4M"]);
+    r.io_queues(8, 8);
+    r.pass();
+    assert!(!r.ctl.prepare_sleep(), "idle controller may sleep");
+    r.regs.store32(regs::sq_tail_doorbell(1), 0xffff);
+    for _ in 0..3 {
+        let s = r.pass();
+        assert_eq!(s.requests, 0);
+    }
+    assert!(
+        !r.ctl.prepare_sleep(),
+        "an invalid tail doorbell is no work: the engine must be allowed to sleep"
+    );
+}
+
+/// Shadow doorbells: the driver stores the shadow tail, fences, reads
+/// EventIdx, writes the register, then checks NEED_WAKEUP (not yet set).
+/// A pass may read the shadow tail before the driver's store and the
+/// register after it. Regression: it took the register value as seen, the
+/// wake-up check compared the register with that value only, and neither
+/// side saw the other's store: the engine slept (up to the sleep timeout)
+/// with a command waiting. A register the shadow did not show is news.
+#[test]
+fn a_register_doorbell_seen_before_its_shadow_tail_still_wakes_the_engine() {
+    let mut r = Rig::new(&["0:4M"]);
+    r.io_queues(8, 8);
+    r.shadow_doorbells();
+    // An idle spell: EventIdx armed at the head (0).
+    for _ in 0..3 {
+        r.pass();
+    }
+    assert!(!r.ctl.prepare_sleep(), "idle: may sleep");
+    let ev = u32::from_le_bytes(r.mem.get(EVENTS + 8, 4).try_into().unwrap());
+    assert_eq!(ev, 0, "EventIdx of SQ 1 is its head");
+    r.io_put(0, &flush(7));
+    // The pass reads the shadow tail (still 0) before the driver's
+    // shadow store, and the register (already 1) after the driver's
+    // register store: the same observations as this order.
+    r.regs.store32(regs::sq_tail_doorbell(1), 1);
+    let s = r.pass();
+    assert_eq!(s.requests, 0, "the shadow tail was read before the store");
+    r.mem.put(SHADOW + 8, &1u32.to_le_bytes());
+    // The engine sets NEED_WAKEUP, fences and asks whether work came.
+    assert!(
+        r.ctl.prepare_sleep(),
+        "a submission is waiting (shadow tail 1, head 0) but the engine may sleep"
+    );
+}

@@ -497,3 +497,30 @@ fn data_at_the_namespace_offset(slices: bool) {
         Status::LBA_OUT_OF_RANGE
     );
 }
+
+/// A full completion queue whose head doorbell holds a value beyond the
+/// queue: commands wait, nothing can be done until a valid head comes, so
+/// the engine must be allowed to sleep.
+#[test]
+fn an_invalid_head_doorbell_on_a_full_queue_lets_the_engine_sleep() {
+    let mut r = Rig::new(&["0:4M"]);
+    r.io_queues(8, 4);
+    for i in 0..4u32 {
+        r.io_put(i, &flush(i as u16));
+    }
+    r.regs.store32(regs::sq_tail_doorbell(1), 4);
+    r.pass();
+    r.pass();
+    assert!(
+        !r.ctl.prepare_sleep(),
+        "a full queue is waiting for the driver, not work"
+    );
+    r.regs.store32(regs::cq_head_doorbell(1), 4);
+    for _ in 0..3 {
+        r.pass();
+    }
+    assert!(
+        !r.ctl.prepare_sleep(),
+        "an invalid head doorbell is no work: the engine must be allowed to sleep"
+    );
+}
