@@ -215,7 +215,12 @@ impl Controller {
             return done(Status::INVALID_FIELD);
         }
         let cqid = q.other;
-        if cqid == 0 || cqid as usize >= QUEUES || self.cqs[cqid as usize].is_none() {
+        // The admin queue's or one beyond those offered names no queue at
+        // all; one in range that was never created is an invalid queue.
+        if cqid == 0 || cqid as usize >= QUEUES {
+            return done(Status::INVALID_QUEUE_ID);
+        }
+        if self.cqs[cqid as usize].is_none() {
             return done(Status::CQ_INVALID);
         }
         if let Err(st) = self.queue_memory(&q, SQE_SIZE, dma) {
@@ -370,7 +375,11 @@ impl Controller {
                 if v & 0xffff == 0xffff || v >> 16 == 0xffff {
                     return done(Status::INVALID_FIELD);
                 }
-                if f.queues_set || self.sqs[1..].iter().any(|q| q.is_some()) {
+                // Set once, before any I/O queue of either kind exists.
+                if f.queues_set
+                    || self.sqs[1..].iter().any(Option::is_some)
+                    || self.cqs[1..].iter().any(Option::is_some)
+                {
                     return done(Status::SEQUENCE_ERROR);
                 }
                 f.queues_set = true;

@@ -6,7 +6,7 @@
 
 use std::os::unix::fs::FileExt;
 
-use wd_nvme::msg::cmd::GetLogPage;
+use wd_nvme::msg::cmd::{feature, GetLogPage};
 use wd_nvme::msg::regs::{self, Cc};
 use wd_nvme::msg::{AdminOp, Cqe, IoOp, Sqe, Status};
 
@@ -587,5 +587,38 @@ fn a_register_doorbell_seen_before_its_shadow_tail_still_wakes_the_engine() {
     assert!(
         r.ctl.prepare_sleep(),
         "a submission is waiting (shadow tail 1, head 0) but the engine may sleep"
+    );
+}
+
+/// NVMe Base 5.2.26.2.1: "If a Set Features command is issued for this
+/// Feature after creation of any I/O Submission and/or I/O Completion
+/// Queues, then the Set Features command shall abort with status code of
+/// Command Sequence Error."
+#[test]
+fn number_of_queues_after_a_completion_queue_is_a_sequence_error() {
+    let mut r = Rig::new(&["0:4M"]);
+    r.mem.put(IOCQ, &[0; 0x1000]);
+    assert_eq!(r.create(AdminOp::CreateCq, 1, 8, 0, IOCQ), Status::SUCCESS);
+    let c = r.admin(set_features(feature::NUMBER_OF_QUEUES, 3 | 3 << 16));
+    assert_eq!(c.status, Status::SEQUENCE_ERROR);
+}
+
+/// NVMe Base 5.3.2 (Create I/O Submission Queue, CQID): "If the value
+/// specified: a) is 0h (i.e., the Admin Completion Queue), then the
+/// controller shall abort the command with a status code of Invalid Queue
+/// Identifier; b) is outside the range supported by the controller, then
+/// ... Invalid Queue Identifier".
+#[test]
+fn create_sq_on_the_admin_or_an_out_of_range_cq_is_an_invalid_queue_id() {
+    let mut r = Rig::new(&["0:4M"]);
+    assert_eq!(
+        r.create(AdminOp::CreateSq, 1, 8, 0, IOSQ),
+        Status::INVALID_QUEUE_ID,
+        "CQID 0"
+    );
+    assert_eq!(
+        r.create(AdminOp::CreateSq, 1, 8, 300, IOSQ),
+        Status::INVALID_QUEUE_ID,
+        "CQID beyond the queues offered"
     );
 }

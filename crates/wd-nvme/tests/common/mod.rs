@@ -70,6 +70,24 @@ pub fn rw(op: IoOp, nsid: u32, slba: u64, nlb: u32, prp1: u64, prp2: u64) -> Sqe
     s
 }
 
+/// Set Features `fid` to `v` (CDW11).
+pub fn set_features(fid: u8, v: u32) -> Sqe {
+    Sqe {
+        opcode: AdminOp::SetFeatures as u8,
+        cdw: [fid as u32, v, 0, 0, 0, 0],
+        ..Sqe::default()
+    }
+}
+
+/// Get Features `fid`, CDW11 `v`.
+pub fn get_features(fid: u8, v: u32) -> Sqe {
+    Sqe {
+        opcode: AdminOp::GetFeatures as u8,
+        cdw: [fid as u32, v, 0, 0, 0, 0],
+        ..Sqe::default()
+    }
+}
+
 pub fn cc_enabled() -> u32 {
     Cc {
         en: true,
