@@ -346,10 +346,15 @@ impl Controller {
         let from = &page[l.offset as usize..];
         let n = from.len().min(data.len());
         data[..n].copy_from_slice(&from[..n]);
-        match xfer::to_host(sqe, &data, dma, &mut self.segs) {
-            Ok(()) => done(Status::SUCCESS),
-            Err(st) => done(st),
+        if let Err(st) = xfer::to_host(sqe, &data, dma, &mut self.segs) {
+            return done(st);
         }
+        // Reading the error log without Retain Asynchronous Event (CDW10
+        // bit 15) clears error events: the next one may be reported.
+        if l.lid == GetLogPage::ERROR && sqe.cdw(10) & 1 << 15 == 0 {
+            self.masked_events &= !1;
+        }
+        done(Status::SUCCESS)
     }
 
     fn set_features(&mut self, sqe: &Sqe) -> Outcome {

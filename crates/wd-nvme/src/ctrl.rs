@@ -165,6 +165,10 @@ pub struct Controller {
     pub(crate) features: Features,
     pub(crate) aers: Vec<u16>,
     pub(crate) events: VecDeque<u32>,
+    /// Event types (a bit each) reported and not yet cleared by reading
+    /// their log page: their later events wait (NVMe Base, Asynchronous
+    /// Event Request), so a client that keeps making them is told once.
+    pub(crate) masked_events: u8,
     pub(crate) errors: VecDeque<ErrorEntry>,
     pub(crate) error_count: u64,
     pub(crate) health: Health,
@@ -238,6 +242,7 @@ impl Controller {
             features: Features::default(),
             aers: Vec::new(),
             events: VecDeque::new(),
+            masked_events: 0,
             errors: VecDeque::new(),
             error_count: 0,
             health: Health::default(),
@@ -310,6 +315,7 @@ impl Controller {
         self.armed_cqs = 0;
         self.aers.clear();
         self.events.clear();
+        self.masked_events = 0;
         self.dbbuf = None;
         self.armed = false;
         self.features = Features::default();
@@ -590,13 +596,22 @@ impl Controller {
     /// Complete held Asynchronous Event Requests with queued events.
     fn deliver_events(&mut self, dma: &mut dyn Dma<'_>, r: &Registers) -> usize {
         let mut n = 0;
-        while !self.aers.is_empty() && !self.events.is_empty() {
+        while !self.aers.is_empty() {
+            let masked = self.masked_events;
+            let Some(i) = self
+                .events
+                .iter()
+                .position(|&ev| masked & 1 << (ev & 7) == 0)
+            else {
+                break;
+            };
             if !self.cq_room(r, dma, 0) {
                 self.full_cqs |= 1;
                 break;
             }
             let cid = self.aers.remove(0);
-            let ev = self.events.pop_front().expect("checked");
+            let ev = self.events.remove(i).expect("found");
+            self.masked_events |= 1 << (ev & 7);
             let head = self.sqs[0].map(|s| s.head).unwrap_or(0);
             let cqe = Cqe {
                 result: ev,

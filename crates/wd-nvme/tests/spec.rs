@@ -11,6 +11,7 @@
 
 use std::os::unix::fs::FileExt;
 
+use wd_nvme::msg::cmd::GetLogPage;
 use wd_nvme::msg::identify::{self, cns, ControllerInfo, NamespaceInfo, IDENTIFY_BYTES};
 use wd_nvme::msg::regs::{self, Cc};
 use wd_nvme::msg::{AdminOp, Cqe, IoOp, Sqe, Status, CQE_SIZE};
@@ -523,4 +524,56 @@ fn an_invalid_head_doorbell_on_a_full_queue_lets_the_engine_sleep() {
         !r.ctl.prepare_sleep(),
         "an invalid head doorbell is no work: the engine must be allowed to sleep"
     );
+}
+
+/// NVMe Base 5.2.2: "subsequent events of that event type are
+/// automatically masked by the controller until the host clears that
+/// event ... an event is cleared by reading the log page associated with
+/// that event". Two submission queues with invalid tails: one error
+/// event, the second only after the Error Information log is read.
+#[test]
+fn error_events_stay_masked_until_the_error_log_is_read() {
+    let mut r = Rig::new(&["0:4M"]);
+    r.io_queues(8, 8);
+    assert_eq!(
+        r.create(AdminOp::CreateSq, 2, 8, 1, BASE + 0x6000),
+        Status::SUCCESS
+    );
+    for _ in 0..4 {
+        r.aer();
+    }
+    r.regs.store32(regs::sq_tail_doorbell(1), 100);
+    r.pass();
+    let ev = r.admin_cqe().expect("the first error event");
+    assert_eq!(ev.result >> 16 & 0xff, 1, "error information log");
+    // Another invalid doorbell, the log not read: masked.
+    r.regs.store32(regs::sq_tail_doorbell(2), 100);
+    for _ in 0..3 {
+        r.pass();
+    }
+    assert!(
+        r.admin_cqe().is_none(),
+        "an error event was reported while that type was masked (log not read)"
+    );
+    // Read with Retain Asynchronous Event: still masked. Then without:
+    // the event waiting comes.
+    let read_log = |r: &mut Rig, retain: bool| {
+        let mut s = sqe(AdminOp::GetLogPage as u8);
+        s.prp1 = DATA;
+        GetLogPage {
+            lid: GetLogPage::ERROR,
+            len: 64,
+            offset: 0,
+        }
+        .encode(&mut s);
+        s.cdw[0] |= u32::from(retain) << 15;
+        assert!(r.admin(s).status.is_success());
+    };
+    read_log(&mut r, true);
+    assert!(r.admin_cqe().is_none(), "RAE set: the event stays");
+    read_log(&mut r, false);
+    let ev = r
+        .admin_cqe()
+        .expect("the second error event, once the log was read");
+    assert_eq!(ev.result >> 16 & 0xff, 1, "error information log");
 }
