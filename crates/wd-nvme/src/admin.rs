@@ -16,6 +16,14 @@ const fn done(st: Status) -> Outcome {
 /// Bytes of the SMART / health and firmware slot log pages.
 const LOG_512: usize = 512;
 
+/// The threshold a Temperature Threshold CDW11 selects (THSEL: 0 over,
+/// 1 under), or None for a reserved THSEL or a TMPSEL other than the
+/// Composite Temperature (no temperature sensor is reported).
+fn threshold_type(cdw11: u32) -> Option<usize> {
+    let (tmpsel, thsel) = (cdw11 >> 16 & 0xf, cdw11 >> 20 & 3);
+    (tmpsel == 0 && thsel < 2).then_some(thsel as usize)
+}
+
 impl Controller {
     pub(crate) fn admin(&mut self, sqe: &Sqe, dma: &mut dyn Dma<'_>) -> Outcome {
         if sqe.fuse != 0 {
@@ -373,7 +381,10 @@ impl Controller {
                 }
                 f.power = v;
             }
-            feature::TEMPERATURE_THRESHOLD => f.temperature = v,
+            feature::TEMPERATURE_THRESHOLD => match threshold_type(v) {
+                Some(t) => f.temperature_thresholds[t] = v as u16,
+                None => return done(Status::INVALID_FIELD),
+            },
             0x05 => f.error_recovery = v,
             feature::VOLATILE_WRITE_CACHE => f.write_cache = v & 1 != 0,
             feature::NUMBER_OF_QUEUES => {
@@ -412,7 +423,10 @@ impl Controller {
         let v = match fid {
             feature::ARBITRATION => f.arbitration,
             feature::POWER_MANAGEMENT => f.power,
-            feature::TEMPERATURE_THRESHOLD => f.temperature,
+            feature::TEMPERATURE_THRESHOLD => match threshold_type(sqe.cdw(11)) {
+                Some(t) => f.temperature_thresholds[t] as u32,
+                None => return done(Status::INVALID_FIELD),
+            },
             0x05 => f.error_recovery,
             feature::VOLATILE_WRITE_CACHE => f.write_cache as u32,
             feature::NUMBER_OF_QUEUES => n | n << 16,

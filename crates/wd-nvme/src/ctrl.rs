@@ -80,7 +80,9 @@ pub(crate) struct ErrorEntry {
 pub(crate) struct Features {
     pub arbitration: u32,
     pub power: u32,
-    pub temperature: u32,
+    /// Temperature Threshold of the Composite Temperature (the only one
+    /// reported), by THSEL: over, under.
+    pub temperature_thresholds: [u16; 2],
     pub error_recovery: u32,
     pub write_cache: bool,
     pub coalescing: u32,
@@ -95,8 +97,9 @@ impl Default for Features {
         Features {
             arbitration: 0,
             power: 0,
-            // 343 K: the warning threshold Identify reports.
-            temperature: 343,
+            // Over: 343 K, the warning threshold (WCTEMP) Identify
+            // reports; under: 0 K.
+            temperature_thresholds: [343, 0],
             error_recovery: 0,
             write_cache: true,
             coalescing: 0,

@@ -622,3 +622,34 @@ fn create_sq_on_the_admin_or_an_out_of_range_cq_is_an_invalid_queue_id() {
         "CQID beyond the queues offered"
     );
 }
+
+/// NVMe Base, Temperature Threshold: THSEL "selects the threshold type
+/// that is modified by a Set Features command and whose threshold value is
+/// returned by a Get Features command". Setting the under-temperature
+/// threshold must not change the over-temperature one.
+#[test]
+fn temperature_thresholds_are_kept_per_threshold_type() {
+    let mut r = Rig::new(&["0:4M"]);
+    let over = r
+        .admin(get_features(feature::TEMPERATURE_THRESHOLD, 0))
+        .result
+        & 0xffff;
+    assert_eq!(over, 343);
+    // THSEL 01b: under-temperature threshold, 200 K.
+    let c = r.admin(set_features(feature::TEMPERATURE_THRESHOLD, 200 | 1 << 20));
+    assert!(c.status.is_success());
+    let over = r
+        .admin(get_features(feature::TEMPERATURE_THRESHOLD, 0))
+        .result
+        & 0xffff;
+    assert_eq!(over, 343, "the over-temperature threshold changed");
+    let under = r.admin(get_features(feature::TEMPERATURE_THRESHOLD, 1 << 20));
+    assert_eq!(under.result, 200, "the threshold alone, in bits 15:0");
+    // A temperature sensor (none is reported) and a reserved THSEL.
+    for bad in [300 | 1 << 16, 300 | 2 << 20] {
+        let c = r.admin(set_features(feature::TEMPERATURE_THRESHOLD, bad));
+        assert_eq!(c.status, Status::INVALID_FIELD, "{bad:#x}");
+        let c = r.admin(get_features(feature::TEMPERATURE_THRESHOLD, bad));
+        assert_eq!(c.status, Status::INVALID_FIELD, "{bad:#x}");
+    }
+}
