@@ -23,6 +23,8 @@ pub mod cns {
 
 /// Optional Admin Command Support: Namespace Management and Attachment.
 pub const OACS_NS_MANAGEMENT: u16 = 1 << 3;
+/// Controller Type (CNTRLTYPE): an I/O controller.
+pub const CNTRLTYPE_IO: u8 = 1;
 /// Optional Admin Command Support: Doorbell Buffer Config.
 pub const OACS_DOORBELL_BUFFER: u16 = 1 << 8;
 /// Optional NVM Command Support: Compare.
@@ -99,6 +101,8 @@ impl ControllerInfo {
         b[80..84].copy_from_slice(&self.version.to_le_bytes());
         // OAES: namespace attribute notices.
         b[92..96].copy_from_slice(&(1u32 << 8).to_le_bytes());
+        // CNTRLTYPE: a 1.4 controller must report one (0 is reserved).
+        b[111] = CNTRLTYPE_IO;
         b[256..258].copy_from_slice(&self.oacs.to_le_bytes());
         b[258] = self.acl;
         b[259] = self.aerl;

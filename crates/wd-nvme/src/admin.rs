@@ -71,7 +71,9 @@ impl Controller {
             mdts: MDTS,
             cntlid: self.cntlid,
             version: regs::VERSION_1_4,
-            oacs: identify::OACS_DOORBELL_BUFFER | identify::OACS_NS_MANAGEMENT,
+            // Namespace Attachment without Namespace Management (which
+            // the host's owner does instead): NMS must stay clear.
+            oacs: identify::OACS_DOORBELL_BUFFER,
             acl: 3,
             aerl: (AER_LIMIT - 1) as u8,
             // Slot 1 read-only, one slot.
@@ -99,21 +101,26 @@ impl Controller {
         }
     }
 
+    /// Whether `nsid` is a valid NSID (1 to NN), allocated or not.
+    fn valid_nsid(&self, nsid: u32) -> bool {
+        (1..=self.sub.max_nsid()).contains(&nsid)
+    }
+
     fn identify(&mut self, sqe: &Sqe, dma: &mut dyn Dma<'_>) -> Outcome {
         let cns_value = sqe.cdw(10) as u8;
         let nsid = sqe.nsid;
         let data = match cns_value {
             cns::CONTROLLER => self.controller_info().to_bytes(),
             cns::NAMESPACE | cns::NS_DESCRIPTORS => {
-                if self.sub.get(nsid).is_none() {
+                let zeroes = cns_value == cns::NAMESPACE && self.valid_nsid(nsid);
+                if !zeroes && self.sub.get(nsid).is_none() {
                     return done(Status::INVALID_NAMESPACE);
                 }
                 match self.active.get(&nsid) {
-                    // An allocated namespace not attached here: zeroes for
-                    // Identify Namespace, an error for its descriptors.
-                    None if cns_value == cns::NAMESPACE => {
-                        Box::new([0u8; identify::IDENTIFY_BYTES])
-                    }
+                    // A valid NSID not attached here (allocated elsewhere
+                    // or not at all): zeroes for Identify Namespace, an
+                    // error for its descriptors.
+                    None if zeroes => Box::new([0u8; identify::IDENTIFY_BYTES]),
                     None => return done(Status::INVALID_NAMESPACE),
                     Some(ns) if cns_value == cns::NAMESPACE => Self::namespace_info(ns).to_bytes(),
                     Some(ns) => identify::ns_descriptors(&Self::namespace_info(ns)),
@@ -137,6 +144,8 @@ impl Controller {
             }
             cns::ALLOCATED_NAMESPACE => match self.sub.get(nsid) {
                 Some(ns) => Self::namespace_info(&ns).to_bytes(),
+                // Valid but unallocated (a namespace removed below NN).
+                None if self.valid_nsid(nsid) => Box::new([0u8; identify::IDENTIFY_BYTES]),
                 None => return done(Status::INVALID_NAMESPACE),
             },
             _ => return done(Status::INVALID_FIELD),

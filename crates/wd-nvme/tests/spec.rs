@@ -39,7 +39,6 @@ fn identify_describes_the_controller_and_its_namespaces() {
     assert_eq!(c.nn, 3, "NN is the largest namespace id");
     assert_eq!(c.mdts, 6, "256 KiB transfers, as the I/O path enforces");
     assert_ne!(c.oacs & identify::OACS_DOORBELL_BUFFER, 0);
-    assert_ne!(c.oacs & identify::OACS_NS_MANAGEMENT, 0);
     assert_eq!(
         c.oncs,
         identify::ONCS_COMPARE | identify::ONCS_DSM | identify::ONCS_WRITE_ZEROES
@@ -576,4 +575,58 @@ fn error_events_stay_masked_until_the_error_log_is_read() {
         .admin_cqe()
         .expect("the second error event, once the log was read");
     assert_eq!(ev.result >> 16 & 0xff, 1, "error information log");
+}
+
+/// NVMe Base 8.1.16: a controller that supports Namespace Attachment
+/// without the Namespace Management command "shall not set the Namespace
+/// Management Supported (NMS) bit to '1' in the OACS field".
+#[test]
+fn oacs_claims_namespace_management_only_with_the_command() {
+    let mut r = Rig::new(&["0:4M"]);
+    let info = ControllerInfo::from_bytes(&r.identify(cns::CONTROLLER, 0).unwrap());
+    let nms = info.oacs & identify::OACS_NS_MANAGEMENT != 0;
+    // Namespace Management (opcode 0Dh), SEL 0 (create) with no data.
+    let c = r.admin(sqe(0x0d));
+    assert!(
+        !(nms && c.status == Status::INVALID_OPCODE),
+        "OACS.NMS set but Namespace Management is an invalid opcode"
+    );
+}
+
+/// NVMe Base 3.2.1.2/3.2.1.5: an NSID from 1 to NN is valid; one whose
+/// namespace does not exist (unallocated) is inactive. Identify Namespace
+/// (CNS 00h) of an inactive NSID and Identify Namespace for an Allocated
+/// NSID (CNS 11h, 5.2.13.2.10: "If the value in the NSID field specifies
+/// an unallocated NSID, then the controller returns a zero filled data
+/// structure") return zeroes, not Invalid Namespace or Format.
+#[test]
+fn identify_of_an_unallocated_valid_nsid_is_zero_filled() {
+    let (mut r, sub) = rig_with_subsystem(&["0:4M", "4M:4M", "8M:4M"]);
+    sub.remove(2).unwrap();
+    let info = ControllerInfo::from_bytes(&r.identify(cns::CONTROLLER, 0).unwrap());
+    assert_eq!(info.nn, 3, "NSID 2 is valid (<= NN)");
+    let ns = r.identify(cns::NAMESPACE, 2);
+    assert!(
+        ns.as_ref().is_ok_and(|b| b.iter().all(|&x| x == 0)),
+        "CNS 00h of unallocated NSID 2: {:?}",
+        ns.err()
+    );
+    let ns = r.identify(cns::ALLOCATED_NAMESPACE, 2);
+    assert!(
+        ns.as_ref().is_ok_and(|b| b.iter().all(|&x| x == 0)),
+        "CNS 11h of unallocated NSID 2: {:?}",
+        ns.err()
+    );
+}
+
+/// NVMe Base 1.4, Identify Controller byte 111 (CNTRLTYPE):
+/// "Implementations compliant with NVM Express Base Specification,
+/// Revision 1.4 or later shall report a controller type (i.e., the value
+/// 0h is reserved and shall not be used)." VS says 1.4.0.
+#[test]
+fn a_version_1_4_controller_reports_its_controller_type() {
+    let mut r = Rig::new(&["0:4M"]);
+    assert_eq!(r.regs.load32(regs::VS), regs::VERSION_1_4);
+    let id = r.identify(cns::CONTROLLER, 0).unwrap();
+    assert_eq!(id[111], 1, "CNTRLTYPE: 1h (I/O controller)");
 }

@@ -98,6 +98,31 @@ pub fn cc_enabled() -> u32 {
     .to_u32()
 }
 
+/// A device (synchronous I/O) on namespaces `specs` (`OFFSET:SIZE[:BLOCK]`)
+/// of a fresh store in a new directory under `base`: the driver, the
+/// directory and the store's path.
+pub fn device_on(
+    base: &std::path::Path,
+    specs: &[&str],
+) -> (NvmeDriver, wd_testutil::TempDir, std::path::PathBuf) {
+    let dir = wd_testutil::tempdir_in(base, "wd-nvme-spec", 0o755);
+    let store = dir.path().join("store.img");
+    let specs: Vec<String> = specs
+        .iter()
+        .map(|s| format!("{}:{s}", store.display()))
+        .collect();
+    let driver = NvmeDriver::new(&specs, IoEngine::Sync).unwrap();
+    (driver, dir, store)
+}
+
+/// A controller on namespaces `specs` whose subsystem the test keeps (to
+/// add and remove namespaces), enabled with namespace 1 attached.
+pub fn rig_with_subsystem(specs: &[&str]) -> (Rig, Arc<wd_nvme::Subsystem>) {
+    let (driver, dir, store) = device_on(&std::env::temp_dir(), specs);
+    let sub = driver.subsystem().clone();
+    (Rig::ready(Rig::of(&driver, dir, store)), sub)
+}
+
 impl Rig {
     /// A controller on a fresh store with namespaces `specs`
     /// (`OFFSET:SIZE[:BLOCK]`), not yet enabled.
@@ -108,13 +133,13 @@ impl Rig {
     /// As [`Rig::bare`], the store in a new directory under `base` (a
     /// file system of its own kind, such as tmpfs).
     pub fn bare_on(base: &std::path::Path, specs: &[&str]) -> Rig {
-        let dir = wd_testutil::tempdir_in(base, "wd-nvme-spec", 0o755);
-        let store = dir.path().join("store.img");
-        let specs: Vec<String> = specs
-            .iter()
-            .map(|s| format!("{}:{s}", store.display()))
-            .collect();
-        let driver = NvmeDriver::new(&specs, IoEngine::Sync).unwrap();
+        let (driver, dir, store) = device_on(base, specs);
+        Rig::of(&driver, dir, store)
+    }
+
+    /// A new controller of `driver` (registers attached, not enabled); it
+    /// keeps `dir` (its store's, or one of its own) for as long as it lives.
+    pub fn of(driver: &NvmeDriver, dir: wd_testutil::TempDir, store: std::path::PathBuf) -> Rig {
         let mut ctl = driver.open_queue(0);
         let fd = wd_sys::memfd_create("regs", false).unwrap();
         wd_sys::ftruncate(fd.as_fd(), regs::BLOCK_BYTES as u64).unwrap();
