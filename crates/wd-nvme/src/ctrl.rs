@@ -365,7 +365,9 @@ impl Controller {
                 self.ready = true;
             }
         }
-        if new.en && new.shn != 0 && !self.shut_down {
+        // A shutdown written with EN going from 1 to 0 is a reset and a
+        // shutdown (NVMe Base, CC.SHN): the reset above, then this.
+        if (new.en || old.en) && new.shn != 0 && !self.shut_down {
             // Normal or abrupt shutdown: finish what is in flight, make
             // written data durable, stop.
             self.quiesce_io();

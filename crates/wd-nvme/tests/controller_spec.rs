@@ -653,3 +653,23 @@ fn temperature_thresholds_are_kept_per_threshold_type() {
         assert_eq!(c.status, Status::INVALID_FIELD, "{bad:#x}");
     }
 }
+
+/// NVMe Base 3.1.4.5 (CC.SHN): "If the host write to this property that
+/// initiates a shutdown also clears the EN bit from '1' to '0', then both
+/// a Controller Reset and a controller shutdown occur."
+#[test]
+fn a_shutdown_written_with_en_cleared_is_a_reset_and_a_shutdown() {
+    let mut r = Rig::new(&["0:4M"]);
+    let cc = (cc_enabled() & !1) | 1 << 14;
+    r.regs.store32(regs::CC, cc);
+    r.pass();
+    let csts = r.csts();
+    assert_eq!(csts & regs::CSTS_RDY, 0, "reset");
+    assert_eq!(
+        csts & regs::CSTS_SHST_MASK,
+        regs::CSTS_SHST_COMPLETE,
+        "shutdown never reported complete"
+    );
+    // Enabling again starts over: ready, no shutdown status.
+    r.enable();
+}
