@@ -184,7 +184,7 @@ fn two_clients_on_one_store_stay_in_their_namespaces() {
     let na = a.open_namespace(1).unwrap();
     let nb = b.open_namespace(2).unwrap();
     // A namespace is private to one controller.
-    assert_eq!(status_of(b.attach(1)), Status::NS_ALREADY_ATTACHED);
+    assert_eq!(status_of(b.attach(1)), Status::NS_IS_PRIVATE);
     let mut qa = a.create_io_queue(16).unwrap();
     let mut qb = b.create_io_queue(16).unwrap();
     let (ba, bb) = (SharedBuf::new(4096).unwrap(), SharedBuf::new(4096).unwrap());

@@ -86,6 +86,8 @@ impl Status {
     pub const FEATURE_NOT_SAVEABLE: Status = specific(0x0d);
     /// Namespace Already Attached.
     pub const NS_ALREADY_ATTACHED: Status = specific(0x18);
+    /// Namespace Is Private: attached to another controller.
+    pub const NS_IS_PRIVATE: Status = specific(0x19);
     /// Namespace Not Attached.
     pub const NS_NOT_ATTACHED: Status = specific(0x1a);
     /// Controller List Invalid.
@@ -147,6 +149,7 @@ impl Status {
             k if k == Status::INVALID_QUEUE_DELETION => "invalid queue deletion",
             k if k == Status::FEATURE_NOT_SAVEABLE => "feature not saveable",
             k if k == Status::NS_ALREADY_ATTACHED => "namespace already attached",
+            k if k == Status::NS_IS_PRIVATE => "namespace is private",
             k if k == Status::NS_NOT_ATTACHED => "namespace not attached",
             k if k == Status::CONTROLLER_LIST_INVALID => "controller list invalid",
             k if k == Status::WRITE_FAULT => "write fault",

@@ -263,7 +263,7 @@ impl Controller {
             return done(Status::INVALID_QUEUE_ID);
         }
         // Its commands on the I/O ring finish and post first.
-        self.settle(dma);
+        self.settle(dma, None);
         let Some(sq) = self.sqs[qid as usize].take() else {
             return done(Status::INVALID_QUEUE_ID);
         };
@@ -479,9 +479,19 @@ impl Controller {
                     self.active.insert(nsid, ns);
                     done(Status::SUCCESS)
                 }
-                Err(_) => done(Status::NS_ALREADY_ATTACHED),
+                // Already attached, to another controller (a namespace is
+                // private) or to this one.
+                Err(Some(_)) => done(Status::NS_IS_PRIVATE),
+                Err(None) if self.active.contains_key(&nsid) => done(Status::NS_ALREADY_ATTACHED),
+                // Removed since it was looked up.
+                Err(None) => done(Status::INVALID_NAMESPACE),
             },
             1 => {
+                if self.active.contains_key(&nsid) {
+                    // Its writes on the I/O ring land before another
+                    // controller may attach it.
+                    self.settle(dma, Some(nsid));
+                }
                 if self.sub.detach(nsid, self.cntlid) {
                     self.active.remove(&nsid);
                     done(Status::SUCCESS)

@@ -132,8 +132,9 @@ pub(crate) struct InFlight {
     pub status: Status,
     /// The section its memory was held from (see `Service::holds_from`).
     pub section: u64,
-    /// Keeps the store open while the kernel uses it.
-    pub _ns: Arc<Namespace>,
+    /// Keeps the store open while the kernel uses it; a detach waits for
+    /// the commands of its namespace.
+    pub ns: Arc<Namespace>,
     /// The memory the kernel reads or writes, pinned by the engine.
     pub _held: Vec<wd_device::HeldSlice>,
 }

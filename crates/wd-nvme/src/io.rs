@@ -214,7 +214,7 @@ impl Controller {
             remaining: held.len() as u32,
             status: Status::SUCCESS,
             section: dma.section(),
-            _ns: ns.clone(),
+            ns: ns.clone(),
             _held: held,
         });
         true
@@ -298,11 +298,19 @@ impl Controller {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Wait for every transfer on the ring and post their commands (a
-    /// submission queue is being deleted).
-    pub(crate) fn settle(&mut self, dma: &mut dyn Dma<'_>) {
+    /// Wait for the transfers on the ring of the commands on namespace
+    /// `nsid` (of every command: None) and post those commands: a
+    /// submission queue is being deleted, or a namespace detached (a
+    /// write landing later could reach the next controller's data).
+    pub(crate) fn settle(&mut self, dma: &mut dyn Dma<'_>, nsid: Option<u32>) {
         let mut sink = Service::default();
-        while self.inflight.iter().any(Option::is_some) {
+        let waiting = |c: &Controller| {
+            c.inflight
+                .iter()
+                .flatten()
+                .any(|f| nsid.is_none_or(|n| f.ns.nsid == n))
+        };
+        while waiting(self) {
             let Some(ring) = self.ring.as_mut() else {
                 break;
             };

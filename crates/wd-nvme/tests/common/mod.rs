@@ -115,6 +115,27 @@ pub fn device_on(
     (driver, dir, store)
 }
 
+/// A controller whose reads and writes go on its io_uring where they can
+/// (`IoEngine::Ring`), on namespaces `specs` of a fresh store under the
+/// temporary directory, enabled with namespace 1 attached and its memory
+/// holdable; with an IOVA in the data area whose memory meets any
+/// O_DIRECT alignment (512 bytes; page-aligned IOVAs need not be).
+pub fn ring_rig(specs: &[&str]) -> (Rig, u64) {
+    let dir = wd_testutil::tempdir_in(&std::env::temp_dir(), "wd-nvme-spec", 0o755);
+    let store = dir.path().join("store.img");
+    let specs: Vec<String> = specs
+        .iter()
+        .map(|s| format!("{}:{s}", store.display()))
+        .collect();
+    let driver = NvmeDriver::new(&specs, IoEngine::Ring).unwrap();
+    let mut r = Rig::ready(Rig::of(&driver, dir, store));
+    r.mem.set_holds(true);
+    let ptr = wd_device::Dma::slice(&mut r.mem, DATA, 4096, wd_device::Access::Read)
+        .unwrap()
+        .as_ptr() as u64;
+    (r, DATA + (512 - ptr % 512) % 512)
+}
+
 /// A controller on namespaces `specs` whose subsystem the test keeps (to
 /// add and remove namespaces), enabled with namespace 1 attached.
 pub fn rig_with_subsystem(specs: &[&str]) -> (Rig, Arc<wd_nvme::Subsystem>) {
@@ -255,6 +276,11 @@ impl Rig {
     }
 
     pub fn attach(&mut self, nsid: u32) -> Status {
+        self.attachment(nsid, false)
+    }
+
+    /// Namespace Attachment of `nsid` to (or from) this controller.
+    pub fn attachment(&mut self, nsid: u32, detach: bool) -> Status {
         let list = DATA + 0x8_0000;
         let mut l = vec![0u8; 4096];
         l[0..2].copy_from_slice(&1u16.to_le_bytes());
@@ -264,6 +290,7 @@ impl Rig {
             opcode: AdminOp::NsAttach as u8,
             nsid,
             prp1: list,
+            cdw: [detach as u32, 0, 0, 0, 0, 0],
             ..Sqe::default()
         })
         .status
