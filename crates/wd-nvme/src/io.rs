@@ -261,12 +261,21 @@ impl Controller {
         }
     }
 
-    fn finish(&mut self, f: InFlight, dma: &mut dyn Dma<'_>, out: &mut Service) {
+    fn finish(&mut self, mut f: InFlight, dma: &mut dyn Dma<'_>, out: &mut Service) {
         if let Some(cq) = self.cqs[f.cqid as usize].as_mut() {
             cq.reserved = cq.reserved.saturating_sub(1);
         } else {
             // Its completion queue is gone (a reset): nothing to post.
             return;
+        }
+        if f.write && f.status.is_success() && !self.features.write_cache {
+            // Write-through, as for a synchronous write: durable before
+            // the completion (O_DIRECT leaves the device's cache and the
+            // file's allocation to a sync).
+            let (fd, _) = f.ns.buffered_at(0);
+            if let Err(e) = wd_sys::file::fdatasync(fd) {
+                f.status = io_status(&e);
+            }
         }
         if f.status.is_success() {
             out.bytes += f.len;
