@@ -1,8 +1,9 @@
 //! One controller driven directly, the way the engine drives it (register
 //! block, `service` passes, client memory behind a `Dma`), by a minimal
 //! driver written here from the specification: the enable/reset/shutdown
-//! sequence, queue rules, phase tags and back-pressure, statuses, PRP
-//! lists, shadow doorbells and asynchronous events.
+//! sequence, queue rules, phase tags and back-pressure, statuses, features,
+//! PRP lists, shadow doorbells, invalid doorbells and the engine's sleep,
+//! and asynchronous events.
 
 use std::os::unix::fs::FileExt;
 

@@ -5,9 +5,10 @@
 //! file covers what it leaves out: Identify, fatal admin queue
 //! attributes, queues re-created with stale doorbells, many laps of phase
 //! tags against a model, back-pressure released through a shadow head,
-//! invalid completion head doorbells and the event limit, a reset with
-//! submissions pending, and data placed at a namespace's offset in the
-//! store.
+//! invalid completion head doorbells, the event limit and event masking,
+//! a reset with submissions pending, data placed at a namespace's offset
+//! in the store, namespace attachment between two controllers, and a
+//! detach with writes on the I/O ring.
 
 use std::os::unix::fs::FileExt;
 
