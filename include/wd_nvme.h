@@ -51,7 +51,7 @@ int wd_nvme_identify(uint64_t ctrl, uint8_t cns, uint32_t nsid, void *data);
  * assigned) and wait: 0 when it completed, whatever its status (cpl). */
 int wd_nvme_admin(uint64_t ctrl, const void *sqe, struct wd_nvme_cpl *cpl);
 /* Attach namespace nsid to this controller unless it is, and describe it.
- * -EIO with "namespace already attached": another controller has it. */
+ * -EIO with "namespace is private": another controller has it. */
 int wd_nvme_open_ns(uint64_t ctrl, uint32_t nsid, struct wd_nvme_ns *ns);
 /* Share memory from wd_alloc() with the controller: data buffers must be
  * shared before a command names them (any other address completes with
