@@ -152,6 +152,7 @@ int wd_crypto_get_policy(void);
  * wd_crypto_count_cpu (batching is fine). kind: WD_KIND_*. */
 #define WD_KIND_CIPHER 0
 #define WD_KIND_DIGEST 1
+#define WD_KIND_AEAD   2 /* a GCM message's data (costs apart from ciphers') */
 #define WD_CPU_THRESHOLD 1
 #define WD_CPU_NO_QUEUE  2
 #define WD_CPU_HOST_GONE 3

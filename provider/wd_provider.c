@@ -281,6 +281,7 @@ struct wd_cctx {
 	 * refuses (IV_STATE_FINISHED). */
 	int gcm_iv_spent;
 	int gcm_inline;          /* the message under way runs in `inner` */
+	int gcm_timed;           /* ... and its data is timed for the router */
 	int gcm_inner_keyed;     /* `inner` holds the current key */
 	unsigned char gaad[256]; /* AAD held until the path is decided */
 	size_t gaad_len;
@@ -677,12 +678,14 @@ static int wd_gcm_begin(struct wd_cctx *x, size_t len)
 		return 0;
 	/* A GCM message on the device is waited for (never paused), so it is
 	 * routed as a synchronous request. */
-	int route = wd_route_memo_route(&x->memo, WD_KIND_CIPHER, len, 0);
+	int route = wd_route_memo_route(&x->memo, WD_KIND_AEAD, len, 0);
 	int why = route & WD_ROUTE_DEVICE ? 0 : route & 0xff;
 	int here = why != 0;
 	if (here && x->inner == NULL && wd_cpu_lookup(x->d->name, &x->impl))
 		x->inner = x->impl.newctx(wd_cpu_provctx);
 	x->gcm_inline = here && x->inner != NULL;
+	/* The device path times itself (libwd routes the message again). */
+	x->gcm_timed = x->gcm_inline && (route & WD_ROUTE_TIMED);
 	int ok;
 	if (x->gcm_inline) {
 		/* The key once (its schedule and GHASH tables stay), the IV per
@@ -722,8 +725,15 @@ static int wd_gcm_update(struct wd_cctx *x, unsigned char *out, size_t *outl,
 		if (!wd_gcm_begin(x, out == NULL ? x->gaad_len + inl : inl))
 			return 0;
 	}
-	if (x->gcm_inline)
-		return x->impl.update(x->inner, out, outl, inl, in, inl);
+	if (x->gcm_inline) {
+		if (!x->gcm_timed || out == NULL)
+			return x->impl.update(x->inner, out, outl, inl, in, inl);
+		uint64_t t0 = wd_now_ns();
+		int ok = x->impl.update(x->inner, out, outl, inl, in, inl);
+		if (ok && inl > 0)
+			wd_crypto_record(WD_KIND_AEAD, inl, 1, wd_now_ns() - t0);
+		return ok;
+	}
 	if (out == NULL) { /* AAD */
 		*outl = inl;
 		return wd_aead_aad(x->a, in, inl) == 0;

@@ -3,7 +3,7 @@
 
 use std::ffi::c_int;
 
-use crypto::route::{self, Kind, Route};
+use crypto::route::{self, Op, Route};
 use crypto::{config, Policy, Why};
 
 use crate::*;
@@ -80,10 +80,11 @@ pub unsafe extern "C" fn wd_crypto_get_in_place_bytes(out: *mut u64) -> c_int {
     0
 }
 
-fn kind(k: c_int) -> Option<Kind> {
+fn kind(k: c_int) -> Option<Op> {
     match k {
-        0 => Some(Kind::Cipher),
-        1 => Some(Kind::Digest),
+        0 => Some(Op::Cipher),
+        1 => Some(Op::Digest),
+        2 => Some(Op::Aead),
         _ => None,
     }
 }

@@ -11,7 +11,7 @@ use wd_sec_msg::{CipherOp, F_ENCRYPT, F_FINAL, F_IV};
 
 use crate::cipher::Direction;
 use crate::lane::{self, device_status, Kind, Lane, LaneId, NoLane, SLOT};
-use crate::route::{self, Route};
+use crate::route::{self, Op, Route, Stopwatch};
 use crate::stats::{self, Why};
 use crate::{CryptoError, Result};
 
@@ -39,6 +39,8 @@ pub struct Aead {
     /// Device sessions of this key, per lane (kept across messages).
     dev: Vec<(LaneId, u64)>,
     active: bool,
+    /// The router asked for this message's data to be timed.
+    timed: bool,
 }
 
 impl std::fmt::Debug for Aead {
@@ -89,6 +91,7 @@ impl Aead {
             path: Path::Undecided,
             dev: Vec::new(),
             active: false,
+            timed: false,
         })
     }
 
@@ -126,8 +129,9 @@ impl Aead {
         // Everything in one staging slot: one request that checks the tag
         // before any plaintext leaves the device.
         if ct.len() + self.aad.len() + 16 <= SLOT {
-            let (route, _) = route::choose_timed(Kind::Cipher, ct.len(), false);
+            let (route, timed) = route::choose_timed(Op::Aead, ct.len(), false);
             if route == Route::Device {
+                let watch = Stopwatch::start(timed);
                 // Without a free slot (this thread's jobs hold them all) it
                 // is computed here: the caller waits either way.
                 let r = lane::with_lane(Kind::Cipher, |lane| {
@@ -139,6 +143,7 @@ impl Aead {
                 match r {
                     Ok(Ok(true)) => {
                         self.active = false;
+                        watch.stop(Op::Aead, ct.len(), false);
                         return Ok(());
                     }
                     Ok(Ok(false)) => stats::on_cpu(ct.len(), Why::NoQueue),
@@ -293,8 +298,13 @@ impl Aead {
         // The first request carries the additional data, the data and the
         // tag in one staging slot: more than half a slot of additional
         // data is hashed here.
-        let fits = self.aad.len() <= MAX_DEVICE_AAD;
-        if fits && route::choose(Kind::Cipher, n.max(self.aad.len()), false) == Route::Device {
+        let (route, timed) = if self.aad.len() <= MAX_DEVICE_AAD {
+            route::choose_timed(Op::Aead, n.max(self.aad.len()), false)
+        } else {
+            (Route::Cpu(Why::Policy), false)
+        };
+        self.timed = timed;
+        if route == Route::Device {
             let r = lane::with_lane(Kind::Cipher, |lane| {
                 // No free slot (this thread's jobs hold them): here.
                 if lane.free_slots() == 0 {
@@ -319,8 +329,8 @@ impl Aead {
                     stats::on_cpu(n, why(no));
                 }
             }
-        } else {
-            stats::on_cpu(n, Why::Threshold);
+        } else if let Route::Cpu(w) = route {
+            stats::on_cpu(n, w);
         }
         let mut ctx = CipherCtx::new(self.alg)?;
         ctx.init(
@@ -342,8 +352,12 @@ impl Aead {
             return Err(CryptoError::invalid("output shorter than input"));
         }
         self.decide(input.len())?;
+        // A timed message's data is a sample for the router: per byte, the
+        // cost of the path it took.
+        let watch = Stopwatch::start(self.timed && !input.is_empty());
         if let Path::Cpu(ctx) = &mut self.path {
             ctx.update(output, input)?;
+            watch.stop(Op::Aead, input.len(), true);
             return Ok(input.len());
         }
         let mut off = 0;
@@ -362,6 +376,7 @@ impl Aead {
                 break;
             }
         }
+        watch.stop(Op::Aead, input.len(), false);
         Ok(input.len())
     }
 

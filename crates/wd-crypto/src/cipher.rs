@@ -15,7 +15,7 @@ use wrapdrive::SharedSpan;
 
 use crate::config;
 use crate::lane::{self, device_status, Kind, Lane, LaneId, NoLane, SLOT, SLOTS};
-use crate::route::{self, Route, Stopwatch};
+use crate::route::{self, Op, Route, Stopwatch};
 use crate::stats::{self, Why};
 use crate::{CryptoError, Result};
 
@@ -568,7 +568,7 @@ impl Cipher {
                 let watch = Stopwatch::start(timed);
                 self.cpu_update(io)?;
                 stats::on_cpu(n, why);
-                watch.stop(Kind::Cipher, n, true);
+                watch.stop(Op::Cipher, n, true);
                 return Ok(n);
             }
             (Route::Device, timed) => timed,
@@ -654,7 +654,7 @@ impl Cipher {
     ) -> Result<usize> {
         match r {
             Ok(()) => {
-                watch.stop(Kind::Cipher, n, false);
+                watch.stop(Op::Cipher, n, false);
                 Ok(n)
             }
             Err((e, why)) if (e.host_gone() || why.is_some()) && alone && config::fallback() => {
@@ -803,7 +803,7 @@ impl Cipher {
         if self.in_flight > 0 {
             return (Route::Device, false);
         }
-        route::choose_timed(Kind::Cipher, n, asynchronous)
+        route::choose_timed(Op::Cipher, n, asynchronous)
     }
 
     fn route_async(&self, n: usize, offload: bool) -> (Route, bool) {

@@ -7,7 +7,7 @@ use wd_sec_msg::Alg;
 use wd_sec_msg::{DigestOp, F_DIGEST_FINAL, F_INIT, MAX_DIGEST};
 
 use crate::lane::{self, device_status, Kind, Lane, LaneId, NoLane, SLOT};
-use crate::route::{self, Route, Stopwatch};
+use crate::route::{self, Op, Route, Stopwatch};
 use crate::stats::{self, Why};
 use crate::{CryptoError, Result};
 
@@ -34,6 +34,8 @@ pub struct Digest {
     key: Vec<u8>,
     buf: Vec<u8>,
     state: State,
+    /// The router asked for this stream's requests to be timed.
+    timed: bool,
 }
 
 impl std::fmt::Debug for Digest {
@@ -67,6 +69,7 @@ impl Digest {
             key: key.to_vec(),
             buf: Vec::new(),
             state: State::Gathering,
+            timed: false,
         })
     }
 
@@ -103,6 +106,7 @@ impl Digest {
             key: self.key.clone(),
             buf: self.buf.clone(),
             state,
+            timed: self.timed,
         })
     }
 
@@ -162,7 +166,7 @@ impl Digest {
     /// The whole message is in `buf`: one request on the chosen path.
     fn one_shot(&mut self) -> Result<Vec<u8>> {
         let n = self.buf.len();
-        let (route, timed) = route::choose_timed(Kind::Digest, n, false);
+        let (route, timed) = route::choose_timed(Op::Digest, n, false);
         let watch = Stopwatch::start(timed);
         if let Route::Device = route {
             let r = lane::with_lane(Kind::Digest, |lane| {
@@ -199,7 +203,7 @@ impl Digest {
             match r {
                 Ok(Ok(Some(d))) => {
                     stats::offloaded(n);
-                    watch.stop(Kind::Digest, n, false);
+                    watch.stop(Op::Digest, n, false);
                     return Ok(d);
                 }
                 Ok(Ok(None)) => stats::on_cpu(n, Why::NoQueue),
@@ -216,12 +220,14 @@ impl Digest {
         ctx.update(&self.buf)?;
         let mut out = [0u8; 64];
         let len = ctx.finish(&mut out)?;
-        watch.stop(Kind::Digest, n, true);
+        watch.stop(Op::Digest, n, true);
         Ok(out[..len].to_vec())
     }
 
     fn start_stream(&mut self, n: usize) -> Result<()> {
-        if let Route::Device = route::choose(Kind::Digest, n, false) {
+        let (route, timed) = route::choose_timed(Op::Digest, n, false);
+        self.timed = timed;
+        if let Route::Device = route {
             let r = lane::with_lane(Kind::Digest, |lane| {
                 let handle = lane.new_session(self.alg, &self.key)?;
                 Ok((lane.id, handle))
@@ -246,12 +252,17 @@ impl Digest {
     /// Feed `pending` then `data` to the stream (and finish it when
     /// `last`). `Busy` comes before anything is sent.
     fn stream(&mut self, pending: &[u8], data: &[u8], last: bool) -> Result<Option<Vec<u8>>> {
+        // A timed stream's data is a sample for the router: per byte, the
+        // cost of the path it took.
+        let n = pending.len() + data.len();
+        let watch = Stopwatch::start(self.timed && n > 0);
         match &mut self.state {
             State::Gathering => unreachable!("streams start first"),
             State::Cpu(ctx) => {
                 ctx.update(pending)?;
                 ctx.update(data)?;
-                stats::on_cpu(pending.len() + data.len(), Why::Policy);
+                watch.stop(Op::Digest, n, true);
+                stats::on_cpu(n, Why::Policy);
                 if !last {
                     return Ok(None);
                 }
@@ -286,7 +297,11 @@ impl Digest {
                     r
                 });
                 match r {
-                    Ok(r) => r,
+                    Ok(Ok(d)) => {
+                        watch.stop(Op::Digest, n, false);
+                        Ok(d)
+                    }
+                    Ok(Err(e)) => Err(e),
                     Err(_) => Err(gone()),
                 }
             }

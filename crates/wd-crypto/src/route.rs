@@ -9,7 +9,9 @@
 //! Digests are decided by measurement either way (no multi-buffer engine
 //! makes a device digest cheaper than the CPU's). A synchronous caller
 //! waits either way, so the device only takes its requests when its
-//! measured round trip beats computing here.
+//! measured round trip beats computing here. Ciphers, AEAD messages and
+//! digests are measured apart: GCM on the CPU runs several times faster
+//! than a CBC encryption, so a cipher's costs say nothing of it.
 
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
@@ -18,42 +20,60 @@ pub use wd_route::Route;
 use wd_route::{Costs, Queue, Request, Settings};
 
 use crate::config;
-pub use crate::lane::Kind;
+use crate::lane::Kind;
 use crate::stats::Why;
 
 /// Smallest asynchronous request the `auto` policy offloads.
 pub const ASYNC_MIN: usize = 4096;
 
-fn op(kind: Kind) -> usize {
-    match kind {
-        Kind::Cipher => 0,
-        Kind::Digest => 1,
+/// What a request does, as the router tells costs apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// A cipher (ECB, CBC, CTR, XTS) request.
+    Cipher,
+    /// An AEAD (GCM) message's data.
+    Aead,
+    /// A digest or MAC.
+    Digest,
+}
+
+impl Op {
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The lanes its device requests go through.
+    fn lane(self) -> Kind {
+        match self {
+            Op::Cipher | Op::Aead => Kind::Cipher,
+            Op::Digest => Kind::Digest,
+        }
     }
 }
 
 thread_local! {
     /// This thread's measured costs, per operation and size class.
-    static COSTS: RefCell<Costs> = RefCell::new(Costs::new(2));
+    static COSTS: RefCell<Costs> = RefCell::new(Costs::new(3));
 }
 
 /// Where a request of `n` bytes runs, and whether to time it (a sample
 /// for the cost estimate: report it with [`record`] or a [`Stopwatch`]).
-pub fn choose_timed(kind: Kind, n: usize, asynchronous: bool) -> (Route, bool) {
+pub fn choose_timed(op: Op, n: usize, asynchronous: bool) -> (Route, bool) {
     let settings = Settings {
         policy: config::policy(),
         threshold: config::threshold(),
         fallback: config::fallback(),
     };
-    let queue = || match crate::lane::known_unavailable(kind, n) {
+    let queue = || match crate::lane::known_unavailable(op.lane(), n) {
         Some(crate::lane::NoLane::NoQueue) => Queue::Missing(Why::NoQueue),
         Some(crate::lane::NoLane::HostGone) => Queue::Missing(Why::HostGone),
         None => Queue::Ready,
     };
     let request = Request {
-        op: op(kind),
+        op: op.index(),
         bytes: n,
         overlapped: asynchronous,
-        overlap_min: (kind == Kind::Cipher).then_some(ASYNC_MIN),
+        overlap_min: (op == Op::Cipher).then_some(ASYNC_MIN),
     };
     COSTS
         .try_with(|c| {
@@ -64,13 +84,21 @@ pub fn choose_timed(kind: Kind, n: usize, asynchronous: bool) -> (Route, bool) {
 }
 
 /// [`choose_timed`] without the timing flag.
-pub fn choose(kind: Kind, n: usize, asynchronous: bool) -> Route {
-    choose_timed(kind, n, asynchronous).0
+pub fn choose(op: Op, n: usize, asynchronous: bool) -> Route {
+    choose_timed(op, n, asynchronous).0
 }
 
 /// Report how long a timed request took on a path.
-pub fn record(kind: Kind, n: usize, on_cpu: bool, took: Duration) {
-    let _ = COSTS.try_with(|c| c.borrow_mut().record(op(kind), n, on_cpu, took));
+pub fn record(op: Op, n: usize, on_cpu: bool, took: Duration) {
+    let _ = COSTS.try_with(|c| c.borrow_mut().record(op.index(), n, on_cpu, took));
+}
+
+/// This thread's estimates for `op` at `n` bytes: nanoseconds per byte on
+/// the CPU and on the device, as far as measured.
+pub fn estimate(op: Op, n: usize) -> (Option<f64>, Option<f64>) {
+    COSTS
+        .try_with(|c| c.borrow().estimate(op.index(), n))
+        .unwrap_or((None, None))
 }
 
 /// A stopwatch that only runs for timed requests.
@@ -83,9 +111,9 @@ impl Stopwatch {
     }
 
     /// Report the elapsed time (if running).
-    pub fn stop(self, kind: Kind, n: usize, on_cpu: bool) {
+    pub fn stop(self, op: Op, n: usize, on_cpu: bool) {
         if let Some(t) = self.0 {
-            record(kind, n, on_cpu, t.elapsed());
+            record(op, n, on_cpu, t.elapsed());
         }
     }
 }
