@@ -146,7 +146,10 @@ impl Aead {
                         watch.stop(Op::Aead, ct.len(), false);
                         return Ok(());
                     }
-                    Ok(Ok(false)) => stats::on_cpu(ct.len(), Why::NoQueue),
+                    Ok(Ok(false)) => {
+                        crate::cipher::no_slot()?;
+                        stats::on_cpu(ct.len(), Why::NoQueue)
+                    }
                     Ok(Err(e)) => {
                         self.active = false;
                         pt[..ct.len()].fill(0);
@@ -313,7 +316,10 @@ impl Aead {
                 Ok(Some((lane.id, self.handle_for(lane)?)))
             });
             match r {
-                Ok(Ok(None)) => stats::on_cpu(n, Why::NoQueue),
+                Ok(Ok(None)) => {
+                    crate::cipher::no_slot()?;
+                    stats::on_cpu(n, Why::NoQueue)
+                }
                 Ok(Ok(Some((lane, handle)))) => {
                     self.path = Path::Device {
                         lane,

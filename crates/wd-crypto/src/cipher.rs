@@ -272,6 +272,16 @@ pub(crate) fn no_fallback(why: Why) -> Result<()> {
     })
 }
 
+/// A request this thread's jobs leave no staging slot for runs on the CPU,
+/// unless the fallback is off: then it is `Busy` (try again after
+/// finishing jobs), never computed here.
+pub(crate) fn no_slot() -> Result<()> {
+    if config::fallback() {
+        return Ok(());
+    }
+    Err(CryptoError::Busy)
+}
+
 fn host_gone(message: &str) -> CryptoError {
     CryptoError::Device {
         status: wrapdrive::Status::HostGone,

@@ -206,7 +206,10 @@ impl Digest {
                     watch.stop(Op::Digest, n, false);
                     return Ok(d);
                 }
-                Ok(Ok(None)) => stats::on_cpu(n, Why::NoQueue),
+                Ok(Ok(None)) => {
+                    crate::cipher::no_slot()?;
+                    stats::on_cpu(n, Why::NoQueue)
+                }
                 Ok(Err(e)) => return Err(e),
                 Err(no) => {
                     crate::cipher::no_fallback(why(no))?;

@@ -58,6 +58,29 @@ struct AsyncCopyQueue {
     held: Vec<HeldCopy>,
 }
 
+impl AsyncCopyQueue {
+    /// Copy what `budget` allows of held copy `i`; a finished one is
+    /// reported and leaves `held`.
+    fn copy_some(&mut self, i: usize, budget: &mut u64, done: &mut Vec<(u64, Desc)>) {
+        let h = &mut self.held[i];
+        let len = h.src.len() as u64;
+        let n = (len - h.done).min(*budget);
+        let (at, count) = (h.done as usize, n as usize);
+        // SAFETY: the request is still held (not reported yet), so the
+        // engine keeps both ranges mapped.
+        let (src, dst) = unsafe { (h.src.slice(), h.dst.slice()) };
+        src.subslice(at, count).copy_to(&dst.subslice(at, count));
+        h.done += n;
+        *budget -= n;
+        if h.done == len {
+            let mut h = self.held.remove(i);
+            h.desc.status = status::OK;
+            h.desc.result = len;
+            done.push((h.token, h.desc));
+        }
+    }
+}
+
 impl DeviceQueue for AsyncCopyQueue {
     fn process(&mut self, desc: &mut Desc, dma: &mut dyn Dma<'_>) {
         DummyQueue.process(desc, dma);
@@ -113,29 +136,17 @@ impl DeviceQueue for AsyncCopyQueue {
         }
         let now = std::time::Instant::now();
         let mut budget = POLL_BYTES;
-        // Newest first: completions leave in another order than requests
-        // came.
+        // A copy the last poll left half done goes on first (newer ones
+        // must not starve it), then the due ones newest first: completions
+        // leave in another order than requests came.
+        if let Some(i) = self.held.iter().position(|h| h.done > 0) {
+            self.copy_some(i, &mut budget, done);
+        }
         let mut i = self.held.len();
         while i > 0 && budget > 0 {
             i -= 1;
-            let h = &mut self.held[i];
-            if h.until > now {
-                continue;
-            }
-            let len = h.src.len() as u64;
-            let n = (len - h.done).min(budget);
-            let (at, count) = (h.done as usize, n as usize);
-            // SAFETY: the request is still held (not reported yet), so the
-            // engine keeps both ranges mapped.
-            let (src, dst) = unsafe { (h.src.slice(), h.dst.slice()) };
-            src.subslice(at, count).copy_to(&dst.subslice(at, count));
-            h.done += n;
-            budget -= n;
-            if h.done == len {
-                let mut h = self.held.remove(i);
-                h.desc.status = status::OK;
-                h.desc.result = len;
-                done.push((h.token, h.desc));
+            if self.held[i].until <= now {
+                self.copy_some(i, &mut budget, done);
             }
         }
     }

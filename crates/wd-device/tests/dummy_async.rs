@@ -40,3 +40,39 @@ fn a_long_copy_is_done_over_several_polls() {
     assert_eq!(q.in_flight(), 0);
     assert_eq!(mem.get(BASE + len as u64, len), data);
 }
+
+/// A copy half done goes on before newer ones: a steady stream of new
+/// copies (each due, newest first) would otherwise keep it from ever
+/// finishing.
+#[test]
+fn a_half_done_copy_is_not_starved_by_newer_ones() {
+    let long = 4 * POLL_BYTES as usize;
+    let short = POLL_BYTES as usize;
+    let mut mem = FlatMemory::new(BASE, 2 * long + 8 * short);
+    mem.set_holds(true);
+    let mut q = DummyAsyncDriver.open_queue(0);
+    let copy = |src: usize, dst: usize, len: usize| {
+        CopyMsg {
+            src: BASE + src as u64,
+            dst: BASE + dst as u64,
+            len: len as u64,
+        }
+        .to_desc(1)
+    };
+    let mut d = copy(0, long, long);
+    assert_eq!(q.start(0, &mut d, &mut mem), Started::Held);
+    std::thread::sleep(HOLD);
+    let mut done = Vec::new();
+    // Every poll, a new short copy that is due by the next one.
+    for token in 1..=4u64 {
+        q.poll(&mut done);
+        let mut d = copy(0, 2 * long + token as usize * short, short);
+        assert_eq!(q.start(token, &mut d, &mut mem), Started::Held);
+        std::thread::sleep(HOLD);
+    }
+    assert!(
+        done.iter().any(|(t, _)| *t == 0),
+        "the long copy is still not done after four polls of its size: {:?}",
+        done.iter().map(|(t, _)| t).collect::<Vec<_>>()
+    );
+}

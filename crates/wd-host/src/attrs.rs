@@ -217,18 +217,42 @@ pub fn list(host: &HostInner, who: PeerCred, prefix: &str) -> Vec<AttrEntry> {
         }
     }
     out.retain(|e| e.path.starts_with(prefix));
-    let max = wd_proto::limits::MAX_ATTRS;
-    if out.len() > max {
-        // Said, not silent: the caller can list a narrower prefix.
-        let more = out.len() - (max - 1);
-        out.truncate(max - 1);
-        out.push(entry(
-            "truncated".into(),
-            format!("{more} more attributes not listed: list a narrower prefix"),
-            false,
-        ));
-    }
+    cut_listing(&mut out);
     out
+}
+
+/// Bytes an entry takes in a reply (two strings and a flag).
+fn encoded(e: &AttrEntry) -> usize {
+    2 + e.path.len() + 2 + e.value.len() + 1
+}
+
+/// Keep a listing within what one reply carries (MAX_ATTRS entries, a
+/// body of MAX_BODY): one cut is said, not silent, in a last entry
+/// `truncated` (the caller can list a narrower prefix).
+fn cut_listing(out: &mut Vec<AttrEntry>) {
+    use wd_proto::limits::{MAX_ATTRS, MAX_BODY};
+    // Room for the list's count, the marker and the frame's other fields.
+    let room = MAX_BODY - 1024;
+    let total: usize = out.iter().map(encoded).sum();
+    if out.len() <= MAX_ATTRS && total <= room {
+        return;
+    }
+    let mut bytes = 0;
+    let keep = out
+        .iter()
+        .take(MAX_ATTRS - 1)
+        .take_while(|e| {
+            bytes += encoded(e);
+            bytes <= room
+        })
+        .count();
+    let more = out.len() - keep;
+    out.truncate(keep);
+    out.push(entry(
+        "truncated".into(),
+        format!("{more} more attributes not listed: list a narrower prefix"),
+        false,
+    ));
 }
 
 /// The limits in force, and what each user holds (only one's own unless
@@ -383,4 +407,47 @@ pub fn set(host: &HostInner, who: PeerCred, path: &str, value: &str) -> Result<(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wd_proto::limits::{MAX_ATTRS, MAX_PATH, MAX_VALUE};
+
+    fn listing(n: usize, path: usize, value: usize) -> Vec<AttrEntry> {
+        (0..n)
+            .map(|i| {
+                entry(
+                    format!("{i}/{}", "p".repeat(path)),
+                    "v".repeat(value),
+                    false,
+                )
+            })
+            .collect()
+    }
+
+    fn sendable(list: Vec<AttrEntry>) -> bool {
+        wd_proto::encode(&wd_proto::Message::Attrs { entries: list }, 1).is_ok()
+    }
+
+    #[test]
+    fn a_listing_is_cut_to_what_one_reply_carries_and_says_so() {
+        let mut small = listing(10, 10, 10);
+        cut_listing(&mut small);
+        assert_eq!(small.len(), 10, "nothing cut");
+        let mut many = listing(MAX_ATTRS + 100, 4, 4);
+        cut_listing(&mut many);
+        assert_eq!(many.len(), MAX_ATTRS);
+        assert_eq!(many[MAX_ATTRS - 1].path, "truncated");
+        assert!(many[MAX_ATTRS - 1].value.starts_with("101 more"));
+        assert!(sendable(many));
+        let mut long = listing(4000, MAX_PATH, MAX_VALUE);
+        assert!(long
+            .iter()
+            .all(|e| e.path.len() <= MAX_PATH && e.value.len() <= MAX_VALUE));
+        cut_listing(&mut long);
+        assert!(long.len() < 4000);
+        assert_eq!(long.last().unwrap().path, "truncated");
+        assert!(sendable(long));
+    }
 }

@@ -206,7 +206,9 @@ pub struct Limits {
     /// (virtio-iommu MAPs build tables of the client's choosing: one page
     /// mapped at scattered addresses costs many table pages).
     pub table_bytes_per_uid: u64,
-    /// How long a new connection may take to say Hello, in milliseconds.
+    /// How long a new connection may take to say Hello, a frame to arrive
+    /// whole once begun, and a reply to be read, in milliseconds: a
+    /// connection thread never waits longer on its client.
     pub hello_timeout_ms: u64,
     /// Connections held back for root and the host's owner once the rest
     /// are taken.

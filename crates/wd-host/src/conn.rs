@@ -70,6 +70,15 @@ fn err(status: Status, msg: impl Into<String>) -> HostError {
     HostError::Status(status, msg.into())
 }
 
+/// The settings of a domain made for a client of `uid`: its page tables
+/// count against the uid's budget.
+fn domain_config(host: &HostInner, uid: u32) -> DomainConfig {
+    DomainConfig {
+        table_budget: host.quotas.table_budget(uid),
+        ..DomainConfig::default()
+    }
+}
+
 /// Serve one connection until the peer closes it or its process exits.
 pub(crate) fn serve(host: &Arc<HostInner>, sock: UnixStream, cred: PeerCred, _charge: Charge) {
     // A pidfd ties the queues to the process, not only to the socket: a
@@ -85,10 +94,7 @@ pub(crate) fn serve(host: &Arc<HostInner>, sock: UnixStream, cred: PeerCred, _ch
         virtio: VirtioIommu::new(
             &host.iommu,
             virtio::DeviceSettings {
-                domain: DomainConfig {
-                    table_budget: host.quotas.table_budget(cred.uid),
-                    ..DomainConfig::default()
-                },
+                domain: domain_config(host, cred.uid),
                 ..virtio::DeviceSettings::default()
             },
         ),
@@ -106,15 +112,6 @@ pub(crate) fn serve(host: &Arc<HostInner>, sock: UnixStream, cred: PeerCred, _ch
 }
 
 impl Conn<'_> {
-    /// The settings of a domain made for this connection's client: its
-    /// page tables count against its uid's budget.
-    fn domain_config(&self) -> DomainConfig {
-        DomainConfig {
-            table_budget: self.host.quotas.table_budget(self.cred.uid),
-            ..DomainConfig::default()
-        }
-    }
-
     /// Requests and replies until the peer closes, its process exits, or
     /// it breaks a rule.
     fn run(&mut self, pidfd: Option<&OwnedFd>, hello_ms: u64) {
@@ -551,7 +548,7 @@ impl Conn<'_> {
             engine_n,
             cq,
             ring_map,
-            (&self.host.iommu, self.domain_config()),
+            (&self.host.iommu, domain_config(self.host, self.cred.uid)),
             (charge, instance),
         ));
         // Cannot fail: a connection holds at most MAX_ENDPOINTS queues, and

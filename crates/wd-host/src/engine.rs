@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use wd_device::{status, DeviceQueue, DeviceSlice, Dma, HeldSlice, Progress, Started};
+use wd_device::{cancelled, status, DeviceQueue, DeviceSlice, Dma, HeldSlice, Progress, Started};
 use wd_iommu::{
     Access, Attachment, Domain, Endpoint, EngineTlb, Fault, FaultOutcome, FaultReason, Iommu,
     Resolution, Section,
@@ -535,8 +535,7 @@ impl EngineLoop {
             worked += 1;
             let (parked, progress) = if q.state() == QueueState::Broken {
                 // An earlier request of the pass found the memory gone.
-                d.status = status::ECANCELED;
-                d.result = 0;
+                d = cancelled(d);
                 (None, Progress::Done)
             } else {
                 process(
@@ -864,15 +863,18 @@ impl EngineLoop {
     /// compression.
     ///
     /// A stall left in a domain the queue no longer translates through (it
-    /// was attached elsewhere) is one nobody can resolve: the client's
+    /// was attached to another) is one nobody can resolve: the client's
     /// resumes go to the domains of now. Its request, which changed
-    /// nothing, runs again in the new attachment.
+    /// nothing, runs again in the new attachment. (While the queue is
+    /// blocked it waits: attached again to its domain, it may be resumed
+    /// there.)
     fn serve_parked(&mut self, i: usize, batch: &mut Vec<Desc>) -> Result<usize, ()> {
         let s = &mut self.queues[i];
-        let now = s.q.endpoint.fault_domain();
+        let moved = |p: &Parked, att: &Attachment| matches!(att, Attachment::Domain(d) if !Arc::ptr_eq(d, &p.dom));
+        let att = s.q.endpoint.attachment();
         if s.parked
             .iter()
-            .all(|p| p.dom.resolution_generation() == p.seen && Arc::ptr_eq(&p.dom, &now))
+            .all(|p| p.dom.resolution_generation() == p.seen && !moved(p, &att))
         {
             return Ok(0);
         }
@@ -882,7 +884,7 @@ impl EngineLoop {
             let p = &mut s.parked[j];
             p.seen = p.dom.resolution_generation();
             match p.dom.take_resolution(p.stag) {
-                None if !Arc::ptr_eq(&p.dom, &now) => {
+                None if moved(p, &att) => {
                     let p = s.parked.remove(j);
                     p.dom.cancel_stall(p.stag);
                     retry.push(p.desc);
@@ -1057,17 +1059,15 @@ fn start(
 /// go back to their domain, which other queues may share (a virtio-iommu
 /// domain counts them against its limit).
 fn fail_taken(s: &mut Served, stopped: Vec<Desc>) {
+    // What the device stopped comes with its own status (finished ones
+    // with their outcome); the rest never ran to its end.
     let mut left: Vec<Desc> = stopped;
     for p in s.parked.drain(..) {
         p.dom.cancel_stall(p.stag);
-        left.push(p.desc);
+        left.push(cancelled(p.desc));
     }
-    left.extend(s.partial.take().map(|p| p.0));
-    left.extend(s.backlog.drain(..));
-    for d in left.iter_mut() {
-        d.status = status::ECANCELED;
-        d.result = 0;
-    }
+    left.extend(s.partial.take().map(|p| cancelled(p.0)));
+    left.extend(s.backlog.drain(..).map(cancelled));
     let _ = s.view.complete(&left);
 }
 
@@ -1081,8 +1081,7 @@ fn cancel_pending(s: &mut Served, stopped: Vec<Desc>) {
             break;
         }
         for d in left.iter_mut() {
-            d.status = status::ECANCELED;
-            d.result = 0;
+            *d = cancelled(*d);
         }
         if s.view.complete(&left).is_err() {
             break;

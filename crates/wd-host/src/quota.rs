@@ -243,8 +243,16 @@ impl Quotas {
                 *u.per_type.entry((device, qtype)).or_default() += 1;
             }
             Resource::Share { bytes } => {
-                // The size is the client's word, exempt users' too.
-                let Some(total) = u.mapped_bytes.checked_add(bytes) else {
+                // The size is the client's word, exempt users' too: past
+                // u64 it is over any user's limit, and over any memory.
+                let total = u.mapped_bytes.checked_add(bytes);
+                if !exempt && total.is_none_or(|t| t > l.mapped_bytes_per_uid) {
+                    return quota(format!(
+                        "uid {uid} has {} bytes mapped; {bytes} more exceed limits.mapped_bytes_per_uid ({})",
+                        u.mapped_bytes, l.mapped_bytes_per_uid
+                    ));
+                }
+                let Some(total) = total else {
                     return Err(HostError::Status(
                         Status::TooBig,
                         format!("a share of {bytes} bytes is larger than any memory"),
@@ -258,19 +266,11 @@ impl Quotas {
                         ),
                     ));
                 }
-                if !exempt {
-                    if u.shares >= l.shares_per_uid {
-                        return quota(format!(
-                            "uid {uid} already has {} shared ranges mapped (limits.shares_per_uid)",
-                            u.shares
-                        ));
-                    }
-                    if total > l.mapped_bytes_per_uid {
-                        return quota(format!(
-                            "uid {uid} has {} bytes mapped; {bytes} more exceed limits.mapped_bytes_per_uid ({})",
-                            u.mapped_bytes, l.mapped_bytes_per_uid
-                        ));
-                    }
+                if !exempt && u.shares >= l.shares_per_uid {
+                    return quota(format!(
+                        "uid {uid} already has {} shared ranges mapped (limits.shares_per_uid)",
+                        u.shares
+                    ));
                 }
                 u.shares += 1;
                 u.mapped_bytes = total;

@@ -173,8 +173,21 @@ impl Channel {
     }
 
     /// Receive the next frame, whole by `by` ([`IpcError::TimedOut`]
-    /// after it; the socket's read timeout is the channel's from then on).
+    /// after it). The socket's own read timeout is left as it was.
     pub fn recv_by(&mut self, by: Option<Instant>) -> Result<Frame, IpcError> {
+        if by.is_none() {
+            return self.recv_frame(None);
+        }
+        let before = self.sock.read_timeout().map_err(|source| SysError::Call {
+            call: "getsockopt",
+            source,
+        })?;
+        let r = self.recv_frame(by);
+        let _ = self.sock.set_read_timeout(before);
+        r
+    }
+
+    fn recv_frame(&mut self, by: Option<Instant>) -> Result<Frame, IpcError> {
         while self.available().len() < HEADER_LEN {
             self.fill(by)?;
         }
