@@ -69,7 +69,8 @@ int wd_comp_new(struct wd_comp **out);
 void wd_comp_free(struct wd_comp *c);
 
 /* Room that always suffices to compress len bytes with alg at any level
- * (0 for an unknown algorithm). */
+ * (0 for an unknown algorithm, or a len no buffer can have: past
+ * SIZE_MAX / 2). */
 size_t wd_comp_bound(int alg, size_t len);
 
 /* Compress src into one stream. *dst_len: the room at dst on entry, the
@@ -122,7 +123,7 @@ struct wd_comp_buf {
 /* Compress (decompress) n independent buffers, several in flight on the
  * device, the calling thread compressing too while every slot is busy.
  * The first error fails the batch; the counts of every buffer are written
- * only when all succeeded. */
+ * only when all succeeded. At most 65536 buffers (-EINVAL past it). */
 int wd_comp_compress_batch(struct wd_comp *c, int alg, int level, struct wd_comp_buf *bufs,
                            size_t n);
 int wd_comp_decompress_batch(struct wd_comp *c, int alg, struct wd_comp_buf *bufs, size_t n,

@@ -10,7 +10,7 @@
  * the thread's WrapDrive wait descriptor, and resumed on completion, so
  * `openssl speed -async_jobs N` keeps N requests in flight from one thread.
  *
- * Parameters (provider config section, else environment):
+ * Parameters (environment, else the provider's config section):
  *   threshold  (WD_PROVIDER_THRESHOLD)  requests below it run on the CPU;
  *              0 = always offload; default: the library's (see wd_crypto.h)
  *   policy     (WD_PROVIDER_POLICY)     auto | offload | cpu
@@ -282,6 +282,7 @@ struct wd_cctx {
 	int gcm_iv_spent;
 	int gcm_inline;          /* the message under way runs in `inner` */
 	int gcm_timed;           /* ... and its data is timed for the router */
+	int tag_ready;           /* `tag` holds an encryption's computed tag */
 	int gcm_inner_keyed;     /* `inner` holds the current key */
 	unsigned char gaad[256]; /* AAD held until the path is decided */
 	size_t gaad_len;
@@ -358,8 +359,8 @@ static void wd_cipher_freectx(void *vctx)
 static void *wd_cipher_dupctx(void *vctx)
 {
 	struct wd_cctx *x = vctx, *n;
-	if (x->gcm_started && x->tls == NULL)
-		return NULL; /* a GCM message's state lives in the device */
+	if (x->gcm_started && !x->gcm_inline && x->tls == NULL)
+		return NULL; /* this GCM message's state lives in the device */
 	n = OPENSSL_memdup(x, sizeof(*x));
 	if (n == NULL)
 		return NULL;
@@ -411,6 +412,7 @@ fail:
 
 static int wd_cipher_set_params(struct wd_cctx *x, const OSSL_PARAM params[]);
 static int wd_tls_begin(struct wd_cctx *x);
+static void wd_chain_now(struct wd_cctx *x, unsigned char iv[16], unsigned int *num);
 static void wd_params_find(const OSSL_PARAM *params, const char *const names[], size_t n,
 			   const OSSL_PARAM *found[]);
 
@@ -538,6 +540,16 @@ static int wd_cipher_init(struct wd_cctx *x, const unsigned char *key, size_t ke
 		return enc ? x->tls_impl.einit(x->tls, key, keylen, iv, ivlen, params)
 			   : x->tls_impl.dinit(x->tls, key, keylen, iv, ivlen, params);
 	x->buflen = 0;
+	/* CTR without a new IV goes on from where its stream is, at the next
+	 * block, with the same key or a new one, as the default provider's
+	 * running counter does: restarting from the IV reused its keystream. */
+	unsigned char ctr_next[16];
+	if (iv == NULL && x->d->mode == EVP_CIPH_CTR_MODE && x->iv_set && x->key_set) {
+		unsigned int num;
+		wd_chain_now(x, ctr_next, &num);
+		iv = ctr_next;
+		ivlen = sizeof ctr_next;
+	}
 	/* The same key again (openssl speed and record layers re-key each
 	 * message): keep the session and the schedules. */
 	if (key != NULL && x->key_set && keylen == x->d->keylen && CRYPTO_memcmp(key, x->key, keylen) == 0)
@@ -705,6 +717,7 @@ static int wd_gcm_begin(struct wd_cctx *x, size_t len)
 	}
 	x->gaad_len = 0;
 	x->gcm_started = ok;
+	x->tag_ready = 0;
 	return ok;
 }
 
@@ -778,11 +791,15 @@ static int wd_gcm_final(struct wd_cctx *x)
 	/* Spent whether or not a tag checks: the message is over either way
 	 * (its state is gone from the device session). */
 	x->gcm_iv_spent = 1;
+	int ok;
 	if (x->gcm_inline)
-		return wd_gcm_finish_inline(x);
-	if (x->enc)
-		return wd_aead_finish(x->a, x->tag, x->taglen) == 0;
-	return x->taglen >= 4 && wd_aead_finish(x->a, x->tag, x->taglen) == 0;
+		ok = wd_gcm_finish_inline(x);
+	else if (x->enc)
+		ok = wd_aead_finish(x->a, x->tag, x->taglen) == 0;
+	else
+		ok = x->taglen >= 4 && wd_aead_finish(x->a, x->tag, x->taglen) == 0;
+	x->tag_ready = ok && x->enc;
+	return ok;
 }
 
 /* Whether a request of `len` bytes runs inline without asking libwd: the
@@ -1059,6 +1076,11 @@ static int wd_cipher_get_ctx_params(void *vctx, OSSL_PARAM params[])
 	struct wd_cctx *x = vctx;
 	if (x->tls != NULL)
 		return x->tls_impl.get_ctx_params(x->tls, params);
+	/* An IV generated from a fixed IV nobody set (a fixed IV hands the
+	 * context over): refused, as the default provider does, never success
+	 * with nothing written (the caller would use its buffer as a nonce). */
+	if (OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_AEAD_TLS1_GET_IV_GEN) != NULL)
+		return 0;
 	enum { KEYLEN, IVLEN, PADDING, NUM, IV, UPDATED_IV, TAGLEN, TAG, N };
 	static const char *const names[N] = {
 		[KEYLEN] = OSSL_CIPHER_PARAM_KEYLEN,	   [IVLEN] = OSSL_CIPHER_PARAM_IVLEN,
@@ -1098,7 +1120,10 @@ static int wd_cipher_get_ctx_params(void *vctx, OSSL_PARAM params[])
 	    !OSSL_PARAM_set_size_t(p, x->taglen))
 		return 0;
 	if ((p = WD_FOUND(TAG)) != NULL) {
-		if (x->d->mode != EVP_CIPH_GCM_MODE || !x->enc || p->data_size == 0 || p->data_size > 16)
+		/* Only once an encryption made it (the default provider refuses
+		 * as well: a stale or zero tag is no tag). */
+		if (x->d->mode != EVP_CIPH_GCM_MODE || !x->enc || !x->tag_ready || p->data_size == 0 ||
+		    p->data_size > 16)
 			return 0;
 		if (!OSSL_PARAM_set_octet_string(p, x->tag, p->data_size))
 			return 0;
@@ -1162,15 +1187,30 @@ static int wd_cipher_set_params(struct wd_cctx *x, const OSSL_PARAM params[])
 	for (size_t i = 0; i < WD_TLS_PARAMS; i++)
 		if (tls[i] != NULL)
 			return wd_tls_begin(x) && x->tls_impl.set_ctx_params(x->tls, params);
-	enum { PADDING, KEYLEN, IVLEN, TAG, N };
+	enum { PADDING, KEYLEN, IVLEN, TAG, NUM, N };
 	static const char *const names[N] = {
 		[PADDING] = OSSL_CIPHER_PARAM_PADDING,
 		[KEYLEN] = OSSL_CIPHER_PARAM_KEYLEN,
 		[IVLEN] = OSSL_CIPHER_PARAM_AEAD_IVLEN,
 		[TAG] = OSSL_CIPHER_PARAM_AEAD_TAG,
+		[NUM] = OSSL_CIPHER_PARAM_NUM,
 	};
 	const OSSL_PARAM *found[N], *p;
 	wd_params_find(params, names, N, found);
+	if ((p = found[NUM]) != NULL) {
+		/* Moving a stream inside its block is not supported: refused
+		 * (it was ignored with success), unless it moves nowhere. */
+		unsigned int want, now;
+		unsigned char iv[16];
+		if (!OSSL_PARAM_get_uint(p, &want))
+			return 0;
+		wd_chain_now(x, iv, &now);
+		if (want != now) {
+			ERR_raise_data(ERR_LIB_PROV, 105, "wd: setting num (%u, at %u) is not supported",
+				       want, now);
+			return 0;
+		}
+	}
 	if ((p = found[PADDING]) != NULL) {
 		unsigned int pad;
 		if (!OSSL_PARAM_get_uint(p, &pad))
@@ -1303,8 +1343,9 @@ static int wd_cipher_get_params(const struct wd_cipher_desc *d, OSSL_PARAM param
 	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_AEAD)) != NULL &&
 	    !OSSL_PARAM_set_int(p, aead))
 		return 0;
+	/* As the default provider: GCM and XTS take their IV their own way. */
 	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_CUSTOM_IV)) != NULL &&
-	    !OSSL_PARAM_set_int(p, aead))
+	    !OSSL_PARAM_set_int(p, aead || d->mode == EVP_CIPH_XTS_MODE))
 		return 0;
 	if ((p = OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_CTS)) != NULL &&
 	    !OSSL_PARAM_set_int(p, 0))
@@ -1813,7 +1854,7 @@ static const OSSL_DISPATCH wd_prov_fns[] = {
 	{0, NULL},
 };
 
-/* A setting from the provider's config section, else the environment. */
+/* A setting from the environment, else the provider's config section. */
 static const char *wd_setting(struct wd_prov *p, const char *key, const char *env)
 {
 	const char *v = getenv(env);

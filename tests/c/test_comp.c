@@ -40,6 +40,10 @@ int main(void)
 	for (int alg = WD_COMP_DEFLATE; alg <= WD_COMP_LZ4; alg++) {
 		size_t bound = wd_comp_bound(alg, n);
 		CHECK(bound >= n && bound < n + n / 8 + 1024, "bound of alg %d", alg);
+		/* A length no buffer can have has no bound (it wrapped to a few
+		 * bytes: "room that always suffices"). */
+		CHECK(wd_comp_bound(alg, SIZE_MAX - 8) == 0 && wd_comp_bound(alg, SIZE_MAX / 2) == 0,
+		      "no bound past SIZE_MAX / 2, alg %d", alg);
 		size_t zlen = bound;
 		CHECK(wd_comp_compress(c, alg, WD_COMP_DEFAULT_LEVEL, d, n, z, &zlen) == 0 && zlen < n,
 		      "compress alg %d", alg);
@@ -101,6 +105,10 @@ int main(void)
 		      bufs[0].dst_len == before && bufs[3].dst_len == 10,
 	      "a failed batch writes no counts");
 	CHECK(wd_comp_compress_batch(c, WD_COMP_GZIP, 6, NULL, 2) == -EINVAL, "NULL batch");
+	/* A count past the limit is refused before anything is set aside for
+	 * it (2^40 entries aborted the process on a failed allocation). */
+	CHECK(wd_comp_compress_batch(c, WD_COMP_GZIP, 6, bufs, (size_t)1 << 40) == -EINVAL,
+	      "a batch of 2^40 buffers");
 	for (int i = 0; i < 4; i++) {
 		free(zs[i]);
 		free(outs[i]);
@@ -212,6 +220,10 @@ int main(void)
 	struct wd_comp_stream *s = NULL;
 	CHECK(wd_comp_stream_new(c, WD_COMP_LZ4, 1, 1, 0, NULL, 0, &s) == -EINVAL && s == NULL,
 	      "no LZ4 streams");
+	for (int compress = 0; compress < 2; compress++)
+		CHECK(wd_comp_stream_new(c, WD_COMP_GZIP, compress, 6, 0, "dict", 4, &s) == -EINVAL &&
+			      s == NULL,
+		      "gzip takes no dictionary (compress %d)", compress);
 	CHECK(wd_comp_stream_new(c, WD_COMP_ZLIB, 1, 6, 0, NULL, 0, &s) == 0 && s, "a stream");
 	size_t zat = 0, at = 0;
 	static const int flushes[] = {WD_COMP_NO_FLUSH, WD_COMP_SYNC_FLUSH, WD_COMP_FULL_FLUSH};

@@ -86,6 +86,30 @@ int main(void)
 	      "the cpu policy, inline, nothing to reuse");
 	wd_route_memo_init(NULL); /* ignored */
 
+	/* A seal refused for its tag length writes nothing (it wrote the whole
+	 * ciphertext first); a job of no bytes may name no buffers. */
+	struct wd_aead *g = NULL;
+	unsigned char gkey[16] = {1}, giv[12] = {2}, gpt[32] = {3}, gct[32], gtag[17];
+	CHECK(wd_aead_new(&g, "aes-128-gcm", gkey, sizeof gkey) == 0 && g != NULL, "a GCM key");
+	for (size_t bad = 0; g != NULL && bad <= 17; bad += 17) {
+		memset(gct, 0xee, sizeof gct);
+		CHECK(wd_aead_seal(g, giv, sizeof giv, NULL, 0, gpt, gct, sizeof gpt, gtag, bad) ==
+				      -EINVAL &&
+			      gct[0] == 0xee && gct[31] == 0xee,
+		      bad == 0 ? "a 0-byte tag refused before any output"
+			       : "a 17-byte tag refused before any output");
+	}
+	CHECK(g != NULL && wd_aead_seal(g, giv, sizeof giv, NULL, 0, gpt, gct, sizeof gpt, gtag, 16) == 0,
+	      "then a seal with a good tag");
+	wd_aead_free(g);
+	struct wd_cipher *e = NULL;
+	struct wd_job *job = NULL;
+	CHECK(wd_cipher_new(&e, "aes-128-ecb", "0123456789abcdef", 16, 1) == 0 &&
+		      wd_cipher_start_offload(e, NULL, NULL, 0, &job) == 0 &&
+		      (job == NULL || wd_job_wait(job) == 0),
+	      "an empty job with no buffers");
+	wd_cipher_free(e);
+
 	/* Buffers from wd_alloc (libwd.so's allocator): the device reads the
 	 * input and writes the output where they are, counted; the same bytes
 	 * as through the staging area from malloc'ed buffers; one buffer for

@@ -1002,6 +1002,135 @@ static void test_host_killed(pid_t host)
 	EVP_CIPHER_free(d);
 }
 
+/* Both providers' answers to one sequence of calls, by property query. */
+static const char *const both[2] = {"provider=wd", "provider=default"};
+
+/* CTR re-initialised without an IV (no key, or the same key again) goes on
+ * from its running counter at the next block, as the default provider's
+ * does; restarting from the IV reused its keystream. */
+static void test_ctr_reinit_without_iv(void)
+{
+	unsigned char key[16], iv[16], in[64] = {0}, out[2][2][52];
+	fill(key, sizeof key);
+	fill(iv, sizeof iv);
+	for (int again = 0; again < 2; again++)
+		for (int k = 0; k < 2; k++) {
+			EVP_CIPHER *c = EVP_CIPHER_fetch(NULL, "AES-128-CTR", both[k]);
+			EVP_CIPHER_CTX *x = EVP_CIPHER_CTX_new();
+			int l = 0;
+			int ok = EVP_EncryptInit_ex(x, c, NULL, key, iv) &&
+				 EVP_EncryptUpdate(x, out[again][k], &l, in, 20) &&
+				 EVP_EncryptInit_ex(x, NULL, NULL, again ? key : NULL, NULL) &&
+				 EVP_EncryptUpdate(x, out[again][k] + 20, &l, in, 32);
+			CHECK(ok, "CTR re-init (%s)", both[k]);
+			EVP_CIPHER_CTX_free(x);
+			EVP_CIPHER_free(c);
+		}
+	CHECK(memcmp(out[0][0], out[0][1], 52) == 0, "CTR re-init without key or IV");
+	CHECK(memcmp(out[1][0], out[1][1], 52) == 0, "CTR re-init with the same key, no IV");
+}
+
+/* Calls the provider cannot honour are refused, never answered with
+ * success and nothing done: a CTR num moved, a GCM IV generated from a
+ * fixed IV nobody set, a GCM tag read before a message made one. */
+static void test_refusals(void)
+{
+	unsigned char key[16], iv[16], in[64] = {0}, out[64], tag[16];
+	fill(key, sizeof key);
+	fill(iv, sizeof iv);
+	EVP_CIPHER *ctr = EVP_CIPHER_fetch(NULL, "AES-128-CTR", "provider=wd");
+	EVP_CIPHER_CTX *x = EVP_CIPHER_CTX_new();
+	int l = 0;
+	CHECK(EVP_EncryptInit_ex(x, ctr, NULL, key, iv) && EVP_EncryptUpdate(x, out, &l, in, 5),
+	      "CTR");
+	CHECK(EVP_CIPHER_CTX_set_num(x, 0) == 0, "moving a CTR stream in its block is refused");
+	CHECK(EVP_CIPHER_CTX_set_num(x, 5) == 1, "a num that moves nowhere is taken");
+	ERR_clear_error();
+	EVP_CIPHER_CTX_free(x);
+	EVP_CIPHER_free(ctr);
+
+	EVP_CIPHER *gcm = EVP_CIPHER_fetch(NULL, "AES-128-GCM", "provider=wd");
+	x = EVP_CIPHER_CTX_new();
+	CHECK(EVP_EncryptInit_ex(x, gcm, NULL, key, iv), "GCM");
+	unsigned char gen[12];
+	memset(gen, 0xa5, sizeof gen);
+	CHECK(EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_GCM_IV_GEN, sizeof gen, gen) <= 0,
+	      "an IV generated without a fixed IV is refused");
+	CHECK(EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_GET_TAG, 16, tag) <= 0,
+	      "no tag before the message's end");
+	CHECK(EVP_EncryptUpdate(x, out, &l, in, 16) &&
+		      EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_GET_TAG, 16, tag) <= 0,
+	      "no tag in the middle of a message");
+	CHECK(EVP_EncryptFinal_ex(x, out, &l) && EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_GET_TAG, 16, tag) == 1,
+	      "the tag after the end");
+	ERR_clear_error();
+	EVP_CIPHER_CTX_free(x);
+	EVP_CIPHER_free(gcm);
+
+	EVP_CIPHER *xts = EVP_CIPHER_fetch(NULL, "AES-128-XTS", "provider=wd");
+	CHECK(xts != NULL && (EVP_CIPHER_get_flags(xts) & EVP_CIPH_CUSTOM_IV),
+	      "XTS takes its IV its own way, as the default provider says");
+	EVP_CIPHER_free(xts);
+}
+
+/* A GCM message copied in its middle goes on in both copies (where it runs
+ * here: one on the device cannot be copied, docs/provider.md), and a
+ * message with more additional data than a device request carries is
+ * sealed, both as the default provider does. */
+static void test_gcm_copy_and_long_aad(void)
+{
+	const char *policy = getenv("WD_PROVIDER_POLICY");
+	int here = policy == NULL || strcmp(policy, "offload") != 0;
+	static unsigned char aad[100000], in[4096];
+	unsigned char key[16], iv[12], out[2][3][sizeof in], tag[2][3][16];
+	fill(key, sizeof key);
+	fill(iv, sizeof iv);
+	fill(aad, sizeof aad);
+	fill(in, sizeof in);
+	for (int k = 0; k < 2; k++) {
+		EVP_CIPHER *c = EVP_CIPHER_fetch(NULL, "AES-128-GCM", both[k]);
+		EVP_CIPHER_CTX *x = EVP_CIPHER_CTX_new(), *y = EVP_CIPHER_CTX_new();
+		int l = 0;
+		/* Small pieces below any threshold: the message runs here. */
+		int ok = EVP_EncryptInit_ex(x, c, NULL, key, iv) &&
+			 EVP_EncryptUpdate(x, NULL, &l, aad, 13) &&
+			 EVP_EncryptUpdate(x, out[k][0], &l, in, 16);
+		int copied = ok && EVP_CIPHER_CTX_copy(y, x);
+		CHECK(copied || (k == 0 && !here), "GCM copied mid-message (%s)", both[k]);
+		ERR_clear_error();
+		if (!copied) { /* on the device: the rest as one copy would do */
+			CHECK(EVP_EncryptUpdate(x, out[k][1], &l, in + 16, 48) &&
+				      EVP_EncryptFinal_ex(x, out[k][1], &l) &&
+				      EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_GET_TAG, 16, tag[k][0]) == 1,
+			      "GCM goes on (%s)", both[k]);
+			memcpy(out[k][2], out[k][1], 48);
+			memcpy(tag[k][1], tag[k][0], 16);
+		}
+		for (int j = 0; j < 2 && copied; j++) {
+			EVP_CIPHER_CTX *z = j ? y : x;
+			CHECK(EVP_EncryptUpdate(z, out[k][j + 1], &l, in + 16, 48) &&
+				      EVP_EncryptFinal_ex(z, out[k][j + 1], &l) &&
+				      EVP_CIPHER_CTX_ctrl(z, EVP_CTRL_AEAD_GET_TAG, 16, tag[k][j]) == 1,
+			      "GCM copy %d goes on (%s)", j, both[k]);
+		}
+		EVP_CIPHER_CTX_reset(x);
+		CHECK(EVP_EncryptInit_ex(x, c, NULL, key, iv) &&
+			      EVP_EncryptUpdate(x, NULL, &l, aad, (int)sizeof aad) &&
+			      EVP_EncryptUpdate(x, out[k][0], &l, in, (int)sizeof in) &&
+			      EVP_EncryptFinal_ex(x, out[k][0], &l) &&
+			      EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_GET_TAG, 16, tag[k][2]) == 1,
+		      "GCM with %zu bytes of additional data (%s)", sizeof aad, both[k]);
+		EVP_CIPHER_CTX_free(x);
+		EVP_CIPHER_CTX_free(y);
+		EVP_CIPHER_free(c);
+	}
+	CHECK(memcmp(tag[0][0], tag[1][0], 16) == 0 && memcmp(tag[0][1], tag[1][1], 16) == 0 &&
+		      memcmp(out[0][1], out[1][1], 48) == 0 && memcmp(out[0][2], out[1][2], 48) == 0,
+	      "both copies of the message end as the default provider's");
+	CHECK(memcmp(tag[0][2], tag[1][2], 16) == 0 && memcmp(out[0][0], out[1][0], sizeof in) == 0,
+	      "long additional data as the default provider");
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
@@ -1037,6 +1166,9 @@ int main(int argc, char **argv)
 		test_small_digests();
 		test_copied_digests_counted();
 		test_digest_again_without_init();
+		test_ctr_reinit_without_iv();
+		test_refusals();
+		test_gcm_copy_and_long_aad();
 	}
 	struct wd_crypto_stats s;
 	wd_crypto_get_stats(&s);

@@ -59,6 +59,9 @@ pub struct IoVec {
 
 /// Pieces a scatter list may have (as `IOV_MAX`).
 const SG_MAX: usize = 1024;
+/// Buffers one batch may have: the count is the caller's word, and the
+/// library sets aside a few words per buffer before anything else.
+const BATCH_MAX: usize = 1 << 16;
 
 /// `struct wd_comp_stats`.
 #[repr(C)]
@@ -196,7 +199,10 @@ pub unsafe extern "C" fn wd_comp_free(c: *mut WdComp) {
 /// See wd_comp.h.
 #[no_mangle]
 pub extern "C" fn wd_comp_bound(alg: c_int, len: usize) -> usize {
-    alg_of(alg).map_or(0, |a| wd_comp::compress_bound(a, len))
+    match alg_of(alg).map(|a| wd_comp::compress_bound(a, len)) {
+        Some(usize::MAX) | None => 0,
+        Some(n) => n,
+    }
 }
 
 /// See wd_comp.h.
@@ -491,32 +497,34 @@ fn disjoint(inputs: &[(usize, usize)], outputs: &[(usize, usize)]) -> bool {
 /// Inputs and outputs (of a batch, or two scatter lists), as slices.
 type Batch<'a> = (Vec<&'a [u8]>, Vec<&'a mut [u8]>);
 
-/// The buffers of a batch as slices (`None`: a NULL or overlapping one).
+/// The buffers of a batch as slices (`None`: too many, a NULL or an
+/// overlapping one).
 ///
 /// # Safety
 /// `bufs` valid for `n` entries, each naming valid memory (wd_comp.h).
 unsafe fn batch<'a>(bufs: *mut WdCompBuf, n: usize) -> Option<Batch<'a>> {
-    if bufs.is_null() && n > 0 {
+    if n > BATCH_MAX || (bufs.is_null() && n > 0) {
         return None;
     }
-    let (mut ins, mut outs) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    let (mut in_ranges, mut out_ranges) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for i in 0..n {
-        // SAFETY: caller contract: n entries.
-        let b = unsafe { &*bufs.add(i) };
-        in_ranges.push((b.src as usize, b.src_len));
-        out_ranges.push((b.dst as usize, b.dst_len));
-    }
+    // Each entry is read once: what is checked is what is used.
+    let entries: Vec<(*const c_void, usize, *mut c_void, usize)> = (0..n)
+        .map(|i| {
+            // SAFETY: caller contract: n entries.
+            let b = unsafe { &*bufs.add(i) };
+            (b.src, b.src_len, b.dst, b.dst_len)
+        })
+        .collect();
+    let in_ranges: Vec<(usize, usize)> = entries.iter().map(|e| (e.0 as usize, e.1)).collect();
+    let out_ranges: Vec<(usize, usize)> = entries.iter().map(|e| (e.2 as usize, e.3)).collect();
     // One buffer's output must not overlap another's input or output
     // either (a `&mut` slice aliases nothing).
     if !disjoint(&in_ranges, &out_ranges) {
         return None;
     }
-    for i in 0..n {
-        // SAFETY: caller contract: n entries.
-        let b = unsafe { &*bufs.add(i) };
+    let (mut ins, mut outs) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for (src, src_len, dst, dst_len) in entries {
         // SAFETY: caller contract for each buffer.
-        let (input, out) = unsafe { buffers(b.src, b.src_len, b.dst, b.dst_len) }?;
+        let (input, out) = unsafe { buffers(src, src_len, dst, dst_len) }?;
         ins.push(input);
         outs.push(out);
     }
@@ -535,7 +543,10 @@ unsafe fn run_batch(
 ) -> c_int {
     // SAFETY: caller contract.
     let Some((ins, mut outs)) = (unsafe { batch(bufs, n) }) else {
-        return fail(EINVAL, &format!("{what}: NULL or overlapping buffer"));
+        return fail(
+            EINVAL,
+            &format!("{what}: more than {BATCH_MAX} buffers, or a NULL or overlapping one"),
+        );
     };
     match f(&ins, &mut outs) {
         Ok(done) => {

@@ -289,8 +289,13 @@ unsafe fn job_step(j: *mut WdJob, block: bool) -> c_int {
     let Some(job) = w.job.take() else {
         return invalid("wd_job: already finished");
     };
-    // SAFETY: the output stays valid until the job finishes (header).
-    let out = unsafe { std::slice::from_raw_parts_mut(w.out, w.len) };
+    // A job of no bytes may have been given NULL, which no slice may hold.
+    let out: &mut [u8] = if w.len == 0 {
+        &mut []
+    } else {
+        // SAFETY: the output stays valid until the job finishes (header).
+        unsafe { std::slice::from_raw_parts_mut(w.out, w.len) }
+    };
     let r = if block {
         c.c.finish(job, out).map(|_| 0).map_err(Some)
     } else {

@@ -104,6 +104,8 @@ impl Aead {
         ct: &mut [u8],
         tag: &mut [u8],
     ) -> Result<()> {
+        // Before any output: a refusal writes nothing.
+        check_tag_len(tag.len())?;
         self.begin(Direction::Encrypt, iv)?;
         self.aad(aad)?;
         self.update(pt, ct)?;
@@ -280,9 +282,8 @@ impl Aead {
                 "additional data must come before the data",
             ));
         }
-        if self.aad.len() + aad.len() > wd_sec_msg::MAX_AAD as usize {
-            return Err(CryptoError::invalid("additional data too long"));
-        }
+        // Any length: additional data past what a device request carries
+        // is hashed here (`decide`).
         self.aad.extend_from_slice(aad);
         Ok(())
     }

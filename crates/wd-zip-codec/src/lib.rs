@@ -94,8 +94,14 @@ fn level_of(alg: Algorithm, level: i8) -> Result<i32, CodecError> {
 }
 
 /// The most output `len` input bytes can need when compressed with `alg`
-/// at any level: room for which a compression cannot fail.
+/// at any level: room for which a compression cannot fail. `usize::MAX`
+/// (room nobody has) for a length no buffer in memory can have, where the
+/// libraries' own formulas would wrap to a small number.
 pub fn compress_bound(alg: Algorithm, len: usize) -> usize {
+    // Every bound is well under twice the input and a megabyte.
+    if len > usize::MAX / 2 - (1 << 20) {
+        return usize::MAX;
+    }
     match alg {
         Algorithm::Deflate | Algorithm::Zlib | Algorithm::Gzip => libdeflate::bound(alg, len),
         Algorithm::Zstd => zstd_safe::compress_bound(len),

@@ -85,6 +85,11 @@ impl Stream {
         if !p.alg.streams() || p.dict.len() > wd_zip_msg::MAX_DICT as usize {
             return Err(CodecError::Param);
         }
+        // gzip has no dictionary either way (decompressing, one given was
+        // ignored).
+        if p.alg == Algorithm::Gzip && !p.dict.is_empty() {
+            return Err(CodecError::Param);
+        }
         let bits = match p.window_bits {
             0 => 15,
             // zlib takes 8 and uses 9 (its deflate cannot use 256 bytes).
