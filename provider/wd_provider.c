@@ -743,8 +743,12 @@ static int wd_gcm_update(struct wd_cctx *x, unsigned char *out, size_t *outl,
 			return x->impl.update(x->inner, out, outl, inl, in, inl);
 		uint64_t t0 = wd_now_ns();
 		int ok = x->impl.update(x->inner, out, outl, inl, in, inl);
-		if (ok && inl > 0)
+		if (ok && inl > 0) {
+			/* One sample per decision: a long message is not timed
+			 * on every update. */
 			wd_crypto_record(WD_KIND_AEAD, inl, 1, wd_now_ns() - t0);
+			x->gcm_timed = 0;
+		}
 		return ok;
 	}
 	if (out == NULL) { /* AAD */

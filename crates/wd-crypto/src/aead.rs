@@ -360,8 +360,10 @@ impl Aead {
         }
         self.decide(input.len())?;
         // A timed message's data is a sample for the router: per byte, the
-        // cost of the path it took.
+        // cost of the path it took (one sample per decision: a long message
+        // is not timed on every update).
         let watch = Stopwatch::start(self.timed && !input.is_empty());
+        self.timed &= input.is_empty();
         if let Path::Cpu(ctx) = &mut self.path {
             ctx.update(output, input)?;
             watch.stop(Op::Aead, input.len(), true);

@@ -256,9 +256,11 @@ impl Digest {
     /// `last`). `Busy` comes before anything is sent.
     fn stream(&mut self, pending: &[u8], data: &[u8], last: bool) -> Result<Option<Vec<u8>>> {
         // A timed stream's data is a sample for the router: per byte, the
-        // cost of the path it took.
+        // cost of the path it took (one sample per decision: a long stream
+        // is not timed on every update).
         let n = pending.len() + data.len();
         let watch = Stopwatch::start(self.timed && n > 0);
+        self.timed &= n == 0;
         match &mut self.state {
             State::Gathering => unreachable!("streams start first"),
             State::Cpu(ctx) => {
