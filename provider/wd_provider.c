@@ -1080,20 +1080,21 @@ static int wd_cipher_get_ctx_params(void *vctx, OSSL_PARAM params[])
 	struct wd_cctx *x = vctx;
 	if (x->tls != NULL)
 		return x->tls_impl.get_ctx_params(x->tls, params);
-	/* An IV generated from a fixed IV nobody set (a fixed IV hands the
-	 * context over): refused, as the default provider does, never success
-	 * with nothing written (the caller would use its buffer as a nonce). */
-	if (OSSL_PARAM_locate(params, OSSL_CIPHER_PARAM_AEAD_TLS1_GET_IV_GEN) != NULL)
-		return 0;
-	enum { KEYLEN, IVLEN, PADDING, NUM, IV, UPDATED_IV, TAGLEN, TAG, N };
+	enum { KEYLEN, IVLEN, PADDING, NUM, IV, UPDATED_IV, TAGLEN, TAG, IV_GEN, N };
 	static const char *const names[N] = {
 		[KEYLEN] = OSSL_CIPHER_PARAM_KEYLEN,	   [IVLEN] = OSSL_CIPHER_PARAM_IVLEN,
 		[PADDING] = OSSL_CIPHER_PARAM_PADDING,	   [NUM] = OSSL_CIPHER_PARAM_NUM,
 		[IV] = OSSL_CIPHER_PARAM_IV,		   [UPDATED_IV] = OSSL_CIPHER_PARAM_UPDATED_IV,
 		[TAGLEN] = OSSL_CIPHER_PARAM_AEAD_TAGLEN, [TAG] = OSSL_CIPHER_PARAM_AEAD_TAG,
+		[IV_GEN] = OSSL_CIPHER_PARAM_AEAD_TLS1_GET_IV_GEN,
 	};
 	const OSSL_PARAM *found[N];
 	wd_params_find(params, names, N, found);
+	/* An IV generated from a fixed IV nobody set (a fixed IV hands the
+	 * context over): refused, as the default provider does, never success
+	 * with nothing written (the caller would use its buffer as a nonce). */
+	if (found[IV_GEN] != NULL)
+		return 0;
 	/* found[] points into the caller's array, which is writable. */
 #define WD_FOUND(i) ((OSSL_PARAM *)found[i])
 	OSSL_PARAM *p;

@@ -5,7 +5,9 @@
 
 use std::sync::Mutex;
 
-use openssl::symm::{Cipher as OCipher, Crypter, Mode as OMode};
+mod common;
+
+use common::{ocipher, reference};
 use proptest::prelude::*;
 use wd_crypto::{config, stats, Aead, Cipher, CryptoError, Digest, Direction, Policy};
 use wd_testutil::noise;
@@ -17,39 +19,6 @@ fn setup() -> std::sync::MutexGuard<'static, ()> {
     std::env::set_var("WD_CRYPTO_HOST", "embedded");
     wd_embedded::install();
     SETTINGS.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn ocipher(name: &str) -> OCipher {
-    OCipher::from_nid(match name {
-        "aes-128-ecb" => openssl::nid::Nid::AES_128_ECB,
-        "aes-192-cbc" => openssl::nid::Nid::AES_192_CBC,
-        "aes-128-cbc" => openssl::nid::Nid::AES_128_CBC,
-        "aes-256-cbc" => openssl::nid::Nid::AES_256_CBC,
-        "aes-128-ctr" => openssl::nid::Nid::AES_128_CTR,
-        "aes-256-ctr" => openssl::nid::Nid::AES_256_CTR,
-        "aes-128-xts" => openssl::nid::Nid::AES_128_XTS,
-        "aes-256-xts" => openssl::nid::Nid::AES_256_XTS,
-        "aes-128-gcm" => openssl::nid::Nid::AES_128_GCM,
-        "aes-256-gcm" => openssl::nid::Nid::AES_256_GCM,
-        n => panic!("{n}"),
-    })
-    .unwrap()
-}
-
-fn reference(name: &str, key: &[u8], iv: &[u8], data: &[u8], encrypt: bool) -> Vec<u8> {
-    let iv = (!iv.is_empty()).then_some(iv);
-    let mode = if encrypt {
-        OMode::Encrypt
-    } else {
-        OMode::Decrypt
-    };
-    let mut c = Crypter::new(ocipher(name), mode, key, iv).unwrap();
-    c.pad(false);
-    let mut out = vec![0u8; data.len() + 32];
-    let n = c.update(data, &mut out).unwrap();
-    let m = c.finalize(&mut out[n..]).unwrap();
-    out.truncate(n + m);
-    out
 }
 
 const STREAMS: [&str; 6] = [

@@ -6,7 +6,9 @@
 
 use std::sync::Mutex;
 
-use openssl::symm::{Cipher as OCipher, Crypter, Mode as OMode};
+mod common;
+
+use common::{ocipher, reference};
 use wd_crypto::{config, Aead, Cipher, CryptoError, Direction, Policy};
 use wd_testutil::noise;
 
@@ -23,17 +25,6 @@ fn setup(policy: Policy, threshold: usize) -> std::sync::MutexGuard<'static, ()>
     config::set_threshold(threshold);
     config::set_fallback(true);
     g
-}
-
-fn ocipher(name: &str) -> OCipher {
-    match name {
-        "aes-128-ecb" => OCipher::aes_128_ecb(),
-        "aes-128-cbc" => OCipher::aes_128_cbc(),
-        "aes-128-ctr" => OCipher::aes_128_ctr(),
-        "aes-128-xts" => OCipher::aes_128_xts(),
-        "aes-128-gcm" => OCipher::aes_128_gcm(),
-        n => panic!("{n}"),
-    }
 }
 
 /// Another stream's jobs holding `slots` of this thread's 64 staging
@@ -65,17 +56,6 @@ impl Held {
     }
 }
 
-fn reference(name: &str, key: &[u8], iv: Option<&[u8]>, data: &[u8], enc: bool) -> Vec<u8> {
-    let mode = if enc { OMode::Encrypt } else { OMode::Decrypt };
-    let mut c = Crypter::new(ocipher(name), mode, key, iv).unwrap();
-    c.pad(false);
-    let mut out = vec![0u8; data.len() + 32];
-    let n = c.update(data, &mut out).unwrap();
-    let m = c.finalize(&mut out[n..]).unwrap();
-    out.truncate(n + m);
-    out
-}
-
 /// An XTS data unit longer than one staging slot (64 KiB) is cut into
 /// slot-sized requests, each sent with F_IV and the same tweak: every
 /// piece after the first is encrypted as a new data unit.
@@ -90,7 +70,7 @@ fn xts_unit_longer_than_a_slot_matches_openssl() {
         c.set_iv(&tweak).unwrap();
         let mut out = vec![0u8; len];
         let r = c.update(&data, &mut out);
-        let want = reference("aes-128-xts", &key, Some(&tweak), &data, true);
+        let want = reference("aes-128-xts", &key, &tweak, &data, true);
         assert!(r.is_ok(), "len {len}: {r:?}");
         let first_bad = out.iter().zip(&want).position(|(a, b)| a != b);
         assert_eq!(
@@ -109,7 +89,7 @@ fn cbc_jobs_finished_out_of_order_then_cpu_request() {
     let key = noise(16, 11);
     let iv = noise(16, 12);
     let data = noise(4096 * 2 + 32, 13);
-    let want = reference("aes-128-cbc", &key, Some(&iv), &data, true);
+    let want = reference("aes-128-cbc", &key, &iv, &data, true);
     let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
     c.set_iv(&iv).unwrap();
     let mut out = vec![0u8; data.len()];
@@ -142,7 +122,7 @@ fn ctr_partial_block_continued_on_another_lane() {
     let key = noise(16, 21);
     let iv = noise(16, 22);
     let data = noise(100 + 4000, 23);
-    let want = reference("aes-128-ctr", &key, Some(&iv), &data, true);
+    let want = reference("aes-128-ctr", &key, &iv, &data, true);
     let mut c = Cipher::new("aes-128-ctr", &key, Direction::Encrypt).unwrap();
     c.set_iv(&iv).unwrap();
     let mut out = vec![0u8; data.len()];
@@ -186,7 +166,7 @@ fn update_longer_than_the_staging_area() {
         (None, Ok(4096)),
         "5 MiB update, then a 4 KiB request of another session on the same thread"
     );
-    assert_eq!(out, reference("aes-128-ctr", &key, Some(&iv), &data, true));
+    assert_eq!(out, reference("aes-128-ctr", &key, &iv, &data, true));
 }
 
 /// A start that runs out of slots half way returns Busy, but the pieces it
@@ -209,7 +189,7 @@ fn busy_half_way_then_retry_gives_wrong_output() {
     held.release();
     // The caller retries the same request (EAGAIN).
     let r = c.update(&data, &mut out).map_err(|e| format!("{e:?}"));
-    let want = reference("aes-128-ctr", &key, Some(&iv), &data, true);
+    let want = reference("aes-128-ctr", &key, &iv, &data, true);
     let ok = out == want;
     assert!(
         r.is_err() || ok,
@@ -282,7 +262,7 @@ fn gmac_tag_written_into_another_requests_slot() {
     let mut tag = [0u8; 16];
     g.finish_seal(&mut tag).unwrap();
     ecb.finish(jb, &mut b_out).unwrap();
-    let want_b = reference("aes-128-ecb", &ekey, None, &b_in, true);
+    let want_b = reference("aes-128-ecb", &ekey, &[], &b_in, true);
     let bad: Vec<usize> = (0..4096).filter(|&i| b_out[i] != want_b[i]).collect();
     assert!(
         bad.is_empty(),
@@ -327,7 +307,7 @@ fn a_message_continued_on_another_thread() {
     let e = a.update(&noise(64, 76), &mut ct).unwrap_err();
     assert!(e.to_string().contains("another thread"), "{e}");
     ecb.finish(job, &mut out).unwrap();
-    assert_eq!(out, reference("aes-128-ecb", &ekey, None, &input, true));
+    assert_eq!(out, reference("aes-128-ecb", &ekey, &[], &input, true));
 }
 
 /// CBC encryption with jobs of the stream in flight: a start refused with
@@ -342,7 +322,7 @@ fn cbc_encrypt_busy_start_with_jobs_in_flight_then_retry() {
     let key = noise(16, 1);
     let iv = noise(16, 2);
     let data = noise(2 * MIB2 + 4096, 3);
-    let want = reference("aes-128-cbc", &key, Some(&iv), &data, true);
+    let want = reference("aes-128-cbc", &key, &iv, &data, true);
     let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
     c.set_iv(&iv).unwrap();
     let mut out = vec![0u8; data.len()];
@@ -405,7 +385,7 @@ fn update_shared_busy_while_other_jobs_hold_the_slots() {
     assert_eq!(r_shared, Ok(n), "update_shared while the slots are taken");
     assert_eq!(
         dst.to_vec(),
-        reference("aes-128-ctr", &key, Some(&iv), &data, true)
+        reference("aes-128-ctr", &key, &iv, &data, true)
     );
 }
 
@@ -421,7 +401,7 @@ fn cbc_stream_with_job_in_flight_continued_on_another_thread() {
     let key = noise(16, 21);
     let iv = noise(16, 22);
     let data = noise(3 * 4096, 23);
-    let want = reference("aes-128-cbc", &key, Some(&iv), &data, true);
+    let want = reference("aes-128-cbc", &key, &iv, &data, true);
     let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
     c.set_iv(&iv).unwrap();
     let mut out = vec![0u8; data.len()];
@@ -457,7 +437,7 @@ fn update_sg_more_pieces_than_slots() {
     let iv = noise(16, 42);
     let piece = 1024;
     let data = noise(65 * piece, 43);
-    let want = reference("aes-128-ctr", &key, Some(&iv), &data, true);
+    let want = reference("aes-128-ctr", &key, &iv, &data, true);
     let mut c = Cipher::new("aes-128-ctr", &key, Direction::Encrypt).unwrap();
     c.set_iv(&iv).unwrap();
     let mut out = vec![0u8; data.len()];
@@ -483,7 +463,7 @@ fn ctr_window_on_cpu_then_device_inside_a_block() {
     // 40 slots held: 24 free, a 2 MiB window needs 32.
     let held = hold_slots(40);
     let data = noise(100 + MIB2 + 4096, 54);
-    let want = reference("aes-128-ctr", &key, Some(&iv), &data, true);
+    let want = reference("aes-128-ctr", &key, &iv, &data, true);
     let mut c = Cipher::new("aes-128-ctr", &key, Direction::Encrypt).unwrap();
     c.set_iv(&iv).unwrap();
     let mut out = vec![0u8; data.len()];

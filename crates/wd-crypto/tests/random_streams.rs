@@ -7,8 +7,11 @@
 
 use std::sync::Mutex;
 
-use openssl::symm::{Cipher as OCipher, Crypter, Mode as OMode};
+mod common;
+
+use common::reference;
 use wd_crypto::{config, Cipher, CryptoError, Direction, Job, Policy};
+use wd_testutil::{noise, Rng};
 
 static SETTINGS: Mutex<()> = Mutex::new(());
 
@@ -18,50 +21,6 @@ fn setup() -> std::sync::MutexGuard<'static, ()> {
     let g = SETTINGS.lock().unwrap_or_else(|e| e.into_inner());
     config::set_fallback(true);
     g
-}
-
-fn reference(name: &str, key: &[u8], iv: Option<&[u8]>, data: &[u8], enc: bool) -> Vec<u8> {
-    let c = match name {
-        "aes-128-ecb" => OCipher::aes_128_ecb(),
-        "aes-128-cbc" => OCipher::aes_128_cbc(),
-        "aes-256-cbc" => OCipher::aes_256_cbc(),
-        "aes-128-ctr" => OCipher::aes_128_ctr(),
-        n => panic!("{n}"),
-    };
-    let mode = if enc { OMode::Encrypt } else { OMode::Decrypt };
-    let mut c = Crypter::new(c, mode, key, iv).unwrap();
-    c.pad(false);
-    let mut out = vec![0u8; data.len() + 32];
-    let n = c.update(data, &mut out).unwrap();
-    let m = c.finalize(&mut out[n..]).unwrap();
-    out.truncate(n + m);
-    out
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len() as u64) as usize]
-    }
-}
-
-fn bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut r = Rng(seed | 1);
-    let mut v = Vec::with_capacity(n + 8);
-    while v.len() < n {
-        v.extend_from_slice(&r.next().to_le_bytes());
-    }
-    v.truncate(n);
-    v
 }
 
 const K: usize = 1 << 10;
@@ -95,7 +54,7 @@ struct Case {
 }
 
 fn run_case(seed: u64) -> Result<(), String> {
-    let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut r = Rng::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let (name, enc) = r.pick(&[
         ("aes-128-cbc", true),
         ("aes-128-cbc", false),
@@ -117,14 +76,14 @@ fn run_case(seed: u64) -> Result<(), String> {
     config::set_in_place(r.below(3) == 0);
     case.log.push(format!("{policy:?} threshold {threshold}"));
     let ctr = name.ends_with("ctr");
-    let key = bytes(if name.contains("256") { 32 } else { 16 }, seed ^ 5);
-    let iv = bytes(16, seed ^ 6);
+    let key = noise(if name.contains("256") { 32 } else { 16 }, seed ^ 5);
+    let iv = noise(16, seed ^ 6);
     let ivo = (!name.ends_with("ecb")).then_some(&iv[..]);
 
     // Another stream's jobs hold some slots of this thread's lane.
     let fill_slots = r.pick(&[0usize, 0, 20, 33, 40, 56, 63]);
     let mut filler = Cipher::new("aes-128-ecb", &key[..16], Direction::Encrypt).unwrap();
-    let fill_in = bytes(64 * K, 7);
+    let fill_in = noise(64 * K, 7);
     let mut fill_out: Vec<Vec<u8>> = (0..fill_slots).map(|_| vec![0u8; 64 * K]).collect();
     let mut fill_jobs = Vec::new();
     for o in fill_out.iter_mut() {
@@ -135,8 +94,8 @@ fn run_case(seed: u64) -> Result<(), String> {
     let ops = 2 + r.below(5) as usize;
     let lens: Vec<usize> = (0..ops).map(|_| length(&mut r, ctr)).collect();
     let total: usize = lens.iter().sum();
-    let data = bytes(total, seed ^ 8);
-    let want = reference(name, &key, ivo, &data, enc);
+    let data = noise(total, seed ^ 8);
+    let want = reference(name, &key, ivo.unwrap_or(&[]), &data, enc);
     let dir = if enc {
         Direction::Encrypt
     } else {

@@ -180,37 +180,12 @@ fn a_trickled_hello_does_not_outlive_the_hello_deadline() {
 /// before the memory is imported; for an exempt user (root, the host's
 /// owner: this test's uid) the sum overflowed, and in a build with
 /// overflow checks the connection thread panicked: the client got no
-/// reply and no EOF.
+/// reply and no EOF, and when it went away its queue, instance and charge
+/// stayed for good. Now the share is refused, and the queue goes with the
+/// client ("every queue of the connection is torn down ... instance
+/// returned").
 #[test]
 fn an_exempt_users_huge_share_is_refused_not_a_panic() {
-    let host = start(&["dummy"], Limits::default());
-    let mut ch = connect(&host.socket);
-    hello(&mut ch);
-    let (q, _ring) = request_queue(&mut ch);
-    let fd = memfd(1 << 20);
-    let share = |size| Message::MemShare {
-        queue_id: q,
-        iova: 0x10_0000,
-        size,
-        fd_offset: 0,
-        prot: Prot::RW,
-    };
-    let f = ch.call(&share(4096), 4, &[fd.as_fd()]).unwrap();
-    assert_eq!(f.msg, Message::Ok);
-    let r = ch.call(&share(u64::MAX - 4095), 5, &[fd.as_fd()]);
-    match r {
-        Ok(f) if matches!(f.msg, Message::Error { .. }) => {}
-        other => panic!("a share of u64::MAX - 4095 bytes got no refusal: {other:?}"),
-    }
-}
-
-/// After the refusal above the client goes away, and its queue with it
-/// ("every queue of the connection is torn down ... instance returned"):
-/// when that refusal was a panic, the queue, its instance and the uid's
-/// charge stayed for good (the connection thread now gives them back
-/// after a panic too).
-#[test]
-fn a_client_refused_a_huge_share_gives_its_queue_back() {
     let host = start(&["dummy:queues=4"], Limits::default());
     let avail = "dev0/mdev_supported_types/dummy-memcpy/available_instances";
     assert_eq!(attr(&host.socket, avail), "4");
@@ -226,8 +201,13 @@ fn a_client_refused_a_huge_share_gives_its_queue_back() {
             fd_offset: 0,
             prot: Prot::RW,
         };
-        let _ = ch.call(&share(4096), 4, &[fd.as_fd()]);
-        let _ = ch.call(&share(u64::MAX - 4095), 5, &[fd.as_fd()]);
+        let f = ch.call(&share(4096), 4, &[fd.as_fd()]).unwrap();
+        assert_eq!(f.msg, Message::Ok);
+        let r = ch.call(&share(u64::MAX - 4095), 5, &[fd.as_fd()]);
+        match r {
+            Ok(f) if matches!(f.msg, Message::Error { .. }) => {}
+            other => panic!("a share of u64::MAX - 4095 bytes got no refusal: {other:?}"),
+        }
         // The client goes away.
     }
     let deadline = Instant::now() + Duration::from_secs(3);

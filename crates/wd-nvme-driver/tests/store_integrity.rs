@@ -9,25 +9,11 @@ use std::os::unix::fs::FileExt;
 
 use wd_nvme_driver::msg::cmd::DsmRange;
 use wd_nvme_driver::{Controller, Namespace, Options};
-use wd_testutil::{report, wait_until, Role};
+use wd_testutil::{report, wait_until, Rng, Role};
 use wrapdrive::{HostConn, SharedBuf};
 
 mod common;
 use common::start_with;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 const MIB: u64 = 1 << 20;
 
@@ -42,7 +28,7 @@ fn random_mix(engine: &str) {
     let ranges = SharedBuf::new(4096).unwrap();
     c.share(&ranges).unwrap();
     let mut model = [vec![0u8; 8 * MIB as usize], vec![0u8; 8 * MIB as usize]];
-    let mut rng = Rng(0x5eed_0000 ^ engine.len() as u64);
+    let mut rng = Rng::new(0x5eed_0000 ^ engine.len() as u64);
     for step in 0..400 {
         let k = rng.below(2) as usize;
         let n: &Namespace = &ns[k];
@@ -56,7 +42,7 @@ fn random_mix(engine: &str) {
         let at = rng.below((MIB - len as u64) / n.block + 1) * n.block;
         match rng.below(8) {
             0..=2 => {
-                let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
                 buf.write(at, &data);
                 q.write(n, lba, &buf, at, len as u64).unwrap();
                 model[k][off..off + len].copy_from_slice(&data);
@@ -147,7 +133,7 @@ fn child_entry() {
     let buf = SharedBuf::new((64 * bs) as usize).unwrap();
     buf.write(0, &vec![0x5a; buf.len() as usize]);
     c.share(&buf).unwrap();
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     let slots = ns.blocks * ns.block / bs;
     let mut done = Vec::new();
     let mut completed = 0u64;

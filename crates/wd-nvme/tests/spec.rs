@@ -20,18 +20,6 @@ use wd_nvme::msg::{AdminOp, Cqe, IoOp, Sqe, Status, CQE_SIZE};
 mod common;
 use common::*;
 
-/// A deterministic generator (xorshift64).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 #[test]
 fn identify_describes_the_controller_and_its_namespaces() {
     let mut r = Rig::new(&["0:4M", "4M:2M:512", "6M:1M"]);
@@ -214,7 +202,7 @@ fn phase_tags_stay_right_over_many_laps_against_a_model() {
     let mut r = Rig::new(&["0:4M"]);
     let (sqn, cqn) = (8u32, 4u32);
     r.io_queues(sqn, cqn);
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = wd_testutil::Rng::new(0x9e37_79b9_7f4a_7c15);
     // Submitted and not consumed; posted and not consumed.
     let (mut tail, mut submitted, mut posted) = (0u32, 0u32, 0u32);
     let (mut head, mut phase) = (0u32, true);

@@ -46,18 +46,41 @@ pub fn text(len: usize, seed: u32) -> Vec<u8> {
     out
 }
 
+/// A seeded generator (xorshift64): random cases a seed reproduces.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// The generator of `seed` (any value: zero would stay zero, so the
+    /// low bit is set).
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed | 1)
+    }
+
+    /// The next value.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A value below `n` (not 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// One of `xs` (not empty).
+    pub fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len() as u64) as usize]
+    }
+}
+
 /// `n` seeded bytes that look random (xorshift): data for ciphers, and
 /// incompressible data for compression tests.
 pub fn noise(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
+    let mut r = Rng::new(seed);
+    (0..n).map(|_| (r.next_u64() >> 24) as u8).collect()
 }
 
 /// Report that `test` did not run, and why.

@@ -105,13 +105,21 @@ pub fn device_on(
     base: &std::path::Path,
     specs: &[&str],
 ) -> (NvmeDriver, wd_testutil::TempDir, std::path::PathBuf) {
+    device_with(base, specs, IoEngine::Sync)
+}
+
+fn device_with(
+    base: &std::path::Path,
+    specs: &[&str],
+    engine: IoEngine,
+) -> (NvmeDriver, wd_testutil::TempDir, std::path::PathBuf) {
     let dir = wd_testutil::tempdir_in(base, "wd-nvme-spec", 0o755);
     let store = dir.path().join("store.img");
     let specs: Vec<String> = specs
         .iter()
         .map(|s| format!("{}:{s}", store.display()))
         .collect();
-    let driver = NvmeDriver::new(&specs, IoEngine::Sync).unwrap();
+    let driver = NvmeDriver::new(&specs, engine).unwrap();
     (driver, dir, store)
 }
 
@@ -121,13 +129,7 @@ pub fn device_on(
 /// holdable; with an IOVA in the data area whose memory meets any
 /// O_DIRECT alignment (512 bytes; page-aligned IOVAs need not be).
 pub fn ring_rig(specs: &[&str]) -> (Rig, u64) {
-    let dir = wd_testutil::tempdir_in(&std::env::temp_dir(), "wd-nvme-spec", 0o755);
-    let store = dir.path().join("store.img");
-    let specs: Vec<String> = specs
-        .iter()
-        .map(|s| format!("{}:{s}", store.display()))
-        .collect();
-    let driver = NvmeDriver::new(&specs, IoEngine::Ring).unwrap();
+    let (driver, dir, store) = device_with(&std::env::temp_dir(), specs, IoEngine::Ring);
     let mut r = Rig::ready(Rig::of(&driver, dir, store));
     r.mem.set_holds(true);
     let ptr = wd_device::Dma::slice(&mut r.mem, DATA, 4096, wd_device::Access::Read)
