@@ -249,9 +249,8 @@ impl Queue {
             .map(iova, region.host_addr(), size, prot)
             .map_err(|e| {
                 let st = match e {
-                    wd_iommu::IommuError::LimitExceeded { .. }
-                    | wd_iommu::IommuError::TableLimit { .. } => Status::NoMemory,
                     wd_iommu::IommuError::TableBudget { .. } => Status::Quota,
+                    _ if e.is_resource_limit() => Status::NoMemory,
                     _ => Status::Invalid,
                 };
                 HostError::Status(st, format!("cannot share {iova:#x}+{size:#x}: {e}"))

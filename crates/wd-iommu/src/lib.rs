@@ -224,6 +224,21 @@ pub enum IommuError {
     },
 }
 
+impl IommuError {
+    /// Whether the call failed for want of resources (a page or table
+    /// limit, the owner's table budget) rather than for a bad argument:
+    /// callers answer it as "no memory" (a quota for the budget), not as
+    /// a caller's mistake.
+    pub fn is_resource_limit(&self) -> bool {
+        matches!(
+            self,
+            IommuError::LimitExceeded { .. }
+                | IommuError::TableLimit { .. }
+                | IommuError::TableBudget { .. }
+        )
+    }
+}
+
 /// A mapped range, as listed by [`Domain::mappings`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Mapping {

@@ -599,9 +599,7 @@ impl VirtioIommu {
         let dom = d.dom.clone();
         match dom.map_sg(virt_start, &sg, prot) {
             Ok(_) => {}
-            Err(IommuError::LimitExceeded { .. })
-            | Err(IommuError::TableLimit { .. })
-            | Err(IommuError::TableBudget { .. }) => return Status::NoMem,
+            Err(e) if e.is_resource_limit() => return Status::NoMem,
             Err(IommuError::Overlap { .. }) => return Status::Inval,
             Err(_) => return Status::DevErr,
         }
