@@ -181,24 +181,15 @@ pub struct Controller {
     /// EventIdx was written for the current idle spell (shadow
     /// doorbells): a new submission makes the driver write the register.
     armed: bool,
-    /// The tail doorbell registers as last read: by `drain` where the
-    /// register is the tail, at the end of a pass where the tail comes
-    /// from the shadow buffer. The wake-up check looks for a change from
-    /// these, not for a tail other than the head: an invalid tail never
-    /// becomes the head, and must not keep the engine polling.
-    mmio_seen: [u32; QUEUES],
-    /// The tail doorbells (register or shadow) as `drain` last read them.
-    tails_read: [u32; QUEUES],
+    /// The submission queues' tail doorbells, as `drain` last read them.
+    sq_bells: [Bell; QUEUES],
     /// Completion queues (a bit per id) found full in the last pass with
     /// commands or events waiting for their room: the engine may sleep,
     /// and the driver's next head doorbell wakes it.
     full_cqs: u32,
-    /// Their head doorbell registers as last read (by `cq_room` where the
-    /// register is the head, at the end of a pass with shadow doorbells):
-    /// an invalid head, like an invalid tail, is news only once.
-    cq_mmio_seen: [u32; QUEUES],
-    /// The head doorbells (register or shadow) as `cq_room` last read them.
-    heads_read: [u32; QUEUES],
+    /// The completion queues' head doorbells, as `cq_room` last read
+    /// them.
+    cq_bells: [Bell; QUEUES],
     /// The full completion queues whose head EventIdx the current idle
     /// spell wrote: a queue found full later in the spell (a submission
     /// woke the engine, and the queue filled) must be armed too.
@@ -218,6 +209,36 @@ pub struct Controller {
     pub(crate) segs: prp::PrpSegments,
     /// Local buffer for data that cannot be reached in place.
     pub(crate) bounce: Vec<u8>,
+}
+
+/// One doorbell as the controller last read it.
+#[derive(Clone, Copy, Default)]
+struct Bell {
+    /// The register as last read: where the register is the doorbell,
+    /// when the queue is run; with shadow doorbells, at the end of a pass.
+    /// The wake-up check looks for a change from this, not for a tail
+    /// other than the head: an invalid value never becomes the head, and
+    /// must not keep the engine polling (it is news only once).
+    mmio_seen: u32,
+    /// The doorbell (register or shadow) as the queue was last run with.
+    read: u32,
+}
+
+impl Bell {
+    fn read(&mut self, v: u32, shadowed: bool) {
+        self.read = v;
+        if !shadowed {
+            self.mmio_seen = v;
+        }
+    }
+
+    /// Notes the register's value at the end of a pass with shadow
+    /// doorbells: news when it moved to a value the pass did not run with.
+    fn register_moved(&mut self, v: u32) -> bool {
+        let moved = v != self.mmio_seen && v != self.read;
+        self.mmio_seen = v;
+        moved
+    }
 }
 
 impl Controller {
@@ -252,11 +273,9 @@ impl Controller {
             health: Health::default(),
             dbbuf: None,
             armed: false,
-            mmio_seen: [0; QUEUES],
-            tails_read: [0; QUEUES],
+            sq_bells: [Bell::default(); QUEUES],
             full_cqs: 0,
-            cq_mmio_seen: [0; QUEUES],
-            heads_read: [0; QUEUES],
+            cq_bells: [Bell::default(); QUEUES],
             armed_cqs: 0,
             active: BTreeMap::new(),
             segs: Vec::new(),
@@ -311,11 +330,9 @@ impl Controller {
                 r.store32(regs::cq_head_doorbell(qid), 0);
             }
         }
-        self.mmio_seen = [0; QUEUES];
-        self.tails_read = [0; QUEUES];
+        self.sq_bells = [Bell::default(); QUEUES];
         self.full_cqs = 0;
-        self.cq_mmio_seen = [0; QUEUES];
-        self.heads_read = [0; QUEUES];
+        self.cq_bells = [Bell::default(); QUEUES];
         self.armed_cqs = 0;
         self.aers.clear();
         self.events.clear();
@@ -432,13 +449,12 @@ impl Controller {
         if let Some(r) = &self.regs {
             r.store32(reg, 0);
         }
-        if cq {
-            self.cq_mmio_seen[qid as usize] = 0;
-            self.heads_read[qid as usize] = 0;
+        let bells = if cq {
+            &mut self.cq_bells
         } else {
-            self.mmio_seen[qid as usize] = 0;
-            self.tails_read[qid as usize] = 0;
-        }
+            &mut self.sq_bells
+        };
+        bells[qid as usize] = Bell::default();
         if let Some((shadow, _)) = self.dbbuf {
             let _ = dma.write(shadow + (reg - regs::DOORBELLS) as u64, &[0; 4]);
         }
@@ -552,10 +568,8 @@ impl Controller {
             return true;
         }
         let head = self.doorbell(r, dma, cqid, true);
-        self.heads_read[cqid as usize] = head;
-        if !self.shadowed(cqid) {
-            self.cq_mmio_seen[cqid as usize] = head;
-        }
+        let shadowed = self.shadowed(cqid);
+        self.cq_bells[cqid as usize].read(head, shadowed);
         if head >= cq.entries {
             if !cq.bad_doorbell {
                 self.event_error(0x01);
@@ -642,10 +656,8 @@ impl Controller {
             return;
         };
         let tail = self.doorbell(r, dma, qid, false);
-        self.tails_read[qid as usize] = tail;
-        if !self.shadowed(qid) {
-            self.mmio_seen[qid as usize] = tail;
-        }
+        let shadowed = self.shadowed(qid);
+        self.sq_bells[qid as usize].read(tail, shadowed);
         if tail >= sq.entries {
             if !sq.bad_doorbell {
                 self.event_error(0x01);
@@ -801,15 +813,13 @@ impl DeviceQueue for Controller {
             for qid in 1..QUEUES {
                 if self.sqs[qid].is_some() {
                     let v = r.load32(regs::sq_tail_doorbell(qid as u16));
-                    rung |= v != self.mmio_seen[qid] && v != self.tails_read[qid];
-                    self.mmio_seen[qid] = v;
+                    rung |= self.sq_bells[qid].register_moved(v);
                 }
             }
             for qid in self.full_io_cqs() {
                 let q = qid as usize;
                 let v = r.load32(regs::cq_head_doorbell(qid));
-                rung |= v != self.cq_mmio_seen[q] && v != self.heads_read[q];
-                self.cq_mmio_seen[q] = v;
+                rung |= self.cq_bells[q].register_moved(v);
             }
             out.work += usize::from(rung);
             if out.work > 0 || out.busy {
@@ -845,14 +855,16 @@ impl DeviceQueue for Controller {
         let submitted = (0..QUEUES as u16).any(|qid| {
             self.sqs[qid as usize].is_some_and(|sq| {
                 !self.waits_for_room(&sq)
-                    && r.load32(regs::sq_tail_doorbell(qid)) != self.mmio_seen[qid as usize]
+                    && r.load32(regs::sq_tail_doorbell(qid))
+                        != self.sq_bells[qid as usize].mmio_seen
             })
         });
         let consumed = (0..QUEUES as u16)
             .filter(|q| self.full_cqs & 1 << q != 0)
             .any(|qid| {
                 self.cqs[qid as usize].is_some()
-                    && r.load32(regs::cq_head_doorbell(qid)) != self.cq_mmio_seen[qid as usize]
+                    && r.load32(regs::cq_head_doorbell(qid))
+                        != self.cq_bells[qid as usize].mmio_seen
             });
         submitted || consumed
     }
