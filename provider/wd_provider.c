@@ -1455,7 +1455,10 @@ struct wd_digest_desc {
 struct wd_dctx;
 struct wd_dthread {
 	struct wd_counts counts;
-	int registered;
+	/* The key generation this thread registered with (0: none): a key
+	 * deleted by the last teardown and made again by a later instance
+	 * needs the thread registered again. */
+	unsigned registered;
 	struct wd_dctx *spare[WD_DIGESTS];
 };
 static __thread struct wd_dthread wd_this_thread;
@@ -1479,6 +1482,15 @@ static void wd_dthread_at_exit(void *unused)
  * it, so no thread's exit calls into a module that may be unloaded. */
 static pthread_mutex_t wd_dcount_lock = PTHREAD_MUTEX_INITIALIZER;
 static int wd_instances, wd_dcount_key_live;
+/* Moves on each time the key is deleted, so that a thread sees its
+ * registration was with a key since deleted (read without the lock: a
+ * stale read only registers again). Never 0. */
+static unsigned wd_dcount_key_gen = 1;
+
+static int wd_dthread_registered(const struct wd_dthread *t)
+{
+	return t->registered == __atomic_load_n(&wd_dcount_key_gen, __ATOMIC_RELAXED);
+}
 
 /* Make sure this thread's counts and spare contexts are handed back when
  * it ends. */
@@ -1489,10 +1501,9 @@ static __attribute__((noinline, cold)) void wd_dthread_register(struct wd_dthrea
 		wd_dcount_key_live =
 			pthread_key_create(&wd_dcount_key, wd_dthread_at_exit) == 0;
 	/* Any non-NULL value makes the destructor run at thread exit. */
-	if (wd_dcount_key_live)
-		(void)pthread_setspecific(wd_dcount_key, t);
+	if (wd_dcount_key_live && pthread_setspecific(wd_dcount_key, t) == 0)
+		t->registered = wd_dcount_key_gen;
 	pthread_mutex_unlock(&wd_dcount_lock);
-	t->registered = 1;
 }
 
 
@@ -1607,7 +1618,7 @@ static void wd_digest_freectx(void *vctx)
 		wd_dctx_destroy(x);
 		return;
 	}
-	if (!t->registered)
+	if (!wd_dthread_registered(t))
 		wd_dthread_register(t);
 	*spare = x;
 }
@@ -1708,7 +1719,7 @@ static int wd_digest_final_fn(void *vctx, unsigned char *out, size_t *outl, size
 	if (inline_) {
 		ok = x->impl->final(x->inner, out, outl, outsz);
 		struct wd_dthread *t = &wd_this_thread;
-		if (!t->registered)
+		if (!wd_dthread_registered(t))
 			wd_dthread_register(t);
 		wd_count(&t->counts, x->total, x->route);
 	} else {
@@ -1846,6 +1857,8 @@ static void wd_teardown(void *provctx)
 		wd_dthread_at_exit(NULL);
 		(void)pthread_key_delete(wd_dcount_key);
 		wd_dcount_key_live = 0;
+		unsigned gen = wd_dcount_key_gen + 1;
+		__atomic_store_n(&wd_dcount_key_gen, gen != 0 ? gen : 1, __ATOMIC_RELAXED);
 	}
 	pthread_mutex_unlock(&wd_dcount_lock);
 	OPENSSL_free(provctx);

@@ -9,7 +9,7 @@ dir=$(./scripts/build-provider.sh)
 cargo build --release --locked -p wd-cli >&2
 out=target/provider
 cc -std=c11 -O1 -g -Wall -Wextra -Werror -Iinclude tests/c/test_provider.c \
-    -Ltarget/release -lwd_crypto -lwd -lcrypto -lpthread -Wl,-rpath,"$PWD/target/release" -o "$out/test_provider"
+    -Ltarget/release -lwd_crypto -lwd -lcrypto -ldl -lpthread -Wl,-rpath,"$PWD/target/release" -o "$out/test_provider"
 
 tmp=$(mktemp -d)
 hosts=()
@@ -30,11 +30,12 @@ start_host "$tmp/wd.sock"
 export WD_HOST=$tmp/wd.sock
 P=(-provider-path "$dir" -provider wd -provider default -propquery provider=wd)
 
-echo "-- C differential tests (offloaded, default threshold, no host, in-process host)"
+echo "-- C differential tests (offloaded, default threshold, no host, in-process host; a provider loaded again)"
 WD_PROVIDER_POLICY=offload WD_PROVIDER_THRESHOLD=0 "$out/test_provider" "$dir"
 "$out/test_provider" "$dir"
 WD_HOST=$tmp/none.sock "$out/test_provider" "$dir"
 WD_HOST=embedded WD_PROVIDER_POLICY=offload WD_PROVIDER_THRESHOLD=0 "$out/test_provider" "$dir"
+"$out/test_provider" "$dir" reload
 
 echo "-- openssl enc / dgst round trips against the default provider"
 for size in 0 1 15 16 17 1000 65537 300001; do

@@ -5,12 +5,13 @@
  * (odd lengths, in place, streaming), GCM tags (a wrong one fails), digest
  * copies, async jobs, threads and fork.
  *
- * Usage: test_provider <dir of wd.so>. The host is $WD_HOST; set
+ * Usage: test_provider <dir of wd.so> [reload]. The host is $WD_HOST; set
  * WD_PROVIDER_POLICY/WD_PROVIDER_THRESHOLD to choose paths. With
  * WD_TEST_KILL_PID set, the host with that pid is killed in the middle of
  * a CBC stream, which must still come out right (CPU fallback).
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
@@ -1131,11 +1132,95 @@ static void test_gcm_copy_and_long_aad(void)
 	      "long additional data as the default provider");
 }
 
+/* A thread that outlives the provider's last instance hands over the
+ * counts of its small digests made under the next instance when it ends:
+ * the thread-exit key is made again, and the thread registered with the
+ * new one. Each instance lives in a library context of its own (freeing
+ * it tears the provider down); the module stays mapped (pinned here), as
+ * OpenSSL may keep it. Run alone (`reload`): no other instance may live. */
+static pthread_barrier_t reload_barrier;
+static OSSL_LIB_CTX *reload_ctx;
+
+static void *digests_across_reload_fn(void *arg)
+{
+	(void)arg;
+	unsigned char in[16] = {2}, out[64];
+	unsigned int l = 0;
+	long bad = 0;
+	for (int round = 0; round < 2; round++) {
+		EVP_MD *w = EVP_MD_fetch(reload_ctx, "SHA256", "provider=wd");
+		for (int i = 0; i < 100; i++)
+			bad += w == NULL || !EVP_Digest(in, sizeof in, out, &l, w, NULL);
+		EVP_MD_free(w);
+		pthread_barrier_wait(&reload_barrier); /* main makes the next instance */
+		pthread_barrier_wait(&reload_barrier);
+	}
+	return (void *)bad;
+}
+
+static OSSL_PROVIDER *reload_wd;
+
+static OSSL_LIB_CTX *reload_instance(const char *dir)
+{
+	OSSL_LIB_CTX *c = OSSL_LIB_CTX_new();
+	if (c == NULL)
+		return NULL;
+	OSSL_PROVIDER_set_default_search_path(c, dir);
+	if ((reload_wd = OSSL_PROVIDER_load(c, "wd")) == NULL) {
+		OSSL_LIB_CTX_free(c);
+		return NULL;
+	}
+	return c;
+}
+
+static void reload_end(OSSL_LIB_CTX *c)
+{
+	OSSL_PROVIDER_unload(reload_wd);
+	OSSL_LIB_CTX_free(c);
+}
+
+static void test_reload_keeps_thread_counts(const char *dir)
+{
+	char path[4096];
+	snprintf(path, sizeof path, "%s/wd.so", dir);
+	reload_ctx = reload_instance(dir);
+	void *pin = dlopen(path, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+	CHECK(reload_ctx != NULL && pin != NULL, "load and pin %s", path);
+	if (reload_ctx == NULL || pin == NULL)
+		return;
+	pthread_barrier_init(&reload_barrier, NULL, 2);
+	pthread_t t;
+	pthread_create(&t, NULL, digests_across_reload_fn, NULL);
+	pthread_barrier_wait(&reload_barrier);
+	reload_end(reload_ctx);
+	reload_ctx = reload_instance(dir);
+	struct wd_crypto_stats s0, s1;
+	wd_crypto_get_stats(&s0);
+	pthread_barrier_wait(&reload_barrier);
+	pthread_barrier_wait(&reload_barrier); /* the second round is done */
+	pthread_barrier_wait(&reload_barrier);
+	void *bad = NULL;
+	pthread_join(t, &bad);
+	wd_crypto_get_stats(&s1);
+	uint64_t counted = s1.cpu_requests - s0.cpu_requests + s1.offload_requests - s0.offload_requests;
+	CHECK(reload_ctx != NULL && bad == NULL && counted >= 100,
+	      "100 digests of a thread under a provider loaded again, %llu counted at its end",
+	      (unsigned long long)counted);
+	pthread_barrier_destroy(&reload_barrier);
+	reload_end(reload_ctx);
+	dlclose(pin);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
 		fprintf(stderr, "usage: %s <dir of wd.so>\n", argv[0]);
 		return 2;
+	}
+	if (argc > 2 && strcmp(argv[2], "reload") == 0) {
+		test_reload_keeps_thread_counts(argv[1]);
+		printf("%d passed, %d failed (reload)\n", passed, failed);
+		return failed != 0;
 	}
 	OSSL_PROVIDER_set_default_search_path(NULL, argv[1]);
 	OSSL_PROVIDER *wd = OSSL_PROVIDER_load(NULL, "wd");
