@@ -148,6 +148,10 @@ pub struct Queue {
     /// many waiters after one wake-up pays one system call, not one each.
     wait_signalled: bool,
     released: bool,
+    /// The restarted host refused part of this queue's memory or its
+    /// IOMMU policy: nothing more is sent through it (requests would
+    /// fault or run under another policy), and this says why.
+    unrestored: Option<String>,
     /// How this queue's requests travel through the socket (legacy path):
     /// given by whoever speaks the device's message format.
     legacy_planner: Option<wd_msg::LegacyPlanner>,
@@ -264,6 +268,7 @@ impl Queue {
             wait_armed: false,
             wait_signalled: false,
             released: false,
+            unrestored: None,
             latency_sample: None,
             latency_countdown: LATENCY_SAMPLE_EVERY,
             latency_aged: Instant::now(),
@@ -330,6 +335,19 @@ impl Queue {
         Ok(())
     }
 
+    /// [`Queue::check`], and that the queue still has what it was given:
+    /// for what sends requests or adds memory.
+    fn check_usable(&self) -> Result<()> {
+        self.check()?;
+        match &self.unrestored {
+            Some(why) => Err(ClientError::new(
+                Status::BadState,
+                format!("this queue was made again on a restarted host that refused {why}: release it and ask for another"),
+            )),
+            None => Ok(()),
+        }
+    }
+
     fn ring_state_error(&self) -> Option<ClientError> {
         match self.view.host_state() {
             HostState::Alive => None,
@@ -370,7 +388,7 @@ impl Queue {
     }
 
     fn send_batch_once(&mut self, reqs: &[(Desc, u64)]) -> Result<usize> {
-        self.check()?;
+        self.check_usable()?;
         if let Some(e) = self.ring_state_error() {
             return Err(e);
         }
@@ -1020,7 +1038,7 @@ impl Queue {
     }
 
     fn share_once(&mut self, addr: u64, len: u64) -> Result<()> {
-        self.check()?;
+        self.check_usable()?;
         let page = wd_mem::GRANULE as u64;
         let start = addr & !(page - 1);
         let end = addr
@@ -1103,7 +1121,7 @@ impl Queue {
     }
 
     fn share_buffer_once(&mut self, buf: &wd_heap::Buffer) -> Result<()> {
-        self.check()?;
+        self.check_usable()?;
         if !buf.is_writable() {
             return Err(ClientError::new(
                 Status::Invalid,
@@ -1153,6 +1171,8 @@ impl Queue {
             // (and must not be shared again on a restarted host).
             Ok(_) => {}
             Err(e) if e.status() == Status::HostGone || self.host_lost() => {}
+            // Perhaps never shared on the restarted host.
+            Err(_) if self.unrestored.is_some() => {}
             Err(e) => return Err(e),
         }
         self.shares.swap_remove(pos);
@@ -1372,6 +1392,9 @@ impl Queue {
         // again: every request in flight completes as restarted (a waiter
         // would otherwise wait on the new ring for ever).
         let redo = self.redo.filter(|_| restored.is_ok());
+        if let Err(e) = &restored {
+            self.unrestored = Some(format!("its memory or IOMMU policy ({e})"));
+        }
         let mut again = Vec::new();
         for slot in 0..self.slots.len() {
             let Some(cookie) = self.slots[slot] else {

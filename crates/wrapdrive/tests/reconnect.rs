@@ -324,4 +324,15 @@ fn a_restart_that_cannot_share_the_memory_again_fails_what_was_in_flight() {
         errors.iter().any(|e| e.contains("shares_per_uid")),
         "{errors:?}"
     );
+    // Without its memory the queue sends nothing more (a copy would fault
+    // on the host, or run on the part it has), and says why; it can still
+    // give its ranges back and be released.
+    let e = q.send(copy(src.addr(), dst.addr()), 9).unwrap_err();
+    assert_eq!(e.status(), Status::BadState, "{e}");
+    assert!(e.to_string().contains("refused"), "{e}");
+    let e = q.share(src.addr(), src.len()).unwrap_err();
+    assert_eq!(e.status(), Status::BadState, "{e}");
+    q.unshare(dst.addr(), dst.len()).unwrap();
+    q.unshare(src.addr(), src.len()).unwrap();
+    q.release().unwrap();
 }
