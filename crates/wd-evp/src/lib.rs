@@ -282,22 +282,28 @@ impl CipherCtx {
         Ok((iv, num.max(0) as usize))
     }
 
-    /// AEAD additional data.
+    /// AEAD additional data, of any length: EVP takes an `int` length,
+    /// so it goes in pieces (GCM takes its additional data in as many
+    /// calls as given).
     pub fn aad(&mut self, aad: &[u8]) -> Result<()> {
-        let mut outl: c_int = 0;
-        check(
-            // SAFETY: a null output pointer is how EVP takes AAD; aad is local.
-            unsafe {
-                ffi::EVP_CipherUpdate(
-                    self.ctx,
-                    ptr::null_mut(),
-                    &mut outl,
-                    aad.as_ptr(),
-                    aad.len() as c_int,
-                )
-            },
-            "EVP_CipherUpdate (AAD)",
-        )
+        for piece in aad.chunks(c_int::MAX as usize) {
+            let mut outl: c_int = 0;
+            check(
+                // SAFETY: a null output pointer is how EVP takes AAD; the
+                // piece is local and its length fits an int.
+                unsafe {
+                    ffi::EVP_CipherUpdate(
+                        self.ctx,
+                        ptr::null_mut(),
+                        &mut outl,
+                        piece.as_ptr(),
+                        piece.len() as c_int,
+                    )
+                },
+                "EVP_CipherUpdate (AAD)",
+            )?;
+        }
+        Ok(())
     }
 
     /// Finish the message (AEAD: computes or checks the tag; a mismatch is
@@ -580,5 +586,34 @@ mod tests {
             .step_by(2)
             .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
             .collect()
+    }
+
+    /// GCM's tag over `aad`, fed in pieces of at most `piece` bytes.
+    fn gcm_tag(aad: &[u8], piece: usize) -> [u8; 16] {
+        let mut c = CipherCtx::new(Alg::by_name("aes-128-gcm").unwrap()).unwrap();
+        c.init(Some(&[7; 16]), Some(&[9; 12]), true).unwrap();
+        for p in aad.chunks(piece) {
+            c.aad(p).unwrap();
+        }
+        c.finish().unwrap();
+        let mut tag = [0; 16];
+        c.tag(&mut tag).unwrap();
+        tag
+    }
+
+    #[test]
+    fn additional_data_past_an_int_is_authenticated_whole() {
+        // Zero pages from the allocator: nothing is committed. 2^32 + 16
+        // bytes went to EVP as an int of 16; 2^31 + 16 as a negative one.
+        let big = vec![0u8; (1 << 32) + 16];
+        let whole = gcm_tag(&big, big.len());
+        assert_eq!(
+            whole,
+            gcm_tag(&big, 1 << 30),
+            "4 GiB + 16 bytes in one call"
+        );
+        assert_ne!(whole, gcm_tag(&big[..16], 16));
+        let half = &big[..(1 << 31) + 16];
+        assert_eq!(gcm_tag(half, half.len()), gcm_tag(half, 1 << 30));
     }
 }
