@@ -57,6 +57,17 @@ pub enum MemError {
         /// File size.
         size: u64,
     },
+    /// A range of a file of huge pages that is not made of whole pages:
+    /// the kernel maps (and unmaps) only whole huge pages.
+    #[error("range {offset:#x}+{len:#x} of a file of {page_bytes}-byte pages is not whole pages")]
+    PartPage {
+        /// Offset asked.
+        offset: u64,
+        /// Length asked.
+        len: u64,
+        /// The file's page size.
+        page_bytes: u64,
+    },
     /// A system call failed.
     #[error(transparent)]
     Sys(#[from] SysError),
@@ -69,7 +80,10 @@ impl MemError {
     /// Positive errno for the C and protocol boundaries.
     pub fn errno(&self) -> i32 {
         match self {
-            MemError::BadSize(_) | MemError::NotOurs(_) | MemError::OutOfFile { .. } => 22,
+            MemError::BadSize(_)
+            | MemError::NotOurs(_)
+            | MemError::OutOfFile { .. }
+            | MemError::PartPage { .. } => 22,
             MemError::Limit { .. } => 12,
             MemError::NotSealed => 1,
             MemError::Sys(e) => e.errno(),
@@ -303,10 +317,6 @@ static WINDOWS: Mutex<Option<Windows>> = Mutex::new(None);
 /// The window of the file behind `fd`, made on first use; None when the
 /// file is too large or the window budget is spent.
 fn window_of(fd: BorrowedFd<'_>, size: u64) -> Result<Option<Arc<FileWindow>>, MemError> {
-    // Huge pages need huge-page-aligned addresses: mapped on their own.
-    if wd_sys::file::fs_of(fd)?.1 > wd_sys::page_size() as u64 {
-        return Ok(None);
-    }
     let info = wd_sys::file::file_info(fd)?;
     let key = (info.dev, info.ino);
     let mut g = WINDOWS.lock().unwrap_or_else(|e| e.into_inner());
@@ -344,9 +354,22 @@ impl ImportedRegion {
         if offset.checked_add(len).is_none_or(|e| e > size) || offset % GRANULE as u64 != 0 {
             return Err(MemError::OutOfFile { offset, len, size });
         }
-        // In the file's window where it fits (touching ranges merge into
-        // one kernel mapping), else on its own.
-        if let Some(w) = window_of(fd, size)? {
+        // Huge pages are mapped on their own (they need aligned addresses),
+        // and whole: a mapping of part of one would be rounded up by the
+        // kernel, and the unmap of the part asked for refused (the huge
+        // page stayed mapped for good).
+        let page_bytes = wd_sys::file::fs_of(fd)?.1;
+        if page_bytes > wd_sys::page_size() as u64 {
+            if offset % page_bytes != 0 || len % page_bytes != 0 {
+                return Err(MemError::PartPage {
+                    offset,
+                    len,
+                    page_bytes,
+                });
+            }
+        } else if let Some(w) = window_of(fd, size)? {
+            // In the file's window where it fits (touching ranges merge
+            // into one kernel mapping), else on its own.
             if let Ok(Some(m)) = w.map(fd, offset, len) {
                 return Ok(ImportedRegion {
                     map: Backing::Window(m),
