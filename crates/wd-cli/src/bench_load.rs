@@ -281,35 +281,36 @@ fn device_limit(path: &Path, size: u64, align: u64, fresh: bool) -> Result<Durat
     let fd = open_read(path, true).map_err(|e| format!("{}: {e}", path.display()))?;
     let t = Instant::now();
     let mut ring = Uring::new(LIMIT_DEPTH).map_err(|e| e.to_string())?;
-    let mut next = 0u64;
-    let mut slot = 0u64;
-    let mut done = Vec::new();
-    while next < end || ring.in_flight() > 0 {
-        while next < end && ring.in_flight() < LIMIT_DEPTH as usize {
-            let n = STEP.min(end - next);
-            let at = if fresh {
-                next
-            } else {
-                (slot % LIMIT_DEPTH as u64) * STEP
-            };
-            ring.push_read(fd.as_fd(), &map, at as usize, n as usize, next, next)
+    ring.reads(|ring| {
+        let mut next = 0u64;
+        let mut slot = 0u64;
+        let mut done = Vec::new();
+        while next < end || ring.in_flight() > 0 {
+            while next < end && ring.in_flight() < LIMIT_DEPTH as usize {
+                let n = STEP.min(end - next);
+                let at = if fresh {
+                    next
+                } else {
+                    (slot % LIMIT_DEPTH as u64) * STEP
+                };
+                ring.push_read(fd.as_fd(), &map, at as usize, n as usize, next, next)
+                    .map_err(|e| e.to_string())?;
+                slot += 1;
+                next += n;
+            }
+            done.clear();
+            ring.submit_and_wait(1, &mut done)
                 .map_err(|e| e.to_string())?;
-            slot += 1;
-            next += n;
+            if let Some(d) = done.iter().find(|d| d.result < 0) {
+                return Err(format!(
+                    "device-limit read at {} failed: errno {}",
+                    d.user_data, -d.result
+                ));
+            }
         }
-        done.clear();
-        ring.submit_and_wait(1, &mut done)
-            .map_err(|e| e.to_string())?;
-        if let Some(d) = done.iter().find(|d| d.result < 0) {
-            return Err(format!(
-                "device-limit read at {} failed: errno {}",
-                d.user_data, -d.result
-            ));
-        }
-    }
-    let el = t.elapsed();
-    drop(ring);
-    Ok(el)
+        Ok(())
+    })?;
+    Ok(t.elapsed())
 }
 
 /// Compare the buffer with the file at the start, end and 14 places in

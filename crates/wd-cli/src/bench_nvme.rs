@@ -92,70 +92,72 @@ fn run_uring(
     wd_sys::ftruncate(memfd.as_fd(), span as u64).map_err(|e| e.to_string())?;
     let map = wd_sys::Mapping::map_shared(memfd.as_fd(), 0, span).map_err(|e| e.to_string())?;
     let mut ring = Uring::new(a.qd * 2).map_err(|e| e.to_string())?;
-    let mut pick = Picker::new(Pattern::Randread, 100, slots);
-    let mut started = vec![Instant::now(); a.qd as usize];
-    let mut lat = Vec::with_capacity(1 << 20);
-    let mut done: Vec<ReadDone> = Vec::with_capacity(a.qd as usize);
-    let fdb = fd.as_fd();
-    let cpu0 = wd_sys::process_cpu_time();
-    let t0 = Instant::now();
-    let until = t0 + Duration::from_secs_f64(a.time);
-    let bs = a.bs as usize;
-    // Where the next read goes: (buffer offset, file offset, tag).
-    let mut next = |slot: usize, started: &mut Vec<Instant>| {
-        let (_, at) = pick.pick();
-        started[slot] = Instant::now();
-        (slot * bs, at * a.bs, slot as u64)
-    };
-    for slot in 0..a.qd as usize {
-        let (moff, foff, ud) = next(slot, &mut started);
-        ring.push_read(fdb, &map, moff, bs, foff, ud)
-            .map_err(|e| e.to_string())?;
-    }
-    let (mut ios, mut bytes) = (0u64, 0u64);
-    // Reads pushed and not yet submitted.
-    let mut fresh = true;
-    loop {
-        done.clear();
-        // Polled: submit what is new without waiting, then spin on the
-        // completion ring (no system call), as the mediated path's two
-        // ends spin; otherwise wait in the kernel.
-        if !poll || fresh {
-            ring.submit_and_wait(usize::from(!poll), &mut done)
-                .map_err(|e| e.to_string())?;
-            fresh = false;
-        } else {
-            ring.reap(&mut done);
-        }
-        if done.is_empty() {
-            std::hint::spin_loop();
-            if Instant::now() < until {
-                continue;
-            }
-        }
-        let now = Instant::now();
-        for d in &done {
-            if d.result != a.bs as i32 {
-                return Err(format!("io_uring read returned {}", d.result));
-            }
-            lat.push(now.duration_since(started[d.user_data as usize]).as_nanos() as u64);
-            ios += 1;
-            bytes += a.bs;
-        }
-        if now >= until {
-            break;
-        }
-        for d in &done {
-            let (moff, foff, ud) = next(d.user_data as usize, &mut started);
+    ring.reads(|ring| {
+        let mut pick = Picker::new(Pattern::Randread, 100, slots);
+        let mut started = vec![Instant::now(); a.qd as usize];
+        let mut lat = Vec::with_capacity(1 << 20);
+        let mut done: Vec<ReadDone> = Vec::with_capacity(a.qd as usize);
+        let fdb = fd.as_fd();
+        let cpu0 = wd_sys::process_cpu_time();
+        let t0 = Instant::now();
+        let until = t0 + Duration::from_secs_f64(a.time);
+        let bs = a.bs as usize;
+        // Where the next read goes: (buffer offset, file offset, tag).
+        let mut next = |slot: usize, started: &mut Vec<Instant>| {
+            let (_, at) = pick.pick();
+            started[slot] = Instant::now();
+            (slot * bs, at * a.bs, slot as u64)
+        };
+        for slot in 0..a.qd as usize {
+            let (moff, foff, ud) = next(slot, &mut started);
             ring.push_read(fdb, &map, moff, bs, foff, ud)
                 .map_err(|e| e.to_string())?;
-            fresh = true;
         }
-    }
-    let took = t0.elapsed();
-    let cpu = wd_sys::process_cpu_time() - cpu0;
-    ring.drain();
-    Ok(summarize(lat, ios, bytes, took, cpu))
+        let (mut ios, mut bytes) = (0u64, 0u64);
+        // Reads pushed and not yet submitted.
+        let mut fresh = true;
+        loop {
+            done.clear();
+            // Polled: submit what is new without waiting, then spin on the
+            // completion ring (no system call), as the mediated path's two
+            // ends spin; otherwise wait in the kernel.
+            if !poll || fresh {
+                ring.submit_and_wait(usize::from(!poll), &mut done)
+                    .map_err(|e| e.to_string())?;
+                fresh = false;
+            } else {
+                ring.reap(&mut done);
+            }
+            if done.is_empty() {
+                std::hint::spin_loop();
+                if Instant::now() < until {
+                    continue;
+                }
+            }
+            let now = Instant::now();
+            for d in &done {
+                if d.result != a.bs as i32 {
+                    return Err(format!("io_uring read returned {}", d.result));
+                }
+                lat.push(now.duration_since(started[d.user_data as usize]).as_nanos() as u64);
+                ios += 1;
+                bytes += a.bs;
+            }
+            if now >= until {
+                break;
+            }
+            for d in &done {
+                let (moff, foff, ud) = next(d.user_data as usize, &mut started);
+                ring.push_read(fdb, &map, moff, bs, foff, ud)
+                    .map_err(|e| e.to_string())?;
+                fresh = true;
+            }
+        }
+        let took = t0.elapsed();
+        let cpu = wd_sys::process_cpu_time() - cpu0;
+        ring.drain();
+        Ok(summarize(lat, ios, bytes, took, cpu))
+    })
 }
 
 /// The simplest host path: one `pread` at a time from this thread

@@ -2,9 +2,12 @@
 //! one thread, no thread per read.
 //!
 //! The kernel writes a read's bytes into the mapping after `push_read`
-//! returns, so the ring borrows the mapping and the file for its whole life
-//! (`'m`), and dropping the ring first waits for every read still in
-//! flight: no completion can land in memory that has been given back.
+//! returns, so reads are pushed only inside [`Uring::reads`], through a
+//! [`Reads`] that borrows the mapping and the file (`'m`) and that the
+//! caller never owns: when `reads` returns (or unwinds) every read pushed
+//! has completed. A ring value the caller owned could be leaked
+//! (`mem::forget` is safe), ending the borrow with reads still in flight,
+//! and the kernel would write into memory since given back.
 
 use std::io;
 use std::marker::PhantomData;
@@ -17,24 +20,20 @@ use crate::{count, Mapping, Result, SysError};
 /// One finished read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadDone {
-    /// The `user_data` given to [`Uring::push_read`].
+    /// The `user_data` given to [`Reads::push_read`].
     pub user_data: u64,
     /// Bytes read (0 at end of file), or the negative errno.
     pub result: i32,
 }
 
-/// An io_uring instance reading into mappings that outlive it.
-pub struct Uring<'m> {
+/// An io_uring instance for file reads; idle between [`Uring::reads`].
+pub struct Uring {
     ring: IoUring,
-    in_flight: usize,
-    _borrow: PhantomData<&'m Mapping>,
 }
 
-impl std::fmt::Debug for Uring<'_> {
+impl std::fmt::Debug for Uring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Uring")
-            .field("in_flight", &self.in_flight)
-            .finish()
+        f.debug_struct("Uring").finish_non_exhaustive()
     }
 }
 
@@ -42,11 +41,11 @@ impl std::fmt::Debug for Uring<'_> {
 /// per-call cap) allows.
 pub const MAX_READ: usize = 0x7fff_f000;
 
-impl<'m> Uring<'m> {
+impl Uring {
     /// A ring with room for `entries` reads in flight. Fails with ENOSYS
     /// (no io_uring in this kernel) or EPERM (disabled by
     /// `kernel.io_uring_disabled`, or by a seccomp policy).
-    pub fn new(entries: u32) -> Result<Uring<'m>> {
+    pub fn new(entries: u32) -> Result<Uring> {
         count();
         let ring = IoUring::builder()
             .setup_clamp()
@@ -55,13 +54,38 @@ impl<'m> Uring<'m> {
                 call: "io_uring_setup",
                 source,
             })?;
-        Ok(Uring {
-            ring,
-            in_flight: 0,
-            _borrow: PhantomData,
-        })
+        Ok(Uring { ring })
     }
 
+    /// Run `f` with reads into memory borrowed for `'m`; every read it
+    /// pushed has completed when this returns, even when `f` panics.
+    /// (`'m` outlives this call, and the [`Reads`] is this call's own.)
+    pub fn reads<'m, T>(&mut self, f: impl FnOnce(&mut Reads<'_, 'm>) -> T) -> T {
+        let mut reads = Reads {
+            ring: &mut self.ring,
+            in_flight: 0,
+            _borrow: PhantomData,
+        };
+        f(&mut reads)
+    }
+}
+
+/// Reads in flight on a [`Uring`] into mappings borrowed for `'m`.
+pub struct Reads<'r, 'm> {
+    ring: &'r mut IoUring,
+    in_flight: usize,
+    _borrow: PhantomData<&'m Mapping>,
+}
+
+impl std::fmt::Debug for Reads<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reads")
+            .field("in_flight", &self.in_flight)
+            .finish()
+    }
+}
+
+impl<'m> Reads<'_, 'm> {
     /// Reads submitted or queued and not yet completed.
     pub fn in_flight(&self) -> usize {
         self.in_flight
@@ -73,7 +97,7 @@ impl<'m> Uring<'m> {
     }
 
     /// Queue a read of `len` bytes at `file_off` of `fd` into `map` at
-    /// `map_off`; it starts at the next [`Uring::submit_and_wait`].
+    /// `map_off`; it starts at the next [`Reads::submit_and_wait`].
     pub fn push_read(
         &mut self,
         fd: BorrowedFd<'m>,
@@ -97,8 +121,9 @@ impl<'m> Uring<'m> {
             .build()
             .user_data(user_data);
         // SAFETY: the SQE names memory inside `map` and the file `fd`, both
-        // borrowed for 'm, which outlives this ring; Drop waits for every
-        // read in flight before the borrow ends.
+        // borrowed for 'm, which outlives the `Uring::reads` call this
+        // value belongs to; that call drops it, and its Drop waits for
+        // every read in flight.
         unsafe { self.ring.submission().push(&sqe) }.map_err(|_| SysError::Invalid {
             call: "io_uring read",
             what: "submission queue full",
@@ -126,13 +151,7 @@ impl<'m> Uring<'m> {
                 }
             }
         }
-        for cqe in self.ring.completion() {
-            out.push(ReadDone {
-                user_data: cqe.user_data(),
-                result: cqe.result(),
-            });
-            self.in_flight -= 1;
-        }
+        self.reap(out);
         Ok(())
     }
 
@@ -162,7 +181,7 @@ impl<'m> Uring<'m> {
     }
 }
 
-impl Drop for Uring<'_> {
+impl Drop for Reads<'_, '_> {
     fn drop(&mut self) {
         self.drain();
     }
@@ -437,15 +456,14 @@ mod tests {
         crate::ftruncate(mfd.as_fd(), 24576).unwrap();
         let map = Mapping::map_shared(mfd.as_fd(), 0, 24576).unwrap();
         let mut done = Vec::new();
-        {
-            let mut r = Uring::new(4).unwrap();
+        Uring::new(4).unwrap().reads(|r| {
             r.push_read(fd.as_fd(), &map, 0, 8192, 0, 1).unwrap();
             r.push_read(fd.as_fd(), &map, 8192, 16384, 8192, 2).unwrap();
             assert!(r.push_read(fd.as_fd(), &map, 20000, 8192, 0, 3).is_err());
             while r.in_flight() > 0 {
                 r.submit_and_wait(1, &mut done).unwrap();
             }
-        }
+        });
         done.sort_by_key(|d| d.user_data);
         assert_eq!(
             done,
@@ -464,5 +482,50 @@ mod tests {
         map.copy_out(0, &mut back).unwrap();
         assert_eq!(back, data);
         std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn reads_left_in_flight_complete_before_reads_returns() {
+        if let Err(e) = probe() {
+            wd_testutil::skip(
+                "wd_sys::uring::reads_left_in_flight_complete_before_reads_returns",
+                &format!("io_uring unavailable: {e}"),
+            );
+            return;
+        }
+        let (rx, mut tx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mfd = crate::memfd_create("t", false).unwrap();
+        crate::ftruncate(mfd.as_fd(), 4096).unwrap();
+        let map = Mapping::map_shared(mfd.as_fd(), 0, 4096).unwrap();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            tx.write_all(b"late").unwrap();
+        });
+        let mut ring = Uring::new(2).unwrap();
+        // Submitted, not waited for: the pipe has nothing yet.
+        ring.reads(|r| {
+            r.push_read(rx.as_fd(), &map, 0, 4, 0, 1).unwrap();
+            r.submit_and_wait(0, &mut Vec::new()).unwrap();
+            assert_eq!(r.in_flight(), 1);
+        });
+        let mut back = [0u8; 4];
+        map.copy_out(0, &mut back).unwrap();
+        assert_eq!(&back, b"late");
+        writer.join().unwrap();
+        // The ring serves the next reads.
+        let mut done = Vec::new();
+        let (rx2, mut tx2) = std::os::unix::net::UnixStream::pair().unwrap();
+        tx2.write_all(b"next").unwrap();
+        ring.reads(|r| {
+            r.push_read(rx2.as_fd(), &map, 4, 4, 0, 2).unwrap();
+            r.submit_and_wait(1, &mut done).unwrap();
+        });
+        assert_eq!(
+            done,
+            vec![ReadDone {
+                user_data: 2,
+                result: 4
+            }]
+        );
     }
 }

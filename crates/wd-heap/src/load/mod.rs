@@ -274,7 +274,7 @@ impl Heap {
                 s.spawn(|| populate(&alloc, &g, t0));
             }
             let r = match ring {
-                Some(ring) => read_uring(&plan, ring, sh.depth, &g, &mut report),
+                Some(mut ring) => ring.reads(|r| read_uring(&plan, r, sh.depth, &g, &mut report)),
                 None if size == 0 => Ok(0),
                 None => read_threads(&plan, sh.depth.min(MAX_THREADS), &g, &mut report),
             };

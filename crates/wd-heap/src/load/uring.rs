@@ -1,6 +1,6 @@
 //! The asynchronous engine: reads in flight through io_uring.
 
-use wd_sys::uring::Uring;
+use wd_sys::uring::Reads;
 
 use super::gather::Gathers;
 use super::plan::{wait_alloc, Outcome, Plan};
@@ -10,7 +10,7 @@ use super::LoadError;
 /// issued as soon as it is allocated. Returns the reads issued.
 pub(super) fn read_uring<'m>(
     plan: &Plan<'m>,
-    mut ring: Uring<'m>,
+    ring: &mut Reads<'_, 'm>,
     depth: u32,
     g: &Gathers,
     report: &mut dyn FnMut(u64),
