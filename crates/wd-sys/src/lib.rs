@@ -526,8 +526,14 @@ pub fn peer_groups(sock: &UnixStream) -> Result<Vec<u32>> {
 const CMSG_BUF: usize = 128;
 
 /// Send all of `bytes` on a stream socket, with `fds` attached to the first
-/// segment (SCM_RIGHTS).
+/// segment (SCM_RIGHTS): at least one byte, which the descriptors ride on.
 pub fn send_with_fds(sock: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+    if bytes.is_empty() && !fds.is_empty() {
+        return Err(SysError::Invalid {
+            call: "sendmsg",
+            what: "descriptors need at least one byte to travel with",
+        });
+    }
     let mut sent = 0usize;
     let mut first = true;
     while sent < bytes.len() {
@@ -886,6 +892,9 @@ mod tests {
         assert_eq!(eventfd_drain(e.as_fd()).unwrap(), 0);
         let c = peer_cred(&b).unwrap();
         assert_eq!(c.pid, getpid());
+        // Without a byte the descriptors would not be sent at all.
+        let e = send_with_fds(&a, b"", &[e.as_fd()]).unwrap_err();
+        assert!(matches!(e, SysError::Invalid { .. }), "{e}");
     }
 
     #[test]
