@@ -402,12 +402,25 @@ pub fn poll(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> Result<Vec<Rea
             revents: 0,
         })
         .collect();
-    let ms = match timeout {
-        None => -1,
-        Some(d) => d.as_millis().min(i32::MAX as u128) as i32,
+    // ppoll, not poll: a timeout under a millisecond would be 0 (a
+    // caller waiting briefly would spin).
+    let ts = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: pfds is a valid array of pfds.len() pollfd structs; tsp is
+    // null or points to `ts`, alive for the call; no signal mask.
+    let r = unsafe {
+        libc::ppoll(
+            pfds.as_mut_ptr(),
+            pfds.len() as libc::nfds_t,
+            tsp,
+            std::ptr::null(),
+        )
     };
-    // SAFETY: pfds is a valid array of pfds.len() pollfd structs.
-    let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
     if r < 0 {
         let e = io::Error::last_os_error();
         if e.raw_os_error() == Some(libc::EINTR) {
@@ -876,6 +889,21 @@ mod tests {
             assert_eq!(b.as_ptr().read_volatile(), 0x5a);
         }
         assert_eq!(file_size(fd.as_fd()).unwrap(), 8192);
+    }
+
+    #[test]
+    fn a_poll_under_a_millisecond_waits() {
+        let e = eventfd().unwrap();
+        let t = std::time::Instant::now();
+        let r = poll(&[e.as_fd()], Some(Duration::from_micros(500))).unwrap();
+        assert!(!r[0].readable);
+        assert!(
+            t.elapsed() >= Duration::from_micros(500),
+            "{:?}",
+            t.elapsed()
+        );
+        eventfd_signal(e.as_fd()).unwrap();
+        assert!(poll(&[e.as_fd()], None).unwrap()[0].readable);
     }
 
     #[test]
