@@ -179,8 +179,14 @@ impl Controller {
             match dma.hold(at, n, access) {
                 // Only transfers that go around the page cache are worth
                 // the ring: a page-cache hit is faster done here and now
-                // than handed to the kernel's workers.
-                Some(h) if ns.aligned(pos, n, h.as_ptr() as u64) => held.push(h),
+                // than handed to the kernel's workers. (MDTS keeps a
+                // segment far below what one ring entry moves.)
+                Some(h)
+                    if ns.aligned(pos, n, h.as_ptr() as u64)
+                        && n <= wd_sys::uring::MAX_READ as u64 =>
+                {
+                    held.push(h)
+                }
                 _ => return false,
             }
             pos += n;

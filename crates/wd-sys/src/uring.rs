@@ -242,7 +242,9 @@ impl DeviceRing {
     }
 
     /// Queue a transfer of `buf` at `file_off` of `fd`; it starts at the
-    /// next [`DeviceRing::submit`]. False when the ring is full.
+    /// next [`DeviceRing::submit`]. False when the ring is full or `buf`
+    /// is longer than [`MAX_READ`] (callers check room first and cut
+    /// transfers far below that).
     ///
     /// # Safety
     /// `buf`'s memory must stay mapped and `fd` open until this transfer's
