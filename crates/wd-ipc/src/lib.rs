@@ -35,7 +35,7 @@ pub enum IpcError {
     },
     /// A frame did not arrive whole by the deadline given to
     /// [`Channel::recv_by`].
-    #[error("a frame begun and not finished in time")]
+    #[error("no whole frame arrived in time")]
     TimedOut,
     /// A reply answered another request.
     #[error("reply for request {got} while waiting for request {want}")]
@@ -237,6 +237,18 @@ impl Channel {
         request_id: u32,
         fds: &[BorrowedFd<'_>],
     ) -> Result<Frame, IpcError> {
+        self.call_by(msg, request_id, fds, None)
+    }
+
+    /// [`Channel::call`] with the reply due `by` then
+    /// ([`IpcError::TimedOut`] after).
+    pub fn call_by(
+        &mut self,
+        msg: &Message,
+        request_id: u32,
+        fds: &[BorrowedFd<'_>],
+        by: Option<Instant>,
+    ) -> Result<Frame, IpcError> {
         if let Err(e) = self.send(msg, request_id, fds) {
             // Nothing was sent: the peer has nothing to answer.
             if !matches!(e, IpcError::Sys(SysError::Call { .. })) {
@@ -245,12 +257,12 @@ impl Channel {
             // A peer that refused us (too many connections, a quota, no
             // Hello in time) says why before it closes: that reason beats
             // the EPIPE our write got.
-            return match self.recv() {
+            return match self.recv_by(by) {
                 Ok(f) if matches!(f.msg, Message::Error { .. }) => Ok(f),
                 _ => Err(e),
             };
         }
-        let f = self.recv()?;
+        let f = self.recv_by(by)?;
         // Request id 0 is the host's unsolicited refusal of the connection.
         let refusal = f.request_id == 0 && matches!(f.msg, Message::Error { .. });
         if f.request_id != request_id && !refusal {

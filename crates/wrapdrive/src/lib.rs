@@ -182,6 +182,23 @@ impl Capability {
     }
 }
 
+/// How long a client waits for a host's answer to its Hello
+/// (`WD_CONNECT_TIMEOUT_MS`, default [`DEFAULT_CONNECT_TIMEOUT_MS`]).
+fn hello_timeout() -> std::time::Duration {
+    let ms = std::env::var("WD_CONNECT_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&ms: &u64| ms > 0)
+        .unwrap_or(DEFAULT_CONNECT_TIMEOUT_MS);
+    std::time::Duration::from_millis(ms)
+}
+
+/// How long a client waits for a host to answer its Hello by default: a
+/// live host answers at once (its connection threads do nothing else);
+/// one that does not is stopped or hung, and a caller with a fallback
+/// (the crypto library's CPU path) should hear so.
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 5000;
+
 /// How long a client waits for a restarted host (`WD_RECONNECT_MS`).
 fn reconnect_window() -> std::time::Duration {
     let ms = std::env::var("WD_RECONNECT_MS")
@@ -336,18 +353,40 @@ impl HostConn {
             )
         })?;
         check_host_identity(addr, &sock)?;
+        // A host that accepts and never answers (stopped, hung, or a
+        // socket nobody accepts on) must not hold the caller for good: the
+        // Hello has a deadline, and its write a timeout.
+        let wait = hello_timeout();
+        let timed_out = || {
+            ClientError::new(
+                Status::HostGone,
+                format!("the WrapDrive host at '{addr}' did not answer within {} ms (stopped or hung? WD_CONNECT_TIMEOUT_MS sets the wait)", wait.as_millis()),
+            )
+        };
+        sock.set_write_timeout(Some(wait))
+            .map_err(|e| ClientError::new(Status::Io, format!("setsockopt: {e}")))?;
         let mut ch = Channel::new(sock);
         // A host that refuses the connection answers with an Error of
         // request id 0, which `call` returns (even when the Hello could not
         // be written).
-        let reply = ch.call(
-            &Message::Hello {
-                version: wd_proto::PROTOCOL_VERSION,
-                client_pid: wd_sys::getpid(),
-            },
-            1,
-            &[],
-        )?;
+        let reply = ch
+            .call_by(
+                &Message::Hello {
+                    version: wd_proto::PROTOCOL_VERSION,
+                    client_pid: wd_sys::getpid(),
+                },
+                1,
+                &[],
+                Some(std::time::Instant::now() + wait),
+            )
+            .map_err(|e| match e {
+                IpcError::TimedOut => timed_out(),
+                IpcError::Sys(s) if s.errno() == 11 /* EAGAIN: the write timed out */ => timed_out(),
+                e => e.into(),
+            })?;
+        ch.socket()
+            .set_write_timeout(None)
+            .map_err(|e| ClientError::new(Status::Io, format!("setsockopt: {e}")))?;
         let host_pid = match reply.msg {
             Message::HelloReply { host_pid, .. } => host_pid,
             Message::Error { status, message } => return Err(ClientError::new(status, message)),
