@@ -2,6 +2,7 @@
 //! machine's own limit (a raw shared-memory round trip between two threads)
 //! and against the legacy one-system-call-per-request path.
 
+use crate::report::outln;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -432,10 +433,10 @@ fn run(args: BenchArgs, host: &str) -> Result<(), String> {
         print_json(&v);
         return Ok(());
     }
-    println!("| path | size | ops/s | p50 | p99 | syscalls/req | csw/req | x limit | x legacy |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    outln!("| path | size | ops/s | p50 | p99 | syscalls/req | csw/req | x limit | x legacy |");
+    outln!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
-        println!(
+        outln!(
             "| {} | {} | {:.0} | {:.2} us | {:.2} us | {:.3} | {:.3} | {:.2} | {:.1} |",
             r.path,
             exact_size(r.size),
@@ -448,15 +449,16 @@ fn run(args: BenchArgs, host: &str) -> Result<(), String> {
             r.vs_legacy
         );
     }
-    println!();
+    outln!();
     for t in &targets {
-        println!("{}", t.line());
+        outln!("{}", t.line());
     }
-    println!("\nSystem calls: {METHOD}");
-    println!("CPUs: {}", pinning.text);
-    println!(
+    outln!("\nSystem calls: {METHOD}");
+    outln!("CPUs: {}", pinning.text);
+    outln!(
         "Medians of {} repetitions x {} s each.",
-        args.reps, args.seconds
+        args.reps,
+        args.seconds
     );
     Ok(())
 }

@@ -6,6 +6,7 @@
 //! of the same device one at a time and records each round trip. Rows: 0
 //! flooders (the baseline of the same run) and more.
 
+use crate::report::outln;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -343,16 +344,32 @@ pub fn run(args: FairArgs, host: &str) -> Result<(), String> {
         depth: args.flood_depth,
         zip: zip_flood(&args.zip_flood)?,
     };
-    if args.reps == 0
-        || !(0.05..=60.0).contains(&args.seconds)
-        || args.flooders.is_empty()
-        || args.flooders.iter().any(|&n| n > 64)
-        || !(4096..=(1 << 30)).contains(&flood.bytes)
-        || (args.device == Device::Zip && flood.bytes > wd_zip_msg::MAX_DATA)
-        || !(1..=256).contains(&args.flood_depth)
-        || !(1..=(1 << 20)).contains(&args.size)
-    {
-        return Err("need --reps >= 1, --seconds in 0.05..60, 1..=64 flooders per row, --flood-bytes 4096..=1 GiB (64 MiB for zip), --flood-depth 1..=256, --size 1..=1 MiB".into());
+    let checks = [
+        (args.reps >= 1, "--reps must be at least 1"),
+        (
+            (0.05..=60.0).contains(&args.seconds),
+            "--seconds must be from 0.05 to 60",
+        ),
+        (
+            !args.flooders.is_empty() && args.flooders.iter().all(|&n| n <= 64),
+            "--flooders takes counts from 0 to 64",
+        ),
+        (
+            (4096..=(1 << 30)).contains(&flood.bytes)
+                && (args.device != Device::Zip || flood.bytes <= wd_zip_msg::MAX_DATA),
+            "--flood-bytes must be from 4096 to 1 GiB (64 MiB for zip)",
+        ),
+        (
+            (1..=256).contains(&args.flood_depth),
+            "--flood-depth must be from 1 to 256",
+        ),
+        (
+            (1..=(1 << 20)).contains(&args.size),
+            "--size must be from 1 byte to 1 MiB",
+        ),
+    ];
+    if let Some((_, why)) = checks.iter().find(|(ok, _)| !ok) {
+        return Err((*why).into());
     }
     let mut prog = Progress::new(args.flooders.len() * args.reps, !args.json);
     let mut rows = Vec::new();
@@ -400,10 +417,10 @@ pub fn run(args: FairArgs, host: &str) -> Result<(), String> {
         print_json(&v);
         return Ok(());
     }
-    println!("| flooders | requests | p50 | p99 | max | p99 / no flood | flood MB/s |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    outln!("| flooders | requests | p50 | p99 | max | p99 / no flood | flood MB/s |");
+    outln!("|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
-        println!(
+        outln!(
             "| {} | {} | {:.1} us | {:.1} us | {:.2} ms | {} | {:.2} |",
             r.flooders,
             r.requests,
@@ -415,9 +432,9 @@ pub fn run(args: FairArgs, host: &str) -> Result<(), String> {
             r.flood_bytes_per_sec / 1e6
         );
     }
-    println!();
+    outln!();
     for t in &targets {
-        println!("{}", t.line());
+        outln!("{}", t.line());
     }
     let what = match args.device {
         Device::Memcpy => format!(
@@ -432,7 +449,7 @@ pub fn run(args: FairArgs, host: &str) -> Result<(), String> {
             exact_size(args.size)
         ),
     };
-    println!(
+    outln!(
         "\nEach flooder {what} on its own connection; rows are the median of {} repetitions by p99, {} s each.",
         args.reps, args.seconds
     );

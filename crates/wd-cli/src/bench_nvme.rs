@@ -30,7 +30,7 @@ pub struct BenchNvmeArgs {
     #[arg(long, default_value = "512M", value_parser = size_arg)]
     size: u64,
     /// Seconds per measurement.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = crate::units::seconds_arg)]
     seconds: f64,
     /// Repetitions (medians are reported; host and mediated runs alternate).
     #[arg(long, default_value_t = 5)]

@@ -13,6 +13,7 @@
 //! without the drop-in zlib (libwdz.so): python's zlib module on whole
 //! blocks and on small requests, and pigz.
 
+use crate::report::outln;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -866,22 +867,27 @@ pub fn run(a: BenchZipArgs) -> Result<(), String> {
         }));
         return Ok(());
     }
-    println!("engine: {engine}");
+    outln!("engine: {engine}");
     if let Some(z) = &stock {
-        println!("stock zlib: {}", z.version());
+        outln!("stock zlib: {}", z.version());
     }
-    println!(
+    outln!(
         "medians of {} repetitions; MB/s of uncompressed data; depth {} for async and auto",
-        a.reps, a.depth
+        a.reps,
+        a.depth
     );
-    println!(
+    outln!(
         "{:<10} {:<6} {:>12} {:>14} {:>7}",
-        "algorithm", "path", "compress", "decompress", "ratio"
+        "algorithm",
+        "path",
+        "compress",
+        "decompress",
+        "ratio"
     );
     for (alg, level) in &configs {
         for p in paths {
             if let Some(r) = find(alg.name(), *level, p) {
-                println!(
+                outln!(
                     "{:<10} {:<6} {:>12.1} {:>14.1} {:>7.3}",
                     format!("{alg}:{level}"),
                     p,
@@ -893,27 +899,28 @@ pub fn run(a: BenchZipArgs) -> Result<(), String> {
         }
     }
     if !shim_rows.is_empty() {
-        println!(
-            "\nunmodified programs, without and with LD_PRELOAD=libwdz.so (seconds, medians):"
-        );
+        outln!("\nunmodified programs, without and with LD_PRELOAD=libwdz.so (seconds, medians):");
         for r in &shim_rows {
             let bytes = match (r.stock_bytes, r.shim_bytes) {
                 (Some(s), Some(w)) => format!("  output {s} / {w} bytes"),
                 _ => String::new(),
             };
-            println!(
+            outln!(
                 "  {:<48} {:>8.3} {:>8.3}  x{:.2}{bytes}",
-                r.what, r.stock_s, r.shim_s, r.speedup
+                r.what,
+                r.stock_s,
+                r.shim_s,
+                r.speedup
             );
         }
     }
     for n in &notes {
-        println!("note: {n}");
+        outln!("note: {n}");
     }
-    println!();
+    outln!();
     for t in &targets {
-        println!("{}", t.line());
+        outln!("{}", t.line());
     }
-    println!("chart: {}", a.svg.display());
+    outln!("chart: {}", a.svg.display());
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `wd faults QUEUE`: the newest IOMMU faults of a queue, without consuming
 //! them (the queue's owner, the host's owner or root).
 
+use crate::report::outln;
 use wrapdrive::HostConn;
 
 /// Options of `wd faults`.
@@ -60,7 +61,7 @@ pub fn run(h: &HostConn, args: FaultsArgs) -> Result<(), String> {
         crate::report::print_json(&v);
         return Ok(());
     }
-    println!(
+    outln!(
         "queue {}: {} fault(s) recorded, {} lost to overflow, newest {} held:",
         args.queue,
         r.total,
@@ -68,13 +69,16 @@ pub fn run(h: &HostConn, args: FaultsArgs) -> Result<(), String> {
         r.events.len()
     );
     if !r.events.is_empty() {
-        println!(
+        outln!(
             "{:>8}  {:>18}  {:>6}  {:<6}  reason",
-            "seq", "iova", "pasid", "access"
+            "seq",
+            "iova",
+            "pasid",
+            "access"
         );
     }
     for e in &r.events {
-        println!(
+        outln!(
             "{:>8}  {:>#18x}  {:>6}  {:<6}  {}",
             e.seq,
             e.iova,

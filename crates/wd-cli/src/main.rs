@@ -1,6 +1,7 @@
 //! `wd`: run a WrapDrive host, look at its devices and queues, benchmark it.
 #![deny(unsafe_code)]
 
+use crate::report::outln;
 mod bench;
 mod bench_fair;
 mod bench_iommu;
@@ -253,7 +254,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let h = connect(&cli.host).map_err(|e| e.to_string())?;
             match op {
                 AttrOp::Get { path } => {
-                    println!("{}", h.get_attr(&path).map_err(|e| e.to_string())?)
+                    outln!("{}", h.get_attr(&path).map_err(|e| e.to_string())?)
                 }
                 AttrOp::Set { path, value } => {
                     h.set_attr(&path, &value).map_err(|e| e.to_string())?

@@ -58,8 +58,9 @@ pub struct PerfArgs {
     /// Namespace to use (attached for the run).
     #[arg(long, default_value_t = 1)]
     pub ns: u32,
-    /// Commands kept in flight.
-    #[arg(long, default_value_t = 32)]
+    /// Commands kept in flight (1..=4095: a queue holds 4096 entries, one
+    /// always empty).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4095))]
     pub qd: u32,
     /// Block size of each command (a multiple of the namespace's blocks).
     #[arg(long, default_value = "4k", value_parser = size_arg)]
@@ -68,10 +69,10 @@ pub struct PerfArgs {
     #[arg(long, value_enum, default_value_t = Pattern::Randread)]
     pub rw: Pattern,
     /// Percent reads for randrw.
-    #[arg(long, default_value_t = 70)]
+    #[arg(long, default_value_t = 70, value_parser = clap::value_parser!(u32).range(0..=100))]
     pub mix: u32,
     /// Seconds to run.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::units::seconds_arg)]
     pub time: f64,
     /// Do not use shadow doorbells (Doorbell Buffer Config).
     #[arg(long)]

@@ -43,6 +43,25 @@ pub fn emit(text: &str) {
     let _ = o.flush();
 }
 
+/// `print!` through [`emit`]: `print!` panics on a closed stdout.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::report::emit(&format!($($arg)*))
+    };
+}
+
+/// `println!` through [`emit`].
+macro_rules! outln {
+    () => {
+        $crate::report::emit("\n")
+    };
+    ($($arg:tt)*) => {
+        $crate::report::emit(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+pub(crate) use {out, outln};
+
 /// Print a benchmark's `--json` result, pretty, as every subcommand does.
 pub fn print_json(v: &serde_json::Value) {
     emit(&format!(

@@ -7,6 +7,7 @@
 //! runs the async row too, so the engine's share of the gain is measured
 //! in the same run.
 
+use crate::report::{out, outln};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -398,51 +399,54 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
         print_json(&v);
         return Ok(());
     }
-    println!("sec engine: {engine}\n");
-    print!("| {} (1000s of bytes/s) |", args.algorithm());
+    outln!("sec engine: {engine}\n");
+    out!("| {} (1000s of bytes/s) |", args.algorithm());
     for s in SIZES {
-        print!(" {s} |");
+        out!(" {s} |");
     }
-    println!();
-    println!("|---|{}", "---:|".repeat(SIZES.len()));
+    outln!();
+    outln!("|---|{}", "---:|".repeat(SIZES.len()));
     for r in &rows {
-        print!("| {} |", r.label);
+        out!("| {} |", r.label);
         for (v, x) in r.kbytes_per_sec.iter().zip(&r.vs_cpu) {
-            print!(" {v:.2}k ({x:.3}) |");
+            out!(" {v:.2}k ({x:.3}) |");
         }
-        println!();
+        outln!();
     }
-    println!("\nIn parentheses: ratio to CPU only in the same run. Medians of {} runs of `openssl speed -elapsed -seconds {}`.", args.reps, args.seconds);
-    println!("\nMemory path per row:");
+    outln!("\nIn parentheses: ratio to CPU only in the same run. Medians of {} runs of `openssl speed -elapsed -seconds {}`.", args.reps, args.seconds);
+    outln!("\nMemory path per row:");
     for r in &rows {
-        println!("- {}: {}", r.label, r.memory_path);
+        outln!("- {}: {}", r.label, r.memory_path);
     }
-    print!("\nThe staging copies (in and out, measured here with memcpy) per request, and their share of a sync offload request's time:");
+    out!("\nThe staging copies (in and out, measured here with memcpy) per request, and their share of a sync offload request's time:");
     for c in &copies {
-        print!(
+        out!(
             " {} B {:.0} ns ({:.1}%);",
             c.bytes,
             c.ns,
             c.share_of_sync * 100.0
         );
     }
-    println!();
+    outln!();
     if in_place.is_empty() {
-        println!("\nIn place against staged: not measured for {} (only the cipher API works in place; AEAD messages and digests are staged whole).", args.algorithm());
+        outln!("\nIn place against staged: not measured for {} (only the cipher API works in place; AEAD messages and digests are staged whole).", args.algorithm());
     } else {
-        print!("\nThe library itself, sync offload through wd-crypto (one stream, medians of {} runs): staged through the staging area against in place on WrapDrive shared memory (no copies):", args.reps);
+        out!("\nThe library itself, sync offload through wd-crypto (one stream, medians of {} runs): staged through the staging area against in place on WrapDrive shared memory (no copies):", args.reps);
         for c in &in_place {
-            print!(
+            out!(
                 " {} B {:.0} / {:.0} ns ({:.3}x);",
-                c.bytes, c.staged_ns, c.in_place_ns, c.speedup
+                c.bytes,
+                c.staged_ns,
+                c.in_place_ns,
+                c.speedup
             );
         }
-        println!();
+        outln!();
     }
     for t in &targets {
-        println!("{}", t.line());
+        outln!("{}", t.line());
     }
-    println!("\nChart: {}", args.svg.display());
+    outln!("\nChart: {}", args.svg.display());
     Ok(())
 }
 

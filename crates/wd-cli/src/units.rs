@@ -18,6 +18,25 @@ pub fn size_arg(s: &str) -> Result<u64, String> {
     wd_heap::units::parse_size(s).map_err(|e| e.to_string())
 }
 
+/// Clap value parser for a run's length in seconds: a finite number from
+/// 0.01 to a day (NaN, infinities and 1e300 cannot become a `Duration`).
+pub fn seconds_arg(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (0.01..=86_400.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "'{s}' is not a number of seconds from 0.01 to 86400"
+        )),
+    }
+}
+
+/// [`seconds_arg`], or 0 for "never".
+pub fn seconds_or_never_arg(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(0.0) => Ok(0.0),
+        _ => seconds_arg(s).map_err(|e| format!("{e} (or 0: never)")),
+    }
+}
+
 /// A chosen size as a table label: exact in the largest binary unit that
 /// divides it ("64 B", "4 KiB", "2 MiB", "3 GiB"); a size of 1 MiB or more
 /// that is not a whole number of MiB is rounded to MiB and marked "~"

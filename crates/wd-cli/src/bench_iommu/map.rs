@@ -2,6 +2,7 @@
 //! invalidation per leaf against one scatter-list call and one gathered
 //! invalidation, while engine threads keep translating through the domain.
 
+use crate::report::outln;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -252,17 +253,17 @@ pub(super) fn map_targets(rows: &[MapRow]) -> Vec<Target> {
 
 pub(super) fn print_map(rows: &[MapRow], args: &IommuArgs) {
     let sizes: Vec<String> = MAP_SIZES.iter().map(|&s| exact_size(s)).collect();
-    println!(
+    outln!(
         "Map/unmap, {}; 4 KiB pages (scattered) and 2 MiB blocks (contiguous): one call + one sync per leaf (before) vs one call + one gathered sync (after); {} busy engine(s); medians of {} reps",
         sizes.join(", "),
         args.engines,
         args.reps
     );
-    println!();
-    println!("| layout | size | leaves | map before | map after | x | unmap before | unmap after | x | syncs before/after | syncs that waited | sync wait |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    outln!();
+    outln!("| layout | size | leaves | map before | map after | x | unmap before | unmap after | x | syncs before/after | syncs that waited | sync wait |");
+    outln!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
-        println!(
+        outln!(
             "| {} | {} | {} | {:.1} us | {:.1} us | {:.1} | {:.1} us | {:.1} us | {:.1} | {:.0} / {:.0} | {:.0}% | {:.2} us |",
             r.layout,
             exact_size(r.size),
@@ -279,5 +280,5 @@ pub(super) fn print_map(rows: &[MapRow], args: &IommuArgs) {
             r.sync_wait_us_before
         );
     }
-    println!();
+    outln!();
 }

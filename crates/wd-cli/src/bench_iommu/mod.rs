@@ -20,6 +20,7 @@
 //! asked for and prints them. The host is seen only through its inspection
 //! API (`wd_host::Host::queue_dma`, `iommu_stats`).
 
+use crate::report::outln;
 mod map;
 mod stream;
 mod translate;
@@ -153,7 +154,7 @@ fn run_iommu(args: IommuArgs) -> Result<(), String> {
         print_translate(&tr_rows, &args);
     }
     for t in &targets {
-        println!("{}", t.line());
+        outln!("{}", t.line());
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! observed only through its inspection API (`Host::queue_dma`,
 //! `Host::iommu_stats`).
 
+use crate::report::outln;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -558,7 +559,7 @@ pub(super) fn stream_targets(s: &StreamTable) -> Vec<Target> {
 }
 
 pub(super) fn print_stream(s: &StreamTable, args: &IommuArgs) {
-    println!(
+    outln!(
         "DMA stream, strict vs deferred invalidation, host DMA API vs virtio-iommu: memcpy requests of {} through the dummy device, {} in flight, batches of {}, every request's buffers mapped before and unmapped after; medians of {} reps x {} s",
         exact_size(s.request_size),
         s.in_flight,
@@ -566,11 +567,11 @@ pub(super) fn print_stream(s: &StreamTable, args: &IommuArgs) {
         args.reps,
         args.seconds
     );
-    println!();
-    println!("| path | req/s | GB/s | % of no-iommu | CPU us/req | CPU efficiency | syncs/req | sync wait | kicks/req |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    outln!();
+    outln!("| path | req/s | GB/s | % of no-iommu | CPU us/req | CPU efficiency | syncs/req | sync wait | kicks/req |");
+    outln!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &s.rows {
-        println!(
+        outln!(
             "| {} | {:.0} | {:.2} | {:.1}% | {:.2} | {:.1}% | {:.2} | {:.1} us | {:.3} |",
             r.path,
             r.ops_per_sec,
@@ -583,9 +584,9 @@ pub(super) fn print_stream(s: &StreamTable, args: &IommuArgs) {
             r.kicks_per_req
         );
     }
-    println!();
+    outln!();
     for r in &s.rows {
-        println!("  {}: {}", r.path, r.model);
+        outln!("  {}: {}", r.path, r.model);
     }
-    println!();
+    outln!();
 }

@@ -1,6 +1,7 @@
 //! The hot path: translating a request's range with IOTLB hits, next to a
 //! memcpy of the same size.
 
+use crate::report::outln;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -103,12 +104,12 @@ pub(super) fn translate_table(
 }
 
 pub(super) fn print_translate(rows: &[TranslateRow], args: &IommuArgs) {
-    println!("Hot path: translating a request's range with IOTLB hits, next to a memcpy of the same size (medians of {} reps)", args.reps);
-    println!();
-    println!("| layout | size | translate | memcpy | translate / memcpy |");
-    println!("|---|---:|---:|---:|---:|");
+    outln!("Hot path: translating a request's range with IOTLB hits, next to a memcpy of the same size (medians of {} reps)", args.reps);
+    outln!();
+    outln!("| layout | size | translate | memcpy | translate / memcpy |");
+    outln!("|---|---:|---:|---:|---:|");
     for r in rows {
-        println!(
+        outln!(
             "| {} | {} | {:.1} ns | {:.1} ns | {:.3} |",
             r.layout,
             exact_size(r.size),
@@ -117,5 +118,5 @@ pub(super) fn print_translate(rows: &[TranslateRow], args: &IommuArgs) {
             r.ratio
         );
     }
-    println!();
+    outln!();
 }

@@ -66,13 +66,13 @@ pub struct ChaosArgs {
     #[arg(long, value_parser = duration_arg)]
     soak: Option<Duration>,
     /// Seconds between two soak samples.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::units::seconds_arg)]
     interval: f64,
     /// With --soak: kill the host (SIGKILL) and restart it every this many
     /// seconds (0: never). Clients must carry on through every restart
     /// (the client library reconnects); only the documented unsafe
     /// requests may fail.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = crate::units::seconds_or_never_arg)]
     host_restart_every: f64,
     /// Keep the working directory (host and client logs, the NVMe store).
     #[arg(long)]
