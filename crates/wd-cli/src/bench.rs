@@ -48,6 +48,13 @@ impl BenchCmd {
     /// Run the chosen benchmark against `host` (`wd --host`; default: an
     /// embedded host started for the run, so nothing else is needed).
     pub fn run(self, host: Option<&str>) -> Result<(), String> {
+        if let (Some(h), Some(Which::Load(_) | Which::Nvme(_) | Which::Zip(_))) =
+            (host, &self.which)
+        {
+            return Err(format!(
+                "--host {h}: this benchmark runs its own host (or none)"
+            ));
+        }
         let host = host.unwrap_or("embedded");
         match self.which {
             None => run(self.queue, host),

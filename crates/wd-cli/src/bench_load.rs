@@ -350,6 +350,9 @@ pub fn run(args: BenchLoadArgs) -> Result<(), String> {
     if let Some(s) = args.sizes.iter().find(|&&s| s == 0 || s > (64 << 30)) {
         return Err(format!("size {s} is out of range 1..=64G"));
     }
+    if !args.no_svg {
+        crate::chart::check_writable(&args.svg)?;
+    }
     let dir = args.dir.clone().unwrap_or_else(std::env::temp_dir);
     let probe = open_read(&dir, false).map_err(|e| format!("{}: {e}", dir.display()))?;
     let fs = wd_sys::file::fs_of(probe.as_fd())
@@ -407,17 +410,19 @@ pub fn run(args: BenchLoadArgs) -> Result<(), String> {
         for cache in ["cold", "warm"].into_iter().take(passes) {
             let mut times: Vec<Vec<f64>> = vec![Vec::new(); METHODS.len()];
             let mut modes: Vec<Option<String>> = vec![None; METHODS.len()];
-            if cache == "warm" {
-                min_warm = min_warm.min(warm(&path)?);
-            }
             for rep in 0..args.reps {
                 // Rotate the order so no method always runs first.
                 for k in 0..METHODS.len() {
                     let i = (k + rep) % METHODS.len();
                     let m = METHODS[i];
                     prog.step(&format!("{cache} {} {m}", format_size(size)));
+                    // Before every run: the device limit evicts the file
+                    // between its two reads, so a warm file does not stay
+                    // warm by itself.
                     if cache == "cold" {
                         max_left_after_evict = max_left_after_evict.max(evict(&path)?);
+                    } else {
+                        min_warm = min_warm.min(warm(&path)?);
                     }
                     let (t, buf, mode) = run_method(&heap, m, &path, size, align)?;
                     if let Some(b) = buf {

@@ -601,8 +601,18 @@ pub fn run(a: BenchZipArgs) -> Result<(), String> {
         let alg: Algorithm = alg.parse()?;
         let level: i8 = level.parse().map_err(|_| format!("bad level in '{c}'"))?;
         wd_zip_msg::check_level(alg, level).map_err(|_| format!("{alg} takes no level {level}"))?;
+        if configs.contains(&(alg, level)) {
+            return Err(format!("--configs names {c} twice"));
+        }
         configs.push((alg, level));
     }
+    if configs.is_empty() {
+        return Err("--configs names no algorithm".into());
+    }
+    if let Some(s) = a.shim.as_ref().filter(|s| !s.exists()) {
+        return Err(format!("--shim {}: no such file", s.display()));
+    }
+    crate::chart::check_writable(&a.svg)?;
     let (data, parts) = corpus(a.corpus as usize, a.sources.as_deref());
     let block = a.block as usize;
     let blocks: Blocks<'_> = data.chunks(block).collect();
@@ -716,9 +726,6 @@ pub fn run(a: BenchZipArgs) -> Result<(), String> {
     }
 
     // Unmodified programs with and without the drop-in zlib.
-    if let Some(s) = a.shim.as_ref().filter(|s| !s.exists()) {
-        return Err(format!("--shim {}: no such file", s.display()));
-    }
     let shim = a.shim.clone().or_else(|| {
         let beside = std::env::current_exe().ok()?.parent()?.join("libwdz.so");
         beside.exists().then_some(beside)

@@ -3,6 +3,22 @@
 //! every chart's text needs.
 
 use std::fmt::Write;
+use std::path::Path;
+
+/// Fails when a chart could not be written to `path`: checked before a
+/// benchmark runs, so that a bad path does not cost the measurements.
+pub fn check_writable(path: &Path) -> Result<(), String> {
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .map_err(|e| format!("cannot write the chart to {}: {e}", path.display()))?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
 
 /// One line of the chart.
 pub struct Series {

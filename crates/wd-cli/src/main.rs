@@ -29,7 +29,10 @@ use wrapdrive::{ClientError, HostConn};
 #[command(name = "wd", version, about, long_about = None)]
 struct Cli {
     /// Host to talk to: socket path, @abstract-name, or "embedded"
-    /// (default: $WD_HOST, else /run/wrapdrive/wd.sock).
+    /// (default: $WD_HOST, else /run/wrapdrive/wd.sock; `wd bench` and
+    /// `wd speed` start hosts of their own unless given one). Refused by
+    /// the commands that run their own host only (serve, load, chaos,
+    /// bench load/nvme/zip).
     #[arg(long, global = true)]
     host: Option<String>,
     #[command(subcommand)]
@@ -233,7 +236,21 @@ fn print_tree(entries: &[wrapdrive::AttrEntry]) {
     report::emit(&out);
 }
 
+/// `--host` given to a command that talks to no host: said, not ignored.
+fn no_host(host: &Option<String>, cmd: &str, why: &str) -> Result<(), String> {
+    match host {
+        Some(h) => Err(format!("--host {h}: `wd {cmd}` {why}")),
+        None => Ok(()),
+    }
+}
+
 fn run(cli: Cli) -> Result<(), String> {
+    match &cli.cmd {
+        Cmd::Serve(_) => no_host(&cli.host, "serve", "is a host: it listens on --socket")?,
+        Cmd::Load(_) => no_host(&cli.host, "load", "reads into this process's memory")?,
+        Cmd::Chaos(_) => no_host(&cli.host, "chaos", "starts and kills a host of its own")?,
+        _ => {}
+    }
     match cli.cmd {
         Cmd::Serve(args) => serve(args),
         Cmd::Ls { json } => {

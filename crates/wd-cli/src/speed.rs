@@ -197,7 +197,9 @@ fn provider_dir(args: &SpeedArgs) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
-/// Parse the result line of `openssl speed`: `NAME  1234.56k  ...`.
+/// Parse the result line of `openssl speed`: `NAME  1234.56k  ...`, in
+/// thousands of bytes per second (openssl prints a rate of 10000 bytes/s
+/// or less in bytes, without the `k`).
 fn parse_speed(out: &str, cipher: &str) -> Result<Vec<f64>, String> {
     let line = out
         .lines()
@@ -211,7 +213,10 @@ fn parse_speed(out: &str, cipher: &str) -> Result<Vec<f64>, String> {
     let vals: Vec<f64> = line
         .split_whitespace()
         .skip(1)
-        .map(|v| v.trim_end_matches('k').parse::<f64>())
+        .map(|v| match v.strip_suffix('k') {
+            Some(k) => k.parse::<f64>(),
+            None => v.parse::<f64>().map(|b| b / 1000.0),
+        })
         .collect::<Result<_, _>>()
         .map_err(|e| format!("cannot read '{line}': {e}"))?;
     if vals.len() != SIZES.len() {
@@ -273,6 +278,7 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
     if args.reps == 0 || args.seconds == 0 || args.async_jobs == 0 {
         return Err("--reps, --seconds and --async-jobs must be at least 1".into());
     }
+    crate::chart::check_writable(&args.svg)?;
     let dir = provider_dir(&args)?;
     // Hosts of our own unless one was named: the default one, and one
     // whose sec device computes with libcrypto only (when the default one
@@ -336,6 +342,12 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
         .map(|r| r.iter().map(|c| median(c)).collect())
         .collect();
     let cpu = med[rows_run.len() - 1].clone();
+    if let Some(i) = cpu.iter().position(|&c| c.is_nan() || c <= 0.0) {
+        return Err(format!(
+            "the CPU-only row measured nothing at {} bytes: no ratio can be given",
+            SIZES[i]
+        ));
+    }
     let rows: Vec<Row> = rows_run
         .iter()
         .zip(&med)
@@ -662,6 +674,9 @@ mod tests {
         let v = parse_speed(out, "aes-128-cbc").unwrap();
         assert_eq!(v.len(), 6);
         assert_eq!(v[0], 148502.99);
+        // Slow rates come in bytes per second, without the k.
+        let slow = parse_speed("AES-128-CBC 5000.00 20000.00k 1k 2k 3k 4k\n", "aes-128-cbc");
+        assert_eq!(slow.unwrap()[..2], [5.0, 20000.0]);
         assert!(parse_speed("nothing", "aes-128-cbc").is_err());
         assert!(parse_speed("AES-128-CBC 1k 2k\n", "aes-128-cbc").is_err());
     }
