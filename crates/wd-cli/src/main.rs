@@ -58,7 +58,8 @@ enum Cmd {
         #[command(subcommand)]
         op: AttrOp,
     },
-    /// Benchmarks: the queue data path (default), and more (see `wd bench --help`).
+    /// Benchmarks: the queue data path (default), the IOMMU, loading files,
+    /// fairness, NVMe and compression (their own subcommands).
     Bench(bench::BenchCmd),
     /// Show the newest IOMMU faults of a queue (not consuming them).
     Faults(faults::FaultsArgs),
@@ -87,7 +88,9 @@ enum AttrOp {
         /// Attribute path.
         path: String,
     },
-    /// Write a writable attribute (numa_zone_id, priority); host owner only.
+    /// Write a writable attribute (devN/numa_zone_id, devN/priority,
+    /// devN/nvme/add_namespace and remove_namespace: `wd ls` marks them
+    /// rw); host owner only.
     Set {
         /// Attribute path.
         path: String,
@@ -115,7 +118,8 @@ struct ServeArgs {
     #[arg(long)]
     socket: Option<String>,
     /// TOML configuration file (socket, socket_mode, allow_uids, allow_gids,
-    /// [[device]] tables).
+    /// queue_details, a [limits] table and [[device]] tables; see
+    /// docs/security.md).
     #[arg(long)]
     config: Option<std::path::PathBuf>,
     /// Device to own, e.g. "dummy:engines=2,queues=16" (repeatable; options: engines, queues, numa, priority, idle_spin_us, cpu, engine, ns=PATH:OFFSET:SIZE[:BLOCK] for nvme).
