@@ -213,19 +213,34 @@ struct Lane {
     stage: Option<SharedBuf>,
     slot: usize,
     slots: usize,
+    /// Unique to this lane: a session handle means something on its own
+    /// lane's queue only, and another lane's queue on the same connection
+    /// (same epoch) hands out the same handles.
+    id: u64,
 }
+
+/// Where a device session lives: its lane, and the connection epoch its
+/// queue was made under (a queue made again on a restarted host keeps its
+/// lane but loses its sessions).
+pub(crate) type LaneKey = (u64, u64);
 
 impl Lane {
     fn open(host: &Arc<HostConn>, depth: usize) -> std::result::Result<Lane, ClientError> {
         let mut q =
             host.request_queue(&Capability::new(wd_zip_msg::QUEUE_ALG).depth(depth as u32 * 2))?;
         q.set_redo_policy(wd_zip_msg::redo_safe);
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(Lane {
             q,
             stage: None,
             slot: 0,
             slots: 0,
+            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         })
+    }
+
+    fn key(&self) -> LaneKey {
+        (self.id, self.q.epoch())
     }
 
     /// A staging area of at least `slots` slots of `slot` bytes.
@@ -344,6 +359,9 @@ pub struct Compressor {
     /// asked for again after [`RETRY_AFTER`].
     no_lane: Option<String>,
     no_lane_at: Option<Instant>,
+    /// Since when the asynchronous lane failed (its own retry: the
+    /// synchronous lane, and the stream sessions on it, stay).
+    no_alane_at: Option<Instant>,
     /// The host's address, to connect again after it went away.
     addr: Option<String>,
     cpu: Engine,
@@ -404,6 +422,7 @@ impl Compressor {
             alane: None,
             no_lane: None,
             no_lane_at: None,
+            no_alane_at: None,
             addr: None,
             cpu: Engine::new(),
             piece: Vec::new(),

@@ -234,7 +234,7 @@ impl Compressor {
             // (Only while nothing is in flight: nothing is lost with it.)
             Err(e) => {
                 self.alane = None;
-                self.lost(e.to_string());
+                self.async_lost(e.to_string());
                 let r = self.here(op, alg, input, out, Why::HostGone)?;
                 return Ok(done(self, r));
             }
@@ -262,7 +262,7 @@ impl Compressor {
         if let Err(e) = lane.q.send_sync(d, slot as u64) {
             lane.busy[slot] = false;
             lane.dead = true;
-            self.lost(e.to_string());
+            self.async_lost(e.to_string());
             let r = self.here(op, alg, input, out, Why::HostGone)?;
             return Ok(done(self, r));
         }
@@ -362,7 +362,7 @@ impl Compressor {
                 let data = stage.read_vec((slot * lane.slot) as u64, input);
                 lane.busy[slot] = false;
                 lane.dead = true;
-                self.lost(match failed {
+                self.async_lost(match failed {
                     Err(e) => e.to_string(),
                     Ok(_) => "the host restarted".into(),
                 });
@@ -441,13 +441,27 @@ impl Compressor {
             }
             self.alane = None;
         }
-        if self.alane.is_none() && self.lane().is_some() {
+        let waiting = self
+            .no_alane_at
+            .is_some_and(|t| t.elapsed() < crate::RETRY_AFTER);
+        if self.alane.is_none() && !waiting && self.lane().is_some() {
             let host = self.host.clone()?;
             match AsyncLane::open(&host, self.cfg.depth.max(1)) {
-                Ok(l) => self.alane = Some(l),
-                Err(e) => self.lost(e.to_string()),
+                Ok(l) => {
+                    self.alane = Some(l);
+                    self.no_alane_at = None;
+                }
+                Err(e) => self.async_lost(e.to_string()),
             }
         }
         self.alane.as_mut()
+    }
+
+    /// The asynchronous lane failed (`why`): asked for again after
+    /// [`crate::RETRY_AFTER`]. The synchronous lane stays: its stream sessions
+    /// live on its queue, which makes itself again after a host restart.
+    fn async_lost(&mut self, why: String) {
+        self.no_lane = Some(why);
+        self.no_alane_at = Some(Instant::now());
     }
 }

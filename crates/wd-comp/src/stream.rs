@@ -21,15 +21,15 @@ use wd_zip_codec::{CodecError, StreamParams};
 use wd_zip_msg::{Done, Flush, SessionFree, SessionNew, StreamOp};
 use wrapdrive::{ClientError, Status};
 
-use crate::{device_status, CompError, Compressor, Policy, Result};
+use crate::{device_status, CompError, Compressor, LaneKey, Policy, Result};
 
 pub use wd_zip_codec::Step;
 
 enum Inner {
-    /// A session of the zip device, on the queue of this epoch.
+    /// A session of the zip device, on the queue of this lane.
     Device {
         session: u64,
-        epoch: u64,
+        lane: LaneKey,
         journal: Box<Journal>,
     },
     /// State in this thread.
@@ -37,6 +37,11 @@ enum Inner {
     /// Closed, or its host went away.
     Gone,
 }
+
+/// Most input one request of a stream carries (a whole number of every
+/// codec part length): the staging area grows to hold it only for callers
+/// that hand over that much at once.
+const STREAM_INPUT_MAX: usize = 4 << 20;
 
 /// A compression or decompression stream of one [`Compressor`].
 pub struct Stream {
@@ -173,11 +178,11 @@ impl Compressor {
         wd_zip_codec::Stream::new(p)?;
         if self.cfg.policy != Policy::Cpu && p.dict.len() <= wd_zip_msg::MAX_DICT as usize {
             match self.open_session(p) {
-                Ok((session, epoch)) => {
+                Ok((session, lane)) => {
                     return Ok(Stream {
                         inner: Inner::Device {
                             session,
-                            epoch,
+                            lane,
                             journal: Box::new(Journal::new(p, self.cfg.journal_limit)),
                         },
                         owner,
@@ -195,8 +200,8 @@ impl Compressor {
         })
     }
 
-    /// A session of the zip device: its handle and the queue's epoch.
-    fn open_session(&mut self, p: &StreamParams<'_>) -> Result<(u64, u64)> {
+    /// A session of the zip device: its handle and where it lives.
+    fn open_session(&mut self, p: &StreamParams<'_>) -> Result<(u64, LaneKey)> {
         if self.lane().is_none() {
             return Err(CompError::NoQueue(self.no_lane.clone().unwrap_or_default()));
         }
@@ -215,7 +220,7 @@ impl Compressor {
         .to_desc(0);
         let done = lane.q.call(d)?;
         device_status(done.status)?;
-        Ok((done.result, lane.q.epoch()))
+        Ok((done.result, lane.key()))
     }
 
     /// Feed a stream: take what fits of `input`, write what fits into
@@ -232,7 +237,7 @@ impl Compressor {
         if s.owner != self.id {
             return Err(CodecError::Param.into());
         }
-        let (session, epoch) = match &mut s.inner {
+        let (session, key, part) = match &mut s.inner {
             Inner::Cpu(st) => {
                 let step = st.run(input, out, flush)?;
                 self.stats.bytes_in += step.consumed as u64;
@@ -240,48 +245,79 @@ impl Compressor {
                 return Ok(step);
             }
             Inner::Gone => return Err(gone()),
-            Inner::Device { session, epoch, .. } => (*session, *epoch),
+            Inner::Device {
+                session,
+                lane,
+                journal,
+            } => (*session, *lane, journal.params().part_len()),
         };
-        let Some(sent) = self.session_call(session, epoch, input, out, flush)? else {
-            // The answer (if any) is lost with the session; the caller's
-            // buffers hold nothing of it, so the request runs again on
-            // the rebuilt stream.
-            self.rebuild(s)?;
-            return self.stream_run(s, input, out, flush);
-        };
-        let step = sent.step;
-        if let Inner::Device { journal, .. } = &mut s.inner {
-            journal.record(&input[..sent.len], sent, &out[..step.produced]);
+        // A request carries at most a slot's input and room: a longer
+        // call goes in several, ended as the codec ends a step's parts
+        // (`wd_zip_codec::Stream::run_part`), so the stream's bytes are
+        // the codec's, and a flush is done when the call returns with
+        // room left.
+        let mut done = Step::default();
+        loop {
+            let (rest, room) = (&input[done.consumed..], &mut out[done.produced..]);
+            let Some(sent) = self.session_call(session, key, part, rest, room, flush)? else {
+                // The answer (if any) is lost with the session; the
+                // caller's buffers hold nothing of it, so this request
+                // runs again on the rebuilt stream.
+                self.rebuild(s)?;
+                let more = self.stream_run(s, rest, room, flush)?;
+                return Ok(Step {
+                    consumed: done.consumed + more.consumed,
+                    produced: done.produced + more.produced,
+                    end: more.end,
+                });
+            };
+            let step = sent.step;
+            if let Inner::Device { journal, .. } = &mut s.inner {
+                journal.record(&rest[..sent.len], sent, &room[..step.produced]);
+            }
+            self.stats.offloaded += 1;
+            self.stats.bytes_in += step.consumed as u64;
+            self.stats.bytes_out += step.produced as u64;
+            done.consumed += step.consumed;
+            done.produced += step.produced;
+            done.end = step.end;
+            let capped = sent.room < room.len() && step.produced == sent.room;
+            let all_in = sent.len == rest.len() && step.consumed == sent.len;
+            let stalled = step.consumed == 0 && step.produced == 0;
+            if step.end || stalled || !capped && (all_in || step.consumed < sent.len) {
+                return Ok(done);
+            }
         }
-        self.stats.offloaded += 1;
-        self.stats.bytes_in += step.consumed as u64;
-        self.stats.bytes_out += step.produced as u64;
-        Ok(step)
     }
 
     /// One request of a session: the call as sent and the device's
     /// answer (its output in `out`), or `None` when the session is gone
-    /// with its host.
+    /// with its host. `part`: the stream's [`StreamParams::part_len`].
     fn session_call(
         &mut self,
         session: u64,
-        epoch: u64,
+        key: LaneKey,
+        part: usize,
         input: &[u8],
         out: &mut [u8],
         flush: Flush,
     ) -> Result<Option<Call>> {
-        let Some(lane) = self.lane.as_mut().filter(|l| l.q.epoch() == epoch) else {
+        let Some(lane) = self.lane.as_mut().filter(|l| l.key() == key) else {
             return Ok(None);
         };
-        // One request takes at most a slot: half input, half output.
-        let half = (lane.slot.max(64 << 10)) / 2;
+        // A request carries the call's input up to a whole number of the
+        // codec's parts (cut elsewhere, the engine would see other calls
+        // than it does in one step of the codec's, and could write other
+        // bytes), and room up to what one part writes.
+        let len = input.len().min((STREAM_INPUT_MAX / part).max(1) * part);
+        let room = out.len().min(wd_zip_codec::PART_OUT);
+        let half = len.max(room).max(32 << 10).next_power_of_two();
         lane.ensure(2 * half, 1)?;
         let stage = lane.stage.as_ref().expect("ensured");
-        let len = input.len().min(half);
-        let room = out.len().min(half);
         stage.write(0, &input[..len]);
-        // Finishing with input held back is not finishing yet.
-        let flush = if len < input.len() && flush == Flush::Finish {
+        // The flush goes with the call's last input (a flush mid-call
+        // would be one the caller did not ask for).
+        let flush = if len < input.len() {
             Flush::None
         } else {
             flush
@@ -296,7 +332,7 @@ impl Compressor {
         }
         .to_desc(0);
         let done = match lane.q.call(d) {
-            Ok(d) if d.status != wrapdrive::STATUS_RESTARTED && lane.q.epoch() == epoch => d,
+            Ok(d) if d.status != wrapdrive::STATUS_RESTARTED && lane.key() == key => d,
             _ => return Ok(None),
         };
         device_status(done.status)?;
@@ -327,9 +363,10 @@ impl Compressor {
             return Err(gone());
         }
         if self.cfg.policy != Policy::Cpu {
-            if let Ok((session, epoch)) = self.open_session(&journal.params()) {
+            if let Ok((session, key)) = self.open_session(&journal.params()) {
+                let part = journal.params().part_len();
                 let replayed = journal.replay(|input, out, flush| {
-                    self.session_call(session, epoch, input, out, flush)
+                    self.session_call(session, key, part, input, out, flush)
                         .ok()
                         .flatten()
                         .map(|c| c.step)
@@ -338,12 +375,12 @@ impl Compressor {
                     self.stats.streams_rebuilt += 1;
                     s.inner = Inner::Device {
                         session,
-                        epoch,
+                        lane: key,
                         journal,
                     };
                     return Ok(());
                 }
-                self.free_session(session, epoch);
+                self.free_session(session, key);
             }
         }
         if self.cfg.fallback {
@@ -359,9 +396,9 @@ impl Compressor {
         Err(gone())
     }
 
-    fn free_session(&mut self, session: u64, epoch: u64) {
+    fn free_session(&mut self, session: u64, key: LaneKey) {
         if let Some(lane) = self.lane.as_mut() {
-            if lane.q.epoch() == epoch {
+            if lane.key() == key {
                 let _ = lane.q.call(SessionFree { session }.to_desc(0));
             }
         }
@@ -377,8 +414,8 @@ impl Compressor {
         if s.owner != self.id {
             return;
         }
-        if let Inner::Device { session, epoch, .. } = s.inner {
-            self.free_session(session, epoch);
+        if let Inner::Device { session, lane, .. } = s.inner {
+            self.free_session(session, lane);
         }
     }
 }

@@ -36,6 +36,18 @@ pub struct StreamParams<'a> {
     pub dict: &'a [u8],
 }
 
+impl StreamParams<'_> {
+    /// [`Stream::part_len`] of a stream opened with these parameters: a
+    /// client that cuts a long call into requests cuts at a multiple of
+    /// it, so the engine sees the calls it would see here.
+    pub fn part_len(&self) -> usize {
+        match self.compress {
+            true => parts::part_len(self.alg, self.level).unwrap_or(parts::DEFLATE_PART),
+            false => parts::DEFLATE_PART,
+        }
+    }
+}
+
 /// What one [`Stream::run`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Step {
@@ -174,10 +186,7 @@ impl Stream {
             ended: false,
             broken: false,
             footprint,
-            part: match p.compress {
-                true => parts::part_len(p.alg, p.level).unwrap_or(parts::DEFLATE_PART),
-                false => parts::DEFLATE_PART,
-            },
+            part: p.part_len(),
         })
     }
 
