@@ -170,6 +170,16 @@ impl Engine {
         room: usize,
         max_ratio: u16,
     ) -> Result<Inflated, CodecError> {
+        // A ratio limit bounds the output whatever the room: no more is
+        // allocated (one byte past the bound tells a bomb from a stream
+        // that fits).
+        let room = match max_ratio {
+            0 => room,
+            r => room.min(input.len().saturating_mul(r as usize).saturating_add(1)),
+        };
+        if room > isize::MAX as usize - out.len() {
+            return Err(CodecError::Param);
+        }
         if !Engine::works_in_place(alg) {
             let at = out.len();
             out.resize(at + room, 0);

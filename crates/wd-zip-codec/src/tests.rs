@@ -437,3 +437,34 @@ fn streams_interoperate_with_stock_zlib() {
         }
     }
 }
+
+#[test]
+fn a_huge_room_with_a_ratio_limit_allocates_the_bound_only() {
+    let data = text(10_000);
+    let mut e = Engine::new();
+    for alg in Algorithm::ALL {
+        let z = one_shot(&mut e, alg, DEFAULT_LEVEL, &data);
+        // The ratio bounds the output: a room of usize::MAX panicked
+        // (capacity overflow) and one of gigabytes was reserved (LZ4:
+        // zeroed) for 10 kB.
+        let mut out = Vec::new();
+        let got = e
+            .decompress_vec(alg, &z, &mut out, usize::MAX, 100)
+            .unwrap();
+        assert_eq!(out, data, "{alg}");
+        assert_eq!(got.produced, data.len());
+        assert!(
+            out.capacity() <= z.len() * 100 + 1,
+            "{alg}: {}",
+            out.capacity()
+        );
+        // A bomb past the ratio is still told apart from a short room.
+        let mut out = Vec::new();
+        let e2 = e.decompress_vec(alg, &z, &mut out, usize::MAX, 1);
+        assert_eq!(e2.err(), Some(CodecError::Ratio), "{alg}");
+        // Without a ratio, a room no vector can have is refused.
+        let mut out = vec![0u8; 1];
+        let e3 = e.decompress_vec(alg, &z, &mut out, usize::MAX, 0);
+        assert_eq!(e3.err(), Some(CodecError::Param), "{alg}");
+    }
+}
