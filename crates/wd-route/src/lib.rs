@@ -261,10 +261,6 @@ pub fn by_settings(s: &Settings, bytes: usize) -> Option<Route> {
     if bytes < s.threshold {
         return Some(Route::Cpu(Why::Threshold));
     }
-    if !s.fallback {
-        // Every request must reach the device, and fail clearly without one.
-        return Some(Route::Device);
-    }
     None
 }
 
@@ -281,7 +277,14 @@ pub fn decide(
         return Decision::untimed(route);
     }
     if let Queue::Missing(why) = queue() {
-        return Decision::untimed(Route::Cpu(why));
+        // Without fallback the request goes to the device anyway, to fail
+        // there with a clear error; with a queue, fallback changes
+        // nothing (the auto policy's CPU path is a choice, not a
+        // fallback).
+        return Decision::untimed(match s.fallback {
+            true => Route::Cpu(why),
+            false => Route::Device,
+        });
     }
     if s.policy == Policy::Offload {
         return Decision::untimed(Route::Device);
