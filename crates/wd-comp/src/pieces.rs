@@ -55,12 +55,16 @@ impl Compressor {
     /// Whether a block of `len` bytes is cut between the device and here:
     /// the auto policy, cutting on, large enough, and a queue.
     pub(crate) fn cuts(&mut self, len: usize) -> bool {
+        self.cuts_by_size(len) && self.lane().is_some()
+    }
+
+    /// [`Compressor::cuts`] but for the queue.
+    fn cuts_by_size(&self, len: usize) -> bool {
         self.cfg.policy == Policy::Auto
             && self.cutting
             && self.cfg.split_min > 0
-            && len >= self.cfg.split_min
+            && len >= self.cfg.split_min.max(self.cfg.threshold)
             && len as u64 <= MAX_DATA
-            && self.lane().is_some()
     }
 
     /// Compress `input` as one piece of a stream of `alg` (deflate, zlib
@@ -72,7 +76,8 @@ impl Compressor {
     /// one for pieces of MiBs). `p` carries the check value
     /// and length from piece to piece. Under the auto policy a piece of
     /// `split_min` bytes or more is cut between the device and here;
-    /// under `offload` it goes to the device whole; else it runs here.
+    /// under `offload` one at or above the threshold goes to the device
+    /// whole; else it runs here.
     /// Room of [`compress_bound`] plus 20 bytes always suffices.
     #[allow(clippy::too_many_arguments)]
     pub fn compress_piece(
@@ -109,15 +114,21 @@ impl Compressor {
         let body = out.len().checked_sub(h + tn).ok_or(CodecError::NoSpace)?;
         let room = &mut out[h..h + body];
         let policy = self.cfg.policy;
+        // Whether the piece goes to the device (in part or whole) when a
+        // queue is to be had: the threshold first, then the policy.
+        let wants_device = match policy {
+            Policy::Auto => self.cuts_by_size(input.len()),
+            Policy::Offload => input.len() >= self.cfg.threshold && input.len() as u64 <= MAX_DATA,
+            Policy::Cpu => false,
+        };
+        let no_queue = wants_device && self.lane().is_none();
         let tried = match policy {
-            Policy::Auto if self.cuts(input.len()) => {
+            _ if !wants_device || no_queue => None,
+            Policy::Auto => {
                 let cut = input.len() * if last { DEVICE_SIXTEENTHS } else { 8 } / 16;
                 Some((self.in_two(level, input, cut, last, room), true))
             }
-            Policy::Offload if input.len() as u64 <= MAX_DATA && self.lane().is_some() => {
-                Some((self.in_two(level, input, input.len(), last, room), false))
-            }
-            _ => None,
+            _ => Some((self.in_two(level, input, input.len(), last, room), false)),
         };
         let n = match tried {
             Some((Ok(n), cut)) => {
@@ -144,8 +155,8 @@ impl Compressor {
             }
             None => {
                 let why = match policy {
+                    _ if no_queue => Why::NoQueue,
                     Policy::Cpu => Why::Policy,
-                    _ if self.lane.is_none() => Why::NoQueue,
                     _ if input.len() < self.cfg.threshold => Why::Threshold,
                     _ => Why::Policy,
                 };

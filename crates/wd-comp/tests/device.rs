@@ -5,23 +5,34 @@
 
 use std::time::{Duration, Instant};
 
-use wd_comp::{Algorithm, CompError, Compressor, Config, Op, Pending, Policy, DEFAULT_LEVEL};
+use wd_comp::{
+    Algorithm, CompError, Compressor, Config, Flush, Op, Pending, Policy, StreamParams,
+    DEFAULT_LEVEL,
+};
 use wd_testutil::text as data;
 use wrapdrive::HostConn;
 
 /// The host process: this test binary re-run in the role "host" (see
 /// wd_testutil::Role); does nothing in a normal test run.
+/// In the role "host-limited", the host refuses more than 16 MiB of a
+/// client's memory.
 #[test]
 fn child_entry() {
-    if wd_testutil::role().as_deref() != Some("host") {
-        return;
-    }
-    let cfg = wd_host::HostConfig {
+    let limited = match wd_testutil::role().as_deref() {
+        Some("host") => false,
+        Some("host-limited") => true,
+        _ => return,
+    };
+    let mut cfg = wd_host::HostConfig {
         socket: wd_testutil::role_socket(),
         socket_mode: 0o600,
         devices: vec![wd_host::DeviceConfig::new("zip")],
         ..Default::default()
     };
+    if limited {
+        cfg.limits.exempt_owner = false;
+        cfg.limits.mapped_bytes_per_uid = 16 << 20;
+    }
     let _h = wd_host::Host::start(&cfg).expect("host starts");
     wd_testutil::while_parent_lives();
 }
@@ -35,11 +46,20 @@ struct HostProc {
 /// A host on the socket of `name` in this process: a host spawned again
 /// under the same name replaces one that was killed, on the same socket.
 fn spawn_host(name: &str) -> HostProc {
+    spawn_role("host", name)
+}
+
+/// A host that refuses more than 16 MiB of a client's memory.
+fn spawn_limited_host(name: &str) -> HostProc {
+    spawn_role("host-limited", name)
+}
+
+fn spawn_role(role: &str, name: &str) -> HostProc {
     let dir = std::env::temp_dir().join(format!("wd-comp-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let socket = dir.join("wd.sock").display().to_string();
     HostProc {
-        _process: wd_testutil::Role::serving("host", &socket),
+        _process: wd_testutil::Role::serving(role, &socket),
         socket,
     }
 }
@@ -1150,4 +1170,278 @@ fn a_stream_closed_through_another_compressor_frees_nothing_of_it() {
     assert!(reference_decode(Algorithm::Gzip, &z) == data);
     assert_eq!(two.stats().streams_rebuilt, 0, "its session was left alone");
     two.close_stream(b);
+}
+
+/// Feed all of `piece` with `flush` as zlib's deflate is fed (call again
+/// while input is left or the output filled), then finish.
+fn run_all(c: &mut Compressor, s: &mut wd_comp::Stream, pieces: &[&[u8]], flush: Flush) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 1 << 20];
+    for (i, p) in pieces.iter().enumerate() {
+        let f = if i + 1 == pieces.len() {
+            Flush::Finish
+        } else {
+            flush
+        };
+        let mut at = 0;
+        loop {
+            let st = c.stream_run(s, &p[at..], &mut buf, f).unwrap();
+            at += st.consumed;
+            out.extend_from_slice(&buf[..st.produced]);
+            if st.end || (f != Flush::Finish && at == p.len() && st.produced < buf.len()) {
+                break;
+            }
+            assert!(st.consumed + st.produced > 0, "no progress");
+        }
+    }
+    out
+}
+
+/// A sync (or full) flush after a call's input longer than the device
+/// stream's half slot (32 KiB): the client sends the first 32 KiB with the
+/// caller's flush, so the device flushes in the middle of the caller's
+/// input, once per 32 KiB: other bytes than the same call on the codec.
+#[test]
+fn a_flush_after_more_than_a_slot_of_input_is_the_codecs_stream() {
+    let text = data(300_000, 41);
+    let host = spawn_host("flush");
+    let mut dev = Compressor::new(
+        Some(HostConn::connect(&host.socket).unwrap()),
+        offload_cfg(),
+    );
+    let mut cpu = Compressor::new(
+        None,
+        Config {
+            policy: Policy::Cpu,
+            ..Config::default()
+        },
+    );
+    for flush in [Flush::Sync, Flush::Full] {
+        let p = StreamParams {
+            alg: Algorithm::Zlib,
+            compress: true,
+            level: 6,
+            window_bits: 0,
+            dict: &[],
+        };
+        let mut a = dev.open_stream(&p).unwrap();
+        let mut b = cpu.open_stream(&p).unwrap();
+        assert!(a.on_device() && !b.on_device());
+        let pieces: Vec<&[u8]> = vec![&text[..200_000], &text[200_000..]];
+        let za = run_all(&mut dev, &mut a, &pieces, flush);
+        let zb = run_all(&mut cpu, &mut b, &pieces, flush);
+        assert!(
+            za == zb,
+            "{flush:?}: device stream {} bytes, codec stream {} bytes: they differ",
+            za.len(),
+            zb.len()
+        );
+    }
+}
+
+/// zlib's contract for a sync flush: when the call returns with room left
+/// in the output, all input was taken and everything so far is written
+/// (ending on the empty stored block `00 00 ff ff`). A device stream's
+/// request carries at most half a slot (32 KiB) of output: a sync flush
+/// whose output is longer returns with most of the caller's room unused
+/// and the flush's end held back, and a caller that stops there (as zlib
+/// callers do) sends a message the peer cannot finish decoding.
+#[test]
+fn a_sync_flush_that_returns_with_room_left_has_written_everything() {
+    let noise = wd_testutil::noise(32 << 10, 7);
+    let host = spawn_host("syncroom");
+    let mut dev = Compressor::new(
+        Some(HostConn::connect(&host.socket).unwrap()),
+        offload_cfg(),
+    );
+    let mut cpu = Compressor::new(
+        None,
+        Config {
+            policy: Policy::Cpu,
+            ..Config::default()
+        },
+    );
+    let p = StreamParams {
+        alg: Algorithm::Deflate,
+        compress: true,
+        level: 6,
+        window_bits: 0,
+        dict: &[],
+    };
+    for (name, c) in [("cpu", &mut cpu), ("device", &mut dev)] {
+        let mut s = c.open_stream(&p).unwrap();
+        let mut out = vec![0u8; 1 << 20];
+        let st = c.stream_run(&mut s, &noise, &mut out, Flush::Sync).unwrap();
+        assert_eq!(st.consumed, noise.len(), "{name}");
+        assert!(st.produced < out.len(), "{name}");
+        assert!(
+            out[..st.produced].ends_with(&[0, 0, 0xff, 0xff]),
+            "{name}: returned {} bytes with {} bytes of room left, the sync flush not written out",
+            st.produced,
+            out.len() - st.produced
+        );
+    }
+}
+
+fn decode_zlib(z: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut v = Vec::new();
+    flate2::read::ZlibDecoder::new(z).read_to_end(&mut v)?;
+    Ok(v)
+}
+
+fn run(c: &mut Compressor, s: &mut wd_comp::Stream, input: &[u8], flush: Flush, out: &mut Vec<u8>) {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut at = 0;
+    loop {
+        let st = c.stream_run(s, &input[at..], &mut buf, flush).unwrap();
+        at += st.consumed;
+        out.extend_from_slice(&buf[..st.produced]);
+        if st.end || (flush != Flush::Finish && at == input.len() && st.produced < buf.len()) {
+            break;
+        }
+    }
+}
+
+/// An asynchronous request whose staging area the host refuses made the
+/// compressor drop its synchronous queue too, with a device stream's
+/// session on it; a second later a new queue on the same connection (same
+/// epoch) gave a new stream a session with the same handle as the first
+/// stream's old one (each queue's table starts alike), and the first
+/// stream's next call ran in the second stream's session: both came out
+/// wrong, with success. Now the synchronous queue stays, and a session is
+/// bound to its lane, not only to the epoch.
+#[test]
+fn a_stream_whose_queue_was_dropped_never_runs_in_another_streams_session() {
+    let host = spawn_limited_host("lost-lane");
+    let socket = host.socket.clone();
+    let mut c = Compressor::new(
+        Some(HostConn::connect(&socket).unwrap()),
+        Config {
+            policy: Policy::Offload,
+            threshold: 0,
+            fallback: true,
+            depth: 2,
+            journal_limit: wd_comp::DEFAULT_JOURNAL_LIMIT,
+            split_min: 0,
+        },
+    );
+    let p = StreamParams {
+        alg: Algorithm::Zlib,
+        compress: true,
+        level: 6,
+        window_bits: 0,
+        dict: &[],
+    };
+    let a_in = data(100_000, 1);
+    let b_in = data(100_000, 2);
+    let mut a = c.open_stream(&p).unwrap();
+    assert!(a.on_device());
+    let mut za = Vec::new();
+    run(&mut c, &mut a, &a_in[..50_000], Flush::Sync, &mut za);
+
+    // A large started request: its staging area (32 MiB) passes the
+    // host's limit; computed here, and the compressor's queues dropped.
+    let big = data(4 << 20, 3);
+    let mut out = vec![0u8; 12 << 20];
+    let pend = c
+        .start(Op::Compress(1), Algorithm::Gzip, &big, &mut out)
+        .unwrap();
+    assert!(pend.is_done(), "the started request went to the device");
+    c.finish(pend, &mut out).unwrap();
+
+    std::thread::sleep(wd_comp::RETRY_AFTER + Duration::from_millis(200));
+    let mut b = c.open_stream(&p).unwrap();
+    assert!(b.on_device(), "the second stream is on a new queue");
+    let mut zb = Vec::new();
+    run(&mut c, &mut b, &b_in[..50_000], Flush::Sync, &mut zb);
+
+    run(&mut c, &mut a, &a_in[50_000..], Flush::Finish, &mut za);
+    run(&mut c, &mut b, &b_in[50_000..], Flush::Finish, &mut zb);
+    eprintln!("stats {:?} a.on_device={}", c.stats(), a.on_device());
+    let back_a = decode_zlib(&za);
+    let back_b = decode_zlib(&zb);
+    assert!(
+        back_a.as_ref().is_ok_and(|v| *v == a_in),
+        "stream A came out wrong: {:?}",
+        back_a.map(|v| v.len())
+    );
+    assert!(
+        back_b.as_ref().is_ok_and(|v| *v == b_in),
+        "stream B came out wrong: {:?}",
+        back_b.map(|v| v.len())
+    );
+}
+
+fn gunzip(z: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut v = Vec::new();
+    flate2::read::GzDecoder::new(z).read_to_end(&mut v).unwrap();
+    v
+}
+
+/// A small piece under the auto policy runs here (below `split_min`):
+/// the compressor has a host, but has not opened its queue yet. The piece
+/// is then taken for one without a queue: counted as a fallback, and with
+/// fallback off refused with `NoQueue` (an empty reason) although a queue
+/// is to be had.
+#[test]
+fn a_small_piece_with_a_host_is_not_a_missing_queue() {
+    let host = spawn_host("pieces-auto");
+    let text = data(2000, 9);
+    for fallback in [false, true] {
+        let mut c = Compressor::new(
+            Some(HostConn::connect(&host.socket).unwrap()),
+            Config {
+                fallback,
+                ..Config::default()
+            },
+        );
+        assert!(c.offloading(), "a queue is to be had");
+        let mut c = Compressor::new(
+            Some(HostConn::connect(&host.socket).unwrap()),
+            Config {
+                fallback,
+                ..Config::default()
+            },
+        );
+        let mut p = wd_comp::Pieces::default();
+        let mut out = vec![0u8; 4096];
+        let got = c.compress_piece(Algorithm::Gzip, 6, &mut p, &text, &mut out, true, true);
+        let n = match got {
+            Ok(n) => n,
+            Err(e) => panic!("fallback {fallback}: {e:?}"),
+        };
+        assert_eq!(gunzip(&out[..n]), text);
+        let s = c.stats();
+        assert_eq!(
+            s.cpu_fallback, 0,
+            "fallback {fallback}: counted as no queue: {s:?}"
+        );
+    }
+}
+
+/// The threshold comes before the policy (rule 2 before rule 4): a piece
+/// of 100 bytes under `offload` with a threshold of 4096 runs here. It is
+/// sent to the device.
+#[test]
+fn a_piece_below_the_threshold_runs_here_under_offload() {
+    let host = spawn_host("pieces-off");
+    let mut c = Compressor::new(
+        Some(HostConn::connect(&host.socket).unwrap()),
+        Config {
+            policy: Policy::Offload,
+            threshold: 4096,
+            ..Config::default()
+        },
+    );
+    let text = data(100, 4);
+    let mut p = wd_comp::Pieces::default();
+    let mut out = vec![0u8; 4096];
+    let n = c
+        .compress_piece(Algorithm::Gzip, 6, &mut p, &text, &mut out, true, true)
+        .unwrap();
+    assert_eq!(gunzip(&out[..n]), text);
+    let s = c.stats();
+    assert_eq!((s.offloaded, s.cpu_threshold), (0, 1), "{s:?}");
 }
