@@ -38,9 +38,8 @@ enum Inner {
     Gone,
 }
 
-/// Most input one request of a stream carries (a whole number of every
-/// codec part length): the staging area grows to hold it only for callers
-/// that hand over that much at once.
+/// Most input one request of a decompressing stream carries: the staging
+/// area grows to hold it only for callers that give that much room.
 const STREAM_INPUT_MAX: usize = 4 << 20;
 
 /// A compression or decompression stream of one [`Compressor`].
@@ -119,6 +118,12 @@ impl Journal {
         self.input.extend_from_slice(input);
         self.calls.push(call);
         self.crc.update(out);
+    }
+
+    /// Where a call is cut into requests: compressing, at the codec's
+    /// part length ([`StreamParams::part_len`]); decompressing, anywhere.
+    fn cut(&self) -> Option<usize> {
+        self.compress.then(|| self.params().part_len())
     }
 
     fn params(&self) -> StreamParams<'_> {
@@ -249,7 +254,7 @@ impl Compressor {
                 session,
                 lane,
                 journal,
-            } => (*session, *lane, journal.params().part_len()),
+            } => (*session, *lane, journal.cut()),
         };
         // A request carries at most a slot's input and room: a longer
         // call goes in several, ended as the codec ends a step's parts
@@ -292,12 +297,12 @@ impl Compressor {
 
     /// One request of a session: the call as sent and the device's
     /// answer (its output in `out`), or `None` when the session is gone
-    /// with its host. `part`: the stream's [`StreamParams::part_len`].
+    /// with its host. `part`: the stream's [`Journal::cut`].
     fn session_call(
         &mut self,
         session: u64,
         key: LaneKey,
-        part: usize,
+        part: Option<usize>,
         input: &[u8],
         out: &mut [u8],
         flush: Flush,
@@ -305,12 +310,17 @@ impl Compressor {
         let Some(lane) = self.lane.as_mut().filter(|l| l.key() == key) else {
             return Ok(None);
         };
-        // A request carries the call's input up to a whole number of the
-        // codec's parts (cut elsewhere, the engine would see other calls
-        // than it does in one step of the codec's, and could write other
-        // bytes), and room up to what one part writes.
-        let len = input.len().min((STREAM_INPUT_MAX / part).max(1) * part);
+        // A request carries room up to what one part writes, and input:
+        // compressing, up to one of the codec's parts (cut elsewhere, the
+        // engine would see other calls than in one step of the codec's,
+        // and could write other bytes); decompressing (the same bytes
+        // however the input comes), about what the room takes: more would
+        // be copied, and journaled, for nothing.
         let room = out.len().min(wd_zip_codec::PART_OUT);
+        let len = match part {
+            Some(part) => input.len().min(part),
+            None => input.len().min(room.clamp(64 << 10, STREAM_INPUT_MAX)),
+        };
         let half = len.max(room).max(32 << 10).next_power_of_two();
         lane.ensure(2 * half, 1)?;
         let stage = lane.stage.as_ref().expect("ensured");
@@ -364,7 +374,7 @@ impl Compressor {
         }
         if self.cfg.policy != Policy::Cpu {
             if let Ok((session, key)) = self.open_session(&journal.params()) {
-                let part = journal.params().part_len();
+                let part = journal.cut();
                 let replayed = journal.replay(|input, out, flush| {
                     self.session_call(session, key, part, input, out, flush)
                         .ok()

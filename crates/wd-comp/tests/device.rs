@@ -1445,3 +1445,45 @@ fn a_piece_below_the_threshold_runs_here_under_offload() {
     let s = c.stats();
     assert_eq!((s.offloaded, s.cpu_threshold), (0, 1), "{s:?}");
 }
+
+/// A decompressing device stream given its whole input and little room a
+/// call: each request carries about what the room takes, and the stream
+/// comes out whole, as on the CPU.
+#[test]
+fn a_decompressing_stream_with_little_room_a_call_comes_out_whole() {
+    let text = data(3 << 20, 17);
+    let host = spawn_host("inflate-room");
+    let mut dev = Compressor::new(
+        Some(HostConn::connect(&host.socket).unwrap()),
+        offload_cfg(),
+    );
+    let z = dev
+        .compress_blocks(Algorithm::Zlib, 6, &[&text[..]])
+        .unwrap()
+        .remove(0);
+    let p = StreamParams {
+        alg: Algorithm::Zlib,
+        compress: false,
+        level: 0,
+        window_bits: 0,
+        dict: &[],
+    };
+    let mut s = dev.open_stream(&p).unwrap();
+    assert!(s.on_device());
+    let mut back = Vec::new();
+    let mut buf = vec![0u8; 8 << 10];
+    let mut at = 0;
+    loop {
+        let st = dev
+            .stream_run(&mut s, &z[at..], &mut buf, Flush::None)
+            .unwrap();
+        at += st.consumed;
+        back.extend_from_slice(&buf[..st.produced]);
+        if st.end {
+            break;
+        }
+        assert!(st.consumed + st.produced > 0, "no progress at {at}");
+    }
+    assert_eq!(at, z.len());
+    assert!(back == text, "{} bytes back of {}", back.len(), text.len());
+}
