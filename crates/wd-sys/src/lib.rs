@@ -536,6 +536,67 @@ pub fn peer_groups(sock: &UnixStream) -> Result<Vec<u32>> {
     }
 }
 
+/// Connect a stream socket to the UNIX socket `path`, or to the abstract
+/// socket `name` when `abstract_name` is set, waiting at most `timeout`
+/// for room in the listener's backlog: a blocking connect to a listener
+/// that stopped accepting (a stopped or hung host) waits for good once its
+/// backlog is full. Past the timeout: EAGAIN.
+pub fn connect_unix(name: &[u8], abstract_name: bool, timeout: Duration) -> Result<UnixStream> {
+    // SAFETY: sockaddr_un is plain data; zeroed is a valid empty address.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    // An abstract name starts with a NUL byte; a path ends with one.
+    let start = usize::from(abstract_name);
+    let room = sa.sun_path.len() - usize::from(!abstract_name);
+    if name.len() + start > room || (!abstract_name && (name.is_empty() || name.contains(&0))) {
+        return Err(SysError::Invalid {
+            call: "connect",
+            what: "socket address too long, empty or holding a NUL byte",
+        });
+    }
+    for (d, &b) in sa.sun_path[start..].iter_mut().zip(name) {
+        *d = b as libc::c_char;
+    }
+    let base = std::mem::size_of::<libc::sa_family_t>();
+    let len = base + start + name.len() + usize::from(!abstract_name);
+    count();
+    // SAFETY: plain socket(2).
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    check("socket", fd as libc::c_long)?;
+    // SAFETY: fd was just returned by socket(2) and is owned by nobody else.
+    let sock = unsafe { UnixStream::from_raw_fd(fd) };
+    // A UNIX socket's connect waits for backlog room up to the send
+    // timeout (and fails with EAGAIN after it).
+    let wait = timeout.max(Duration::from_millis(1));
+    sock.set_write_timeout(Some(wait))
+        .map_err(|source| SysError::Call {
+            call: "setsockopt(SO_SNDTIMEO)",
+            source,
+        })?;
+    count();
+    loop {
+        // SAFETY: sa is a valid sockaddr_un and len is within it.
+        let r = unsafe {
+            libc::connect(
+                sock.as_raw_fd(),
+                (&sa as *const libc::sockaddr_un).cast(),
+                len as libc::socklen_t,
+            )
+        };
+        match check("connect", r as libc::c_long) {
+            Err(e) if e.errno() == libc::EINTR => continue,
+            Err(e) => return Err(e),
+            Ok(_) => break,
+        }
+    }
+    sock.set_write_timeout(None)
+        .map_err(|source| SysError::Call {
+            call: "setsockopt(SO_SNDTIMEO)",
+            source,
+        })?;
+    Ok(sock)
+}
+
 const CMSG_BUF: usize = 128;
 
 /// Send all of `bytes` on a stream socket, with `fds` attached to the first

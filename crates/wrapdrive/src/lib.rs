@@ -39,7 +39,7 @@ pub use buf::{
     SharedSpan,
 };
 pub use embedded::{register_embedded_host, EmbeddedHost, EmbeddedStarter, EMBEDDED_LIBRARY};
-pub use queue::{Completion, FaultReport, Queue, QueueStats, RecoveryStats, Waker};
+pub use queue::{Completion, FaultReport, Queue, QueueStats, RecoveryStats, Waker, CALL_COOKIES};
 /// Shareable buffers on memfds (normal or hugetlb pages) and the fast file
 /// loader: share a [`heap::Buffer`] with [`Queue::share_buffer`].
 pub use wd_heap as heap;
@@ -338,24 +338,10 @@ impl HostConn {
     /// Connect, check who the host is, and say hello: the channel and the
     /// host's pid.
     fn open_channel(addr: &str) -> Result<(Channel, u32)> {
-        let sock = if let Some(name) = addr.strip_prefix('@') {
-            use std::os::linux::net::SocketAddrExt;
-            let a = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
-                .map_err(|e| ClientError::new(Status::Invalid, format!("bad host address '{addr}': {e}")))?;
-            std::os::unix::net::UnixStream::connect_addr(&a)
-        } else {
-            std::os::unix::net::UnixStream::connect(addr)
-        }
-        .map_err(|e| {
-            ClientError::new(
-                Status::HostGone,
-                format!("cannot connect to the WrapDrive host at '{addr}': {e} (start one with `wd serve`, or set WD_HOST=embedded)"),
-            )
-        })?;
-        check_host_identity(addr, &sock)?;
         // A host that accepts and never answers (stopped, hung, or a
         // socket nobody accepts on) must not hold the caller for good: the
-        // Hello has a deadline, and its write a timeout.
+        // connect (a full backlog), the Hello's write and its answer each
+        // have the deadline.
         let wait = hello_timeout();
         let timed_out = || {
             ClientError::new(
@@ -363,6 +349,24 @@ impl HostConn {
                 format!("the WrapDrive host at '{addr}' did not answer within {} ms (stopped or hung? WD_CONNECT_TIMEOUT_MS sets the wait)", wait.as_millis()),
             )
         };
+        let (name, abstract_name) = match addr.strip_prefix('@') {
+            Some(name) => (name, true),
+            None => (addr, false),
+        };
+        let sock = wd_sys::connect_unix(name.as_bytes(), abstract_name, wait).map_err(|e| {
+            if e.errno() == 11 {
+                // EAGAIN: no room in the backlog by the deadline.
+                return timed_out();
+            }
+            if matches!(e, wd_sys::SysError::Invalid { .. }) {
+                return ClientError::new(Status::Invalid, format!("bad host address '{addr}': {e}"));
+            }
+            ClientError::new(
+                Status::HostGone,
+                format!("cannot connect to the WrapDrive host at '{addr}': {e} (start one with `wd serve`, or set WD_HOST=embedded)"),
+            )
+        })?;
+        check_host_identity(addr, &sock)?;
         sock.set_write_timeout(Some(wait))
             .map_err(|e| ClientError::new(Status::Io, format!("setsockopt: {e}")))?;
         let mut ch = Channel::new(sock);
