@@ -61,6 +61,9 @@ pub struct FaultReport {
     pub events: Vec<FaultEvent>,
 }
 
+/// Cookies [`Queue::call`] keeps for itself: the top 65536.
+pub const CALL_COOKIES: u64 = 1 << 16;
+
 /// How a queue lived through restarts of its host.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecoveryStats {
@@ -152,6 +155,8 @@ pub struct Queue {
     /// IOMMU policy: nothing more is sent through it (requests would
     /// fault or run under another policy), and this says why.
     unrestored: Option<String>,
+    /// Calls made ([`Queue::call`]): each has a cookie of its own.
+    calls: u64,
     /// How this queue's requests travel through the socket (legacy path):
     /// given by whoever speaks the device's message format.
     legacy_planner: Option<wd_msg::LegacyPlanner>,
@@ -269,6 +274,7 @@ impl Queue {
             wait_signalled: false,
             released: false,
             unrestored: None,
+            calls: 0,
             latency_sample: None,
             latency_countdown: LATENCY_SAMPLE_EVERY,
             latency_aged: Instant::now(),
@@ -340,6 +346,12 @@ impl Queue {
     fn check_usable(&self) -> Result<()> {
         self.check()?;
         match &self.unrestored {
+            // Gone again: made again on the next host, which may take it
+            // all (`retry` remakes it on HostGone).
+            Some(_) if self.host_lost() => Err(ClientError::new(
+                Status::HostGone,
+                "the host serving this queue is gone",
+            )),
             Some(why) => Err(ClientError::new(
                 Status::BadState,
                 format!("this queue was made again on a restarted host that refused {why}: release it and ask for another"),
@@ -761,14 +773,21 @@ impl Queue {
         }
     }
 
-    /// Send one request and wait for its completion (one in flight).
+    /// Send one request and wait for its completion (one in flight). The
+    /// top [`CALL_COOKIES`] cookies are its own: each call has one, so a
+    /// call that failed (its host went away) leaves no completion that a
+    /// later call takes for its own.
     pub fn call(&mut self, desc: Desc) -> Result<Desc> {
-        const COOKIE: u64 = u64::MAX;
-        self.send_sync(desc, COOKIE)?;
+        const FIRST: u64 = u64::MAX - (CALL_COOKIES - 1);
+        let cookie = FIRST + self.calls % CALL_COOKIES;
+        self.calls += 1;
+        // Completions of earlier calls that gave up on them.
+        self.stash.retain(|c| c.cookie < FIRST);
+        self.send_sync(desc, cookie)?;
         // Other requests' completions met meanwhile stay in the stash for
         // the caller's next recv (a legacy reply is already there).
         loop {
-            if let Some(c) = self.recv_cookie(COOKIE)? {
+            if let Some(c) = self.recv_cookie(cookie)? {
                 return Ok(c.desc);
             }
             if self.legacy() {
@@ -1392,9 +1411,10 @@ impl Queue {
         // again: every request in flight completes as restarted (a waiter
         // would otherwise wait on the new ring for ever).
         let redo = self.redo.filter(|_| restored.is_ok());
-        if let Err(e) = &restored {
-            self.unrestored = Some(format!("its memory or IOMMU policy ({e})"));
-        }
+        self.unrestored = restored
+            .as_ref()
+            .err()
+            .map(|e| format!("its memory or IOMMU policy ({e})"));
         let mut again = Vec::new();
         for slot in 0..self.slots.len() {
             let Some(cookie) = self.slots[slot] else {

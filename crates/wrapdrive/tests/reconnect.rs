@@ -336,3 +336,31 @@ fn a_restart_that_cannot_share_the_memory_again_fails_what_was_in_flight() {
     q.unshare(src.addr(), src.len()).unwrap();
     q.release().unwrap();
 }
+
+#[test]
+fn a_queue_refused_by_one_restarted_host_is_made_again_by_the_next() {
+    let mut s = setup("wd-reconnect-refused-once");
+    let mut q = s
+        .conn
+        .request_queue(&Capability::new("memcpy").depth(16))
+        .unwrap();
+    q.set_redo_policy(wd_dummy_msg::redo_safe);
+    let src = SharedBuf::new(LEN).unwrap();
+    let dst = SharedBuf::new(LEN).unwrap();
+    q.share(src.addr(), src.len()).unwrap();
+    q.share(dst.addr(), dst.len()).unwrap();
+    let one = copy(src.addr(), dst.addr());
+    q.call(one).unwrap();
+    // A restart that refuses the second share (a quota smaller then).
+    kill(&mut s.host);
+    s.host = start_host_with(&s.socket, &[("WD_TEST_SHARES", "1")]);
+    let e = q.call(one).unwrap_err();
+    assert_eq!(e.status(), Status::Quota, "{e}");
+    let e = q.call(one).unwrap_err();
+    assert_eq!(e.status(), Status::BadState, "{e}");
+    // Restarted again without the limit: the queue is made again there.
+    kill(&mut s.host);
+    s.host = start_host(&s.socket);
+    let done = q.call(one).unwrap();
+    assert_eq!(done.status, 0, "{done:?}");
+}
