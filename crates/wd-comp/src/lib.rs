@@ -30,7 +30,7 @@ mod stream;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub use pending::{Op, Pending};
 pub use pieces::Pieces;
@@ -355,10 +355,11 @@ pub struct Compressor {
     lane: Option<Lane>,
     /// The queue of asynchronous requests ([`Compressor::start`]).
     alane: Option<pending::AsyncLane>,
-    /// Why there is no lane (for `NoQueue`), and since when: a queue is
-    /// asked for again after [`RETRY_AFTER`].
+    /// Why there is no lane (for `NoQueue`), and until when: a queue is
+    /// asked for again after [`RETRY_AFTER`], or longer after an attempt
+    /// that took long ([`wrapdrive::retry_after`]).
     no_lane: Option<String>,
-    no_lane_at: Option<Instant>,
+    no_lane_until: Option<Instant>,
     /// Since when the asynchronous lane failed (its own retry: the
     /// synchronous lane, and the stream sessions on it, stay).
     no_alane_at: Option<Instant>,
@@ -421,7 +422,7 @@ impl Compressor {
             lane: None,
             alane: None,
             no_lane: None,
-            no_lane_at: None,
+            no_lane_until: None,
             no_alane_at: None,
             addr: None,
             cpu: Engine::new(),
@@ -473,14 +474,21 @@ impl Compressor {
     /// No queue now, for this reason: blocks run here (or fail) until
     /// [`RETRY_AFTER`] has passed.
     fn lost(&mut self, why: String) {
+        self.lost_after(why, Duration::ZERO);
+    }
+
+    /// [`Compressor::lost`] after an attempt that took `attempt`: the
+    /// wait is [`wrapdrive::retry_after`].
+    fn lost_after(&mut self, why: String, attempt: Duration) {
         self.lane = None;
         self.no_lane = Some(why);
-        self.no_lane_at = Some(Instant::now());
+        self.no_lane_until = Some(Instant::now() + wrapdrive::retry_after(RETRY_AFTER, attempt));
     }
 
     fn lane(&mut self) -> Option<&mut Lane> {
-        let waiting = self.no_lane_at.is_some_and(|t| t.elapsed() < RETRY_AFTER);
+        let waiting = self.no_lane_until.is_some_and(|t| Instant::now() < t);
         if self.lane.is_none() && !waiting && self.cfg.policy != Policy::Cpu {
+            let attempt = Instant::now();
             if self.host.is_none() {
                 // A host that was not there (or went away) may be now.
                 if let Some(addr) = &self.addr {
@@ -488,16 +496,16 @@ impl Compressor {
                 }
             }
             match &self.host {
-                None => self.lost("no host".into()),
+                None => self.lost_after("no host".into(), attempt.elapsed()),
                 Some(h) => match Lane::open(h, self.cfg.depth.max(1)) {
                     Ok(l) => {
                         self.lane = Some(l);
                         self.no_lane = None;
-                        self.no_lane_at = None;
+                        self.no_lane_until = None;
                     }
                     // (A connection whose host restarted connects again by
                     // itself when asked for a queue.)
-                    Err(e) => self.lost(e.to_string()),
+                    Err(e) => self.lost_after(e.to_string(), attempt.elapsed()),
                 },
             }
         }

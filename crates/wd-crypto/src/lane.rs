@@ -447,6 +447,7 @@ fn lane_call<T>(
             if c.retry_at[i].is_some_and(|t| Instant::now() < t) {
                 return Err(NoLane::NoQueue);
             }
+            let attempt = Instant::now();
             let opened = (|| {
                 if c.host.is_none() {
                     c.host = Some(config::connect()?);
@@ -456,7 +457,8 @@ fn lane_call<T>(
             match opened {
                 Ok(l) => c.lanes[i] = Some(l),
                 Err(_) => {
-                    c.retry_at[i] = Some(Instant::now() + RETRY_AFTER);
+                    let wait = wrapdrive::retry_after(RETRY_AFTER, attempt.elapsed());
+                    c.retry_at[i] = Some(Instant::now() + wait);
                     c.lost[i] = NoLane::NoQueue;
                     return Err(NoLane::NoQueue);
                 }

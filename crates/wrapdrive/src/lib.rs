@@ -199,6 +199,14 @@ fn hello_timeout() -> std::time::Duration {
 /// (the crypto library's CPU path) should hear so.
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 5000;
 
+/// How long a library that failed to get a queue computes without one
+/// before asking again: `base`, or ten times what the failed attempt took
+/// (a stopped host makes every attempt wait for the connection deadline,
+/// and must not take most of its callers' time).
+pub fn retry_after(base: std::time::Duration, attempt: std::time::Duration) -> std::time::Duration {
+    base.max(attempt.saturating_mul(10))
+}
+
 /// How long a client waits for a restarted host (`WD_RECONNECT_MS`).
 fn reconnect_window() -> std::time::Duration {
     let ms = std::env::var("WD_RECONNECT_MS")
