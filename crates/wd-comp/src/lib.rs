@@ -261,6 +261,18 @@ impl Lane {
         Ok(())
     }
 
+    /// A staging area of at least `bytes` in all (a stream request's
+    /// input and room side by side), keeping the slots a batch asked for:
+    /// asking `ensure` for one slot of `bytes` would make every slot that
+    /// large.
+    fn ensure_area(&mut self, bytes: usize) -> std::result::Result<(), ClientError> {
+        if self.stage.as_ref().is_some_and(|s| s.len() >= bytes as u64) {
+            return Ok(());
+        }
+        let slots = self.slots.max(1);
+        self.ensure(bytes.div_ceil(slots), slots)
+    }
+
     /// Wait until a completion is ready: poll a while first (a block takes
     /// tens to hundreds of microseconds; sleeping costs a wake-up of about
     /// as much), then sleep.

@@ -322,7 +322,7 @@ impl Compressor {
             None => input.len().min(room.clamp(64 << 10, STREAM_INPUT_MAX)),
         };
         let half = len.max(room).max(32 << 10).next_power_of_two();
-        lane.ensure(2 * half, 1)?;
+        lane.ensure_area(2 * half)?;
         let stage = lane.stage.as_ref().expect("ensured");
         stage.write(0, &input[..len]);
         // The flush goes with the call's last input (a flush mid-call

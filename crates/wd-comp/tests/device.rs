@@ -1487,3 +1487,41 @@ fn a_decompressing_stream_with_little_room_a_call_comes_out_whole() {
     assert_eq!(at, z.len());
     assert!(back == text, "{} bytes back of {}", back.len(), text.len());
 }
+
+/// A stream call after a batch: its staging area grows to what the call
+/// needs in all, not to that much per batch slot (a call with 4 MiB of
+/// room after a batch of 16 asked a host limited to 16 MiB for 128 MiB,
+/// and failed).
+#[test]
+fn a_stream_call_after_a_batch_fits_a_limited_host() {
+    let host = spawn_limited_host("stream-stage");
+    let mut c = Compressor::new(
+        Some(HostConn::connect(&host.socket).unwrap()),
+        Config {
+            depth: 16,
+            ..offload_cfg()
+        },
+    );
+    let blocks: Vec<Vec<u8>> = (0..16).map(|i| data(4096, i)).collect();
+    let inputs: Vec<&[u8]> = blocks.iter().map(|b| b.as_slice()).collect();
+    let mut outs_v: Vec<Vec<u8>> = (0..16).map(|_| vec![0u8; 8192]).collect();
+    let mut outs: Vec<&mut [u8]> = outs_v.iter_mut().map(|o| o.as_mut_slice()).collect();
+    c.compress_into(Algorithm::Gzip, 6, &inputs, &mut outs)
+        .unwrap();
+    assert_eq!(c.stats().offloaded, 16, "{:?}", c.stats());
+    let p = StreamParams {
+        alg: Algorithm::Zlib,
+        compress: true,
+        level: 6,
+        window_bits: 0,
+        dict: &[],
+    };
+    let mut s = c.open_stream(&p).unwrap();
+    assert!(s.on_device());
+    let text = data(64 << 10, 3);
+    let mut out = vec![0u8; 4 << 20];
+    let st = c
+        .stream_run(&mut s, &text, &mut out, Flush::Finish)
+        .unwrap();
+    assert!(st.end && st.consumed == text.len(), "{st:?}");
+}
