@@ -235,6 +235,9 @@ impl Compressor {
             Err(e) => {
                 self.alane = None;
                 self.async_lost(e.to_string());
+                if !self.cfg.fallback {
+                    return Err(CompError::NoQueue(e.to_string()));
+                }
                 let r = self.here(op, alg, input, out, Why::HostGone)?;
                 return Ok(done(self, r));
             }
@@ -263,6 +266,9 @@ impl Compressor {
             lane.busy[slot] = false;
             lane.dead = true;
             self.async_lost(e.to_string());
+            if !self.cfg.fallback {
+                return Err(CompError::NoQueue(e.to_string()));
+            }
             let r = self.here(op, alg, input, out, Why::HostGone)?;
             return Ok(done(self, r));
         }

@@ -1525,3 +1525,22 @@ fn a_stream_call_after_a_batch_fits_a_limited_host() {
         .unwrap();
     assert!(st.end && st.consumed == text.len(), "{st:?}");
 }
+
+/// Without fallback, a started request whose staging area the host
+/// refuses fails, never computed here (it was, and counted as a host gone).
+#[test]
+fn a_started_request_the_host_cannot_stage_fails_without_fallback() {
+    let host = spawn_limited_host("start-refused");
+    let mut c = Compressor::new(
+        Some(HostConn::connect(&host.socket).unwrap()),
+        offload_cfg(),
+    );
+    let big = data(4 << 20, 3);
+    let mut out = vec![0u8; 12 << 20];
+    match c.start(Op::Compress(1), Algorithm::Gzip, &big, &mut out) {
+        Err(CompError::NoQueue(why)) => assert!(why.contains("mapped_bytes"), "{why}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("computed here with fallback off: {:?}", c.stats()),
+    }
+    assert_eq!(c.stats().cpu_fallback, 0, "{:?}", c.stats());
+}
