@@ -237,6 +237,9 @@ impl Controller {
         self.cap = Cap::from_u64(self.regs.load64(regs::CAP));
         let waker = self.queue.waker()?;
         self.admin.rebind(self.regs.clone(), waker.clone());
+        // The new controller's admin queue is empty: nothing of the old
+        // one is sent again.
+        self.admin.abandon_all();
         enable(&self.regs, &waker, self.cap, &self.admin)?;
         let shadow = self.dbbuf.is_some();
         self.configure(shadow)?;
@@ -303,20 +306,30 @@ impl Controller {
     /// Run one admin command and wait for its completion, whatever its
     /// status.
     pub fn admin_raw(&mut self, sqe: Sqe) -> Result<Cqe> {
-        let cid = self.admin.submit(sqe)?;
+        let cid = self.admin.push(sqe)?;
+        let r = self.admin_wait(cid, sqe.opcode);
+        if r.as_ref().is_err_and(NvmeError::host_gone) {
+            // Admin commands are never sent again, and the admin queue
+            // has 31 ids: one cut by its host going gives its id back.
+            // (One that timed out keeps it: a late completion must not
+            // complete a later command; `reconnect` gives back them all.)
+            self.admin.abandon(cid);
+        }
+        r
+    }
+
+    fn admin_wait(&mut self, cid: u16, opcode: u8) -> Result<Cqe> {
+        self.admin.ring()?;
         let mut liveness = qpair::Liveness::new(ADMIN_TIMEOUT);
         loop {
             if let Some(c) = self.admin.take(cid)? {
                 return Ok(c);
             }
             if self.regs.load32(regs::CSTS) & regs::CSTS_CFS != 0 {
-                return Err(NvmeError::Fatal(format!("admin opcode {:#x}", sqe.opcode)));
+                return Err(NvmeError::Fatal(format!("admin opcode {opcode:#x}")));
             }
             if liveness.expired(self.admin.waker())? {
-                return Err(NvmeError::Timeout(format!(
-                    "admin opcode {:#x}",
-                    sqe.opcode
-                )));
+                return Err(NvmeError::Timeout(format!("admin opcode {opcode:#x}")));
             }
             std::hint::spin_loop();
         }
@@ -412,6 +425,14 @@ impl Controller {
             self.attach(nsid)?;
         }
         let info = self.namespace(nsid)?;
+        // The controller's word for it: a block size this driver cannot
+        // work with (or 2^64 and past) is refused, not shifted.
+        if !(9..=16).contains(&info.lbads) {
+            return Err(NvmeError::Unsupported(format!(
+                "namespace {nsid} has blocks of 2^{} bytes (2^9..=2^16 supported)",
+                info.lbads
+            )));
+        }
         Ok(Namespace {
             nsid,
             block: info.block_size(),

@@ -263,12 +263,20 @@ impl QueuePair {
     /// again and it is not sent again.
     pub(crate) fn abandon(&mut self, cid: u16) {
         if (cid as usize) < self.done.len() - 1 && !self.free.contains(&cid) {
+            // Set aside (completed, not handed out) or still in flight.
             if self.done[cid as usize].take().is_some() {
                 self.parked -= 1;
             } else {
                 self.in_flight -= 1;
             }
             self.free.push(cid);
+        }
+    }
+
+    /// Give up on every command not yet handed out.
+    pub(crate) fn abandon_all(&mut self) {
+        for cid in 0..(self.entries - 1) as u16 {
+            self.abandon(cid);
         }
     }
 
@@ -313,7 +321,9 @@ impl QueuePair {
     }
 
     /// Take at most `max` completions: first those a [`QueuePair::take`]
-    /// set aside, then new ones.
+    /// set aside, then new ones. A command's id is free again once its
+    /// completion is handed out here or by `take` (not while it is set
+    /// aside: the next command with that id would find it).
     pub fn reap_up_to(&mut self, out: &mut Vec<Cqe>, max: usize) -> Result<usize> {
         let mut n = 0;
         if self.parked > 0 {
@@ -322,12 +332,29 @@ impl QueuePair {
                     return Ok(n);
                 }
                 if let Some(c) = slot.take() {
+                    self.free.push(c.cid);
                     out.push(c);
                     n += 1;
                     self.parked -= 1;
                 }
             }
         }
+        let first = out.len();
+        let r = self.read_new(out, max - n);
+        for c in &out[first..] {
+            self.free.push(c.cid);
+        }
+        Ok(n + r?)
+    }
+
+    /// Read at most `max` new completions into `out`, their ids still
+    /// taken. A completion for no command in flight (a controller's bug)
+    /// is consumed and an error, but only when nothing came before it:
+    /// what did is handed out first.
+    fn read_new(&mut self, out: &mut Vec<Cqe>, max: usize) -> Result<usize> {
+        let mut n = 0;
+        let mut consumed = false;
+        let mut bad = None;
         while n < max {
             let at = self.cq_head as u64 * CQE_SIZE as u64;
             // Acquire: pairs with the controller's Release store of this
@@ -339,24 +366,29 @@ impl QueuePair {
             let mut raw = [0u8; CQE_SIZE];
             self.cq.read(at, &mut raw);
             let cqe = Cqe::from_bytes(&raw);
+            let slot = cqe.cid as usize;
+            let outstanding = slot < self.done.len() - 1
+                && !self.free.contains(&cqe.cid)
+                && self.done[slot].is_none()
+                && !out.iter().any(|c| c.cid == cqe.cid);
+            if !outstanding && n > 0 {
+                break;
+            }
             self.cq_head += 1;
             if self.cq_head == self.entries {
                 self.cq_head = 0;
                 self.phase = !self.phase;
             }
-            let slot = cqe.cid as usize;
-            if slot >= self.done.len() - 1 || self.free.contains(&cqe.cid) {
-                return Err(NvmeError::Invalid(format!(
-                    "completion for command id {} that is not outstanding",
-                    cqe.cid
-                )));
+            consumed = true;
+            if !outstanding {
+                bad = Some(cqe.cid);
+                break;
             }
-            self.free.push(cqe.cid);
             self.in_flight -= 1;
             out.push(cqe);
             n += 1;
         }
-        if n > 0 {
+        if consumed {
             // No EventIdx check and no wake-up: a controller holds commands
             // back only while their completion queue is full, and this
             // driver never fills one (at most `entries - 1` commands in
@@ -368,7 +400,12 @@ impl QueuePair {
                 _ => self.regs.store32(reg, self.cq_head),
             }
         }
-        Ok(n)
+        match bad {
+            Some(cid) => Err(NvmeError::Invalid(format!(
+                "completion for command id {cid} that is not outstanding"
+            ))),
+            None => Ok(n),
+        }
     }
 
     /// The completion of command `cid`, if it arrived (others that arrive
@@ -376,23 +413,23 @@ impl QueuePair {
     pub fn take(&mut self, cid: u16) -> Result<Option<Cqe>> {
         if let Some(c) = self.done.get_mut(cid as usize).and_then(Option::take) {
             self.parked -= 1;
+            self.free.push(cid);
             return Ok(Some(c));
         }
         let mut got = Vec::new();
         // Only new completions: the parked ones stay where they are.
-        let parked = std::mem::take(&mut self.parked);
-        let r = self.reap(&mut got);
-        self.parked = parked;
-        r?;
+        let r = self.read_new(&mut got, usize::MAX);
         let mut mine = None;
         for c in got {
             if c.cid == cid {
+                self.free.push(cid);
                 mine = Some(c);
             } else {
                 self.done[c.cid as usize] = Some(c);
                 self.parked += 1;
             }
         }
+        r?;
         Ok(mine)
     }
 
@@ -514,8 +551,22 @@ impl IoQueue {
 
     /// Run one command and wait for it (polling).
     pub fn run(&mut self, what: &str, sqe: Sqe) -> Result<Cqe> {
-        let cid = self.qp.submit(sqe)?;
-        self.wait(what, cid)
+        let cid = self.qp.push(sqe)?;
+        self.ring_and_wait(what, cid)
+    }
+
+    /// Ring for pushed command `cid` and wait for it. When the host went
+    /// away meanwhile the command is given up: the caller hears of it (and
+    /// runs it again on a controller brought up again), so it is not sent
+    /// a second time by [`IoQueue`]'s restore.
+    fn ring_and_wait(&mut self, what: &str, cid: u16) -> Result<Cqe> {
+        let r = self.qp.ring().and_then(|()| self.wait(what, cid));
+        if let Err(e) = &r {
+            if e.host_gone() {
+                self.qp.abandon(cid);
+            }
+        }
+        r
     }
 
     fn wait(&mut self, what: &str, cid: u16) -> Result<Cqe> {
@@ -543,19 +594,8 @@ impl IoQueue {
 
     fn rw(&mut self, op: IoOp, ns: &Namespace, slba: u64, addr: u64, len: u64) -> Result<()> {
         let cid = self.push_rw(op, ns, slba, addr, len)?;
-        let r = self
-            .qp
-            .ring()
-            .and_then(|()| self.wait(&format!("{op:?} of {len} bytes at block {slba}"), cid));
-        if let Err(e) = r {
-            if e.host_gone() {
-                // The caller hears of it and runs the command again on a
-                // controller brought up again: it is not sent twice.
-                self.qp.abandon(cid);
-            }
-            return Err(e);
-        }
-        Ok(())
+        self.ring_and_wait(&format!("{op:?} of {len} bytes at block {slba}"), cid)
+            .map(|_| ())
     }
 
     /// The completions that arrived (at most `max`), without waiting.

@@ -181,9 +181,10 @@ pub struct NamespaceInfo {
 }
 
 impl NamespaceInfo {
-    /// Logical block size in bytes.
+    /// Logical block size in bytes (0 for an LBADS no size fits: the
+    /// data may come from a controller that is wrong).
     pub fn block_size(&self) -> u64 {
-        1 << self.lbads
+        1u64.checked_shl(self.lbads.into()).unwrap_or(0)
     }
 
     /// The data structure.

@@ -1,0 +1,246 @@
+//! Completions the driver sets aside, completions a controller gets
+//! wrong, and commands left behind by a host restart.
+//!
+//! A hostile or buggy controller is played by writing completion entries
+//! straight into the driver's completion queue (through /proc/self/mem:
+//! the controller and the driver share that memory; the queue's address
+//! is read from the Create I/O Completion Queue command in the admin
+//! submission queue, whose address is register ASQ).
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+
+use wd_host::{DeviceConfig, Host, HostConfig};
+use wd_nvme_driver::msg::identify::{NamespaceInfo, IDENTIFY_BYTES};
+use wd_nvme_driver::msg::{regs, AdminOp, Cqe, IoOp, Sqe, Status, CQE_SIZE, SQE_SIZE};
+use wd_nvme_driver::{Controller, Options};
+use wd_testutil::tempdir;
+use wrapdrive::{HostConn, SharedBuf};
+
+mod common;
+use common::start_with;
+
+const BLOCK: u64 = 4096;
+
+fn mem() -> File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/proc/self/mem")
+        .unwrap()
+}
+
+fn peek(addr: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    mem().read_exact_at(&mut v, addr).unwrap();
+    v
+}
+
+fn poke(addr: u64, data: &[u8]) {
+    mem().write_all_at(data, addr).unwrap();
+}
+
+/// The base of I/O completion queue `qid`, from its Create command in the
+/// admin submission queue.
+fn io_cq_base(c: &Controller, qid: u16) -> u64 {
+    let asq = c.registers().load64(regs::ASQ);
+    let raw = peek(asq, 32 * SQE_SIZE);
+    raw.chunks_exact(SQE_SIZE)
+        .map(|e| Sqe::from_bytes(e.try_into().unwrap()))
+        .filter(|s| s.opcode == AdminOp::CreateCq as u8 && s.cdw[0] as u16 == qid)
+        .map(|s| s.prp1)
+        .next_back()
+        .expect("create CQ command in the admin queue")
+}
+
+/// Wait until completion queue entry `slot` at `cq` carries phase 1.
+fn wait_posted(cq: u64, slot: u64) {
+    let t = Instant::now();
+    loop {
+        let dw3 = peek(cq + slot * CQE_SIZE as u64 + 12, 4);
+        if u32::from_le_bytes(dw3.try_into().unwrap()) >> 16 & 1 == 1 {
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "entry {slot} posted");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A well-behaved controller: the completion of B arrives before the
+/// caller asks for it, so `take(A)` sets it aside. B's command id stays
+/// allocated until B's completion is handed out (it went back on the free
+/// list at once, the next command got it, and waiting for that command
+/// returned B's old completion).
+#[test]
+fn a_set_aside_completion_does_not_complete_the_next_command_with_its_id() {
+    let h = start_with("engine=sync,", &["0:4M"], |_| {});
+    let conn = h.conn();
+    let mut c = Controller::open(
+        &conn,
+        &Options {
+            shadow_doorbells: false,
+        },
+    )
+    .unwrap();
+    let ns = c.open_namespace(1).unwrap();
+    let mut q = c.create_io_queue(8).unwrap();
+    let cq = io_cq_base(&c, q.qid());
+    let buf = SharedBuf::new((4 * BLOCK) as usize).unwrap();
+    c.share(&buf).unwrap();
+    let a = q.push_rw(IoOp::Read, &ns, 0, buf.addr(), BLOCK).unwrap();
+    let b = q
+        .push_rw(IoOp::Read, &ns, 1, buf.addr() + BLOCK, BLOCK)
+        .unwrap();
+    q.pair().ring().unwrap();
+    wait_posted(cq, 0);
+    wait_posted(cq, 1);
+    // A is handed out; B, already there, is set aside for its own take.
+    assert!(q.wait_for(a).unwrap().status.is_success());
+    // C reads beyond the namespace: the controller fails it.
+    let cid_c = q
+        .push_rw(IoOp::Read, &ns, ns.blocks, buf.addr() + 2 * BLOCK, BLOCK)
+        .unwrap();
+    q.pair().ring().unwrap();
+    let got = q.wait_for(cid_c).unwrap();
+    assert_eq!(
+        got.status,
+        Status::LBA_OUT_OF_RANGE,
+        "C (cid {cid_c}) got B's (cid {b}) set-aside completion {got:?}"
+    );
+}
+
+/// A hostile or buggy controller posts one completion with a command id
+/// that was never issued, after two genuine ones. It is reported, and the
+/// genuine completions read in the same pass are handed out (they
+/// vanished, their ids freed).
+#[test]
+fn a_bogus_completion_does_not_swallow_the_genuine_ones_before_it() {
+    let h = start_with("engine=sync,", &["0:4M"], |_| {});
+    let conn = h.conn();
+    let mut c = Controller::open(
+        &conn,
+        &Options {
+            shadow_doorbells: false,
+        },
+    )
+    .unwrap();
+    let ns = c.open_namespace(1).unwrap();
+    let mut q = c.create_io_queue(8).unwrap();
+    let cq = io_cq_base(&c, q.qid());
+    let buf = SharedBuf::new((4 * BLOCK) as usize).unwrap();
+    c.share(&buf).unwrap();
+    let a = q.push_rw(IoOp::Read, &ns, 0, buf.addr(), BLOCK).unwrap();
+    let b = q
+        .push_rw(IoOp::Read, &ns, 1, buf.addr() + BLOCK, BLOCK)
+        .unwrap();
+    q.pair().ring().unwrap();
+    wait_posted(cq, 0);
+    wait_posted(cq, 1);
+    let bogus = Cqe {
+        result: 0,
+        sq_head: 2,
+        sq_id: q.qid(),
+        cid: 0x7777,
+        phase: true,
+        status: Status::SUCCESS,
+    };
+    poke(cq + 2 * CQE_SIZE as u64, &bogus.to_bytes());
+    let first = q.pair().take(a);
+    let (mut got_a, mut got_b) = (matches!(first, Ok(Some(_))), false);
+    let t = Instant::now();
+    while !(got_a && got_b) && t.elapsed() < Duration::from_secs(2) {
+        if !got_a {
+            got_a = matches!(q.pair().take(a), Ok(Some(_)));
+        }
+        if !got_b {
+            got_b = matches!(q.pair().take(b), Ok(Some(_)));
+        }
+    }
+    let (in_flight, room) = (q.pair().in_flight(), q.pair().room());
+    assert!(
+        got_a && got_b,
+        "first take: {first:?}; A's completion obtained: {got_a}, B's: {got_b}; \
+         in flight {in_flight}, room {room} (both ids already free)"
+    );
+}
+
+fn host(socket: &str, store: &str) -> Host {
+    let _ = std::fs::remove_file(socket);
+    let spec = format!("nvme:engine=sync,ns={store}:0:4M");
+    Host::start(&HostConfig {
+        socket: socket.to_string(),
+        socket_mode: 0o600,
+        devices: vec![DeviceConfig::parse_spec(&spec).unwrap()],
+        ..HostConfig::default()
+    })
+    .expect("host starts")
+}
+
+/// A flush (any command run through the synchronous helpers other than
+/// read/write/compare) that fails because the host went away is told to
+/// the caller, who runs it again; the driver does not also keep it in
+/// flight and send it again on `restore_io_queue` (its completion had no
+/// taker and its command slot was lost for good).
+#[test]
+fn a_flush_that_saw_the_host_go_is_not_sent_again() {
+    let dir = tempdir("wd-nvme-flush-restart");
+    let (socket, store) = (dir.join("wd.sock"), dir.join("store.img"));
+    std::fs::write(&store, b"").unwrap();
+    let first = host(&socket, &store);
+    let conn = HostConn::connect(&socket).unwrap();
+    let mut c = Controller::open(&conn, &Options::default()).unwrap();
+    let ns = c.open_namespace(1).unwrap();
+    let mut q = c.create_io_queue(8).unwrap();
+    q.flush(&ns).unwrap();
+    first.shutdown();
+    let _second = host(&socket, &store);
+    let e = q.flush(&ns).unwrap_err();
+    assert!(e.host_gone(), "{e}");
+    c.reconnect().unwrap();
+    let resent = c.restore_io_queue(&mut q).unwrap();
+    q.flush(&ns).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    q.flush(&ns).unwrap();
+    assert_eq!(
+        (resent, q.pair().room()),
+        (0, 7),
+        "(commands sent again, free command slots)"
+    );
+}
+
+/// An admin command that fails because the host went away gives its
+/// command id back (after 31 such restarts the admin queue had no id left
+/// and the controller could not be brought up again).
+#[test]
+fn admin_commands_cut_by_host_restarts_do_not_use_up_the_admin_queue() {
+    let dir = tempdir("wd-nvme-admin-restarts");
+    let (socket, store) = (dir.join("wd.sock"), dir.join("store.img"));
+    std::fs::write(&store, b"").unwrap();
+    let mut h = host(&socket, &store);
+    let conn = HostConn::connect(&socket).unwrap();
+    let mut c = Controller::open(&conn, &Options::default()).unwrap();
+    c.open_namespace(1).unwrap();
+    for round in 0..33 {
+        h.shutdown();
+        h = host(&socket, &store);
+        let e = c.active_namespaces().unwrap_err();
+        assert!(e.host_gone(), "round {round}: {e}");
+        c.reconnect()
+            .unwrap_or_else(|e| panic!("round {round}: reconnect: {e}"));
+    }
+    assert!(c.active_namespaces().unwrap().contains(&1));
+}
+
+/// Identify Namespace data from a hostile controller: an LBA data size of
+/// 64 or more is no block size (it panicked); `open_namespace` refuses
+/// sizes outside 2^9..=2^16.
+#[test]
+fn a_hostile_lba_data_size_is_refused_not_a_panic() {
+    let mut raw = [0u8; IDENTIFY_BYTES];
+    raw[0] = 8; // NSZE
+    raw[128 + 2] = 64; // LBA format 0: LBADS 64
+    let info = NamespaceInfo::from_bytes(&raw);
+    let r = std::panic::catch_unwind(|| info.block_size());
+    assert_eq!(r.ok(), Some(0), "LBADS {}", info.lbads);
+}
