@@ -500,3 +500,15 @@ fn without_io_uring_the_loader_falls_back_to_threads() {
     assert!(out.status.success(), "child failed:\n{text}");
     assert!(text.contains("1 passed"), "{text}");
 }
+
+/// A /proc file is a regular file of size 0 that holds bytes: an error
+/// naming it, never its contents as empty (it loaded as 0 bytes).
+#[test]
+fn a_file_that_holds_more_than_its_size_is_refused() {
+    let p = Path::new("/proc/self/status");
+    assert!(!std::fs::read(p).unwrap().is_empty());
+    match heap().load(p, LoadOptions::default()) {
+        Err(e) => assert!(e.to_string().contains("holds more than"), "{e}"),
+        Ok(l) => panic!("loaded {} bytes as the whole file", l.buffer.len()),
+    }
+}

@@ -25,6 +25,15 @@ pub enum LoadError {
         /// What it is.
         kind: &'static str,
     },
+    /// The file holds more than its size says: a file the kernel makes as
+    /// it is read (`/proc`), whose size no one can know before.
+    #[error("{} holds more than the {size} bytes its size says (a file made as it is read, such as /proc's): read it with a plain read", path.display())]
+    SizeUntold {
+        /// The path.
+        path: PathBuf,
+        /// The size it gave.
+        size: u64,
+    },
     /// Direct I/O was required and the filesystem cannot do it.
     #[error("{}: {fs} does not support direct I/O (O_DIRECT); load it with buffered or auto I/O", path.display())]
     DirectUnsupported {
@@ -88,7 +97,9 @@ impl LoadError {
     pub fn errno(&self) -> i32 {
         match self {
             LoadError::Open { source, .. } => source.errno(),
-            LoadError::NotRegular { .. } | LoadError::BadOptions(_) => libc::EINVAL,
+            LoadError::NotRegular { .. }
+            | LoadError::BadOptions(_)
+            | LoadError::SizeUntold { .. } => libc::EINVAL,
             LoadError::DirectUnsupported { .. } => libc::EINVAL,
             LoadError::UringUnavailable(_) => libc::ENOSYS,
             LoadError::Read { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),

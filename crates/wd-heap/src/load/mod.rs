@@ -288,7 +288,8 @@ impl Heap {
         }
         report(size);
 
-        // The file must be what it was when we started.
+        // The file must be what it was when we started, and end where
+        // its size said.
         let after = wd_sys::file::file_info(fd)?;
         if after.size != size {
             return Err(LoadError::Changed {
@@ -300,6 +301,12 @@ impl Heap {
             return Err(LoadError::Changed {
                 path: path.to_path_buf(),
                 what: "it was modified (its mtime changed)".into(),
+            });
+        }
+        if wd_sys::file::pread(plain.as_fd(), &mut [0u8; 1], size)? > 0 {
+            return Err(LoadError::SizeUntold {
+                path: path.to_path_buf(),
+                size,
             });
         }
         if read_end > size {
