@@ -75,6 +75,28 @@ fn offload_cfg() -> Config {
     }
 }
 
+/// A compressor that computes everything in this thread.
+fn cpu_compressor() -> Compressor {
+    Compressor::new(
+        None,
+        Config {
+            policy: Policy::Cpu,
+            ..Config::default()
+        },
+    )
+}
+
+/// A stream of `alg` without a dictionary, with the default window.
+fn plain_stream(alg: Algorithm, compress: bool, level: i8) -> StreamParams<'static> {
+    StreamParams {
+        alg,
+        compress,
+        level,
+        window_bits: 0,
+        dict: &[],
+    }
+}
+
 /// A compressor on `host` that offloads everything, `depth` requests in
 /// flight.
 fn offloading(host: &HostProc, depth: usize) -> Compressor {
@@ -93,13 +115,7 @@ fn device_and_cpu_make_the_same_bytes() {
     let host = spawn_host("same");
     let conn = HostConn::connect(&host.socket).unwrap();
     let mut dev = Compressor::new(Some(conn), offload_cfg());
-    let mut cpu = Compressor::new(
-        None,
-        Config {
-            policy: Policy::Cpu,
-            ..Config::default()
-        },
-    );
+    let mut cpu = cpu_compressor();
     let blocks: Vec<Vec<u8>> = [0usize, 1, 100, 4096, 65536, 300_000]
         .iter()
         .enumerate()
@@ -143,13 +159,7 @@ fn scatter_lists_give_the_contiguous_stream_on_both_paths() {
     let host = spawn_host("sg");
     let conn = HostConn::connect(&host.socket).unwrap();
     let mut dev = Compressor::new(Some(conn), offload_cfg());
-    let mut cpu = Compressor::new(
-        None,
-        Config {
-            policy: Policy::Cpu,
-            ..Config::default()
-        },
-    );
+    let mut cpu = cpu_compressor();
     let msg = data(200_000, 7);
     let mut x = 0x9e37_79b9u32;
     let mut next = |n: usize| {
@@ -223,13 +233,7 @@ fn errors_are_the_same_on_both_paths() {
     let host = spawn_host("errors");
     let conn = HostConn::connect(&host.socket).unwrap();
     let mut dev = Compressor::new(Some(conn), offload_cfg());
-    let mut cpu = Compressor::new(
-        None,
-        Config {
-            policy: Policy::Cpu,
-            ..Config::default()
-        },
-    );
+    let mut cpu = cpu_compressor();
     let text = data(100_000, 7);
     let mut room = vec![0u8; 200_000];
     for c in [&mut dev, &mut cpu] {
@@ -515,13 +519,7 @@ fn streams_in_pieces_are_one_stream_on_every_path() {
         Config::default(),
     );
     let mut offload = offloading(&host, 4);
-    let mut cpu = Compressor::new(
-        None,
-        Config {
-            policy: Policy::Cpu,
-            ..Config::default()
-        },
-    );
+    let mut cpu = cpu_compressor();
     for alg in [Algorithm::Deflate, Algorithm::Zlib, Algorithm::Gzip] {
         for level in [1, 6] {
             for s in sizes {
@@ -664,13 +662,7 @@ fn started_requests_finish_right_in_any_order_beside_batches() {
     let blocks: Vec<Vec<u8>> = (0..10)
         .map(|i| data(20_000 + i * 7_000, i as u32 + 3))
         .collect();
-    let mut cpu = Compressor::new(
-        None,
-        Config {
-            policy: Policy::Cpu,
-            ..Config::default()
-        },
-    );
+    let mut cpu = cpu_compressor();
     let refs: Vec<&[u8]> = blocks.iter().map(|b| &b[..]).collect();
     let want = cpu.compress_blocks(Algorithm::Zstd, 3, &refs).unwrap();
     let mut outs: Vec<Vec<u8>> = blocks
@@ -798,13 +790,7 @@ fn started_requests_survive_their_host_dying() {
         .unwrap();
     let text = data(1 << 20, 5);
     let blocks: Vec<&[u8]> = text.chunks(128 << 10).collect();
-    let mut cpu = Compressor::new(
-        None,
-        Config {
-            policy: Policy::Cpu,
-            ..Config::default()
-        },
-    );
+    let mut cpu = cpu_compressor();
     let want = cpu.compress_blocks(Algorithm::Gzip, 6, &blocks).unwrap();
     let mut outs: Vec<Vec<u8>> = blocks
         .iter()
@@ -994,13 +980,7 @@ fn feed(
 fn streams_go_on_when_their_host_restarts() {
     let text = data(300_000, 23);
     let dict = data(2000, 5);
-    let mut cpu = Compressor::new(
-        None,
-        Config {
-            policy: Policy::Cpu,
-            ..Config::default()
-        },
-    );
+    let mut cpu = cpu_compressor();
     let mut host = Some(spawn_host("stream-restart"));
     let sock = host.as_ref().unwrap().socket.clone();
     let mut dev = Compressor::new(Some(HostConn::connect(&sock).unwrap()), offload_cfg());
@@ -1079,13 +1059,7 @@ fn streams_go_on_when_their_host_restarts() {
             ..offload_cfg()
         },
     );
-    let p = wd_comp::StreamParams {
-        alg: Algorithm::Gzip,
-        compress: true,
-        level: 1,
-        window_bits: 0,
-        dict: &[],
-    };
+    let p = plain_stream(Algorithm::Gzip, true, 1);
     let want = {
         let mut s = cpu.open_stream(&p).unwrap();
         gz(&mut cpu, &mut s, &mut |_| {}).unwrap()
@@ -1155,13 +1129,7 @@ fn a_stream_closed_through_another_compressor_frees_nothing_of_it() {
         Some(HostConn::connect(&host.socket).unwrap()),
         offload_cfg(),
     );
-    let p = wd_comp::StreamParams {
-        alg: Algorithm::Gzip,
-        compress: true,
-        level: 6,
-        window_bits: 0,
-        dict: &[],
-    };
+    let p = plain_stream(Algorithm::Gzip, true, 6);
     let a = one.open_stream(&p).unwrap();
     let mut b = two.open_stream(&p).unwrap();
     assert!(a.on_device() && b.on_device());
@@ -1197,10 +1165,9 @@ fn run_all(c: &mut Compressor, s: &mut wd_comp::Stream, pieces: &[&[u8]], flush:
     out
 }
 
-/// A sync (or full) flush after a call's input longer than the device
-/// stream's half slot (32 KiB): the client sends the first 32 KiB with the
-/// caller's flush, so the device flushes in the middle of the caller's
-/// input, once per 32 KiB: other bytes than the same call on the codec.
+/// A sync (or full) flush after a call's input longer than one request
+/// carries: the device stream writes the codec's bytes (the client sent
+/// the caller's flush with every 32 KiB: a flush mid-input, other bytes).
 #[test]
 fn a_flush_after_more_than_a_slot_of_input_is_the_codecs_stream() {
     let text = data(300_000, 41);
@@ -1209,21 +1176,9 @@ fn a_flush_after_more_than_a_slot_of_input_is_the_codecs_stream() {
         Some(HostConn::connect(&host.socket).unwrap()),
         offload_cfg(),
     );
-    let mut cpu = Compressor::new(
-        None,
-        Config {
-            policy: Policy::Cpu,
-            ..Config::default()
-        },
-    );
+    let mut cpu = cpu_compressor();
     for flush in [Flush::Sync, Flush::Full] {
-        let p = StreamParams {
-            alg: Algorithm::Zlib,
-            compress: true,
-            level: 6,
-            window_bits: 0,
-            dict: &[],
-        };
+        let p = plain_stream(Algorithm::Zlib, true, 6);
         let mut a = dev.open_stream(&p).unwrap();
         let mut b = cpu.open_stream(&p).unwrap();
         assert!(a.on_device() && !b.on_device());
@@ -1241,11 +1196,10 @@ fn a_flush_after_more_than_a_slot_of_input_is_the_codecs_stream() {
 
 /// zlib's contract for a sync flush: when the call returns with room left
 /// in the output, all input was taken and everything so far is written
-/// (ending on the empty stored block `00 00 ff ff`). A device stream's
-/// request carries at most half a slot (32 KiB) of output: a sync flush
-/// whose output is longer returns with most of the caller's room unused
-/// and the flush's end held back, and a caller that stops there (as zlib
-/// callers do) sends a message the peer cannot finish decoding.
+/// (ending on the empty stored block `00 00 ff ff`). A flush whose output
+/// is longer than one request's room goes on in more requests (it
+/// returned with the flush's end held back, and a caller that stopped
+/// there, as zlib callers do, sent a message the peer could not finish).
 #[test]
 fn a_sync_flush_that_returns_with_room_left_has_written_everything() {
     let noise = wd_testutil::noise(32 << 10, 7);
@@ -1254,20 +1208,8 @@ fn a_sync_flush_that_returns_with_room_left_has_written_everything() {
         Some(HostConn::connect(&host.socket).unwrap()),
         offload_cfg(),
     );
-    let mut cpu = Compressor::new(
-        None,
-        Config {
-            policy: Policy::Cpu,
-            ..Config::default()
-        },
-    );
-    let p = StreamParams {
-        alg: Algorithm::Deflate,
-        compress: true,
-        level: 6,
-        window_bits: 0,
-        dict: &[],
-    };
+    let mut cpu = cpu_compressor();
+    let p = plain_stream(Algorithm::Deflate, true, 6);
     for (name, c) in [("cpu", &mut cpu), ("device", &mut dev)] {
         let mut s = c.open_stream(&p).unwrap();
         let mut out = vec![0u8; 1 << 20];
@@ -1326,13 +1268,7 @@ fn a_stream_whose_queue_was_dropped_never_runs_in_another_streams_session() {
             split_min: 0,
         },
     );
-    let p = StreamParams {
-        alg: Algorithm::Zlib,
-        compress: true,
-        level: 6,
-        window_bits: 0,
-        dict: &[],
-    };
+    let p = plain_stream(Algorithm::Zlib, true, 6);
     let a_in = data(100_000, 1);
     let b_in = data(100_000, 2);
     let mut a = c.open_stream(&p).unwrap();
@@ -1380,11 +1316,9 @@ fn gunzip(z: &[u8]) -> Vec<u8> {
     v
 }
 
-/// A small piece under the auto policy runs here (below `split_min`):
-/// the compressor has a host, but has not opened its queue yet. The piece
-/// is then taken for one without a queue: counted as a fallback, and with
-/// fallback off refused with `NoQueue` (an empty reason) although a queue
-/// is to be had.
+/// A small piece under the auto policy runs here (below `split_min`),
+/// with a host whose queue was not asked for yet: it is no piece without
+/// a queue (it was counted as a fallback, and refused with fallback off).
 #[test]
 fn a_small_piece_with_a_host_is_not_a_missing_queue() {
     let host = spawn_host("pieces-auto");
@@ -1422,8 +1356,8 @@ fn a_small_piece_with_a_host_is_not_a_missing_queue() {
 }
 
 /// The threshold comes before the policy (rule 2 before rule 4): a piece
-/// of 100 bytes under `offload` with a threshold of 4096 runs here. It is
-/// sent to the device.
+/// of 100 bytes under `offload` with a threshold of 4096 runs here (it
+/// went to the device).
 #[test]
 fn a_piece_below_the_threshold_runs_here_under_offload() {
     let host = spawn_host("pieces-off");
@@ -1461,13 +1395,7 @@ fn a_decompressing_stream_with_little_room_a_call_comes_out_whole() {
         .compress_blocks(Algorithm::Zlib, 6, &[&text[..]])
         .unwrap()
         .remove(0);
-    let p = StreamParams {
-        alg: Algorithm::Zlib,
-        compress: false,
-        level: 0,
-        window_bits: 0,
-        dict: &[],
-    };
+    let p = plain_stream(Algorithm::Zlib, false, 0);
     let mut s = dev.open_stream(&p).unwrap();
     assert!(s.on_device());
     let mut back = Vec::new();
@@ -1509,13 +1437,7 @@ fn a_stream_call_after_a_batch_fits_a_limited_host() {
     c.compress_into(Algorithm::Gzip, 6, &inputs, &mut outs)
         .unwrap();
     assert_eq!(c.stats().offloaded, 16, "{:?}", c.stats());
-    let p = StreamParams {
-        alg: Algorithm::Zlib,
-        compress: true,
-        level: 6,
-        window_bits: 0,
-        dict: &[],
-    };
+    let p = plain_stream(Algorithm::Zlib, true, 6);
     let mut s = c.open_stream(&p).unwrap();
     assert!(s.on_device());
     let text = data(64 << 10, 3);

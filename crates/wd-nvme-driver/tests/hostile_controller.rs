@@ -11,12 +11,10 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use wd_host::{DeviceConfig, Host, HostConfig};
 use wd_nvme_driver::msg::identify::{NamespaceInfo, IDENTIFY_BYTES};
 use wd_nvme_driver::msg::{regs, AdminOp, Cqe, IoOp, Sqe, Status, CQE_SIZE, SQE_SIZE};
 use wd_nvme_driver::{Controller, Options};
-use wd_testutil::tempdir;
-use wrapdrive::{HostConn, SharedBuf};
+use wrapdrive::SharedBuf;
 
 mod common;
 use common::start_with;
@@ -67,15 +65,22 @@ fn wait_posted(cq: u64, slot: u64) {
     }
 }
 
-/// A well-behaved controller: the completion of B arrives before the
-/// caller asks for it, so `take(A)` sets it aside. B's command id stays
-/// allocated until B's completion is handed out (it went back on the free
-/// list at once, the next command got it, and waiting for that command
-/// returned B's old completion).
-#[test]
-fn a_set_aside_completion_does_not_complete_the_next_command_with_its_id() {
-    let h = start_with("engine=sync,", &["0:4M"], |_| {});
-    let conn = h.conn();
+/// A controller with one I/O queue (no shadow doorbells), two reads (`a`
+/// and `b`) completed and posted, neither taken yet.
+struct TwoReads {
+    _host: common::TestHost,
+    _c: Controller,
+    q: wd_nvme_driver::IoQueue,
+    ns: wd_nvme_driver::Namespace,
+    buf: SharedBuf,
+    cq: u64,
+    a: u16,
+    b: u16,
+}
+
+fn two_reads_posted() -> TwoReads {
+    let host = start_with("engine=sync,", &["0:4M"], |_| {});
+    let conn = host.conn();
     let mut c = Controller::open(
         &conn,
         &Options {
@@ -95,6 +100,28 @@ fn a_set_aside_completion_does_not_complete_the_next_command_with_its_id() {
     q.pair().ring().unwrap();
     wait_posted(cq, 0);
     wait_posted(cq, 1);
+    TwoReads {
+        _host: host,
+        _c: c,
+        q,
+        ns,
+        buf,
+        cq,
+        a,
+        b,
+    }
+}
+
+/// A well-behaved controller: the completion of B arrives before the
+/// caller asks for it, so `take(A)` sets it aside. B's command id stays
+/// allocated until B's completion is handed out (it went back on the free
+/// list at once, the next command got it, and waiting for that command
+/// returned B's old completion).
+#[test]
+fn a_set_aside_completion_does_not_complete_the_next_command_with_its_id() {
+    let t = two_reads_posted();
+    let (a, b, ns, buf) = (t.a, t.b, t.ns, &t.buf);
+    let mut q = t.q;
     // A is handed out; B, already there, is set aside for its own take.
     assert!(q.wait_for(a).unwrap().status.is_success());
     // C reads beyond the namespace: the controller fails it.
@@ -116,27 +143,9 @@ fn a_set_aside_completion_does_not_complete_the_next_command_with_its_id() {
 /// vanished, their ids freed).
 #[test]
 fn a_bogus_completion_does_not_swallow_the_genuine_ones_before_it() {
-    let h = start_with("engine=sync,", &["0:4M"], |_| {});
-    let conn = h.conn();
-    let mut c = Controller::open(
-        &conn,
-        &Options {
-            shadow_doorbells: false,
-        },
-    )
-    .unwrap();
-    let ns = c.open_namespace(1).unwrap();
-    let mut q = c.create_io_queue(8).unwrap();
-    let cq = io_cq_base(&c, q.qid());
-    let buf = SharedBuf::new((4 * BLOCK) as usize).unwrap();
-    c.share(&buf).unwrap();
-    let a = q.push_rw(IoOp::Read, &ns, 0, buf.addr(), BLOCK).unwrap();
-    let b = q
-        .push_rw(IoOp::Read, &ns, 1, buf.addr() + BLOCK, BLOCK)
-        .unwrap();
-    q.pair().ring().unwrap();
-    wait_posted(cq, 0);
-    wait_posted(cq, 1);
+    let t = two_reads_posted();
+    let (a, b, cq) = (t.a, t.b, t.cq);
+    let mut q = t.q;
     let bogus = Cqe {
         result: 0,
         sq_head: 2,
@@ -163,73 +172,6 @@ fn a_bogus_completion_does_not_swallow_the_genuine_ones_before_it() {
         "first take: {first:?}; A's completion obtained: {got_a}, B's: {got_b}; \
          in flight {in_flight}, room {room} (both ids already free)"
     );
-}
-
-fn host(socket: &str, store: &str) -> Host {
-    let _ = std::fs::remove_file(socket);
-    let spec = format!("nvme:engine=sync,ns={store}:0:4M");
-    Host::start(&HostConfig {
-        socket: socket.to_string(),
-        socket_mode: 0o600,
-        devices: vec![DeviceConfig::parse_spec(&spec).unwrap()],
-        ..HostConfig::default()
-    })
-    .expect("host starts")
-}
-
-/// A flush (any command run through the synchronous helpers other than
-/// read/write/compare) that fails because the host went away is told to
-/// the caller, who runs it again; the driver does not also keep it in
-/// flight and send it again on `restore_io_queue` (its completion had no
-/// taker and its command slot was lost for good).
-#[test]
-fn a_flush_that_saw_the_host_go_is_not_sent_again() {
-    let dir = tempdir("wd-nvme-flush-restart");
-    let (socket, store) = (dir.join("wd.sock"), dir.join("store.img"));
-    std::fs::write(&store, b"").unwrap();
-    let first = host(&socket, &store);
-    let conn = HostConn::connect(&socket).unwrap();
-    let mut c = Controller::open(&conn, &Options::default()).unwrap();
-    let ns = c.open_namespace(1).unwrap();
-    let mut q = c.create_io_queue(8).unwrap();
-    q.flush(&ns).unwrap();
-    first.shutdown();
-    let _second = host(&socket, &store);
-    let e = q.flush(&ns).unwrap_err();
-    assert!(e.host_gone(), "{e}");
-    c.reconnect().unwrap();
-    let resent = c.restore_io_queue(&mut q).unwrap();
-    q.flush(&ns).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    q.flush(&ns).unwrap();
-    assert_eq!(
-        (resent, q.pair().room()),
-        (0, 7),
-        "(commands sent again, free command slots)"
-    );
-}
-
-/// An admin command that fails because the host went away gives its
-/// command id back (after 31 such restarts the admin queue had no id left
-/// and the controller could not be brought up again).
-#[test]
-fn admin_commands_cut_by_host_restarts_do_not_use_up_the_admin_queue() {
-    let dir = tempdir("wd-nvme-admin-restarts");
-    let (socket, store) = (dir.join("wd.sock"), dir.join("store.img"));
-    std::fs::write(&store, b"").unwrap();
-    let mut h = host(&socket, &store);
-    let conn = HostConn::connect(&socket).unwrap();
-    let mut c = Controller::open(&conn, &Options::default()).unwrap();
-    c.open_namespace(1).unwrap();
-    for round in 0..33 {
-        h.shutdown();
-        h = host(&socket, &store);
-        let e = c.active_namespaces().unwrap_err();
-        assert!(e.host_gone(), "round {round}: {e}");
-        c.reconnect()
-            .unwrap_or_else(|e| panic!("round {round}: reconnect: {e}"));
-    }
-    assert!(c.active_namespaces().unwrap().contains(&1));
 }
 
 /// Identify Namespace data from a hostile controller: an LBA data size of

@@ -4,6 +4,7 @@
 //! store what the commands wrote.
 
 use std::os::unix::fs::FileExt;
+use std::time::Duration;
 
 use wd_host::{DeviceConfig, Host, HostConfig};
 use wd_nvme_driver::msg::IoOp;
@@ -106,4 +107,59 @@ fn a_namespace_taken_meanwhile_is_an_error_naming_it() {
     thief.open_namespace(1).unwrap();
     let e = c.reconnect().unwrap_err();
     assert!(e.to_string().contains("namespace attach 1"), "{e}");
+}
+
+/// A flush (any command run through the synchronous helpers other than
+/// read/write/compare) that fails because the host went away is told to
+/// the caller, who runs it again; the driver does not also keep it in
+/// flight and send it again on `restore_io_queue` (its completion had no
+/// taker and its command slot was lost for good).
+#[test]
+fn a_flush_that_saw_the_host_go_is_not_sent_again() {
+    let dir = tempdir("wd-nvme-flush-restart");
+    let (socket, store) = (dir.join("wd.sock"), dir.join("store.img"));
+    std::fs::write(&store, b"").unwrap();
+    let first = host(&socket, &store);
+    let conn = HostConn::connect(&socket).unwrap();
+    let mut c = Controller::open(&conn, &Options::default()).unwrap();
+    let ns = c.open_namespace(1).unwrap();
+    let mut q = c.create_io_queue(8).unwrap();
+    q.flush(&ns).unwrap();
+    first.shutdown();
+    let _second = host(&socket, &store);
+    let e = q.flush(&ns).unwrap_err();
+    assert!(e.host_gone(), "{e}");
+    c.reconnect().unwrap();
+    let resent = c.restore_io_queue(&mut q).unwrap();
+    q.flush(&ns).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    q.flush(&ns).unwrap();
+    assert_eq!(
+        (resent, q.pair().room()),
+        (0, 7),
+        "(commands sent again, free command slots)"
+    );
+}
+
+/// An admin command that fails because the host went away gives its
+/// command id back (after 31 such restarts the admin queue had no id left
+/// and the controller could not be brought up again).
+#[test]
+fn admin_commands_cut_by_host_restarts_do_not_use_up_the_admin_queue() {
+    let dir = tempdir("wd-nvme-admin-restarts");
+    let (socket, store) = (dir.join("wd.sock"), dir.join("store.img"));
+    std::fs::write(&store, b"").unwrap();
+    let mut h = host(&socket, &store);
+    let conn = HostConn::connect(&socket).unwrap();
+    let mut c = Controller::open(&conn, &Options::default()).unwrap();
+    c.open_namespace(1).unwrap();
+    for round in 0..33 {
+        h.shutdown();
+        h = host(&socket, &store);
+        let e = c.active_namespaces().unwrap_err();
+        assert!(e.host_gone(), "round {round}: {e}");
+        c.reconnect()
+            .unwrap_or_else(|e| panic!("round {round}: reconnect: {e}"));
+    }
+    assert!(c.active_namespaces().unwrap().contains(&1));
 }
