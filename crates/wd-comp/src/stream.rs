@@ -256,8 +256,9 @@ impl Compressor {
                 journal,
             } => (*session, *lane, journal.cut()),
         };
-        // A request carries at most a slot's input and room: a longer
-        // call goes in several, ended as the codec ends a step's parts
+        // A request carries at most a part's input and room (see
+        // `session_call`): a longer call goes in several, ended as the
+        // codec ends a step's parts
         // (`wd_zip_codec::Stream::run_part`), so the stream's bytes are
         // the codec's, and a flush is done when the call returns with
         // room left.
