@@ -340,18 +340,20 @@ impl QueuePair {
             }
         }
         let first = out.len();
-        let r = self.read_new(out, max - n);
+        let r = self.read_new(out, max - n, n > 0);
         for c in &out[first..] {
             self.free.push(c.cid);
         }
         Ok(n + r?)
     }
 
-    /// Read at most `max` new completions into `out`, their ids still
-    /// taken. A completion for no command in flight (a controller's bug)
-    /// is consumed and an error, but only when nothing came before it:
-    /// what did is handed out first.
-    fn read_new(&mut self, out: &mut Vec<Cqe>, max: usize) -> Result<usize> {
+    /// Read at most `max` new completions onto the end of `out`, their
+    /// ids still taken. A completion for no command in flight (a
+    /// controller's bug) is consumed and an error, but only when nothing
+    /// came before it in this call (`handed`: the caller handed out some
+    /// already): what did is handed out first.
+    fn read_new(&mut self, out: &mut Vec<Cqe>, max: usize, handed: bool) -> Result<usize> {
+        let first = out.len();
         let mut n = 0;
         let mut consumed = false;
         let mut bad = None;
@@ -370,8 +372,8 @@ impl QueuePair {
             let outstanding = slot < self.done.len() - 1
                 && !self.free.contains(&cqe.cid)
                 && self.done[slot].is_none()
-                && !out.iter().any(|c| c.cid == cqe.cid);
-            if !outstanding && n > 0 {
+                && !out[first..].iter().any(|c| c.cid == cqe.cid);
+            if !outstanding && (n > 0 || handed) {
                 break;
             }
             self.cq_head += 1;
@@ -418,7 +420,7 @@ impl QueuePair {
         }
         let mut got = Vec::new();
         // Only new completions: the parked ones stay where they are.
-        let r = self.read_new(&mut got, usize::MAX);
+        let r = self.read_new(&mut got, usize::MAX, false);
         let mut mine = None;
         for c in got {
             if c.cid == cid {

@@ -186,3 +186,61 @@ fn a_hostile_lba_data_size_is_refused_not_a_panic() {
     let r = std::panic::catch_unwind(|| info.block_size());
     assert_eq!(r.ok(), Some(0), "LBADS {}", info.lbads);
 }
+
+/// A completion set aside by `take`, then a bogus one: `take_ready` hands
+/// out the set-aside one and leaves the bogus entry for its next call (it
+/// handed out A, freed its id, and dropped it with the error).
+#[test]
+fn a_set_aside_completion_is_handed_out_before_a_bogus_one_is_reported() {
+    let t = two_reads_posted();
+    let (a, b, cq) = (t.a, t.b, t.cq);
+    let mut q = t.q;
+    let bogus = Cqe {
+        result: 0,
+        sq_head: 2,
+        sq_id: q.qid(),
+        cid: 0x7777,
+        phase: true,
+        status: Status::SUCCESS,
+    };
+    poke(cq + 2 * CQE_SIZE as u64, &bogus.to_bytes());
+    // B taken; A set aside; the bogus entry left for the next read.
+    assert!(q.pair().take(b).unwrap().is_some());
+    let got = q.take_ready(8).unwrap();
+    assert_eq!(got.iter().map(|c| c.cid).collect::<Vec<_>>(), vec![a]);
+    assert!(q.take_ready(8).is_err(), "the bogus completion is reported");
+    assert_eq!((q.pair().in_flight(), q.pair().room()), (0, 7));
+}
+
+/// `reap` appends to a vector that may hold earlier completions: a new
+/// completion of a command id used again is not taken for a duplicate (it
+/// was refused as "not outstanding", its id taken for good).
+#[test]
+fn reap_into_a_vector_holding_an_earlier_completion_of_the_same_id() {
+    let h = start_with("engine=sync,", &["0:4M"], |_| {});
+    let conn = h.conn();
+    let mut c = Controller::open(
+        &conn,
+        &Options {
+            shadow_doorbells: false,
+        },
+    )
+    .unwrap();
+    let ns = c.open_namespace(1).unwrap();
+    let mut q = c.create_io_queue(8).unwrap();
+    let buf = SharedBuf::new(BLOCK as usize).unwrap();
+    c.share(&buf).unwrap();
+    let mut all = Vec::new();
+    for round in 0..2u64 {
+        q.push_rw(IoOp::Read, &ns, round, buf.addr(), BLOCK)
+            .unwrap();
+        q.pair().ring().unwrap();
+        let t = Instant::now();
+        while all.len() <= round as usize {
+            q.pair().reap(&mut all).unwrap();
+            assert!(t.elapsed() < Duration::from_secs(5), "round {round}");
+        }
+    }
+    assert_eq!(all[0].cid, all[1].cid, "the id is used again");
+    assert_eq!(q.pair().in_flight(), 0);
+}
