@@ -189,7 +189,7 @@ impl Compressor {
     ) -> std::result::Result<usize, Miss> {
         let room = compress_bound(Algorithm::Deflate, cut) + 5;
         let lane = self.lane().ok_or(Miss::Device)?;
-        lane.ensure(cut + room, 1).map_err(|_| Miss::Device)?;
+        lane.ensure_area(cut + room).map_err(|_| Miss::Device)?;
         let stage = lane.stage.as_ref().expect("ensured");
         stage.write(0, &input[..cut]);
         let d = OneShot {

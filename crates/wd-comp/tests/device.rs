@@ -1416,13 +1416,9 @@ fn a_decompressing_stream_with_little_room_a_call_comes_out_whole() {
     assert!(back == text, "{} bytes back of {}", back.len(), text.len());
 }
 
-/// A stream call after a batch: its staging area grows to what the call
-/// needs in all, not to that much per batch slot (a call with 4 MiB of
-/// room after a batch of 16 asked a host limited to 16 MiB for 128 MiB,
-/// and failed).
-#[test]
-fn a_stream_call_after_a_batch_fits_a_limited_host() {
-    let host = spawn_limited_host("stream-stage");
+/// A compressor on a limited host (offload, no fallback, depth 16) that
+/// ran a batch of 16 blocks: its staging area has 16 slots.
+fn after_a_batch_of_16(host: &HostProc) -> Compressor {
     let mut c = Compressor::new(
         Some(HostConn::connect(&host.socket).unwrap()),
         Config {
@@ -1437,8 +1433,20 @@ fn a_stream_call_after_a_batch_fits_a_limited_host() {
     c.compress_into(Algorithm::Gzip, 6, &inputs, &mut outs)
         .unwrap();
     assert_eq!(c.stats().offloaded, 16, "{:?}", c.stats());
-    let p = plain_stream(Algorithm::Zlib, true, 6);
-    let mut s = c.open_stream(&p).unwrap();
+    c
+}
+
+/// A stream call and a piece after a batch: the staging area grows to
+/// what the request needs in all, not to that much per batch slot (a
+/// stream call with 4 MiB of room asked a host limited to 16 MiB for 128
+/// MiB, a 1 MiB piece for 64 MiB, and failed).
+#[test]
+fn a_stream_call_or_a_piece_after_a_batch_fits_a_limited_host() {
+    let host = spawn_limited_host("stream-stage");
+    let mut c = after_a_batch_of_16(&host);
+    let mut s = c
+        .open_stream(&plain_stream(Algorithm::Zlib, true, 6))
+        .unwrap();
     assert!(s.on_device());
     let text = data(64 << 10, 3);
     let mut out = vec![0u8; 4 << 20];
@@ -1446,6 +1454,14 @@ fn a_stream_call_after_a_batch_fits_a_limited_host() {
         .stream_run(&mut s, &text, &mut out, Flush::Finish)
         .unwrap();
     assert!(st.end && st.consumed == text.len(), "{st:?}");
+    let mut c = after_a_batch_of_16(&host);
+    let text = data(1 << 20, 5);
+    let mut out = vec![0u8; 2 << 20];
+    let mut p = wd_comp::Pieces::default();
+    let n = c
+        .compress_piece(Algorithm::Gzip, 6, &mut p, &text, &mut out, true, true)
+        .unwrap();
+    assert_eq!(reference_decode(Algorithm::Gzip, &out[..n]), text);
 }
 
 /// Without fallback, a started request whose staging area the host

@@ -566,15 +566,23 @@ pub fn connect_unix(name: &[u8], abstract_name: bool, timeout: Duration) -> Resu
     // SAFETY: fd was just returned by socket(2) and is owned by nobody else.
     let sock = unsafe { UnixStream::from_raw_fd(fd) };
     // A UNIX socket's connect waits for backlog room up to the send
-    // timeout (and fails with EAGAIN after it).
-    let wait = timeout.max(Duration::from_millis(1));
-    sock.set_write_timeout(Some(wait))
-        .map_err(|source| SysError::Call {
-            call: "setsockopt(SO_SNDTIMEO)",
-            source,
-        })?;
-    count();
+    // timeout (and fails with EAGAIN after it); a signal ends the wait
+    // with EINTR, and the next try waits only what is left.
+    let by = std::time::Instant::now() + timeout;
     loop {
+        let left = by.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(SysError::Call {
+                call: "connect",
+                source: io::Error::from_raw_os_error(libc::EAGAIN),
+            });
+        }
+        sock.set_write_timeout(Some(left.max(Duration::from_micros(1))))
+            .map_err(|source| SysError::Call {
+                call: "setsockopt(SO_SNDTIMEO)",
+                source,
+            })?;
+        count();
         // SAFETY: sa is a valid sockaddr_un and len is within it.
         let r = unsafe {
             libc::connect(
