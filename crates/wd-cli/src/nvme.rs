@@ -244,6 +244,10 @@ pub fn run_queue(
             lat.push(now.duration_since(started[c.cid as usize]).as_nanos() as u64);
             ios += 1;
             bytes += a.bs;
+        }
+        // Only then the next commands: they take the ids just freed, and
+        // their start times would stand for the batch's later ones.
+        for _ in &done {
             push(q, &mut started)?;
         }
         q.pair().ring().map_err(e)?;
