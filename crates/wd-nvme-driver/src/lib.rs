@@ -308,12 +308,14 @@ impl Controller {
     pub fn admin_raw(&mut self, sqe: Sqe) -> Result<Cqe> {
         let cid = self.admin.push(sqe)?;
         let r = self.admin_wait(cid, sqe.opcode);
-        if r.as_ref().is_err_and(NvmeError::host_gone) {
+        match &r {
             // Admin commands are never sent again, and the admin queue
             // has 31 ids: one cut by its host going gives its id back.
-            // (One that timed out keeps it: a late completion must not
-            // complete a later command; `reconnect` gives back them all.)
-            self.admin.abandon(cid);
+            Err(e) if e.host_gone() => self.admin.abandon(cid),
+            // One that timed out gives it back when its late completion
+            // comes (which must not complete a later command).
+            Err(_) => self.admin.give_up(cid),
+            Ok(_) => {}
         }
         r
     }

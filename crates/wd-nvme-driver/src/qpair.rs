@@ -90,6 +90,10 @@ pub struct QueuePair {
     /// Completions set aside in `done`.
     parked: usize,
     in_flight: usize,
+    /// Commands whose waiter gave up (a timeout, a controller in fatal
+    /// state): their ids stay taken until their completions come, which
+    /// are then dropped, or until the queue is made again.
+    given_up: Vec<bool>,
 }
 
 impl QueuePair {
@@ -149,6 +153,7 @@ impl QueuePair {
             done: vec![None; entries as usize],
             parked: 0,
             in_flight: 0,
+            given_up: vec![false; entries as usize],
         })
     }
 
@@ -251,6 +256,13 @@ impl QueuePair {
             if self.free.contains(&cid) || self.done[cid as usize].is_some() {
                 continue;
             }
+            if std::mem::take(&mut self.given_up[cid as usize]) {
+                // Its caller was told it failed: not sent again, and its
+                // completion will not come from the old controller.
+                self.in_flight -= 1;
+                self.free.push(cid);
+                continue;
+            }
             let sqe = self.sent[cid as usize];
             self.write_sqe(&sqe);
             n += 1;
@@ -263,6 +275,7 @@ impl QueuePair {
     /// again and it is not sent again.
     pub(crate) fn abandon(&mut self, cid: u16) {
         if (cid as usize) < self.done.len() - 1 && !self.free.contains(&cid) {
+            self.given_up[cid as usize] = false;
             // Set aside (completed, not handed out) or still in flight.
             if self.done[cid as usize].take().is_some() {
                 self.parked -= 1;
@@ -270,6 +283,24 @@ impl QueuePair {
                 self.in_flight -= 1;
             }
             self.free.push(cid);
+        }
+    }
+
+    /// The waiter of command `cid` gave up on it while its controller
+    /// lives (a timeout of [`IoQueue::wait_for`]): a completion already
+    /// set aside is dropped, a later one will be, and its id is free
+    /// again then (not before: it must not complete a later command). The
+    /// synchronous helpers do this themselves.
+    pub fn give_up(&mut self, cid: u16) {
+        let slot = cid as usize;
+        if slot >= self.done.len() - 1 || self.free.contains(&cid) {
+            return;
+        }
+        if self.done[slot].take().is_some() {
+            self.parked -= 1;
+            self.free.push(cid);
+        } else {
+            self.given_up[slot] = true;
         }
     }
 
@@ -387,6 +418,11 @@ impl QueuePair {
                 break;
             }
             self.in_flight -= 1;
+            if std::mem::take(&mut self.given_up[slot]) {
+                // Nobody waits for it any more.
+                self.free.push(cqe.cid);
+                continue;
+            }
             out.push(cqe);
             n += 1;
         }
@@ -562,18 +598,15 @@ impl IoQueue {
     /// runs it again on a controller brought up again), so it is not sent
     /// a second time by [`IoQueue`]'s restore.
     fn ring_and_wait(&mut self, what: &str, cid: u16) -> Result<Cqe> {
-        let r = self.qp.ring().and_then(|()| self.wait(what, cid));
-        if let Err(e) = &r {
-            if e.host_gone() {
-                self.qp.abandon(cid);
-            }
+        let r = self.qp.ring().and_then(|()| self.wait_for(cid));
+        match &r {
+            Err(e) if e.host_gone() => self.qp.abandon(cid),
+            // Timed out, or the controller failed: nobody will take its
+            // completion, so its id must not wait for a taker.
+            Err(_) => self.qp.give_up(cid),
+            Ok(_) => {}
         }
-        r
-    }
-
-    fn wait(&mut self, what: &str, cid: u16) -> Result<Cqe> {
-        let c = self.wait_for(cid)?;
-        status_err(what, &c)
+        status_err(what, &r?)
     }
 
     /// Wait (polling) for command `cid`'s completion, whatever its status.

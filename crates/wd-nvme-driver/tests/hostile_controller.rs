@@ -244,3 +244,37 @@ fn reap_into_a_vector_holding_an_earlier_completion_of_the_same_id() {
     assert_eq!(all[0].cid, all[1].cid, "the id is used again");
     assert_eq!(q.pair().in_flight(), 0);
 }
+
+/// A command its waiter gave up on keeps its id until its completion
+/// comes, which is then dropped, not handed to anyone (a waiter that
+/// timed out left its id taken for good, or its late completion set
+/// aside for nobody).
+#[test]
+fn a_late_completion_of_a_command_given_up_frees_its_id() {
+    let t = two_reads_posted();
+    let (a, b, cq) = (t.a, t.b, t.cq);
+    let mut q = t.q;
+    // A's completion is there (set aside by the take of B): dropped now.
+    assert!(q.pair().take(b).unwrap().is_some());
+    q.pair().give_up(a);
+    assert_eq!((q.pair().in_flight(), q.pair().room()), (0, 7));
+    assert!(q.take_ready(8).unwrap().is_empty());
+    // C is pushed and never rung: its completion comes "late", posted
+    // by hand, after its waiter gave up.
+    let c = q
+        .push_rw(IoOp::Read, &t.ns, 2, t.buf.addr(), BLOCK)
+        .unwrap();
+    q.pair().give_up(c);
+    assert_eq!(q.pair().room(), 6, "its id stays taken until it completes");
+    let late = Cqe {
+        result: 0,
+        sq_head: 3,
+        sq_id: q.qid(),
+        cid: c,
+        phase: true,
+        status: Status::SUCCESS,
+    };
+    poke(cq + 2 * CQE_SIZE as u64, &late.to_bytes());
+    assert!(q.take_ready(8).unwrap().is_empty(), "handed to nobody");
+    assert_eq!((q.pair().in_flight(), q.pair().room()), (0, 7));
+}
