@@ -706,7 +706,10 @@ mod tests {
         let returned = Instant::now();
         assert_eq!(iommu.stats().waited_syncs, 1);
         let (e, released) = h.join().unwrap();
-        assert!(returned >= released, "the sync returned before the section ended");
+        assert!(
+            returned >= released,
+            "the sync returned before the section ended"
+        );
         assert_eq!(e.stats().commands, 2);
         drop(e);
         assert_eq!(iommu.engine_count(), 0);
