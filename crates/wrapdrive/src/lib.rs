@@ -182,6 +182,24 @@ impl Capability {
     }
 }
 
+/// How long a client waits for the answer to a control request
+/// (`WD_CALL_TIMEOUT_MS`, default [`DEFAULT_CALL_TIMEOUT_MS`]).
+fn call_timeout() -> std::time::Duration {
+    let ms = std::env::var("WD_CALL_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&ms: &u64| ms > 0)
+        .unwrap_or(DEFAULT_CALL_TIMEOUT_MS);
+    std::time::Duration::from_millis(ms)
+}
+
+/// How long a client waits for the answer to a control request by
+/// default: the slowest a live host takes is a strict unshare or a
+/// namespace detach waiting for a device's I/O (seconds); past this the
+/// host is hung, and the caller hears `HostGone` instead of waiting for
+/// good.
+pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 60_000;
+
 /// How long a client waits for a host's answer to its Hello
 /// (`WD_CONNECT_TIMEOUT_MS`, default [`DEFAULT_CONNECT_TIMEOUT_MS`]).
 fn hello_timeout() -> std::time::Duration {
@@ -498,7 +516,25 @@ impl HostConn {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut ch = self.ch.lock().unwrap_or_else(|e| e.into_inner());
-        let f = ch.call(msg, id, fds)?;
+        let wait = call_timeout();
+        let by = std::time::Instant::now() + wait;
+        let f = ch.call_by(msg, id, fds, Some(by)).map_err(|e| match e {
+            IpcError::TimedOut => {
+                // Its answer may still come: the connection is of no use
+                // any more, and the host counts as gone (the next caller
+                // connects again).
+                let _ = ch.socket().shutdown(std::net::Shutdown::Both);
+                ClientError::new(
+                    Status::HostGone,
+                    format!(
+                        "the WrapDrive host did not answer a {} request within {} ms (hung? WD_CALL_TIMEOUT_MS sets the wait)",
+                        msg.name(),
+                        wait.as_millis()
+                    ),
+                )
+            }
+            e => e.into(),
+        })?;
         match f.msg {
             Message::Error { status, message } => Err(ClientError::new(status, message)),
             m => Ok((m, f.fds)),
