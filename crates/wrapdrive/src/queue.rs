@@ -345,6 +345,15 @@ impl Queue {
     /// for what sends requests or adds memory.
     fn check_usable(&self) -> Result<()> {
         self.check()?;
+        // Made under an older connection (another caller connected again:
+        // the host restarted, or stopped answering): its id means nothing
+        // on the new one, so it is gone, and made again by `retry`.
+        if self.host.epoch() != self.epoch {
+            return Err(ClientError::new(
+                Status::HostGone,
+                "the connection this queue was made on is gone",
+            ));
+        }
         match &self.unrestored {
             // Gone again: made again on the next host, which may take it
             // all (`retry` remakes it on HostGone).

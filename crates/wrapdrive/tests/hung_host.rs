@@ -1,7 +1,8 @@
 //! A host that stops answering after a client connected (stopped, hung):
 //! a control request is `HostGone` after `WD_CALL_TIMEOUT_MS`, never a
-//! caller held for good. Its own test binary: it sets the process's
-//! environment.
+//! caller held for good, and once it answers again the queues made on
+//! the old connection are made again on a new one. Its own test binary:
+//! it sets the process's environment.
 #![allow(unsafe_code)]
 
 use std::time::{Duration, Instant};
@@ -25,7 +26,7 @@ fn child_entry() {
 }
 
 #[test]
-fn a_control_request_to_a_stopped_host_is_host_gone_after_the_deadline() {
+fn a_stopped_host_is_gone_after_the_deadline_and_its_queues_come_back() {
     std::env::set_var("WD_CALL_TIMEOUT_MS", "300");
     std::env::set_var("WD_CONNECT_TIMEOUT_MS", "300");
     let dir = wd_testutil::tempdir("wd-hung-host");
@@ -33,6 +34,9 @@ fn a_control_request_to_a_stopped_host_is_host_gone_after_the_deadline() {
     let host = wd_testutil::Role::serving("host", &socket);
     let conn = HostConn::connect(&socket).unwrap();
     let mut q = conn
+        .request_queue(&Capability::new("memcpy").depth(4))
+        .unwrap();
+    let mut q2 = conn
         .request_queue(&Capability::new("memcpy").depth(4))
         .unwrap();
     let buf = SharedBuf::new(4096).unwrap();
@@ -44,4 +48,11 @@ fn a_control_request_to_a_stopped_host_is_host_gone_after_the_deadline() {
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     // SAFETY: as above.
     unsafe { libc::kill(host.pid(), libc::SIGCONT) };
+    // The host answers again: another caller connects again first, and
+    // the queues made on the old connection are made again on the new
+    // one (their ids meant nothing there: NotFound for good).
+    conn.attrs("").unwrap();
+    q.share(buf.addr(), buf.len()).unwrap();
+    let buf2 = SharedBuf::new(4096).unwrap();
+    q2.share(buf2.addr(), buf2.len()).unwrap();
 }
