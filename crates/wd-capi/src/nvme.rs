@@ -340,7 +340,16 @@ fn rw(
         if !wait {
             return Ok(cid as c_int);
         }
-        let done = q.wait_for(cid).map_err(client)?;
+        let done = match q.wait_for(cid) {
+            Ok(d) => d,
+            Err(e) => {
+                // The caller hears it failed and nobody takes its
+                // completion: its id comes back when that arrives, or when
+                // the queue is made again (without sending it again).
+                q.pair().give_up(cid);
+                return Err(client(e));
+            }
+        };
         if !done.status.is_success() {
             return Err(ClientError::new(
                 Status::Io,
