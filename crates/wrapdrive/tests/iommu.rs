@@ -374,12 +374,13 @@ fn a_stall_left_behind_by_a_new_attachment_runs_again_there() {
         flags: rw,
     };
     let ep = q.id();
-    let attach = |domain: u32| Request::Attach {
+    let attach_ep = |domain: u32, endpoint: u32| Request::Attach {
         domain,
-        endpoint: ep,
+        endpoint,
         flags: 0,
         reserved: [0; 4],
     };
+    let attach = |domain: u32| attach_ep(domain, ep);
     // Domain 1 lacks the destination: the copy stalls there.
     let st = h
         .virtio_requests(&[attach(1), map(1, s_iova, src.addr())])
@@ -400,15 +401,21 @@ fn a_stall_left_behind_by_a_new_attachment_runs_again_there() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(stalled, "the copy faulted");
-    // Domain 2 maps both; the queue moves there.
+    // Domain 2 maps both (made by another queue's endpoint first: a
+    // domain exists from its first attachment, and the stall runs again
+    // as soon as the queue moves, so its maps must be there by then);
+    // then the queue moves there.
+    let other = h.request_queue(&Capability::new("memcpy")).unwrap();
     let st = h
         .virtio_requests(&[
-            attach(2),
+            attach_ep(2, other.id()),
             map(2, s_iova, src.addr()),
             map(2, d_iova, dst.addr()),
         ])
         .unwrap();
     assert_eq!(st, [Some(VStatus::Ok); 3]);
+    let st = h.virtio_requests(&[attach(2)]).unwrap();
+    assert_eq!(st, [Some(VStatus::Ok)]);
     let t = std::time::Instant::now();
     let c = q.recv_sync(Some(Duration::from_secs(10))).unwrap();
     assert_eq!((c.cookie, c.desc.status, c.desc.result), (11, 0, LEN));
