@@ -185,11 +185,17 @@ impl Capability {
 /// How long a client waits for the answer to a control request
 /// (`WD_CALL_TIMEOUT_MS`, default [`DEFAULT_CALL_TIMEOUT_MS`]).
 fn call_timeout() -> std::time::Duration {
-    let ms = std::env::var("WD_CALL_TIMEOUT_MS")
+    env_ms("WD_CALL_TIMEOUT_MS", DEFAULT_CALL_TIMEOUT_MS, 1)
+}
+
+/// Milliseconds from the environment variable `var`, at least `min`
+/// (`default` when unset, unreadable or less).
+fn env_ms(var: &str, default: u64, min: u64) -> std::time::Duration {
+    let ms = std::env::var(var)
         .ok()
         .and_then(|v| v.trim().parse().ok())
-        .filter(|&ms: &u64| ms > 0)
-        .unwrap_or(DEFAULT_CALL_TIMEOUT_MS);
+        .filter(|&ms: &u64| ms >= min)
+        .unwrap_or(default);
     std::time::Duration::from_millis(ms)
 }
 
@@ -203,12 +209,7 @@ pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 60_000;
 /// How long a client waits for a host's answer to its Hello
 /// (`WD_CONNECT_TIMEOUT_MS`, default [`DEFAULT_CONNECT_TIMEOUT_MS`]).
 fn hello_timeout() -> std::time::Duration {
-    let ms = std::env::var("WD_CONNECT_TIMEOUT_MS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|&ms: &u64| ms > 0)
-        .unwrap_or(DEFAULT_CONNECT_TIMEOUT_MS);
-    std::time::Duration::from_millis(ms)
+    env_ms("WD_CONNECT_TIMEOUT_MS", DEFAULT_CONNECT_TIMEOUT_MS, 1)
 }
 
 /// How long a client waits for a host to answer its Hello by default: a
@@ -227,11 +228,7 @@ pub fn retry_after(base: std::time::Duration, attempt: std::time::Duration) -> s
 
 /// How long a client waits for a restarted host (`WD_RECONNECT_MS`).
 fn reconnect_window() -> std::time::Duration {
-    let ms = std::env::var("WD_RECONNECT_MS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(DEFAULT_RECONNECT_MS);
-    std::time::Duration::from_millis(ms)
+    env_ms("WD_RECONNECT_MS", DEFAULT_RECONNECT_MS, 0)
 }
 
 /// How long a client waits for a restarted host by default: a restart
