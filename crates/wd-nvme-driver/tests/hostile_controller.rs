@@ -52,6 +52,20 @@ fn io_cq_base(c: &Controller, qid: u16) -> u64 {
         .expect("create CQ command in the admin queue")
 }
 
+/// Post a successful completion for command `cid` of queue `qid` in entry
+/// `slot` of the completion queue at `cq`, as a controller would.
+fn post(cq: u64, slot: u64, qid: u16, cid: u16) {
+    let c = Cqe {
+        result: 0,
+        sq_head: slot as u16 + 1,
+        sq_id: qid,
+        cid,
+        phase: true,
+        status: Status::SUCCESS,
+    };
+    poke(cq + slot * CQE_SIZE as u64, &c.to_bytes());
+}
+
 /// Wait until completion queue entry `slot` at `cq` carries phase 1.
 fn wait_posted(cq: u64, slot: u64) {
     let t = Instant::now();
@@ -146,15 +160,7 @@ fn a_bogus_completion_does_not_swallow_the_genuine_ones_before_it() {
     let t = two_reads_posted();
     let (a, b, cq) = (t.a, t.b, t.cq);
     let mut q = t.q;
-    let bogus = Cqe {
-        result: 0,
-        sq_head: 2,
-        sq_id: q.qid(),
-        cid: 0x7777,
-        phase: true,
-        status: Status::SUCCESS,
-    };
-    poke(cq + 2 * CQE_SIZE as u64, &bogus.to_bytes());
+    post(cq, 2, q.qid(), 0x7777);
     let first = q.pair().take(a);
     let (mut got_a, mut got_b) = (matches!(first, Ok(Some(_))), false);
     let t = Instant::now();
@@ -195,15 +201,7 @@ fn a_set_aside_completion_is_handed_out_before_a_bogus_one_is_reported() {
     let t = two_reads_posted();
     let (a, b, cq) = (t.a, t.b, t.cq);
     let mut q = t.q;
-    let bogus = Cqe {
-        result: 0,
-        sq_head: 2,
-        sq_id: q.qid(),
-        cid: 0x7777,
-        phase: true,
-        status: Status::SUCCESS,
-    };
-    poke(cq + 2 * CQE_SIZE as u64, &bogus.to_bytes());
+    post(cq, 2, q.qid(), 0x7777);
     // B taken; A set aside; the bogus entry left for the next read.
     assert!(q.pair().take(b).unwrap().is_some());
     let got = q.take_ready(8).unwrap();
@@ -266,15 +264,7 @@ fn a_late_completion_of_a_command_given_up_frees_its_id() {
         .unwrap();
     q.pair().give_up(c);
     assert_eq!(q.pair().room(), 6, "its id stays taken until it completes");
-    let late = Cqe {
-        result: 0,
-        sq_head: 3,
-        sq_id: q.qid(),
-        cid: c,
-        phase: true,
-        status: Status::SUCCESS,
-    };
-    poke(cq + 2 * CQE_SIZE as u64, &late.to_bytes());
+    post(cq, 2, q.qid(), c);
     assert!(q.take_ready(8).unwrap().is_empty(), "handed to nobody");
     assert_eq!((q.pair().in_flight(), q.pair().room()), (0, 7));
 }
