@@ -54,7 +54,7 @@ struct wd_comp;
 
 /* Where requests went and why. */
 struct wd_comp_stats {
-    uint64_t offloaded;     /* run by the device */
+    uint64_t offloaded;     /* run by the device, whatever their outcome */
     uint64_t cpu_threshold; /* here: smaller than the threshold */
     uint64_t cpu_policy;    /* here: policy cpu, or larger than one request (64 MiB) */
     uint64_t cpu_assist;    /* here while every device slot was busy */

@@ -152,7 +152,8 @@ impl Config {
 /// Where a [`Compressor`]'s blocks went, and why.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Blocks the device ran.
+    /// Blocks the device ran, whatever their outcome (as a block run here
+    /// is counted by why it ran here, whatever its outcome).
     pub offloaded: u64,
     /// Blocks run here because they were under the threshold.
     pub cpu_threshold: u64,
@@ -984,6 +985,9 @@ impl Compressor {
                 };
                 free.push(s);
                 let started = sent_at[s].take();
+                // (Counted whatever its outcome, as a block that fails
+                // here is.)
+                self.stats.offloaded += 1;
                 if let Err(e) = device_status(c.desc.status) {
                     // (Timed like a failed request on the CPU.)
                     if let Some(t) = started {
@@ -1004,7 +1008,6 @@ impl Compressor {
                     consumed: r.consumed as usize,
                     produced,
                 };
-                self.stats.offloaded += 1;
             }
         }
         if let Some(e) = failed {

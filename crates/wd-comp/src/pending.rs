@@ -389,12 +389,12 @@ impl Compressor {
                 t.elapsed(),
             );
         }
+        self.stats.offloaded += 1;
         device_status(d.status)?;
         let r = Done::from_result(d.result);
         let produced = (r.produced as usize).min(room);
         let stage = lane.stage.as_ref().expect("a slot in flight");
         stage.read((slot * lane.slot + input) as u64, &mut out[..produced]);
-        self.stats.offloaded += 1;
         self.stats.bytes_in += input as u64;
         self.stats.bytes_out += produced as u64;
         Ok(Some(Inflated {

@@ -25,6 +25,12 @@ pub struct Pieces {
 /// the fastest). When both pieces end open both walk: half each.
 const DEVICE_SIXTEENTHS: usize = 7;
 
+/// The cookie of a piece in flight: none of a batch's (its slots) nor of
+/// a stream's `call`s (the top [`wrapdrive::CALL_COOKIES`]), so a
+/// completion some earlier request left behind is never taken for the
+/// piece's.
+const PIECE_COOKIE: u64 = u64::MAX - wrapdrive::CALL_COOKIES;
+
 impl Compressor {
     /// A large deflate block cut in two pieces compressed at once, the
     /// first on the device and the rest here, joined into one stream:
@@ -204,7 +210,7 @@ impl Compressor {
             piece: true,
         }
         .to_desc(0);
-        lane.q.send(d, 0).map_err(|_| Miss::Device)?;
+        lane.q.send(d, PIECE_COOKIE).map_err(|_| Miss::Device)?;
         // The rest here meanwhile.
         let mut rest = std::mem::take(&mut self.piece);
         rest.clear();
@@ -249,22 +255,20 @@ impl Compressor {
     /// queue is dropped, as in a batch).
     fn recv_piece(&mut self, room: usize) -> Option<usize> {
         let lane = self.lane.as_mut().expect("a piece was sent");
-        let mut comps = Vec::with_capacity(1);
-        loop {
-            let got = match lane.q.recv_batch(&mut comps, 1) {
-                Ok(0) => lane.wait().map(|_| 0),
-                other => other,
-            };
-            match got {
-                Ok(0) => continue,
-                Ok(_) => break,
+        let c = loop {
+            match lane.q.recv_cookie(PIECE_COOKIE) {
+                Ok(Some(c)) => break c,
+                Ok(None) => {}
                 Err(e) => {
                     self.lost(e.to_string());
                     return None;
                 }
             }
-        }
-        let c = comps[0];
+            if let Err(e) = lane.wait() {
+                self.lost(e.to_string());
+                return None;
+            }
+        };
         if c.desc.status != 0 {
             return None;
         }

@@ -270,6 +270,23 @@ fn errors_are_the_same_on_both_paths() {
         assert_eq!(got.produced, text.len());
         assert!(out == text);
     }
+    // Every block is counted once whatever its outcome, on either path.
+    let blocks = |s: wd_comp::Stats| {
+        s.offloaded + s.cpu_threshold + s.cpu_policy + s.cpu_assist + s.cpu_fallback
+    };
+    assert_eq!(
+        blocks(dev.stats()),
+        blocks(cpu.stats()),
+        "{:?} {:?}",
+        dev.stats(),
+        cpu.stats()
+    );
+    assert_eq!(
+        dev.stats().offloaded,
+        blocks(dev.stats()),
+        "{:?}",
+        dev.stats()
+    );
 }
 
 #[test]
