@@ -340,16 +340,10 @@ fn rw(
         if !wait {
             return Ok(cid as c_int);
         }
-        let done = match q.wait_for(cid) {
-            Ok(d) => d,
-            Err(e) => {
-                // The caller hears it failed and nobody takes its
-                // completion: its id comes back when that arrives, or when
-                // the queue is made again (without sending it again).
-                q.pair().give_up(cid);
-                return Err(client(e));
-            }
-        };
+        // A failed wait gives the command up: its id comes back when its
+        // completion arrives, or when the queue is made again (without
+        // sending it again).
+        let done = q.wait_for(cid).map_err(client)?;
         if !done.status.is_success() {
             return Err(ClientError::new(
                 Status::Io,

@@ -287,10 +287,10 @@ impl QueuePair {
     }
 
     /// The waiter of command `cid` gave up on it while its controller
-    /// lives (a timeout of [`IoQueue::wait_for`]): a completion already
-    /// set aside is dropped, a later one will be, and its id is free
-    /// again then (not before: it must not complete a later command). The
-    /// synchronous helpers do this themselves.
+    /// lives (a caller of [`QueuePair::take`] that stops waiting; a failed
+    /// [`IoQueue::wait_for`] does this itself): a completion already set
+    /// aside is dropped, a later one will be, and its id is free again
+    /// then (not before: it must not complete a later command).
     pub fn give_up(&mut self, cid: u16) {
         let slot = cid as usize;
         if slot >= self.done.len() - 1 || self.free.contains(&cid) {
@@ -593,24 +593,30 @@ impl IoQueue {
         self.ring_and_wait(what, cid)
     }
 
-    /// Ring for pushed command `cid` and wait for it. When the host went
-    /// away meanwhile the command is given up: the caller hears of it (and
-    /// runs it again on a controller brought up again), so it is not sent
-    /// a second time by [`IoQueue`]'s restore.
+    /// Ring for pushed command `cid` and wait for it.
     fn ring_and_wait(&mut self, what: &str, cid: u16) -> Result<Cqe> {
-        let r = self.qp.ring().and_then(|()| self.wait_for(cid));
-        match &r {
-            Err(e) if e.host_gone() => self.qp.abandon(cid),
-            // Timed out, or the controller failed: nobody will take its
-            // completion, so its id must not wait for a taker.
-            Err(_) => self.qp.give_up(cid),
-            Ok(_) => {}
-        }
-        status_err(what, &r?)
+        self.qp.ring()?;
+        status_err(what, &self.wait_for(cid)?)
     }
 
     /// Wait (polling) for command `cid`'s completion, whatever its status.
+    /// A wait that fails gives the command up, as nobody will take its
+    /// completion: when the host went away it is not sent again by
+    /// [`IoQueue`]'s restore (the caller hears of it, and runs it again on
+    /// a controller brought up again); on a timeout or a failed
+    /// controller its id comes back with its late completion, which must
+    /// not complete a later command.
     pub fn wait_for(&mut self, cid: u16) -> Result<Cqe> {
+        let r = self.wait_once(cid);
+        match &r {
+            Err(e) if e.host_gone() => self.qp.abandon(cid),
+            Err(_) => self.qp.give_up(cid),
+            Ok(_) => {}
+        }
+        r
+    }
+
+    fn wait_once(&mut self, cid: u16) -> Result<Cqe> {
         let what = || format!("command {cid}");
         let mut liveness = Liveness::new(Duration::from_secs(30));
         loop {

@@ -268,3 +268,28 @@ fn a_late_completion_of_a_command_given_up_frees_its_id() {
     assert!(q.take_ready(8).unwrap().is_empty(), "handed to nobody");
     assert_eq!((q.pair().in_flight(), q.pair().room()), (0, 7));
 }
+
+/// A wait that fails gives its command up itself: a caller of
+/// `IoQueue::wait_for` that hears its host went away has its command's id
+/// back, and the command is not sent again when the queue is made again
+/// (a direct caller had to call `give_up` itself, or the id stayed taken
+/// and a restore sent the command the caller was told had failed).
+#[test]
+fn a_failed_wait_gives_its_command_up() {
+    let TwoReads {
+        _host: host,
+        mut q,
+        ns,
+        buf,
+        a,
+        b,
+        ..
+    } = two_reads_posted();
+    assert!(q.wait_for(a).unwrap().status.is_success());
+    assert!(q.wait_for(b).unwrap().status.is_success());
+    let c = q.push_rw(IoOp::Read, &ns, 2, buf.addr(), BLOCK).unwrap();
+    drop(host);
+    let e = q.wait_for(c).unwrap_err();
+    assert!(e.host_gone(), "{e}");
+    assert_eq!((q.pair().in_flight(), q.pair().room()), (0, 7));
+}
