@@ -7,7 +7,7 @@
 #![deny(unsafe_code)]
 
 use std::collections::VecDeque;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Instant;
 
@@ -120,17 +120,20 @@ impl Channel {
     fn fill(&mut self, by: Option<Instant>) -> Result<(), IpcError> {
         if let Some(by) = by {
             // One deadline for the whole frame, not one per read: a frame
-            // trickled a byte at a time must not outlive it.
-            let left = by.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(IpcError::TimedOut);
+            // trickled a byte at a time must not outlive it. Waited for
+            // with poll, so the socket's own read timeout is never
+            // touched (setting and restoring it cost three system calls
+            // a frame).
+            loop {
+                let left = by.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(IpcError::TimedOut);
+                }
+                let ready = wd_sys::poll(&[self.sock.as_fd()], Some(left))?;
+                if ready[0].readable || ready[0].hangup {
+                    break;
+                }
             }
-            self.sock
-                .set_read_timeout(Some(left))
-                .map_err(|source| SysError::Call {
-                    call: "setsockopt",
-                    source,
-                })?;
         }
         if self.start > 0 && self.start == self.buf.len() {
             self.buf.clear();
@@ -173,21 +176,8 @@ impl Channel {
     }
 
     /// Receive the next frame, whole by `by` ([`IpcError::TimedOut`]
-    /// after it). The socket's own read timeout is left as it was.
+    /// after it). The socket's own read timeout is left as it is.
     pub fn recv_by(&mut self, by: Option<Instant>) -> Result<Frame, IpcError> {
-        if by.is_none() {
-            return self.recv_frame(None);
-        }
-        let before = self.sock.read_timeout().map_err(|source| SysError::Call {
-            call: "getsockopt",
-            source,
-        })?;
-        let r = self.recv_frame(by);
-        let _ = self.sock.set_read_timeout(before);
-        r
-    }
-
-    fn recv_frame(&mut self, by: Option<Instant>) -> Result<Frame, IpcError> {
         while self.available().len() < HEADER_LEN {
             self.fill(by)?;
         }
