@@ -242,6 +242,8 @@ impl Conn<'_> {
                 )),
             };
         }
+        #[cfg(test)]
+        tests::maybe_panic(f.msg.name());
         let mut fds = f.fds;
         match f.msg {
             Message::ListAttrs { prefix } => Ok((
@@ -686,4 +688,87 @@ fn fault_events(recs: &[FaultRecord]) -> Vec<FaultEvent> {
             reason: r.fault.reason,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::os::unix::net::UnixStream;
+    use std::sync::atomic::Ordering;
+
+    use wd_ipc::Channel;
+    use wd_proto::Message;
+
+    use crate::config::DeviceConfig;
+    use crate::quota::Resource;
+
+    thread_local! {
+        /// The request whose handling panics on this thread (no request
+        /// can make a connection thread panic any more, so the guard is
+        /// tested through this).
+        static PANIC_ON: Cell<Option<&'static str>> = const { Cell::new(None) };
+    }
+
+    pub(super) fn maybe_panic(request: &str) {
+        if PANIC_ON.with(Cell::get) == Some(request) {
+            panic!("a {request} request that panics (test)");
+        }
+    }
+
+    /// A panic on a request: the client is told, and the connection's
+    /// queues, instances and charge are given back.
+    #[test]
+    fn a_request_that_panics_gives_back_what_its_connection_held() {
+        let host = crate::Host::embedded(vec![DeviceConfig::new("dummy")]).unwrap();
+        let inner = host.inner.clone();
+        let (client, server) = UnixStream::pair().unwrap();
+        let cred = wd_sys::peer_cred(&server).unwrap();
+        let uid = cred.uid;
+        let charge = inner.quotas.charge(uid, Resource::Connection).unwrap();
+        let free = || inner.devices[0].types[0].available.load(Ordering::Relaxed);
+        let before = free();
+        let h = inner.clone();
+        let serving = std::thread::spawn(move || {
+            PANIC_ON.with(|p| p.set(Some("GetAttr")));
+            super::serve(&h, server, cred, charge);
+        });
+        let mut ch = Channel::new(client);
+        let hello = Message::Hello {
+            version: wd_proto::PROTOCOL_VERSION,
+            client_pid: wd_sys::getpid(),
+        };
+        ch.call(&hello, 1, &[]).unwrap();
+        let request = Message::RequestQueue {
+            alg: "memcpy".into(),
+            flags: 0,
+            depth: 0,
+            numa_node: -1,
+            probe_addr: 0,
+            probe_value: 0,
+        };
+        let granted = ch.call(&request, 2, &[]).unwrap();
+        assert_eq!(granted.msg.name(), "QueueGranted", "{:?}", granted.msg);
+        assert_eq!(free(), before - 1);
+        ch.send(
+            &Message::GetAttr {
+                path: "dev0".into(),
+            },
+            3,
+            &[],
+        )
+        .unwrap();
+        let last = ch.recv().unwrap();
+        match &last.msg {
+            Message::Error { message, .. } => assert!(message.contains("a bug"), "{message}"),
+            other => panic!("not an error: {other:?}"),
+        }
+        serving
+            .join()
+            .expect("the connection thread caught the panic");
+        assert!(inner.queues.lock().unwrap().is_empty());
+        assert_eq!(free(), before, "the queue's instance came back");
+        let held = inner.quotas.usage(uid);
+        assert!(held.is_empty(), "{held:?}");
+        drop(ch);
+    }
 }

@@ -34,7 +34,7 @@ pub struct Usage {
 }
 
 impl Usage {
-    fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.connections == 0 && self.queues == 0 && self.shares == 0
     }
 }
