@@ -2,8 +2,6 @@
 //! deadline, also when signals keep interrupting the wait.
 #![allow(unsafe_code)]
 
-use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,20 +15,7 @@ extern "C" fn nothing(_: libc::c_int) {}
 fn connect_to_a_full_backlog_keeps_its_deadline_under_signals() {
     let dir = wd_testutil::tempdir("wd-sys-connect");
     let path = dir.join("full.sock");
-    let listener = UnixListener::bind(&path).unwrap();
-    // SAFETY: listen(2) on a socket this test owns.
-    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
-    let mut held = Vec::new();
-    loop {
-        match wd_sys::connect_unix(path.as_bytes(), false, Duration::from_millis(20)) {
-            Ok(s) => held.push(s),
-            Err(e) => {
-                assert_eq!(e.errno(), libc::EAGAIN, "{e}");
-                break;
-            }
-        }
-        assert!(held.len() < 1000);
-    }
+    let (_listener, _held) = wd_testutil::full_listener(&path);
     // SAFETY: a handler that does nothing, installed for this process.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();

@@ -14,6 +14,7 @@
 pub mod dma;
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -208,6 +209,31 @@ pub fn tempdir_in(base: &Path, name: &str, mode: u32) -> TempDir {
 pub fn tempdir(name: &str) -> TempDir {
     tempdir_in(&std::env::temp_dir(), name, 0o755)
 }
+
+/// A listener at `path` whose accept queue is full (nobody accepts), and
+/// the connections that filled it: the next connect waits, as at a
+/// stopped host whose queue the clients that gave up on it fill.
+pub fn full_listener(path: impl AsRef<Path>) -> (UnixListener, Vec<UnixStream>) {
+    let path = path.as_ref();
+    let listener = UnixListener::bind(path).unwrap();
+    let mut held = Vec::new();
+    let full = loop {
+        match wd_sys::connect_unix(
+            path.as_os_str().as_encoded_bytes(),
+            false,
+            Duration::from_millis(20),
+        ) {
+            Ok(s) => held.push(s),
+            Err(e) => break e,
+        }
+        assert!(held.len() < 10_000, "the accept queue never filled");
+    };
+    assert_eq!(full.errno(), EAGAIN, "{full}");
+    (listener, held)
+}
+
+/// What a connect to a full accept queue fails with.
+const EAGAIN: i32 = 11;
 
 /// Poll `f` every 20 ms until it holds; fail the test after 10 s (a
 /// condition that never comes must not hang the suite).

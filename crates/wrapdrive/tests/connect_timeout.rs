@@ -3,9 +3,6 @@
 //! never a caller held for good; so is one whose backlog is full (the
 //! clients that gave up on a stopped host stay in its accept queue). Its
 //! own test binary: it sets `WD_CONNECT_TIMEOUT_MS` for the process.
-#![allow(unsafe_code)]
-
-use std::os::fd::AsRawFd;
 
 use std::os::unix::net::UnixListener;
 use std::time::{Duration, Instant};
@@ -41,21 +38,7 @@ fn a_host_with_a_full_backlog_is_host_gone_after_the_deadline() {
     quick_deadline();
     let dir = wd_testutil::tempdir("wd-connect-backlog");
     let path = dir.join("full.sock");
-    let listener = UnixListener::bind(&path).unwrap();
-    // SAFETY: listen(2) on a socket this test owns; a backlog of 0 is
-    // quickly full.
-    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
-    let mut held = Vec::new();
-    loop {
-        match wd_sys::connect_unix(path.as_bytes(), false, Duration::from_millis(20)) {
-            Ok(s) => held.push(s),
-            Err(e) => {
-                assert_eq!(e.errno(), 11, "{e}");
-                break;
-            }
-        }
-        assert!(held.len() < 1000, "the backlog never filled");
-    }
+    let (_listener, _held) = wd_testutil::full_listener(&path);
     let t = Instant::now();
     let e = match HostConn::connect(&path) {
         Ok(_) => panic!("connected through a full backlog"),
