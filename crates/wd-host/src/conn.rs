@@ -552,7 +552,7 @@ impl Conn<'_> {
             ring_map,
             (&self.host.iommu, domain_config(self.host, self.cred.uid)),
             (charge, instance),
-        ));
+        )?);
         // Cannot fail: a connection holds at most MAX_ENDPOINTS queues, and
         // ids are unique.
         let _ = self.virtio.add_endpoint(q.endpoint.clone(), vec![RESV_LOW]);

@@ -135,7 +135,9 @@ pub struct Queue {
 }
 
 impl Queue {
-    /// Assemble a queue (the host has already set up ring and engine).
+    /// Assemble a queue (the host has already set up ring and engine);
+    /// refused when its owner's table budget cannot take its domain's
+    /// root table.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: u32,
@@ -151,10 +153,16 @@ impl Queue {
         ring: Mapping,
         (iommu, domain): (&Arc<Iommu>, DomainConfig),
         (charge, instance): (Charge, InstanceClaim),
-    ) -> Queue {
-        let dom = Arc::new(Domain::new(iommu, id, domain));
+    ) -> Result<Queue, HostError> {
+        let dom = Domain::new(iommu, id, domain).map_err(|e| {
+            HostError::Status(
+                Status::Quota,
+                format!("cannot make the queue's domain: {e}"),
+            )
+        })?;
+        let dom = Arc::new(dom);
         iommu.track(&dom);
-        Queue {
+        Ok(Queue {
             id,
             device,
             alg,
@@ -175,7 +183,7 @@ impl Queue {
             state: AtomicU8::new(QueueState::Active as u8),
             _charge: charge,
             _instance: instance,
-        }
+        })
     }
 
     /// Current state.

@@ -486,6 +486,56 @@ fn virtio_page_tables_are_bounded_per_user() {
     assert_eq!(held(), 0, "the tables went with the connection");
 }
 
+/// A domain's root table is charged to its owner's budget like any table
+/// page: with the budget spent, neither a queue (its own domain) nor a
+/// virtio-iommu domain is made (each domain's root chunk, 32 KiB, was
+/// granted whatever the budget said).
+#[test]
+fn a_domains_root_is_charged_to_its_owners_table_budget() {
+    use wrapdrive::virtio::{Request, Status as VStatus};
+    // The least budget there is: 32 roots' chunks (8 table pages each).
+    let limit = 1u64 << 20;
+    let host = start(
+        &["dummy"],
+        limits(&format!(
+            "table_bytes_per_uid = {limit}\nexempt_owner = false"
+        )),
+    );
+    let conn = wrapdrive::HostConn::connect(&host.socket).unwrap();
+    let memcpy = wrapdrive::Capability::new("memcpy");
+    let mut queues = Vec::new();
+    let e = loop {
+        match conn.request_queue(&memcpy) {
+            Ok(q) => queues.push(q),
+            Err(e) => break e,
+        }
+        assert!(queues.len() <= 32, "a queue past the table budget");
+    };
+    assert_eq!(queues.len(), 32);
+    assert_eq!(e.status(), wrapdrive::Status::Quota, "{e}");
+    let uid = wd_sys::geteuid();
+    let held = attr(&host.socket, &format!("host/users/{uid}/table_bytes"));
+    assert_eq!(held, limit.to_string());
+    let first = queues[0].id();
+    let attach = |domain| {
+        conn.virtio_requests(&[Request::Attach {
+            domain,
+            endpoint: first,
+            flags: 0,
+            reserved: [0; 4],
+        }])
+        .unwrap()[0]
+    };
+    assert_eq!(
+        attach(1),
+        Some(VStatus::NoMem),
+        "a domain past the table budget"
+    );
+    // One queue fewer: room for one root again.
+    queues.pop();
+    assert_eq!(attach(1), Some(VStatus::Ok));
+}
+
 /// docs/protocol.md: status Version (EPROTONOSUPPORT) is "the peer speaks
 /// another protocol version". A client of another version writes its
 /// version in the frame header as well as in Hello; the header is checked

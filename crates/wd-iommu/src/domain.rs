@@ -212,10 +212,20 @@ fn check_range(iova: u64, size: u64) -> Result<u64, IommuError> {
 
 impl Domain {
     /// An empty domain on `iommu`; `pasid` names it in fault records.
-    pub fn new(iommu: &Arc<Iommu>, pasid: Pasid, cfg: DomainConfig) -> Domain {
-        let (table, alloc) = PageTable::new(cfg.max_table_pages, cfg.table_budget.clone());
+    /// Its root table is charged to its budget like any table page:
+    /// [`IommuError::TableBudget`] when the budget cannot take it.
+    pub fn new(iommu: &Arc<Iommu>, pasid: Pasid, cfg: DomainConfig) -> Result<Domain, IommuError> {
+        let budget = cfg.table_budget.clone();
+        let (table, alloc) =
+            PageTable::new(cfg.max_table_pages, budget.clone()).ok_or_else(|| {
+                let b = budget.as_ref().expect("only a budget refuses a root");
+                IommuError::TableBudget {
+                    used_pages: b.used(),
+                    limit_pages: b.limit(),
+                }
+            })?;
         iommu.count_domain(true);
-        Domain {
+        Ok(Domain {
             tag: iommu.new_tag(),
             pasid,
             iommu: iommu.clone(),
@@ -237,7 +247,7 @@ impl Domain {
             policy: AtomicU8::new(cfg.fault_policy as u8),
             flushes: AtomicU64::new(0),
             cfg,
-        }
+        })
     }
 
     /// The tag its IOTLB entries carry (unique, never reused).
@@ -800,7 +810,7 @@ mod tests {
 
     fn dom(cfg: DomainConfig) -> (Arc<Iommu>, Domain) {
         let iommu = Iommu::new();
-        let d = Domain::new(&iommu, 3, cfg);
+        let d = Domain::new(&iommu, 3, cfg).unwrap();
         (iommu, d)
     }
 
@@ -819,7 +829,7 @@ mod tests {
     #[test]
     fn live_domains_are_counted() {
         let (iommu, d) = dom(DomainConfig::default());
-        let e = Domain::new(&iommu, 4, DomainConfig::default());
+        let e = Domain::new(&iommu, 4, DomainConfig::default()).unwrap();
         assert_eq!(iommu.live_domains(), 2);
         drop(d);
         assert_eq!(iommu.live_domains(), 1);
@@ -994,12 +1004,21 @@ mod tests {
             }
         );
         assert_eq!(d.mapped_bytes(), 7 * P, "the refused map left nothing");
-        let d2 = Domain::new(&i, 4, cfg);
-        assert!(
-            d2.map(1 << 39, 0, P, Prot::RW).is_ok(),
-            "within its root's chunk"
+        // A new domain's root chunk is charged like any other: refused
+        // on a spent budget (it was granted whatever the budget said, so
+        // each domain could pass it by 32 KiB).
+        assert_eq!(
+            Domain::new(&i, 4, cfg.clone()).err(),
+            Some(IommuError::TableBudget {
+                used_pages: 24,
+                limit_pages: 24
+            })
         );
-        drop((d, d2));
+        assert_eq!(b.used(), 24, "a refused domain holds nothing");
+        drop(d);
+        let d2 = Domain::new(&i, 4, cfg).unwrap();
+        assert_eq!(b.used(), 8);
+        drop(d2);
         assert_eq!(b.used(), 0);
     }
 
@@ -1113,17 +1132,20 @@ mod tests {
     #[cfg_attr(miri, ignore)]
     fn housekeeping_enforces_the_timeouts() {
         let iommu = Iommu::new();
-        let d = Arc::new(Domain::new(
-            &iommu,
-            1,
-            DomainConfig {
-                mode: InvalidationMode::Deferred,
-                fault_policy: FaultPolicy::Stall,
-                fq_timeout: Duration::from_millis(5),
-                stall_timeout: Duration::from_millis(5),
-                ..DomainConfig::default()
-            },
-        ));
+        let d = Arc::new(
+            Domain::new(
+                &iommu,
+                1,
+                DomainConfig {
+                    mode: InvalidationMode::Deferred,
+                    fault_policy: FaultPolicy::Stall,
+                    fq_timeout: Duration::from_millis(5),
+                    stall_timeout: Duration::from_millis(5),
+                    ..DomainConfig::default()
+                },
+            )
+            .unwrap(),
+        );
         iommu.track(&d);
         d.map(0, 0, P, Prot::RW).unwrap();
         d.unmap(0, P).unwrap();

@@ -718,7 +718,7 @@ mod tests {
     #[test]
     fn unmap_reaches_other_engines_iotlb() {
         let iommu = Iommu::new();
-        let d = Arc::new(Domain::new(&iommu, 1, DomainConfig::default()));
+        let d = Arc::new(Domain::new(&iommu, 1, DomainConfig::default()).unwrap());
         d.map(0, 0x10_0000, 4 * PAGE_SIZE, Prot::RW).unwrap();
         let mut a = EngineTlb::new(&iommu);
         let mut b = EngineTlb::new(&iommu);
@@ -743,7 +743,7 @@ mod tests {
     #[test]
     fn a_lagging_engine_drops_everything() {
         let iommu = Iommu::new();
-        let d = Domain::new(&iommu, 1, DomainConfig::default());
+        let d = Domain::new(&iommu, 1, DomainConfig::default()).unwrap();
         d.map(0, 0x10_0000, PAGE_SIZE, Prot::RW).unwrap();
         let mut e = EngineTlb::new(&iommu);
         assert!(e.enter().translate(&d, 1, 5, Access::Read).is_ok());
@@ -762,7 +762,7 @@ mod tests {
     #[test]
     fn range_beyond_the_iova_space_faults() {
         let iommu = Iommu::new();
-        let d = Domain::new(&iommu, 4, DomainConfig::default());
+        let d = Domain::new(&iommu, 4, DomainConfig::default()).unwrap();
         let mut e = EngineTlb::new(&iommu);
         let mut s = e.enter();
         let mut runs = Vec::new();

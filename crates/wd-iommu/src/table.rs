@@ -153,21 +153,24 @@ fn chunk_of(idx: u32) -> (usize, usize) {
 }
 
 impl Arena {
-    /// An arena with its root's chunk (charged to `budget` whatever it
-    /// holds: a domain always has a root).
-    fn new(max_pages: u32, budget: Option<Arc<TableBudget>>) -> Arena {
+    /// An arena with its root's chunk, charged to `budget` like any other
+    /// (None when the budget cannot take it: a domain always has a root).
+    fn new(max_pages: u32, budget: Option<Arc<TableBudget>>) -> Option<Arena> {
         let max_pages = max_pages.max(1);
         let (last, _) = chunk_of(max_pages - 1);
+        if let Some(b) = &budget {
+            // Chunk 0's pages (`chunk_pages(0)`).
+            if !b.take(FIRST_CHUNK.min(max_pages) as u64) {
+                return None;
+            }
+        }
         let a = Arena {
             chunks: (0..=last).map(|_| OnceLock::new()).collect(),
             capacity: max_pages,
             budget,
         };
-        if let Some(b) = &a.budget {
-            b.used.fetch_add(a.chunk_pages(0) as u64, Ordering::Relaxed);
-        }
         a.init(0);
-        a
+        Some(a)
     }
 
     /// The 512 entries of table page `table`.
@@ -260,12 +263,16 @@ pub(crate) struct PageTable {
 
 impl PageTable {
     /// An empty table allowed at most `max_pages` table pages (root
-    /// included), its chunks charged to `budget`.
-    pub(crate) fn new(max_pages: u32, budget: Option<Arc<TableBudget>>) -> (PageTable, TableAlloc) {
+    /// included), its chunks charged to `budget` (None when the budget
+    /// cannot take the root's).
+    pub(crate) fn new(
+        max_pages: u32,
+        budget: Option<Arc<TableBudget>>,
+    ) -> Option<(PageTable, TableAlloc)> {
         let t = PageTable {
-            arena: Arena::new(max_pages, budget),
+            arena: Arena::new(max_pages, budget)?,
         };
-        (
+        Some((
             t,
             TableAlloc {
                 free: Vec::new(),
@@ -275,7 +282,7 @@ impl PageTable {
                 blocks: 0,
                 over_budget: false,
             },
-        )
+        ))
     }
 
     /// The leaf covering `iova`, if any. Lock-free; called by engines.
@@ -700,7 +707,7 @@ mod tests {
             &[1, 8, 9, 100, 16384, 16385]
         };
         for &cap in caps {
-            let a = Arena::new(cap, None);
+            let a = Arena::new(cap, None).unwrap();
             for t in 0..cap {
                 a.ensure(t);
                 let e = a.page(t);
@@ -731,7 +738,7 @@ mod tests {
 
     #[test]
     fn blocks_are_used_when_aligned() {
-        let (t, mut a) = PageTable::new(64, None);
+        let (t, mut a) = PageTable::new(64, None).unwrap();
         t.map(
             &mut a,
             G1,
@@ -749,18 +756,18 @@ mod tests {
         let l = t.walk(2 * G1 + M2 + 9).unwrap();
         assert_eq!((l.shift, l.phys), (12, 9 * G1 + M2));
         // Misaligned physical address: pages only.
-        let (t, mut a) = PageTable::new(64, None);
+        let (t, mut a) = PageTable::new(64, None).unwrap();
         t.map(&mut a, 0, M2, &[(P, M2)], Prot::READ, true).unwrap();
         assert_eq!(t.leaf_counts(), (512, 0, 0));
         // Blocks not allowed.
-        let (t, mut a) = PageTable::new(64, None);
+        let (t, mut a) = PageTable::new(64, None).unwrap();
         t.map(&mut a, 0, M2, &[(0, M2)], Prot::READ, false).unwrap();
         assert_eq!(t.leaf_counts(), (512, 0, 0));
     }
 
     #[test]
     fn unmap_unlinks_empty_tables_into_the_gather() {
-        let (t, mut a) = PageTable::new(64, None);
+        let (t, mut a) = PageTable::new(64, None).unwrap();
         t.map(&mut a, 0, 4 * P, &[(0x10_0000, 4 * P)], Prot::RW, true)
             .unwrap();
         assert_eq!(PageTable::live_pages(&a), 4);
@@ -780,7 +787,7 @@ mod tests {
 
     #[test]
     fn walk_run_follows_a_leaf_table() {
-        let (t, mut a) = PageTable::new(64, None);
+        let (t, mut a) = PageTable::new(64, None).unwrap();
         t.map(
             &mut a,
             M2 - 2 * P,
@@ -820,14 +827,14 @@ mod tests {
 
     #[test]
     fn split_detection_and_table_limit() {
-        let (t, mut a) = PageTable::new(64, None);
+        let (t, mut a) = PageTable::new(64, None).unwrap();
         t.map(&mut a, M2, 2 * M2, &[(0, M2)], Prot::RW, true)
             .unwrap();
         assert!(t.split_block(M2, M2 + P).is_some());
         assert!(t.split_block(M2 + P, 2 * M2).is_some());
         assert!(t.split_block(0, 3 * M2).is_none());
         // Three table pages at most: root + L2 + L1, no room for a leaf table.
-        let (t, mut a) = PageTable::new(3, None);
+        let (t, mut a) = PageTable::new(3, None).unwrap();
         assert_eq!(
             t.map(&mut a, 0, P, &[(0, P)], Prot::RW, true),
             Err(MapStop {
@@ -837,7 +844,7 @@ mod tests {
             "needs a fourth page"
         );
         // Overlaps stop the map where they start.
-        let (t, mut a) = PageTable::new(64, None);
+        let (t, mut a) = PageTable::new(64, None).unwrap();
         t.map(&mut a, 3 * P, 4 * P, &[(0, P)], Prot::RW, true)
             .unwrap();
         assert_eq!(

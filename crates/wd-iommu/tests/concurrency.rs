@@ -62,15 +62,18 @@ fn xorshift(s: &mut u64) -> u64 {
 
 fn run(mode: InvalidationMode, ops: usize) {
     let iommu = Iommu::new();
-    let dom = Arc::new(Domain::new(
-        &iommu,
-        1,
-        DomainConfig {
-            mode,
-            fq_size: 16,
-            ..DomainConfig::default()
-        },
-    ));
+    let dom = Arc::new(
+        Domain::new(
+            &iommu,
+            1,
+            DomainConfig {
+                mode,
+                fq_size: 16,
+                ..DomainConfig::default()
+            },
+        )
+        .unwrap(),
+    );
     let w = Arc::new(World {
         mem: (0..PHYS_PAGES).map(|_| AtomicU64::new(POISON)).collect(),
         free: Mutex::new((BLOCK_POOL / P..PHYS_PAGES).map(|p| p * P).collect()),

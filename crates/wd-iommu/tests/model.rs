@@ -208,7 +208,8 @@ fn run(ops: Vec<Op>, mode: InvalidationMode) -> Result<(), TestCaseError> {
             fq_size: 8,
             ..DomainConfig::default()
         },
-    );
+    )
+    .unwrap();
     let mut m = Model::default();
     for op in ops {
         match op {
@@ -348,7 +349,7 @@ proptest! {
 fn blocks_translate_like_pages() {
     let iommu = Iommu::new();
     let mut e = EngineTlb::new(&iommu);
-    let big = Domain::new(&iommu, 1, DomainConfig::default());
+    let big = Domain::new(&iommu, 1, DomainConfig::default()).unwrap();
     let small = Domain::new(
         &iommu,
         2,
@@ -356,7 +357,8 @@ fn blocks_translate_like_pages() {
             blocks: false,
             ..DomainConfig::default()
         },
-    );
+    )
+    .unwrap();
     for d in [&big, &small] {
         d.map(BLOCK_1G, 4 * BLOCK_1G, BLOCK_1G + 3 * BLOCK_2M, Prot::RW)
             .unwrap();

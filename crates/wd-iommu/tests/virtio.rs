@@ -80,7 +80,7 @@ fn dev_with(s: DeviceSettings) -> Dev {
     let mut dev = VirtioIommu::new(&iommu, s);
     let mut eps = Vec::new();
     for id in 1..=3u32 {
-        let d = Arc::new(Domain::new(&iommu, id, DomainConfig::default()));
+        let d = Arc::new(Domain::new(&iommu, id, DomainConfig::default()).unwrap());
         let ep = Arc::new(Endpoint::new(id, d));
         let resv = if id == 2 {
             vec![RESV_LOW, RESV_MSI]
@@ -493,7 +493,7 @@ fn limits_are_nomem() {
     let mut vd = VirtioIommu::new(&iommu, DeviceSettings::default());
     let mem = Mem::default();
     for id in 0..=MAX_DOMAINS as u32 {
-        let dom = Arc::new(Domain::new(&iommu, id, DomainConfig::default()));
+        let dom = Arc::new(Domain::new(&iommu, id, DomainConfig::default()).unwrap());
         vd.add_endpoint(Arc::new(Endpoint::new(id, dom)), vec![])
             .unwrap();
     }

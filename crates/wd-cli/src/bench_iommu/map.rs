@@ -111,7 +111,9 @@ fn layout_leaves(layout: &str, size: u64) -> Vec<(u64, u64)> {
 
 pub(super) fn map_table(args: &IommuArgs, prog: &mut Progress) -> Result<Vec<MapRow>, String> {
     let iommu = Iommu::new();
-    let dom = Arc::new(Domain::new(&iommu, 1, DomainConfig::default()));
+    let dom = Arc::new(
+        Domain::new(&iommu, 1, DomainConfig::default()).expect("a domain without a budget"),
+    );
     dom.map(ENGINE_IOVA, 1 << 39, ENGINE_WINDOW, Prot::RW)
         .map_err(|e| e.to_string())?;
     let stop = Arc::new(AtomicBool::new(false));

@@ -44,8 +44,10 @@ pub(super) fn translate_table(
             blocks: false,
             ..DomainConfig::default()
         },
-    );
-    let blocks = Domain::new(&iommu, 2, DomainConfig::default());
+    )
+    .expect("a domain without a budget");
+    let blocks =
+        Domain::new(&iommu, 2, DomainConfig::default()).expect("a domain without a budget");
     let src = vec![7u8; 2 << 20];
     let mut dst = vec![0u8; 2 << 20];
     for d in [&pages, &blocks] {

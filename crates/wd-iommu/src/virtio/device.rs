@@ -428,7 +428,12 @@ impl VirtioIommu {
                 let mut cfg = self.s.domain.clone();
                 cfg.mode = def.mode();
                 cfg.fault_policy = def.fault_policy();
-                let dom = Arc::new(Domain::new(&self.iommu, endpoint, cfg));
+                // Its root table is charged to the owner's budget, as a
+                // MAP's tables are: refused the same way.
+                let Ok(dom) = Domain::new(&self.iommu, endpoint, cfg) else {
+                    return Status::NoMem;
+                };
+                let dom = Arc::new(dom);
                 self.iommu.track(&dom);
                 self.domains.insert(
                     domain,
