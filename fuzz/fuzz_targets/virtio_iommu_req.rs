@@ -36,7 +36,9 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut dev = VirtioIommu::new(&iommu, s);
     for id in 0..4u32 {
-        let d = Arc::new(Domain::new(&iommu, id, DomainConfig::default()));
+        let d = Arc::new(
+            Domain::new(&iommu, id, DomainConfig::default()).expect("a domain without a budget"),
+        );
         let resv = vec![ResvMem {
             subtype: 1,
             start: 0xfee0_0000,
