@@ -508,11 +508,43 @@ impl HostConn {
         msg: &Message,
         fds: &[std::os::fd::BorrowedFd<'_>],
     ) -> Result<(Message, Vec<OwnedFd>)> {
+        self.call_in(None, msg, fds)
+    }
+
+    /// [`HostConn::call`] for a request naming something of the connection
+    /// of `epoch` (a queue's id): `HostGone`, and nothing sent, when the
+    /// connection is a newer one. A restarted host numbers its queues
+    /// anew, so the id may be another queue's of this connection. Checked
+    /// under the channel's lock, which a reconnection holds.
+    pub(crate) fn call_on(
+        &self,
+        epoch: u64,
+        msg: &Message,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> Result<(Message, Vec<OwnedFd>)> {
+        self.call_in(Some(epoch), msg, fds)
+    }
+
+    fn call_in(
+        &self,
+        epoch: Option<u64>,
+        msg: &Message,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> Result<(Message, Vec<OwnedFd>)> {
         if self.generation != fork_generation() {
             return Err(forked_error());
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut ch = self.ch.lock().unwrap_or_else(|e| e.into_inner());
+        if epoch.is_some_and(|e| e != self.epoch()) {
+            return Err(ClientError::new(
+                Status::HostGone,
+                format!(
+                    "the connection this {} request's queue was made on is gone",
+                    msg.name()
+                ),
+            ));
+        }
         let wait = call_timeout();
         let by = std::time::Instant::now() + wait;
         let f = ch.call_by(msg, id, fds, Some(by)).map_err(|e| match e {

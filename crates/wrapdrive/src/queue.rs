@@ -1005,7 +1005,8 @@ impl Queue {
                 })?;
             off += l as usize;
         }
-        let (reply, _) = self.host.call(
+        let (reply, _) = self.host.call_on(
+            self.epoch,
             &Message::Legacy {
                 queue_id: self.id,
                 desc: plan.desc.to_bytes().to_vec(),
@@ -1121,7 +1122,8 @@ impl Queue {
     }
 
     fn map_on_host(&self, iova: u64, size: u64, fd: BorrowedFd<'_>, fd_offset: u64) -> Result<()> {
-        let (reply, _) = self.host.call(
+        let (reply, _) = self.host.call_on(
+            self.epoch,
             &Message::MemShare {
                 queue_id: self.id,
                 iova,
@@ -1186,7 +1188,8 @@ impl Queue {
                     format!("{addr:#x}+{len:#x} was not shared"),
                 )
             })?;
-        let r = self.host.call(
+        let r = self.host.call_on(
+            self.epoch,
             &Message::MemUnshare {
                 queue_id: self.id,
                 iova: start,
@@ -1216,7 +1219,8 @@ impl Queue {
         self.check()?;
         match self
             .host
-            .call(
+            .call_on(
+                self.epoch,
                 &Message::ReadFaults {
                     queue_id: self.id,
                     max,
@@ -1258,7 +1262,7 @@ impl Queue {
             mode,
             fault_policy: faults,
         };
-        match self.host.call(&msg, &[])?.0 {
+        match self.host.call_on(self.epoch, &msg, &[])?.0 {
             Message::Ok => Ok(()),
             other => Err(unexpected(&other)),
         }
@@ -1274,7 +1278,7 @@ impl Queue {
             stag: seq,
             retry,
         };
-        match self.host.call(&msg, &[])?.0 {
+        match self.host.call_on(self.epoch, &msg, &[])?.0 {
             Message::Ok => Ok(()),
             other => Err(unexpected(&other)),
         }
@@ -1471,7 +1475,11 @@ impl Queue {
         }
         self.released = true;
         self.host
-            .call(&Message::ReleaseQueue { queue_id: self.id }, &[])
+            .call_on(
+                self.epoch,
+                &Message::ReleaseQueue { queue_id: self.id },
+                &[],
+            )
             .map(|_| ())
     }
 }

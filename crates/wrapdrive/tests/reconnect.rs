@@ -364,3 +364,101 @@ fn a_queue_refused_by_one_restarted_host_is_made_again_by_the_next() {
     let done = q.call(one).unwrap();
     assert_eq!(done.status, 0, "{done:?}");
 }
+
+/// Two queues of one connection across a restart, the second used first
+/// on the new host: it is made again there with the first one's old id
+/// (a restarted host numbers its queues anew), while the first still
+/// carries that id. Both share `buf`.
+struct StaleAndFresh {
+    s: Setup,
+    stale: Queue,
+    fresh: Queue,
+    buf: SharedBuf,
+}
+
+fn a_stale_queue_and_a_fresh_one(name: &str) -> StaleAndFresh {
+    let mut s = setup(name);
+    let mut stale = s.conn.request_queue(&Capability::new("memcpy")).unwrap();
+    let mut fresh = s.conn.request_queue(&Capability::new("memcpy")).unwrap();
+    fresh.set_redo_policy(wd_dummy_msg::redo_safe);
+    let buf = SharedBuf::new(2 * LEN).unwrap();
+    stale.share(buf.addr(), buf.len()).unwrap();
+    fresh.share(buf.addr(), buf.len()).unwrap();
+    let cp = copy(buf.addr(), buf.addr() + LEN as u64);
+    assert_eq!(fresh.call(cp).unwrap().status, 0);
+    kill(&mut s.host);
+    s.host = start_host(&s.socket);
+    assert_eq!(fresh.call(cp).unwrap().status, 0);
+    assert_eq!(fresh.id(), stale.id(), "the set-up needs the ids to meet");
+    StaleAndFresh {
+        s,
+        stale,
+        fresh,
+        buf,
+    }
+}
+
+impl StaleAndFresh {
+    /// The fresh queue still copies on the new host, never made again.
+    fn fresh_is_untouched(&mut self) {
+        let id = self.fresh.id();
+        let state = self.s.conn.get_attr(&format!("dev0/queues/q{id}/state"));
+        assert!(
+            state.is_ok(),
+            "queue q{id} (the fresh one's) is gone: {state:?}"
+        );
+        let cp = copy(self.buf.addr(), self.buf.addr() + LEN as u64);
+        let d = self.fresh.call(cp).unwrap();
+        assert_eq!(d.status, 0, "the fresh queue's copy");
+        assert_eq!(
+            (self.fresh.id(), self.fresh.recovery_stats().reconnects),
+            (id, 1)
+        );
+    }
+}
+
+/// A queue made under an older connection sends nothing naming its old
+/// id on the new one: releasing it released the other queue, whose
+/// requests then failed with -ECANCELED (a review found it).
+#[test]
+fn releasing_a_stale_queue_leaves_the_queue_that_took_its_id() {
+    let mut t = a_stale_queue_and_a_fresh_one("wd-stale-release");
+    let stale = std::mem::replace(
+        &mut t.stale,
+        t.s.conn.request_queue(&Capability::new("memcpy")).unwrap(),
+    );
+    assert_eq!(
+        stale.release().map_err(|e| e.status()),
+        Err(Status::HostGone)
+    );
+    t.fresh_is_untouched();
+}
+
+/// ... its unshare unmapped the other queue's memory (its next copy
+/// faulted, -EFAULT, with the range still shared).
+#[test]
+fn a_stale_queues_unshare_leaves_the_memory_of_the_queue_that_took_its_id() {
+    let mut t = a_stale_queue_and_a_fresh_one("wd-stale-unshare");
+    t.stale.unshare(t.buf.addr(), t.buf.len()).unwrap();
+    t.fresh_is_untouched();
+}
+
+/// ... and its IOMMU policy changed the other queue's (the stale queue
+/// is made again, and the policy is its own).
+#[test]
+fn a_stale_queues_iommu_policy_is_its_own() {
+    use wrapdrive::{FaultPolicy, InvalidationMode};
+    let mut t = a_stale_queue_and_a_fresh_one("wd-stale-policy");
+    t.stale
+        .set_iommu_policy(InvalidationMode::Deferred, FaultPolicy::Stall)
+        .unwrap();
+    let mode = |id: u32| {
+        t.s.conn
+            .get_attr(&format!("dev0/queues/q{id}/iommu/mode"))
+            .unwrap()
+    };
+    assert_eq!(mode(t.fresh.id()), "strict");
+    assert_ne!(t.stale.id(), t.fresh.id());
+    assert_eq!(mode(t.stale.id()), "deferred");
+    t.fresh_is_untouched();
+}
