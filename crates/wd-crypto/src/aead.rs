@@ -13,7 +13,7 @@ use crate::cipher::Direction;
 use crate::lane::{self, device_status, Kind, Lane, LaneId, NoLane, SLOT};
 use crate::route::{self, Op, Route, Stopwatch};
 use crate::stats::{self, Why};
-use crate::{CryptoError, Result};
+use crate::{config, CryptoError, Result};
 
 enum Path {
     /// Not decided yet (no data request so far).
@@ -339,6 +339,12 @@ impl Aead {
         } else if let Route::Cpu(w) = route {
             stats::on_cpu(n, w);
         }
+        self.here()
+    }
+
+    /// The message runs here from its start: key, IV and the additional
+    /// data so far.
+    fn here(&mut self) -> Result<()> {
         let mut ctx = CipherCtx::new(self.alg)?;
         ctx.init(
             Some(&self.key),
@@ -379,7 +385,10 @@ impl Aead {
                     0
                 };
             let n = (input.len() - off).min(room);
-            self.device_step(&input[off..off + n], Some(&mut output[off..off + n]), None)?;
+            if !self.device_step(&input[off..off + n], Some(&mut output[off..off + n]), None)? {
+                // Gone before its first request: all of it here.
+                return self.update(input, output);
+            }
             off += n;
             if input.is_empty() {
                 break;
@@ -394,13 +403,16 @@ impl Aead {
     }
 
     /// One device request: data (maybe empty), AAD when starting, tag when
-    /// finishing.
+    /// finishing. False when the host was gone before the message's first
+    /// request went through and the message now runs here (nothing of it
+    /// lived in the host; the fallback is on): the caller does the step
+    /// on the CPU path.
     fn device_step(
         &mut self,
         data: &[u8],
         out: Option<&mut [u8]>,
         tag: Option<(&mut [u8], bool)>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let Path::Device {
             lane: id,
             thread,
@@ -470,9 +482,14 @@ impl Aead {
         if let (Path::Device { started, .. }, Ok(Ok(()))) = (&mut self.path, &r) {
             *started = true;
         }
-        match r {
-            Ok(r) => r,
-            Err(_) => Err(gone()),
+        match r.unwrap_or_else(|_| Err(gone())) {
+            Ok(()) => Ok(true),
+            Err(e) if start && e.host_gone() && config::fallback() => {
+                self.here()?;
+                stats::on_cpu(data.len(), Why::HostGone);
+                Ok(false)
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -485,14 +502,15 @@ impl Aead {
         }
         self.decide(0)?;
         self.active = false;
-        match &mut self.path {
-            Path::Cpu(ctx) => {
-                ctx.finish()?;
-                ctx.tag(tag)?;
-                Ok(())
-            }
-            _ => self.device_step(&[], None, Some((tag, true))),
+        if !matches!(self.path, Path::Cpu(_)) && self.device_step(&[], None, Some((tag, true)))? {
+            return Ok(());
         }
+        let Path::Cpu(ctx) = &mut self.path else {
+            unreachable!("the CPU path")
+        };
+        ctx.finish()?;
+        ctx.tag(tag)?;
+        Ok(())
     }
 
     /// Finish a decryption: check the tag ([`CryptoError::Auth`] if wrong).
@@ -504,16 +522,16 @@ impl Aead {
         }
         self.decide(0)?;
         self.active = false;
-        match &mut self.path {
-            Path::Cpu(ctx) => {
-                ctx.set_tag(tag)?;
-                ctx.finish().map_err(|_| CryptoError::Auth)
-            }
-            _ => {
-                let mut t = tag.to_vec();
-                self.device_step(&[], None, Some((&mut t, false)))
-            }
+        if !matches!(self.path, Path::Cpu(_))
+            && self.device_step(&[], None, Some((&mut tag.to_vec(), false)))?
+        {
+            return Ok(());
         }
+        let Path::Cpu(ctx) = &mut self.path else {
+            unreachable!("the CPU path")
+        };
+        ctx.set_tag(tag)?;
+        ctx.finish().map_err(|_| CryptoError::Auth)
     }
 }
 

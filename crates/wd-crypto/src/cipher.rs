@@ -158,6 +158,9 @@ pub struct Job {
     in_place: bool,
     /// The thread that started it (the C API can carry a job anywhere).
     thread: std::thread::ThreadId,
+    /// The cipher that started it ([`Cipher::id`]): nothing else may
+    /// finish it.
+    cipher: u64,
     /// The first of its parts that failed, kept until the job is finished
     /// (a poll may see it before the other parts are done).
     failed: Option<CryptoError>,
@@ -181,16 +184,17 @@ struct Part {
 
 impl Job {
     fn cpu(len: usize) -> Job {
-        Job::new(Vec::new(), len, true)
+        Job::new(Vec::new(), len, true, 0)
     }
 
-    fn new(parts: Vec<Part>, len: usize, done_on_cpu: bool) -> Job {
+    fn new(parts: Vec<Part>, len: usize, done_on_cpu: bool, cipher: u64) -> Job {
         Job {
             parts,
             len,
             done_on_cpu,
             in_place: false,
             thread: lane::thread_mark(),
+            cipher,
             failed: None,
             _on_this_thread: std::marker::PhantomData,
         }
@@ -246,6 +250,8 @@ pub struct Cipher {
     /// CBC encryption: the part whose output is the stream's chaining
     /// value (the last one sent); jobs may finish in any order.
     cbc_tail: Option<(LaneId, u64)>,
+    /// Unique per cipher, kept by its jobs.
+    id: u64,
 }
 
 impl std::fmt::Debug for Cipher {
@@ -331,6 +337,10 @@ impl Cipher {
             cpu_keyed: None,
             in_flight: 0,
             cbc_tail: None,
+            id: {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            },
         })
     }
 
@@ -673,6 +683,9 @@ impl Cipher {
                 stats::on_cpu(n, why.unwrap_or(Why::HostGone));
                 Ok(n)
             }
+            // No free slot (this thread's jobs hold them): try again
+            // after finishing them.
+            Err((CryptoError::Busy, _)) => Err(CryptoError::Busy),
             Err((_, Some(why))) if !config::fallback() => no_fallback(why).map(|_| n),
             Err((e, _)) => Err(e),
         }
@@ -684,6 +697,8 @@ impl Cipher {
         if inputs.len() != outputs.len() {
             return Err(CryptoError::invalid("as many outputs as inputs are needed"));
         }
+        let alone = self.in_flight == 0;
+        let saved = self.saved();
         let mut jobs: Vec<(Job, usize)> = Vec::with_capacity(inputs.len());
         let mut first_err = None;
         let mut total = 0;
@@ -695,6 +710,12 @@ impl Cipher {
                 total += self.finish_all(&mut jobs, outputs, &mut first_err);
                 r = self.start(inputs[k], outputs[k]);
             }
+            if matches!(r, Err(CryptoError::Busy)) && alone && first_err.is_none() {
+                // Still none (other streams' jobs hold them): the piece
+                // runs as a synchronous request does (here, or Busy with
+                // the fallback off).
+                r = self.update(inputs[k], outputs[k]).map(Job::cpu);
+            }
             match r {
                 Ok(j) => jobs.push((j, k)),
                 Err(e) => {
@@ -704,6 +725,11 @@ impl Cipher {
             }
         }
         total += self.finish_all(&mut jobs, outputs, &mut first_err);
+        if matches!(first_err, Some(CryptoError::Busy)) && alone {
+            // Busy means "send it again": the pieces done count for
+            // nothing, and the stream is back where the call found it.
+            self.restore(saved);
+        }
         first_err.map_or(Ok(total), Err)
     }
 
@@ -907,7 +933,7 @@ impl Cipher {
         match r {
             Ok(Ok(parts)) => {
                 self.in_flight += parts.len();
-                Ok(Ok(Job::new(parts, base + src.len(), false)))
+                Ok(Ok(Job::new(parts, base + src.len(), false, self.id)))
             }
             Ok(Err(e)) => Err(e),
             Err(NoLane::NoQueue) if self.in_flight == 0 => Ok(Err(Why::NoQueue)),
@@ -1016,6 +1042,7 @@ impl Cipher {
     /// Wait for a started request and copy its result into `output` (the
     /// buffer given to `start`).
     pub fn finish(&mut self, job: Job, output: &mut [u8]) -> Result<usize> {
+        self.is_mine(&job)?;
         match self.complete(job, output, true) {
             Ok(Ok(n)) => Ok(n),
             Ok(Err(_)) => unreachable!("a blocking finish completes"),
@@ -1031,11 +1058,27 @@ impl Cipher {
         job: Job,
         output: &mut [u8],
     ) -> std::result::Result<usize, (Job, Option<CryptoError>)> {
+        if let Err(e) = self.is_mine(&job) {
+            return Err((job, Some(e)));
+        }
         match self.complete(job, output, false) {
             Ok(Ok(n)) => Ok(n),
             Ok(Err(job)) => Err((job, None)),
             Err((e, _)) => Err((Job::cpu(0), Some(e))),
         }
+    }
+
+    /// A job of another cipher is refused, neither stream's state moving
+    /// (it stays in its own cipher's count of requests in flight: `poll`
+    /// hands it back).
+    fn is_mine(&self, job: &Job) -> Result<()> {
+        if job.done_on_cpu || job.cipher == self.id {
+            return Ok(());
+        }
+        Err(CryptoError::Device {
+            status: wrapdrive::Status::BadState,
+            message: "this job was started by another cipher: finish it there".into(),
+        })
     }
 
     /// Finish a job: `Ok(Err(job))` if not done (non-blocking), the error
@@ -1057,7 +1100,7 @@ impl Cipher {
             return Err((lane::elsewhere("this job"), None));
         }
         if !job.in_place && output.len() < job.len {
-            self.abandon(&job);
+            self.drop_job(job);
             return Err((
                 CryptoError::invalid("output shorter than the request"),
                 None,
@@ -1104,10 +1147,8 @@ impl Cipher {
                     Err(e) => {
                         // The device lost the message (docs/sec-device.md),
                         // and the stream cannot go on from the middle of a
-                        // request that failed: it ends, and the next one
-                        // needs an IV (ECB none).
-                        self.chain = Chain::Fresh;
-                        self.iv_set = self.mode == Mode::Ecb;
+                        // request that failed.
+                        self.end_message();
                         first_err.get_or_insert(e);
                     }
                 }
@@ -1138,12 +1179,37 @@ impl Cipher {
         }
     }
 
-    /// Forget the device parts of a job that can no longer complete.
+    /// Forget the device parts of a job that can no longer complete. Its
+    /// output is lost, so the stream cannot go on from it: the message
+    /// ends, as for a request the device failed (the next needs an IV).
     fn abandon(&mut self, job: &Job) {
         self.in_flight -= job.parts.len();
-        self.chain = Chain::Fresh;
+        self.end_message();
         self.dev
             .retain(|(l, _)| job.parts.iter().all(|p| p.lane != *l));
+    }
+
+    /// A job whose output has nowhere to go: its parts on this thread's
+    /// lane are waited for and their staging slots given back (they were
+    /// lost for good), and the message ends.
+    fn drop_job(&mut self, job: Job) {
+        let _ = lane::with_open_lane(Kind::Cipher, |lane| {
+            let id = lane.id;
+            for p in job.parts.iter().filter(|p| p.lane == id) {
+                let _ = lane.wait(p.token);
+                lane.put_slot(p.slot);
+            }
+            Ok(())
+        });
+        self.in_flight -= job.parts.len();
+        self.end_message();
+    }
+
+    /// The stream cannot go on from where it was: the next request needs
+    /// an IV (ECB none).
+    fn end_message(&mut self) {
+        self.chain = Chain::Fresh;
+        self.iv_set = self.mode == Mode::Ecb;
     }
 
     /// Compute on the CPU, continuing the chain.

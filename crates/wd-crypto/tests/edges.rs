@@ -537,3 +537,104 @@ fn no_chain_without_a_message_under_way() {
     xts.update(&noise(64, 96), &mut out).unwrap();
     assert!(xts.chain().is_err());
 }
+
+/// A finish refused because the output is shorter than the request gives
+/// the job's staging slots back (they were lost for good: after 64 such
+/// refusals every start on the thread was Busy), and ends the message.
+#[test]
+fn a_finish_refused_for_a_short_output_gives_its_slots_back() {
+    let _g = setup(Policy::Offload, 0);
+    let data = noise(64 << 10, 3);
+    let mut c = Cipher::new("aes-128-cbc", &[1u8; 16], Direction::Encrypt).unwrap();
+    let mut out = vec![0u8; data.len()];
+    for i in 0..80 {
+        c.set_iv(&[2u8; 16]).unwrap();
+        let j = match c.start_offload(&data, &mut out) {
+            Ok(j) => j,
+            Err(e) => panic!("start {i} after {i} refused finishes: {e:?}"),
+        };
+        assert!(!j.is_done(), "on the device");
+        assert!(c.finish(j, &mut out[..16]).is_err());
+        assert!(
+            c.update(&data[..16], &mut out[..16]).is_err(),
+            "the message ended"
+        );
+    }
+}
+
+/// With the CPU fallback off, a synchronous request without enough free
+/// slots (this thread's other jobs hold them) is Busy, as a digest or AEAD
+/// request is: it read "no WrapDrive queue".
+#[test]
+fn a_window_without_free_slots_is_busy_with_the_fallback_off() {
+    let _g = setup(Policy::Offload, 0);
+    let held = hold_slots(63);
+    config::set_fallback(false);
+    let mut c = Cipher::new("aes-128-cbc", &[1u8; 16], Direction::Encrypt).unwrap();
+    c.set_iv(&[0u8; 16]).unwrap();
+    let data = noise(128 << 10, 4);
+    let mut out = vec![0u8; data.len()];
+    let r = c.update_offload(&data, &mut out);
+    config::set_fallback(true);
+    held.release();
+    assert!(matches!(r, Err(CryptoError::Busy)), "{r:?}");
+}
+
+/// A scatter list whose later piece finds too few free slots even after
+/// the list's own jobs finished (another stream's jobs hold them): it
+/// runs as a synchronous request does, and with the fallback off Busy
+/// leaves the stream where the call found it, so that sending the list
+/// again is right (it was Busy with the first piece done and the chain
+/// moved: the list sent again encrypted its first piece from there).
+#[test]
+fn a_scatter_list_short_of_slots_is_one_stream_or_busy_with_nothing_done() {
+    let _g = setup(Policy::Offload, 0);
+    let (key, iv) = ([4u8; 16], [8u8; 16]);
+    let a = noise(64 << 10, 5);
+    let b = noise(MIB2, 6);
+    let all = [&a[..], &b[..]].concat();
+    let want = reference("aes-128-cbc", &key, &iv, &all, true);
+    for fallback in [true, false] {
+        let held = hold_slots(40);
+        config::set_fallback(fallback);
+        let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
+        c.set_iv(&iv).unwrap();
+        let (mut oa, mut ob) = (vec![0u8; a.len()], vec![0u8; b.len()]);
+        let r = c.update_sg(&[&a, &b], &mut [&mut oa, &mut ob]);
+        config::set_fallback(true);
+        held.release();
+        match (fallback, r) {
+            (true, r) => assert_eq!(r.unwrap(), all.len()),
+            (false, Err(CryptoError::Busy)) => {
+                c.update_sg(&[&a, &b], &mut [&mut oa, &mut ob]).unwrap();
+            }
+            (false, r) => panic!("{r:?}"),
+        }
+        assert!(oa == want[..a.len()], "first piece (fallback {fallback})");
+        assert!(ob == want[a.len()..], "second piece (fallback {fallback})");
+    }
+}
+
+/// A job finished through another cipher than the one that started it is
+/// refused, and stays its own cipher's (it panicked on the other one's
+/// count of requests in flight, or wrapped it in a release build).
+#[test]
+fn a_job_finished_by_another_cipher_is_refused() {
+    let _g = setup(Policy::Offload, 0);
+    let data = noise(64 << 10, 7);
+    let want = reference("aes-128-ecb", &[2u8; 16], &[], &data, true);
+    let mut a = Cipher::new("aes-128-ecb", &[2u8; 16], Direction::Encrypt).unwrap();
+    let mut b = Cipher::new("aes-128-ecb", &[2u8; 16], Direction::Encrypt).unwrap();
+    let mut out = vec![0u8; data.len()];
+    let j = a.start_offload(&data, &mut out).unwrap();
+    assert!(!j.is_done());
+    let j = match b.poll(j, &mut out) {
+        Err((j, Some(e))) => {
+            assert!(e.to_string().contains("another cipher"), "{e}");
+            j
+        }
+        other => panic!("{:?}", other.map_err(|(_, e)| e)),
+    };
+    assert_eq!(a.finish(j, &mut out).unwrap(), data.len());
+    assert!(out == want);
+}

@@ -260,3 +260,91 @@ fn ctr_partial_block_survives_a_restart() {
         "CTR stream after the restart differs from OpenSSL"
     );
 }
+
+/// A new GCM message after the host died, with the fallback on, runs here
+/// (nothing of it lived in the host): a seal's first device request met
+/// the dead host and failed with HostGone (an open fell back).
+#[test]
+fn a_new_gcm_message_after_the_host_died_runs_here() {
+    use openssl::symm::encrypt_aead;
+    let _env = serial();
+    config::set_policy(Policy::Offload);
+    config::set_threshold(0);
+    let dir = wd_testutil::tempdir("wd-fallback-gcm");
+    let sock = dir.join("wd.sock");
+    std::env::set_var("WD_CRYPTO_HOST", &sock);
+    let mut host = wd_testutil::Role::serving("host", &sock);
+    let (key, iv, aad) = ([5u8; 16], [7u8; 12], b"header");
+    let pt: Vec<u8> = (0..4096u32).map(|i| (i * 31 + 1) as u8).collect();
+    let mut want_tag = [0u8; 16];
+    let want = encrypt_aead(
+        OCipher::aes_128_gcm(),
+        &key,
+        Some(&iv),
+        aad,
+        &pt,
+        &mut want_tag,
+    )
+    .unwrap();
+    let mut a = wd_crypto::Aead::new("aes-128-gcm", &key).unwrap();
+    let seal = |a: &mut wd_crypto::Aead| {
+        let (mut ct, mut tag) = (vec![0u8; pt.len()], [0u8; 16]);
+        a.seal(&iv, aad, &pt, &mut ct, &mut tag).map(|()| (ct, tag))
+    };
+    let s0 = stats();
+    assert_eq!(seal(&mut a).unwrap(), (want.clone(), want_tag));
+    assert!(
+        stats().offload_bytes > s0.offload_bytes,
+        "the first message on the device"
+    );
+    host.child.kill().unwrap();
+    host.child.wait().unwrap();
+    assert_eq!(seal(&mut a).unwrap(), (want, want_tag));
+}
+
+/// A CBC job lost with its host (finish: HostGone) ends its message, as a
+/// request the device failed does: the stream went on, with success, from
+/// the chain before the lost job (output neither OpenSSL's stream nor a
+/// new message).
+#[test]
+fn a_job_lost_with_its_host_ends_the_message() {
+    let _env = serial();
+    config::set_policy(Policy::Offload);
+    config::set_threshold(0);
+    let dir = wd_testutil::tempdir("wd-fallback-lost-job");
+    let sock = dir.join("wd.sock");
+    std::env::set_var("WD_CRYPTO_HOST", &sock);
+    let mut host = wd_testutil::Role::serving("host", &sock);
+    let (key, iv) = ([9u8; 16], [3u8; 16]);
+    let n = 64 << 10;
+    let data: Vec<u8> = (0..3 * n as u32).map(|i| (i * 11 + 7) as u8).collect();
+    let want = reference_cbc(&key, &iv, &data);
+    let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
+    c.set_iv(&iv).unwrap();
+    let mut out = vec![0u8; data.len()];
+    c.update_offload(&data[..n], &mut out[..n]).unwrap();
+    assert_eq!(&out[..n], &want[..n]);
+    // The host stops answering, then dies with the job.
+    let pid = host.child.id().to_string();
+    let stopped = std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status();
+    assert!(stopped.unwrap().success());
+    let job = c
+        .start_offload(&data[n..2 * n], &mut out[n..2 * n])
+        .unwrap();
+    assert!(!job.is_done());
+    host.child.kill().unwrap();
+    host.child.wait().unwrap();
+    assert!(c.finish(job, &mut out[n..2 * n]).is_err());
+    let rest = &mut out[2 * n..];
+    assert!(
+        c.update(&data[2 * n..], rest).is_err(),
+        "the stream went on after a lost job"
+    );
+    // A new message goes on (here: no host).
+    let iv2 = [4u8; 16];
+    c.set_iv(&iv2).unwrap();
+    c.update(&data[2 * n..], rest).unwrap();
+    assert!(rest == &reference_cbc(&key, &iv2, &data[2 * n..])[..]);
+}
