@@ -1107,6 +1107,11 @@ static int wd_cipher_get_ctx_params(void *vctx, OSSL_PARAM params[])
 	if ((p = WD_FOUND(PADDING)) != NULL &&
 	    !OSSL_PARAM_set_uint(p, (unsigned int)x->pad))
 		return 0;
+	/* GCM has no IV to give before one is set (the default provider
+	 * refuses too, rather than hand out zeros). */
+	if (x->d->mode == EVP_CIPH_GCM_MODE && !x->iv_set &&
+	    (WD_FOUND(IV) != NULL || WD_FOUND(UPDATED_IV) != NULL))
+		return 0;
 	unsigned int num = 0;
 	if (WD_FOUND(NUM) != NULL || WD_FOUND(UPDATED_IV) != NULL)
 		wd_chain_now(x, x->updated_iv, &num);

@@ -1032,8 +1032,9 @@ static void test_ctr_reinit_without_iv(void)
 }
 
 /* Calls the provider cannot honour are refused, never answered with
- * success and nothing done: a CTR num moved, a GCM IV generated from a
- * fixed IV nobody set, a GCM tag read before a message made one. */
+ * success and nothing done: a CTR num moved, a GCM IV read before one
+ * was set, a GCM IV generated from a fixed IV nobody set, a GCM tag read
+ * before a message made one. */
 static void test_refusals(void)
 {
 	unsigned char key[16], iv[16], in[64] = {0}, out[64], tag[16];
@@ -1052,7 +1053,12 @@ static void test_refusals(void)
 
 	EVP_CIPHER *gcm = EVP_CIPHER_fetch(NULL, "AES-128-GCM", "provider=wd");
 	x = EVP_CIPHER_CTX_new();
-	CHECK(EVP_EncryptInit_ex(x, gcm, NULL, key, iv), "GCM");
+	unsigned char uiv[16];
+	CHECK(EVP_EncryptInit_ex(x, gcm, NULL, NULL, NULL) &&
+		      EVP_CIPHER_CTX_get_updated_iv(x, uiv, sizeof uiv) <= 0 &&
+		      EVP_CIPHER_CTX_get_original_iv(x, uiv, sizeof uiv) <= 0,
+	      "no GCM IV to read before one is set");
+	CHECK(EVP_EncryptInit_ex(x, NULL, NULL, key, iv), "GCM");
 	unsigned char gen[12];
 	memset(gen, 0xa5, sizeof gen);
 	CHECK(EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_GCM_IV_GEN, sizeof gen, gen) <= 0,
