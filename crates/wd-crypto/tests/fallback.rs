@@ -261,6 +261,17 @@ fn ctr_partial_block_survives_a_restart() {
     );
 }
 
+/// Every request to the device, of a host process started for the test.
+fn offloading_to_a_host(name: &str) -> (wd_testutil::TempDir, wd_testutil::Role) {
+    config::set_policy(Policy::Offload);
+    config::set_threshold(0);
+    let dir = wd_testutil::tempdir(name);
+    let sock = dir.join("wd.sock");
+    std::env::set_var("WD_CRYPTO_HOST", &sock);
+    let host = wd_testutil::Role::serving("host", &sock);
+    (dir, host)
+}
+
 /// A new GCM message after the host died, with the fallback on, runs here
 /// (nothing of it lived in the host): a seal's first device request met
 /// the dead host and failed with HostGone (an open fell back).
@@ -268,12 +279,7 @@ fn ctr_partial_block_survives_a_restart() {
 fn a_new_gcm_message_after_the_host_died_runs_here() {
     use openssl::symm::encrypt_aead;
     let _env = serial();
-    config::set_policy(Policy::Offload);
-    config::set_threshold(0);
-    let dir = wd_testutil::tempdir("wd-fallback-gcm");
-    let sock = dir.join("wd.sock");
-    std::env::set_var("WD_CRYPTO_HOST", &sock);
-    let mut host = wd_testutil::Role::serving("host", &sock);
+    let (_dir, mut host) = offloading_to_a_host("wd-fallback-gcm");
     let (key, iv, aad) = ([5u8; 16], [7u8; 12], b"header");
     let pt: Vec<u8> = (0..4096u32).map(|i| (i * 31 + 1) as u8).collect();
     let mut want_tag = [0u8; 16];
@@ -309,12 +315,7 @@ fn a_new_gcm_message_after_the_host_died_runs_here() {
 #[test]
 fn a_job_lost_with_its_host_ends_the_message() {
     let _env = serial();
-    config::set_policy(Policy::Offload);
-    config::set_threshold(0);
-    let dir = wd_testutil::tempdir("wd-fallback-lost-job");
-    let sock = dir.join("wd.sock");
-    std::env::set_var("WD_CRYPTO_HOST", &sock);
-    let mut host = wd_testutil::Role::serving("host", &sock);
+    let (_dir, mut host) = offloading_to_a_host("wd-fallback-lost-job");
     let (key, iv) = ([9u8; 16], [3u8; 16]);
     let n = 64 << 10;
     let data: Vec<u8> = (0..3 * n as u32).map(|i| (i * 11 + 7) as u8).collect();
