@@ -387,6 +387,7 @@ impl Aead {
             let n = (input.len() - off).min(room);
             if !self.device_step(&input[off..off + n], Some(&mut output[off..off + n]), None)? {
                 // Gone before its first request: all of it here.
+                stats::on_cpu(input.len(), Why::HostGone);
                 return self.update(input, output);
             }
             off += n;
@@ -406,7 +407,7 @@ impl Aead {
     /// finishing. False when the host was gone before the message's first
     /// request went through and the message now runs here (nothing of it
     /// lived in the host; the fallback is on): the caller does the step
-    /// on the CPU path.
+    /// on the CPU path and counts it there.
     fn device_step(
         &mut self,
         data: &[u8],
@@ -486,7 +487,6 @@ impl Aead {
             Ok(()) => Ok(true),
             Err(e) if start && e.host_gone() && config::fallback() => {
                 self.here()?;
-                stats::on_cpu(data.len(), Why::HostGone);
                 Ok(false)
             }
             Err(e) => Err(e),
@@ -502,8 +502,11 @@ impl Aead {
         }
         self.decide(0)?;
         self.active = false;
-        if !matches!(self.path, Path::Cpu(_)) && self.device_step(&[], None, Some((tag, true)))? {
-            return Ok(());
+        if !matches!(self.path, Path::Cpu(_)) {
+            if self.device_step(&[], None, Some((tag, true)))? {
+                return Ok(());
+            }
+            stats::on_cpu(0, Why::HostGone);
         }
         let Path::Cpu(ctx) = &mut self.path else {
             unreachable!("the CPU path")
@@ -522,10 +525,11 @@ impl Aead {
         }
         self.decide(0)?;
         self.active = false;
-        if !matches!(self.path, Path::Cpu(_))
-            && self.device_step(&[], None, Some((&mut tag.to_vec(), false)))?
-        {
-            return Ok(());
+        if !matches!(self.path, Path::Cpu(_)) {
+            if self.device_step(&[], None, Some((&mut tag.to_vec(), false)))? {
+                return Ok(());
+            }
+            stats::on_cpu(0, Why::HostGone);
         }
         let Path::Cpu(ctx) = &mut self.path else {
             unreachable!("the CPU path")

@@ -305,7 +305,11 @@ fn a_new_gcm_message_after_the_host_died_runs_here() {
     );
     host.child.kill().unwrap();
     host.child.wait().unwrap();
+    let s1 = stats();
     assert_eq!(seal(&mut a).unwrap(), (want, want_tag));
+    let s2 = stats();
+    assert_eq!(s2.cpu_host_gone - s1.cpu_host_gone, 1, "{s2:?}");
+    assert_eq!(s2.cpu_bytes - s1.cpu_bytes, pt.len() as u64, "{s2:?}");
 }
 
 /// A CBC job lost with its host (finish: HostGone) ends its message, as a
