@@ -336,7 +336,11 @@ fn rw(
         let cid = q
             .push_rw(op, &ns, lba, buf as u64, len as u64)
             .map_err(client)?;
-        q.pair().ring().map_err(client)?;
+        if let Err(e) = q.pair().ring() {
+            // Not sent as far as the caller knows: never sent again.
+            q.pair().give_up(cid);
+            return Err(client(e));
+        }
         if !wait {
             return Ok(cid as c_int);
         }

@@ -593,10 +593,11 @@ impl IoQueue {
         self.ring_and_wait(what, cid)
     }
 
-    /// Ring for pushed command `cid` and wait for it.
+    /// Ring for pushed command `cid` and wait for it; a ring or a wait
+    /// that fails gives the command up (see [`IoQueue::wait_for`]).
     fn ring_and_wait(&mut self, what: &str, cid: u16) -> Result<Cqe> {
-        self.qp.ring()?;
-        status_err(what, &self.wait_for(cid)?)
+        let r = self.qp.ring().and_then(|()| self.wait_once(cid));
+        status_err(what, &self.settle(cid, r)?)
     }
 
     /// Wait (polling) for command `cid`'s completion, whatever its status.
@@ -608,6 +609,11 @@ impl IoQueue {
     /// not complete a later command.
     pub fn wait_for(&mut self, cid: u16) -> Result<Cqe> {
         let r = self.wait_once(cid);
+        self.settle(cid, r)
+    }
+
+    /// Give command `cid` up when `r` failed.
+    fn settle(&mut self, cid: u16, r: Result<Cqe>) -> Result<Cqe> {
         match &r {
             Err(e) if e.host_gone() => self.qp.abandon(cid),
             Err(_) => self.qp.give_up(cid),

@@ -16,7 +16,12 @@ const BLOCK: u64 = 4096;
 
 fn host(socket: &str, store: &str) -> Host {
     let _ = std::fs::remove_file(socket);
-    let spec = format!("nvme:engine=sync,ns={store}:0:4M,ns={store}:4M:4M");
+    host_with(socket, store, "")
+}
+
+/// A host with `extra` device settings (`key=value,`).
+fn host_with(socket: &str, store: &str, extra: &str) -> Host {
+    let spec = format!("nvme:engine=sync,{extra}ns={store}:0:4M,ns={store}:4M:4M");
     Host::start(&HostConfig {
         socket: socket.to_string(),
         socket_mode: 0o600,
@@ -24,6 +29,19 @@ fn host(socket: &str, store: &str) -> Host {
         ..HostConfig::default()
     })
     .expect("host starts")
+}
+
+/// A host process (this binary re-run in the role "host"), whose engine
+/// sleeps as soon as it is idle: killing it leaves a doorbell that must
+/// wake it.
+#[test]
+fn child_entry() {
+    if wd_testutil::role().as_deref() != Some("host") {
+        return;
+    }
+    let store = std::env::var("WD_TEST_STORE").unwrap();
+    let _h = host_with(&wd_testutil::role_socket(), &store, "idle_spin_us=0,");
+    wd_testutil::while_parent_lives();
 }
 
 #[test]
@@ -138,6 +156,39 @@ fn a_flush_that_saw_the_host_go_is_not_sent_again() {
         (resent, q.pair().room()),
         (0, 7),
         "(commands sent again, free command slots)"
+    );
+}
+
+/// The same when it is the doorbell that finds the host gone (its engine
+/// was asleep): the command was kept in flight, sent again by
+/// `restore_io_queue`, and its id lost.
+#[test]
+fn a_flush_whose_doorbell_saw_the_host_go_is_not_sent_again() {
+    let dir = tempdir("wd-nvme-ring-restart");
+    let (socket, store) = (dir.join("wd.sock"), dir.join("store.img"));
+    std::fs::write(&store, b"").unwrap();
+    std::env::set_var("WD_TEST_STORE", &store);
+    let mut first = wd_testutil::Role::serving("host", &socket);
+    let conn = HostConn::connect(&socket).unwrap();
+    let mut c = Controller::open(&conn, &Options::default()).unwrap();
+    let ns = c.open_namespace(1).unwrap();
+    let mut q = c.create_io_queue(8).unwrap();
+    q.flush(&ns).unwrap();
+    // The engine goes to sleep and asks for a wake-up.
+    std::thread::sleep(Duration::from_millis(500));
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let _second = wd_testutil::Role::serving("host", &socket);
+    let e = q.flush(&ns).unwrap_err();
+    assert!(e.host_gone(), "{e}");
+    let after = (q.pair().in_flight(), q.pair().room());
+    c.reconnect().unwrap();
+    let resent = c.restore_io_queue(&mut q).unwrap();
+    q.flush(&ns).unwrap();
+    assert_eq!(
+        (after, resent, q.pair().room()),
+        ((0, 7), 0, 7),
+        "((in flight, room) after the failed flush, commands sent again, free command slots)"
     );
 }
 
