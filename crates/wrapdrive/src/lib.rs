@@ -508,6 +508,18 @@ impl HostConn {
         msg: &Message,
         fds: &[std::os::fd::BorrowedFd<'_>],
     ) -> Result<(Message, Vec<OwnedFd>)> {
+        self.call_in(None, msg, fds).map(|(m, f, _)| (m, f))
+    }
+
+    /// [`HostConn::call`], with the epoch of the connection that answered
+    /// (read under the channel's lock: what the reply names, a new queue,
+    /// belongs to that connection even if another caller reconnects
+    /// right after).
+    pub(crate) fn call_stamped(
+        &self,
+        msg: &Message,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> Result<(Message, Vec<OwnedFd>, u64)> {
         self.call_in(None, msg, fds)
     }
 
@@ -522,7 +534,7 @@ impl HostConn {
         msg: &Message,
         fds: &[std::os::fd::BorrowedFd<'_>],
     ) -> Result<(Message, Vec<OwnedFd>)> {
-        self.call_in(Some(epoch), msg, fds)
+        self.call_in(Some(epoch), msg, fds).map(|(m, f, _)| (m, f))
     }
 
     fn call_in(
@@ -530,7 +542,7 @@ impl HostConn {
         epoch: Option<u64>,
         msg: &Message,
         fds: &[std::os::fd::BorrowedFd<'_>],
-    ) -> Result<(Message, Vec<OwnedFd>)> {
+    ) -> Result<(Message, Vec<OwnedFd>, u64)> {
         if self.generation != fork_generation() {
             return Err(forked_error());
         }
@@ -566,7 +578,7 @@ impl HostConn {
         })?;
         match f.msg {
             Message::Error { status, message } => Err(ClientError::new(status, message)),
-            m => Ok((m, f.fds)),
+            m => Ok((m, f.fds, self.epoch())),
         }
     }
 

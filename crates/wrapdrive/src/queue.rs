@@ -197,7 +197,7 @@ impl Queue {
             probe_addr = &PROBE as *const _ as u64;
         }
         let fds: Vec<_> = mem_fd.iter().map(|f| f.as_fd()).collect();
-        let (reply, mut fds) = host.call(
+        let (reply, mut fds, epoch) = host.call_stamped(
             &Message::RequestQueue {
                 alg: capa.alg.clone(),
                 flags: capa.flags,
@@ -239,7 +239,7 @@ impl Queue {
         })?;
         let socket = host.socket_dup()?;
         Ok(Queue {
-            epoch: host.epoch(),
+            epoch,
             capa: crate::Capability {
                 depth,
                 ..capa.clone()

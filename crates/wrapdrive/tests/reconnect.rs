@@ -462,3 +462,53 @@ fn a_stale_queues_iommu_policy_is_its_own() {
     assert_eq!(mode(t.stale.id()), "deferred");
     t.fresh_is_untouched();
 }
+
+/// A queue made while another caller reconnects carries the epoch of the
+/// connection that made it: it was stamped with the epoch read after its
+/// request returned, so one made on the old connection could carry the
+/// new epoch and send its id there (where it names nothing, or another
+/// queue). Each queue of the current epoch must be usable.
+#[test]
+fn a_queue_made_while_another_caller_reconnects_carries_its_own_epoch() {
+    let dir = tempdir("wd-epoch-race");
+    let socket = dir.join("wd.sock");
+    let _host = wd_host::Host::start(&HostConfig {
+        socket: socket.clone(),
+        socket_mode: 0o600,
+        devices: vec![DeviceConfig::new("dummy")],
+        ..HostConfig::default()
+    })
+    .expect("host starts");
+    let conn = HostConn::connect(&socket).unwrap();
+    let mut bad = Vec::new();
+    for trial in 0..200u64 {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (c, s) = (conn.clone(), stop.clone());
+        let requester = std::thread::spawn(move || {
+            let mut made = Vec::new();
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                made.extend(c.request_queue(&Capability::new("memcpy")));
+            }
+            made
+        });
+        std::thread::sleep(Duration::from_micros(200 + trial * 37 % 900));
+        conn.reconnect(conn.epoch()).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let now = conn.epoch();
+        for mut q in requester.join().unwrap() {
+            if q.epoch() == now {
+                if let Err(e) = q.faults(1) {
+                    bad.push(format!("trial {trial}: queue {}: {e}", q.id()));
+                }
+            }
+        }
+        if bad.len() >= 3 {
+            break;
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "queues of the current epoch refused: {bad:#?}"
+    );
+}
