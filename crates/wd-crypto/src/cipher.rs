@@ -698,6 +698,17 @@ impl Cipher {
             return Err(CryptoError::invalid("as many outputs as inputs are needed"));
         }
         let alone = self.in_flight == 0;
+        if !alone {
+            // Jobs of this stream are in flight, so a Busy half-way could
+            // not put the stream back where it was: the list goes only if
+            // all of it fits in the free slots now (counted as if every
+            // piece went to the device; this thread alone takes them).
+            let need: usize = inputs.iter().map(|i| i.len().div_ceil(SLOT)).sum();
+            let free = lane::with_lane(Kind::Cipher, |lane| Ok(lane.free_slots()));
+            if free.is_ok_and(|f| f.is_ok_and(|f| need > f)) {
+                return Err(CryptoError::Busy);
+            }
+        }
         let saved = self.saved();
         let mut jobs: Vec<(Job, usize)> = Vec::with_capacity(inputs.len());
         let mut first_err = None;

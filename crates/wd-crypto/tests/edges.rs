@@ -638,3 +638,34 @@ fn a_job_finished_by_another_cipher_is_refused() {
     assert_eq!(a.finish(j, &mut out).unwrap(), data.len());
     assert!(out == want);
 }
+
+/// The same with a job of the list's own stream in flight, which the call
+/// cannot finish: Busy comes before any piece is done (it came after the
+/// first, the CTR counter moved past it, and the list sent again was
+/// encrypted from there).
+#[test]
+fn a_scatter_list_beside_a_job_of_its_stream_is_busy_with_nothing_done() {
+    let _g = setup(Policy::Offload, 0);
+    let held = hold_slots(40);
+    let (key, iv) = ([4u8; 16], [8u8; 16]);
+    let (j, a, b) = (noise(64 << 10, 1), noise(64 << 10, 5), noise(MIB2, 6));
+    let all = [&j[..], &a[..], &b[..]].concat();
+    let want = reference("aes-128-ctr", &key, &iv, &all, true);
+    let mut c = Cipher::new("aes-128-ctr", &key, Direction::Encrypt).unwrap();
+    c.set_iv(&iv).unwrap();
+    let mut oj = vec![0u8; j.len()];
+    let job = c.start_offload(&j, &mut oj).unwrap();
+    assert!(!job.is_done());
+    let (mut oa, mut ob) = (vec![0u8; a.len()], vec![0u8; b.len()]);
+    let r = c.update_sg(&[&a, &b], &mut [&mut oa, &mut ob]);
+    held.release();
+    c.finish(job, &mut oj).unwrap();
+    assert!(matches!(r, Err(CryptoError::Busy)), "{r:?}");
+    c.update_sg(&[&a, &b], &mut [&mut oa, &mut ob]).unwrap();
+    assert!(oj == want[..j.len()]);
+    assert!(
+        oa == want[j.len()..j.len() + a.len()],
+        "first piece of the list"
+    );
+    assert!(ob == want[j.len() + a.len()..], "second piece of the list");
+}
