@@ -379,7 +379,11 @@ impl SecQueue {
                 dma::reach(dma, op.dst, op.len, Access::Write)?;
             }
         }
-        if op.flags & F_IV != 0 {
+        // A request that starts its message runs again whole after a
+        // fault (a stall's retry starts the context again); any other
+        // loses its message once the context took something of it.
+        let restarts = op.flags & F_IV != 0;
+        if restarts {
             let key = (*keyed_for != Some(encrypt)).then_some(&s.key.0[..]);
             let iv = (op.iv_len > 0).then_some(&op.iv[..op.iv_len as usize]);
             ctx.init(key, iv, encrypt).map_err(|_| status::EINVAL)?;
@@ -409,8 +413,13 @@ impl SecQueue {
                 ctx.finish().map_err(|_| status::EBADMSG)?;
                 dma.write(op.dst, &buf).map_err(|_| status::EFAULT)
             })();
+            // (Zeroed: it may hold plaintext whose tag did not match. A
+            // whole request's buffer is not kept.)
+            buf.fill(0);
             buf.clear();
-            self.bounce = buf;
+            if buf.capacity() <= dma::BOUNCE {
+                self.bounce = buf;
+            }
             if let Work::Cipher { started, .. } = &mut s.work {
                 *started = false;
             }
@@ -419,7 +428,8 @@ impl SecQueue {
         }
         let xts = mode == Mode::Xts;
         if let Err(f) = dma::cipher_dma(ctx, op.dst, op.src, len, dma, &mut self.bounce, xts) {
-            if f.taken {
+            // (The additional data went into the hash already.)
+            if f.taken || (gcm && op.aad_len > 0 && !restarts) {
                 // The context moved on part way: the message is lost, and
                 // the request is no fault to stall and retry (-EIO).
                 *started = mode == Mode::Ecb;
@@ -431,23 +441,26 @@ impl SecQueue {
         if gcm && op.flags & F_FINAL != 0 {
             let mut tag = [0u8; 16];
             let tag = &mut tag[..op.tag_len as usize];
-            if encrypt {
-                ctx.finish().map_err(|_| status::EIO)?;
-                ctx.tag(tag).map_err(|_| status::EIO)?;
-                dma.write(op.tag, tag).map_err(|_| status::EFAULT)?;
-            }
-            // The message ends here whatever the outcome: a new one needs an IV.
             let verdict = if encrypt {
-                Ok(())
+                ctx.finish()
+                    .and_then(|()| ctx.tag(tag))
+                    .map_err(|_| status::EIO)
+                    .and_then(|()| dma.write(op.tag, tag).map_err(|_| status::EFAULT))
             } else {
-                dma.read(op.tag, tag).map_err(|_| status::EFAULT)?;
-                ctx.set_tag(tag).map_err(|_| status::EINVAL)?;
-                ctx.finish().map_err(|_| status::EBADMSG)
+                dma.read(op.tag, tag)
+                    .map_err(|_| status::EFAULT)
+                    .and_then(|()| ctx.set_tag(tag).map_err(|_| status::EINVAL))
+                    .and_then(|()| ctx.finish().map_err(|_| status::EBADMSG))
             };
+            // The message ends here whatever the outcome: a new one needs
+            // an IV. A fault comes after the data went through.
             if let Work::Cipher { started, .. } = &mut s.work {
                 *started = false;
             }
-            verdict?;
+            verdict.map_err(|st| match st {
+                status::EFAULT if !restarts => status::EIO,
+                st => st,
+            })?;
         }
         Ok(op.len)
     }
@@ -503,7 +516,16 @@ impl SecQueue {
         }
         let mut out = [0u8; 64];
         let n = ctx.finish(&mut out).map_err(|_| status::EIO)?;
-        dma.write(op.out, &out[..n]).map_err(|_| status::EFAULT)?;
+        if dma.write(op.out, &out[..n]).is_err() {
+            // The hash has started again: only a request that starts its
+            // message runs again right (a stall's retry); any other lost
+            // it (a retry gave the digest of its own data alone).
+            if op.flags & F_INIT != 0 {
+                return Err(status::EFAULT);
+            }
+            *lost = true;
+            return Err(status::EIO);
+        }
         Ok(n as u64)
     }
 }

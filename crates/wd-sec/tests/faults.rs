@@ -328,3 +328,110 @@ fn mb_burst_encrypt_ends_an_earlier_decrypt_stream() {
         );
     }
 }
+
+/// On a SHARE_ALL queue memory is reached only as it is used (nothing to
+/// check beforehand), so a fault can come after the context took part of
+/// a request. A request that did not start its message then loses the
+/// message (-EIO: no stall, whose retry would take again what was taken);
+/// one that starts its message faults (-EFAULT) and runs again right.
+/// Both failed with -EFAULT, and their retries completed with status 0: a
+/// GCM tag with its additional data hashed twice, a digest of the final
+/// request's data alone (the hash had started again before its output
+/// faulted).
+#[test]
+fn share_all_faults_after_the_context_moved_lose_the_message() {
+    let gcm = Alg::by_name("aes-128-gcm").unwrap();
+    let (key, nonce, aad) = ([0x11u8; 16], [0x22u8; 12], [0x33u8; 16]);
+    let data: Vec<u8> = (0..64u8).collect();
+    let mut want_tag = [0u8; 16];
+    let want_ct = openssl::symm::encrypt_aead(
+        Cipher::aes_128_gcm(),
+        &key,
+        Some(&nonce),
+        &aad,
+        &data,
+        &mut want_tag,
+    )
+    .unwrap();
+    let (src, dst, aad_at, tag_at) = (BASE + 0x1000, BASE + 0x2000, BASE + 0x3000, BASE + 0x4000);
+    let fin = |s, flags, nonce: &[u8]| {
+        let mut c = cipher(s, F_ENCRYPT | F_FINAL | flags, src, dst, 64, nonce);
+        (c.aad, c.aad_len, c.tag, c.tag_len) = (aad_at, 16, tag_at, 16);
+        c.encode()
+    };
+    let mut m = mem(0x10000, false);
+    m.set_share_all(true);
+    m.put(src, &data);
+    m.put(aad_at, &aad);
+    let mut q = SecQueue::new(TYPE_CIPHER);
+    let s = session(&mut q, &mut m, gcm, &key);
+    // A continuation whose data, then one whose tag, faults.
+    for hole in [(src, src + 64), (tag_at, tag_at + 16)] {
+        let start = cipher(s, F_ENCRYPT | F_IV, src, dst, 0, &nonce).encode();
+        assert_eq!(run(&mut q, &mut m, start).status, 0);
+        m.set_hole(Some(hole));
+        assert_eq!(
+            run(&mut q, &mut m, fin(s, 0, &[])).status,
+            status::EIO,
+            "hole {hole:x?}"
+        );
+        m.set_hole(None);
+        assert_eq!(
+            run(&mut q, &mut m, fin(s, 0, &[])).status,
+            status::EINVAL,
+            "the message is lost"
+        );
+    }
+    // A whole message whose tag faults runs again right.
+    m.set_hole(Some((tag_at, tag_at + 16)));
+    assert_eq!(
+        run(&mut q, &mut m, fin(s, F_IV, &nonce)).status,
+        status::EFAULT
+    );
+    m.set_hole(None);
+    assert_eq!(run(&mut q, &mut m, fin(s, F_IV, &nonce)).status, 0);
+    assert_eq!(
+        (m.get(dst, 64), m.get(tag_at, 16)),
+        (want_ct, want_tag.to_vec())
+    );
+
+    // A digest whose final request's output faults.
+    let mut q = SecQueue::new(TYPE_DIGEST);
+    let s = session(&mut q, &mut m, Alg::Digest(Hash::Sha256), &[]);
+    let out = BASE + 0x6000;
+    let op = |flags, src| {
+        DigestOp {
+            session: s,
+            alg: None,
+            flags,
+            src,
+            len: 64,
+            out,
+        }
+        .encode()
+    };
+    assert_eq!(run(&mut q, &mut m, op(F_INIT, src)).status, 0);
+    m.set_hole(Some((out, out + 32)));
+    assert_eq!(
+        run(&mut q, &mut m, op(F_DIGEST_FINAL, aad_at)).status,
+        status::EIO
+    );
+    m.set_hole(None);
+    assert_eq!(
+        run(&mut q, &mut m, op(F_DIGEST_FINAL, aad_at)).status,
+        status::EINVAL,
+        "the message is lost"
+    );
+    // Whole in one request, it runs again right.
+    m.set_hole(Some((out, out + 32)));
+    assert_eq!(
+        run(&mut q, &mut m, op(F_INIT | F_DIGEST_FINAL, src)).status,
+        status::EFAULT
+    );
+    m.set_hole(None);
+    assert_eq!(
+        run(&mut q, &mut m, op(F_INIT | F_DIGEST_FINAL, src)).status,
+        0
+    );
+    assert_eq!(m.get(out, 32), openssl::sha::sha256(&data).to_vec());
+}

@@ -10,7 +10,8 @@
 //! descriptor). `hold` says no unless [`FlatMemory::set_holds`] asks for
 //! it: a device then keeps requests as an asynchronous one does.
 //! [`FlatMemory::set_hole`] makes a range fault, as memory the client
-//! unshared while a request ran does.
+//! unshared while a request ran does. [`FlatMemory::set_share_all`] makes
+//! it a SHARE_ALL client's memory, reached only as it is used.
 #![allow(unsafe_code)]
 
 use wd_device::{Access, DeviceSlice, Dma, Fault, FaultReason, HeldSlice};
@@ -28,6 +29,7 @@ pub struct FlatMemory {
     slices: bool,
     holds: bool,
     hole: Option<(u64, u64)>,
+    share_all: bool,
 }
 
 impl FlatMemory {
@@ -39,6 +41,7 @@ impl FlatMemory {
             slices: true,
             holds: false,
             hole: None,
+            share_all: false,
         }
     }
 
@@ -52,6 +55,13 @@ impl FlatMemory {
     /// test's own `put` and `get` still reach it.
     pub fn set_hole(&mut self, hole: Option<(u64, u64)>) {
         self.hole = hole;
+    }
+
+    /// Memory as the engine reaches a SHARE_ALL client's (false at first):
+    /// through `read` and `write` only, with nothing to check beforehand
+    /// (`probe` answers Ok, so a fault comes where the memory is used).
+    pub fn set_share_all(&mut self, on: bool) {
+        self.share_all = on;
     }
 
     /// Whether `slice` hands out in-place slices (true at first) or
@@ -115,6 +125,9 @@ impl FlatMemory {
 
 impl Dma<'static> for FlatMemory {
     fn probe(&mut self, iova: u64, len: u64, access: Access) -> Result<(), Fault> {
+        if self.share_all {
+            return Ok(());
+        }
         self.off(iova, len, access).map(|_| ())
     }
 
@@ -138,7 +151,7 @@ impl Dma<'static> for FlatMemory {
     }
 
     fn slice(&mut self, iova: u64, len: u64, access: Access) -> Option<DeviceSlice<'static>> {
-        if !self.slices {
+        if !self.slices || self.share_all {
             return None;
         }
         let o = self.off(iova, len, access).ok()?;
@@ -150,7 +163,7 @@ impl Dma<'static> for FlatMemory {
     }
 
     fn hold(&mut self, iova: u64, len: u64, access: Access) -> Option<HeldSlice> {
-        if !self.holds {
+        if !self.holds || self.share_all {
             return None;
         }
         let o = self.off(iova, len, access).ok()?;
