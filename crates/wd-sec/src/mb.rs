@@ -217,10 +217,18 @@ pub(crate) fn cbc_now(
     // `cbc_alone` uses the chain up: a fault must come before it does.
     dma::reach(dma, op.src, op.len, Access::Read)?;
     dma::reach(dma, op.dst, op.len, Access::Write)?;
+    let restarts = op.flags & F_IV != 0;
     cbc_alone(s, iv, |ctx| {
-        // (The chain is used up whatever happened: nothing to lose.)
-        dma::cipher_dma(ctx, op.dst, op.src, op.len as usize, dma, bounce, false)
-            .map_err(|f| f.status)
+        // The chain is used up whatever happened: a fault here (memory
+        // reached only as it is used, SHARE_ALL) is one to stall and run
+        // again only for a request that starts its message; any other
+        // lost it (-EIO, as the libcrypto path says).
+        dma::cipher_dma(ctx, op.dst, op.src, op.len as usize, dma, bounce, false).map_err(|f| {
+            match restarts {
+                true => f.status,
+                false => status::EIO,
+            }
+        })
     })?;
     Ok(op.len)
 }

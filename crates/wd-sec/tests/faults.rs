@@ -435,3 +435,39 @@ fn share_all_faults_after_the_context_moved_lose_the_message() {
     );
     assert_eq!(m.get(out, 32), openssl::sha::sha256(&data).to_vec());
 }
+
+/// The same on the multi-buffer engine's CBC path, which uses the chain
+/// up before it moves the data: a continuation faulting there lost its
+/// message and said -EFAULT (a stall's retry was then refused); one that
+/// starts its message runs again right.
+#[test]
+fn mb_share_all_cbc_fault_loses_a_continued_message() {
+    const TEST: &str = "mb_share_all_cbc_fault_loses_a_continued_message";
+    let Ok(e) = wd_ipsecmb::Engine::get() else {
+        wd_testutil::skip(TEST, "no intel-ipsec-mb");
+        return;
+    };
+    let mut m = mem(0x10000, false);
+    m.set_share_all(true);
+    let mut q = SecQueue::with_engine(TYPE_CIPHER, Some(e));
+    let (key, iv) = ([7u8; 16], [9u8; 16]);
+    let s = session(&mut q, &mut m, Alg::by_name("aes-128-cbc").unwrap(), &key);
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 31 % 251) as u8).collect();
+    let (src, dst) = (BASE, BASE + 0x2000);
+    m.put(src, &data);
+    let part = |flags, at: u64, iv: &[u8]| {
+        cipher(s, F_ENCRYPT | flags, src + at, dst + at, 2048, iv).encode()
+    };
+    assert_eq!(run(&mut q, &mut m, part(F_IV, 0, &iv)).status, 0);
+    m.set_hole(Some((dst + 2048, dst + 4096)));
+    assert_eq!(run(&mut q, &mut m, part(0, 2048, &[])).status, status::EIO);
+    assert_eq!(run(&mut q, &mut m, part(F_IV, 0, &iv)).status, 0);
+    assert_eq!(
+        run(&mut q, &mut m, part(F_IV, 2048, &iv)).status,
+        status::EFAULT
+    );
+    m.set_hole(None);
+    assert_eq!(run(&mut q, &mut m, part(F_IV, 2048, &iv)).status, 0);
+    let want = reference(Cipher::aes_128_cbc(), &key, Some(&iv), &data[2048..]);
+    assert!(m.get(dst + 2048, 2048) == want);
+}
