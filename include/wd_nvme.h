@@ -63,12 +63,15 @@ int wd_nvme_qpair_create(uint64_t ctrl, uint32_t entries, uint64_t *qp);
 int wd_nvme_qpair_delete(uint64_t qp);
 
 /* Read / write len bytes (whole blocks, at most 256 KiB, buf 4-byte
- * aligned and shared) at block lba, and wait. */
+ * aligned and shared) at block lba, and wait. A command that failed to be
+ * rung or waited for (host gone: -ENOTCONN; timeout) is given up: never
+ * sent again when the queue pair is made again, its id free once its
+ * late completion (if any) came. */
 int wd_nvme_read(uint64_t qp, const struct wd_nvme_ns *ns, uint64_t lba, void *buf, size_t len);
 int wd_nvme_write(uint64_t qp, const struct wd_nvme_ns *ns, uint64_t lba, void *buf, size_t len);
 /* The same without waiting (write: 0 read, 1 write): the doorbell is rung,
  * the command id (>= 0) returned; its completion comes from wd_nvme_reap.
- * -EAGAIN: the queue pair is full. */
+ * -EAGAIN: the queue pair is full; a failed ring gives the command up. */
 int wd_nvme_submit_rw(uint64_t qp, const struct wd_nvme_ns *ns, int write, uint64_t lba,
 		      void *buf, size_t len);
 /* Write a raw 64-byte submission entry (command id assigned and returned)
