@@ -99,8 +99,9 @@ impl ControllerInfo {
         b[77] = self.mdts;
         b[78..80].copy_from_slice(&self.cntlid.to_le_bytes());
         b[80..84].copy_from_slice(&self.version.to_le_bytes());
-        // OAES: namespace attribute notices.
-        b[92..96].copy_from_slice(&(1u32 << 8).to_le_bytes());
+        // OAES 0: no optional events (namespace attribute notices would
+        // need the Changed Namespace List log page, and an event sent on
+        // every attachment change).
         // CNTRLTYPE: a 1.4 controller must report one (0 is reserved).
         b[111] = CNTRLTYPE_IO;
         b[256..258].copy_from_slice(&self.oacs.to_le_bytes());

@@ -19,6 +19,9 @@ const LOG_512: usize = 512;
 /// The threshold a Temperature Threshold CDW11 selects (THSEL: 0 over,
 /// 1 under), or None for a reserved THSEL or a TMPSEL other than the
 /// Composite Temperature (no temperature sensor is reported).
+/// The composite temperature the SMART log reports, in kelvins.
+const TEMPERATURE: u16 = 308;
+
 fn threshold_type(cdw11: u32) -> Option<usize> {
     let (tmpsel, thsel) = (cdw11 >> 16 & 0xf, cdw11 >> 20 & 3);
     (tmpsel == 0 && thsel < 2).then_some(thsel as usize)
@@ -309,7 +312,13 @@ impl Controller {
                 b = vec![0u8; LOG_512];
                 let h = &self.health;
                 // Composite temperature 308 K; spare 100%, threshold 10%.
-                b[1..3].copy_from_slice(&308u16.to_le_bytes());
+                // Critical Warning bit 1: the temperature at or past a
+                // threshold the driver set (over, under).
+                let [over, under] = self.features.temperature_thresholds;
+                if TEMPERATURE >= over || TEMPERATURE <= under {
+                    b[0] |= 1 << 1;
+                }
+                b[1..3].copy_from_slice(&TEMPERATURE.to_le_bytes());
                 b[3] = 100;
                 b[4] = 10;
                 // Data units: thousands of 512-byte units, rounded up.
@@ -400,14 +409,13 @@ impl Controller {
                 if v & 0xffff == 0xffff || v >> 16 == 0xffff {
                     return done(Status::INVALID_FIELD);
                 }
-                // Set once, before any I/O queue of either kind exists.
-                if f.queues_set
-                    || self.sqs[1..].iter().any(Option::is_some)
+                // Before any I/O queue of either kind exists (set again
+                // then, the allocation is the same).
+                if self.sqs[1..].iter().any(Option::is_some)
                     || self.cqs[1..].iter().any(Option::is_some)
                 {
                     return done(Status::SEQUENCE_ERROR);
                 }
-                f.queues_set = true;
                 let n = (QUEUES - 2) as u32;
                 return Outcome::Done(Status::SUCCESS, n | n << 16);
             }

@@ -88,8 +88,6 @@ pub(crate) struct Features {
     pub coalescing: u32,
     pub atomicity: u32,
     pub async_events: u32,
-    /// Number of Queues was set (it may be set once per reset).
-    pub queues_set: bool,
 }
 
 impl Default for Features {
@@ -105,7 +103,6 @@ impl Default for Features {
             coalescing: 0,
             atomicity: 0,
             async_events: 0,
-            queues_set: false,
         }
     }
 }
@@ -126,6 +123,8 @@ pub(crate) struct InFlight {
     pub cqid: u16,
     pub cid: u16,
     pub write: bool,
+    /// Durable before its completion (see `write_through`).
+    pub sync: bool,
     pub len: u64,
     /// Transfers not yet finished.
     pub remaining: u32,

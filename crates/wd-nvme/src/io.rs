@@ -89,13 +89,15 @@ impl Controller {
                     return Some(st);
                 }
                 let write = op == IoOp::Write;
-                if op != IoOp::Compare && self.start(sqid, cqid, sqe.cid, &ns, write, off, len, dma)
+                let sync = write && self.write_through(sqe);
+                if op != IoOp::Compare
+                    && self.start(sqid, cqid, sqe.cid, &ns, write, sync, off, len, dma)
                 {
                     return None;
                 }
                 let st = match op {
                     IoOp::Read => self.read(&ns, off, dma),
-                    IoOp::Write => self.write(&ns, off, dma),
+                    IoOp::Write => self.write(&ns, off, sync, dma),
                     _ => self.compare(&ns, off, dma),
                 };
                 if st.is_success() {
@@ -115,14 +117,27 @@ impl Controller {
                 } else {
                     Allocate::ZeroRange
                 };
-                let st = Self::zero(&ns, off, len, how);
+                let mut st = Self::zero(&ns, off, len, how);
+                if st.is_success() && self.write_through(sqe) {
+                    st = self.flush(&ns);
+                }
                 if st.is_success() {
                     self.health.writes += 1;
                 }
                 st
             }
-            IoOp::Dsm => self.dsm(&ns, sqe, dma),
+            IoOp::Dsm => match self.dsm(&ns, sqe, dma) {
+                st if st.is_success() && !self.features.write_cache => self.flush(&ns),
+                st => st,
+            },
         })
+    }
+
+    /// Whether a command that writes must be on the store's stable media
+    /// when it completes: Force Unit Access (CDW12 bit 30, for Write and
+    /// Write Zeroes), or the volatile write cache turned off.
+    fn write_through(&self, sqe: &Sqe) -> bool {
+        sqe.cdw(12) >> 30 & 1 != 0 || !self.features.write_cache
     }
 
     /// Count a finished read or write.
@@ -151,6 +166,7 @@ impl Controller {
         cid: u16,
         ns: &Arc<Namespace>,
         write: bool,
+        sync: bool,
         off: u64,
         len: u64,
         dma: &mut dyn Dma<'_>,
@@ -216,6 +232,7 @@ impl Controller {
             cqid,
             cid,
             write,
+            sync,
             len,
             remaining: held.len() as u32,
             status: Status::SUCCESS,
@@ -274,7 +291,7 @@ impl Controller {
             // Its completion queue is gone (a reset): nothing to post.
             return;
         }
-        if f.write && f.status.is_success() && !self.features.write_cache {
+        if f.sync && f.status.is_success() {
             // Write-through, as for a synchronous write: durable before
             // the completion (O_DIRECT leaves the device's cache and the
             // file's allocation to a sync).
@@ -390,7 +407,9 @@ impl Controller {
         Status::SUCCESS
     }
 
-    fn write(&mut self, ns: &Namespace, mut off: u64, dma: &mut dyn Dma<'_>) -> Status {
+    /// Write the command's segments at `off`; durable before the
+    /// completion when `sync` (see `write_through`).
+    fn write(&mut self, ns: &Namespace, mut off: u64, sync: bool, dma: &mut dyn Dma<'_>) -> Status {
         for i in 0..self.segs.len() {
             let (at, len) = self.segs[i];
             let r = match dma.slice(at, len, Access::Read) {
@@ -414,12 +433,8 @@ impl Controller {
             }
             off += len;
         }
-        if !self.features.write_cache {
-            // Write-through: durable before the completion.
-            let (fd, _) = ns.buffered_at(0);
-            if let Err(e) = wd_sys::file::fdatasync(fd) {
-                return io_status(&e);
-            }
+        if sync {
+            return self.flush(ns);
         }
         Status::SUCCESS
     }

@@ -12,7 +12,7 @@
 
 use std::os::unix::fs::FileExt;
 
-use wd_nvme::msg::cmd::GetLogPage;
+use wd_nvme::msg::cmd::{feature, GetLogPage};
 use wd_nvme::msg::identify::{self, cns, ControllerInfo, NamespaceInfo, IDENTIFY_BYTES};
 use wd_nvme::msg::regs::{self, Cc};
 use wd_nvme::msg::{AdminOp, Cqe, IoOp, Sqe, Status, CQE_SIZE};
@@ -675,4 +675,133 @@ fn a_detach_waits_for_the_namespaces_writes_on_the_ring() {
         .read_exact_at(&mut back, 3 * 512)
         .unwrap();
     assert_eq!(back, [0x5a; 512]);
+}
+
+/// Log page `lid`, `len` bytes of it, read into DATA.
+fn get_log(r: &mut Rig, lid: u8, len: u64) -> (Status, Vec<u8>) {
+    r.mem.put(DATA, &vec![0xee; len as usize]);
+    let mut s = sqe(AdminOp::GetLogPage as u8);
+    s.prp1 = DATA;
+    s.nsid = 0xffff_ffff;
+    GetLogPage {
+        lid,
+        len,
+        offset: 0,
+    }
+    .encode(&mut s);
+    let c = r.admin(s);
+    (c.status, r.mem.get(DATA, len as usize).to_vec())
+}
+
+/// Identify Controller OAES bit 8 claims Namespace Attribute Notices, with
+/// the Changed Namespace List log page (04h): the bit was set, the log
+/// page Invalid Log Page, and the event never sent. No notices claimed.
+#[test]
+fn no_namespace_notices_are_claimed_without_their_log_page() {
+    let mut r = Rig::new(&["0:4M"]);
+    let id = r.identify(cns::CONTROLLER, 0).unwrap();
+    let oaes = u32::from_le_bytes(id[92..96].try_into().unwrap());
+    let (st, _) = get_log(&mut r, 0x04, 4096);
+    assert!(
+        oaes & 1 << 8 == 0 || st.is_success(),
+        "OAES {oaes:#x}, log 04h {st:?}"
+    );
+}
+
+/// Number of Queues is a Command Sequence Error after an I/O queue was
+/// created (NVMe Base, Number of Queues); set again before, it is the same
+/// allocation (it was a Sequence Error, and a driver that retries reads
+/// its queue count as 0).
+#[test]
+fn number_of_queues_set_again_before_any_queue_is_the_same_allocation() {
+    let mut r = Rig::new(&["0:4M"]);
+    let a = r.admin(set_features(feature::NUMBER_OF_QUEUES, 3 | 3 << 16));
+    let b = r.admin(set_features(feature::NUMBER_OF_QUEUES, 3 | 3 << 16));
+    assert_eq!((a.status, b.status), (Status::SUCCESS, Status::SUCCESS));
+    assert_eq!(b.result, a.result);
+    r.io_queues(16, 16);
+    let c = r.admin(set_features(feature::NUMBER_OF_QUEUES, 3 | 3 << 16));
+    assert_eq!(c.status, Status::SEQUENCE_ERROR);
+}
+
+/// The composite temperature at or past a threshold the driver set sets
+/// the SMART log's Critical Warning bit 1 (the thresholds were kept and
+/// never compared).
+#[test]
+fn a_temperature_past_its_threshold_sets_the_critical_warning() {
+    let mut r = Rig::new(&["0:4M"]);
+    let warning = |r: &mut Rig| {
+        let (st, log) = get_log(r, GetLogPage::SMART, 512);
+        assert!(st.is_success());
+        (log[0] & 2 != 0, u16::from_le_bytes([log[1], log[2]]))
+    };
+    let (warned, temp) = warning(&mut r);
+    assert!(!warned, "no warning at the default thresholds");
+    let over = |k: u16| set_features(feature::TEMPERATURE_THRESHOLD, k as u32);
+    let under = |k: u16| set_features(feature::TEMPERATURE_THRESHOLD, k as u32 | 1 << 20);
+    for (s, warn) in [
+        (over(temp - 10), true),
+        (over(temp + 10), false),
+        (under(temp), true),
+    ] {
+        assert!(r.admin(s).status.is_success());
+        assert_eq!(warning(&mut r).0, warn, "{s:?}");
+    }
+}
+
+/// The system calls the controller makes for one I/O command.
+fn calls_for(r: &mut Rig, tail: &mut u32, s: Sqe) -> u64 {
+    let mut s = s;
+    s.cid = *tail as u16 + 1;
+    r.io_put(*tail, &s);
+    *tail += 1;
+    r.regs.store32(regs::sq_tail_doorbell(1), *tail);
+    let before = wd_sys::syscalls_on_this_thread();
+    r.pass();
+    let calls = wd_sys::syscalls_on_this_thread() - before;
+    let c = r.io_cqe(*tail - 1);
+    assert!(c.status.is_success(), "{:?}", c.status);
+    r.regs.store32(regs::cq_head_doorbell(1), *tail);
+    calls
+}
+
+/// A Write or Write Zeroes with Force Unit Access (CDW12 bit 30), and with
+/// the volatile write cache off any command that writes (Write Zeroes and
+/// a deallocating Dataset Management too), is on stable media when it
+/// completes: one more system call, the sync. FUA was ignored, and Write
+/// Zeroes and Dataset Management completed unsynced with the cache off.
+#[test]
+fn writes_with_force_unit_access_or_without_the_cache_are_synced() {
+    let mut r = Rig::new(&["0:1M"]);
+    r.io_queues(16, 16);
+    r.mem.put(DATA, &[0x5a; 4096]);
+    r.mem.put(DATA + 4096, &[0; 16]);
+    let tail = &mut 0u32;
+    let fua = |mut s: Sqe| {
+        s.cdw[2] |= 1 << 30;
+        s
+    };
+    let write = || rw(IoOp::Write, 1, 3, 1, DATA, 0);
+    let zeroes = || rw(IoOp::WriteZeroes, 1, 8, 16, 0, 0);
+    let dsm = || {
+        // One range (context 0, 16 blocks at block 32), deallocate.
+        let mut s = rw(IoOp::Dsm, 1, 0, 1, DATA + 4096, 0);
+        s.cdw = [0, 4, 0, 0, 0, 0];
+        s
+    };
+    r.mem.put(DATA + 4096 + 4, &16u32.to_le_bytes());
+    r.mem.put(DATA + 4096 + 8, &32u64.to_le_bytes());
+    let plain = [write(), zeroes(), dsm()].map(|s| calls_for(&mut r, tail, s));
+    let forced = [fua(write()), fua(zeroes())].map(|s| calls_for(&mut r, tail, s));
+    assert_eq!(
+        (forced[0], forced[1]),
+        (plain[0] + 1, plain[1] + 1),
+        "FUA: {forced:?} against {plain:?}"
+    );
+    assert!(r
+        .admin(set_features(feature::VOLATILE_WRITE_CACHE, 0))
+        .status
+        .is_success());
+    let through = [write(), zeroes(), dsm()].map(|s| calls_for(&mut r, tail, s));
+    assert_eq!(through, plain.map(|n| n + 1), "write cache off");
 }
