@@ -5,6 +5,7 @@
  * messages through libwd.so's wd_last_error.
  * Exit 0 and "N passed, 0 failed". */
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,34 @@ static unsigned char *text(size_t n)
 		at += l;
 	}
 	return d;
+}
+
+/* A failing call from a thread-key destructor, after the thread's Rust
+ * locals are gone (glibc): its errno, not an abort. */
+static pthread_key_t exit_key;
+static int exit_r = 1;
+
+static void at_thread_exit(void *unused)
+{
+	(void)unused;
+	exit_r = wd_comp_new(NULL);
+}
+
+static void *exiting_thread(void *unused)
+{
+	(void)unused;
+	(void)wd_comp_new(NULL); /* this thread's last error exists */
+	pthread_setspecific(exit_key, (void *)1);
+	return NULL;
+}
+
+static int call_at_thread_exit(void)
+{
+	pthread_t t;
+	if (pthread_key_create(&exit_key, at_thread_exit) || pthread_create(&t, NULL, exiting_thread, NULL) ||
+	    pthread_join(t, NULL))
+		return 1;
+	return exit_r;
 }
 
 int main(void)
@@ -339,6 +368,7 @@ int main(void)
 	free(d);
 	free(z);
 	free(back);
+	CHECK(call_at_thread_exit() == -EINVAL, "a call at thread exit answers");
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;
 }

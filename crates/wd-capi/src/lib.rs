@@ -116,9 +116,12 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
+/// Record this thread's last error. Not at all once the thread's locals
+/// are gone: a call from a thread-key destructor runs after them (glibc),
+/// and must still return its errno, never abort.
 fn set_last(msg: &str) {
     let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|l| *l.borrow_mut() = c);
+    let _ = LAST_ERROR.try_with(|l| *l.borrow_mut() = c);
 }
 
 fn fail(errno: c_int, msg: &str) -> c_int {
@@ -721,9 +724,7 @@ pub extern "C" fn wd_strerror(err: c_int) -> *const c_char {
 /// Pointers must be NULL or valid as `include/wd.h` documents for this call.
 #[no_mangle]
 pub unsafe extern "C" fn wd_last_error(buf: *mut c_char, len: usize) -> c_int {
-    LAST_ERROR.with(|l| {
-        let l = l.borrow();
-        let bytes = l.as_bytes();
+    let copy = |bytes: &[u8]| {
         if !buf.is_null() && len > 0 {
             let n = bytes.len().min(len - 1);
             // SAFETY: buf has room for len bytes (caller contract); n < len.
@@ -733,7 +734,14 @@ pub unsafe extern "C" fn wd_last_error(buf: *mut c_char, len: usize) -> c_int {
             }
         }
         bytes.len() as c_int
-    })
+    };
+    // With the thread's locals gone (a thread-key destructor), no message.
+    catch_unwind(AssertUnwindSafe(|| {
+        LAST_ERROR
+            .try_with(|l| copy(l.borrow().as_bytes()))
+            .unwrap_or_else(|_| copy(b""))
+    }))
+    .unwrap_or(0)
 }
 
 /// Not API (a private version node): libwd_crypto.so records its error
@@ -748,7 +756,9 @@ pub unsafe extern "C" fn wd__set_last_error(msg: *const c_char) {
     }
     // SAFETY: msg is non-null and NUL-terminated (caller contract).
     let m = unsafe { CStr::from_ptr(msg) };
-    LAST_ERROR.with(|l| *l.borrow_mut() = m.to_owned());
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        LAST_ERROR.try_with(|l| *l.borrow_mut() = m.to_owned())
+    }));
 }
 
 /// Not API (version node `WD_PRIVATE`): which arena of `wd_alloc`'s

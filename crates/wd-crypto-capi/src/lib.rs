@@ -120,16 +120,20 @@ pub(crate) unsafe fn with_buffers<T>(
         };
         return Some(f(src, dst));
     }
-    SCRATCH.with(|s| {
-        let mut s = s.borrow_mut();
-        s.clear();
-        // SAFETY: caller contract; the input is copied before the output
-        // slice exists.
-        s.extend_from_slice(unsafe { std::slice::from_raw_parts(inp as *const u8, len) });
-        // SAFETY: caller contract.
-        let dst = unsafe { std::slice::from_raw_parts_mut(out as *mut u8, len) };
-        Some(f(&s, dst))
-    })
+    // Taken out of the thread's locals for the call (a new one when they
+    // are gone: a call from a thread-key destructor).
+    let mut s = SCRATCH
+        .try_with(|s| std::mem::take(&mut *s.borrow_mut()))
+        .unwrap_or_default();
+    s.clear();
+    // SAFETY: caller contract; the input is copied before the output
+    // slice exists.
+    s.extend_from_slice(unsafe { std::slice::from_raw_parts(inp as *const u8, len) });
+    // SAFETY: caller contract.
+    let dst = unsafe { std::slice::from_raw_parts_mut(out as *mut u8, len) };
+    let r = f(&s, dst);
+    let _ = SCRATCH.try_with(|k| *k.borrow_mut() = s);
+    Some(r)
 }
 
 /// # Safety
