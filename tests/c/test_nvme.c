@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "wd.h"
@@ -142,6 +143,32 @@ int main(void)
 		CHECK(n == 1 && cpl[0].cid == ret && cpl[0].status == 0, "its completion");
 	}
 	CHECK(wd_nvme_reap(qp, NULL, 1) == -EINVAL, "NULL completions");
+
+	/* A forked child owns none of the parent's controllers and queue
+	 * pairs: each call is -EBADFD and touches nothing (a doorbell write
+	 * faulted in the child, and the entries it wrote broke the parent's
+	 * next read). */
+	{
+		pid_t pid = fork();
+		if (pid == 0) {
+			int bad = 0;
+			bad += wd_nvme_read(qp, &ns, 100, buf, BS) != -EBADFD;
+			bad += wd_nvme_submit_rw(qp, &ns, 0, 100, buf, BS) != -EBADFD;
+			bad += wd_nvme_identify(ctrl, 1, 0, id) != -EBADFD;
+			bad += wd_nvme_qpair_delete(qp) != -EBADFD;
+			bad += wd_nvme_close(ctrl) != -EBADFD;
+			_exit(bad);
+		}
+		int st = -1;
+		CHECK(pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+		      "the child's calls on the parent's NVMe handles are -EBADFD (status %#x)", st);
+		for (int k = 0; k < 2; k++) {
+			memset(buf, 0, BS);
+			ret = wd_nvme_read(qp, &ns, 100, buf, BS);
+			CHECK(ret == 0 && ((uint8_t *)buf)[BS - 1] == (uint8_t)((BS - 1) * 13 + 7),
+			      "the parent reads after the child (%d)", ret);
+		}
+	}
 
 	/* A raw admin command: Get Features, Volatile Write Cache. */
 	memset(sqe, 0, 64);

@@ -38,12 +38,46 @@ pub struct WdNvmeCpl {
 
 struct Ctrl {
     c: Mutex<Controller>,
+    /// The process that opened it.
+    pid: u32,
 }
 
 struct Pair {
     /// The controller it belongs to (deleting it needs the admin queue).
     ctrl: u64,
     q: Mutex<Option<IoQueue>>,
+    /// The process that made it.
+    pid: u32,
+}
+
+/// A handle's object, and the process it belongs to: a forked child
+/// inherits the tables but not the register blocks (never mapped in a
+/// child), and the queues' memory is the parent's, so a child must touch
+/// nothing of them (a doorbell write faulted, and entries it wrote broke
+/// the parent's next command).
+trait Owned {
+    fn pid(&self) -> u32;
+}
+
+impl Owned for Ctrl {
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+}
+
+impl Owned for Pair {
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+}
+
+fn forked(what: &str) -> ClientError {
+    ClientError::new(
+        Status::BadState,
+        format!(
+            "this {what} belongs to the parent process (made before a fork): a child opens its own"
+        ),
+    )
 }
 
 static CTRLS: RwLock<Option<HashMap<u64, Arc<Ctrl>>>> = RwLock::new(None);
@@ -64,17 +98,21 @@ fn client(e: NvmeError) -> ClientError {
     ClientError::new(status, e.to_string())
 }
 
-fn lookup<T>(
+fn lookup<T: Owned>(
     table: &RwLock<Option<HashMap<u64, Arc<T>>>>,
     h: u64,
     what: &str,
 ) -> Result<Arc<T>, ClientError> {
-    table
+    let v = table
         .read()
         .unwrap_or_else(|e| e.into_inner())
         .as_ref()
         .and_then(|m| m.get(&h).cloned())
-        .ok_or_else(|| ClientError::new(Status::BadHandle, format!("not a live {what} handle")))
+        .ok_or_else(|| ClientError::new(Status::BadHandle, format!("not a live {what} handle")))?;
+    if v.pid() != wd_sys::getpid() {
+        return Err(forked(what));
+    }
+    Ok(v)
 }
 
 fn insert<T>(table: &RwLock<Option<HashMap<u64, Arc<T>>>>, v: T) -> u64 {
@@ -126,7 +164,13 @@ pub unsafe extern "C" fn wd_nvme_open(out: *mut u64) -> c_int {
             return Err(invalid("out pointer is NULL"));
         }
         let c = Controller::open(&host()?, &Options::default()).map_err(client)?;
-        let h = insert(&CTRLS, Ctrl { c: Mutex::new(c) });
+        let h = insert(
+            &CTRLS,
+            Ctrl {
+                c: Mutex::new(c),
+                pid: wd_sys::getpid(),
+            },
+        );
         // SAFETY: checked non-null; written only on success.
         unsafe { out.write_unaligned(h) };
         Ok(0)
@@ -143,11 +187,18 @@ pub extern "C" fn wd_nvme_close(ctrl: u64) -> c_int {
             .as_mut()
             .and_then(|m| m.remove(&ctrl))
             .ok_or_else(|| ClientError::new(Status::BadHandle, "not a live controller handle"))?;
-        PAIRS
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(HashMap::new)
-            .retain(|_, p| p.ctrl != ctrl);
+        let pairs: Vec<Arc<Pair>> = {
+            let mut t = PAIRS.write().unwrap_or_else(|e| e.into_inner());
+            let m = t.get_or_insert_with(HashMap::new);
+            let mine: Vec<u64> = m.keys().copied().filter(|h| m[h].ctrl == ctrl).collect();
+            mine.iter().filter_map(|h| m.remove(h)).collect()
+        };
+        if c.pid != wd_sys::getpid() {
+            // The parent's: gone from this process's tables, untouched.
+            std::mem::forget((c, pairs));
+            return Err(forked("controller"));
+        }
+        drop(pairs);
         let mut g = c.c.lock().unwrap_or_else(|e| e.into_inner());
         g.shutdown().map_err(client)?;
         Ok(0)
@@ -276,6 +327,7 @@ pub unsafe extern "C" fn wd_nvme_qpair_create(ctrl: u64, entries: u32, out: *mut
             Pair {
                 ctrl,
                 q: Mutex::new(Some(q)),
+                pid: wd_sys::getpid(),
             },
         );
         // SAFETY: checked non-null; written only on success.
@@ -294,6 +346,11 @@ pub extern "C" fn wd_nvme_qpair_delete(qp: u64) -> c_int {
             .as_mut()
             .and_then(|m| m.remove(&qp))
             .ok_or_else(|| ClientError::new(Status::BadHandle, "not a live queue pair handle"))?;
+        if p.pid != wd_sys::getpid() {
+            // The parent's: gone from this process's table, untouched.
+            std::mem::forget(p);
+            return Err(forked("queue pair"));
+        }
         let q = p.q.lock().unwrap_or_else(|e| e.into_inner()).take();
         let c = lookup(&CTRLS, p.ctrl, "controller")?;
         if let Some(q) = q {
