@@ -17,7 +17,10 @@
  * ABI rules are those of wd.h: 0 or a count on success, a negative errno
  * on failure (wd_strerror, wd_last_error); out-parameters written only on
  * success; NULL where a pointer is required is -EINVAL. A session is used
- * by one thread at a time (different sessions: any threads). Input and
+ * by one thread at a time (different sessions: any threads); a message,
+ * cipher stream or job with requests on the device belongs to the thread
+ * that sent them: another thread's call on it is -EBADFD and leaves it
+ * as it was (finish it on its own thread). Input and
  * output may be the same buffer. Passing a freed session is undefined.
  * After fork, sessions keep working in the child (on the child's own
  * queues, or the CPU).
@@ -69,9 +72,12 @@ int wd_cipher_start_offload(struct wd_cipher *c, const void *in, void *out, size
 void wd_cipher_free(struct wd_cipher *c);
 
 /* 0 and the job is freed: the output is written. -EAGAIN: not yet.
- * Another negative errno: failed (the job is freed). */
+ * -EBADFD: called on another thread than the one that started it (the
+ * job is kept: finish it there). Another negative errno: failed (the job
+ * is freed). */
 int wd_job_poll(struct wd_job *job);
-/* Wait for the job; 0 or a negative errno; the job is freed. */
+/* Wait for the job; 0 or a negative errno; the job is freed (but for
+ * -EBADFD, as wd_job_poll). */
 int wd_job_wait(struct wd_job *job);
 
 /* Event-loop support for wd_cipher_start (this thread's cipher queue):
@@ -100,7 +106,9 @@ int wd_aead_open(struct wd_aead *a, const void *iv, size_t iv_len, const void *a
 		 size_t aad_len, const void *ct, void *pt, size_t len, const void *tag,
 		 size_t tag_len);
 /* Streaming: begin, AAD (before data), data, then finish: encrypting
- * writes the tag, decrypting checks it (-EBADMSG). */
+ * writes the tag, decrypting checks it (-EBADMSG). A finish refused with
+ * -EAGAIN (every staging slot of the thread in flight) or -EBADFD leaves
+ * the message under way: finish it again. */
 int wd_aead_begin(struct wd_aead *a, int encrypt, const void *iv, size_t iv_len);
 int wd_aead_aad(struct wd_aead *a, const void *aad, size_t len);
 int wd_aead_update(struct wd_aead *a, const void *in, void *out, size_t len);

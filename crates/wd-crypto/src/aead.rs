@@ -501,13 +501,10 @@ impl Aead {
             return Err(CryptoError::invalid("this message decrypts"));
         }
         self.decide(0)?;
-        self.active = false;
-        if !matches!(self.path, Path::Cpu(_)) {
-            if self.device_step(&[], None, Some((tag, true)))? {
-                return Ok(());
-            }
-            stats::on_cpu(0, Why::HostGone);
+        if self.finish_on_device(tag, true)? {
+            return Ok(());
         }
+        self.active = false;
         let Path::Cpu(ctx) = &mut self.path else {
             unreachable!("the CPU path")
         };
@@ -524,18 +521,42 @@ impl Aead {
             return Err(CryptoError::invalid("this message encrypts"));
         }
         self.decide(0)?;
-        self.active = false;
-        if !matches!(self.path, Path::Cpu(_)) {
-            if self.device_step(&[], None, Some((&mut tag.to_vec(), false)))? {
-                return Ok(());
-            }
-            stats::on_cpu(0, Why::HostGone);
+        if self.finish_on_device(&mut tag.to_vec(), false)? {
+            return Ok(());
         }
+        self.active = false;
         let Path::Cpu(ctx) = &mut self.path else {
             unreachable!("the CPU path")
         };
         ctx.set_tag(tag)?;
         ctx.finish().map_err(|_| CryptoError::Auth)
+    }
+
+    /// The message's last device request (`seal`: the tag written, else
+    /// checked), when it runs on the device: true when done there, false
+    /// when it runs here now. A finish refused before it was sent (no
+    /// free slot; a message of another thread) leaves the message under
+    /// way, to be finished again; any other outcome ends it.
+    fn finish_on_device(&mut self, tag: &mut [u8], seal: bool) -> Result<bool> {
+        if matches!(self.path, Path::Cpu(_)) {
+            return Ok(false);
+        }
+        match self.device_step(&[], None, Some((tag, seal))) {
+            Err(
+                e @ (CryptoError::Busy
+                | CryptoError::Device {
+                    status: wrapdrive::Status::BadState,
+                    ..
+                }),
+            ) => Err(e),
+            r => {
+                self.active = false;
+                if let Ok(false) = r {
+                    stats::on_cpu(0, Why::HostGone);
+                }
+                r
+            }
+        }
     }
 }
 

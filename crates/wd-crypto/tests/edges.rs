@@ -669,3 +669,49 @@ fn a_scatter_list_beside_a_job_of_its_stream_is_busy_with_nothing_done() {
     );
     assert!(ob == want[j.len() + a.len()..], "second piece of the list");
 }
+
+/// A GCM finish refused before it was sent (no free slot: Busy; another
+/// thread's message: BadState) leaves the message under way, and finished
+/// again it writes the right tag (the message had ended: the retry was
+/// "begin a message first", and no tag was ever made).
+#[test]
+fn a_refused_gcm_finish_keeps_its_message() {
+    let _g = setup(Policy::Offload, 0);
+    let (key, iv, pt) = (noise(16, 81), noise(12, 82), noise(4096, 83));
+    let mut want_tag = [0u8; 16];
+    let want = openssl::symm::encrypt_aead(
+        ocipher("aes-128-gcm"),
+        &key,
+        Some(&iv),
+        b"ad",
+        &pt,
+        &mut want_tag,
+    )
+    .unwrap();
+    let mut a = Aead::new("aes-128-gcm", &key).unwrap();
+    let begun = |a: &mut Aead| {
+        let mut ct = vec![0u8; pt.len()];
+        a.begin(Direction::Encrypt, &iv).unwrap();
+        a.aad(b"ad").unwrap();
+        a.update(&pt, &mut ct).unwrap();
+        assert!(ct == want);
+    };
+    let mut tag = [0u8; 16];
+    begun(&mut a);
+    let held = hold_slots(64);
+    let r = a.finish_seal(&mut tag);
+    held.release();
+    assert!(matches!(r, Err(CryptoError::Busy)), "{r:?}");
+    a.finish_seal(&mut tag).unwrap();
+    assert_eq!(tag, want_tag, "finished again after Busy");
+    begun(&mut a);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let e = a.finish_seal(&mut [0u8; 16]).unwrap_err();
+            assert!(e.to_string().contains("another thread"), "{e}");
+        });
+    });
+    let mut tag = [0u8; 16];
+    a.finish_seal(&mut tag).unwrap();
+    assert_eq!(tag, want_tag, "finished on its own thread");
+}
