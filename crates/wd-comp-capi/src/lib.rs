@@ -950,8 +950,13 @@ pub unsafe extern "C" fn wd_comp_stream_new(
         let Some(w) = (unsafe { comp(c) }) else {
             return fail(EINVAL, "wd_comp_stream_new: not a struct wd_comp");
         };
-        let (Some(a), Ok(level), Ok(window_bits)) =
-            (alg_of(alg), i8::try_from(level), u8::try_from(window_bits))
+        // (The level is ignored when decompressing, whatever it is.)
+        let level = if compress != 0 {
+            i8::try_from(level)
+        } else {
+            Ok(0)
+        };
+        let (Some(a), Ok(level), Ok(window_bits)) = (alg_of(alg), level, u8::try_from(window_bits))
         else {
             return fail(
                 EINVAL,
