@@ -138,25 +138,10 @@ fn a_flush_that_saw_the_host_go_is_not_sent_again() {
     let (socket, store) = (dir.join("wd.sock"), dir.join("store.img"));
     std::fs::write(&store, b"").unwrap();
     let first = host(&socket, &store);
-    let conn = HostConn::connect(&socket).unwrap();
-    let mut c = Controller::open(&conn, &Options::default()).unwrap();
-    let ns = c.open_namespace(1).unwrap();
-    let mut q = c.create_io_queue(8).unwrap();
-    q.flush(&ns).unwrap();
-    first.shutdown();
-    let _second = host(&socket, &store);
-    let e = q.flush(&ns).unwrap_err();
-    assert!(e.host_gone(), "{e}");
-    c.reconnect().unwrap();
-    let resent = c.restore_io_queue(&mut q).unwrap();
-    q.flush(&ns).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    q.flush(&ns).unwrap();
-    assert_eq!(
-        (resent, q.pair().room()),
-        (0, 7),
-        "(commands sent again, free command slots)"
-    );
+    a_failed_flush_across(&socket, || {
+        first.shutdown();
+        host(&socket, &store)
+    });
 }
 
 /// The same when it is the doorbell that finds the host gone (its engine
@@ -169,21 +154,33 @@ fn a_flush_whose_doorbell_saw_the_host_go_is_not_sent_again() {
     std::fs::write(&store, b"").unwrap();
     std::env::set_var("WD_TEST_STORE", &store);
     let mut first = wd_testutil::Role::serving("host", &socket);
-    let conn = HostConn::connect(&socket).unwrap();
+    a_failed_flush_across(&socket, || {
+        // The engine goes to sleep and asks for a wake-up.
+        std::thread::sleep(Duration::from_millis(500));
+        first.child.kill().unwrap();
+        first.child.wait().unwrap();
+        wd_testutil::Role::serving("host", &socket)
+    });
+}
+
+/// A flush, then `restart` (which takes the host on `socket` away and
+/// returns the one started there again); the next flush is `HostGone`,
+/// leaves nothing in flight and its id free, and is not sent again when
+/// the queue is restored.
+fn a_failed_flush_across<H>(socket: &str, restart: impl FnOnce() -> H) {
+    let conn = HostConn::connect(socket).unwrap();
     let mut c = Controller::open(&conn, &Options::default()).unwrap();
     let ns = c.open_namespace(1).unwrap();
     let mut q = c.create_io_queue(8).unwrap();
     q.flush(&ns).unwrap();
-    // The engine goes to sleep and asks for a wake-up.
-    std::thread::sleep(Duration::from_millis(500));
-    first.child.kill().unwrap();
-    first.child.wait().unwrap();
-    let _second = wd_testutil::Role::serving("host", &socket);
+    let _second = restart();
     let e = q.flush(&ns).unwrap_err();
     assert!(e.host_gone(), "{e}");
     let after = (q.pair().in_flight(), q.pair().room());
     c.reconnect().unwrap();
     let resent = c.restore_io_queue(&mut q).unwrap();
+    q.flush(&ns).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
     q.flush(&ns).unwrap();
     assert_eq!(
         (after, resent, q.pair().room()),
