@@ -79,8 +79,41 @@ fn wait_posted(cq: u64, slot: u64) {
     }
 }
 
-/// A controller with one I/O queue (no shadow doorbells), two reads (`a`
-/// and `b`) completed and posted, neither taken yet.
+/// A controller of a host of its own (no shadow doorbells, so every tail
+/// reaches the register), namespace 1 open, one I/O queue of 8 entries,
+/// `len` bytes shared.
+struct Plain {
+    host: common::TestHost,
+    c: Controller,
+    q: wd_nvme_driver::IoQueue,
+    ns: wd_nvme_driver::Namespace,
+    buf: SharedBuf,
+}
+
+fn plain(len: u64) -> Plain {
+    let host = start_with("engine=sync,", &["0:4M"], |_| {});
+    let mut c = Controller::open(
+        &host.conn(),
+        &Options {
+            shadow_doorbells: false,
+        },
+    )
+    .unwrap();
+    let ns = c.open_namespace(1).unwrap();
+    let q = c.create_io_queue(8).unwrap();
+    let buf = SharedBuf::new(len as usize).unwrap();
+    c.share(&buf).unwrap();
+    Plain {
+        host,
+        c,
+        q,
+        ns,
+        buf,
+    }
+}
+
+/// A [`plain`] controller with two reads (`a` and `b`) completed and
+/// posted, neither taken yet.
 struct TwoReads {
     _host: common::TestHost,
     _c: Controller,
@@ -93,20 +126,14 @@ struct TwoReads {
 }
 
 fn two_reads_posted() -> TwoReads {
-    let host = start_with("engine=sync,", &["0:4M"], |_| {});
-    let conn = host.conn();
-    let mut c = Controller::open(
-        &conn,
-        &Options {
-            shadow_doorbells: false,
-        },
-    )
-    .unwrap();
-    let ns = c.open_namespace(1).unwrap();
-    let mut q = c.create_io_queue(8).unwrap();
+    let Plain {
+        host,
+        c,
+        mut q,
+        ns,
+        buf,
+    } = plain(4 * BLOCK);
     let cq = io_cq_base(&c, q.qid());
-    let buf = SharedBuf::new((4 * BLOCK) as usize).unwrap();
-    c.share(&buf).unwrap();
     let a = q.push_rw(IoOp::Read, &ns, 0, buf.addr(), BLOCK).unwrap();
     let b = q
         .push_rw(IoOp::Read, &ns, 1, buf.addr() + BLOCK, BLOCK)
@@ -215,19 +242,14 @@ fn a_set_aside_completion_is_handed_out_before_a_bogus_one_is_reported() {
 /// was refused as "not outstanding", its id taken for good).
 #[test]
 fn reap_into_a_vector_holding_an_earlier_completion_of_the_same_id() {
-    let h = start_with("engine=sync,", &["0:4M"], |_| {});
-    let conn = h.conn();
-    let mut c = Controller::open(
-        &conn,
-        &Options {
-            shadow_doorbells: false,
-        },
-    )
-    .unwrap();
-    let ns = c.open_namespace(1).unwrap();
-    let mut q = c.create_io_queue(8).unwrap();
-    let buf = SharedBuf::new(BLOCK as usize).unwrap();
-    c.share(&buf).unwrap();
+    // (The host and the controller held to the end.)
+    let Plain {
+        host: _host,
+        c: _c,
+        mut q,
+        ns,
+        buf,
+    } = plain(BLOCK);
     let mut all = Vec::new();
     for round in 0..2u64 {
         q.push_rw(IoOp::Read, &ns, round, buf.addr(), BLOCK)
