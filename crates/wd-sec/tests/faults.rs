@@ -110,6 +110,40 @@ fn mb_queue_cbc_fault_keeps_the_chain() {
     }
 }
 
+/// The GCM message of the fault tests (AES-128): key, nonce, 16 bytes of
+/// additional data, 64 bytes of data, and OpenSSL's ciphertext and tag.
+struct Gcm {
+    key: [u8; 16],
+    nonce: [u8; 12],
+    aad: [u8; 16],
+    data: Vec<u8>,
+    ct: Vec<u8>,
+    tag: [u8; 16],
+}
+
+fn gcm_message() -> Gcm {
+    let (key, nonce, aad) = ([0x11u8; 16], [0x22u8; 12], [0x33u8; 16]);
+    let data: Vec<u8> = (0..64u8).collect();
+    let mut tag = [0u8; 16];
+    let ct = openssl::symm::encrypt_aead(
+        Cipher::aes_128_gcm(),
+        &key,
+        Some(&nonce),
+        &aad,
+        &data,
+        &mut tag,
+    )
+    .unwrap();
+    Gcm {
+        key,
+        nonce,
+        aad,
+        data,
+        ct,
+        tag,
+    }
+}
+
 /// GCM: additional data of a request that continues a message (no F_IV)
 /// is taken into the GHASH before the data's memory is checked; a fault
 /// on the data then leaves the AAD absorbed, and the retry absorbs it again:
@@ -117,21 +151,14 @@ fn mb_queue_cbc_fault_keeps_the_chain() {
 #[test]
 fn gcm_aad_of_a_faulting_continuation_is_not_taken_twice() {
     let alg = Alg::by_name("aes-128-gcm").unwrap();
-    let key = [0x11u8; 16];
-    let nonce = [0x22u8; 12];
-    let aad = [0x33u8; 16];
-    let data: Vec<u8> = (0..64u8).collect();
-    // Reference tag.
-    let mut want_tag = [0u8; 16];
-    let want_ct = openssl::symm::encrypt_aead(
-        Cipher::aes_128_gcm(),
-        &key,
-        Some(&nonce),
-        &aad,
-        &data,
-        &mut want_tag,
-    )
-    .unwrap();
+    let Gcm {
+        key,
+        nonce,
+        aad,
+        data,
+        ct: want_ct,
+        tag: want_tag,
+    } = gcm_message();
     // Without the fault first the same requests give OpenSSL's tag; with
     // it, through both memory paths, too.
     for (direct, fault) in [(true, false), (true, true), (false, true)] {
@@ -341,18 +368,14 @@ fn mb_burst_encrypt_ends_an_earlier_decrypt_stream() {
 #[test]
 fn share_all_faults_after_the_context_moved_lose_the_message() {
     let gcm = Alg::by_name("aes-128-gcm").unwrap();
-    let (key, nonce, aad) = ([0x11u8; 16], [0x22u8; 12], [0x33u8; 16]);
-    let data: Vec<u8> = (0..64u8).collect();
-    let mut want_tag = [0u8; 16];
-    let want_ct = openssl::symm::encrypt_aead(
-        Cipher::aes_128_gcm(),
-        &key,
-        Some(&nonce),
-        &aad,
-        &data,
-        &mut want_tag,
-    )
-    .unwrap();
+    let Gcm {
+        key,
+        nonce,
+        aad,
+        data,
+        ct: want_ct,
+        tag: want_tag,
+    } = gcm_message();
     let (src, dst, aad_at, tag_at) = (BASE + 0x1000, BASE + 0x2000, BASE + 0x3000, BASE + 0x4000);
     let fin = |s, flags, nonce: &[u8]| {
         let mut c = cipher(s, F_ENCRYPT | F_FINAL | flags, src, dst, 64, nonce);
