@@ -4,7 +4,6 @@
  * (on the device, or counted on the CPU) like before the split.
  * Exit 0 and "N passed, 0 failed". */
 #include <errno.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,43 +12,12 @@
 #include "wd.h"
 #include "wd_crypto.h"
 
-static int passed, failed;
-#define CHECK(cond, what)                                              \
-	do {                                                           \
-		if (cond) {                                            \
-			passed++;                                      \
-		} else {                                               \
-			failed++;                                      \
-			fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, what); \
-		}                                                      \
-	} while (0)
+#include "check.h"
 
-/* A failing call from a thread-key destructor, after the thread's Rust
- * locals are gone (glibc): its errno, not an abort. */
-static pthread_key_t exit_key;
-static int exit_r = 1;
-
-static void at_thread_exit(void *unused)
+/* A failing call (checked at thread exit: call_at_thread_exit). */
+static int update_without_session(void)
 {
-	(void)unused;
-	exit_r = wd_cipher_update(NULL, NULL, NULL, 0);
-}
-
-static void *exiting_thread(void *unused)
-{
-	(void)unused;
-	(void)wd_cipher_update(NULL, NULL, NULL, 0); /* this thread's last error exists */
-	pthread_setspecific(exit_key, (void *)1);
-	return NULL;
-}
-
-static int call_at_thread_exit(void)
-{
-	pthread_t t;
-	if (pthread_key_create(&exit_key, at_thread_exit) || pthread_create(&t, NULL, exiting_thread, NULL) ||
-	    pthread_join(t, NULL))
-		return 1;
-	return exit_r;
+	return wd_cipher_update(NULL, NULL, NULL, 0);
 }
 
 int main(void)
@@ -217,7 +185,7 @@ int main(void)
 	free(hsrc);
 	free(hdst);
 
-	CHECK(call_at_thread_exit() == -EINVAL, "a call at thread exit answers");
+	CHECK(call_at_thread_exit(update_without_session) == -EINVAL, "a call at thread exit answers");
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;
 }
