@@ -134,7 +134,16 @@ static void test_errors(void)
 	capa.depth = 0;
 	capa.reserved[1] = 1;
 	CHECK(wd_request_queue(&q, &capa) == -EINVAL, "reserved must be zero");
+	capa.reserved[1] = 0;
+	capa.numa_node = -2;
+	CHECK(wd_request_queue(&q, &capa) == -EINVAL, "NUMA node -2 refused");
+	CHECK(q.id == 0xeeeeeeee, "out-parameter untouched on a refused NUMA node");
+	capa.numa_node = -1;
 	CHECK(strlen(wd_strerror(-EBUSY)) > 0, "strerror");
+	CHECK(strcmp(wd_strerror(-EIO), "input/output error") == 0, "EIO has its text");
+	CHECK(strcmp(wd_strerror(-ENOLINK), "unknown error") == 0,
+	      "an errno WrapDrive never returns is not called an I/O error: %s",
+	      wd_strerror(-ENOLINK));
 	char buf[8];
 	CHECK(wd_last_error(buf, sizeof buf) > 0 && strlen(buf) < 8, "last_error truncates");
 	size_t n = 0;

@@ -692,7 +692,10 @@ pub unsafe extern "C" fn wd_get_faults(q: *mut WdQueue, out: *mut WdFault, max: 
 /// Static text of an errno.
 #[no_mangle]
 pub extern "C" fn wd_strerror(err: c_int) -> *const c_char {
-    let s: &'static CStr = match Status::from_errno(err.unsigned_abs() as i32) {
+    let Some(status) = Status::from_known_errno(err) else {
+        return c"unknown error".as_ptr();
+    };
+    let s: &'static CStr = match status {
         _ if err == 0 => c"success",
         Status::Ok => c"success",
         Status::Invalid => c"invalid argument",

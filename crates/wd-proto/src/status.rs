@@ -78,12 +78,18 @@ impl Status {
 
     /// The status for an errno (sign ignored); unknown values are `Io`.
     pub fn from_errno(errno: i32) -> Status {
+        Status::from_known_errno(errno).unwrap_or(Status::Io)
+    }
+
+    /// The status for an errno (sign ignored) that has one, so that text
+    /// for an errno WrapDrive never returns does not claim an I/O error.
+    pub fn from_known_errno(errno: i32) -> Option<Status> {
         let e = errno.unsigned_abs() as i32;
         match e {
-            13 => Status::Permission,           // EACCES
-            7 => Status::TooBig,                // E2BIG
-            104 | 32 | 111 => Status::HostGone, // ECONNRESET, EPIPE, ECONNREFUSED
-            _ => TABLE.iter().find(|t| t.1 == e).map_or(Status::Io, |t| t.0),
+            13 => Some(Status::Permission),           // EACCES
+            7 => Some(Status::TooBig),                // E2BIG
+            104 | 32 | 111 => Some(Status::HostGone), // ECONNRESET, EPIPE, ECONNREFUSED
+            _ => TABLE.iter().find(|t| t.1 == e).map(|t| t.0),
         }
     }
 
@@ -113,5 +119,7 @@ mod tests {
         assert_eq!(Status::from_u16(20), None);
         assert_eq!(Status::from_errno(13), Status::Permission);
         assert_eq!(Status::from_errno(9999), Status::Io);
+        assert_eq!(Status::from_known_errno(9999), None);
+        assert_eq!(Status::from_known_errno(-5), Some(Status::Io));
     }
 }

@@ -178,6 +178,15 @@ static PROBE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0
 
 impl Queue {
     pub(crate) fn request(host: Arc<HostConn>, capa: &Capability) -> Result<Queue> {
+        if capa.numa_node < -1 {
+            return Err(ClientError::new(
+                Status::Invalid,
+                format!(
+                    "numa_node {} is neither a node nor -1 (any)",
+                    capa.numa_node
+                ),
+            ));
+        }
         let (mut probe_addr, mut probe_value) = (0u64, 0u64);
         let mut mem_fd = None;
         if capa.flags & crate::CAPA_SHARE_ALL != 0 {
