@@ -23,7 +23,11 @@
  * as it was (finish it on its own thread). Input and
  * output may be the same buffer. Passing a freed session is undefined.
  * After fork, sessions keep working in the child (on the child's own
- * queues, or the CPU).
+ * queues, or the CPU), except a digest message already streaming on the
+ * device (over a slot's worth of input): its state is the parent's, so
+ * the child's calls on it are -EBADFD until wd_digest_final (also
+ * -EBADFD) starts it over; likewise a job or AEAD message with requests
+ * on the parent's queue.
  */
 #ifndef WD_CRYPTO_H
 #define WD_CRYPTO_H

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "wd.h"
 #include "wd_crypto.h"
@@ -18,6 +20,72 @@
 static int update_without_session(void)
 {
 	return wd_cipher_update(NULL, NULL, NULL, 0);
+}
+
+/* After fork: a cipher stream fed on the device before goes on in the
+ * child (its chaining state is the caller's); a digest streaming on the
+ * device does not (its state is the parent's): the child's calls on it are
+ * -EBADFD naming the fork, until wd_digest_final starts it over. The
+ * parent goes on with both. */
+static void test_fork_mid_stream(void)
+{
+	enum { N = 64 << 10 };
+	static unsigned char in[2 * N], ref_ct[2 * N], ct[2 * N];
+	static const unsigned char k[16] = "0123456789abcdef", iv[16] = "fedcba9876543210";
+	unsigned char ref_md[32], md[32];
+	for (int i = 0; i < 2 * N; i++)
+		in[i] = (unsigned char)(i * 13 + 1);
+	CHECK(wd_crypto_set_threshold(0) == 0 &&
+		      wd_crypto_set_policy(WD_CRYPTO_POLICY_OFFLOAD) == 0,
+	      "offload everything");
+	struct wd_digest *rd = NULL, *d = NULL;
+	struct wd_cipher *rc = NULL, *c = NULL;
+	CHECK(wd_digest_new(&rd, "sha256", NULL, 0) == 0 && wd_digest_update(rd, in, 2 * N) == 0 &&
+		      wd_digest_final(rd, ref_md, sizeof ref_md) == 32,
+	      "the reference digest");
+	CHECK(wd_cipher_new(&rc, "aes-128-ctr", k, 16, 1) == 0 && wd_cipher_set_iv(rc, iv, 16) == 0 &&
+		      wd_cipher_update(rc, in, ref_ct, 2 * N) == 0,
+	      "the reference ciphertext");
+	CHECK(wd_digest_new(&d, "sha256", NULL, 0) == 0 && wd_digest_update(d, in, N) == 0,
+	      "a digest's first half before fork");
+	CHECK(wd_cipher_new(&c, "aes-128-ctr", k, 16, 1) == 0 && wd_cipher_set_iv(c, iv, 16) == 0 &&
+		      wd_cipher_update(c, in, ct, N - 5) == 0,
+	      "a cipher stream's first part before fork");
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) {
+		char msg[256] = "";
+		int bad = 0;
+		if (wd_digest_update(d, in + N, N) != -EBADFD ||
+		    wd_last_error(msg, sizeof msg) <= 0 || !strstr(msg, "fork"))
+			bad |= 1;
+		if (wd_digest_final(d, md, sizeof md) != -EBADFD)
+			bad |= 2;
+		/* Started over: a whole message in the child. */
+		if (wd_digest_update(d, in, 2 * N) != 0 || wd_digest_final(d, md, sizeof md) != 32 ||
+		    memcmp(md, ref_md, 32) != 0)
+			bad |= 4;
+		if (wd_cipher_update(c, in + N - 5, ct + N - 5, N + 5) != 0 ||
+		    memcmp(ct, ref_ct, 2 * N) != 0)
+			bad |= 8;
+		if (bad)
+			fprintf(stderr, "child: failures %#x (%s)\n", bad, msg);
+		_exit(bad);
+	}
+	int status = 0;
+	CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+		      WEXITSTATUS(status) == 0,
+	      "the child: the digest refused then started over, the cipher stream went on");
+	CHECK(wd_digest_update(d, in + N, N) == 0 && wd_digest_final(d, md, sizeof md) == 32 &&
+		      memcmp(md, ref_md, 32) == 0,
+	      "the parent finished its digest");
+	CHECK(wd_cipher_update(c, in + N - 5, ct + N - 5, N + 5) == 0 &&
+		      memcmp(ct, ref_ct, 2 * N) == 0,
+	      "the parent finished its cipher stream");
+	wd_digest_free(rd);
+	wd_digest_free(d);
+	wd_cipher_free(rc);
+	wd_cipher_free(c);
 }
 
 int main(void)
@@ -185,6 +253,7 @@ int main(void)
 	free(hsrc);
 	free(hdst);
 
+	test_fork_mid_stream();
 	CHECK(call_at_thread_exit(update_without_session) == -EINVAL, "a call at thread exit answers");
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;

@@ -20,8 +20,8 @@ enum Path {
     Undecided,
     Device {
         lane: LaneId,
-        /// The thread whose lane it is (see `lane::thread_mark`).
-        thread: std::thread::ThreadId,
+        /// Where it streams.
+        mark: lane::Mark,
         handle: u64,
         started: bool,
     },
@@ -324,7 +324,7 @@ impl Aead {
                 Ok(Ok(Some((lane, handle)))) => {
                     self.path = Path::Device {
                         lane,
-                        thread: lane::thread_mark(),
+                        mark: lane::Mark::here(),
                         handle,
                         started: false,
                     };
@@ -416,16 +416,14 @@ impl Aead {
     ) -> Result<bool> {
         let Path::Device {
             lane: id,
-            thread,
+            mark,
             handle,
             started,
         } = self.path
         else {
             unreachable!("device path")
         };
-        if thread != lane::thread_mark() {
-            return Err(lane::elsewhere("this message"));
-        }
+        mark.check("this message")?;
         let start = !started;
         let r = lane::with_open_lane(Kind::Cipher, |lane| {
             if lane.id != id {

@@ -156,8 +156,8 @@ pub struct Job {
     done_on_cpu: bool,
     /// The device writes the caller's shared memory: nothing to copy out.
     in_place: bool,
-    /// The thread that started it (the C API can carry a job anywhere).
-    thread: std::thread::ThreadId,
+    /// Where it started (the C API can carry a job anywhere).
+    mark: lane::Mark,
     /// The cipher that started it ([`Cipher::id`]): nothing else may
     /// finish it.
     cipher: u64,
@@ -193,7 +193,7 @@ impl Job {
             len,
             done_on_cpu,
             in_place: false,
-            thread: lane::thread_mark(),
+            mark: lane::Mark::here(),
             cipher,
             failed: None,
             _on_this_thread: std::marker::PhantomData,
@@ -218,7 +218,7 @@ impl Job {
     /// Whether this is the thread that started it (the only one that can
     /// finish it; a C caller may carry a job anywhere).
     pub fn on_this_thread(&self) -> bool {
-        self.thread == lane::thread_mark()
+        self.mark == lane::Mark::here()
     }
 }
 
@@ -1104,11 +1104,10 @@ impl Cipher {
         if job.done_on_cpu {
             return Ok(Ok(job.len));
         }
-        if job.thread != lane::thread_mark() {
-            // Its parts are on another thread's queue: an error for this
-            // call, not a host gone (this thread's queue stays).
+        if let Err(e) = job.mark.check("this job") {
+            // Its parts are on another thread's (or process's) queue.
             self.abandon(&job);
-            return Err((lane::elsewhere("this job"), None));
+            return Err((e, None));
         }
         if !job.in_place && output.len() < job.len {
             self.drop_job(job);

@@ -20,8 +20,8 @@ enum State {
     /// Streaming through a device session.
     Device {
         lane: LaneId,
-        /// The thread whose lane it is (see `lane::thread_mark`).
-        thread: std::thread::ThreadId,
+        /// Where it streams.
+        mark: lane::Mark,
         handle: u64,
     },
     /// Streaming through a CPU context.
@@ -132,11 +132,16 @@ impl Digest {
 
     /// The digest; the object starts over (same key) afterwards, unless
     /// the answer is `Busy` (nothing sent: call again) or the message
-    /// belongs to another thread.
+    /// belongs to another thread. In a forked child, a message that
+    /// streamed on the parent's device session is refused and starts over.
     pub fn finish(&mut self) -> Result<Vec<u8>> {
-        if let State::Device { thread, .. } = self.state {
-            if thread != lane::thread_mark() {
-                return Err(lane::elsewhere("this digest"));
+        if let State::Device { mark, .. } = self.state {
+            if let Err(e) = mark.check("this digest") {
+                if mark.forked() {
+                    self.buf.clear();
+                    self.state = State::Gathering;
+                }
+                return Err(e);
             }
         }
         let r = if matches!(self.state, State::Gathering) {
@@ -239,7 +244,7 @@ impl Digest {
                 Ok(Ok((lane, handle))) => {
                     self.state = State::Device {
                         lane,
-                        thread: lane::thread_mark(),
+                        mark: lane::Mark::here(),
                         handle,
                     };
                     return Ok(());
@@ -277,13 +282,11 @@ impl Digest {
             }
             State::Device {
                 lane: id,
-                thread,
+                mark,
                 handle,
             } => {
                 let (id, handle) = (*id, *handle);
-                if *thread != lane::thread_mark() {
-                    return Err(lane::elsewhere("this digest"));
-                }
+                mark.check("this digest")?;
                 let alg = self.alg;
                 let r = lane::with_open_lane(Kind::Digest, |lane| {
                     if lane.id != id {

@@ -58,12 +58,49 @@ pub fn elsewhere(what: &str) -> CryptoError {
     }
 }
 
-/// This thread's mark, kept by each part of a request, so that one met on
-/// another lane tells another thread's (an error) from a lane of this
-/// thread made again after a restart (the host went away).
-pub fn thread_mark() -> std::thread::ThreadId {
-    thread_local!(static MARK: std::thread::ThreadId = std::thread::current().id());
-    MARK.with(|m| *m)
+/// Where a message, stream or job met the device: the process (by fork
+/// generation) and the thread whose lane it used. Met anywhere else, it
+/// is an error naming which (never a host gone: this thread's lane
+/// stays), told apart from a lane of this thread made again after a
+/// restart.
+///
+/// One word (a job carries it): the fork generation in the top 16 bits (a
+/// 65536th nested fork would be needed to meet one's own again), this
+/// process's thread number below.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mark(u64);
+
+const THREAD_BITS: u32 = 48;
+
+impl Mark {
+    /// This thread's mark.
+    pub fn here() -> Mark {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        thread_local!(static THREAD: u64 = NEXT.fetch_add(1, Ordering::Relaxed));
+        let thread = THREAD.with(|t| *t) & ((1 << THREAD_BITS) - 1);
+        Mark(wrapdrive::fork_generation() << THREAD_BITS | thread)
+    }
+
+    /// Whether this process is a child forked since.
+    pub fn forked(self) -> bool {
+        self.0 >> THREAD_BITS != (wrapdrive::fork_generation() << THREAD_BITS) >> THREAD_BITS
+    }
+
+    /// `Ok` when this is where `what` met the device.
+    pub fn check(self, what: &str) -> Result<()> {
+        if self.forked() {
+            return Err(CryptoError::Device {
+                status: wrapdrive::Status::BadState,
+                message: format!(
+                    "{what} went to the device before fork: its state stays with the parent process"
+                ),
+            });
+        }
+        if self != Mark::here() {
+            return Err(elsewhere(what));
+        }
+        Ok(())
+    }
 }
 
 fn next_lane_id() -> LaneId {

@@ -130,8 +130,9 @@ extern "C" fn after_fork_in_child() {
 }
 
 /// Bumped in every forked child: objects created before the fork notice
-/// they belong to the parent.
-pub(crate) fn fork_generation() -> u64 {
+/// they belong to the parent (a library's own objects too: it compares
+/// the generation it kept with this one, without a system call).
+pub fn fork_generation() -> u64 {
     FORK_HOOK.call_once(|| {
         let _ = wd_sys::on_fork_child(after_fork_in_child);
     });
