@@ -389,6 +389,15 @@ impl Controller {
             return done(Status::FEATURE_NOT_SAVEABLE);
         }
         let v = sqe.cdw(11);
+        if fid == feature::VOLATILE_WRITE_CACHE && v & 1 == 0 && self.features.write_cache {
+            // What completed while the cache was on is made as durable as
+            // what completes from now on (the host counts on it once the
+            // cache is off, without a Flush).
+            let st = self.flush_all();
+            if !st.is_success() {
+                return done(st);
+            }
+        }
         let f = &mut self.features;
         match fid {
             feature::ARBITRATION => f.arbitration = v,
@@ -499,6 +508,16 @@ impl Controller {
                     // Its writes on the I/O ring land before another
                     // controller may attach it.
                     self.settle(dma, Some(nsid));
+                    // And its completed writes are made durable: neither a
+                    // Flush nor the shutdown of this controller reaches a
+                    // namespace it no longer has (a failed sync keeps it
+                    // attached, for the host to see and try again).
+                    if self.features.write_cache {
+                        let st = self.flush(&self.active[&nsid]);
+                        if !st.is_success() {
+                            return done(st);
+                        }
+                    }
                 }
                 if self.sub.detach(nsid, self.cntlid) {
                     self.active.remove(&nsid);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use wd_device::{status, Access, DeviceQueue, Dma, Registers, Service};
 use wd_nvme_msg::regs::{self, Cap, Cc};
-use wd_nvme_msg::{prp, Cqe, Sqe, Status, CQE_SIZE, PAGE, SQE_SIZE};
+use wd_nvme_msg::{prp, Cqe, IoOp, Sqe, Status, CQE_SIZE, PAGE, SQE_SIZE};
 use wd_ring::Desc;
 
 use crate::store::{Namespace, Subsystem};
@@ -122,6 +122,9 @@ pub(crate) struct InFlight {
     pub sqid: u16,
     pub cqid: u16,
     pub cid: u16,
+    /// Where it reads or writes, for the error log.
+    pub nsid: u32,
+    pub slba: u64,
     pub write: bool,
     /// Durable before its completion (see `write_through`).
     pub sync: bool,
@@ -596,8 +599,9 @@ impl Controller {
         }
     }
 
-    /// Record a failed command in the error log.
-    pub(crate) fn log_error(&mut self, sqid: u16, sqe: &Sqe, st: Status) {
+    /// Record a failed command in the error log: `lba` is the first LBA
+    /// of a command that has one (0 otherwise).
+    pub(crate) fn log_error(&mut self, sqid: u16, cid: u16, nsid: u32, lba: u64, st: Status) {
         self.error_count += 1;
         if self.errors.len() == ERROR_LOG {
             self.errors.pop_back();
@@ -605,10 +609,10 @@ impl Controller {
         self.errors.push_front(ErrorEntry {
             count: self.error_count,
             sqid,
-            cid: sqe.cid,
+            cid,
             status: st,
-            lba: if sqid > 0 { sqe.slba() } else { 0 },
-            nsid: sqe.nsid,
+            lba,
+            nsid,
         });
     }
 
@@ -709,7 +713,13 @@ impl Controller {
                 Outcome::Done(st, result) => (st, result),
             };
             if !st.is_success() {
-                self.log_error(qid, &sqe, st);
+                let lba = match IoOp::try_from(sqe.opcode) {
+                    Ok(IoOp::Read | IoOp::Write | IoOp::Compare | IoOp::WriteZeroes) if qid > 0 => {
+                        sqe.slba()
+                    }
+                    _ => 0,
+                };
+                self.log_error(qid, sqe.cid, sqe.nsid, lba, st);
             }
             let cqid = sq.cqid;
             let cqe = Cqe {

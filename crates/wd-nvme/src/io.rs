@@ -91,7 +91,7 @@ impl Controller {
                 let write = op == IoOp::Write;
                 let sync = write && self.write_through(sqe);
                 if op != IoOp::Compare
-                    && self.start(sqid, cqid, sqe.cid, &ns, write, sync, off, len, dma)
+                    && self.start(sqid, cqid, sqe, &ns, write, sync, off, len, dma)
                 {
                     return None;
                 }
@@ -163,7 +163,7 @@ impl Controller {
         &mut self,
         sqid: u16,
         cqid: u16,
-        cid: u16,
+        sqe: &Sqe,
         ns: &Arc<Namespace>,
         write: bool,
         sync: bool,
@@ -230,7 +230,9 @@ impl Controller {
         self.inflight[tag] = Some(InFlight {
             sqid,
             cqid,
-            cid,
+            cid: sqe.cid,
+            nsid: sqe.nsid,
+            slba: sqe.slba(),
             write,
             sync,
             len,
@@ -304,11 +306,7 @@ impl Controller {
             out.bytes += f.len;
             self.moved(f.write, f.len);
         } else {
-            let sqe = Sqe {
-                cid: f.cid,
-                ..Sqe::default()
-            };
-            self.log_error(f.sqid, &sqe, f.status);
+            self.log_error(f.sqid, f.cid, f.nsid, f.slba, f.status);
         }
         let head = self.sqs[f.sqid as usize].map_or(0, |s| s.head);
         let cqe = Cqe {
@@ -548,7 +546,7 @@ impl Controller {
         Status::SUCCESS
     }
 
-    fn flush(&self, ns: &Namespace) -> Status {
+    pub(crate) fn flush(&self, ns: &Namespace) -> Status {
         let (fd, _) = ns.buffered_at(0);
         match wd_sys::file::fdatasync(fd) {
             Ok(()) => Status::SUCCESS,
@@ -556,7 +554,7 @@ impl Controller {
         }
     }
 
-    fn flush_all(&self) -> Status {
+    pub(crate) fn flush_all(&self) -> Status {
         for ns in self.active.values() {
             let st = self.flush(ns);
             if !st.is_success() {

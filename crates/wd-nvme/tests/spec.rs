@@ -770,6 +770,7 @@ fn calls_for(r: &mut Rig, tail: &mut u32, s: Sqe) -> u64 {
 /// a deallocating Dataset Management too), is on stable media when it
 /// completes: one more system call, the sync. FUA was ignored, and Write
 /// Zeroes and Dataset Management completed unsynced with the cache off.
+/// Turning the cache off left what completed before it unsynced.
 #[test]
 fn writes_with_force_unit_access_or_without_the_cache_are_synced() {
     let mut r = Rig::new(&["0:1M"]);
@@ -798,10 +799,93 @@ fn writes_with_force_unit_access_or_without_the_cache_are_synced() {
         (plain[0] + 1, plain[1] + 1),
         "FUA: {forced:?} against {plain:?}"
     );
+    // Turning the cache off syncs what completed while it was on (each
+    // namespace attached: one more system call); off again, nothing.
+    let mut cache_off = || {
+        let before = wd_sys::syscalls_on_this_thread();
+        let st = r
+            .admin(set_features(feature::VOLATILE_WRITE_CACHE, 0))
+            .status;
+        assert!(st.is_success(), "{st:?}");
+        wd_sys::syscalls_on_this_thread() - before
+    };
+    let (first, again) = (cache_off(), cache_off());
+    assert_eq!(
+        first,
+        again + 1,
+        "turning the cache off syncs the namespace once"
+    );
+    let through = [write(), zeroes(), dsm()].map(|s| calls_for(&mut r, tail, s));
+    assert_eq!(through, plain.map(|n| n + 1), "write cache off");
+}
+
+/// NVMe Base 5.16.1.2: an Error Information log entry names the command's
+/// namespace and its first LBA. A read that failed on the I/O ring was
+/// logged with NSID 0 and LBA 0 (only the synchronous path kept them).
+#[test]
+fn a_command_failed_on_the_ring_is_logged_with_its_namespace_and_lba() {
+    let (mut r, at) = ring_rig(&["0:4M:512"]);
+    r.io_queues(8, 8);
+    // The store shrinks under the namespace: reading it transfers short.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&r.store)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    r.io_put(0, &rw(IoOp::Read, 1, 7, 1, at, 0));
+    r.regs.store32(regs::sq_tail_doorbell(1), 1);
+    r.pass();
+    let mut c = r.io_cqe(0);
+    for _ in 0..1000 {
+        if c.phase {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        r.pass();
+        c = r.io_cqe(0);
+    }
+    assert!(c.phase, "the read completed");
+    assert_eq!(c.status, Status::UNRECOVERED_READ_ERROR);
+    let (st, log) = get_log(&mut r, GetLogPage::ERROR, 64);
+    assert!(st.is_success());
+    let u16_at = |o: usize| u16::from_le_bytes(log[o..o + 2].try_into().unwrap());
+    assert_eq!((u16_at(8), u16_at(10)), (1, 0), "SQID, CID");
+    assert_eq!(
+        u64::from_le_bytes(log[16..24].try_into().unwrap()),
+        7,
+        "the command's first LBA"
+    );
+    assert_eq!(
+        u32::from_le_bytes(log[24..28].try_into().unwrap()),
+        1,
+        "the command's namespace"
+    );
+}
+
+/// A detach makes the namespace's completed writes durable with the
+/// write cache on (one more system call than with it off, when every
+/// write already was): after it, neither a Flush nor this controller's
+/// shutdown reaches the namespace, and its writes stayed unsynced.
+#[test]
+fn a_detach_syncs_the_namespaces_completed_writes() {
+    let mut r = Rig::new(&["0:1M"]);
+    r.io_queues(8, 8);
+    let tail = &mut 0u32;
+    r.mem.put(DATA, &[0x5a; 512]);
+    let detach = |r: &mut Rig, tail: &mut u32| {
+        calls_for(r, tail, rw(IoOp::Write, 1, 3, 1, DATA, 0));
+        let before = wd_sys::syscalls_on_this_thread();
+        assert_eq!(r.attachment(1, true), Status::SUCCESS);
+        let calls = wd_sys::syscalls_on_this_thread() - before;
+        assert_eq!(r.attachment(1, false), Status::SUCCESS);
+        calls
+    };
+    let cached = detach(&mut r, tail);
     assert!(r
         .admin(set_features(feature::VOLATILE_WRITE_CACHE, 0))
         .status
         .is_success());
-    let through = [write(), zeroes(), dsm()].map(|s| calls_for(&mut r, tail, s));
-    assert_eq!(through, plain.map(|n| n + 1), "write cache off");
+    let through = detach(&mut r, tail);
+    assert_eq!(cached, through + 1, "the detach synced the namespace");
 }
