@@ -575,14 +575,6 @@ fn why(no: NoLane) -> Why {
 impl Drop for Aead {
     fn drop(&mut self) {
         self.key.fill(0);
-        let dev = std::mem::take(&mut self.dev);
-        let _ = lane::with_open_lane(Kind::Cipher, |lane| {
-            for (l, h) in &dev {
-                if *l == lane.id {
-                    lane.free_session(*h);
-                }
-            }
-            Ok(())
-        });
+        lane::release_sessions(Kind::Cipher, &self.dev);
     }
 }

@@ -1269,18 +1269,7 @@ impl Cipher {
 
 impl Drop for Cipher {
     fn drop(&mut self) {
-        let dev = std::mem::take(&mut self.dev);
-        if dev.is_empty() {
-            return;
-        }
-        let _ = lane::with_open_lane(Kind::Cipher, |lane| {
-            for (l, h) in &dev {
-                if *l == lane.id {
-                    lane.free_session(*h);
-                }
-            }
-            Ok(())
-        });
+        lane::release_sessions(Kind::Cipher, &self.dev);
     }
 }
 

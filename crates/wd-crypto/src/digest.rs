@@ -406,12 +406,7 @@ impl Drop for Digest {
             lane: id, handle, ..
         } = self.state
         {
-            let _ = lane::with_open_lane(Kind::Digest, |lane| {
-                if lane.id == id {
-                    lane.free_session(handle);
-                }
-                Ok(())
-            });
+            lane::release_sessions(Kind::Digest, &[(id, handle)]);
         }
     }
 }

@@ -7,8 +7,8 @@
 //! never takes a lock shared with another thread.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use wd_sec_msg::{SessionFree, SessionNew};
@@ -108,10 +108,70 @@ fn next_lane_id() -> LaneId {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
+/// Sessions of a lane whose objects were dropped on another thread (a
+/// cipher is `Send`): only the lane's own thread may submit on it, so it
+/// frees them at its next call on the lane. Without this they stayed on
+/// the device until the thread ended (a thread pool's, never).
+#[derive(Default)]
+struct Inbox {
+    posted: AtomicBool,
+    handles: Mutex<Vec<u64>>,
+}
+
+/// Each live lane's inbox, by lane id.
+static INBOXES: Mutex<Vec<(LaneId, Weak<Inbox>)>> = Mutex::new(Vec::new());
+
+fn inboxes() -> std::sync::MutexGuard<'static, Vec<(LaneId, Weak<Inbox>)>> {
+    // A panic while holding it leaves the list whole (pushes and removes).
+    INBOXES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Free device sessions `(lane, handle)`: now, those of this thread's lane;
+/// the others by their lane's thread (sessions of a lane gone went with
+/// its queue).
+pub fn release_sessions(kind: Kind, sessions: &[(LaneId, u64)]) {
+    if sessions.is_empty() {
+        return;
+    }
+    let here = with_open_lane(kind, |lane| {
+        for &(l, h) in sessions {
+            if l == lane.id {
+                lane.free_session(h);
+            }
+        }
+        Ok(lane.id)
+    });
+    let here = match here {
+        Ok(Ok(id)) => Some(id),
+        _ => None,
+    };
+    let mut others = sessions.iter().filter(|(l, _)| Some(*l) != here).peekable();
+    if others.peek().is_none() {
+        return;
+    }
+    let list = inboxes();
+    for &(l, h) in others {
+        let inbox = list
+            .iter()
+            .find(|(id, _)| *id == l)
+            .and_then(|(_, w)| w.upgrade());
+        if let Some(inbox) = inbox {
+            inbox
+                .handles
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(h);
+            inbox.posted.store(true, Ordering::Release);
+        }
+    }
+}
+
 /// A queue with its staging area.
 pub struct Lane {
     /// Unique id.
     pub id: LaneId,
+    /// Sessions other threads left to free (see [`release_sessions`]).
+    inbox: Arc<Inbox>,
     /// The queue's connection epoch when `id` was given: the queue makes
     /// itself again on a restarted host, whose sessions are new.
     epoch: u64,
@@ -149,8 +209,15 @@ impl Lane {
                 Err(_) => q.share(stage.addr(), stage.len())?,
             }
         }
+        let id = next_lane_id();
+        let inbox = Arc::new(Inbox::default());
+        let mut list = inboxes();
+        list.retain(|(_, w)| w.strong_count() > 0);
+        list.push((id, Arc::downgrade(&inbox)));
+        drop(list);
         Ok(Lane {
-            id: next_lane_id(),
+            id,
+            inbox,
             epoch: q.epoch(),
             q,
             stage,
@@ -351,6 +418,40 @@ impl Lane {
             self.q.forget(t);
         }
     }
+
+    /// Free the sessions other threads left in the inbox.
+    fn free_posted(&mut self) {
+        // Acquire: pairs with the Release store of `release_sessions`
+        // (the handles pushed before it are in the list).
+        if !self.inbox.posted.swap(false, Ordering::Acquire) {
+            return;
+        }
+        let handles =
+            std::mem::take(&mut *self.inbox.handles.lock().unwrap_or_else(|e| e.into_inner()));
+        for h in handles {
+            self.free_session(h);
+        }
+    }
+
+    /// Take a new id (the sessions of the old one are gone with its host).
+    fn renew_id(&mut self) {
+        let old = self.id;
+        self.id = next_lane_id();
+        self.inbox
+            .handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        for (id, _) in inboxes().iter_mut().filter(|(id, _)| *id == old) {
+            *id = self.id;
+        }
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        inboxes().retain(|(id, _)| *id != self.id);
+    }
 }
 
 /// Map a device completion status to an error.
@@ -507,9 +608,10 @@ fn lane_call<T>(
             // streams hold for this lane are gone with the old host, so
             // the lane takes a new id and streams open new sessions (those
             // with a request in flight at the restart have failed).
-            lane.id = next_lane_id();
+            lane.renew_id();
             lane.epoch = lane.q.epoch();
         }
+        lane.free_posted();
         let r = f(lane);
         if let Err(e) = &r {
             if e.host_gone() {
