@@ -1063,13 +1063,19 @@ impl Cipher {
 
     /// Non-blocking [`Cipher::finish`]: `Err((job, None))` while the
     /// device works (call again with the job), `Err((_, Some(e)))` if the
-    /// request failed.
+    /// request failed. A job of another cipher, or an output shorter than
+    /// the request, is refused with the job handed back (call again
+    /// right): giving its slots back would mean waiting for it.
     pub fn poll(
         &mut self,
         job: Job,
         output: &mut [u8],
     ) -> std::result::Result<usize, (Job, Option<CryptoError>)> {
         if let Err(e) = self.is_mine(&job) {
+            return Err((job, Some(e)));
+        }
+        if !job.done_on_cpu && !job.in_place && output.len() < job.len {
+            let e = CryptoError::invalid("output shorter than the request: poll again with it");
             return Err((job, Some(e)));
         }
         match self.complete(job, output, false) {

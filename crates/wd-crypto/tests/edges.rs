@@ -562,6 +562,29 @@ fn a_finish_refused_for_a_short_output_gives_its_slots_back() {
     }
 }
 
+/// A poll refused because the output is shorter than the request hands
+/// the job back, to be finished with the right output (it waited for the
+/// device, blocking, and handed back an empty job).
+#[test]
+fn a_poll_refused_for_a_short_output_hands_the_job_back() {
+    let _g = setup(Policy::Offload, 0);
+    let data = noise(64 << 10, 5);
+    let want = reference("aes-128-ecb", &[2u8; 16], &[], &data, true);
+    let mut c = Cipher::new("aes-128-ecb", &[2u8; 16], Direction::Encrypt).unwrap();
+    let mut out = vec![0u8; data.len()];
+    let j = c.start_offload(&data, &mut out).unwrap();
+    assert!(!j.is_done(), "on the device");
+    let j = match c.poll(j, &mut out[..16]) {
+        Err((j, Some(e))) => {
+            assert!(e.to_string().contains("shorter"), "{e}");
+            j
+        }
+        other => panic!("{:?}", other.map_err(|(_, e)| e)),
+    };
+    assert_eq!(c.finish(j, &mut out).unwrap(), data.len());
+    assert!(out == want);
+}
+
 /// With the CPU fallback off, a synchronous request without enough free
 /// slots (this thread's other jobs hold them) is Busy, as a digest or AEAD
 /// request is: it read "no WrapDrive queue".
