@@ -279,7 +279,7 @@ impl Lane {
     /// as much), then sleep.
     fn wait(&mut self) -> std::result::Result<(), ClientError> {
         let t = Instant::now();
-        while !self.q.completions_ready() {
+        while !self.q.ring_ready() {
             if t.elapsed() >= POLL_BEFORE_SLEEP {
                 return self.q.wait_completion(None);
             }

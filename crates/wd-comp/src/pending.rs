@@ -345,7 +345,7 @@ impl Compressor {
                 Ok(None) if !polled => {
                     polled = true;
                     let t = Instant::now();
-                    while !lane.q.completions_ready() && t.elapsed() < POLL_BEFORE_SLEEP {
+                    while !lane.q.ring_ready() && t.elapsed() < POLL_BEFORE_SLEEP {
                         std::hint::spin_loop();
                     }
                 }

@@ -826,6 +826,13 @@ impl Queue {
         !self.stash.is_empty() || self.view.completions_ready()
     }
 
+    /// Whether the ring holds completions not yet reaped: what a caller
+    /// spinning for its own request looks at (the stash holds other
+    /// callers' completions, which would end its spin at once, every time).
+    pub fn ring_ready(&self) -> bool {
+        self.view.completions_ready()
+    }
+
     /// One descriptor for event loops: readable after [`Queue::arm_wait`]
     /// once a completion is posted, or when the host goes away.
     pub fn wait_fd(&mut self) -> Result<std::os::fd::BorrowedFd<'_>> {
