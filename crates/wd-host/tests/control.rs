@@ -489,7 +489,8 @@ fn virtio_page_tables_are_bounded_per_user() {
 /// A domain's root table is charged to its owner's budget like any table
 /// page: with the budget spent, neither a queue (its own domain) nor a
 /// virtio-iommu domain is made (each domain's root chunk, 32 KiB, was
-/// granted whatever the budget said).
+/// granted whatever the budget said). A move between domains at the edge
+/// is not refused.
 #[test]
 fn a_domains_root_is_charged_to_its_owners_table_budget() {
     use wrapdrive::virtio::{Request, Status as VStatus};
@@ -534,6 +535,15 @@ fn a_domains_root_is_charged_to_its_owners_table_budget() {
     // One queue fewer: room for one root again.
     queues.pop();
     assert_eq!(attach(1), Some(VStatus::Ok));
+    // At the edge, a move that empties the endpoint's domain frees the
+    // root the new domain needs (it was refused; DETACH then ATTACH was
+    // not), and the budget is where it was.
+    assert_eq!(attach(2), Some(VStatus::Ok), "a move at the budget's edge");
+    assert_eq!(
+        attr(&host.socket, &format!("host/users/{uid}/table_bytes")),
+        limit.to_string()
+    );
+    assert_eq!(attach(1), Some(VStatus::Ok), "and back");
 }
 
 /// docs/protocol.md: status Version (EPROTONOSUPPORT) is "the peer speaks

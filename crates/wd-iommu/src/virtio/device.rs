@@ -430,8 +430,20 @@ impl VirtioIommu {
                 cfg.fault_policy = def.fault_policy();
                 // Its root table is charged to the owner's budget, as a
                 // MAP's tables are: refused the same way.
-                let Ok(dom) = Domain::new(&self.iommu, endpoint, cfg) else {
-                    return Status::NoMem;
+                let dom = match Domain::new(&self.iommu, endpoint, cfg.clone()) {
+                    Ok(dom) => dom,
+                    // At the budget's edge the old domain, which the move
+                    // ends, holds the root the new one needs: the move is
+                    // made as DETACH then ATTACH. (Should the budget still
+                    // refuse, the endpoint is left detached.)
+                    Err(_) if frees_one => {
+                        self.detach_inner(endpoint, old.expect("frees_one"));
+                        let Ok(dom) = Domain::new(&self.iommu, endpoint, cfg) else {
+                            return Status::NoMem;
+                        };
+                        dom
+                    }
+                    Err(_) => return Status::NoMem,
                 };
                 let dom = Arc::new(dom);
                 self.iommu.track(&dom);
