@@ -273,6 +273,7 @@ impl Controller {
         if let Some(cq) = self.cqs[sq.cqid as usize].as_mut() {
             cq.bound = cq.bound.saturating_sub(1);
         }
+        self.forget_doorbell(qid, false);
         done(Status::SUCCESS)
     }
 
@@ -286,6 +287,7 @@ impl Controller {
             Some(cq) if cq.bound > 0 => done(Status::INVALID_QUEUE_DELETION),
             Some(_) => {
                 self.cqs[qid as usize] = None;
+                self.forget_doorbell(qid, true);
                 done(Status::SUCCESS)
             }
         }

@@ -198,6 +198,12 @@ pub struct Controller {
     armed_cqs: u32,
     /// Namespaces attached here, by NSID.
     pub(crate) active: BTreeMap<u32, Arc<Namespace>>,
+    /// The doorbells (submission tail, completion head) of I/O queues that
+    /// do not exist, as last seen: one that changes was written, an error
+    /// event (Write to Invalid Doorbell Register).
+    ghost_bells: [[u32; 2]; QUEUES],
+    /// Passes since the ghost doorbells were last looked at.
+    ghost_passes: u32,
     /// How I/O reaches the store.
     pub(crate) io: crate::IoEngine,
     /// The I/O ring, made on first use (None when not used or refused).
@@ -280,6 +286,8 @@ impl Controller {
             cq_bells: [Bell::default(); QUEUES],
             armed_cqs: 0,
             active: BTreeMap::new(),
+            ghost_bells: [[0; 2]; QUEUES],
+            ghost_passes: 0,
             segs: Vec::new(),
             bounce: Vec::new(),
         }
@@ -333,6 +341,7 @@ impl Controller {
             }
         }
         self.sq_bells = [Bell::default(); QUEUES];
+        self.ghost_bells = [[0; 2]; QUEUES];
         self.full_cqs = 0;
         self.cq_bells = [Bell::default(); QUEUES];
         self.armed_cqs = 0;
@@ -599,6 +608,46 @@ impl Controller {
         }
     }
 
+    /// Report a write to the doorbell of an I/O queue that does not exist
+    /// (the value changed since last seen). Looked at on idle passes and
+    /// every 64th: 32 register loads a pass would tax a busy controller.
+    fn ghost_doorbells(&mut self, r: &Registers, idle: bool) {
+        self.ghost_passes += 1;
+        if !idle && self.ghost_passes < 64 {
+            return;
+        }
+        self.ghost_passes = 0;
+        for qid in 1..QUEUES {
+            let exists = [self.sqs[qid].is_some(), self.cqs[qid].is_some()];
+            let bells = [
+                regs::sq_tail_doorbell(qid as u16),
+                regs::cq_head_doorbell(qid as u16),
+            ];
+            for k in 0..2 {
+                if exists[k] {
+                    continue;
+                }
+                let v = r.load32(bells[k]);
+                if v != self.ghost_bells[qid][k] {
+                    self.ghost_bells[qid][k] = v;
+                    self.event_error(0x00);
+                }
+            }
+        }
+    }
+
+    /// What a deleted queue's doorbell holds is not a write to it.
+    pub(crate) fn forget_doorbell(&mut self, qid: u16, completion: bool) {
+        if let Some(r) = &self.regs {
+            let k = completion as usize;
+            let bell = match completion {
+                false => regs::sq_tail_doorbell(qid),
+                true => regs::cq_head_doorbell(qid),
+            };
+            self.ghost_bells[qid as usize][k] = r.load32(bell);
+        }
+    }
+
     /// Record a failed command in the error log: `lba` is the first LBA
     /// of a command that has one (0 otherwise).
     pub(crate) fn log_error(&mut self, sqid: u16, cid: u16, nsid: u32, lba: u64, st: Status) {
@@ -806,6 +855,7 @@ impl DeviceQueue for Controller {
         if !self.inflight.is_empty() {
             self.complete_io(dma, &mut out);
         }
+        self.ghost_doorbells(&r, out.work == 0);
         if !self.events.is_empty() {
             out.work += self.deliver_events(dma, &r);
         }

@@ -364,6 +364,45 @@ fn a_stuck_invalid_head_doorbell_is_reported_once_until_the_log_is_read() {
     );
 }
 
+/// NVMe Base, Asynchronous Event Information for Error Status 00h: "Write
+/// to Invalid Doorbell Register", a doorbell of a queue that was not
+/// created. It went unreported; what a deleted queue's doorbell still
+/// holds is not such a write.
+#[test]
+fn a_doorbell_of_a_queue_that_does_not_exist_is_an_event() {
+    let mut r = Rig::new(&["0:4M"]);
+    r.io_queues(8, 8);
+    for _ in 0..4 {
+        r.aer();
+    }
+    // Queue 1 used, then deleted: its doorbells keep their values.
+    r.io_put(0, &flush(0));
+    r.regs.store32(regs::sq_tail_doorbell(1), 1);
+    r.pass();
+    assert!(r.io_cqe(0).phase);
+    r.regs.store32(regs::cq_head_doorbell(1), 1);
+    r.pass();
+    assert_eq!(r.delete(AdminOp::DeleteSq, 1), Status::SUCCESS);
+    assert_eq!(r.delete(AdminOp::DeleteCq, 1), Status::SUCCESS);
+    for _ in 0..3 {
+        r.pass();
+    }
+    assert!(
+        r.admin_cqe().is_none(),
+        "a deleted queue's doorbells are no write"
+    );
+    r.regs.store32(regs::sq_tail_doorbell(5), 2);
+    r.pass();
+    let ev = r.admin_cqe().expect("an event for queue 5's doorbell");
+    assert_eq!(ev.status, Status::SUCCESS);
+    // Error status (type 0), write to invalid doorbell register (00h),
+    // error log.
+    assert_eq!(
+        (ev.result & 7, ev.result >> 8 & 0xff, ev.result >> 16 & 0xff),
+        (0, 0, 1)
+    );
+}
+
 #[test]
 fn a_reset_with_submissions_pending_runs_none_of_them() {
     let mut r = Rig::new(&["0:4M"]);
