@@ -83,7 +83,7 @@ impl Mark {
 
     /// Whether this process is a child forked since.
     pub fn forked(self) -> bool {
-        self.0 >> THREAD_BITS != (wrapdrive::fork_generation() << THREAD_BITS) >> THREAD_BITS
+        self.0 >> THREAD_BITS != wrapdrive::fork_generation() & (u64::MAX >> THREAD_BITS)
     }
 
     /// `Ok` when this is where `what` met the device.
