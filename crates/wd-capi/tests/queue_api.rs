@@ -298,8 +298,10 @@ fn every_status_has_its_own_errno_and_text() {
     let text = |e| unsafe { CStr::from_ptr(wd::wd_strerror(e)) };
     assert_eq!(text(0), c"success");
     assert_eq!(text(-EINVAL), c"invalid argument");
-    // Unknown values read as an I/O error, not as nothing.
-    assert_eq!(text(-4242), text(-EIO));
+    // Unknown values read as unknown, not as nothing (nor as an I/O error
+    // WrapDrive never reported).
+    assert_eq!(text(-4242), c"unknown error");
+    assert_ne!(text(-EIO), c"unknown error");
 }
 
 #[test]
