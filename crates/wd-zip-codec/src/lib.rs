@@ -377,8 +377,10 @@ impl Engine {
     }
 
     /// Decompress the stream(s) at the start of `input` into `out`. With
-    /// `max_ratio` non-zero, output beyond `max_ratio` times the input
-    /// consumed is refused ([`CodecError::Ratio`]) before it is written.
+    /// `max_ratio` non-zero, no more than `max_ratio` times `input` is
+    /// written, and output beyond `max_ratio` times the input consumed is
+    /// refused ([`CodecError::Ratio`], after it was written: trailing
+    /// bytes after the stream count for the first bound only).
     pub fn decompress<O: Output + ?Sized>(
         &mut self,
         alg: Algorithm,
@@ -471,87 +473,73 @@ fn lz4_compress(input: &[u8], out: &mut [u8]) -> Result<usize, CodecError> {
     Ok(cursor.position() as usize)
 }
 
-/// Whether `input` is whole LZ4 frames (or skippable frames), walked by
-/// their headers and block lengths: the frame decoder takes a stream cut
-/// at a block boundary for a finished one.
-fn lz4_frames_whole(mut input: &[u8]) -> bool {
+/// The data frames of `input`, walked by their headers and block lengths
+/// (skippable frames left out); `None` unless `input` is whole frames:
+/// the frame decoder takes a stream cut at a block boundary for a
+/// finished one, and stops at the end of each frame.
+fn lz4_frames(mut input: &[u8]) -> Option<Vec<&[u8]>> {
     let u32_at = |b: &[u8], at: usize| -> Option<u32> {
-        b.get(at..at + 4)
+        b.get(at..at.checked_add(4)?)
             .map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]))
     };
+    let mut frames = Vec::new();
     while !input.is_empty() {
-        let Some(magic) = u32_at(input, 0) else {
-            return false;
-        };
+        let magic = u32_at(input, 0)?;
         if magic & 0xffff_fff0 == 0x184d_2a50 {
-            let Some(len) = u32_at(input, 4) else {
-                return false;
-            };
-            let Some(rest) = input.get(8 + len as usize..) else {
-                return false;
-            };
-            input = rest;
+            let len = u32_at(input, 4)? as usize;
+            input = input.get(8usize.checked_add(len)?..)?;
             continue;
         }
         if magic != 0x184d_2204 {
-            return false;
+            return None;
         }
-        let Some(&flg) = input.get(4) else {
-            return false;
-        };
+        let &flg = input.get(4)?;
         // FLG, BD, content size, dictionary id, header checksum.
         let mut at =
             4 + 2 + if flg & 8 != 0 { 8 } else { 0 } + if flg & 1 != 0 { 4 } else { 0 } + 1;
         loop {
-            let Some(size) = u32_at(input, at) else {
-                return false;
-            };
+            let size = u32_at(input, at)?;
             at += 4;
             if size == 0 {
                 break;
             }
-            at += (size & 0x7fff_ffff) as usize + if flg & 0x10 != 0 { 4 } else { 0 };
+            at = at
+                .checked_add((size & 0x7fff_ffff) as usize + if flg & 0x10 != 0 { 4 } else { 0 })?;
         }
         at += if flg & 4 != 0 { 4 } else { 0 };
-        match input.get(at..) {
-            Some(rest) => input = rest,
-            None => return false,
-        }
+        frames.push(input.get(..at)?);
+        input = &input[at..];
     }
-    true
+    Some(frames)
 }
 
 fn lz4_decompress(input: &[u8], out: &mut [u8]) -> Result<Inflated, CodecError> {
     use std::io::Read;
-    if !lz4_frames_whole(input) {
-        return Err(CodecError::Corrupt);
-    }
-    let mut r = lz4_flex::frame::FrameDecoder::new(input);
+    let frames = lz4_frames(input).ok_or(CodecError::Corrupt)?;
     let mut made = 0;
-    loop {
-        if made == out.len() {
-            // Full: the frame must end here.
-            let mut probe = [0u8; 1];
-            return match r.read(&mut probe) {
-                Ok(0) => Ok(Inflated {
-                    consumed: input.len(),
-                    produced: made,
-                }),
-                Ok(_) => Err(CodecError::NoSpace),
-                Err(_) => Err(CodecError::Corrupt),
-            };
-        }
-        match r.read(&mut out[made..]) {
-            Ok(0) => {
-                return Ok(Inflated {
-                    consumed: input.len(),
-                    produced: made,
-                })
+    for frame in frames {
+        let mut r = lz4_flex::frame::FrameDecoder::new(frame);
+        loop {
+            if made == out.len() {
+                // Full: the frame must end here.
+                let mut probe = [0u8; 1];
+                match r.read(&mut probe) {
+                    Ok(0) => break,
+                    Ok(_) => return Err(CodecError::NoSpace),
+                    Err(_) => return Err(CodecError::Corrupt),
+                }
             }
-            Ok(n) => made += n,
-            Err(_) => return Err(CodecError::Corrupt),
+            match r.read(&mut out[made..]) {
+                Ok(0) => break,
+                Ok(n) => made += n,
+                Err(_) => return Err(CodecError::Corrupt),
+            }
         }
     }
+    Ok(Inflated {
+        consumed: input.len(),
+        produced: made,
+    })
 }
 
 #[cfg(test)]

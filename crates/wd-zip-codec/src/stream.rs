@@ -60,11 +60,16 @@ pub struct Step {
     pub end: bool,
 }
 
+/// The magic number of a zstd skippable frame, its low 4 bits cleared.
+const ZSTD_SKIPPABLE: u32 = 0x184d_2a50;
+
 enum Kind {
     Deflate(Box<Compress>),
     Inflate(Box<Decompress>),
     ZstdC(zstd_safe::CCtx<'static>),
-    ZstdD(zstd_safe::DCtx<'static>),
+    /// With the first bytes of the frame being decoded (its magic
+    /// number tells a skippable frame).
+    ZstdD(zstd_safe::DCtx<'static>, Vec<u8>),
 }
 
 /// A compression or decompression stream.
@@ -150,7 +155,7 @@ impl Stream {
                 if !p.dict.is_empty() {
                     d.load_dictionary(p.dict).map_err(zstd_error)?;
                 }
-                Kind::ZstdD(d)
+                Kind::ZstdD(d, Vec::with_capacity(4))
             }
             (alg, true) => {
                 let level = Compression::new(level_of(alg, p.level)?.min(9) as u32);
@@ -358,16 +363,37 @@ impl Stream {
                     end: flush == Flush::Finish && left == 0 && inb.pos() == input.len(),
                 }
             }
-            Kind::ZstdD(d) => {
+            Kind::ZstdD(d, magic) => {
+                let room = out.len();
                 let mut inb = InBuffer::around(input);
                 let mut outb = OutBuffer::around(out);
-                let hint = d
-                    .decompress_stream(&mut outb, &mut inb)
-                    .map_err(zstd_error)?;
+                let end = loop {
+                    let from = inb.pos();
+                    let hint = d
+                        .decompress_stream(&mut outb, &mut inb)
+                        .map_err(zstd_error)?;
+                    let first = (4 - magic.len()).min(inb.pos() - from);
+                    magic.extend_from_slice(&input[from..from + first]);
+                    if hint != 0 {
+                        break false;
+                    }
+                    // A frame ended. A skippable one (RFC 8878 3.1.2) is
+                    // not the stream's end: the next frame follows.
+                    let skippable = magic.len() == 4
+                        && u32::from_le_bytes([magic[0], magic[1], magic[2], magic[3]]) & !0xf
+                            == ZSTD_SKIPPABLE;
+                    magic.clear();
+                    if !skippable {
+                        break true;
+                    }
+                    if inb.pos() == input.len() || outb.pos() == room {
+                        break false;
+                    }
+                };
                 Step {
                     consumed: inb.pos(),
                     produced: outb.pos(),
-                    end: hint == 0,
+                    end,
                 }
             }
         };

@@ -468,3 +468,71 @@ fn a_huge_room_with_a_ratio_limit_allocates_the_bound_only() {
         assert_eq!(e3.err(), Some(CodecError::Param), "{alg}");
     }
 }
+
+/// LZ4 frames may follow each other (`lz4 a; lz4 b; cat`) with skippable
+/// frames among them: all are decoded. The frame decoder stops at the end
+/// of each frame, which was taken for the end of the input (the frames
+/// after the first were dropped, with success and all input consumed),
+/// and fails on a skippable frame (a valid input was corrupt).
+#[test]
+fn lz4_concatenated_and_skippable_frames_are_all_decoded() {
+    let mut e = Engine::new();
+    let (a, b) = (text(10_000), noise(20_000, 3));
+    let skippable = |z: &mut Vec<u8>| {
+        z.extend_from_slice(&0x184d_2a53u32.to_le_bytes());
+        z.extend_from_slice(&4u32.to_le_bytes());
+        z.extend_from_slice(b"meta");
+    };
+    let mut z = Vec::new();
+    skippable(&mut z);
+    z.extend_from_slice(&one_shot(&mut e, Algorithm::Lz4, 1, &a));
+    skippable(&mut z);
+    z.extend_from_slice(&one_shot(&mut e, Algorithm::Lz4, 1, &b));
+    let mut out = vec![0u8; 40_000];
+    let got = e.decompress(Algorithm::Lz4, &z, &mut out, 0).unwrap();
+    assert_eq!((got.produced, got.consumed), (30_000, z.len()));
+    assert!(out[..10_000] == a[..] && out[10_000..30_000] == b[..]);
+    // Room for exactly both, and one byte short of it.
+    let mut out = vec![0u8; 30_000];
+    assert_eq!(
+        e.decompress(Algorithm::Lz4, &z, &mut out, 0)
+            .unwrap()
+            .produced,
+        30_000
+    );
+    let mut out = vec![0u8; 29_999];
+    assert_eq!(
+        e.decompress(Algorithm::Lz4, &z, &mut out, 0),
+        Err(CodecError::NoSpace)
+    );
+    // A skippable frame cut short is not whole input.
+    let mut cut = z.clone();
+    cut.truncate(6);
+    assert_eq!(
+        e.decompress(Algorithm::Lz4, &cut, &mut out, 0),
+        Err(CodecError::Corrupt)
+    );
+}
+
+/// RFC 8878 3.1.2: a skippable frame may come anywhere in a zstd stream
+/// (pzstd writes one before each frame). A stream session took the end of
+/// a leading skippable frame for the end of the stream: nothing decoded,
+/// every later step taking nothing. One-shot decoding skipped it already.
+#[test]
+fn a_zstd_stream_goes_on_after_a_skippable_frame() {
+    let mut e = Engine::new();
+    let data = text(100_000);
+    let mut z = Vec::new();
+    z.extend_from_slice(&0x184d_2a5fu32.to_le_bytes());
+    z.extend_from_slice(&8u32.to_le_bytes());
+    z.extend_from_slice(b"metadata");
+    z.extend_from_slice(&one_shot(&mut e, Algorithm::Zstd, 3, &data));
+    let mut out = vec![0u8; 200_000];
+    let got = e.decompress(Algorithm::Zstd, &z, &mut out, 0).unwrap();
+    assert_eq!(got.produced, data.len());
+    // Whole, and a few bytes at a time (the magic number split).
+    for piece in [z.len(), 3, 1000] {
+        let back = stream_decompress(Algorithm::Zstd, &z, piece, 4096, &[]).unwrap();
+        assert!(back == data, "in pieces of {piece}");
+    }
+}
