@@ -73,10 +73,20 @@ impl CopyMsg {
 }
 
 /// Whether a request may be sent again, unchanged, to a restarted host
-/// (`Queue::set_redo_policy`): every request of this format may (a copy
-/// writes the same bytes again, a no-op does nothing).
-pub fn redo_safe(_d: &Desc) -> bool {
-    true
+/// (`Queue::set_redo_policy`): a no-op, and a copy between ranges that do
+/// not overlap (it writes the same bytes again). An overlapping copy the
+/// old host ran, whole or in part, moved its own source: run again it
+/// writes other bytes. A request that does not decode is refused again.
+pub fn redo_safe(d: &Desc) -> bool {
+    match CopyMsg::decode(d) {
+        Ok(Some(m)) => !overlap((m.src, m.len), (m.dst, m.len)),
+        Ok(None) | Err(_) => true,
+    }
+}
+
+/// Whether two address ranges share a byte.
+fn overlap((a, a_len): (u64, u64), (b, b_len): (u64, u64)) -> bool {
+    a_len > 0 && b_len > 0 && a < b.saturating_add(b_len) && b < a.saturating_add(a_len)
 }
 
 /// The legacy plan of a memcpy request: source bytes travel in, the copy
@@ -104,6 +114,19 @@ pub fn legacy_plan(d: &Desc) -> Result<LegacyPlan, i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An overlapping copy the old host ran moved its own source: it is
+    /// not sent again (every request was).
+    #[test]
+    fn only_copies_between_separate_ranges_are_sent_again() {
+        let copy = |src, dst, len| CopyMsg { src, dst, len }.to_desc(1);
+        assert!(redo_safe(&copy(0x1000, 0x2000, 0x1000)));
+        assert!(redo_safe(&copy(0x2000, 0x1000, 0x1000)));
+        assert!(!redo_safe(&copy(0x1000, 0x1001, 8)));
+        assert!(!redo_safe(&copy(0x1001, 0x1000, 8)));
+        assert!(!redo_safe(&copy(0x1000, 0x1000, 8)));
+        assert!(redo_safe(&Desc::default()));
+    }
 
     #[test]
     fn copy_round_trips_and_limits_hold() {

@@ -489,10 +489,23 @@ impl Done {
 }
 
 /// Whether a request may be sent again, unchanged, to a restarted host:
-/// one-shot requests may (they read and write the same bytes again);
-/// stream requests name a session of the dead host and may not.
+/// one-shot requests whose input and output do not overlap may (they read
+/// and write the same bytes again; one that overlaps may have written over
+/// its own input before the host died); stream requests name a session of
+/// the dead host and may not.
 pub fn redo_safe(d: &Desc) -> bool {
-    matches!(d.opcode, OP_NOP | OP_COMPRESS | OP_DECOMPRESS)
+    match decode(d) {
+        Ok(Request::OneShot(o)) => !overlap((o.src, o.src_len), (o.dst, o.dst_len)),
+        Ok(Request::Nop) => true,
+        Ok(_) => false,
+        // Refused again, as it was.
+        Err(_) => matches!(d.opcode, OP_NOP | OP_COMPRESS | OP_DECOMPRESS),
+    }
+}
+
+/// Whether two address ranges share a byte.
+fn overlap((a, a_len): (u64, u64), (b, b_len): (u64, u64)) -> bool {
+    a_len > 0 && b_len > 0 && a < b.saturating_add(b_len) && b < a.saturating_add(a_len)
 }
 
 const _: () = assert!(PAYLOAD_SIZE >= 48);
@@ -514,6 +527,20 @@ mod tests {
             dst_len: 200,
             piece: false,
         }
+    }
+
+    /// A one-shot request whose output overlaps its input may have
+    /// written over it before the host died: not sent again (it was).
+    #[test]
+    fn one_shot_requests_over_their_own_input_are_not_sent_again() {
+        let mut o = one(true, Algorithm::Deflate, 6);
+        assert!(redo_safe(&o.to_desc(1)));
+        o.dst = o.src + 50;
+        assert!(!redo_safe(&o.to_desc(1)));
+        o.dst = o.src - 150;
+        assert!(!redo_safe(&o.to_desc(1)));
+        o.dst = o.src - 200;
+        assert!(redo_safe(&o.to_desc(1)));
     }
 
     #[test]
