@@ -278,7 +278,8 @@ pub enum Flush {
     /// Emit everything so far, ending on a byte boundary
     /// (`Z_SYNC_FLUSH`).
     Sync = 1,
-    /// As `Sync`, and forget the history (`Z_FULL_FLUSH`).
+    /// As `Sync`, and forget the history (`Z_FULL_FLUSH`); zstd has no
+    /// such flush and takes it as `Sync`, keeping the history.
     Full = 2,
     /// The input ends here: finish the stream (`Z_FINISH`).
     Finish = 3,
