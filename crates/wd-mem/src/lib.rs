@@ -32,12 +32,12 @@ pub enum MemError {
     #[error("invalid size {0}")]
     BadSize(usize),
     /// The allocator's byte limit would be exceeded.
-    #[error("allocation of {want} bytes exceeds the limit of {limit} bytes ({used} in use)")]
+    #[error("allocation of {want} bytes exceeds the limit of {limit} bytes of arenas ({reserved} reserved)")]
     Limit {
         /// Bytes requested.
         want: usize,
-        /// Bytes in use.
-        used: usize,
+        /// Bytes of arenas held (what the limit counts).
+        reserved: usize,
         /// Configured limit.
         limit: usize,
     },
@@ -47,6 +47,10 @@ pub enum MemError {
     /// An imported file is not sealed against shrinking.
     #[error("shared memory is not sealed against shrinking (F_SEAL_SHRINK missing)")]
     NotSealed,
+    /// An imported file is sealed against writes: the device's mapping
+    /// is writable.
+    #[error("shared memory is sealed against writes (F_SEAL_WRITE or F_SEAL_FUTURE_WRITE): the device maps it writable")]
+    WriteSealed,
     /// An imported range is outside the file.
     #[error("range {offset:#x}+{len:#x} lies outside the {size}-byte file")]
     OutOfFile {
@@ -85,7 +89,7 @@ impl MemError {
             | MemError::OutOfFile { .. }
             | MemError::PartPage { .. } => 22,
             MemError::Limit { .. } => 12,
-            MemError::NotSealed => 1,
+            MemError::NotSealed | MemError::WriteSealed => 1,
             MemError::Sys(e) => e.errno(),
             MemError::Heap(e) => e.errno(),
         }
@@ -119,9 +123,13 @@ impl Arena {
             node: None,
         };
         let buf = wd_heap::Heap::process().alloc(size as u64, &opts)?;
-        // Binding is advice: a kernel without NUMA refuses it and the
-        // memory still works, so record whether it took.
-        let node = node.filter(|&n| buf.bind_node(n).is_ok());
+        // Binding is advice: a kernel without NUMA (or without that node)
+        // refuses it and the memory still works. The arena serves the node
+        // asked for either way: one that did not bind must not make every
+        // later request for the node make an arena of its own.
+        if let Some(n) = node {
+            let _ = buf.bind_node(n);
+        }
         Ok(Arena { buf, node })
     }
 
@@ -145,7 +153,8 @@ impl Arena {
         self.buf.fd()
     }
 
-    /// NUMA node the pages are bound to, if binding succeeded.
+    /// The NUMA node asked for (the pages are bound to it where the
+    /// kernel allows).
     pub fn node(&self) -> Option<u32> {
         self.node
     }
@@ -220,10 +229,14 @@ impl Allocator {
             Some(f) => f,
             None => {
                 let asize = len.max(self.arena_size);
-                if self.reserved + asize > self.limit {
+                if self
+                    .reserved
+                    .checked_add(asize)
+                    .is_none_or(|r| r > self.limit)
+                {
                     return Err(MemError::Limit {
                         want: len,
-                        used: self.used,
+                        reserved: self.reserved,
                         limit: self.limit,
                     });
                 }
@@ -347,8 +360,12 @@ impl ImportedRegion {
         if len == 0 || len > (1u64 << 40) {
             return Err(MemError::BadSize(len as usize));
         }
-        if wd_sys::get_seals(fd)? & wd_sys::SEAL_SHRINK == 0 {
+        let seals = wd_sys::get_seals(fd)?;
+        if seals & wd_sys::SEAL_SHRINK == 0 {
             return Err(MemError::NotSealed);
+        }
+        if seals & (wd_sys::pages::SEAL_FUTURE_WRITE | wd_sys::SEAL_WRITE) != 0 {
+            return Err(MemError::WriteSealed);
         }
         let size = wd_sys::file_size(fd)?;
         if offset.checked_add(len).is_none_or(|e| e > size) || offset % GRANULE as u64 != 0 {
@@ -409,6 +426,36 @@ impl ImportedRegion {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    /// A node the kernel cannot bind to (none here has node 63): its
+    /// requests share arenas as any node's do. Each made an arena of its
+    /// own (64 MiB by default), the limit spent after a few hundred pages.
+    #[test]
+    fn requests_for_a_node_that_does_not_bind_share_arenas() {
+        let mut a = Allocator::new(64 << 10, 1 << 20);
+        for i in 0..64 {
+            if let Err(e) = a.alloc(4096, Some(63)) {
+                panic!("allocation {i} of a page: {e}");
+            }
+        }
+        assert_eq!(a.arenas.len(), 4);
+    }
+
+    /// A request near the address space's size is the limit's error (the
+    /// sum of reserved bytes overflowed: a panic in a debug build).
+    #[test]
+    fn a_huge_request_is_over_the_limit() {
+        let mut a = Allocator::new(64 << 10, 1 << 20);
+        a.alloc(4096, None).unwrap();
+        match a.alloc(usize::MAX - 8191, None) {
+            Err(MemError::Limit {
+                reserved, limit, ..
+            }) => {
+                assert_eq!((reserved, limit), (64 << 10, 1 << 20));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn alloc_free_merge_and_locate() {
@@ -485,6 +532,17 @@ mod tests {
         assert!(matches!(
             ImportedRegion::import(unsealed.as_fd(), 0, 4096),
             Err(MemError::NotSealed)
+        ));
+        // Sealed against writes (a buffer shared read-only between
+        // processes): named, not "mmap: operation not permitted".
+        wd_sys::add_seals(
+            unsealed.as_fd(),
+            wd_sys::SEAL_SHRINK | wd_sys::pages::SEAL_FUTURE_WRITE,
+        )
+        .unwrap();
+        assert!(matches!(
+            ImportedRegion::import(unsealed.as_fd(), 0, 4096),
+            Err(MemError::WriteSealed)
         ));
     }
 

@@ -140,6 +140,8 @@ pub fn file_size(fd: BorrowedFd<'_>) -> Result<u64> {
 pub const SEAL_SHRINK: i32 = libc::F_SEAL_SHRINK;
 /// Seal bit: the file cannot grow.
 pub const SEAL_GROW: i32 = libc::F_SEAL_GROW;
+/// Seal bit: no write at all, through any mapping.
+pub const SEAL_WRITE: i32 = libc::F_SEAL_WRITE;
 /// Seal bit: no further seals can be added or removed.
 pub const SEAL_SEAL: i32 = libc::F_SEAL_SEAL;
 

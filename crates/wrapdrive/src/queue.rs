@@ -1174,6 +1174,14 @@ impl Queue {
                 "cannot share a buffer that is read-only in this process",
             ));
         }
+        // Writable here, the owner's mapping, and still refused to every
+        // new writable mapping: the host's included.
+        if buf.seals().is_ok_and(|s| s.writes) {
+            return Err(ClientError::new(
+                Status::Invalid,
+                "cannot share a buffer sealed against writes (the device maps it writable)",
+            ));
+        }
         self.share_fd(buf.addr(), buf.capacity(), buf.fd(), 0, true)
     }
 
