@@ -189,8 +189,21 @@ impl Channel {
         while self.available().len() < total {
             self.fill(by)?;
         }
-        let msg = wd_proto::decode_body(&header, &self.available()[HEADER_LEN..total])?;
+        let msg = wd_proto::decode_body(&header, &self.available()[HEADER_LEN..total]);
+        // The frame is consumed either way: its header told its length, so
+        // a body that does not decode is this frame's error, not every
+        // later one's.
         self.start += total;
+        let msg = match msg {
+            Ok(m) => m,
+            Err(e) => {
+                if self.available().is_empty() {
+                    // What descriptors came, came with it.
+                    self.fds.clear();
+                }
+                return Err(e.into());
+            }
+        };
         let want = msg.fds_expected();
         if self.fds.len() < want {
             return Err(IpcError::Fds {
@@ -274,6 +287,33 @@ mod tests {
     fn pair() -> (Channel, Channel) {
         let (a, b) = UnixStream::pair().unwrap();
         (Channel::new(a), Channel::new(b))
+    }
+
+    /// A frame whose header is sound and whose body does not decode is
+    /// its own error: the next frame is received. It stayed in the buffer,
+    /// every later receive failing alike (a client kept such a connection,
+    /// each call after failing).
+    #[test]
+    fn an_undecodable_body_is_skipped() {
+        let (mut a, b) = pair();
+        let mut bad = wd_proto::encode(
+            &Message::ListAttrs {
+                prefix: "abc".into(),
+            },
+            7,
+        )
+        .unwrap();
+        bad[HEADER_LEN + 2] = 0xff; // not UTF-8
+        let good = wd_proto::encode(&Message::ReleaseQueue { queue_id: 9 }, 8).unwrap();
+        let mut raw = b.socket().try_clone().unwrap();
+        raw.write_all(&bad).unwrap();
+        raw.write_all(&good).unwrap();
+        assert!(matches!(a.recv(), Err(IpcError::Proto(_))));
+        let f = a.recv().unwrap();
+        assert_eq!(
+            (f.request_id, f.msg),
+            (8, Message::ReleaseQueue { queue_id: 9 })
+        );
     }
 
     #[test]

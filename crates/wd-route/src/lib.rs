@@ -13,9 +13,10 @@
 //! 3. no queue: the CPU when fallback is allowed, else the device (where
 //!    the request fails with a clear error);
 //! 4. policy [`Policy::Offload`]: the device;
-//! 5. policy [`Policy::Auto`], the caller overlapping and the request at
-//!    least the operation's overlap minimum: the device (the caller's
-//!    thread is free while it works);
+//! 5. policy [`Policy::Auto`], the caller overlapping, for an operation
+//!    with an overlap minimum: the device from that size on (the caller's
+//!    thread is free while it works), the CPU below it (the caller gains
+//!    nothing from waiting on a request shorter than its round trip);
 //! 6. otherwise by measured cost: per operation and size class, the
 //!    cheaper path by a running estimate of nanoseconds per byte, timed
 //!    on a sample of requests, the dearer path probed now and then so a
