@@ -4,6 +4,9 @@
 //! Reads are buffered so a small request costs one `recvmsg`; descriptors
 //! are matched to the frame they arrived with and a frame that carries the
 //! wrong number of them is a protocol error (the extra ones are closed).
+//! The kernel ends a read right after the bytes that carried descriptors,
+//! the first of the frame they were sent with: so descriptors belong to
+//! the frame in which the read that brought them ended.
 #![deny(unsafe_code)]
 
 use std::collections::VecDeque;
@@ -69,7 +72,11 @@ pub struct Channel {
     sock: UnixStream,
     buf: Vec<u8>,
     start: usize,
-    fds: VecDeque<OwnedFd>,
+    /// Stream offset of `buf[0]`.
+    base: u64,
+    /// Descriptors received, each with the stream offset where the read
+    /// that brought it ended.
+    fds: VecDeque<(u64, OwnedFd)>,
 }
 
 impl Channel {
@@ -79,6 +86,7 @@ impl Channel {
             sock,
             buf: Vec::with_capacity(READ_CHUNK),
             start: 0,
+            base: 0,
             fds: VecDeque::new(),
         }
     }
@@ -135,11 +143,9 @@ impl Channel {
                 }
             }
         }
-        if self.start > 0 && self.start == self.buf.len() {
-            self.buf.clear();
-            self.start = 0;
-        } else if self.start > READ_CHUNK {
+        if self.start > 0 && self.start == self.buf.len() || self.start > READ_CHUNK {
             self.buf.drain(..self.start);
+            self.base += self.start as u64;
             self.start = 0;
         }
         let old = self.buf.len();
@@ -159,7 +165,8 @@ impl Channel {
         if n == 0 {
             return Err(IpcError::Closed);
         }
-        self.fds.extend(fds);
+        let end = self.base + self.buf.len() as u64;
+        self.fds.extend(fds.into_iter().map(|fd| (end, fd)));
         if self.fds.len() > limits::MAX_FDS {
             return Err(IpcError::Fds {
                 kind: "frame",
@@ -192,38 +199,26 @@ impl Channel {
         let msg = wd_proto::decode_body(&header, &self.available()[HEADER_LEN..total]);
         // The frame is consumed either way: its header told its length, so
         // a body that does not decode is this frame's error, not every
-        // later one's.
+        // later one's. Its descriptors go with it.
+        let from = self.base + self.start as u64;
         self.start += total;
-        let msg = match msg {
-            Ok(m) => m,
-            Err(e) => {
-                if self.available().is_empty() {
-                    // What descriptors came, came with it.
-                    self.fds.clear();
-                }
-                return Err(e.into());
+        let to = self.base + self.start as u64;
+        let mut fds = Vec::new();
+        while self.fds.front().is_some_and(|&(end, _)| end <= to) {
+            let (end, fd) = self.fds.pop_front().expect("looked at");
+            // (Earlier frames took theirs: none ends before this one.)
+            if end > from {
+                fds.push(fd);
             }
-        };
-        let want = msg.fds_expected();
-        if self.fds.len() < want {
-            return Err(IpcError::Fds {
-                kind: msg.name(),
-                got: self.fds.len(),
-                want,
-            });
         }
-        let fds: Vec<OwnedFd> = self.fds.drain(..want).collect();
-        // Descriptors arrive with the first bytes of the frame they were
-        // sent with: with no bytes of another frame here, the extra ones
-        // came with this one.
-        if !self.fds.is_empty() && self.available().is_empty() {
-            // Descriptors nobody asked for: close them and refuse the frame.
-            let got = self.fds.len();
-            self.fds.clear();
+        let msg = msg?;
+        let want = msg.fds_expected();
+        if fds.len() != want {
+            // Closed with `fds`.
             return Err(IpcError::Fds {
                 kind: msg.name(),
-                got,
-                want: 0,
+                got: fds.len(),
+                want,
             });
         }
         Ok(Frame {
@@ -314,6 +309,37 @@ mod tests {
             (f.request_id, f.msg),
             (8, Message::ReleaseQueue { queue_id: 9 })
         );
+    }
+
+    /// A frame sent without the descriptor it needs, then one sent with
+    /// its own: the first is refused, the second gets its descriptor (the
+    /// kernel hands both frames' bytes over in one read, and the first
+    /// took the second's descriptor).
+    #[test]
+    fn a_frame_does_not_take_the_next_frames_descriptors() {
+        let (mut a, b) = pair();
+        let share = |iova| Message::MemShare {
+            queue_id: 1,
+            iova,
+            size: 4096,
+            fd_offset: 0,
+            prot: wd_proto::Prot::RW,
+        };
+        let mut raw = b.socket().try_clone().unwrap();
+        raw.write_all(&wd_proto::encode(&share(0x1000), 1).unwrap())
+            .unwrap();
+        let fd = wd_sys::eventfd().unwrap();
+        b.send(&share(0x2000), 2, &[fd.as_fd()]).unwrap();
+        assert!(matches!(
+            a.recv(),
+            Err(IpcError::Fds {
+                got: 0,
+                want: 1,
+                ..
+            })
+        ));
+        let f = a.recv().unwrap();
+        assert_eq!((f.request_id, f.fds.len()), (2, 1));
     }
 
     #[test]
