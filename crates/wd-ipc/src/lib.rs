@@ -342,6 +342,33 @@ mod tests {
         assert_eq!((f.request_id, f.fds.len()), (2, 1));
     }
 
+    /// A frame with descriptors followed at once by frames without: each
+    /// gets its own (the read that brought the descriptors ends with the
+    /// frame that carried them).
+    #[test]
+    fn descriptors_stay_with_their_frame_among_others() {
+        let (mut a, b) = pair();
+        let share = Message::MemShare {
+            queue_id: 1,
+            iova: 0x1000,
+            size: 4096,
+            fd_offset: 0,
+            prot: wd_proto::Prot::RW,
+        };
+        let plain = Message::ReleaseQueue { queue_id: 9 };
+        let fd = wd_sys::eventfd().unwrap();
+        b.send(&plain, 1, &[]).unwrap();
+        b.send(&share, 2, &[fd.as_fd()]).unwrap();
+        b.send(&plain, 3, &[]).unwrap();
+        b.send(&share, 4, &[fd.as_fd()]).unwrap();
+        b.send(&share, 5, &[fd.as_fd()]).unwrap();
+        b.send(&plain, 6, &[]).unwrap();
+        for (id, n) in [(1, 0), (2, 1), (3, 0), (4, 1), (5, 1), (6, 0)] {
+            let f = a.recv().unwrap();
+            assert_eq!((f.request_id, f.fds.len()), (id, n));
+        }
+    }
+
     #[test]
     fn frames_split_across_reads_and_descriptors_travel() {
         let (mut a, b) = pair();
