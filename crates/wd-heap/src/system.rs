@@ -73,15 +73,73 @@ pub fn mem_available() -> Option<u64> {
     }
 }
 
-/// memory.max - memory.current of this process's cgroup (v2), if limited.
+/// The least headroom (limit minus usage) of this process's memory cgroup
+/// and its ancestors, if one is limited: a limit on a parent slice binds
+/// as much as one's own. cgroup v2 (`memory.max`), else v1's memory
+/// controller (`memory.limit_in_bytes`).
 fn cgroup_headroom() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let path = text.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let dir = format!("/sys/fs/cgroup{}", path.trim_end());
-    let max = std::fs::read_to_string(format!("{dir}/memory.max")).ok()?;
-    let max: u64 = max.trim().parse().ok()?; // "max" (unlimited) fails here: None
-    let cur = read_u64(&format!("{dir}/memory.current")).unwrap_or(0);
-    Some(max.saturating_sub(cur))
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    let v2 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .and_then(|path| {
+            headroom_up(
+                "/sys/fs/cgroup",
+                path,
+                "memory.max",
+                "memory.current",
+                &read,
+            )
+        });
+    let v1 = text.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        controllers
+            .split(',')
+            .any(|c| c == "memory")
+            .then_some(path)
+    });
+    let v1 = v1.and_then(|path| {
+        headroom_up(
+            "/sys/fs/cgroup/memory",
+            path,
+            "memory.limit_in_bytes",
+            "memory.usage_in_bytes",
+            &read,
+        )
+    });
+    match (v2, v1) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The least `limit - usage` over cgroup `path` and its ancestors under
+/// `root`; levels without a limit ("max", v1's near-2^63 maximum, or no
+/// file) count for nothing.
+fn headroom_up(
+    root: &str,
+    path: &str,
+    limit_file: &str,
+    usage_file: &str,
+    read: &dyn Fn(&str) -> Option<String>,
+) -> Option<u64> {
+    let number = |p: String| read(&p).and_then(|t| t.trim().parse::<u64>().ok());
+    let mut p = path.trim_end().trim_end_matches('/').to_string();
+    let mut least: Option<u64> = None;
+    loop {
+        let dir = format!("{root}{p}");
+        if let Some(max) = number(format!("{dir}/{limit_file}")).filter(|&m| m < 1 << 62) {
+            let used = number(format!("{dir}/{usage_file}")).unwrap_or(0);
+            let h = max.saturating_sub(used);
+            least = Some(least.map_or(h, |l| l.min(h)));
+        }
+        if p.is_empty() {
+            return least;
+        }
+        p.truncate(p.rfind('/').unwrap_or(0));
+    }
 }
 
 #[cfg(test)]
@@ -97,6 +155,30 @@ mod tests {
         assert_eq!(meminfo_field(t, "Mem"), None);
         assert_eq!(meminfo_field(t, "Nope"), None);
         assert_eq!(meminfo_field("MemTotal: x kB", "MemTotal"), None);
+    }
+
+    /// A limit on an ancestor binds (only the process's own cgroup was
+    /// read: a limited parent slice led to the OOM killer, not an error).
+    #[test]
+    fn the_least_headroom_up_the_cgroup_tree_counts() {
+        let files: std::collections::HashMap<&str, &str> = [
+            ("/cg/a/b/memory.max", "max\n"),
+            ("/cg/a/b/memory.current", "100\n"),
+            ("/cg/a/memory.max", "1000\n"),
+            ("/cg/a/memory.current", "400\n"),
+            ("/cg/memory.max", "5000\n"),
+            ("/v1/x/memory.limit_in_bytes", "9223372036854771712\n"),
+        ]
+        .into_iter()
+        .collect();
+        let read = |p: &str| files.get(p).map(|s| s.to_string());
+        let up = |path| headroom_up("/cg", path, "memory.max", "memory.current", &read);
+        assert_eq!(up("/a/b\n"), Some(600));
+        assert_eq!(up("/a/b/"), Some(600));
+        assert_eq!(up("/"), Some(5000));
+        assert_eq!(up("/elsewhere"), Some(5000));
+        let v1 = headroom_up("/v1", "/x", "memory.limit_in_bytes", "u", &read);
+        assert_eq!(v1, None, "v1's unlimited value is no limit");
     }
 
     #[test]
