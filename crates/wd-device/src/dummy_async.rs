@@ -52,6 +52,10 @@ struct HeldCopy {
     until: std::time::Instant,
     /// Bytes copied so far.
     done: u64,
+    /// Pieces run back to front: the destination overlaps the source from
+    /// above, and the pieces together must move bytes as one overlapping
+    /// copy (memmove) would, as the synchronous device's do.
+    backwards: bool,
 }
 
 struct AsyncCopyQueue {
@@ -65,7 +69,12 @@ impl AsyncCopyQueue {
         let h = &mut self.held[i];
         let len = h.src.len() as u64;
         let n = (len - h.done).min(*budget);
-        let (at, count) = (h.done as usize, n as usize);
+        let at = if h.backwards {
+            len - h.done - n
+        } else {
+            h.done
+        };
+        let (at, count) = (at as usize, n as usize);
         // SAFETY: the request is still held (not reported yet), so the
         // engine keeps both ranges mapped.
         let (src, dst) = unsafe { (h.src.slice(), h.dst.slice()) };
@@ -121,6 +130,7 @@ impl DeviceQueue for AsyncCopyQueue {
                     dst,
                     until: std::time::Instant::now() + HOLD,
                     done: 0,
+                    backwards: m.dst > m.src && m.dst - m.src < m.len,
                 });
                 Started::Held
             }
@@ -136,11 +146,17 @@ impl DeviceQueue for AsyncCopyQueue {
         }
         let now = std::time::Instant::now();
         let mut budget = POLL_BYTES;
-        // A copy the last poll left half done goes on first (newer ones
-        // must not starve it), then the due ones newest first: completions
-        // leave in another order than requests came.
+        // A copy the last poll left half done goes on first, then the
+        // oldest due one starts (newer ones must not starve either), then
+        // the due ones newest first: completions leave in another order
+        // than requests came.
         if let Some(i) = self.held.iter().position(|h| h.done > 0) {
             self.copy_some(i, &mut budget, done);
+        }
+        if budget > 0 {
+            if let Some(i) = self.held.iter().position(|h| h.until <= now) {
+                self.copy_some(i, &mut budget, done);
+            }
         }
         let mut i = self.held.len();
         while i > 0 && budget > 0 {

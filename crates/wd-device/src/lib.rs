@@ -256,7 +256,7 @@ pub trait Driver: Send + Sync {
     /// Driver name, e.g. "dummy".
     fn name(&self) -> &'static str;
     /// Algorithms served; the index into this list is the `alg` passed to
-    /// [`Engine::process`].
+    /// [`Driver::open_queue`].
     fn algorithms(&self) -> Vec<AlgInfo>;
     /// What computes the requests, shown as `devN/engine` (a device with a
     /// choice of implementations says which it uses, and why not another).

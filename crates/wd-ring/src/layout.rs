@@ -231,7 +231,7 @@ pub type Extension = [u64; 6];
 /// Submission entry (64 bytes):
 ///
 /// ```text
-/// 0   seq u32       index + 1 of the submission it holds (written last)
+/// 0   seq u32       seq(index) = 2 * (index / depth) + 1 of the submission it holds (written last)
 /// 4   opcode u16, flags u16
 /// 8   tag u32, entry flags u32 (SQE_CONTINUED)
 /// 16  message bytes 0..48
@@ -285,7 +285,7 @@ pub fn decode_sqe(body: &EntryBody, ext: Option<&Extension>) -> Desc {
 /// Completion entry (64 bytes):
 ///
 /// ```text
-/// 0   seq u32       index + 1 of the completion it holds (written last)
+/// 0   seq u32       seq(index) = 2 * (index / depth) + 1 of the completion it holds (written last)
 /// 4   status i32
 /// 8   result u64
 /// 16  tag u32, opcode u16, flags u16

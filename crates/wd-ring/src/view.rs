@@ -462,8 +462,10 @@ impl RingView {
         Ok(self.layout.depth() - used)
     }
 
-    /// Host: take up to `max` submissions, never more than there is room to
-    /// complete, appending copies to `out`. Returns how many were taken.
+    /// Host: take up to `max` submissions, never more than there are free
+    /// completion entries, appending copies to `out`. Returns how many were
+    /// taken. Requests taken earlier and not yet completed are not counted:
+    /// a caller that holds some passes a `max` less them (the engine does).
     pub fn fetch(&mut self, max: usize, out: &mut Vec<Desc>) -> Result<usize, RingError> {
         // An idle poll touches only the entry it waits for.
         if max == 0 || !self.submissions_ready() {
