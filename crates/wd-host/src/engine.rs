@@ -1285,17 +1285,22 @@ impl<'a> Dma<'a> for QueueDma<'a, '_> {
                 // SHARE_ALL: the client's whole address space, reached
                 // through its own memory descriptor (the analogue of an
                 // I/O page fault).
+                // Chunks back to front when the destination overlaps the
+                // source from above: together they move bytes as one
+                // overlapping copy (memmove) would.
+                let backwards = dst > src && dst - src < len;
                 let mut done = 0u64;
                 while done < len {
-                    let n = (len - done).min(BOUNCE_CHUNK as u64) as usize;
+                    let n = (len - done).min(BOUNCE_CHUNK as u64);
+                    let at = if backwards { len - done - n } else { done };
                     let mut buf = std::mem::take(self.bounce);
-                    buf.resize(n, 0);
+                    buf.resize(n as usize, 0);
                     let r = self
-                        .read(src + done, &mut buf)
-                        .and_then(|_| self.write(dst + done, &buf));
+                        .read(src + at, &mut buf)
+                        .and_then(|_| self.write(dst + at, &buf));
                     *self.bounce = buf;
                     r?;
-                    done += n as u64;
+                    done += n;
                 }
                 Ok(())
             }
@@ -1378,11 +1383,39 @@ unsafe fn run_slice<'a>((addr, len): (u64, u64)) -> DeviceSlice<'a> {
     unsafe { DeviceSlice::from_host_addr(addr, len as usize) }
 }
 
-/// Copy between two run lists describing equally long byte ranges.
+/// Copy between two run lists describing equally long byte ranges, as
+/// one overlapping copy (memmove) would.
 ///
 /// # Safety
 /// As [`run_slice`], for every run of both lists.
 unsafe fn copy_runs(dst: &[(u64, u64)], src: &[(u64, u64)]) {
+    let span = |runs: &[(u64, u64)]| {
+        runs.iter().fold((u64::MAX, 0), |(lo, hi), &(a, n)| {
+            (lo.min(a), hi.max(a + n))
+        })
+    };
+    let ((s_lo, s_hi), (d_lo, d_hi)) = (span(src), span(dst));
+    if src.len() + dst.len() > 2 && d_lo < s_hi && s_lo < d_hi {
+        // Scattered runs that overlap: piece by piece, one piece could
+        // overwrite the source of a later one. The bytes go through a
+        // buffer (a rare request: a client copying within its memory
+        // across separately shared ranges).
+        let total: u64 = src.iter().map(|r| r.1).sum();
+        let mut tmp = vec![0u8; total as usize];
+        let mut at = 0usize;
+        for &run in src {
+            // SAFETY: the caller's contract.
+            unsafe { run_slice(run) }.read_into(0, &mut tmp[at..at + run.1 as usize]);
+            at += run.1 as usize;
+        }
+        at = 0;
+        for &run in dst {
+            // SAFETY: the caller's contract.
+            unsafe { run_slice(run) }.write_from(0, &tmp[at..at + run.1 as usize]);
+            at += run.1 as usize;
+        }
+        return;
+    }
     let (mut i, mut j) = (0usize, 0usize);
     let (mut si, mut dj) = (0u64, 0u64);
     while i < src.len() && j < dst.len() {
@@ -1477,6 +1510,19 @@ impl Dma<'_> for LegacyDma<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs that overlap, scattered: the bytes move as one memmove would
+    /// (piece by piece, the second piece read what the first overwrote).
+    #[test]
+    fn copy_runs_moves_overlapping_runs_as_memmove() {
+        let mut buf: Vec<u8> = (0..64u8).collect();
+        let mut want = buf.clone();
+        want.copy_within(0..40, 8);
+        let b = buf.as_mut_ptr() as u64;
+        // SAFETY: both lists cover the live local buffer.
+        unsafe { copy_runs(&[(b + 8, 20), (b + 28, 20)], &[(b, 10), (b + 10, 30)]) };
+        assert_eq!(buf, want);
+    }
 
     #[test]
     fn copy_runs_splits_across_pages() {
