@@ -240,6 +240,12 @@ pub enum Started {
     /// the queue before it ends. For what the device cannot hold and
     /// would otherwise run whole in `start`, however long.
     Cut,
+    /// Not now, untouched: the engine starts it again in a later pass,
+    /// before the queue's later requests. For a request that must wait
+    /// for one the device holds (a later request of the same session), so
+    /// the engine serves its other queues meanwhile rather than the device
+    /// finishing the held one at once.
+    Later,
 }
 
 /// How far [`DeviceQueue::process_part`] got.

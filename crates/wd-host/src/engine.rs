@@ -800,6 +800,12 @@ impl EngineLoop {
                         out.push(d);
                     }
                     Started::Cut => cut = Some((orig, 0)),
+                    Started::Later => {
+                        // It and the rest wait, in order, for a later
+                        // pass (the device's polls go on meanwhile).
+                        next -= 1;
+                        break;
+                    }
                 }
             }
             // What the budget did not reach waits for the next pass, in

@@ -729,9 +729,11 @@ impl DeviceQueue for SecQueue {
     }
 
     fn start(&mut self, token: u64, desc: &mut Desc, dma: &mut dyn Dma<'_>) -> Started {
-        // Requests of one session run in order: its long request first.
-        if !self.long.is_empty() {
-            self.order_after_long(desc);
+        // Requests of one session run in order: one behind a long request
+        // of its session waits for a later pass (the long one goes on a
+        // piece per poll; it was finished whole here, holding the engine).
+        if !self.long.is_empty() && self.behind_long(desc) {
+            return Started::Later;
         }
         if self.gathering.on() && self.gather(token, desc, dma).is_ok() {
             return Started::Held;

@@ -134,15 +134,10 @@ impl SecQueue {
         true
     }
 
-    /// Before `desc` runs: a long request of its session finishes first
+    /// Whether `desc` must wait for a long request of its session
     /// (requests of one session run in order).
-    pub(crate) fn order_after_long(&mut self, desc: &Desc) {
-        let Some(session) = session_of(desc) else {
-            return;
-        };
-        while let Some(i) = self.long.iter().position(|l| l.session == session) {
-            while !self.long_piece(i) {}
-        }
+    pub(crate) fn behind_long(&self, desc: &Desc) -> bool {
+        session_of(desc).is_some_and(|s| self.long.iter().any(|l| l.session == s))
     }
 
     /// Run one piece of the oldest long request.
