@@ -37,7 +37,7 @@ pub struct Aead {
     aad: Vec<u8>,
     path: Path,
     /// Device sessions of this key, per lane (kept across messages).
-    dev: Vec<(LaneId, u64)>,
+    dev: Vec<lane::Session>,
     active: bool,
     /// The router asked for this message's data to be timed.
     timed: bool,
@@ -246,11 +246,11 @@ impl Aead {
     }
 
     fn handle_for(&mut self, lane: &mut Lane) -> Result<u64> {
-        if let Some(&(_, h)) = self.dev.iter().find(|(l, _)| *l == lane.id) {
-            return Ok(h);
+        if let Some(s) = self.dev.iter().find(|s| s.lane == lane.id) {
+            return Ok(s.handle);
         }
         let h = lane.new_session(self.alg, &self.key)?;
-        self.dev.push((lane.id, h));
+        self.dev.push(lane.session(h));
         Ok(h)
     }
 

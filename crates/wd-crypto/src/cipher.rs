@@ -241,7 +241,7 @@ pub struct Cipher {
     ctr_used: usize,
     chain: Chain,
     /// Device sessions of this key, per lane.
-    dev: Vec<(LaneId, u64)>,
+    dev: Vec<lane::Session>,
     cpu: Option<CipherCtx>,
     /// Direction the CPU context's key schedule is for.
     cpu_keyed: Option<Direction>,
@@ -928,11 +928,11 @@ impl Cipher {
     }
 
     fn handle_for(&mut self, lane: &mut Lane) -> Result<u64> {
-        if let Some(&(_, h)) = self.dev.iter().find(|(l, _)| *l == lane.id) {
-            return Ok(h);
+        if let Some(s) = self.dev.iter().find(|s| s.lane == lane.id) {
+            return Ok(s.handle);
         }
         let h = lane.new_session(self.alg, &self.key.0)?;
-        self.dev.push((lane.id, h));
+        self.dev.push(lane.session(h));
         Ok(h)
     }
 
@@ -1201,8 +1201,12 @@ impl Cipher {
     fn abandon(&mut self, job: &Job) {
         self.in_flight -= job.parts.len();
         self.end_message();
-        self.dev
-            .retain(|(l, _)| job.parts.iter().all(|p| p.lane != *l));
+        // The sessions on the job's lanes are freed by their threads.
+        let (gone, kept) = std::mem::take(&mut self.dev)
+            .into_iter()
+            .partition(|s| job.parts.iter().any(|p| p.lane == s.lane));
+        self.dev = kept;
+        lane::release_sessions(Kind::Cipher, &gone);
     }
 
     /// A job whose output has nowhere to go: its parts on this thread's

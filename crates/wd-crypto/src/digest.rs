@@ -6,7 +6,7 @@ use wd_evp::DigestCtx;
 use wd_sec_msg::Alg;
 use wd_sec_msg::{DigestOp, F_DIGEST_FINAL, F_INIT, MAX_DIGEST};
 
-use crate::lane::{self, device_status, Kind, Lane, LaneId, NoLane, SLOT};
+use crate::lane::{self, device_status, Kind, Lane, NoLane, SLOT};
 use crate::route::{self, Op, Route, Stopwatch};
 use crate::stats::{self, Why};
 use crate::{CryptoError, Result};
@@ -19,10 +19,9 @@ enum State {
     Gathering,
     /// Streaming through a device session.
     Device {
-        lane: LaneId,
+        session: lane::Session,
         /// Where it streams.
         mark: lane::Mark,
-        handle: u64,
     },
     /// Streaming through a CPU context.
     Cpu(DigestCtx),
@@ -238,14 +237,13 @@ impl Digest {
         if let Route::Device = route {
             let r = lane::with_lane(Kind::Digest, |lane| {
                 let handle = lane.new_session(self.alg, &self.key)?;
-                Ok((lane.id, handle))
+                Ok(lane.session(handle))
             });
             match r {
-                Ok(Ok((lane, handle))) => {
+                Ok(Ok(session)) => {
                     self.state = State::Device {
-                        lane,
+                        session,
                         mark: lane::Mark::here(),
-                        handle,
                     };
                     return Ok(());
                 }
@@ -280,12 +278,8 @@ impl Digest {
                 let len = ctx.finish(&mut out)?;
                 Ok(Some(out[..len].to_vec()))
             }
-            State::Device {
-                lane: id,
-                mark,
-                handle,
-            } => {
-                let (id, handle) = (*id, *handle);
+            State::Device { session, mark } => {
+                let (id, handle) = (session.lane, session.handle);
                 mark.check("this digest")?;
                 let alg = self.alg;
                 let r = lane::with_open_lane(Kind::Digest, |lane| {
@@ -402,11 +396,8 @@ fn request(
 impl Drop for Digest {
     fn drop(&mut self) {
         self.key.fill(0);
-        if let State::Device {
-            lane: id, handle, ..
-        } = self.state
-        {
-            lane::release_sessions(Kind::Digest, &[(id, handle)]);
+        if let State::Device { session, .. } = &self.state {
+            lane::release_sessions(Kind::Digest, std::slice::from_ref(session));
         }
     }
 }

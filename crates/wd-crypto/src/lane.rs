@@ -110,60 +110,72 @@ fn next_lane_id() -> LaneId {
 
 /// Sessions of a lane whose objects were dropped on another thread (a
 /// cipher is `Send`): only the lane's own thread may submit on it, so it
-/// frees them at its next call on the lane. Without this they stayed on
-/// the device until the thread ended (a thread pool's, never).
-#[derive(Default)]
-struct Inbox {
+/// frees them at its next calls on the lane. Without this they stayed on
+/// the device until the thread ended (a thread pool's, never). Each
+/// session keeps a weak reference to its lane's inbox: no registry, so
+/// no lock shared by every thread (one held at a fork would hang the
+/// child).
+#[derive(Debug)]
+pub struct Inbox {
+    /// The fork generation it was made in: a forked child posts nothing
+    /// to its parent's lanes (nor takes their locks).
+    generation: u64,
     posted: AtomicBool,
-    handles: Mutex<Vec<u64>>,
+    /// With the lane id each was opened on: one posted before the lane
+    /// took a new id (a restarted host) names a session that is gone.
+    handles: Mutex<Vec<(LaneId, u64)>>,
 }
 
-/// Each live lane's inbox, by lane id.
-static INBOXES: Mutex<Vec<(LaneId, Weak<Inbox>)>> = Mutex::new(Vec::new());
-
-fn inboxes() -> std::sync::MutexGuard<'static, Vec<(LaneId, Weak<Inbox>)>> {
-    // A panic while holding it leaves the list whole (pushes and removes).
-    INBOXES.lock().unwrap_or_else(|e| e.into_inner())
+/// A device session: its handle on a lane, and where to leave it when
+/// the object is dropped on another thread.
+#[derive(Clone, Debug)]
+pub struct Session {
+    /// The lane it was opened on.
+    pub lane: LaneId,
+    /// Its handle there.
+    pub handle: u64,
+    inbox: Weak<Inbox>,
 }
 
-/// Free device sessions `(lane, handle)`: now, those of this thread's lane;
-/// the others by their lane's thread (sessions of a lane gone went with
-/// its queue).
-pub fn release_sessions(kind: Kind, sessions: &[(LaneId, u64)]) {
+/// Posted sessions freed before waiting for their completions: the queue
+/// keeps room for the caller's own request.
+const FREES_PER_CALL: usize = 8;
+
+/// Free device sessions: now, those of this thread's lane; the others by
+/// their lane's thread (sessions of a lane gone went with its queue).
+pub fn release_sessions(kind: Kind, sessions: &[Session]) {
     if sessions.is_empty() {
         return;
     }
     let here = with_open_lane(kind, |lane| {
-        for &(l, h) in sessions {
-            if l == lane.id {
-                lane.free_session(h);
-            }
+        let id = lane.id;
+        for s in sessions.iter().filter(|s| s.lane == id) {
+            lane.free_session(s.handle);
         }
-        Ok(lane.id)
+        Ok(id)
     });
     let here = match here {
         Ok(Ok(id)) => Some(id),
         _ => None,
     };
-    let mut others = sessions.iter().filter(|(l, _)| Some(*l) != here).peekable();
-    if others.peek().is_none() {
-        return;
-    }
-    let list = inboxes();
-    for &(l, h) in others {
-        let inbox = list
-            .iter()
-            .find(|(id, _)| *id == l)
-            .and_then(|(_, w)| w.upgrade());
-        if let Some(inbox) = inbox {
-            inbox
-                .handles
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(h);
-            inbox.posted.store(true, Ordering::Release);
+    let generation = wrapdrive::fork_generation();
+    for s in sessions.iter().filter(|s| Some(s.lane) != here) {
+        let Some(inbox) = s.inbox.upgrade() else {
+            continue;
+        };
+        if inbox.generation != generation {
+            continue;
         }
+        lock(&inbox.handles).push((s.lane, s.handle));
+        // Release: pairs with the Acquire swap of `free_posted` (the
+        // handle pushed before it is in the list).
+        inbox.posted.store(true, Ordering::Release);
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding it leaves the list whole (pushes and drains).
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A queue with its staging area.
@@ -209,15 +221,13 @@ impl Lane {
                 Err(_) => q.share(stage.addr(), stage.len())?,
             }
         }
-        let id = next_lane_id();
-        let inbox = Arc::new(Inbox::default());
-        let mut list = inboxes();
-        list.retain(|(_, w)| w.strong_count() > 0);
-        list.push((id, Arc::downgrade(&inbox)));
-        drop(list);
         Ok(Lane {
-            id,
-            inbox,
+            id: next_lane_id(),
+            inbox: Arc::new(Inbox {
+                generation: wrapdrive::fork_generation(),
+                posted: AtomicBool::new(false),
+                handles: Mutex::new(Vec::new()),
+            }),
             epoch: q.epoch(),
             q,
             stage,
@@ -419,38 +429,53 @@ impl Lane {
         }
     }
 
-    /// Free the sessions other threads left in the inbox.
+    /// The record of session `handle`, opened on this lane.
+    pub fn session(&self, handle: u64) -> Session {
+        Session {
+            lane: self.id,
+            handle,
+            inbox: Arc::downgrade(&self.inbox),
+        }
+    }
+
+    /// Free the sessions other threads left in the inbox (those of an
+    /// earlier id of this lane are gone with their host): a few at a time,
+    /// waiting for each few, so the queue keeps room for the caller's own
+    /// request whatever the number.
     fn free_posted(&mut self) {
         // Acquire: pairs with the Release store of `release_sessions`
         // (the handles pushed before it are in the list).
         if !self.inbox.posted.swap(false, Ordering::Acquire) {
             return;
         }
-        let handles =
-            std::mem::take(&mut *self.inbox.handles.lock().unwrap_or_else(|e| e.into_inner()));
-        for h in handles {
-            self.free_session(h);
+        let id = self.id;
+        let handles: Vec<u64> = std::mem::take(&mut *lock(&self.inbox.handles))
+            .into_iter()
+            .filter_map(|(l, h)| (l == id).then_some(h))
+            .collect();
+        let mut sent = 0;
+        for (i, &h) in handles.iter().enumerate() {
+            let Ok(t) = self.submit(SessionFree { session: h }.encode()) else {
+                break;
+            };
+            sent = i + 1;
+            if sent % FREES_PER_CALL == 0 || sent == handles.len() {
+                // The last of each few is waited for: the queue has room
+                // again.
+                if self.wait(t).is_err() {
+                    break;
+                }
+            } else {
+                // Nobody waits: dropped when it comes.
+                self.q.forget(t);
+            }
         }
-    }
-
-    /// Take a new id (the sessions of the old one are gone with its host).
-    fn renew_id(&mut self) {
-        let old = self.id;
-        self.id = next_lane_id();
-        self.inbox
-            .handles
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
-        for (id, _) in inboxes().iter_mut().filter(|(id, _)| *id == old) {
-            *id = self.id;
+        if sent < handles.len() {
+            // The queue failed (the caller's request meets it too): what
+            // is left waits for a later call.
+            lock(&self.inbox.handles).extend(handles[sent..].iter().map(|&h| (id, h)));
+            self.inbox.posted.store(true, Ordering::Relaxed);
         }
-    }
-}
-
-impl Drop for Lane {
-    fn drop(&mut self) {
-        inboxes().retain(|(id, _)| *id != self.id);
     }
 }
 
@@ -608,7 +633,7 @@ fn lane_call<T>(
             // streams hold for this lane are gone with the old host, so
             // the lane takes a new id and streams open new sessions (those
             // with a request in flight at the restart have failed).
-            lane.renew_id();
+            lane.id = next_lane_id();
             lane.epoch = lane.q.epoch();
         }
         lane.free_posted();
