@@ -500,7 +500,10 @@ fn lz4_frames(mut input: &[u8]) -> Option<Vec<&[u8]>> {
         loop {
             let size = u32_at(input, at)?;
             at += 4;
-            if size == 0 {
+            // The end mark; an "uncompressed" block of no bytes ends the
+            // frame too, as the reference decoder (and lz4_flex's) has it:
+            // what follows is the next frame, not more of this one.
+            if size & 0x7fff_ffff == 0 {
                 break;
             }
             at = at

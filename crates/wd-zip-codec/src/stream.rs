@@ -68,8 +68,9 @@ enum Kind {
     Inflate(Box<Decompress>),
     ZstdC(zstd_safe::CCtx<'static>),
     /// With the first bytes of the frame being decoded (its magic
-    /// number tells a skippable frame).
-    ZstdD(zstd_safe::DCtx<'static>, Vec<u8>),
+    /// number tells a skippable frame), and whether a skippable frame just
+    /// ended (nothing of the next one taken yet).
+    ZstdD(zstd_safe::DCtx<'static>, Vec<u8>, bool),
 }
 
 /// A compression or decompression stream.
@@ -155,7 +156,7 @@ impl Stream {
                 if !p.dict.is_empty() {
                     d.load_dictionary(p.dict).map_err(zstd_error)?;
                 }
-                Kind::ZstdD(d, Vec::with_capacity(4))
+                Kind::ZstdD(d, Vec::with_capacity(4), false)
             }
             (alg, true) => {
                 let level = Compression::new(level_of(alg, p.level)?.min(9) as u32);
@@ -363,17 +364,23 @@ impl Stream {
                     end: flush == Flush::Finish && left == 0 && inb.pos() == input.len(),
                 }
             }
-            Kind::ZstdD(d, magic) => {
+            Kind::ZstdD(d, magic, between) => {
                 let room = out.len();
                 let mut inb = InBuffer::around(input);
                 let mut outb = OutBuffer::around(out);
                 let end = loop {
+                    if *between && inb.pos() == input.len() {
+                        // Input used up where a frame ended: the stream
+                        // ends here if the caller says its input does.
+                        break flush == Flush::Finish;
+                    }
                     let from = inb.pos();
                     let hint = d
                         .decompress_stream(&mut outb, &mut inb)
                         .map_err(zstd_error)?;
                     let first = (4 - magic.len()).min(inb.pos() - from);
                     magic.extend_from_slice(&input[from..from + first]);
+                    *between &= inb.pos() == from;
                     if hint != 0 {
                         break false;
                     }
@@ -386,7 +393,8 @@ impl Stream {
                     if !skippable {
                         break true;
                     }
-                    if inb.pos() == input.len() || outb.pos() == room {
+                    *between = true;
+                    if outb.pos() == room {
                         break false;
                     }
                 };

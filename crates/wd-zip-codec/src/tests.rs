@@ -536,3 +536,47 @@ fn a_zstd_stream_goes_on_after_a_skippable_frame() {
         assert!(back == data, "in pieces of {piece}");
     }
 }
+
+/// A block header of 0x80000000 (an "uncompressed" block of no bytes)
+/// ends an LZ4 frame, as the reference decoder has it: the blocks after
+/// it are not the frame's. The walker took it for an empty block, the
+/// frame decoder for the end: the blocks after it were dropped with
+/// success and all input consumed.
+#[test]
+fn lz4_blocks_after_an_empty_uncompressed_block_are_not_dropped() {
+    let mut e = Engine::new();
+    let data = text(50_000);
+    let c = one_shot(&mut e, Algorithm::Lz4, 1, &data);
+    let flg = c[4];
+    let header = 4 + 2 + if flg & 8 != 0 { 8 } else { 0 } + if flg & 1 != 0 { 4 } else { 0 } + 1;
+    let mut z = c[..header].to_vec();
+    z.extend_from_slice(&0x8000_0000u32.to_le_bytes());
+    z.extend_from_slice(&c[header..]);
+    let mut out = vec![0u8; 100_000];
+    assert_eq!(
+        e.decompress(Algorithm::Lz4, &z, &mut out, 0),
+        Err(CodecError::Corrupt)
+    );
+}
+
+/// A zstd stream whose input ends where a skippable frame ended ends
+/// when the caller finishes it, as one-shot decoding accepts it (it never
+/// ended: every later step said "not yet").
+#[test]
+fn a_zstd_stream_of_skippable_frames_ends_when_finished() {
+    let mut z = 0x184d_2a50u32.to_le_bytes().to_vec();
+    z.extend_from_slice(&4u32.to_le_bytes());
+    z.extend_from_slice(b"meta");
+    let mut out = vec![0u8; 1024];
+    assert!(Engine::new()
+        .decompress(Algorithm::Zstd, &z, &mut out, 0)
+        .is_ok());
+    let mut s = stream(Algorithm::Zstd, false, 0, &[]);
+    let a = s.run(&z, &mut out, Flush::None).unwrap();
+    assert_eq!((a.consumed, a.produced, a.end), (z.len(), 0, false));
+    let b = s.run(&[], &mut out, Flush::Finish).unwrap();
+    assert_eq!((b.consumed, b.produced, b.end), (0, 0, true));
+    // Finished in the same step.
+    let mut s = stream(Algorithm::Zstd, false, 0, &[]);
+    assert!(s.run(&z, &mut out, Flush::Finish).unwrap().end);
+}
