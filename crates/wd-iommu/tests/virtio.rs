@@ -791,3 +791,37 @@ proptest! {
         }
     }
 }
+
+/// At the table budget's edge, a move that ends the endpoint's domain
+/// frees the root the new one needs; while a device holds the old domain
+/// (a translation in flight) its root does not come back, and the move is
+/// refused with everything left as it was (the endpoint was left
+/// detached and its domain destroyed).
+#[test]
+fn a_move_at_the_table_budget_edge() {
+    // What one domain's root takes.
+    let probe = wd_iommu::TableBudget::new(1 << 30);
+    let root = {
+        let iommu = Iommu::new();
+        let cfg = DomainConfig {
+            table_budget: Some(probe.clone()),
+            ..DomainConfig::default()
+        };
+        let d = Domain::new(&iommu, 99, cfg).unwrap();
+        let pages = probe.used();
+        drop(d);
+        pages
+    };
+    let mut s = DeviceSettings::default();
+    s.domain.table_budget = Some(wd_iommu::TableBudget::new(root));
+    let mut d = dev_with(s);
+    assert_eq!(d.attach(1, 1), Status::Ok);
+    let held = d.dev.domain(1).unwrap().clone();
+    assert_eq!(d.attach(2, 1), Status::NoMem, "the old root is held");
+    assert_eq!(d.dev.endpoint_domain(1), Some(1));
+    assert!(d.dev.domain(1).is_some());
+    drop(held);
+    assert_eq!(d.attach(2, 1), Status::Ok, "then the move frees it");
+    assert_eq!(d.dev.endpoint_domain(1), Some(2));
+    assert!(d.dev.domain(1).is_none());
+}

@@ -430,13 +430,20 @@ impl VirtioIommu {
                 cfg.fault_policy = def.fault_policy();
                 // Its root table is charged to the owner's budget, as a
                 // MAP's tables are: refused the same way.
+                // The old domain's tables go back to the budget when the
+                // move ends it, unless a device holds it (a translation in
+                // flight, an engine's view of the attachment).
+                let old_freed = frees_one
+                    && old
+                        .and_then(|o| self.domains.get(&o))
+                        .is_some_and(|d| Arc::strong_count(&d.dom) <= 2);
                 let dom = match Domain::new(&self.iommu, endpoint, cfg.clone()) {
                     Ok(dom) => dom,
                     // At the budget's edge the old domain, which the move
                     // ends, holds the root the new one needs: the move is
-                    // made as DETACH then ATTACH. (Should the budget still
-                    // refuse, the endpoint is left detached.)
-                    Err(_) if frees_one => {
+                    // made as DETACH then ATTACH. (Only when that frees the
+                    // root: a refusal leaves everything as it was.)
+                    Err(_) if old_freed => {
                         self.detach_inner(endpoint, old.expect("frees_one"));
                         let Ok(dom) = Domain::new(&self.iommu, endpoint, cfg) else {
                             return Status::NoMem;
