@@ -43,7 +43,7 @@ impl Controller {
             AdminOp::DeleteSq => self.delete_sq(sqe, dma),
             AdminOp::DeleteCq => self.delete_cq(sqe),
             AdminOp::GetLogPage => self.get_log_page(sqe, dma),
-            AdminOp::SetFeatures => self.set_features(sqe),
+            AdminOp::SetFeatures => self.set_features(sqe, dma),
             AdminOp::GetFeatures => self.get_features(sqe),
             // Commands run to completion as they are fetched, so there is
             // never one to abort: DW0 bit 0 says "not aborted".
@@ -385,7 +385,7 @@ impl Controller {
         done(Status::SUCCESS)
     }
 
-    fn set_features(&mut self, sqe: &Sqe) -> Outcome {
+    fn set_features(&mut self, sqe: &Sqe, dma: &mut dyn Dma<'_>) -> Outcome {
         let fid = sqe.cdw(10) as u8;
         if sqe.cdw(10) >> 31 != 0 {
             return done(Status::FEATURE_NOT_SAVEABLE);
@@ -394,7 +394,9 @@ impl Controller {
         if fid == feature::VOLATILE_WRITE_CACHE && v & 1 == 0 && self.features.write_cache {
             // What completed while the cache was on is made as durable as
             // what completes from now on (the host counts on it once the
-            // cache is off, without a Flush).
+            // cache is off, without a Flush): the writes on the I/O ring,
+            // started unsynced, land and post first.
+            self.settle(dma, None);
             let st = self.flush_all();
             if !st.is_success() {
                 return done(st);
