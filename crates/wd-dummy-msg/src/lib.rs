@@ -52,6 +52,8 @@ impl CopyMsg {
             return Err(status::EINVAL);
         }
         match d.opcode {
+            // Reserved bytes are zero, a no-op's whole payload too.
+            OP_NOP if d.payload.iter().any(|&b| b != 0) => Err(status::EINVAL),
             OP_NOP => Ok(None),
             OP_COPY => {
                 let m = CopyMsg {
@@ -126,6 +128,16 @@ mod tests {
         assert!(!redo_safe(&copy(0x1001, 0x1000, 8)));
         assert!(!redo_safe(&copy(0x1000, 0x1000, 8)));
         assert!(redo_safe(&Desc::default()));
+    }
+
+    /// A no-op with payload bytes is refused as a copy with stray bytes
+    /// is (it was accepted).
+    #[test]
+    fn a_no_op_carries_no_payload() {
+        assert_eq!(CopyMsg::decode(&Desc::default()), Ok(None));
+        let mut d = Desc::default();
+        d.set_payload_u64(8, 1);
+        assert_eq!(CopyMsg::decode(&d), Err(status::EINVAL));
     }
 
     #[test]
