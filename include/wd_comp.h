@@ -70,7 +70,7 @@ void wd_comp_free(struct wd_comp *c);
 
 /* Room that always suffices to compress len bytes with alg at any level
  * (0 for an unknown algorithm, or a len no buffer can have: past
- * SIZE_MAX / 2). */
+ * SIZE_MAX / 2 - 1 MiB). */
 size_t wd_comp_bound(int alg, size_t len);
 
 /* Compress src into one stream. *dst_len: the room at dst on entry, the
@@ -101,8 +101,11 @@ int wd_comp_compress_piece(struct wd_comp *c, int alg, int level, struct wd_comp
 
 /* Decompress the stream at the start of src. *dst_len: the room at dst
  * on entry, the bytes written on success; *consumed (when not NULL): the
- * input bytes the stream took (any rest follows it). max_ratio: refuse
- * output beyond this many times the input (0: no limit; at most 65535). */
+ * input bytes the stream took (deflate, zlib: its stream; gzip: its first
+ * member; any rest follows it). A zstd or LZ4 src is every frame of it,
+ * concatenated frames decoding as one, and must be whole frames (a rest
+ * that is not a frame is -EBADMSG). max_ratio: refuse output beyond this
+ * many times the input (0: no limit; at most 65535). */
 int wd_comp_decompress(struct wd_comp *c, int alg, const void *src, size_t src_len,
                        size_t *consumed, void *dst, size_t *dst_len, unsigned max_ratio);
 
@@ -153,8 +156,8 @@ int wd_comp_decompress_sg(struct wd_comp *c, int alg, const struct iovec *src, s
  * device slot busy, no queue) is computed before submit returns: its
  * error is submit's (no ticket), its result is ready at the first poll. Each ticket is finished exactly once:
  * wd_comp_poll returns -EAGAIN while the request is on the device, else
- * finishes it (0 with *produced and *consumed, optional, or the
- * request's negative errno); wd_comp_wait waits. An unknown or finished
+ * finishes it (0, with *produced and *consumed written where not NULL,
+ * or the request's negative errno); wd_comp_wait waits. An unknown or finished
  * ticket is -EINVAL. A request whose host died is computed here from its
  * copy of the input. */
 enum wd_comp_op {

@@ -216,6 +216,12 @@ int main(void)
 			      -EINVAL,
 		      "NULL ticket");
 		CHECK(wd_comp_wait(c, 123456789, NULL, &got) == -EINVAL, "unknown ticket");
+		/* Both counts are optional (a NULL produced was -EINVAL). */
+		uint64_t quiet;
+		CHECK(wd_comp_submit(c, WD_COMP_OP_COMPRESS, WD_COMP_GZIP, 6, 0, d, len, back, len,
+				     &quiet) == 0 &&
+			      wd_comp_wait(c, quiet, NULL, NULL) == 0,
+		      "a wait that wants no counts");
 		for (int i = 0; i < N; i++)
 			free(zz[i]);
 		free(src);
