@@ -52,7 +52,8 @@ pub fn log_lines(title: &str, x_labels: &[String], y_label: &str, series: &[Seri
     let all: Vec<f64> = series
         .iter()
         .flat_map(|s| s.values.iter().flatten().copied())
-        .filter(|v| *v > 0.0)
+        // (An infinite value would make the decades endless.)
+        .filter(|v| v.is_finite() && *v > 0.0)
         .collect();
     let (lo, hi) = if all.is_empty() {
         (1.0, 10.0)
@@ -115,7 +116,7 @@ pub fn log_lines(title: &str, x_labels: &[String], y_label: &str, series: &[Seri
             .iter()
             .enumerate()
             .filter_map(|(i, v)| {
-                v.filter(|v| *v > 0.0)
+                v.filter(|v| v.is_finite() && *v > 0.0)
                     .map(|v| format!("{:.1},{:.1}", x(i), y(v)))
             })
             .collect();
@@ -155,6 +156,21 @@ fn human(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An infinite value is left out (the axis' decades never ended).
+    #[test]
+    fn an_infinite_value_is_no_point() {
+        let svg = log_lines(
+            "t",
+            &["a".into()],
+            "x",
+            &[Series {
+                name: "s".into(),
+                values: vec![Some(f64::INFINITY)],
+            }],
+        );
+        assert!(svg.ends_with("</svg>\n"), "{svg}");
+    }
 
     #[test]
     fn escapes_markup_once() {

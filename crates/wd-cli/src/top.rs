@@ -230,10 +230,12 @@ const OPEN_BUCKET_US: f64 = (7u64 << 30) as f64 / 1e3;
 fn latency_text(us: f64) -> String {
     match us {
         _ if us >= OPEN_BUCKET_US => ">7.5s".to_string(),
-        _ if us >= 1e6 => format!("{:.1}s", us / 1e6),
-        _ if us < 10.0 => format!("{us:.1}us"),
-        _ if us < 1000.0 => format!("{us:.0}us"),
-        _ if us < 1e4 => format!("{:.1}ms", us / 1e3),
+        // Each bound where the figure would round up to the next form's
+        // (999.6us is "1.0ms", not "1000us").
+        _ if us >= 999_500.0 => format!("{:.1}s", us / 1e6),
+        _ if us < 9.95 => format!("{us:.1}us"),
+        _ if us < 999.5 => format!("{us:.0}us"),
+        _ if us < 9_950.0 => format!("{:.1}ms", us / 1e3),
         _ => format!("{:.0}ms", us / 1e3),
     }
 }
@@ -880,6 +882,10 @@ mod tests {
         assert_eq!(latency_text(1.26), "1.3us");
         assert_eq!(latency_text(2500.0), "2.5ms");
         assert_eq!(latency_text(25_000.0), "25ms");
+        assert_eq!(latency_text(9.96), "10us");
+        assert_eq!(latency_text(999.6), "1.0ms");
+        assert_eq!(latency_text(9_960.0), "10ms");
+        assert_eq!(latency_text(999_950.0), "1.0s");
     }
 
     #[test]

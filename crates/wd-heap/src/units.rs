@@ -51,7 +51,8 @@ pub fn format_size(n: u64) -> String {
     }
     let mut v = n as f64 / 1024.0;
     let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
+    // (What would print as "1024.00" is the next unit's 1.00.)
+    while v >= 1023.995 && u + 1 < UNITS.len() {
         v /= 1024.0;
         u += 1;
     }
@@ -88,6 +89,8 @@ mod tests {
         ));
         assert_eq!(format_size(512), "512 B");
         assert_eq!(format_size(1536), "1.50 KiB");
+        assert_eq!(format_size(1_048_575), "1.00 MiB");
+        assert_eq!(format_size(1_048_570), "1023.99 KiB");
         assert_eq!(format_size(3 << 30), "3.00 GiB");
     }
 
