@@ -134,6 +134,8 @@ int main(void)
 	for (i = 0; i < N * BS && ((uint8_t *)buf)[i] == (uint8_t)(i * 13 + 7); i++)
 		;
 	CHECK(i == N * BS, "batched reads (first difference at %d)", i);
+	CHECK(wd_nvme_submit_rw(qp, &ns, 2, 100, buf, BS) == -EINVAL,
+	      "write is 0 or 1 (2 was taken for a write)");
 	ret = wd_nvme_submit_rw(qp, &ns, 0, 100, buf, BS);
 	CHECK(ret >= 0, "submit_rw: %s", wd_strerror(ret));
 	{

@@ -198,10 +198,14 @@ pub extern "C" fn wd_nvme_close(ctrl: u64) -> c_int {
             std::mem::forget((c, pairs));
             return Err(forked("controller"));
         }
-        drop(pairs);
+        // Shut down first: the commands in flight finish while their
+        // queues' memory is still the pairs' (the driver keeps the memory
+        // of pairs dropped undeleted until the controller goes anyway).
         let mut g = c.c.lock().unwrap_or_else(|e| e.into_inner());
-        g.shutdown().map_err(client)?;
-        Ok(0)
+        let r = g.shutdown().map_err(client);
+        drop(g);
+        drop(pairs);
+        r.map(|()| 0)
     })
 }
 
@@ -450,7 +454,19 @@ pub extern "C" fn wd_nvme_submit_rw(
     buf: *mut c_void,
     len: usize,
 ) -> c_int {
-    guard(|| rw(qp, ns, write != 0, lba, buf, len, false))
+    guard(|| {
+        let write = match write {
+            0 => false,
+            1 => true,
+            w => {
+                return Err(ClientError::new(
+                    Status::Invalid,
+                    format!("write is 0 or 1, not {w}"),
+                ))
+            }
+        };
+        rw(qp, ns, write, lba, buf, len, false)
+    })
 }
 
 /// Write a raw submission entry (its command id is assigned) without

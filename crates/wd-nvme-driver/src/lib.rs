@@ -100,6 +100,10 @@ pub struct Controller {
     /// Bumped each time the controller is brought up again on a restarted
     /// host ([`Controller::reconnect`]).
     incarnation: u64,
+    /// Memory of I/O queues dropped undeleted (see `QueuePair`): after
+    /// `queue` among the fields, so it is freed once the controller can
+    /// no longer write it.
+    graveyard: qpair::Graveyard,
 }
 
 /// How an NVMe error reads to a caller deciding what to do.
@@ -146,7 +150,17 @@ impl Controller {
         }
         let waker = queue.waker()?;
         let entries = ADMIN_ENTRIES.min(cap.mqes as u32 + 1);
-        let admin = QueuePair::new(&mut queue, 0, entries, regs.clone(), waker.clone(), None)?;
+        // (The admin queue's memory goes with the controller, after its
+        // queue.)
+        let admin = QueuePair::new(
+            &mut queue,
+            0,
+            entries,
+            regs.clone(),
+            waker.clone(),
+            None,
+            None,
+        )?;
         enable(&regs, &waker, cap, &admin)?;
         let scratch = SharedBuf::new(PAGE as usize)?;
         queue.share(scratch.addr(), scratch.len())?;
@@ -162,6 +176,7 @@ impl Controller {
             used_qids: Vec::new(),
             attached: Vec::new(),
             incarnation: 0,
+            graveyard: Default::default(),
         };
         c.configure(opts.shadow_doorbells)?;
         Ok(c)
@@ -191,7 +206,10 @@ impl Controller {
                 ..Sqe::default()
             },
         )?;
-        c.io_queues_granted = ((got.result & 0xffff).min(got.result >> 16) + 1) as u16;
+        // (No more than asked for, whatever the controller answers: queue
+        // ids past it have no doorbell.)
+        c.io_queues_granted =
+            (((got.result & 0xffff).min(got.result >> 16) + 1).min(want + 1)) as u16;
         // Queue ids in use stay in use (a restarted controller gets the
         // caller's queues back); a smaller grant keeps them reserved.
         let n = (c.io_queues_granted as usize + 1).max(c.used_qids.len());
@@ -485,13 +503,14 @@ impl Controller {
                 ))
             })? as u16;
         let waker = self.queue.waker()?;
-        let qp = QueuePair::new(
+        let mut qp = QueuePair::new(
             &mut self.queue,
             qid,
             entries,
             self.regs.clone(),
             waker,
             self.dbbuf.clone(),
+            Some(self.graveyard.clone()),
         )?;
         if let Err(e) = self.create_pair(&qp) {
             // Refused: whatever the controller kept cannot reach this
@@ -559,7 +578,7 @@ impl Controller {
     /// controller answers: one that failed to delete the queue faults on
     /// its next access instead of writing into reused memory.
     pub fn delete_io_queue(&mut self, q: IoQueue) -> Result<()> {
-        let qp = q.into_pair();
+        let mut qp = q.into_pair();
         let qid = qp.qid();
         let deleted = self
             .delete_queue(AdminOp::DeleteSq, qid)

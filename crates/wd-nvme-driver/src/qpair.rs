@@ -70,10 +70,17 @@ impl Liveness {
 pub struct QueuePair {
     qid: u16,
     entries: u32,
-    sq: SharedBuf,
-    cq: SharedBuf,
+    sq: Arc<SharedBuf>,
+    cq: Arc<SharedBuf>,
     /// PRP lists, one slice per command slot (I/O queues).
-    prp: Option<SharedBuf>,
+    prp: Option<Arc<SharedBuf>>,
+    /// Where the buffers go when the pair is dropped still shared with
+    /// the controller (not deleted: an early return, a panic): kept until
+    /// the controller's queue is released, as the controller may still
+    /// write them (completions, reads).
+    graveyard: Option<Graveyard>,
+    /// Unshared: the controller no longer reaches the buffers.
+    released: bool,
     sq_tail: u32,
     /// Tail as last written to the doorbell.
     sq_rung: u32,
@@ -96,6 +103,24 @@ pub struct QueuePair {
     given_up: Vec<bool>,
 }
 
+/// Queue memory dropped while the controller may still write it: freed
+/// with the controller, after its queue.
+pub(crate) type Graveyard = Arc<std::sync::Mutex<Vec<Arc<SharedBuf>>>>;
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        if let Some(g) = &self.graveyard {
+            let mut g = g.lock().unwrap_or_else(|e| e.into_inner());
+            g.push(self.sq.clone());
+            g.push(self.cq.clone());
+            g.extend(self.prp.clone());
+        }
+    }
+}
+
 impl QueuePair {
     pub(crate) fn new(
         queue: &mut Queue,
@@ -104,6 +129,7 @@ impl QueuePair {
         regs: Registers,
         waker: Waker,
         dbbuf: Option<Arc<(SharedBuf, SharedBuf)>>,
+        graveyard: Option<Graveyard>,
     ) -> Result<QueuePair> {
         let sq = SharedBuf::new(queue_bytes(entries, SQE_SIZE))?;
         let cq = SharedBuf::new(queue_bytes(entries, CQE_SIZE))?;
@@ -136,9 +162,11 @@ impl QueuePair {
         Ok(QueuePair {
             qid,
             entries,
-            sq,
-            cq,
-            prp,
+            sq: Arc::new(sq),
+            cq: Arc::new(cq),
+            prp: prp.map(Arc::new),
+            graveyard,
+            released: false,
             sq_tail: 0,
             sq_rung: 0,
             cq_head: 0,
@@ -170,13 +198,14 @@ impl QueuePair {
     /// Take the queue's memory out of the controller's domain, before the
     /// buffers go back to the allocator (the controller must no longer
     /// use the queue: deleted, or never created).
-    pub(crate) fn unshare(&self, queue: &mut Queue) -> Result<()> {
+    pub(crate) fn unshare(&mut self, queue: &mut Queue) -> Result<()> {
         for b in [Some(&self.sq), Some(&self.cq), self.prp.as_ref()]
             .into_iter()
             .flatten()
         {
             queue.unshare(b.addr(), b.len())?;
         }
+        self.released = true;
         Ok(())
     }
 
