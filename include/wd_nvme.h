@@ -4,7 +4,8 @@
  * rules every call follows: 0 or a non-negative count on success, a
  * negative errno on failure (wd_strerror() names it, wd_last_error()
  * explains it; a command that completed with an error status is -EIO and
- * wd_last_error() names the status), out-parameters written only on
+ * wd_last_error() names the status, as is a controller that broke the
+ * protocol, e.g. a completion for no command), out-parameters written only on
  * success, every pointer checked. Controllers and queue pairs are handles:
  * a stale or forged one is -EBADF. */
 #ifndef WD_NVME_H

@@ -89,7 +89,7 @@ static NEXT: AtomicU64 = AtomicU64::new(1);
 fn client(e: NvmeError) -> ClientError {
     let status = match &e {
         NvmeError::Client(c) => return ClientError::new(c.status(), c.to_string()),
-        NvmeError::Command { .. } | NvmeError::Fatal(_) => Status::Io,
+        NvmeError::Command { .. } | NvmeError::Fatal(_) | NvmeError::Protocol(_) => Status::Io,
         NvmeError::Timeout(_) => Status::Io,
         NvmeError::Unsupported(_) => Status::Unsupported,
         NvmeError::Invalid(_) => Status::Invalid,

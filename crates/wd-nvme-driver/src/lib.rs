@@ -51,6 +51,10 @@ pub enum NvmeError {
     /// A caller's argument cannot work.
     #[error("{0}")]
     Invalid(String),
+    /// The controller broke the protocol (a completion for a command
+    /// that is not outstanding): its fault, not the caller's.
+    #[error("controller error: {0}")]
+    Protocol(String),
     /// The queue has no free entry.
     #[error("submission queue full")]
     Full,

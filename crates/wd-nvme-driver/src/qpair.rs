@@ -468,7 +468,7 @@ impl QueuePair {
             }
         }
         match bad {
-            Some(cid) => Err(NvmeError::Invalid(format!(
+            Some(cid) => Err(NvmeError::Protocol(format!(
                 "completion for command id {cid} that is not outstanding"
             ))),
             None => Ok(n),
