@@ -104,6 +104,9 @@ pub struct Controller {
     /// Bumped each time the controller is brought up again on a restarted
     /// host ([`Controller::reconnect`]).
     incarnation: u64,
+    /// Unique among this process's controllers: an I/O queue names the one
+    /// it belongs to.
+    id: u64,
     /// Memory of I/O queues dropped undeleted (see `QueuePair`): after
     /// `queue` among the fields, so it is freed once the controller can
     /// no longer write it.
@@ -180,6 +183,10 @@ impl Controller {
             used_qids: Vec::new(),
             attached: Vec::new(),
             incarnation: 0,
+            id: {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            },
             graveyard: Default::default(),
         };
         c.configure(opts.shadow_doorbells)?;
@@ -279,6 +286,7 @@ impl Controller {
     /// Returns how many were sent again; nothing to do for a queue that
     /// is current.
     pub fn restore_io_queue(&mut self, q: &mut IoQueue) -> Result<usize> {
+        self.owns(q)?;
         if q.incarnation == self.incarnation {
             return Ok(0);
         }
@@ -523,7 +531,7 @@ impl Controller {
             return Err(e);
         }
         self.used_qids[qid as usize] = true;
-        Ok(IoQueue::new(qp, self.incarnation))
+        Ok(IoQueue::new(qp, self.id, self.incarnation))
     }
 
     /// Create the completion queue, then the submission queue, of `qp`
@@ -582,6 +590,7 @@ impl Controller {
     /// controller answers: one that failed to delete the queue faults on
     /// its next access instead of writing into reused memory.
     pub fn delete_io_queue(&mut self, q: IoQueue) -> Result<()> {
+        self.owns(&q)?;
         let mut qp = q.into_pair();
         let qid = qp.qid();
         let deleted = self
@@ -593,6 +602,18 @@ impl Controller {
             *u = false;
         }
         Ok(())
+    }
+
+    /// `Ok` when `q` is one of this controller's queues (another's queue
+    /// id here is another queue).
+    fn owns(&self, q: &IoQueue) -> Result<()> {
+        match q.owner == self.id {
+            true => Ok(()),
+            false => Err(NvmeError::Invalid(format!(
+                "I/O queue {} belongs to another controller",
+                q.qid()
+            ))),
+        }
     }
 
     /// Normal shutdown (CC.SHN = 1), waiting for CSTS.SHST = complete.

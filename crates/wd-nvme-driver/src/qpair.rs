@@ -544,6 +544,8 @@ impl QueuePair {
 /// An I/O queue pair with read/write helpers.
 pub struct IoQueue {
     qp: QueuePair,
+    /// The controller it belongs to (`Controller::id`).
+    pub(crate) owner: u64,
     /// The controller incarnation the queue was created on (see
     /// `Controller::restore_io_queue`).
     pub(crate) incarnation: u64,
@@ -561,8 +563,12 @@ pub struct Namespace {
 }
 
 impl IoQueue {
-    pub(crate) fn new(qp: QueuePair, incarnation: u64) -> IoQueue {
-        IoQueue { qp, incarnation }
+    pub(crate) fn new(qp: QueuePair, owner: u64, incarnation: u64) -> IoQueue {
+        IoQueue {
+            qp,
+            owner,
+            incarnation,
+        }
     }
 
     pub(crate) fn pair_mut(&mut self) -> &mut QueuePair {

@@ -215,8 +215,14 @@ fn two_clients_on_one_store_stay_in_their_namespaces() {
     assert!(x.iter().all(|&v| v == 0xaa));
     f.read_exact_at(&mut x, 4 << 20).unwrap();
     assert!(x.iter().all(|&v| v == 0xbb));
+    // A's queue is not B's to delete (B deleted its own queue of that id).
+    assert_eq!(qa.qid(), qb.qid());
+    assert!(matches!(
+        b.delete_io_queue(qa),
+        Err(wd_nvme_driver::NvmeError::Invalid(_))
+    ));
+    qb.write(&nb, 0, &bb, 0, 4096).unwrap();
     // When A goes, its namespace is free again.
-    drop(qa);
     drop(a);
     drop(ca);
     wd_testutil::wait_until("namespace 1 released", || b.attach(1).is_ok());
