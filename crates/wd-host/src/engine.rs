@@ -417,9 +417,14 @@ impl EngineLoop {
             // must not keep the engine awake. It is taken at the client's
             // next doorbell or the sleep's timeout (the client library
             // never sends more than its ring can complete).
-            work |= s.view.host_prepare_sleep() && s.room_to_complete();
+            // A register-driven queue never takes from its ring (its
+            // device still reads NEED_WAKEUP): an entry a client wrote
+            // there is no work either, it kept the engine spinning.
+            let ring = s.view.host_prepare_sleep();
             if s.register_driven {
                 work |= catch_unwind(AssertUnwindSafe(|| s.dev.prepare_sleep())).unwrap_or(true);
+            } else {
+                work |= ring && s.room_to_complete();
             }
         }
         let mut rang = work;

@@ -47,6 +47,75 @@ fn engine_load(d: Duration) -> f64 {
     (thread_cpu("wd-dev0-e0") - before) / d.as_secs_f64()
 }
 
+/// A raw control channel to `host`, past Hello: a client writing its
+/// ring by hand.
+fn connect(host: &Host) -> wd_ipc::Channel {
+    use std::os::linux::net::SocketAddrExt;
+    let name = host.address().strip_prefix('@').expect("abstract address");
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let sock = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+    let mut ch = wd_ipc::Channel::new(sock);
+    ch.call(
+        &Message::Hello {
+            version: wd_proto::PROTOCOL_VERSION,
+            client_pid: 0,
+        },
+        1,
+        &[],
+    )
+    .unwrap();
+    ch
+}
+
+/// A register-driven queue (NVMe) never takes from its ring, yet the
+/// engine counted an entry a client wrote there as work before sleeping:
+/// one entry kept the engine spinning for as long as the queue lived.
+#[test]
+fn a_ring_entry_on_a_register_driven_queue_does_not_keep_the_engine_busy() {
+    let _serial = serial();
+    let dir = wd_testutil::tempdir("wd-engine-nvme-ring");
+    let store = dir.join("ns.img");
+    let spec = format!("nvme:engine=sync,engines=1,ns={store}:0:1M");
+    let host = Host::embedded(vec![DeviceConfig::parse_spec(&spec).unwrap()]).unwrap();
+    let mut ch = connect(&host);
+    const DEPTH: u32 = 8;
+    let f = ch
+        .call(
+            &Message::RequestQueue {
+                alg: "nvme".into(),
+                flags: 0,
+                depth: DEPTH,
+                numa_node: -1,
+                probe_addr: 0,
+                probe_value: 0,
+            },
+            2,
+            &[],
+        )
+        .unwrap();
+    let Message::QueueGranted { ring_bytes, .. } = f.msg else {
+        panic!("{:?}", f.msg)
+    };
+    let map = wd_sys::Mapping::map_shared(f.fds[0].as_fd(), 0, ring_bytes as usize).unwrap();
+    // SAFETY: map is a live mapping of ring_bytes that outlives the view.
+    let mut view = unsafe { wd_ring::RingView::attach(map.as_ptr(), map.len(), DEPTH) }.unwrap();
+    // The engine goes to sleep (an idle NVMe queue spins 0.5 s first).
+    std::thread::sleep(Duration::from_millis(1500));
+    let idle = engine_load(Duration::from_secs(1));
+    assert_eq!(view.submit(&[wd_ring::Desc::default()]).unwrap(), 1);
+    if view.engine_needs_wakeup() {
+        wd_sys::eventfd_signal(f.fds[1].as_fd()).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let after = engine_load(Duration::from_secs(1));
+    eprintln!("engine load idle: {idle:.2}, with one ring entry on an NVMe queue: {after:.2}");
+    assert!(idle < 0.2, "engine busy while idle: {idle:.2}");
+    assert!(
+        after < 0.2,
+        "the engine spun ({after:.2} s of CPU per second) on a ring entry its queue never takes"
+    );
+}
+
 /// A client writing its ring by hand fills the completion ring, never
 /// reaps, and submits one more request: the host took the first ones, so
 /// the submission ring has room, the completion ring none. The engine
@@ -55,20 +124,7 @@ fn engine_load(d: Duration) -> f64 {
 fn a_client_that_stops_reaping_does_not_keep_its_engine_busy() {
     let _serial = serial();
     let host = Host::embedded(vec![DeviceConfig::new("dummy")]).unwrap();
-    use std::os::linux::net::SocketAddrExt;
-    let name = host.address().strip_prefix('@').expect("abstract address");
-    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
-    let sock = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
-    let mut ch = wd_ipc::Channel::new(sock);
-    ch.call(
-        &Message::Hello {
-            version: 1,
-            client_pid: 0,
-        },
-        1,
-        &[],
-    )
-    .unwrap();
+    let mut ch = connect(&host);
     const DEPTH: u32 = 8;
     let f = ch
         .call(
