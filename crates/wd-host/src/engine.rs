@@ -833,7 +833,19 @@ impl EngineLoop {
                 wd_sys::guard::guarded(|| catch_unwind(AssertUnwindSafe(|| s.dev.poll(reported))));
             if r.is_err() || vanished.is_some() {
                 q.set_state(QueueState::Broken);
-                // What this pass finished still completes.
+                // What this pass finished still completes, and what the
+                // device reported (handed over: the teardown's abort no
+                // longer has it), a fault where memory vanished under it.
+                for (token, mut d) in reported.drain(..) {
+                    if let Some(seq) = s.held.remove(&token) {
+                        Self::unhold(held_seqs, seq);
+                        if vanished.is_some() && d.status == 0 {
+                            d.status = status::EFAULT;
+                            d.result = 0;
+                        }
+                        out.push(d);
+                    }
+                }
                 let _ = s.view.complete(out);
                 return Err(());
             }
@@ -1174,10 +1186,13 @@ impl<'a> QueueDma<'a, '_> {
         })
     }
 
-    fn share_all(&self) -> Option<&'a ProcessMemory> {
+    /// The client's own memory (SHARE_ALL), for an access its domain
+    /// did not map; never for one the domain refused (mapped without that
+    /// permission, a blocked endpoint): the client granted no more.
+    fn share_all(&self, f: &Fault) -> Option<&'a ProcessMemory> {
         match &self.q.model {
-            MemModel::ShareAll(mem) => Some(mem),
-            MemModel::Shared => None,
+            MemModel::ShareAll(mem) if f.reason == FaultReason::Unmapped => Some(mem),
+            _ => None,
         }
     }
 
@@ -1231,7 +1246,7 @@ impl<'a> Dma<'a> for QueueDma<'a, '_> {
             // SHARE_ALL memory is reached through the client's own memory
             // descriptor, page by page as it is used: nothing to check
             // beforehand.
-            Err(_) if self.share_all().is_some() => Ok(()),
+            Err(f) if self.share_all(&f).is_some() => Ok(()),
             Err(f) => Err(self.fault(f)),
         }
     }
@@ -1290,8 +1305,12 @@ impl<'a> Dma<'a> for QueueDma<'a, '_> {
                 Ok(())
             }
             (a, b) => {
-                if self.share_all().is_none() {
-                    return Err(self.fault(a.err().or(b.err()).expect("one side faulted")));
+                let refused = [a.err(), b.err()]
+                    .into_iter()
+                    .flatten()
+                    .find(|f| self.share_all(f).is_none());
+                if let Some(f) = refused {
+                    return Err(self.fault(f));
                 }
                 // SHARE_ALL: the client's whole address space, reached
                 // through its own memory descriptor (the analogue of an
@@ -1339,7 +1358,7 @@ impl<'a> Dma<'a> for QueueDma<'a, '_> {
                 }
                 Ok(())
             }
-            Err(f) => match self.share_all() {
+            Err(f) => match self.share_all(&f) {
                 Some(mem) => {
                     let r = mem.read(src, buf);
                     self.client_access(r, src, Access::Read)
@@ -1371,7 +1390,7 @@ impl<'a> Dma<'a> for QueueDma<'a, '_> {
                 }
                 Ok(())
             }
-            Err(f) => match self.share_all() {
+            Err(f) => match self.share_all(&f) {
                 Some(mem) => {
                     let r = mem.write(dst, data);
                     self.client_access(r, dst, Access::Write)

@@ -426,3 +426,29 @@ fn a_stall_left_behind_by_a_new_attachment_runs_again_there() {
     );
     assert_eq!(dst.to_vec(), src.to_vec());
 }
+
+/// A SHARE_ALL queue reaches the client's memory where its domain maps
+/// nothing, never where the domain refuses: blocked through virtio-iommu
+/// (bypass off, no attachment), its copies fault as any queue's do (they
+/// went on through the client's memory descriptor).
+#[test]
+fn a_blocked_share_all_queue_reaches_nothing() {
+    let h = wd_embedded::connect().unwrap();
+    let mut q = h
+        .request_queue(&Capability::new("memcpy").flags(wrapdrive::CAPA_SHARE_ALL))
+        .unwrap();
+    let src = vec![7u8; 64];
+    let mut dst = vec![0u8; 64];
+    let (s, d) = (src.as_ptr() as u64, dst.as_mut_ptr() as u64);
+    assert_eq!(copy(&mut q, s, d, 64), 0, "the client's memory, unmapped");
+    assert_eq!(dst, src);
+    h.virtio_write_config(virtio::CONFIG_BYPASS as u32, &[0])
+        .unwrap();
+    dst.fill(0);
+    assert_eq!(copy(&mut q, s, d, 64), EFAULT, "blocked");
+    assert!(dst.iter().all(|&b| b == 0), "nothing written");
+    assert_eq!(
+        q.faults(8).unwrap().events[0].reason,
+        wd_proto::FaultReason::NoDomain
+    );
+}
