@@ -172,10 +172,6 @@ impl std::fmt::Debug for Queue {
     }
 }
 
-/// Probe word for SHARE_ALL: the host proves the memory descriptor we sent
-/// is ours by reading it there.
-static PROBE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
 impl Queue {
     pub(crate) fn request(host: Arc<HostConn>, capa: &Capability) -> Result<Queue> {
         if capa.numa_node < -1 {
@@ -189,6 +185,11 @@ impl Queue {
         }
         let (mut probe_addr, mut probe_value) = (0u64, 0u64);
         let mut mem_fd = None;
+        // Probe word for SHARE_ALL: the host proves the memory descriptor
+        // we send is ours by reading it there. One per request (a word
+        // shared by the process was overwritten by another thread's
+        // request before the host read it: refused).
+        let probe = std::sync::atomic::AtomicU64::new(0);
         if capa.flags & crate::CAPA_SHARE_ALL != 0 {
             // The host reaches our memory only through a descriptor we
             // open ourselves: the kernel checks our right, not the host's,
@@ -199,14 +200,18 @@ impl Queue {
                     format!("WD_CAPA_SHARE_ALL needs /proc/self/mem: {e}"),
                 )
             })?);
+            probe_addr = &probe as *const _ as u64;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
             probe_value = 0x5744_5052_4f42_4500
                 ^ (wd_sys::getpid() as u64)
-                ^ (Instant::now().elapsed().as_nanos() as u64);
-            PROBE.store(probe_value, std::sync::atomic::Ordering::SeqCst);
-            probe_addr = &PROBE as *const _ as u64;
+                ^ now
+                ^ probe_addr.rotate_left(17);
+            probe.store(probe_value, std::sync::atomic::Ordering::SeqCst);
         }
         let fds: Vec<_> = mem_fd.iter().map(|f| f.as_fd()).collect();
-        let (reply, mut fds, epoch) = host.call_stamped(
+        let granted = host.call_stamped(
             &Message::RequestQueue {
                 alg: capa.alg.clone(),
                 flags: capa.flags,
@@ -216,7 +221,11 @@ impl Queue {
                 probe_value,
             },
             &fds,
-        )?;
+        );
+        // Read by the host during the call: alive (and its store kept)
+        // until the answer came.
+        std::hint::black_box(&probe);
+        let (reply, mut fds, epoch) = granted?;
         let Message::QueueGranted {
             queue_id,
             device,

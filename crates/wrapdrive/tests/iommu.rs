@@ -452,3 +452,34 @@ fn a_blocked_share_all_queue_reaches_nothing() {
         wd_proto::FaultReason::NoDomain
     );
 }
+
+/// Threads asking for SHARE_ALL queues at once are all granted: the probe
+/// word the host reads was one for the process, overwritten by another
+/// thread's request before the host read it (refused: Permission).
+#[test]
+fn concurrent_share_all_requests_are_not_refused() {
+    let h = wd_embedded::connect().unwrap();
+    let refused = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                for _ in 0..50 {
+                    match h
+                        .request_queue(&Capability::new("memcpy").flags(wrapdrive::CAPA_SHARE_ALL))
+                    {
+                        Ok(q) => drop(q),
+                        Err(e) if e.status() == Status::Busy => {}
+                        Err(e) => refused.lock().unwrap().push(e.to_string()),
+                    }
+                }
+            });
+        }
+    });
+    let refused = refused.into_inner().unwrap();
+    assert!(
+        refused.is_empty(),
+        "{} refused: {:?}",
+        refused.len(),
+        refused.first()
+    );
+}
