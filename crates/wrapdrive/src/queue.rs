@@ -432,8 +432,12 @@ impl Queue {
             return Err(e);
         }
         if self.legacy() {
-            for (d, c) in reqs {
-                self.send_legacy(*d, *c)?;
+            for (i, (d, c)) in reqs.iter().enumerate() {
+                if let Err(e) = self.send_legacy(*d, *c) {
+                    // Those before it ran (their completions are stashed):
+                    // the count says so, the error comes on its own.
+                    return if i == 0 { Err(e) } else { Ok(i) };
+                }
             }
             return Ok(reqs.len());
         }
