@@ -499,6 +499,10 @@ impl Queue {
     /// controller): the memory after the ring, which the host shares with
     /// this queue only. None for ring-driven devices.
     pub fn registers(&self) -> Option<wd_sys::devmem::Registers> {
+        if self.generation != fork_generation() {
+            // A forked child has no ring mapped (the parent's queue).
+            return None;
+        }
         let ring = self.ring.as_ref()?;
         let at = self
             .view
@@ -540,6 +544,7 @@ impl Queue {
             })?),
             host: self.host.clone(),
             epoch: self.epoch,
+            generation: self.generation,
         })
     }
 
@@ -831,19 +836,23 @@ impl Queue {
     /// Publish counters in the ring, shown by `wd ls` under
     /// `queues/q<ID>/client/` (names: `wd_ring::CLIENT_STAT_NAMES`).
     pub fn publish_stats(&self, v: &[u64; wd_ring::CLIENT_STATS]) {
-        self.view.publish_client_stats(v);
+        if self.generation == fork_generation() {
+            self.view.publish_client_stats(v);
+        }
     }
 
-    /// Whether completions are waiting to be received.
+    /// Whether completions are waiting to be received (never in a forked
+    /// child: the parent's queue, its ring not mapped there).
     pub fn completions_ready(&self) -> bool {
-        !self.stash.is_empty() || self.view.completions_ready()
+        self.generation == fork_generation()
+            && (!self.stash.is_empty() || self.view.completions_ready())
     }
 
     /// Whether the ring holds completions not yet reaped: what a caller
     /// spinning for its own request looks at (the stash holds other
     /// callers' completions, which would end its spin at once, every time).
     pub fn ring_ready(&self) -> bool {
-        self.view.completions_ready()
+        self.generation == fork_generation() && self.view.completions_ready()
     }
 
     /// One descriptor for event loops: readable after [`Queue::arm_wait`]
@@ -860,6 +869,7 @@ impl Queue {
     /// Returns true when a completion is already there (then do not wait:
     /// the signal may never come). Undo with [`Queue::disarm_wait`].
     pub fn arm_wait(&mut self) -> Result<bool> {
+        self.check()?;
         if !self.stash.is_empty() {
             return Ok(true);
         }
@@ -874,6 +884,7 @@ impl Queue {
     /// there but must still go through its event loop). Nothing to do when
     /// it may be readable already.
     pub fn kick_wait(&mut self) -> Result<()> {
+        self.check()?;
         if !self.wait_signalled {
             wd_sys::eventfd_signal(self.cq_event.as_fd())?;
             self.wait_signalled = true;
@@ -1541,6 +1552,9 @@ pub struct Waker {
     host: Arc<HostConn>,
     /// The connection epoch of its queue (a newer one: that engine is gone).
     epoch: u64,
+    /// The fork generation it was made in: a forked child's copy has no
+    /// ring mapped (`MADV_DONTFORK`).
+    generation: u64,
 }
 
 impl Waker {
@@ -1548,8 +1562,12 @@ impl Waker {
     /// sleeps. One fenced load when it does not; returns whether a wake-up
     /// was sent.
     pub fn wake(&self) -> Result<bool> {
+        if self.generation != fork_generation() {
+            return Err(forked_error());
+        }
         // SAFETY: `ring` is the queue's live ring mapping (kept by this
-        // handle), page aligned, at least a header long.
+        // handle, and mapped in this process: checked above), page
+        // aligned, at least a header long.
         if !unsafe { wd_ring::engine_needs_wakeup_at(self.ring.as_ptr()) } {
             return Ok(false);
         }
@@ -1567,6 +1585,9 @@ impl Waker {
     /// system call): for a driver polling device registers, which would
     /// otherwise wait for a dead host until its timeout.
     pub fn check_host(&self) -> Result<()> {
+        if self.generation != fork_generation() {
+            return Err(forked_error());
+        }
         if self.host.epoch() != self.epoch || self.host.host_gone() {
             return Err(ClientError::new(
                 Status::HostGone,

@@ -123,6 +123,7 @@ fn fork_child_cannot_use_the_parents_queue_but_can_ask_again() {
     let mut q = h.request_queue(&Capability::new("memcpy")).unwrap();
     assert_eq!(q.call(wrapdrive::Desc::default()).unwrap().status, 0);
     let socket = host.socket.clone();
+    let waker = q.waker().unwrap();
     // SAFETY: the child only uses the library (which checks its fork
     // generation before touching any lock or ring) and then _exits.
     let pid = unsafe { libc::fork() };
@@ -133,6 +134,16 @@ fn fork_child_cannot_use_the_parents_queue_but_can_ask_again() {
             match q.call(wrapdrive::Desc::default()) {
                 Err(e) if e.status() == Status::BadState => {}
                 _ => return 10,
+            }
+            // Also by the calls that read the ring without a result to
+            // refuse with (they read the unmapped ring: SIGSEGV).
+            if q.completions_ready() || q.ring_ready() || q.registers().is_some() {
+                return 15;
+            }
+            match (q.arm_wait(), q.kick_wait(), waker.wake()) {
+                (Err(a), Err(b), Err(c))
+                    if [a.status(), b.status(), c.status()] == [Status::BadState; 3] => {}
+                _ => return 16,
             }
             if h.get_attr("dev0/driver").is_ok() {
                 return 11;
