@@ -247,6 +247,18 @@ impl Queue {
         let cq_event = fds.pop().expect("three fds");
         let doorbell = fds.pop().expect("three fds");
         let ring_fd = fds.pop().expect("three fds");
+        // A ring the host could shrink under us would kill this process
+        // (SIGBUS) at its next touch: sealed, and as long as granted.
+        let sealed = wd_sys::get_seals(ring_fd.as_fd()).is_ok_and(|s| s & wd_sys::SEAL_SHRINK != 0);
+        let size = wd_sys::file_size(ring_fd.as_fd()).unwrap_or(0);
+        if !sealed || size < ring_bytes {
+            return Err(ClientError::new(
+                Status::Protocol,
+                format!(
+                    "the ring from the host is not sealed against shrinking or is short ({size} of {ring_bytes} bytes)"
+                ),
+            ));
+        }
         let ring = Mapping::map_shared(ring_fd.as_fd(), 0, ring_bytes as usize)?;
         // The ring is this process's: a forked child does not get it.
         ring.dont_fork()?;
@@ -641,21 +653,38 @@ impl Queue {
         max: usize,
     ) -> Result<usize> {
         let mut total = 0;
-        while total < max {
+        let start = out.len();
+        let mut bad = None;
+        while total < max && bad.is_none() {
             let k = (max - total).min(descs.len());
             let n = self.view.reap(&mut descs[..k]);
+            // The whole batch left the ring: a bogus entry among them must
+            // not lose the good ones after it.
             for d in &descs[..n] {
-                let c = self.completion_of(d)?;
-                if self.wanted(&c) {
-                    out.push(c);
-                    total += 1;
+                match self.completion_of(d) {
+                    Ok(c) if self.wanted(&c) => {
+                        out.push(c);
+                        total += 1;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        bad.get_or_insert(e);
+                    }
                 }
             }
             if n < k {
                 break;
             }
         }
-        Ok(total)
+        match bad {
+            None => Ok(total),
+            Some(e) => {
+                // The error now; the good completions wait in the stash
+                // for the next receive.
+                self.stash.extend(out.drain(start..));
+                Err(e)
+            }
+        }
     }
 
     /// Receive one completion without blocking (`None` if none is ready).
