@@ -367,6 +367,14 @@ pub fn epoll_of(fds: &[BorrowedFd<'_>]) -> Result<OwnedFd> {
     check("epoll_create1", ep as libc::c_long)?;
     // SAFETY: fresh descriptor owned by nobody else.
     let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+    epoll_add(std::os::fd::AsFd::as_fd(&ep), fds)?;
+    Ok(ep)
+}
+
+/// Add `fds` to the epoll set `ep` (readable, hung up or failed): a set
+/// kept across a change of its members keeps its number for event loops
+/// that registered it.
+pub fn epoll_add(ep: BorrowedFd<'_>, fds: &[BorrowedFd<'_>]) -> Result<()> {
     for fd in fds {
         count();
         let mut ev = libc::epoll_event {
@@ -379,7 +387,21 @@ pub fn epoll_of(fds: &[BorrowedFd<'_>]) -> Result<OwnedFd> {
         };
         check("epoll_ctl", r as libc::c_long)?;
     }
-    Ok(ep)
+    Ok(())
+}
+
+/// Take `fd` out of the epoll set `ep` (one not in it is no error).
+pub fn epoll_del(ep: BorrowedFd<'_>, fd: BorrowedFd<'_>) {
+    count();
+    // SAFETY: both descriptors are open; a null event is allowed for DEL.
+    let _ = unsafe {
+        libc::epoll_ctl(
+            ep.as_raw_fd(),
+            libc::EPOLL_CTL_DEL,
+            fd.as_raw_fd(),
+            std::ptr::null_mut(),
+        )
+    };
 }
 
 /// Readiness of one descriptor after [`poll`].

@@ -1465,12 +1465,25 @@ impl Queue {
         std::mem::swap(&mut self.view, &mut fresh.view);
         std::mem::swap(&mut self.ring, &mut fresh.ring);
         std::mem::swap(&mut self.doorbell, &mut fresh.doorbell);
+        if let Some(set) = &self.wait_set {
+            // (A closed descriptor leaves the set only with its last
+            // duplicate: taken out now.)
+            wd_sys::epoll_del(set.as_fd(), self.cq_event.as_fd());
+            wd_sys::epoll_del(set.as_fd(), self.socket.as_fd());
+        }
         std::mem::swap(&mut self.cq_event, &mut fresh.cq_event);
         std::mem::swap(&mut self.socket, &mut fresh.socket);
         // `fresh` now holds the dead host's ring: nothing to release there.
         fresh.released = true;
         drop(fresh);
-        self.wait_set = None;
+        if let Some(set) = &self.wait_set {
+            // The same descriptor for event loops that registered it, now
+            // on the new queue's doorbell and socket.
+            let fds = [self.cq_event.as_fd(), self.socket.as_fd()];
+            if wd_sys::epoll_add(set.as_fd(), &fds).is_err() {
+                self.wait_set = None;
+            }
+        }
         // The new ring starts a new histogram; a request failed below frees
         // its slot for another.
         self.latency_sample = None;

@@ -512,3 +512,32 @@ fn a_queue_made_while_another_caller_reconnects_carries_its_own_epoch() {
         "queues of the current epoch refused: {bad:#?}"
     );
 }
+
+/// The descriptor an event loop registered (`wait_fd`) stays the queue's
+/// across a restart, on the new queue's doorbell and socket: it was made
+/// again, and a loop waited on a closed (or reused) number.
+#[test]
+fn the_wait_descriptor_survives_a_restart() {
+    use std::os::fd::AsRawFd;
+    let dir = tempdir("wd-reconnect-waitfd");
+    let socket = dir.join("wd.sock");
+    let mut host = start_host(&socket);
+    let conn = HostConn::connect(&socket).unwrap();
+    let mut q = conn
+        .request_queue(&Capability::new("memcpy").depth(4))
+        .unwrap();
+    let before = q.wait_fd().unwrap().as_raw_fd();
+    kill(&mut host);
+    let _new = start_host(&socket);
+    q.call(Desc::default()).unwrap();
+    assert_eq!(q.recovery_stats().reconnects, 1);
+    assert_eq!(q.wait_fd().unwrap().as_raw_fd(), before);
+    // It wakes for the new queue's completions.
+    q.send(Desc::default(), 5).unwrap();
+    if !q.arm_wait().unwrap() {
+        let ready = wd_sys::poll(&[q.wait_fd().unwrap()], Some(Duration::from_secs(5))).unwrap();
+        assert!(ready[0].readable, "woken by the completion");
+    }
+    wait_until("the completion", || q.completions_ready());
+    assert_eq!(q.recv().unwrap().map(|c| c.cookie), Some(5));
+}
