@@ -412,8 +412,11 @@ impl HostConn {
                 IpcError::Sys(s) if s.errno() == 11 /* EAGAIN: the write timed out */ => timed_out(),
                 e => e.into(),
             })?;
+        // Every call's write has the call's deadline too: a large request
+        // to a stopped host blocked for good once the socket's buffer was
+        // full (the deadline covered only the reply).
         ch.socket()
-            .set_write_timeout(None)
+            .set_write_timeout(Some(call_timeout()))
             .map_err(|e| ClientError::new(Status::Io, format!("setsockopt: {e}")))?;
         let host_pid = match reply.msg {
             Message::HelloReply { host_pid, .. } => host_pid,
@@ -560,22 +563,29 @@ impl HostConn {
         }
         let wait = call_timeout();
         let by = std::time::Instant::now() + wait;
-        let f = ch.call_by(msg, id, fds, Some(by)).map_err(|e| match e {
-            IpcError::TimedOut => {
-                // Its answer may still come: the connection is of no use
-                // any more, and the host counts as gone (the next caller
-                // connects again).
-                let _ = ch.socket().shutdown(std::net::Shutdown::Both);
-                ClientError::new(
-                    Status::HostGone,
-                    format!(
-                        "the WrapDrive host did not answer a {} request within {} ms (hung? WD_CALL_TIMEOUT_MS sets the wait)",
-                        msg.name(),
-                        wait.as_millis()
-                    ),
-                )
+        let f = ch.call_by(msg, id, fds, Some(by)).map_err(|e| {
+            let timed_out = match &e {
+                IpcError::TimedOut => true,
+                // EAGAIN: the write timed out (SO_SNDTIMEO), part of the
+                // frame perhaps written: the connection is as unusable.
+                IpcError::Sys(s) => s.errno() == 11,
+                _ => false,
+            };
+            if !timed_out {
+                return e.into();
             }
-            e => e.into(),
+            // Its answer may still come: the connection is of no use any
+            // more, and the host counts as gone (the next caller connects
+            // again).
+            let _ = ch.socket().shutdown(std::net::Shutdown::Both);
+            ClientError::new(
+                Status::HostGone,
+                format!(
+                    "the WrapDrive host did not answer a {} request within {} ms (hung? WD_CALL_TIMEOUT_MS sets the wait)",
+                    msg.name(),
+                    wait.as_millis()
+                ),
+            )
         })?;
         match f.msg {
             Message::Error { status, message } => Err(ClientError::new(status, message)),

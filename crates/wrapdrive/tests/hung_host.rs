@@ -25,8 +25,17 @@ fn child_entry() {
     wd_testutil::while_parent_lives();
 }
 
+/// The tests stop hosts and set the deadlines in the environment: one at
+/// a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn a_stopped_host_is_gone_after_the_deadline_and_its_queues_come_back() {
+    let _serial = serial();
     std::env::set_var("WD_CALL_TIMEOUT_MS", "300");
     std::env::set_var("WD_CONNECT_TIMEOUT_MS", "300");
     let dir = wd_testutil::tempdir("wd-hung-host");
@@ -55,4 +64,42 @@ fn a_stopped_host_is_gone_after_the_deadline_and_its_queues_come_back() {
     q.share(buf.addr(), buf.len()).unwrap();
     let buf2 = SharedBuf::new(4096).unwrap();
     q2.share(buf2.addr(), buf2.len()).unwrap();
+}
+
+/// A request too large for the socket's buffer, to a stopped host, is
+/// gone after the call's deadline too (the deadline covered the reply
+/// only: the write blocked for good).
+#[test]
+fn a_large_request_to_a_stopped_host_is_gone_after_the_deadline() {
+    let _serial = serial();
+    std::env::set_var("WD_CALL_TIMEOUT_MS", "300");
+    std::env::set_var("WD_CONNECT_TIMEOUT_MS", "300");
+    let dir = wd_testutil::tempdir("wd-hung-legacy");
+    let socket = dir.join("wd.sock");
+    let host = wd_testutil::Role::serving("host", &socket);
+    let conn = HostConn::connect(&socket).unwrap();
+    let mut q = conn
+        .request_queue(&Capability::new("memcpy").flags(wrapdrive::CAPA_ALLOW_LEGACY))
+        .unwrap();
+    q.set_legacy_planner(wd_dummy_msg::legacy_plan);
+    let len = 1 << 20;
+    let (src, dst) = (SharedBuf::new(len).unwrap(), SharedBuf::new(len).unwrap());
+    let desc = wd_dummy_msg::CopyMsg {
+        src: src.addr(),
+        dst: dst.addr(),
+        len: len as u64,
+    }
+    .to_desc(0);
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(host.pid(), libc::SIGSTOP) };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let _ = tx.send(q.send(desc, 1).map_err(|e| e.status()));
+        (q, src, dst)
+    });
+    let got = rx.recv_timeout(Duration::from_secs(5));
+    // SAFETY: as above (lets a stuck writer finish).
+    unsafe { libc::kill(host.pid(), libc::SIGCONT) };
+    let _ = t.join();
+    assert_eq!(got, Ok(Err(Status::HostGone)), "within 5 s, the host gone");
 }
