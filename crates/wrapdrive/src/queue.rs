@@ -487,8 +487,13 @@ impl Queue {
             match self.ring_doorbell() {
                 Ok(()) => {}
                 // The requests are in the ring, in flight: the queue made
-                // again sends them again or fails them, never twice.
-                Err(e) if e.status() == Status::HostGone => self.recover(e)?,
+                // again sends them again or fails them, never twice. They
+                // were sent whether or not it can be made again now (the
+                // next call tries again): an error here had the caller
+                // send them once more.
+                Err(e) if e.status() == Status::HostGone => {
+                    let _ = self.recover(e);
+                }
                 Err(e) => return Err(e),
             }
         }
