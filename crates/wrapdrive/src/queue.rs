@@ -488,12 +488,14 @@ impl Queue {
                 Ok(()) => {}
                 // The requests are in the ring, in flight: the queue made
                 // again sends them again or fails them, never twice. They
-                // were sent whether or not it can be made again now (the
-                // next call tries again): an error here had the caller
-                // send them once more.
-                Err(e) if e.status() == Status::HostGone => {
-                    let _ = self.recover(e);
-                }
+                // were sent even when no host is back yet (the next call
+                // tries again): that error here had the caller send them
+                // once more. A host back that refuses the queue is the
+                // caller's to hear.
+                Err(e) if e.status() == Status::HostGone => match self.recover(e) {
+                    Err(r) if r.status() != Status::HostGone => return Err(r),
+                    _ => {}
+                },
                 Err(e) => return Err(e),
             }
         }
