@@ -1,45 +1,16 @@
 //! An I/O queue dropped without being deleted: its memory stays out of
 //! the allocator while the controller may write it.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use wd_nvme_driver::msg::{regs, AdminOp, IoOp, Sqe, CQE_SIZE, SQE_SIZE};
+use wd_nvme_driver::msg::{IoOp, CQE_SIZE};
 use wd_nvme_driver::{Controller, Options};
 use wrapdrive::SharedBuf;
 
 mod common;
-use common::start_with;
+use common::{io_cq_base, start_with};
 
 const BLOCK: u64 = 4096;
-
-fn mem() -> File {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/proc/self/mem")
-        .unwrap()
-}
-
-fn peek(addr: u64, len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    mem().read_exact_at(&mut v, addr).unwrap();
-    v
-}
-
-/// The base of I/O completion queue `qid`, from its Create command in the
-/// admin submission queue.
-fn io_cq_base(c: &Controller, qid: u16) -> u64 {
-    let asq = c.registers().load64(regs::ASQ);
-    let raw = peek(asq, 32 * SQE_SIZE);
-    raw.chunks_exact(SQE_SIZE)
-        .map(|e| Sqe::from_bytes(e.try_into().unwrap()))
-        .filter(|s| s.opcode == AdminOp::CreateCq as u8 && s.cdw[0] as u16 == qid)
-        .map(|s| s.prp1)
-        .next_back()
-        .expect("create CQ command in the admin queue")
-}
 
 /// Dropping an `IoQueue` (no `delete_io_queue`: an early return, a `?`,
 /// a panic) kept the controller's queues and left the memory in its

@@ -4,11 +4,13 @@
 // Each test binary compiles this module and uses a part of it.
 #![allow(dead_code)]
 
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use wd_host::{DeviceConfig, Host, HostConfig};
-use wd_nvme_driver::msg::Status;
-use wd_nvme_driver::NvmeError;
+use wd_nvme_driver::msg::{regs, AdminOp, Sqe, Status, SQE_SIZE};
+use wd_nvme_driver::{Controller, NvmeError};
 use wd_testutil::{tempdir, TempDir};
 use wrapdrive::HostConn;
 
@@ -72,4 +74,39 @@ pub fn status_of<T: std::fmt::Debug>(r: Result<T, NvmeError>) -> Status {
         Err(NvmeError::Command { status, .. }) => status,
         other => panic!("expected a status error, got {other:?}"),
     }
+}
+
+/// This process's memory, to read and write what the controller sees
+/// (queues whose addresses the driver keeps to itself).
+fn mem() -> File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/proc/self/mem")
+        .unwrap()
+}
+
+/// `len` bytes of this process's memory at `addr`.
+pub fn peek(addr: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    mem().read_exact_at(&mut v, addr).unwrap();
+    v
+}
+
+/// Write `data` into this process's memory at `addr`.
+pub fn poke(addr: u64, data: &[u8]) {
+    mem().write_all_at(data, addr).unwrap();
+}
+
+/// The base of I/O completion queue `qid`, from its Create command in the
+/// admin submission queue.
+pub fn io_cq_base(c: &Controller, qid: u16) -> u64 {
+    let asq = c.registers().load64(regs::ASQ);
+    let raw = peek(asq, 32 * SQE_SIZE);
+    raw.chunks_exact(SQE_SIZE)
+        .map(|e| Sqe::from_bytes(e.try_into().unwrap()))
+        .filter(|s| s.opcode == AdminOp::CreateCq as u8 && s.cdw[0] as u16 == qid)
+        .map(|s| s.prp1)
+        .next_back()
+        .expect("create CQ command in the admin queue")
 }
