@@ -47,8 +47,37 @@ fn engine_load(d: Duration) -> f64 {
     (thread_cpu("wd-dev0-e0") - before) / d.as_secs_f64()
 }
 
-/// A raw control channel to `host`, past Hello: a client writing its
-/// ring by hand.
+/// A queue of `alg` on `host` for a client writing its ring by hand: its
+/// control channel, descriptors (ring, doorbell, completion event) and
+/// ring mapping.
+fn raw_queue(
+    host: &Host,
+    alg: &str,
+    depth: u32,
+) -> (wd_ipc::Channel, Vec<std::os::fd::OwnedFd>, wd_sys::Mapping) {
+    let mut ch = connect(host);
+    let f = ch
+        .call(
+            &Message::RequestQueue {
+                alg: alg.into(),
+                flags: 0,
+                depth,
+                numa_node: -1,
+                probe_addr: 0,
+                probe_value: 0,
+            },
+            2,
+            &[],
+        )
+        .unwrap();
+    let Message::QueueGranted { ring_bytes, .. } = f.msg else {
+        panic!("{:?}", f.msg)
+    };
+    let map = wd_sys::Mapping::map_shared(f.fds[0].as_fd(), 0, ring_bytes as usize).unwrap();
+    (ch, f.fds, map)
+}
+
+/// A raw control channel to `host`, past Hello.
 fn connect(host: &Host) -> wd_ipc::Channel {
     use std::os::linux::net::SocketAddrExt;
     let name = host.address().strip_prefix('@').expect("abstract address");
@@ -77,26 +106,8 @@ fn a_ring_entry_on_a_register_driven_queue_does_not_keep_the_engine_busy() {
     let store = dir.join("ns.img");
     let spec = format!("nvme:engine=sync,engines=1,ns={store}:0:1M");
     let host = Host::embedded(vec![DeviceConfig::parse_spec(&spec).unwrap()]).unwrap();
-    let mut ch = connect(&host);
     const DEPTH: u32 = 8;
-    let f = ch
-        .call(
-            &Message::RequestQueue {
-                alg: "nvme".into(),
-                flags: 0,
-                depth: DEPTH,
-                numa_node: -1,
-                probe_addr: 0,
-                probe_value: 0,
-            },
-            2,
-            &[],
-        )
-        .unwrap();
-    let Message::QueueGranted { ring_bytes, .. } = f.msg else {
-        panic!("{:?}", f.msg)
-    };
-    let map = wd_sys::Mapping::map_shared(f.fds[0].as_fd(), 0, ring_bytes as usize).unwrap();
+    let (_ch, fds, map) = raw_queue(&host, "nvme", DEPTH);
     // SAFETY: map is a live mapping of ring_bytes that outlives the view.
     let mut view = unsafe { wd_ring::RingView::attach(map.as_ptr(), map.len(), DEPTH) }.unwrap();
     // The engine goes to sleep (an idle NVMe queue spins 0.5 s first).
@@ -104,7 +115,7 @@ fn a_ring_entry_on_a_register_driven_queue_does_not_keep_the_engine_busy() {
     let idle = engine_load(Duration::from_secs(1));
     assert_eq!(view.submit(&[wd_ring::Desc::default()]).unwrap(), 1);
     if view.engine_needs_wakeup() {
-        wd_sys::eventfd_signal(f.fds[1].as_fd()).unwrap();
+        wd_sys::eventfd_signal(fds[1].as_fd()).unwrap();
     }
     std::thread::sleep(Duration::from_millis(1500));
     let after = engine_load(Duration::from_secs(1));
@@ -124,31 +135,13 @@ fn a_ring_entry_on_a_register_driven_queue_does_not_keep_the_engine_busy() {
 fn a_client_that_stops_reaping_does_not_keep_its_engine_busy() {
     let _serial = serial();
     let host = Host::embedded(vec![DeviceConfig::new("dummy")]).unwrap();
-    let mut ch = connect(&host);
     const DEPTH: u32 = 8;
-    let f = ch
-        .call(
-            &Message::RequestQueue {
-                alg: "memcpy".into(),
-                flags: 0,
-                depth: DEPTH,
-                numa_node: -1,
-                probe_addr: 0,
-                probe_value: 0,
-            },
-            2,
-            &[],
-        )
-        .unwrap();
-    let Message::QueueGranted { ring_bytes, .. } = f.msg else {
-        panic!("{:?}", f.msg)
-    };
-    let map = wd_sys::Mapping::map_shared(f.fds[0].as_fd(), 0, ring_bytes as usize).unwrap();
+    let (_ch, fds, map) = raw_queue(&host, "memcpy", DEPTH);
     // SAFETY: map is a live mapping of ring_bytes that outlives the view.
     let mut view = unsafe { wd_ring::RingView::attach(map.as_ptr(), map.len(), DEPTH) }.unwrap();
     let ring = |view: &wd_ring::RingView| {
         if view.engine_needs_wakeup() {
-            wd_sys::eventfd_signal(f.fds[1].as_fd()).unwrap();
+            wd_sys::eventfd_signal(fds[1].as_fd()).unwrap();
         }
     };
     let nop = [wd_ring::Desc::default(); DEPTH as usize];
