@@ -279,6 +279,17 @@ mod tests {
     use std::io::Write;
     use std::os::fd::AsFd;
 
+    /// A frame that carries one descriptor.
+    fn share(iova: u64) -> Message {
+        Message::MemShare {
+            queue_id: 1,
+            iova,
+            size: 4096,
+            fd_offset: 0,
+            prot: wd_proto::Prot::RW,
+        }
+    }
+
     fn pair() -> (Channel, Channel) {
         let (a, b) = UnixStream::pair().unwrap();
         (Channel::new(a), Channel::new(b))
@@ -318,13 +329,6 @@ mod tests {
     #[test]
     fn a_frame_does_not_take_the_next_frames_descriptors() {
         let (mut a, b) = pair();
-        let share = |iova| Message::MemShare {
-            queue_id: 1,
-            iova,
-            size: 4096,
-            fd_offset: 0,
-            prot: wd_proto::Prot::RW,
-        };
         let mut raw = b.socket().try_clone().unwrap();
         raw.write_all(&wd_proto::encode(&share(0x1000), 1).unwrap())
             .unwrap();
@@ -348,13 +352,7 @@ mod tests {
     #[test]
     fn descriptors_stay_with_their_frame_among_others() {
         let (mut a, b) = pair();
-        let share = Message::MemShare {
-            queue_id: 1,
-            iova: 0x1000,
-            size: 4096,
-            fd_offset: 0,
-            prot: wd_proto::Prot::RW,
-        };
+        let share = share(0x1000);
         let plain = Message::ReleaseQueue { queue_id: 9 };
         let fd = wd_sys::eventfd().unwrap();
         b.send(&plain, 1, &[]).unwrap();
@@ -385,13 +383,7 @@ mod tests {
         );
         // A descriptor goes with the message that expects it.
         let fd = wd_sys::eventfd().unwrap();
-        let share = Message::MemShare {
-            queue_id: 1,
-            iova: 0x1000,
-            size: 4096,
-            fd_offset: 0,
-            prot: wd_proto::Prot::RW,
-        };
+        let share = share(0x1000);
         b.send(&share, 4, &[fd.as_fd()]).unwrap();
         let f = a.recv().unwrap();
         assert_eq!(f.fds.len(), 1);
