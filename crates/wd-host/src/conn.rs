@@ -453,6 +453,12 @@ impl Conn<'_> {
                 format!("a connection may hold at most {MAX_QUEUES_PER_CONNECTION} queues"),
             ));
         }
+        if numa_node < -1 {
+            return Err(err(
+                Status::Invalid,
+                format!("numa_node {numa_node} is neither a node nor -1 (any)"),
+            ));
+        }
         if flags & !CAPA_KNOWN != 0 {
             return Err(err(
                 Status::Invalid,

@@ -574,3 +574,35 @@ fn a_client_of_another_protocol_version_reads_version() {
         m => panic!("unexpected {m:?}"),
     }
 }
+
+/// A queue asked for a NUMA node below -1 is refused (Invalid, answered
+/// on the request, the connection kept): it was granted as "any node".
+#[test]
+fn a_numa_node_below_minus_one_is_refused() {
+    let host = start(&["dummy"], Limits::default());
+    let mut ch = connect(&host.socket);
+    hello(&mut ch);
+    let f = ch
+        .call(
+            &Message::RequestQueue {
+                alg: "memcpy".into(),
+                flags: 0,
+                depth: 0,
+                numa_node: -2,
+                probe_addr: 0,
+                probe_value: 0,
+            },
+            7,
+            &[],
+        )
+        .unwrap();
+    assert_eq!(f.request_id, 7);
+    match f.msg {
+        Message::Error { status, message } => {
+            assert_eq!(status, Status::Invalid, "{message}");
+            assert!(message.contains("numa_node"), "{message}");
+        }
+        m => panic!("unexpected {m:?}"),
+    }
+    request_queue(&mut ch);
+}
