@@ -761,11 +761,13 @@ impl Queue {
     }
 
     /// Drop the completion of `cookie` (a request in flight) when it comes,
-    /// instead of handing it out: for requests nobody waits for.
+    /// instead of handing it out: for requests nobody waits for. A cookie
+    /// with nothing in flight is left alone (kept, it dropped the completion of
+    /// a later request sent with the same cookie).
     pub fn forget(&mut self, cookie: u64) {
         if let Some(i) = self.stash.iter().position(|c| c.cookie == cookie) {
             self.stash.remove(i);
-        } else {
+        } else if self.slots.contains(&Some(cookie)) {
             self.forgotten.insert(cookie);
         }
     }

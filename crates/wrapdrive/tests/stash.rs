@@ -62,4 +62,16 @@ fn each_caller_gets_its_own_completion_and_forgotten_ones_vanish() {
     q.forget(20);
     assert_eq!(q.stashed(), 0);
     assert_eq!(q.recv().unwrap(), None);
+    // Forgetting a cookie received already does nothing: a later request
+    // of the same cookie is handed out (its completion was dropped).
+    q.forget(21);
+    q.send(copy(0, 8), 21).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while q.recv_cookie(21).unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the later request 21 was dropped"
+        );
+        q.wait_completion(Some(Duration::from_millis(100))).unwrap();
+    }
 }
