@@ -65,9 +65,17 @@ pub type Result<T> = std::result::Result<T, NvmeError>;
 
 /// Admin queue entries.
 const ADMIN_ENTRIES: u32 = 32;
-/// How long a controller may take to become ready or to run an admin
-/// command before the driver gives up.
+/// How long a controller may take to run an admin command or to shut
+/// down before the driver gives up, at the least.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// [`ADMIN_TIMEOUT`], or the controller's own worst case (CAP.TO, in
+/// 500 ms units) when longer: a detach that syncs its namespace may take
+/// that long, and one given up left the driver's view of the
+/// attachments behind the controller's.
+fn admin_timeout(cap: &Cap) -> Duration {
+    ADMIN_TIMEOUT.max(Duration::from_millis(500 * cap.to as u64))
+}
 
 /// Options of [`Controller::open`].
 #[derive(Clone, Debug)]
@@ -352,7 +360,7 @@ impl Controller {
 
     fn admin_wait(&mut self, cid: u16, opcode: u8) -> Result<Cqe> {
         self.admin.ring()?;
-        let mut liveness = qpair::Liveness::new(ADMIN_TIMEOUT);
+        let mut liveness = qpair::Liveness::new(admin_timeout(&self.cap));
         loop {
             if let Some(c) = self.admin.take(cid)? {
                 return Ok(c);
@@ -622,7 +630,7 @@ impl Controller {
         cc.shn = 1;
         self.regs.store32(regs::CC, cc.to_u32());
         self.queue.wake_engine()?;
-        wait_for(&self.regs, ADMIN_TIMEOUT, "shutdown", |c| {
+        wait_for(&self.regs, admin_timeout(&self.cap), "shutdown", |c| {
             c & regs::CSTS_SHST_MASK == regs::CSTS_SHST_COMPLETE
         })
     }
@@ -678,4 +686,23 @@ fn wait_for(
 /// Bytes of a queue of `entries` entries of `size` bytes, whole pages.
 pub(crate) fn queue_bytes(entries: u32, size: usize) -> usize {
     (entries as usize * size).next_multiple_of(PAGE as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An admin command waits as long as the controller says its worst
+    /// case is (CAP.TO), never less than five seconds: it gave up after 5 s
+    /// on this controller's 10 s.
+    #[test]
+    fn admin_commands_wait_for_the_controllers_worst_case() {
+        let cap = |to: u8| Cap {
+            to,
+            ..Cap::from_u64(0)
+        };
+        assert_eq!(admin_timeout(&cap(0)), ADMIN_TIMEOUT);
+        assert_eq!(admin_timeout(&cap(20)), Duration::from_secs(10));
+        assert_eq!(admin_timeout(&cap(255)), Duration::from_millis(127_500));
+    }
 }
