@@ -56,11 +56,7 @@ impl DeviceQueue for DummyQueue {
         };
         let done = done.min(m.len);
         let n = (m.len - done).min(budget.max(1));
-        // Pieces run front to back, or back to front when the destination
-        // overlaps the source from above, so the pieces together move
-        // bytes as one overlapping copy (memmove) would.
-        let backwards = m.dst > m.src && m.dst - m.src < m.len;
-        let at = if backwards { m.len - done - n } else { done };
+        let at = crate::copy_piece_at(m.src, m.dst, m.len, done, n);
         let piece = match (m.src.checked_add(at), m.dst.checked_add(at)) {
             (Some(s), Some(d)) => dma.copy(d, s, n),
             _ => return finish(desc, status::EFAULT, 0),

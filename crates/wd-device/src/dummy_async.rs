@@ -52,10 +52,9 @@ struct HeldCopy {
     until: std::time::Instant,
     /// Bytes copied so far.
     done: u64,
-    /// Pieces run back to front: the destination overlaps the source from
-    /// above, and the pieces together must move bytes as one overlapping
-    /// copy (memmove) would, as the synchronous device's do.
-    backwards: bool,
+    /// The copy's source and destination addresses (which way its pieces
+    /// run: `copy_piece_at`).
+    iova: (u64, u64),
 }
 
 struct AsyncCopyQueue {
@@ -69,11 +68,7 @@ impl AsyncCopyQueue {
         let h = &mut self.held[i];
         let len = h.src.len() as u64;
         let n = (len - h.done).min(*budget);
-        let at = if h.backwards {
-            len - h.done - n
-        } else {
-            h.done
-        };
+        let at = crate::copy_piece_at(h.iova.0, h.iova.1, len, h.done, n);
         let (at, count) = (at as usize, n as usize);
         // SAFETY: the request is still held (not reported yet), so the
         // engine keeps both ranges mapped.
@@ -130,7 +125,7 @@ impl DeviceQueue for AsyncCopyQueue {
                     dst,
                     until: std::time::Instant::now() + HOLD,
                     done: 0,
-                    backwards: m.dst > m.src && m.dst - m.src < m.len,
+                    iova: (m.src, m.dst),
                 });
                 Started::Held
             }

@@ -303,6 +303,18 @@ pub trait Driver: Send + Sync {
 
 pub use wd_msg::{status, LegacyPlan};
 
+/// Where the next `n` bytes of a copy of `len` bytes from `src` to `dst`
+/// lie, `done` bytes in: pieces run front to back, or back to front when
+/// the destination overlaps the source from above, so together they move
+/// bytes as one overlapping copy (memmove) would.
+pub fn copy_piece_at(src: u64, dst: u64, len: u64, done: u64, n: u64) -> u64 {
+    if dst > src && dst - src < len {
+        len - done - n
+    } else {
+        done
+    }
+}
+
 /// A held request stopped unfinished at teardown (see
 /// [`DeviceQueue::abort`]).
 pub fn cancelled(mut d: Desc) -> Desc {

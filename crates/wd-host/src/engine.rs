@@ -1315,14 +1315,12 @@ impl<'a> Dma<'a> for QueueDma<'a, '_> {
                 // SHARE_ALL: the client's whole address space, reached
                 // through its own memory descriptor (the analogue of an
                 // I/O page fault).
-                // Chunks back to front when the destination overlaps the
-                // source from above: together they move bytes as one
-                // overlapping copy (memmove) would.
-                let backwards = dst > src && dst - src < len;
+                // Chunks that together move bytes as one overlapping copy
+                // (memmove) would.
                 let mut done = 0u64;
                 while done < len {
                     let n = (len - done).min(BOUNCE_CHUNK as u64);
-                    let at = if backwards { len - done - n } else { done };
+                    let at = wd_device::copy_piece_at(src, dst, len, done, n);
                     let mut buf = std::mem::take(self.bounce);
                     buf.resize(n as usize, 0);
                     let r = self
@@ -1419,13 +1417,17 @@ unsafe fn run_slice<'a>((addr, len): (u64, u64)) -> DeviceSlice<'a> {
 /// # Safety
 /// As [`run_slice`], for every run of both lists.
 unsafe fn copy_runs(dst: &[(u64, u64)], src: &[(u64, u64)]) {
+    // (One run each, the common case: `copy_to` moves it as memmove.)
     let span = |runs: &[(u64, u64)]| {
         runs.iter().fold((u64::MAX, 0), |(lo, hi), &(a, n)| {
             (lo.min(a), hi.max(a + n))
         })
     };
-    let ((s_lo, s_hi), (d_lo, d_hi)) = (span(src), span(dst));
-    if src.len() + dst.len() > 2 && d_lo < s_hi && s_lo < d_hi {
+    let scattered_overlap = src.len() + dst.len() > 2 && {
+        let ((s_lo, s_hi), (d_lo, d_hi)) = (span(src), span(dst));
+        d_lo < s_hi && s_lo < d_hi
+    };
+    if scattered_overlap {
         // Scattered runs that overlap: piece by piece, one piece could
         // overwrite the source of a later one. The bytes go through a
         // buffer (a rare request: a client copying within its memory
