@@ -730,26 +730,6 @@ fn a_detach_waits_for_the_namespaces_writes_on_the_ring() {
     assert_eq!(back, [0x5a; 512]);
 }
 
-/// Turning the write cache off makes the writes still on the I/O ring
-/// land (and post) first, then syncs: they were started unsynced, and
-/// could complete after the Set Features, not durable. Whether the write
-/// is still in flight when the Set Features runs is up to the kernel (it
-/// seldom is here); the completion order holds in every run.
-#[test]
-fn turning_the_cache_off_waits_for_the_writes_on_the_ring() {
-    let Some(mut r) = a_write_on_the_ring("turning_the_cache_off_waits_for_the_writes_on_the_ring")
-    else {
-        return;
-    };
-    let st = r
-        .admin(set_features(feature::VOLATILE_WRITE_CACHE, 0))
-        .status;
-    assert!(st.is_success(), "{st:?}");
-    let c = r.io_cqe(0);
-    assert!(c.phase, "the Set Features completed before the write");
-    assert_eq!((c.cid, c.status), (0, Status::SUCCESS));
-}
-
 /// Log page `lid`, `len` bytes of it, read into DATA.
 fn get_log(r: &mut Rig, lid: u8, len: u64) -> (Status, Vec<u8>) {
     r.mem.put(DATA, &vec![0xee; len as usize]);
