@@ -4,11 +4,11 @@
 use std::time::{Duration, Instant};
 
 use wd_nvme_driver::msg::{IoOp, CQE_SIZE};
-use wd_nvme_driver::{Controller, Options};
+
 use wrapdrive::SharedBuf;
 
 mod common;
-use common::{io_cq_base, start_with};
+use common::{io_cq_base, plain_controller};
 
 const BLOCK: u64 = 4096;
 
@@ -19,15 +19,7 @@ const BLOCK: u64 = 4096;
 /// Now the memory stays out of the allocator until the controller goes.
 #[test]
 fn a_dropped_queues_memory_is_not_handed_out_while_the_controller_may_write_it() {
-    let host = start_with("engine=sync,", &["0:16M"], |_| {});
-    let mut c = Controller::open(
-        &host.conn(),
-        &Options {
-            shadow_doorbells: false,
-        },
-    )
-    .unwrap();
-    let ns = c.open_namespace(1).unwrap();
+    let (_host, mut c, ns) = plain_controller(&["0:16M"]);
     let mut q = c.create_io_queue(64).unwrap();
     let cq = io_cq_base(&c, q.qid());
     let chunk = 256 * 1024u64;

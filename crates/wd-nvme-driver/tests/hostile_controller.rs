@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use wd_nvme_driver::msg::identify::{NamespaceInfo, IDENTIFY_BYTES};
 use wd_nvme_driver::msg::{Cqe, IoOp, Status, CQE_SIZE};
-use wd_nvme_driver::{Controller, NvmeError, Options};
+use wd_nvme_driver::{Controller, NvmeError};
 use wrapdrive::SharedBuf;
 
 mod common;
-use common::{io_cq_base, peek, poke, start_with};
+use common::{io_cq_base, peek, plain_controller, poke};
 
 const BLOCK: u64 = 4096;
 
@@ -58,15 +58,7 @@ struct Plain {
 }
 
 fn plain(len: u64) -> Plain {
-    let host = start_with("engine=sync,", &["0:4M"], |_| {});
-    let mut c = Controller::open(
-        &host.conn(),
-        &Options {
-            shadow_doorbells: false,
-        },
-    )
-    .unwrap();
-    let ns = c.open_namespace(1).unwrap();
+    let (host, mut c, ns) = plain_controller(&["0:4M"]);
     let q = c.create_io_queue(8).unwrap();
     let buf = SharedBuf::new(len as usize).unwrap();
     c.share(&buf).unwrap();

@@ -18,7 +18,7 @@ use wd_nvme_driver::{Controller, Options};
 use wrapdrive::SharedBuf;
 
 mod common;
-use common::start_with;
+use common::{plain_controller, start_with};
 
 const BLOCK: u64 = 4096;
 const PAGE: u64 = 4096;
@@ -47,13 +47,7 @@ fn store_holds(store: &std::fs::File, first: u64, n: u64, byte: u8) -> bool {
 /// the blocks in the store behind the controller. `zero_doorbells` has
 /// the driver write 0 to the pair's doorbells before creating it again.
 fn rounds_on_fixed_queue_memory(zero_doorbells: bool) {
-    let h = start_with("engine=sync,", &["0:4M"], |_| {});
-    let conn = h.conn();
-    let opts = Options {
-        shadow_doorbells: false,
-    };
-    let mut c = Controller::open(&conn, &opts).unwrap();
-    let ns = c.open_namespace(1).unwrap();
+    let (h, mut c, ns) = plain_controller(&["0:4M"]);
     let mem = SharedBuf::new((4 * PAGE) as usize).unwrap();
     c.share(&mem).unwrap();
     // Page-aligned places inside the buffer: SQ, CQ, data.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use wd_host::{DeviceConfig, Host, HostConfig};
 use wd_nvme_driver::msg::{regs, AdminOp, Sqe, Status, SQE_SIZE};
-use wd_nvme_driver::{Controller, NvmeError};
+use wd_nvme_driver::{Controller, Namespace, NvmeError, Options};
 use wd_testutil::{tempdir, TempDir};
 use wrapdrive::HostConn;
 
@@ -109,4 +109,18 @@ pub fn io_cq_base(c: &Controller, qid: u16) -> u64 {
         .map(|s| s.prp1)
         .next_back()
         .expect("create CQ command in the admin queue")
+}
+
+/// A host whose nvme device runs commands in its polling thread
+/// (`engine=sync`) on `namespaces`, and a controller on it without shadow
+/// doorbells (each doorbell a register write a test can follow), with
+/// namespace 1 attached.
+pub fn plain_controller(namespaces: &[&str]) -> (TestHost, Controller, Namespace) {
+    let host = start_with("engine=sync,", namespaces, |_| {});
+    let opts = Options {
+        shadow_doorbells: false,
+    };
+    let mut c = Controller::open(&host.conn(), &opts).unwrap();
+    let ns = c.open_namespace(1).unwrap();
+    (host, c, ns)
 }
