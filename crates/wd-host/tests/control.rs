@@ -69,21 +69,25 @@ fn hello(ch: &mut Channel) {
     assert!(matches!(f.msg, Message::HelloReply { .. }), "{:?}", f.msg);
 }
 
+/// Ask for a memcpy queue on NUMA node `numa_node`: the answer.
+fn ask_queue(ch: &mut Channel, numa_node: i32) -> wd_ipc::Frame {
+    ch.call(
+        &Message::RequestQueue {
+            alg: "memcpy".into(),
+            flags: 0,
+            depth: 0,
+            numa_node,
+            probe_addr: 0,
+            probe_value: 0,
+        },
+        2,
+        &[],
+    )
+    .unwrap()
+}
+
 fn request_queue(ch: &mut Channel) -> (u32, Vec<OwnedFd>) {
-    let f = ch
-        .call(
-            &Message::RequestQueue {
-                alg: "memcpy".into(),
-                flags: 0,
-                depth: 0,
-                numa_node: -1,
-                probe_addr: 0,
-                probe_value: 0,
-            },
-            2,
-            &[],
-        )
-        .unwrap();
+    let f = ask_queue(ch, -1);
     match f.msg {
         Message::QueueGranted { queue_id, .. } => (queue_id, f.fds),
         m => panic!("unexpected {m:?}"),
@@ -582,21 +586,8 @@ fn a_numa_node_below_minus_one_is_refused() {
     let host = start(&["dummy"], Limits::default());
     let mut ch = connect(&host.socket);
     hello(&mut ch);
-    let f = ch
-        .call(
-            &Message::RequestQueue {
-                alg: "memcpy".into(),
-                flags: 0,
-                depth: 0,
-                numa_node: -2,
-                probe_addr: 0,
-                probe_value: 0,
-            },
-            7,
-            &[],
-        )
-        .unwrap();
-    assert_eq!(f.request_id, 7);
+    let f = ask_queue(&mut ch, -2);
+    assert_eq!(f.request_id, 2);
     match f.msg {
         Message::Error { status, message } => {
             assert_eq!(status, Status::Invalid, "{message}");
