@@ -491,25 +491,37 @@ impl Conn<'_> {
                 std::cmp::Reverse(d.types[t].available.load(Ordering::Relaxed)),
             )
         });
-        // Given back when dropped: on any error below, or with the queue.
-        let claimed = cands
-            .iter()
-            .copied()
-            .find_map(|(n, t)| InstanceClaim::take(&devs[n].types[t].available).map(|c| (n, t, c)));
-        let Some((dev_n, type_n, instance)) = claimed else {
-            return Err(err(
-                Status::Busy,
-                format!("every queue of '{alg}' is in use; try again later"),
-            ));
+        // The first candidate with a free instance that this user's quota
+        // allows (a user at the cap of one device's queue type may still
+        // take another device's). Both are given back when dropped: on any
+        // error below, or with the queue.
+        let mut refused = None;
+        let mut claimed = None;
+        for &(n, t) in &cands {
+            let Some(instance) = InstanceClaim::take(&devs[n].types[t].available) else {
+                continue;
+            };
+            let res = Resource::Queue {
+                device: n,
+                qtype: t,
+                instances: devs[n].types[t].instances,
+            };
+            match self.host.quotas.charge(self.cred.uid, res) {
+                Ok(charge) => {
+                    claimed = Some((n, t, instance, charge));
+                    break;
+                }
+                Err(e) => refused = Some(e),
+            }
+        }
+        let Some((dev_n, type_n, instance, charge)) = claimed else {
+            return Err(refused.unwrap_or_else(|| {
+                err(
+                    Status::Busy,
+                    format!("every queue of '{alg}' is in use; try again later"),
+                )
+            }));
         };
-        let charge = self.host.quotas.charge(
-            self.cred.uid,
-            Resource::Queue {
-                device: dev_n,
-                qtype: type_n,
-                instances: devs[dev_n].types[type_n].instances,
-            },
-        )?;
 
         let mut model = MemModel::Shared;
         if flags & CAPA_SHARE_ALL != 0 {

@@ -502,6 +502,27 @@ fn one_user_cannot_take_every_queue() {
     let _c = h.request_queue(&cap).unwrap();
 }
 
+/// A user at its share of one device's queues still gets a queue of
+/// another device serving the algorithm (the quota used to refuse at the
+/// first candidate, which was also the one with the most free instances).
+#[test]
+fn a_user_at_one_devices_cap_gets_another_devices_queue() {
+    let host = limited_host(
+        &["dummy:queues=4", "dummy:queues=2"],
+        "queue_type_percent = 50",
+    );
+    let h = HostConn::connect(&host.socket).unwrap();
+    let cap = wrapdrive::Capability::new("memcpy");
+    let held: Vec<_> = (0..3).map(|_| h.request_queue(&cap).unwrap()).collect();
+    let devices: std::collections::BTreeSet<_> =
+        held.iter().map(|q| q.device().to_string()).collect();
+    assert_eq!(devices.len(), 2, "{devices:?}");
+    // Both at their caps now: the quota, named.
+    let e = h.request_queue(&cap).unwrap_err();
+    assert_eq!(e.status(), wd_proto::Status::Quota, "{e}");
+    assert!(e.to_string().contains("queue_type_percent"), "{e}");
+}
+
 /// Issue 9, item 3: shared ranges are limited per user, refused with
 /// -EDQUOT, and counted back when unshared.
 #[test]
