@@ -103,6 +103,21 @@ int main(void)
 	CHECK(wd_nvme_read(qp, &ns, 0, priv, BS) == -EIO, "unshared buffer");
 	CHECK(wd_nvme_read(qp, &ns, 0, buf, 100) == -EINVAL, "partial block");
 	CHECK(wd_nvme_read(qp, NULL, 0, buf, BS) == -EINVAL, "NULL namespace");
+	/* A namespace described otherwise than wd_nvme_open_ns did: smaller
+	 * blocks would have the controller move 8x the buffer's bytes. */
+	{
+		struct wd_nvme_ns forged = ns;
+
+		forged.block_size = 512;
+		CHECK(wd_nvme_read(qp, &forged, 0, buf, BS) == -EINVAL, "forged block size");
+		forged = ns;
+		forged.blocks = ns.blocks * 2;
+		CHECK(wd_nvme_write(qp, &forged, ns.blocks, buf, BS) == -EINVAL, "forged size");
+		forged = ns;
+		forged.nsid = 2;
+		CHECK(wd_nvme_submit_rw(qp, &forged, 0, 0, buf, BS) == -EINVAL,
+		      "namespace never opened");
+	}
 
 	/* Asynchronous: one doorbell for a batch of raw entries, then reap. */
 	memset(buf, 0, N * BS);

@@ -36,18 +36,27 @@ pub struct WdNvmeCpl {
     reserved: [u8; 3],
 }
 
+/// The namespaces opened on a controller, as the controller described
+/// them: what a read or write is checked against (the caller's `struct
+/// wd_nvme_ns` is its word, and a smaller block size than the namespace's
+/// would make the controller move more bytes than the PRPs' buffer holds).
+type Opened = Arc<RwLock<HashMap<u32, Namespace>>>;
+
 struct Ctrl {
     c: Mutex<Controller>,
-    /// The process that opened it.
-    pid: u32,
+    namespaces: Opened,
+    /// The fork generation of the process that opened it.
+    generation: u64,
 }
 
 struct Pair {
     /// The controller it belongs to (deleting it needs the admin queue).
     ctrl: u64,
     q: Mutex<Option<IoQueue>>,
-    /// The process that made it.
-    pid: u32,
+    /// Its controller's.
+    namespaces: Opened,
+    /// The fork generation of the process that made it.
+    generation: u64,
 }
 
 /// A handle's object, and the process it belongs to: a forked child
@@ -56,18 +65,18 @@ struct Pair {
 /// nothing of them (a doorbell write faulted, and entries it wrote broke
 /// the parent's next command).
 trait Owned {
-    fn pid(&self) -> u32;
+    fn generation(&self) -> u64;
 }
 
 impl Owned for Ctrl {
-    fn pid(&self) -> u32 {
-        self.pid
+    fn generation(&self) -> u64 {
+        self.generation
     }
 }
 
 impl Owned for Pair {
-    fn pid(&self) -> u32 {
-        self.pid
+    fn generation(&self) -> u64 {
+        self.generation
     }
 }
 
@@ -109,7 +118,7 @@ fn lookup<T: Owned>(
         .as_ref()
         .and_then(|m| m.get(&h).cloned())
         .ok_or_else(|| ClientError::new(Status::BadHandle, format!("not a live {what} handle")))?;
-    if v.pid() != wd_sys::getpid() {
+    if v.generation() != wrapdrive::fork_generation() {
         return Err(forked(what));
     }
     Ok(v)
@@ -125,20 +134,32 @@ fn insert<T>(table: &RwLock<Option<HashMap<u64, Arc<T>>>>, v: T) -> u64 {
     h
 }
 
-fn ns_of(ns: *const WdNvmeNs) -> Result<Namespace, ClientError> {
+/// The namespace a read or write names: one opened on the queue pair's
+/// controller, with the caller's description matching the controller's.
+fn ns_of(ns: *const WdNvmeNs, opened: &Opened) -> Result<Namespace, ClientError> {
     if ns.is_null() {
         return Err(invalid("namespace pointer is NULL"));
     }
     // SAFETY: non-null and, per the header, a struct wd_nvme_ns.
     let n = unsafe { ns.read_unaligned() };
-    if n.block_size == 0 || !n.block_size.is_power_of_two() {
-        return Err(invalid("namespace block size is not a power of two"));
+    let known = opened
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&n.nsid)
+        .copied()
+        .ok_or_else(|| {
+            invalid(&format!(
+                "namespace {} was not opened on this queue pair's controller (wd_nvme_open_ns)",
+                n.nsid
+            ))
+        })?;
+    if n.block_size as u64 != known.block || n.blocks != known.blocks {
+        return Err(invalid(&format!(
+            "namespace {} has {} blocks of {} bytes, not {} of {} (the struct wd_nvme_ns is not wd_nvme_open_ns's)",
+            n.nsid, known.blocks, known.block, n.blocks, n.block_size
+        )));
     }
-    Ok(Namespace {
-        nsid: n.nsid,
-        block: n.block_size as u64,
-        blocks: n.blocks,
-    })
+    Ok(known)
 }
 
 fn cpl_of(c: &Cqe) -> WdNvmeCpl {
@@ -168,7 +189,8 @@ pub unsafe extern "C" fn wd_nvme_open(out: *mut u64) -> c_int {
             &CTRLS,
             Ctrl {
                 c: Mutex::new(c),
-                pid: wd_sys::getpid(),
+                namespaces: Opened::default(),
+                generation: wrapdrive::fork_generation(),
             },
         );
         // SAFETY: checked non-null; written only on success.
@@ -193,7 +215,7 @@ pub extern "C" fn wd_nvme_close(ctrl: u64) -> c_int {
             let mine: Vec<u64> = m.keys().copied().filter(|h| m[h].ctrl == ctrl).collect();
             mine.iter().filter_map(|h| m.remove(h)).collect()
         };
-        if c.pid != wd_sys::getpid() {
+        if c.generation != wrapdrive::fork_generation() {
             // The parent's: gone from this process's tables, untouched.
             std::mem::forget((c, pairs));
             return Err(forked("controller"));
@@ -282,6 +304,10 @@ pub unsafe extern "C" fn wd_nvme_open_ns(ctrl: u64, nsid: u32, ns: *mut WdNvmeNs
                 .unwrap_or_else(|e| e.into_inner())
                 .open_namespace(nsid)
                 .map_err(client)?;
+        c.namespaces
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(n.nsid, n);
         let v = WdNvmeNs {
             nsid: n.nsid,
             block_size: n.block as u32,
@@ -331,7 +357,8 @@ pub unsafe extern "C" fn wd_nvme_qpair_create(ctrl: u64, entries: u32, out: *mut
             Pair {
                 ctrl,
                 q: Mutex::new(Some(q)),
-                pid: wd_sys::getpid(),
+                namespaces: c.namespaces.clone(),
+                generation: wrapdrive::fork_generation(),
             },
         );
         // SAFETY: checked non-null; written only on success.
@@ -350,7 +377,7 @@ pub extern "C" fn wd_nvme_qpair_delete(qp: u64) -> c_int {
             .as_mut()
             .and_then(|m| m.remove(&qp))
             .ok_or_else(|| ClientError::new(Status::BadHandle, "not a live queue pair handle"))?;
-        if p.pid != wd_sys::getpid() {
+        if p.generation != wrapdrive::fork_generation() {
             // The parent's: gone from this process's table, untouched.
             std::mem::forget(p);
             return Err(forked("queue pair"));
@@ -369,14 +396,14 @@ pub extern "C" fn wd_nvme_qpair_delete(qp: u64) -> c_int {
 
 fn with_pair<T>(
     qp: u64,
-    f: impl FnOnce(&mut IoQueue) -> Result<T, ClientError>,
+    f: impl FnOnce(&mut IoQueue, &Opened) -> Result<T, ClientError>,
 ) -> Result<T, ClientError> {
     let p = lookup(&PAIRS, qp, "queue pair")?;
     let mut g = p.q.lock().unwrap_or_else(|e| e.into_inner());
     let q = g
         .as_mut()
         .ok_or_else(|| ClientError::new(Status::BadHandle, "queue pair deleted"))?;
-    f(q)
+    f(q, &p.namespaces)
 }
 
 fn rw(
@@ -391,8 +418,8 @@ fn rw(
     if buf.is_null() {
         return Err(invalid("buffer pointer is NULL"));
     }
-    let ns = ns_of(ns)?;
-    with_pair(qp, |q| {
+    with_pair(qp, |q, opened| {
+        let ns = ns_of(ns, opened)?;
         let op = if write { IoOp::Write } else { IoOp::Read };
         let cid = q
             .push_rw(op, &ns, lba, buf as u64, len as u64)
@@ -484,7 +511,7 @@ pub unsafe extern "C" fn wd_nvme_push(qp: u64, sqe: *const c_void) -> c_int {
         let mut raw = [0u8; SQE_SIZE];
         // SAFETY: checked non-null; 64 bytes per the header.
         unsafe { std::ptr::copy_nonoverlapping(sqe.cast::<u8>(), raw.as_mut_ptr(), SQE_SIZE) };
-        with_pair(qp, |q| {
+        with_pair(qp, |q, _| {
             Ok(q.pair().push(Sqe::from_bytes(&raw)).map_err(client)? as c_int)
         })
     })
@@ -493,7 +520,7 @@ pub unsafe extern "C" fn wd_nvme_push(qp: u64, sqe: *const c_void) -> c_int {
 /// Ring the submission doorbell for what was pushed.
 #[no_mangle]
 pub extern "C" fn wd_nvme_ring(qp: u64) -> c_int {
-    guard(|| with_pair(qp, |q| q.pair().ring().map(|_| 0).map_err(client)))
+    guard(|| with_pair(qp, |q, _| q.pair().ring().map(|_| 0).map_err(client)))
 }
 
 /// Copy up to `max` completions out (no waiting); returns how many.
@@ -506,7 +533,7 @@ pub unsafe extern "C" fn wd_nvme_reap(qp: u64, out: *mut WdNvmeCpl, max: u32) ->
         if out.is_null() || max == 0 {
             return Err(invalid("NULL or empty completion array"));
         }
-        with_pair(qp, |q| {
+        with_pair(qp, |q, _| {
             let got = q.take_ready(max as usize).map_err(client)?;
             for (i, c) in got.iter().enumerate() {
                 // SAFETY: i < max entries, per the header.
