@@ -101,7 +101,15 @@ pub struct QueuePair {
     /// state): their ids stay taken until their completions come, which
     /// are then dropped, or until the queue is made again.
     given_up: Vec<bool>,
+    /// Per command id: pushed and its completion not yet read (what
+    /// `in_flight` counts), so that telling a completion's id apart is
+    /// one look, not a search of `free`.
+    outstanding: Vec<bool>,
 }
+
+/// Polls of a completion queue a waiter makes before it yields its core
+/// between polls (a few tens of microseconds).
+const SPINS_BEFORE_YIELD: u32 = 4096;
 
 /// Queue memory dropped while the controller may still write it: freed
 /// with the controller, after its queue.
@@ -182,6 +190,7 @@ impl QueuePair {
             parked: 0,
             in_flight: 0,
             given_up: vec![false; entries as usize],
+            outstanding: vec![false; entries as usize],
         })
     }
 
@@ -247,6 +256,7 @@ impl QueuePair {
         self.sent[cid as usize] = sqe;
         self.write_sqe(&sqe);
         self.in_flight += 1;
+        self.outstanding[cid as usize] = true;
         Ok(cid)
     }
 
@@ -282,13 +292,14 @@ impl QueuePair {
     pub(crate) fn resubmit(&mut self) -> Result<usize> {
         let mut n = 0;
         for cid in 0..(self.entries - 1) as u16 {
-            if self.free.contains(&cid) || self.done[cid as usize].is_some() {
+            if !self.outstanding[cid as usize] {
                 continue;
             }
             if std::mem::take(&mut self.given_up[cid as usize]) {
                 // Its caller was told it failed: not sent again, and its
                 // completion will not come from the old controller.
                 self.in_flight -= 1;
+                self.outstanding[cid as usize] = false;
                 self.free.push(cid);
                 continue;
             }
@@ -300,16 +311,23 @@ impl QueuePair {
         Ok(n)
     }
 
+    /// Whether command id `cid` is held: in flight, or completed and set
+    /// aside (not yet handed out).
+    fn taken(&self, cid: u16) -> bool {
+        self.outstanding[cid as usize] || self.done[cid as usize].is_some()
+    }
+
     /// Give up on command `cid` (its controller is gone): its slot is free
     /// again and it is not sent again.
     pub(crate) fn abandon(&mut self, cid: u16) {
-        if (cid as usize) < self.done.len() - 1 && !self.free.contains(&cid) {
+        if (cid as usize) < self.done.len() - 1 && self.taken(cid) {
             self.given_up[cid as usize] = false;
             // Set aside (completed, not handed out) or still in flight.
             if self.done[cid as usize].take().is_some() {
                 self.parked -= 1;
             } else {
                 self.in_flight -= 1;
+                self.outstanding[cid as usize] = false;
             }
             self.free.push(cid);
         }
@@ -322,7 +340,7 @@ impl QueuePair {
     /// then (not before: it must not complete a later command).
     pub fn give_up(&mut self, cid: u16) {
         let slot = cid as usize;
-        if slot >= self.done.len() - 1 || self.free.contains(&cid) {
+        if slot >= self.done.len() - 1 || !self.taken(cid) {
             return;
         }
         if self.done[slot].take().is_some() {
@@ -413,7 +431,6 @@ impl QueuePair {
     /// came before it in this call (`handed`: the caller handed out some
     /// already): what did is handed out first.
     fn read_new(&mut self, out: &mut Vec<Cqe>, max: usize, handed: bool) -> Result<usize> {
-        let first = out.len();
         let mut n = 0;
         let mut consumed = false;
         let mut bad = None;
@@ -429,10 +446,9 @@ impl QueuePair {
             self.cq.read(at, &mut raw);
             let cqe = Cqe::from_bytes(&raw);
             let slot = cqe.cid as usize;
-            let outstanding = slot < self.done.len() - 1
-                && !self.free.contains(&cqe.cid)
-                && self.done[slot].is_none()
-                && !out[first..].iter().any(|c| c.cid == cqe.cid);
+            // Not free, not set aside, not earlier in this batch: all
+            // three clear `outstanding`.
+            let outstanding = slot < self.done.len() - 1 && self.outstanding[slot];
             if !outstanding && (n > 0 || handed) {
                 break;
             }
@@ -447,6 +463,7 @@ impl QueuePair {
                 break;
             }
             self.in_flight -= 1;
+            self.outstanding[slot] = false;
             if std::mem::take(&mut self.given_up[slot]) {
                 // Nobody waits for it any more.
                 self.free.push(cqe.cid);
@@ -660,6 +677,7 @@ impl IoQueue {
     fn wait_once(&mut self, cid: u16) -> Result<Cqe> {
         let what = || format!("command {cid}");
         let mut liveness = Liveness::new(Duration::from_secs(30));
+        let mut spins = 0u32;
         loop {
             if let Some(c) = self.qp.take(cid)? {
                 return Ok(c);
@@ -670,7 +688,15 @@ impl IoQueue {
             if liveness.expired(&self.qp.waker)? {
                 return Err(NvmeError::Timeout(what()));
             }
-            std::hint::spin_loop();
+            // Poll, as a polled driver does, while a completion is near;
+            // past that (a slow command, a busy engine) give the core to
+            // whoever else runs on it, the engine perhaps.
+            if spins < SPINS_BEFORE_YIELD {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
     }
 

@@ -277,3 +277,20 @@ fn a_failed_wait_gives_its_command_up() {
     assert!(e.host_gone(), "{e}");
     assert_eq!((q.pair().in_flight(), q.pair().room()), (0, 7));
 }
+
+/// A controller that completes one command twice in the same pass: the
+/// first is handed out, the second reported (not handed out again).
+#[test]
+fn a_command_completed_twice_in_one_pass_is_handed_out_once() {
+    let t = two_reads_posted();
+    let (a, b, cq) = (t.a, t.b, t.cq);
+    let mut q = t.q;
+    post(cq, 2, q.qid(), a);
+    let got = q.take_ready(8).unwrap();
+    assert_eq!(got.iter().map(|c| c.cid).collect::<Vec<_>>(), vec![a, b]);
+    assert!(
+        matches!(q.take_ready(8), Err(NvmeError::Protocol(_))),
+        "the second completion of {a} is the controller's error"
+    );
+    assert_eq!((q.pair().in_flight(), q.pair().room()), (0, 7));
+}
