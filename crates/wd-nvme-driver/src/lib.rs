@@ -100,6 +100,8 @@ pub struct Controller {
     admin: QueuePair,
     /// One page for Identify and log pages.
     scratch: SharedBuf,
+    /// A command given up used `scratch` (see `scratch_page`).
+    scratch_stale: bool,
     /// Shadow doorbell and EventIdx pages, when in use.
     dbbuf: Option<Arc<(SharedBuf, SharedBuf)>>,
     info: ControllerInfo,
@@ -184,6 +186,7 @@ impl Controller {
             regs,
             admin,
             scratch,
+            scratch_stale: false,
             dbbuf: None,
             info: ControllerInfo::default(),
             cap,
@@ -352,10 +355,34 @@ impl Controller {
             Err(e) if e.host_gone() => self.admin.abandon(cid),
             // One that timed out gives it back when its late completion
             // comes (which must not complete a later command).
-            Err(_) => self.admin.give_up(cid),
+            Err(_) => {
+                self.admin.give_up(cid);
+                self.scratch_stale |= sqe.prp1 == self.scratch.addr();
+            }
             Ok(_) => {}
         }
         r
+    }
+
+    /// The scratch page for the next command's data. A command given up
+    /// may still move its data through the old page when its controller
+    /// gets to it, so after one (`scratch_stale`) the next command's data
+    /// (a namespace attachment's controller list, identify data being
+    /// read) goes through a fresh page, shared now that the host answers
+    /// again. The old page stays shared, and allocated, until the
+    /// controller goes.
+    fn scratch_page(&mut self) -> Result<u64> {
+        if self.scratch_stale {
+            let fresh = SharedBuf::new(PAGE as usize)?;
+            self.queue.share(fresh.addr(), fresh.len())?;
+            let old = std::mem::replace(&mut self.scratch, fresh);
+            self.graveyard
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Arc::new(old));
+            self.scratch_stale = false;
+        }
+        Ok(self.scratch.addr())
     }
 
     fn admin_wait(&mut self, cid: u16, opcode: u8) -> Result<Cqe> {
@@ -371,12 +398,12 @@ impl Controller {
             if liveness.expired(self.admin.waker())? {
                 return Err(NvmeError::Timeout(format!("admin opcode {opcode:#x}")));
             }
-            std::hint::spin_loop();
+            liveness.pause();
         }
     }
 
     fn identify_raw(&mut self, cns_value: u8, nsid: u32) -> Result<()> {
-        let prp1 = self.scratch.addr();
+        let prp1 = self.scratch_page()?;
         self.admin_command(
             &format!("identify (CNS {cns_value:#x}, NSID {nsid})"),
             Sqe {
@@ -423,9 +450,9 @@ impl Controller {
         let mut list = [0u8; 4];
         list[0..2].copy_from_slice(&1u16.to_le_bytes());
         list[2..4].copy_from_slice(&self.info.cntlid.to_le_bytes());
+        let prp1 = self.scratch_page()?;
         self.scratch.write(0, &[0u8; PAGE as usize]);
         self.scratch.write(0, &list);
-        let prp1 = self.scratch.addr();
         self.admin_command(
             &format!(
                 "namespace {} {nsid}",
@@ -490,7 +517,7 @@ impl Controller {
         let mut sqe = Sqe {
             opcode: AdminOp::GetLogPage as u8,
             nsid: 0xffff_ffff,
-            prp1: self.scratch.addr(),
+            prp1: self.scratch_page()?,
             ..Sqe::default()
         };
         wd_nvme_msg::cmd::GetLogPage {

@@ -50,6 +50,18 @@ impl Liveness {
         }
     }
 
+    /// Between two polls: spin, as a polled driver does, while a
+    /// completion is near; past a few thousand polls (a slow command, a
+    /// busy engine) give the core to whoever else runs on it, the engine
+    /// perhaps.
+    pub(crate) fn pause(&self) {
+        if self.polls < 4096 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+
     /// True once the timeout passed; `HostGone` once the host closed the
     /// connection. Reads the clock every 64 calls only.
     pub(crate) fn expired(&mut self, waker: &Waker) -> Result<bool> {
@@ -106,10 +118,6 @@ pub struct QueuePair {
     /// one look, not a search of `free`.
     outstanding: Vec<bool>,
 }
-
-/// Polls of a completion queue a waiter makes before it yields its core
-/// between polls (a few tens of microseconds).
-const SPINS_BEFORE_YIELD: u32 = 4096;
 
 /// Queue memory dropped while the controller may still write it: freed
 /// with the controller, after its queue.
@@ -677,7 +685,6 @@ impl IoQueue {
     fn wait_once(&mut self, cid: u16) -> Result<Cqe> {
         let what = || format!("command {cid}");
         let mut liveness = Liveness::new(Duration::from_secs(30));
-        let mut spins = 0u32;
         loop {
             if let Some(c) = self.qp.take(cid)? {
                 return Ok(c);
@@ -688,15 +695,7 @@ impl IoQueue {
             if liveness.expired(&self.qp.waker)? {
                 return Err(NvmeError::Timeout(what()));
             }
-            // Poll, as a polled driver does, while a completion is near;
-            // past that (a slow command, a busy engine) give the core to
-            // whoever else runs on it, the engine perhaps.
-            if spins < SPINS_BEFORE_YIELD {
-                spins += 1;
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
+            liveness.pause();
         }
     }
 

@@ -2,6 +2,7 @@
 //! socket: the same namespaces attached, the same I/O queues created on
 //! the same memory, commands in flight sent again, and the data on the
 //! store what the commands wrote.
+#![allow(unsafe_code)]
 
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
@@ -210,4 +211,36 @@ fn admin_commands_cut_by_host_restarts_do_not_use_up_the_admin_queue() {
             .unwrap_or_else(|e| panic!("round {round}: reconnect: {e}"));
     }
     assert!(c.active_namespaces().unwrap().contains(&1));
+}
+
+/// An Identify given up while its host was stopped, then a namespace
+/// attachment sent before the host runs again: the controller runs both
+/// in order, the late Identify first. Its data must not land on the
+/// attachment's controller list (both went through the one scratch page,
+/// so the attachment named controllers out of Identify data).
+#[test]
+fn a_given_up_identify_does_not_overwrite_the_next_commands_data() {
+    let dir = tempdir("wd-nvme-late-identify");
+    let (socket, store) = (dir.join("wd.sock"), dir.join("store.img"));
+    std::fs::write(&store, b"").unwrap();
+    std::env::set_var("WD_TEST_STORE", &store);
+    let host = wd_testutil::Role::serving("host", &socket);
+    let conn = HostConn::connect(&socket).unwrap();
+    let mut c = Controller::open(&conn, &Options::default()).unwrap();
+    c.open_namespace(1).unwrap();
+    let pid = host.pid();
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_millis(200));
+    let e = c.identify(0x01, 0).unwrap_err();
+    assert!(matches!(e, wd_nvme_driver::NvmeError::Timeout(_)), "{e}");
+    let resume = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    });
+    let attached = c.attach(2);
+    resume.join().unwrap();
+    attached.unwrap();
+    assert_eq!(c.active_namespaces().unwrap(), vec![1, 2]);
 }
