@@ -8,6 +8,8 @@
 //! (host gone, small request) and back: the device continues its own chain
 //! while it holds it, and is given the tracked IV when it takes over.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use wd_evp::CipherCtx;
 use wd_sec_msg::{Alg, Mode};
 use wd_sec_msg::{CipherOp, F_ENCRYPT, F_IV};
@@ -143,12 +145,16 @@ impl Drop for Key {
 /// thread that started it: its parts are on that thread's queue, so it
 /// cannot be sent to another thread.
 ///
+/// Dropped unfinished, its output is lost: its staging slots come back
+/// once the device is done with them, and its stream's message ends (the
+/// next request needs an IV, as after a failed request).
+///
 /// ```compile_fail
 /// fn needs_send<T: Send>(_: T) {}
 /// fn job(j: wd_crypto::Job) { needs_send(j) }
 /// ```
 #[derive(Debug)]
-#[must_use = "a started request must be finished to get its output and free its slots"]
+#[must_use = "a started request must be finished to get its output (dropped, it ends its message)"]
 pub struct Job {
     parts: Vec<Part>,
     len: usize,
@@ -163,7 +169,9 @@ pub struct Job {
     cipher: u64,
     /// The first of its parts that failed, kept until the job is finished
     /// (a poll may see it before the other parts are done).
-    failed: Option<CryptoError>,
+    failed: Option<Box<CryptoError>>,
+    /// Its cipher's count of parts dropped unfinished.
+    dropped: Option<Arc<AtomicUsize>>,
     _on_this_thread: std::marker::PhantomData<*const ()>,
 }
 
@@ -184,18 +192,15 @@ struct Part {
 
 impl Job {
     fn cpu(len: usize) -> Job {
-        Job::new(Vec::new(), len, true, 0)
-    }
-
-    fn new(parts: Vec<Part>, len: usize, done_on_cpu: bool, cipher: u64) -> Job {
         Job {
-            parts,
+            parts: Vec::new(),
             len,
-            done_on_cpu,
+            done_on_cpu: true,
             in_place: false,
             mark: lane::Mark::here(),
-            cipher,
+            cipher: 0,
             failed: None,
+            dropped: None,
             _on_this_thread: std::marker::PhantomData,
         }
     }
@@ -252,6 +257,9 @@ pub struct Cipher {
     cbc_tail: Option<(LaneId, u64)>,
     /// Unique per cipher, kept by its jobs.
     id: u64,
+    /// Parts of this cipher's jobs dropped unfinished, not yet taken off
+    /// `in_flight` (see [`Cipher::settle_dropped`]).
+    dropped: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Cipher {
@@ -341,6 +349,7 @@ impl Cipher {
                 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
                 NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             },
+            dropped: Arc::default(),
         })
     }
 
@@ -424,7 +433,18 @@ impl Cipher {
         &self.iv[..self.alg.iv_len()]
     }
 
-    fn idle(&self) -> Result<()> {
+    /// Take the parts of jobs dropped unfinished off the requests in
+    /// flight. Their output is lost, so the message ends there.
+    fn settle_dropped(&mut self) {
+        let n = self.dropped.swap(0, Ordering::Relaxed);
+        if n > 0 {
+            self.in_flight -= n;
+            self.end_message();
+        }
+    }
+
+    fn idle(&mut self) -> Result<()> {
+        self.settle_dropped();
         if self.in_flight > 0 {
             return Err(CryptoError::invalid(
                 "requests of this session are still in flight",
@@ -433,7 +453,8 @@ impl Cipher {
         Ok(())
     }
 
-    fn check(&self, n: usize) -> Result<()> {
+    fn check(&mut self, n: usize) -> Result<()> {
+        self.settle_dropped();
         if !self.iv_set {
             return Err(CryptoError::invalid(match self.mode {
                 Mode::Xts => "XTS needs set_iv (the tweak) before every data unit",
@@ -944,7 +965,17 @@ impl Cipher {
         match r {
             Ok(Ok(parts)) => {
                 self.in_flight += parts.len();
-                Ok(Ok(Job::new(parts, base + src.len(), false, self.id)))
+                Ok(Ok(Job {
+                    parts,
+                    len: base + src.len(),
+                    done_on_cpu: false,
+                    in_place: false,
+                    mark: lane::Mark::here(),
+                    cipher: self.id,
+                    failed: None,
+                    dropped: Some(self.dropped.clone()),
+                    _on_this_thread: std::marker::PhantomData,
+                }))
             }
             Ok(Err(e)) => Err(e),
             Err(NoLane::NoQueue) if self.in_flight == 0 => Ok(Err(Why::NoQueue)),
@@ -966,6 +997,7 @@ impl Cipher {
         // Every piece gets a slot, or none is sent: a request sent in
         // part would leave its pieces on the device, their slots taken
         // and the chain moved on, behind a Busy.
+        lane.reclaim(total.div_ceil(SLOT));
         if total.div_ceil(SLOT) > lane.free_slots() {
             return Err(CryptoError::Busy);
         }
@@ -1112,7 +1144,7 @@ impl Cipher {
         }
         if let Err(e) = job.mark.check("this job") {
             // Its parts are on another thread's (or process's) queue.
-            self.abandon(&job);
+            self.abandon(&mut job);
             return Err((e, None));
         }
         if !job.in_place && output.len() < job.len {
@@ -1122,7 +1154,7 @@ impl Cipher {
                 None,
             ));
         }
-        let mut first_err = job.failed.take();
+        let mut first_err = job.failed.take().map(|e| *e);
         let r = lane::with_open_lane(Kind::Cipher, |lane| {
             while let Some(p) = job.parts.first() {
                 if p.lane != lane.id {
@@ -1178,15 +1210,15 @@ impl Cipher {
                 None => Ok(Ok(job.len)),
             },
             Ok(Ok(false)) => {
-                job.failed = first_err;
+                job.failed = first_err.map(Box::new);
                 Ok(Err(job))
             }
             Ok(Err(e)) => {
-                self.abandon(&job);
+                self.abandon(&mut job);
                 Err((e, None))
             }
             Err(_) => {
-                self.abandon(&job);
+                self.abandon(&mut job);
                 Err((
                     host_gone("the host went away before the request completed"),
                     Some(Why::HostGone),
@@ -1198,7 +1230,7 @@ impl Cipher {
     /// Forget the device parts of a job that can no longer complete. Its
     /// output is lost, so the stream cannot go on from it: the message
     /// ends, as for a request the device failed (the next needs an IV).
-    fn abandon(&mut self, job: &Job) {
+    fn abandon(&mut self, job: &mut Job) {
         self.in_flight -= job.parts.len();
         self.end_message();
         // The sessions on the job's lanes are freed by their threads.
@@ -1207,12 +1239,13 @@ impl Cipher {
             .partition(|s| job.parts.iter().any(|p| p.lane == s.lane));
         self.dev = kept;
         lane::release_sessions(Kind::Cipher, &gone);
+        job.parts.clear();
     }
 
     /// A job whose output has nowhere to go: its parts on this thread's
     /// lane are waited for and their staging slots given back (they were
     /// lost for good), and the message ends.
-    fn drop_job(&mut self, job: Job) {
+    fn drop_job(&mut self, mut job: Job) {
         let _ = lane::with_open_lane(Kind::Cipher, |lane| {
             let id = lane.id;
             for p in job.parts.iter().filter(|p| p.lane == id) {
@@ -1222,6 +1255,7 @@ impl Cipher {
             Ok(())
         });
         self.in_flight -= job.parts.len();
+        job.parts.clear();
         self.end_message();
     }
 
@@ -1274,6 +1308,28 @@ impl Cipher {
             (Mode::Xts, _) => self.iv_set = false,
             _ => {}
         }
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if self.parts.is_empty() {
+            return;
+        }
+        if let Some(d) = &self.dropped {
+            d.fetch_add(self.parts.len(), Ordering::Relaxed);
+        }
+        if self.mark != lane::Mark::here() {
+            // Another thread's (or process's) lane: its slots stay taken.
+            return;
+        }
+        let _ = lane::with_open_lane(Kind::Cipher, |lane| {
+            let id = lane.id;
+            for p in self.parts.iter().filter(|p| p.lane == id) {
+                lane.orphan(p.token, p.slot);
+            }
+            Ok(())
+        });
     }
 }
 

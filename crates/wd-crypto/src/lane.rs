@@ -196,6 +196,9 @@ pub struct Lane {
     /// again.
     refused: Vec<u64>,
     free_slots: Vec<u16>,
+    /// Requests whose jobs were dropped unfinished, with their staging
+    /// slots: each slot comes back when its completion does.
+    orphans: Vec<(u64, u16)>,
     next_token: u64,
 }
 
@@ -234,6 +237,7 @@ impl Lane {
             arenas,
             refused: Vec::new(),
             free_slots: (0..SLOTS as u16).rev().collect(),
+            orphans: Vec::new(),
             next_token: 1,
         })
     }
@@ -297,11 +301,56 @@ impl Lane {
 
     /// Take a staging slot (None when all are in flight).
     pub fn take_slot(&mut self) -> Option<u16> {
+        if self.free_slots.is_empty() {
+            self.reclaim(1);
+        }
         self.free_slots.pop()
     }
 
-    /// Staging slots free now.
-    pub fn free_slots(&self) -> usize {
+    /// Nobody waits for request `token` any more: its slot comes back
+    /// with its completion (see [`Lane::reclaim`]).
+    pub fn orphan(&mut self, token: u64, slot: u16) {
+        self.orphans.push((token, slot));
+    }
+
+    /// Make room for `want` free slots out of orphaned requests: those
+    /// that completed give theirs back, and while still short, the
+    /// oldest of the others are waited for (the device is at work on
+    /// them, and nobody else will).
+    pub fn reclaim(&mut self, want: usize) {
+        if self.orphans.is_empty() {
+            return;
+        }
+        self.reap_orphans();
+        while self.free_slots.len() < want && !self.orphans.is_empty() {
+            let (token, slot) = self.orphans.remove(0);
+            // A queue that fails gives nothing to wait for.
+            let _ = self.wait(token);
+            self.free_slots.push(slot);
+        }
+    }
+
+    /// Give back the slots of orphaned requests that completed (a queue
+    /// that fails gives all of them back).
+    fn reap_orphans(&mut self) {
+        let mut i = 0;
+        while i < self.orphans.len() {
+            match self.poll(self.orphans[i].0) {
+                Ok(None) => i += 1,
+                Ok(Some(_)) | Err(_) => {
+                    let (_, slot) = self.orphans.swap_remove(i);
+                    self.free_slots.push(slot);
+                }
+            }
+        }
+    }
+
+    /// Staging slots free now (those of orphaned requests that completed
+    /// included).
+    pub fn free_slots(&mut self) -> usize {
+        if !self.orphans.is_empty() {
+            self.reap_orphans();
+        }
         self.free_slots.len()
     }
 

@@ -562,6 +562,40 @@ fn a_finish_refused_for_a_short_output_gives_its_slots_back() {
     }
 }
 
+/// Jobs dropped unfinished: their slots come back once the device is done
+/// (after 64 every start on the thread was Busy), the message ends (the
+/// next request needs an IV), and the stream goes on from a new IV with
+/// OpenSSL's output (the stream counted the jobs in flight for ever: every
+/// set_iv was refused).
+#[test]
+fn jobs_dropped_unfinished_give_their_slots_back_and_end_the_message() {
+    let _g = setup(Policy::Offload, 0);
+    let data = noise(64 << 10, 9);
+    let mut c = Cipher::new("aes-128-cbc", &[4u8; 16], Direction::Encrypt).unwrap();
+    let mut out = vec![0u8; data.len()];
+    for i in 0..200 {
+        match c.set_iv(&[5u8; 16]) {
+            Ok(()) => {}
+            Err(e) => panic!("set_iv {i} after {i} dropped jobs: {e}"),
+        }
+        let j = match c.start_offload(&data, &mut out) {
+            Ok(j) => j,
+            Err(e) => panic!("start {i} after {i} dropped jobs: {e:?}"),
+        };
+        assert!(!j.is_done(), "on the device");
+        drop(j);
+        assert!(
+            c.update(&data[..16], &mut out[..16]).is_err(),
+            "the message ended"
+        );
+    }
+    c.set_iv(&[6u8; 16]).unwrap();
+    let mut got = vec![0u8; data.len()];
+    let j = c.start_offload(&data, &mut got).unwrap();
+    c.finish(j, &mut got).unwrap();
+    assert!(got == reference("aes-128-cbc", &[4u8; 16], &[6u8; 16], &data, true));
+}
+
 /// A poll refused because the output is shorter than the request hands
 /// the job back, to be finished with the right output (it waited for the
 /// device, blocking, and handed back an empty job).
