@@ -347,23 +347,28 @@ fn measure_path(
                 return Err(fail(&e));
             }
             let crefs: Vec<&[u8]> = outs.iter().map(|o| &o[..]).collect();
+            let mut backs = Vec::with_capacity(blocks.len());
             let d = if path == "sync" {
                 timed(|| {
                     for (i, c) in crefs.iter().enumerate() {
-                        if let Err(e) = comp.decompress_blocks(alg, &[c], &rooms[i..=i], 0) {
-                            err = Some(e.to_string());
+                        match comp.decompress_blocks(alg, &[c], &rooms[i..=i], 0) {
+                            Ok(mut b) => backs.push(b.remove(0)),
+                            Err(e) => err = Some(e.to_string()),
                         }
                     }
                 })
             } else {
-                timed(|| {
-                    if let Err(e) = comp.decompress_blocks(alg, &crefs, &rooms, 0) {
-                        err = Some(e.to_string());
-                    }
+                timed(|| match comp.decompress_blocks(alg, &crefs, &rooms, 0) {
+                    Ok(b) => backs = b,
+                    Err(e) => err = Some(e.to_string()),
                 })
             };
             if let Some(e) = err {
                 return Err(fail(&e));
+            }
+            // Checked outside the timing, as the async path checks its own.
+            if backs.len() != blocks.len() || backs.iter().zip(blocks).any(|(a, b)| a != b) {
+                return Err(fail(&"the round trip gave other bytes back"));
             }
             Ok((c, d, outs.iter().map(Vec::len).sum()))
         }
