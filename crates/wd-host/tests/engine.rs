@@ -469,3 +469,76 @@ fn a_share_all_digest_that_faults_half_way_loses_its_message() {
     std::hint::black_box(&mut out);
     assert_eq!(&out[..32], &openssl_sha256(&all)[..]);
 }
+
+/// Two 64 KiB AES-CBC encryptions of two sessions sent together to a
+/// `sec` device using intel-ipsec-mb (engine=auto where it is installed):
+/// both come back -EIO (the library's burst takes less than 64 KiB per
+/// message), a batch of each alone or of shorter ones works.
+#[test]
+fn two_64_kib_cbc_encryptions_sent_together_match_openssl() {
+    use wd_sec::msg::{CipherOp, SessionNew, F_ENCRYPT, F_IV};
+    use wd_sec::Alg;
+    if wd_sec::SecDriver::new(wd_sec::EngineChoice::IpsecMb).is_err() {
+        wd_testutil::skip(
+            "two_64_kib_cbc_encryptions_sent_together_match_openssl",
+            "no intel-ipsec-mb",
+        );
+        return;
+    }
+    let host = Host::embedded(vec![
+        DeviceConfig::parse_spec("sec:engine=ipsec-mb").unwrap()
+    ])
+    .unwrap();
+    let h = HostConn::connect(host.address()).unwrap();
+    let mut q = h
+        .request_queue(&Capability::new("cipher").depth(16))
+        .unwrap();
+    let alg = Alg::by_name("aes-128-cbc").unwrap();
+    const N: usize = 64 << 10;
+    let buf = SharedBuf::new(4 * N).unwrap();
+    q.share(buf.addr(), 4 * N as u64).unwrap();
+    let mut reqs = Vec::new();
+    let mut want = Vec::new();
+    for k in 0..2u8 {
+        let key = [k + 1; 16];
+        let d = q.call(SessionNew::new(alg, &key, 0).encode()).unwrap();
+        assert_eq!(d.status, 0);
+        let data: Vec<u8> = (0..N).map(|i| (i as u8).wrapping_mul(k + 3)).collect();
+        let at = buf.addr() + (2 * k as usize * N) as u64;
+        buf.write(2 * k as u64 * N as u64, &data);
+        let op = CipherOp {
+            session: d.result,
+            flags: F_ENCRYPT | F_IV,
+            src: at,
+            dst: at + N as u64,
+            len: N as u64,
+            iv: [7; 16],
+            iv_len: 16,
+            aad: 0,
+            aad_len: 0,
+            tag: 0,
+            tag_len: 0,
+        };
+        reqs.push((op.encode(), k as u64));
+        let mut c = wd_sec::evp::CipherCtx::new(alg).unwrap();
+        c.init(Some(&key), Some(&[7; 16]), true).unwrap();
+        let mut out = vec![0u8; N];
+        c.update(&mut out, &data).unwrap();
+        want.push(out);
+    }
+    assert_eq!(q.send_batch(&reqs).unwrap(), 2);
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let c = q.recv_sync(Some(Duration::from_secs(5))).unwrap();
+        got.push((c.cookie, c.desc.status));
+    }
+    got.sort();
+    assert_eq!(
+        got,
+        vec![(0, 0), (1, 0)],
+        "statuses of two 64 KiB CBC encryptions sent together"
+    );
+    for (k, w) in want.iter().enumerate() {
+        assert!(buf.read_vec((2 * k * N + N) as u64, N) == *w);
+    }
+}

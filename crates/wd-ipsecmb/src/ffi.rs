@@ -14,6 +14,11 @@ use crate::{CbcJob, MbError};
 /// Jobs per library call: its `IMB_MAX_BURST_SIZE`.
 const MAX_BURST: usize = 128;
 
+/// Longest message the library's CBC burst takes per job (its lanes keep
+/// 16-bit lengths: 64 KiB and more is "Invalid cipher message length"),
+/// in whole blocks.
+const MAX_SEGMENT: usize = 0xfff0;
+
 /// `IMB_JOB` of `intel-ipsec-mb.h` (ABI 1.x): 200 bytes, the fields this
 /// crate sets named, the rest kept zero.
 #[repr(C)]
@@ -388,40 +393,56 @@ impl Manager {
     /// 128 jobs; each job's IV becomes the one that continues its message.
     pub(crate) fn cbc_encrypt(&mut self, jobs: &mut [CbcJob<'_>]) -> Result<(), MbError> {
         let mut burst: Vec<ImbJob> = Vec::with_capacity(MAX_BURST.min(jobs.len()));
+        let mut live: Vec<usize> = Vec::with_capacity(MAX_BURST.min(jobs.len()));
         for key_len in [16usize, 24, 32] {
             let picked: Vec<usize> = (0..jobs.len())
                 .filter(|&i| jobs[i].key.key_len == key_len && !jobs[i].src.is_empty())
                 .collect();
             for chunk in picked.chunks(MAX_BURST) {
-                burst.clear();
-                burst.extend(chunk.iter().map(|&i| {
-                    let j = &jobs[i];
-                    ImbJob {
-                        enc_keys: j.key.enc.0.as_ptr().cast(),
-                        dec_keys: j.key.dec.0.as_ptr().cast(),
-                        key_len_in_bytes: key_len as u64,
-                        src: j.src.as_ptr(),
-                        dst: j.dst.as_ptr(),
-                        msg_len_to_cipher_in_bytes: j.src.len() as u64,
-                        iv: j.iv.as_ptr(),
-                        iv_len_in_bytes: 16,
-                        cipher_mode: CIPHER_CBC,
-                        cipher_direction: DIR_ENCRYPT,
-                        hash_alg: AUTH_NULL,
-                        chain_order: ORDER_CIPHER_HASH,
-                        ..ImbJob::ZERO
+                // The library takes at most MAX_SEGMENT bytes of a message
+                // per job: longer ones go in segments, each continuing from
+                // the IV the one before left.
+                let mut off = 0usize;
+                loop {
+                    live.clear();
+                    live.extend(chunk.iter().copied().filter(|&i| jobs[i].src.len() > off));
+                    if live.is_empty() {
+                        break;
                     }
-                }));
-                // SAFETY: each job points into a live Schedule (16-byte
-                // aligned round keys), its own `iv` and two DeviceSlices
-                // (live device memory of their lengths by DeviceSlice's
-                // contract; `CbcJob::new` checked dst holds src's length),
-                // all borrowed through `jobs` for this call.
-                unsafe { self.cipher_burst(&mut burst, CIPHER_CBC, DIR_ENCRYPT, key_len as u32) }?;
-                for &i in chunk {
-                    let j = &mut jobs[i];
-                    let n = j.src.len();
-                    j.dst.read_into(n - 16, &mut j.iv);
+                    burst.clear();
+                    burst.extend(live.iter().map(|&i| {
+                        let j = &jobs[i];
+                        let n = (j.src.len() - off).min(MAX_SEGMENT);
+                        ImbJob {
+                            enc_keys: j.key.enc.0.as_ptr().cast(),
+                            dec_keys: j.key.dec.0.as_ptr().cast(),
+                            key_len_in_bytes: key_len as u64,
+                            src: j.src.subslice(off, n).as_ptr(),
+                            dst: j.dst.subslice(off, n).as_ptr(),
+                            msg_len_to_cipher_in_bytes: n as u64,
+                            iv: j.iv.as_ptr(),
+                            iv_len_in_bytes: 16,
+                            cipher_mode: CIPHER_CBC,
+                            cipher_direction: DIR_ENCRYPT,
+                            hash_alg: AUTH_NULL,
+                            chain_order: ORDER_CIPHER_HASH,
+                            ..ImbJob::ZERO
+                        }
+                    }));
+                    // SAFETY: each job points into a live Schedule (16-byte
+                    // aligned round keys), its own `iv` and two DeviceSlices
+                    // (live device memory of their lengths by DeviceSlice's
+                    // contract; `CbcJob::new` checked dst holds src's length),
+                    // all borrowed through `jobs` for this call.
+                    unsafe {
+                        self.cipher_burst(&mut burst, CIPHER_CBC, DIR_ENCRYPT, key_len as u32)
+                    }?;
+                    for &i in &live {
+                        let j = &mut jobs[i];
+                        let end = j.src.len().min(off + MAX_SEGMENT);
+                        j.dst.read_into(end - 16, &mut j.iv);
+                    }
+                    off += MAX_SEGMENT;
                 }
             }
         }

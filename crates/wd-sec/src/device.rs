@@ -352,12 +352,16 @@ impl SecQueue {
             if !ok {
                 return Err(status::EINVAL);
             }
-        } else if !*started || *keyed_for != Some(encrypt) {
+        } else if mode != Mode::Ecb && (!*started || *keyed_for != Some(encrypt)) {
             // Chaining continues a message in the same direction only.
             return Err(status::EINVAL);
         }
         if mode == Mode::Xts && (op.flags & F_IV == 0 || op.len < 16) {
             return Err(status::EINVAL);
+        }
+        // IEEE 1619-2018 (and libcrypto): a data unit is at most 2^20 blocks.
+        if mode == Mode::Xts && op.len > 16 << 20 {
+            return Err(status::EMSGSIZE);
         }
         if gcm && op.flags & F_FINAL != 0 && !(4..=16).contains(&op.tag_len) {
             return Err(status::EINVAL);
@@ -382,11 +386,25 @@ impl SecQueue {
         // A request that starts its message runs again whole after a
         // fault (a stall's retry starts the context again); any other
         // loses its message once the context took something of it.
-        let restarts = op.flags & F_IV != 0;
+        // (ECB has no chain: a request in a direction the context is not
+        // keyed for keys it, F_IV or not.)
+        let restarts = op.flags & F_IV != 0 || (mode == Mode::Ecb && *keyed_for != Some(encrypt));
         if restarts {
+            // Starting a message ends the one under way: a request that
+            // faults must leave that one as it was, so its data faults
+            // first (the GCM case with additional data was checked above).
+            dma::reach(dma, op.src, op.len, Access::Read)?;
+            dma::reach(dma, op.dst, op.len, Access::Write)?;
             let key = (*keyed_for != Some(encrypt)).then_some(&s.key.0[..]);
             let iv = (op.iv_len > 0).then_some(&op.iv[..op.iv_len as usize]);
-            ctx.init(key, iv, encrypt).map_err(|_| status::EINVAL)?;
+            if ctx.init(key, iv, encrypt).is_err() {
+                // Selecting the cipher again (a new key) reset the
+                // context: whatever it was keyed for is gone.
+                *keyed_for = None;
+                *started = mode == Mode::Ecb;
+                *chain = Chain::None;
+                return Err(status::EINVAL);
+            }
             *keyed_for = Some(encrypt);
             *started = true;
             *chain = Chain::None;
@@ -492,6 +510,8 @@ impl SecQueue {
             },
         };
         if op.flags & F_INIT != 0 {
+            // The message under way stays as it was if this one faults.
+            dma::reach(dma, op.src, op.len, Access::Read)?;
             ctx.restart().map_err(|_| status::EIO)?;
             *lost = false;
         } else if *lost {

@@ -271,6 +271,22 @@ impl SecQueue {
         let iv = cbc_start(&op, *chain)?;
         let src = dma.hold(op.src, op.len, Access::Read).ok_or(())?;
         let dst = dma.hold(op.dst, op.len, Access::Write).ok_or(())?;
+        // Where a burst's request continues is read back from its output:
+        // no other request of the burst may write there (nor read what it
+        // writes), so one whose memory meets a gathered one's waits for
+        // the next burst.
+        let meets = |a: &HeldSlice, b: &HeldSlice| {
+            let (a0, b0) = (a.as_ptr() as usize, b.as_ptr() as usize);
+            a0 < b0 + b.len() && b0 < a0 + a.len()
+        };
+        if self
+            .pending
+            .iter()
+            .any(|p| meets(&dst, &p.dst) || meets(&dst, &p.src) || meets(&src, &p.dst))
+        {
+            // (Other sessions' requests: this one's start stays right.)
+            self.burst();
+        }
         self.gathering.gathered();
         self.pending.push(Pending {
             token,
