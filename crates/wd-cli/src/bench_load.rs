@@ -387,24 +387,21 @@ pub fn run(args: BenchLoadArgs) -> Result<(), String> {
     let mut rows: Vec<Row> = Vec::new();
     let mut max_left_after_evict = 0u64;
     let mut min_warm = 1.0f64;
-    let mut files = Vec::new();
-    let mut result = Ok(());
+    let mut files = crate::temp::Removed::default();
     for &size in &args.sizes {
         let path = dir.join(format!("wd-bench-load-{size}.bin"));
-        files.push(path.clone());
-        if let Err(e) = make_file(&path, size) {
-            result = Err(e);
-            break;
+        if !args.keep {
+            files.add(path.clone());
         }
+        make_file(&path, size)?;
         let fd = open_read(&path, false).map_err(|e| e.to_string())?;
         let info = wd_sys::file::file_info(fd.as_fd()).map_err(|e| e.to_string())?;
         drop(fd);
         if open_read(&path, true).is_err() {
-            result = Err(format!(
+            return Err(format!(
                 "{} ({fs}) does not support O_DIRECT: choose another --dir",
                 dir.display()
             ));
-            break;
         }
         let align = (info.dio_offset_align.max(info.dio_mem_align) as u64).max(4096);
         for cache in ["cold", "warm"].into_iter().take(passes) {
@@ -452,12 +449,7 @@ pub fn run(args: BenchLoadArgs) -> Result<(), String> {
         }
     }
     prog.finish();
-    if !args.keep {
-        for f in &files {
-            let _ = std::fs::remove_file(f);
-        }
-    }
-    result?;
+    drop(files);
     let load_end = loadavg();
     let mut out = String::new();
     let targets = targets(&rows);

@@ -222,15 +222,9 @@ pub fn run(a: BenchNvmeArgs) -> Result<(), String> {
     let pid = std::process::id();
     let disk = a.dir.join(format!("wd-bench-nvme-{pid}.img"));
     let mem = a.mem_dir.join(format!("wd-bench-nvme-{pid}.img"));
-    struct Cleanup(Vec<PathBuf>);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            for p in &self.0 {
-                let _ = std::fs::remove_file(p);
-            }
-        }
-    }
-    let _cleanup = Cleanup(vec![disk.clone(), mem.clone()]);
+    let mut cleanup = crate::temp::Removed::default();
+    cleanup.add(disk.clone());
+    cleanup.add(mem.clone());
     let fs_of = |p: &Path| {
         std::fs::File::open(p)
             .ok()
@@ -250,6 +244,7 @@ pub fn run(a: BenchNvmeArgs) -> Result<(), String> {
     make_store(&mem, a.size)?;
     let (disk_fs, mem_fs) = (fs_of(&disk), fs_of(&mem));
     let dir = std::env::temp_dir().join(format!("wd-bench-nvme-{pid}"));
+    cleanup.add(dir.clone());
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let socket = dir.join("wd.sock").display().to_string();
     let spec = format!(
@@ -366,7 +361,7 @@ pub fn run(a: BenchNvmeArgs) -> Result<(), String> {
     drop(idle_c);
     drop(conn);
     host.shutdown();
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(cleanup);
 
     let mut rows = Vec::new();
     // Medians by the measure the row is about: p50 at depth 1, IOPS at 32.

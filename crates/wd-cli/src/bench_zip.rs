@@ -640,13 +640,8 @@ pub fn run(a: BenchZipArgs) -> Result<(), String> {
     }
     let dir = std::env::temp_dir().join(format!("wd-bench-zip-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    struct Cleanup(PathBuf);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let _cleanup = Cleanup(dir.clone());
+    let mut _cleanup = crate::temp::Removed::default();
+    _cleanup.add(dir.clone());
     let socket = dir.join("wd.sock").display().to_string();
     let cfg = wd_host::HostConfig {
         socket: socket.clone(),

@@ -15,6 +15,7 @@ mod load;
 mod nvme;
 mod report;
 mod speed;
+mod temp;
 mod top;
 mod units;
 

@@ -315,7 +315,8 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
             },
         ),
     };
-    let _tmp = TempDir(tmp);
+    let mut _tmp = crate::temp::Removed::default();
+    _tmp.add(tmp);
     let rows_run: Vec<&RowSpec> = ROWS
         .iter()
         .filter(|r| !r.libcrypto_host || lc_socket.is_some())
@@ -652,14 +653,6 @@ fn targets(rows: &[Row], alg: &str) -> Vec<Target> {
     let s16 = get("sync").kbytes_per_sec[at(16)] / get("legacy").kbytes_per_sec[at(16)];
     t.push(Target::at_least("sync / legacy at 16 B", s16, 20.0));
     t
-}
-
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 #[cfg(test)]
