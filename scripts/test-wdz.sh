@@ -20,6 +20,7 @@ took_over() { # stderr-file
 
 cargo build --release --locked -q -p wd-capi
 cc -std=gnu11 -O2 -Wall -Wextra -Werror -Iinclude -rdynamic tests/c/test_wdz.c -lz -ldl -lpthread -o "$out/test_wdz"
+cc -std=gnu11 -O2 -Wall -Wextra -Werror -Iinclude tests/c/test_wdz_edges.c -lz -ldl -o "$out/test_wdz_edges"
 cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude tests/c/test_comp.c \
     -Ltarget/release -lwd_comp -lwd -Wl,-rpath,"$PWD/target/release" -o "$out/test_comp"
 echo "-- test_comp without a host (counted fallbacks)"
@@ -27,6 +28,8 @@ env -u WD_HOST WD_COMP_HOST="$out/none.sock" "$out/test_comp"
 echo "-- test_wdz without a host (libdeflate in the calling thread)"
 env -u WD_HOST WD_COMP_HOST="$out/none.sock" WDZ_STATS=1 LD_PRELOAD="$lib" "$out/test_wdz" 2> "$out/err"
 took_over "$out/err"
+echo "-- test_wdz_edges without a host (against a pristine system zlib)"
+env -u WD_HOST WD_COMP_HOST="$out/none.sock" LD_PRELOAD="$lib" "$out/test_wdz_edges"
 
 echo "-- test_wdz on a zip device (wd serve)"
 ./target/release/wd serve --socket "$out/wd.sock" --mode 600 --device zip > "$out/serve.log" 2>&1 &
@@ -40,6 +43,8 @@ echo "-- test_comp on the zip device (auto: large blocks cut between the device 
 "$out/test_comp"
 WDZ_STATS=1 WD_COMP_THRESHOLD=0 LD_PRELOAD="$lib" "$out/test_wdz" 2> "$out/err"
 took_over "$out/err"
+echo "-- test_wdz_edges on the zip device"
+WD_COMP_THRESHOLD=0 LD_PRELOAD="$lib" "$out/test_wdz_edges"
 # The engine woke for the requests: they reached the device.
 wakeups=$(./target/release/wd attr get dev0/engine_wakeups)
 [ "$wakeups" -gt 0 ] || { echo "the zip device ran nothing (engine_wakeups=$wakeups)"; exit 1; }

@@ -422,6 +422,17 @@ struct record {
      * asked again with no new input makes no progress). */
     int last_flush;
     int zlib_used; /* inflate: the system zlib's state went past its init */
+    /* inflate, PENDING: input bytes of the whole stream not yet counted as
+     * taken (the last one), taken with the last of the output: while
+     * output waits, input remains, as zlib (whose trailer is read last)
+     * leaves it, for callers such as gzread that stop at end of file
+     * when no input remains. */
+    size_t held_in;
+    /* A stream in pieces just handed to zlib-rs by a call other than
+     * deflate, nothing gathered: zlib-rs's state has seen no flush, so
+     * its first deflate applies zlib's rule for a repeated flush with
+     * `last_flush` (see cont_deflate). */
+    int handed_flush;
 };
 
 /* Not a user-space address (the top 16 bits are set). */
@@ -755,6 +766,12 @@ static int serve_pending(struct record *r, z_streamp s)
     if (r->pend_pos < r->pend_len)
         return Z_OK;
     drop_pending(r);
+    if (r->held_in && s->avail_in >= r->held_in) {
+        s->next_in += r->held_in;
+        s->avail_in -= (uInt)r->held_in;
+        s->total_in += r->held_in;
+    }
+    r->held_in = 0;
     r->phase = DONE;
     s->adler = r->adler;
     return Z_STREAM_END;
@@ -1241,6 +1258,10 @@ static int finish_whole(struct record *r, z_streamp s, size_t used, const unsign
         tl_scratch = NULL;
         tl_scratch_len = 0;
         pthread_setspecific(scratch_key, NULL);
+        if (!r->deflating && used > 0 && used == s->avail_in) {
+            r->held_in = 1;
+            used--;
+        }
     }
     r->adler = check;
     s->next_in += used;
@@ -1261,6 +1282,23 @@ static int finish_whole(struct record *r, z_streamp s, size_t used, const unsign
     r->pend_pos = now;
     r->phase = PENDING;
     return Z_OK;
+}
+
+/* zlib's guess of the data type (trees.c, detect_data_type), over the
+ * input bytes rather than the first block's literals: Z_BINARY when a
+ * byte of the "black list" (0-6, 14-25, 28-31) occurs, else Z_TEXT when
+ * one of the "white list" (9, 10, 13, 32-255) does, else Z_BINARY. */
+static int data_type_of(const unsigned char *p, size_t n)
+{
+    static const uint32_t black = 0xf3ffc07fu; /* bits 0-6, 14-25, 28-31 */
+    int text = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = p[i];
+        if (c < 32 && (black >> c & 1))
+            return Z_BINARY;
+        text |= c >= 32 || c == 9 || c == 10 || c == 13;
+    }
+    return text ? Z_TEXT : Z_BINARY;
 }
 
 /* Compress the stream's whole input, `len` bytes at `src` (the caller's
@@ -1305,6 +1343,7 @@ static int deflate_whole(struct record *r, z_streamp s, const unsigned char *src
     }
     if (wd_comp_compress(c, r->alg, r->level, src, len, out, &room) != 0)
         return -1;
+    s->data_type = data_type_of(src, len);
     return finish_whole(r, s, used, out, room, trailer_check(r->alg, out, room, s->adler));
 }
 
@@ -1835,6 +1874,18 @@ static int pieces_to_zrs(struct record *r, z_streamp s)
  * check value kept, the trailer written after zlib-rs's end. */
 static int cont_deflate(struct record *r, z_streamp s, int flush)
 {
+    if (r->handed_flush) {
+        /* zlib's: a flush asked again with no new input and nothing
+         * pending makes no progress. */
+        unsigned pend = 0;
+        r->handed_flush = 0;
+        if (flush != Z_FINISH && s->avail_in == 0 && s->avail_out &&
+            flush_rank(flush) <= flush_rank(r->last_flush) &&
+            wd__zrs_deflatePending(r->zrs, &pend, Z_NULL) == Z_OK && pend == 0) {
+            r->last_flush = flush;
+            return err_return(s, Z_BUF_ERROR);
+        }
+    }
     int ret = ZRS_CALL(r, s, wd__zrs_deflate(r->zrs, flush));
     if (ret != Z_STREAM_END)
         return ret;
@@ -2025,6 +2076,8 @@ static void restart_record(struct record *r)
         r->piece_room = 0;
         r->pieced = 0;
         r->cont = 0;
+        r->held_in = 0;
+        r->handed_flush = 0;
         r->phase = FRESH;
     }
 }
@@ -2089,9 +2142,12 @@ static int zlib_only(z_streamp strm)
     r->eligible = 0;
     r->no_zrs = 1;
     r->zlib_used = 1;
+    int bare = r->phase == PIECES && r->pieced && r->gather_len == 0;
     int ret = r->phase == PIECES   ? pieces_to_zrs(r, strm)
               : r->phase == GATHER ? spill(r, strm, 0)
                                    : ensure_real(strm);
+    if (ret == Z_OK && bare && r->cont)
+        r->handed_flush = 1;
     if (ret == Z_OK && r->phase == DRAIN) {
         /* zlib may write now: what waits must be out first. */
         drain(r, strm);
@@ -2208,11 +2264,35 @@ int deflateParams(z_streamp strm, int level, int strategy)
             h->eligible = 0; /* not for the whole path */
         return Z_OK;
     }
+    /* zlib flushes (deflate(Z_BLOCK), Z_BUF_ERROR without room) only when
+     * its compression function (0 stored, 1-3 fast, 4-9 slow) or the
+     * strategy changes; else it only sets the level, whatever the room.
+     * Input the shim gathered has no output yet; zlib-rs's table is
+     * zlib-ng's (1 quick, 2 fast, 3-6 medium, 7-9 slow) and its
+     * deflateParams would flush where that changes: its function stays,
+     * tuned as its table tunes the new level. */
+    struct record *q = strm && !tl_inside ? find(strm) : NULL;
+    int lv = level == Z_DEFAULT_COMPRESSION ? 6 : level;
+    if (q && q->deflating && (q->zrs || (q->lazy && q->phase == GATHER)) && lv >= 0 && lv <= 9 &&
+        strategy == q->strategy && level_func(level) == level_func(q->level)) {
+        static const int tune[10][4] = {{0, 0, 0, 0},      {0, 0, 0, 0},      {4, 4, 8, 4},
+                                        {4, 6, 16, 6},     {4, 12, 32, 24},   {8, 16, 32, 32},
+                                        {8, 16, 128, 128}, {8, 32, 128, 256}, {32, 128, 258, 1024},
+                                        {32, 258, 258, 4096}};
+        const int *t = tune[zrs_level(lv)];
+        int ret = q->zrs && lv ? wd__zrs_deflateTune(q->zrs, t[0], t[1], t[2], t[3]) : Z_OK;
+        if (ret == Z_OK)
+            q->level = level;
+        return ret;
+    }
     int ret = zlib_only(strm);
     struct record *r = ret == Z_OK && strm ? find(strm) : NULL;
     if (ret != Z_OK || !r || !r->zrs)
         return ret != Z_OK ? ret : REAL(deflateParams)(strm, level, strategy);
+    uInt room = strm->avail_out;
     ret = ZRS_CALL(r, strm, wd__zrs_deflateParams(r->zrs, zrs_level(level), strategy));
+    if (r->handed_flush && room)
+        r->last_flush = Z_BLOCK; /* (zlib's deflateParams flushed with it) */
     if (ret == Z_OK) {
         /* Kept across a reset, as zlib keeps them: the reset drops
          * zlib-rs's state, and the next one is made from the record. */
@@ -2237,6 +2317,8 @@ int deflateSetDictionary(z_streamp strm, const Bytef *dictionary, uInt dictLengt
         return Z_OK;
     }
     struct record *p = strm ? find(strm) : NULL;
+    if (p && p->deflating && p->lazy && p->phase == GATHER && p->window > 0)
+        return Z_STREAM_ERROR; /* as zlib: its header is written at the first call */
     if (in_pieces(p) && p->window > 0)
         return Z_STREAM_ERROR; /* as zlib: not after data, never for gzip */
     struct record *h = held(strm);
@@ -2337,7 +2419,10 @@ uLong deflateBound(z_streamp strm, uLong sourceLen)
         return wd__zrs_deflateBound(r->zrs, sourceLen) + (r->cont ? pieces_trailer(r, t) : 0);
     }
     /* (a held dictionary: a zlib stream's header carries its check value) */
-    return REAL(deflateBound)(r && r->lazy ? Z_NULL : strm, sourceLen) + (r && r->dict ? 4 : 0);
+    /* zlib's bound for an unknown stream counts a zlib wrapper (6 bytes):
+     * a gzip stream's is 18. */
+    return REAL(deflateBound)(r && r->lazy ? Z_NULL : strm, sourceLen) + (r && r->dict ? 4 : 0) +
+           (r && r->lazy && r->window > 15 ? 18 - 6 : 0);
 }
 
 int deflateGetDictionary(z_streamp strm, Bytef *dictionary, uInt *dictLength)
@@ -2442,6 +2527,11 @@ static int inflate_whole(struct record *r, z_streamp s)
                                                                                  : WD_COMP_ZLIB;
     else
         alg = WD_COMP_ZLIB;
+    /* libdeflate skips a gzip header's CRC (FHCRC) without checking it,
+     * which zlib checks ("header crc mismatch"): such a member is left to
+     * zlib's semantics. */
+    if (alg == WD_COMP_GZIP && (s->avail_in < 4 || (s->next_in[3] & 0x02)))
+        return -1;
     /* The most set aside for this stream: the input is untrusted (a few
      * hundred bytes may decode to gigabytes, a gzip trailer may claim any
      * size), and a stream the aside cannot hold is declined, to zlib-rs,
@@ -2525,6 +2615,20 @@ static z_stream *zrs_state(struct record *r)
     return z;
 }
 
+/* Whether zlib-rs may decode the stream: only with a 32 KiB window.
+ * zlib-rs keeps 32 KiB of history whatever the window, so with a smaller
+ * one (windowBits 8-14, raw or gzip, or 0 and a zlib header naming one)
+ * it decodes distances past the window that zlib refuses ("invalid
+ * distance too far back"), as with inflateBack. */
+static int zrs_window(const struct record *r, z_streamp s)
+{
+    int w = r->window;
+    if (w == 15 || w == -15 || w == 31 || w == 47)
+        return 1;
+    /* (the zlib header's CINFO: 7 is 32 KiB) */
+    return w == 0 && s->next_in && s->avail_in >= 1 && (s->next_in[0] >> 4) == 7;
+}
+
 /* The record of a stream zlib-rs serves, else NULL. */
 static struct record *on_zrs(z_streamp strm)
 {
@@ -2563,7 +2667,8 @@ int inflate(z_streamp strm, int flush)
     /* Input in pieces (or declined whole): zlib-rs decodes it, unless a
      * call only the system zlib serves came first, or the first piece is
      * small (see ZRS_MIN_IN). */
-    if (r && r->phase == FRESH && !r->no_zrs && strm->avail_in >= ZRS_MIN_IN && zrs_state(r)) {
+    if (r && r->phase == FRESH && !r->no_zrs && strm->avail_in >= ZRS_MIN_IN &&
+        zrs_window(r, strm) && zrs_state(r)) {
         r->phase = ZRS;
         count(ST_ZRS);
         return ZRS_CALL(r, strm, wd__zrs_inflate(r->zrs, flush));
