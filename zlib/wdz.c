@@ -477,6 +477,14 @@ static void table_take(void)
 /* Pairs with the acquiring exchange of the next table_take. */
 static void table_give(void) { __atomic_store_n(&table_lock, 0, __ATOMIC_RELEASE); }
 
+/* A fork taken while another thread holds the table's lock would leave
+ * the child's copy held for ever (that thread does not exist there): fork
+ * waits for the lock, and both sides give it back. */
+__attribute__((constructor)) static void table_at_fork(void)
+{
+    pthread_atfork(table_take, table_give, table_give);
+}
+
 static size_t bucket(z_streamp s) { return ((uintptr_t)s >> 4) % BUCKETS; }
 
 static struct record *find(z_streamp s)

@@ -18,6 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -1781,6 +1784,75 @@ static void *thread_work(void *arg)
     return NULL;
 }
 
+/* Streams made and ended over and over, until told to stop: the shim's
+ * table of streams is taken and given back all the time. */
+static volatile int churn_stop;
+
+static void *churn(void *arg)
+{
+    (void)arg;
+    static unsigned char window[32768];
+    while (!churn_stop) {
+        /* inflateBack streams live in the shim's table: their init and
+         * end take its lock. */
+        z_stream s;
+        memset(&s, 0, sizeof s);
+        if (inflateBackInit(&s, 15, window) == Z_OK)
+            inflateBackEnd(&s);
+    }
+    return NULL;
+}
+
+/* fork while another thread is inside the shim: the child's own zlib
+ * calls must not wait for a lock the other thread held at the fork (that
+ * thread does not exist in the child, so it waited for ever). */
+static void fork_while_busy(void)
+{
+    pthread_t t;
+    churn_stop = 0;
+    CHECK(pthread_create(&t, NULL, churn, NULL) == 0);
+    int hung = 0;
+    for (int i = 0; i < 200 && !hung; i++) {
+        pid_t pid = fork();
+        CHECK(pid >= 0);
+        if (pid == 0) {
+            unsigned char in[4096], out[8192], back[4096];
+            memset(in, 'b', sizeof in);
+            z_stream s;
+            memset(&s, 0, sizeof s);
+            int ok = deflateInit(&s, 6) == Z_OK;
+            s.next_in = in;
+            s.avail_in = sizeof in;
+            s.next_out = out;
+            s.avail_out = sizeof out;
+            ok = ok && deflate(&s, Z_FINISH) == Z_STREAM_END;
+            uLongf n = sizeof back;
+            ok = ok && uncompress(back, &n, out, s.total_out) == Z_OK && n == sizeof in;
+            deflateEnd(&s);
+            static unsigned char window[32768];
+            z_stream b;
+            memset(&b, 0, sizeof b);
+            ok = ok && inflateBackInit(&b, 15, window) == Z_OK && inflateBackEnd(&b) == Z_OK;
+            _exit(ok ? 0 : 1);
+        }
+        int status = 0;
+        struct timespec nap = {0, 1000000};
+        int waited = 0;
+        while (waitpid(pid, &status, WNOHANG) == 0) {
+            if (++waited > 5000) {
+                kill(pid, SIGKILL);
+                waitpid(pid, &status, 0);
+                hung = 1;
+                break;
+            }
+            nanosleep(&nap, NULL);
+        }
+        CHECK(!hung && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    churn_stop = 1;
+    pthread_join(t, NULL);
+}
+
 static void threads(void)
 {
     pthread_t t[4];
@@ -2273,6 +2345,7 @@ int main(void)
     small_streams_mixed();
     small_deflates();
     threads();
+    fork_while_busy();
     zlib_at_thread_exit();
     held_params_and_dictionary();
     inflate_back();
