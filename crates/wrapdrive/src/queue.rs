@@ -145,6 +145,13 @@ pub struct Queue {
     empty_polls: u32,
     /// Whether an event loop's wait announcement (`arm_wait`) is up.
     wait_armed: bool,
+    /// An event loop relies on the wait descriptor: it announced a wait
+    /// or was kicked, and has not withdrawn (`disarm_wait`).
+    loop_waiting: bool,
+    /// A wait for one request took the loop's announcement over (and
+    /// drained the signal): handed back once that request's completion is
+    /// found (see `hand_back_wait`).
+    arm_taken: bool,
     /// Whether the completion eventfd may hold a signal (the host took an
     /// announcement, or `kick_wait` wrote): only then is it read, and only
     /// when it holds none is it written, so an event loop that resumes
@@ -301,6 +308,8 @@ impl Queue {
             last_liveness: Instant::now(),
             empty_polls: 0,
             wait_armed: false,
+            loop_waiting: false,
+            arm_taken: false,
             wait_signalled: false,
             released: false,
             unrestored: None,
@@ -783,6 +792,7 @@ impl Queue {
     fn recv_cookie_once(&mut self, cookie: u64) -> Result<Option<Completion>> {
         self.check()?;
         if let Some(c) = self.take_stashed(cookie) {
+            self.hand_back_wait();
             return Ok(Some(c));
         }
         if self.legacy() {
@@ -798,12 +808,30 @@ impl Queue {
             }
             if c.cookie == cookie {
                 self.stats.received += 1;
+                self.hand_back_wait();
                 return Ok(Some(c));
             }
             self.stash.push_back(c);
         }
         self.idle_checks()?;
         Ok(None)
+    }
+
+    /// After a wait for one request took an event loop's announcement
+    /// over and that request's completion came: the loop's waiters still
+    /// wait for theirs, which the wait may have reaped into the stash (or
+    /// which may be in the ring) while it drained their signal. Make the
+    /// descriptor readable for them, or announce again.
+    fn hand_back_wait(&mut self) {
+        if !std::mem::take(&mut self.arm_taken) {
+            return;
+        }
+        if !self.stash.is_empty() || self.view.completions_ready() {
+            let _ = self.kick_wait();
+        } else if self.in_flight() > 0 && self.arm_wait().unwrap_or(false) {
+            // A completion came between the look and the announcement.
+            let _ = self.kick_wait();
+        }
     }
 
     fn take_stashed(&mut self, cookie: u64) -> Option<Completion> {
@@ -915,6 +943,8 @@ impl Queue {
             self.wait_signalled = true;
         }
         self.wait_armed = true;
+        self.loop_waiting = true;
+        self.arm_taken = false;
         Ok(self.view.client_prepare_wait())
     }
 
@@ -923,6 +953,7 @@ impl Queue {
     /// it may be readable already.
     pub fn kick_wait(&mut self) -> Result<()> {
         self.check()?;
+        self.loop_waiting = true;
         if !self.wait_signalled {
             wd_sys::eventfd_signal(self.cq_event.as_fd())?;
             self.wait_signalled = true;
@@ -934,6 +965,8 @@ impl Queue {
     /// signal once nothing is left to receive: while completions wait, the
     /// descriptor stays readable for the event loop's other waiters.
     pub fn disarm_wait(&mut self) {
+        self.loop_waiting = false;
+        self.arm_taken = false;
         if std::mem::take(&mut self.wait_armed) && self.view.client_end_wait() {
             self.wait_signalled = true;
         }
@@ -996,8 +1029,11 @@ impl Queue {
             std::hint::spin_loop();
         }
         let start = start.unwrap_or_else(Instant::now);
-        // This wait takes over an event loop's announcement (it ends it).
+        // This wait takes over an event loop's announcement (it ends it,
+        // and drains the signal, a kick included): handed back by
+        // `hand_back_wait`.
         self.wait_armed = false;
+        self.arm_taken |= self.loop_waiting;
         loop {
             let ready = self.view.client_prepare_wait();
             if ready {
@@ -1497,6 +1533,8 @@ impl Queue {
         // its slot for another.
         self.latency_sample = None;
         self.wait_armed = false;
+        self.loop_waiting = false;
+        self.arm_taken = false;
         self.wait_signalled = false;
         self.last_liveness = Instant::now();
         let restored: Result<()> = (|| {
