@@ -152,7 +152,9 @@ int wd_mem_share(struct wd_queue *q, const void *addr, size_t size, int flags);
  * wd_mem_unshare2. */
 void wd_mem_unshare(struct wd_queue *q, const void *addr, size_t size);
 /* As wd_mem_unshare, returning 0 or a negative errno (-ENOENT: not exactly
- * one shared range, which stays shared). Since WD_0.2. */
+ * one shared range, which stays shared; -ENOTCONN: a host that did not
+ * answer and still lives may reach it, so it stays shared: call again).
+ * Since WD_0.2. */
 int wd_mem_unshare2(struct wd_queue *q, const void *addr, size_t size);
 
 /* ---- memory, capabilities, faults, errors ---------------------------- */

@@ -254,6 +254,11 @@ pub struct HostConn {
     /// Bumped by each reconnection: a queue made under an older epoch
     /// belongs to a host that is gone.
     epoch: AtomicU64,
+    /// The last connection given up because its host did not answer in
+    /// time: its epoch and the host's pid. That host may be hung rather
+    /// than gone, and may still act on what it was asked (see
+    /// [`HostConn::may_still_act`]).
+    unanswered: Mutex<Option<(u64, u32)>>,
     // Keeps an in-process host alive as long as connections to it exist.
     _embedded: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -355,6 +360,7 @@ impl HostConn {
             generation: fork_generation(),
             addr: embedded.is_none().then(|| addr.to_string()),
             epoch: AtomicU64::new(0),
+            unanswered: Mutex::new(None),
             _embedded: embedded,
         }))
     }
@@ -578,6 +584,8 @@ impl HostConn {
             // more, and the host counts as gone (the next caller connects
             // again).
             let _ = ch.socket().shutdown(std::net::Shutdown::Both);
+            *self.unanswered.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some((self.epoch(), self.host_pid()));
             ClientError::new(
                 Status::HostGone,
                 format!(
@@ -590,6 +598,20 @@ impl HostConn {
         match f.msg {
             Message::Error { status, message } => Err(ClientError::new(status, message)),
             m => Ok((m, f.fds, self.epoch())),
+        }
+    }
+
+    /// Whether the host of connection `epoch` may still act on what it
+    /// was asked: that connection was given up because its host did not
+    /// answer in time, and that host process still lives (a host that
+    /// hung up, or died, acts on nothing more).
+    pub(crate) fn may_still_act(&self, epoch: u64) -> bool {
+        let gave_up = *self.unanswered.lock().unwrap_or_else(|e| e.into_inner());
+        match gave_up {
+            Some((e, pid)) if e == epoch && pid != 0 => wd_sys::pidfd_open(pid)
+                .and_then(|fd| wd_sys::pidfd_exited(fd.as_fd()))
+                .is_ok_and(|exited| !exited),
+            _ => false,
         }
     }
 

@@ -1320,9 +1320,22 @@ impl Queue {
             &[],
         );
         match r {
+            Ok(_) => {}
+            // A host that did not answer in time may be hung, not gone:
+            // it may resume and reach the range. Not unshared, then; the
+            // queue is made again when a host answers (`retry`), and the
+            // unshare goes to it.
+            Err(e) if self.host.may_still_act(self.epoch) => {
+                return Err(ClientError::new(
+                    Status::HostGone,
+                    format!(
+                        "{e} (the host may still reach {start:#x}+{:#x}: not unshared)",
+                        end - start
+                    ),
+                ))
+            }
             // A host that is gone reaches nothing: the range is unshared
             // (and must not be shared again on a restarted host).
-            Ok(_) => {}
             Err(e) if e.status() == Status::HostGone || self.host_lost() => {}
             // Perhaps never shared on the restarted host.
             Err(_) if self.unrestored.is_some() => {}

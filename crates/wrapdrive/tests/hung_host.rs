@@ -103,3 +103,39 @@ fn a_large_request_to_a_stopped_host_is_gone_after_the_deadline() {
     let _ = t.join();
     assert_eq!(got, Ok(Err(Status::HostGone)), "within 5 s, the host gone");
 }
+
+/// An unshare that a stopped host does not answer is not an unshare: the
+/// host may resume and reach the range (it returned Ok, the range free to
+/// reuse). Once the host answers again the unshare goes through; once it
+/// is dead the range is unreachable and the unshare is Ok.
+#[test]
+fn an_unshare_a_hung_host_does_not_answer_is_not_done() {
+    let _serial = serial();
+    std::env::set_var("WD_CALL_TIMEOUT_MS", "300");
+    std::env::set_var("WD_CONNECT_TIMEOUT_MS", "300");
+    let dir = wd_testutil::tempdir("wd-hung-unshare");
+    let socket = dir.join("wd.sock");
+    let mut host = wd_testutil::Role::serving("host", &socket);
+    let conn = HostConn::connect(&socket).unwrap();
+    let mut q = conn
+        .request_queue(&Capability::new("memcpy").depth(4))
+        .unwrap();
+    let (a, b) = (SharedBuf::new(4096).unwrap(), SharedBuf::new(4096).unwrap());
+    q.share(a.addr(), a.len()).unwrap();
+    q.share(b.addr(), b.len()).unwrap();
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(host.pid(), libc::SIGSTOP) };
+    let e = q.unshare(a.addr(), a.len()).unwrap_err();
+    assert_eq!(e.status(), Status::HostGone, "{e}");
+    // SAFETY: as above.
+    unsafe { libc::kill(host.pid(), libc::SIGCONT) };
+    q.unshare(a.addr(), a.len()).unwrap();
+    // Hung again, then dead: nothing can reach the range any more.
+    // SAFETY: as above.
+    unsafe { libc::kill(host.pid(), libc::SIGSTOP) };
+    let e = q.unshare(b.addr(), b.len()).unwrap_err();
+    assert_eq!(e.status(), Status::HostGone, "{e}");
+    host.child.kill().unwrap();
+    host.child.wait().unwrap();
+    q.unshare(b.addr(), b.len()).unwrap();
+}
