@@ -182,6 +182,11 @@ pub struct Allocator {
     arenas: Vec<ArenaState>,
     /// Live allocations: address -> (arena index, length).
     live: BTreeMap<usize, (usize, usize)>,
+    /// Allocations a device may reach (shared with a queue, by a range
+    /// inside them): address -> how many shares.
+    pins: BTreeMap<usize, u32>,
+    /// Pinned allocations their owner freed: freed when the last pin goes.
+    freed_pinned: std::collections::BTreeSet<usize>,
     used: usize,
     reserved: usize,
     limit: usize,
@@ -200,6 +205,8 @@ impl Allocator {
         Allocator {
             arenas: Vec::new(),
             live: BTreeMap::new(),
+            pins: BTreeMap::new(),
+            freed_pinned: std::collections::BTreeSet::new(),
             used: 0,
             reserved: 0,
             limit,
@@ -256,9 +263,65 @@ impl Allocator {
         Ok(addr)
     }
 
-    /// Return a buffer; its pages go back to the arena's free list (merged).
+    /// Return a buffer; its pages go back to the arena's free list
+    /// (merged). A pinned buffer (see [`Allocator::pin`]) goes back when
+    /// its last pin does: a device may still write it, so it must not be
+    /// handed out again before.
     pub fn free(&mut self, addr: usize) -> Result<(), MemError> {
-        let (idx, len) = self.live.remove(&addr).ok_or(MemError::NotOurs(addr))?;
+        if !self.live.contains_key(&addr) || self.freed_pinned.contains(&addr) {
+            return Err(MemError::NotOurs(addr));
+        }
+        if self.pins.contains_key(&addr) {
+            self.freed_pinned.insert(addr);
+            return Ok(());
+        }
+        self.release(addr);
+        Ok(())
+    }
+
+    /// The live buffer holding the whole of `[addr, addr+len)`.
+    fn holding(&self, addr: usize, len: usize) -> Option<usize> {
+        let end = addr.checked_add(len)?;
+        let (&start, &(_, blen)) = self.live.range(..=addr).next_back()?;
+        (end <= start + blen && !self.freed_pinned.contains(&start)).then_some(start)
+    }
+
+    /// A device may reach `[addr, addr+len)` from now on: when the range
+    /// lies inside one live buffer, that buffer is pinned (a free waits
+    /// for [`Allocator::unpin`]) and true is returned. A range across
+    /// buffers (a whole arena shared at once) pins nothing: its sharer
+    /// names the buffers it hands the device one request at a time.
+    pub fn pin(&mut self, addr: usize, len: usize) -> bool {
+        let Some(start) = self.holding(addr, len) else {
+            return false;
+        };
+        *self.pins.entry(start).or_default() += 1;
+        true
+    }
+
+    /// Undo one [`Allocator::pin`] of a range inside the buffer at or
+    /// before `addr`; a buffer freed while pinned goes back with its last
+    /// pin.
+    pub fn unpin(&mut self, addr: usize) {
+        let Some((&start, _)) = self.live.range(..=addr).next_back() else {
+            return;
+        };
+        let Some(n) = self.pins.get_mut(&start) else {
+            return;
+        };
+        *n -= 1;
+        if *n == 0 {
+            self.pins.remove(&start);
+            if self.freed_pinned.remove(&start) {
+                self.release(start);
+            }
+        }
+    }
+
+    fn release(&mut self, addr: usize) {
+        let Some((idx, len)) = self.live.remove(&addr) else {
+            return;
+        };
         let a = &mut self.arenas[idx];
         let mut off = addr - a.arena.base();
         let mut flen = len;
@@ -275,7 +338,6 @@ impl Allocator {
         }
         a.free.insert(off, flen);
         self.used -= len;
-        Ok(())
     }
 
     /// Size of the live buffer starting at `addr`.
@@ -475,6 +537,31 @@ mod tests {
         let z = a.alloc(64 << 10, None).unwrap();
         assert_eq!(z, x);
         assert!(a.locate(z + (64 << 10), 1).is_none());
+    }
+
+    #[test]
+    fn a_pinned_buffer_freed_goes_back_with_its_last_pin() {
+        let mut a = Allocator::new(64 << 10, 1 << 20);
+        let x = a.alloc(8192, None).unwrap();
+        let y = a.alloc(4096, None).unwrap();
+        // A range inside one buffer pins it; one across buffers pins none.
+        assert!(a.pin(x + 100, 200) && a.pin(x, 8192));
+        assert!(!a.pin(x, 8192 + 4096));
+        a.free(x).unwrap();
+        assert!(a.free(x).is_err(), "a second free is still refused");
+        assert!(!a.pin(x, 1), "a freed buffer is not pinned again");
+        // Not handed out again while pinned.
+        let z = a.alloc(8192, None).unwrap();
+        assert_ne!(z, x);
+        a.unpin(x + 100);
+        assert_eq!(a.used(), 8192 + 4096 + 8192);
+        a.unpin(x);
+        assert_eq!(a.used(), 4096 + 8192, "gone with its last pin");
+        // Unpinning what is not pinned changes nothing.
+        a.unpin(y);
+        a.free(y).unwrap();
+        a.free(z).unwrap();
+        assert_eq!(a.used(), 0);
     }
 
     #[test]

@@ -69,9 +69,22 @@ fn own_location(addr: u64, len: u64) -> Option<Location> {
     with(|a| a.locate(addr as usize, len as usize))
 }
 
-/// Free memory from [`alloc`].
+/// Free memory from [`alloc`]. Memory a queue shares (a range inside
+/// one allocation) goes back to the allocator once unshared: the device
+/// may still write it.
 pub fn free(addr: u64) -> Result<()> {
     with(|a| a.free(addr as usize)).map_err(mem_err)
+}
+
+/// A queue shares `[addr, addr+len)`: pin the allocation holding it (see
+/// [`wd_mem::Allocator::pin`]); whether one was pinned.
+pub(crate) fn pin(addr: u64, len: u64) -> bool {
+    with(|a| a.pin(addr as usize, len as usize))
+}
+
+/// A share made by [`pin`] is gone.
+pub(crate) fn unpin(addr: u64) {
+    with(|a| a.unpin(addr as usize));
 }
 
 /// An arena of the allocator of another copy of this library in the

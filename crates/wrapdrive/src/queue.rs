@@ -85,6 +85,9 @@ struct Share {
     /// The memory's descriptor for a heap buffer (allocator memory is found
     /// again by address).
     fd: Option<(OwnedFd, u64)>,
+    /// It pinned its allocation (see `crate::buf::pin`): unpinned when the
+    /// device can no longer reach it.
+    pinned: bool,
 }
 
 /// A queue to a device engine.
@@ -1203,7 +1206,14 @@ impl Queue {
                 ),
             )
         })?;
-        self.share_fd(start, end - start, loc.fd(), loc.offset_of(start), false)
+        self.share_fd(start, end - start, loc.fd(), loc.offset_of(start), false)?;
+        if matches!(loc, crate::buf::Found::Own(_)) {
+            let pinned = crate::buf::pin(start, end - start);
+            if let Some(s) = self.shares.last_mut() {
+                s.pinned = pinned;
+            }
+        }
+        Ok(())
     }
 
     /// The one share path: map `size` bytes of `fd` from `fd_offset` at
@@ -1231,7 +1241,12 @@ impl Queue {
             )),
             false => None,
         };
-        self.shares.push(Share { iova, size, fd });
+        self.shares.push(Share {
+            iova,
+            size,
+            fd,
+            pinned: false,
+        });
         Ok(())
     }
 
@@ -1341,7 +1356,10 @@ impl Queue {
             Err(_) if self.unrestored.is_some() => {}
             Err(e) => return Err(e),
         }
-        self.shares.swap_remove(pos);
+        let s = self.shares.swap_remove(pos);
+        if s.pinned {
+            crate::buf::unpin(s.iova);
+        }
         Ok(())
     }
 
@@ -1624,13 +1642,23 @@ impl Queue {
             return Ok(());
         }
         self.released = true;
-        self.host
+        let r = self
+            .host
             .call_on(
                 self.epoch,
                 &Message::ReleaseQueue { queue_id: self.id },
                 &[],
             )
-            .map(|_| ())
+            .map(|_| ());
+        // Released, or its host gone: no engine reaches the queue's
+        // memory any more. A host that did not answer and lives may still:
+        // its memory stays out of the allocator.
+        if !self.host.may_still_act(self.epoch) {
+            for s in self.shares.drain(..).filter(|s| s.pinned) {
+                crate::buf::unpin(s.iova);
+            }
+        }
+        r
     }
 }
 

@@ -483,3 +483,30 @@ fn concurrent_share_all_requests_are_not_refused() {
         refused.first()
     );
 }
+
+/// Memory freed while a queue shares it is not handed out again until
+/// the device can no longer reach it (unshared, or its queue released): a
+/// new buffer got those pages while the device could still write them.
+#[test]
+fn memory_freed_while_shared_is_not_handed_out_again() {
+    let h = wd_embedded::connect().unwrap();
+    let mut q = h.request_queue(&Capability::new("memcpy")).unwrap();
+    let src = SharedBuf::new(LEN as usize).unwrap();
+    let freed = SharedBuf::new(LEN as usize).unwrap();
+    let at = freed.addr();
+    q.share(src.addr(), LEN).unwrap();
+    q.share(at, LEN).unwrap();
+    drop(freed);
+    let apart = |b: &SharedBuf| b.addr() + b.len() <= at || b.addr() >= at + LEN;
+    let fresh: Vec<SharedBuf> = (0..8)
+        .map(|_| SharedBuf::new(LEN as usize).unwrap())
+        .collect();
+    assert!(
+        fresh.iter().all(apart),
+        "a new buffer in memory still shared"
+    );
+    // The device still reaches it; what it writes there harms nobody.
+    assert_eq!(copy(&mut q, src.addr(), at, LEN), 0);
+    drop(q);
+    drop(fresh);
+}
