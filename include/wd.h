@@ -160,7 +160,10 @@ int wd_mem_unshare2(struct wd_queue *q, const void *addr, size_t size);
 /* ---- memory, capabilities, faults, errors ---------------------------- */
 
 /* Shareable memory (whole pages; zeroed when new, memory freed earlier in
- * the process comes back as it was left). numa_node -1 = any. */
+ * the process comes back as it was left). numa_node -1 = any. Memory a
+ * queue still shares (wd_mem_share of a range inside it) is freed by
+ * wd_free only once unshared or its queue released: the device may still
+ * write it, so it is not handed out again before. */
 int wd_alloc(size_t size, int numa_node, void **out);
 int wd_free(void *addr);
 
