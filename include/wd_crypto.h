@@ -152,9 +152,10 @@ int wd_crypto_set_policy(int policy);
  * $WD_CRYPTO_FALLBACK=0. Default 1. */
 int wd_crypto_set_fallback(int on);
 
-/* The current threshold and policy. */
+/* The current threshold, policy and fallback (1 on, 0 off). */
 size_t wd_crypto_get_threshold(void);
 int wd_crypto_get_policy(void);
+int wd_crypto_get_fallback(void);
 
 /* For callers that compute on the CPU themselves (an OpenSSL provider's
  * inline path): where should a request of len bytes run? Returns

@@ -35,6 +35,7 @@
 #include <openssl/evp.h>
 #include <openssl/params.h>
 #include <openssl/provider.h>
+#include <openssl/proverr.h>
 
 #include "wd.h"
 #include "wd_crypto.h"
@@ -267,6 +268,7 @@ struct wd_cctx {
 	int enc, pad, key_set, iv_set;
 	unsigned char key[64];
 	unsigned char iv[16];
+	unsigned char oiv[16]; /* the IV the caller gave (OSSL_CIPHER_PARAM_IV) */
 	size_t ivlen;
 	unsigned char updated_iv[16]; /* what "updated-iv" last answered */
 	/* ECB/CBC: partial block kept between updates */
@@ -395,7 +397,7 @@ static void *wd_cipher_dupctx(void *vctx)
 			int chained = x->d->mode == EVP_CIPH_CBC_MODE || x->d->mode == EVP_CIPH_CTR_MODE;
 			unsigned char iv[16];
 			size_t num = 0;
-			if (x->iv_set && chained &&
+			if (x->iv_set && chained && !x->chain_here &&
 			    (wd_cipher_get_chain(x->c, iv, &num) != 0 || wd_cipher_set_chain(n->c, iv, num) != 0))
 				goto fail;
 			if (x->iv_set && x->d->mode == EVP_CIPH_XTS_MODE &&
@@ -592,6 +594,9 @@ static int wd_cipher_init(struct wd_cctx *x, const unsigned char *key, size_t ke
 			return 0;
 		}
 		memcpy(x->iv, iv, x->d->mode == EVP_CIPH_GCM_MODE ? ivlen : x->d->ivlen);
+		/* CTR going on from its counter keeps the original IV. */
+		if (iv != ctr_next)
+			memcpy(x->oiv, x->iv, sizeof x->oiv);
 		x->iv_set = 1;
 		x->gcm_iv_spent = 0;
 		x->gcm_started = 0;
@@ -659,12 +664,41 @@ static int wd_blocks(struct wd_cctx *x, unsigned char *out, const unsigned char 
 	if (x->d->mode == EVP_CIPH_XTS_MODE && wd_cipher_set_iv(x->c, x->iv, 16) != 0)
 		return 0;
 	if (in_job) {
+		/* The chain before the request: a job lost with its host is
+		 * redone here from it, as the library redoes a synchronous
+		 * request (the input is intact: the job's was staged). */
+		unsigned char saved[16];
+		size_t saved_num = 0;
+		int chained = x->d->mode == EVP_CIPH_CBC_MODE || x->d->mode == EVP_CIPH_CTR_MODE;
+		int can_redo = x->inner != NULL && in != out && wd_crypto_get_fallback() &&
+			       (!chained || wd_cipher_get_chain(x->c, saved, &saved_num) == 0);
 		struct wd_job *job = NULL;
 		int r = x->inner != NULL ? wd_cipher_start_offload(x->c, in, out, len, &job)
 					 : wd_cipher_start(x->c, in, out, len, &job);
-		if (r == 0 && job != NULL)
+		if (r == -EAGAIN) {
+			/* Every staging slot is held by this thread's paused
+			 * jobs (nothing was sent): as a synchronous request
+			 * would be, computed here by the library. */
+			r = x->inner != NULL ? wd_cipher_offload(x->c, in, out, len)
+					     : wd_cipher_update(x->c, in, out, len);
+			job = NULL;
+		}
+		if (r == 0 && job != NULL) {
 			r = wd_finish_job(job);
-		else if (wd_jobs_waiting > 0)
+			if (r == -ENOTCONN && can_redo) {
+				x->chain_here = 1;
+				int ok = chained ? wd_inner_iv(x, NULL, 0, saved)
+						 : x->d->mode != EVP_CIPH_XTS_MODE ||
+							   wd_inner_iv(x, NULL, 0, x->iv);
+				unsigned char burn[16] = {0};
+				if (ok && saved_num > 0)
+					ok = wd_inner_run(x, burn, burn, saved_num);
+				if (ok && wd_inner_run(x, out, in, len)) {
+					wd_count(&x->counts, len, WD_CPU_HOST_GONE);
+					r = 0;
+				}
+			}
+		} else if (wd_jobs_waiting > 0)
 			wd_crypto_after_inline(); /* computed at once: keep others woken */
 		return r == 0 || wd_fail(r);
 	}
@@ -799,7 +833,10 @@ static int wd_gcm_final(struct wd_cctx *x)
 	if (x->gcm_inline)
 		ok = wd_gcm_finish_inline(x);
 	else if (x->enc)
-		ok = wd_aead_finish(x->a, x->tag, x->taglen) == 0;
+		/* The whole tag, as the default provider makes it: a tag
+		 * length left by an earlier decryption (or SET_TAG with no
+		 * data) must not leave stale bytes for GET_TAG. */
+		ok = wd_aead_finish(x->a, x->tag, sizeof x->tag) == 0;
 	else
 		ok = x->taglen >= 4 && wd_aead_finish(x->a, x->tag, x->taglen) == 0;
 	x->tag_ready = ok && x->enc;
@@ -951,8 +988,12 @@ static int wd_cipher_final_body(struct wd_cctx *x, unsigned char *out, size_t *o
 	case EVP_CIPH_XTS_MODE:
 		return 1;
 	}
-	if (!x->pad)
-		return x->buflen == 0;
+	if (!x->pad) {
+		if (x->buflen == 0)
+			return 1;
+		ERR_raise(ERR_LIB_PROV, PROV_R_WRONG_FINAL_BLOCK_LENGTH);
+		return 0;
+	}
 	if (x->enc) {
 		unsigned char p = (unsigned char)(16 - x->buflen);
 		memset(x->buf + x->buflen, p, p);
@@ -962,18 +1003,23 @@ static int wd_cipher_final_body(struct wd_cctx *x, unsigned char *out, size_t *o
 		*outl = 16;
 		return 1;
 	}
-	if (x->buflen != 16)
+	if (x->buflen != 16) {
+		ERR_raise(ERR_LIB_PROV, PROV_R_WRONG_FINAL_BLOCK_LENGTH);
 		return 0;
+	}
 	unsigned char blk[16];
 	if (!wd_blocks(x, blk, x->buf, 16))
 		return 0;
 	x->buflen = 0;
 	unsigned char p = blk[15];
-	if (p == 0 || p > 16)
+	int bad = p == 0 || p > 16;
+	for (int i = 16 - p; !bad && i < 16; i++)
+		bad = blk[i] != p;
+	if (bad) {
+		OPENSSL_cleanse(blk, sizeof blk);
+		ERR_raise(ERR_LIB_PROV, PROV_R_BAD_DECRYPT);
 		return 0;
-	for (int i = 16 - p; i < 16; i++)
-		if (blk[i] != p)
-			return 0;
+	}
 	if (outsize < (size_t)(16 - p))
 		return 0;
 	memcpy(out, blk, 16 - p);
@@ -1118,9 +1164,10 @@ static int wd_cipher_get_ctx_params(void *vctx, OSSL_PARAM params[])
 	if ((p = WD_FOUND(NUM)) != NULL &&
 	    !OSSL_PARAM_set_uint(p, num))
 		return 0;
+	const unsigned char *oiv = x->d->mode == EVP_CIPH_GCM_MODE ? x->iv : x->oiv;
 	if ((p = WD_FOUND(IV)) != NULL &&
-	    !OSSL_PARAM_set_octet_string(p, x->iv, x->ivlen) &&
-	    !OSSL_PARAM_set_octet_ptr(p, x->iv, x->ivlen))
+	    !OSSL_PARAM_set_octet_string(p, oiv, x->ivlen) &&
+	    !OSSL_PARAM_set_octet_ptr(p, oiv, x->ivlen))
 		return 0;
 	if ((p = WD_FOUND(UPDATED_IV)) != NULL &&
 	    !OSSL_PARAM_set_octet_string(p, x->updated_iv, x->ivlen) &&

@@ -10,6 +10,8 @@ cargo build --release --locked -p wd-cli >&2
 out=target/provider
 cc -std=c11 -O1 -g -Wall -Wextra -Werror -Iinclude tests/c/test_provider.c \
     -Ltarget/release -lwd_crypto -lwd -lcrypto -ldl -lpthread -Wl,-rpath,"$PWD/target/release" -o "$out/test_provider"
+cc -std=c11 -O1 -g -Wall -Wextra -Werror -Iinclude tests/c/test_provider_edges.c \
+    -Ltarget/release -lwd_crypto -lwd -lcrypto -ldl -lpthread -Wl,-rpath,"$PWD/target/release" -o "$out/test_provider_edges"
 
 tmp=$(mktemp -d)
 hosts=()
@@ -36,6 +38,14 @@ WD_PROVIDER_POLICY=offload WD_PROVIDER_THRESHOLD=0 "$out/test_provider" "$dir"
 WD_HOST=$tmp/none.sock "$out/test_provider" "$dir"
 WD_HOST=embedded WD_PROVIDER_POLICY=offload WD_PROVIDER_THRESHOLD=0 "$out/test_provider" "$dir"
 "$out/test_provider" "$dir" reload
+
+echo "-- the provider at its edges (async jobs beyond the slots and beside synchronous requests, GCM tags, copies, errors)"
+WD_HOST=embedded WD_PROVIDER_POLICY=offload WD_PROVIDER_THRESHOLD=0 "$out/test_provider_edges" "$dir"
+"$out/test_provider_edges" "$dir"
+echo "-- async jobs whose host dies"
+start_host "$tmp/dying.sock"
+WD_HOST=$tmp/dying.sock WD_TEST_KILL_PID=$host_pid WD_PROVIDER_POLICY=offload WD_PROVIDER_THRESHOLD=0 \
+    "$out/test_provider_edges" "$dir" async_jobs_survive_host_death
 
 echo "-- openssl enc / dgst round trips against the default provider"
 for size in 0 1 15 16 17 1000 65537 300001; do

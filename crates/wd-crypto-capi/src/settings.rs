@@ -180,3 +180,10 @@ pub extern "C" fn wd_crypto_get_threshold() -> usize {
 pub extern "C" fn wd_crypto_get_policy() -> c_int {
     config::policy() as c_int
 }
+
+/// Whether the CPU fallback is on (what `wd_crypto_set_fallback` or
+/// `$WD_CRYPTO_FALLBACK` chose).
+#[no_mangle]
+pub extern "C" fn wd_crypto_get_fallback() -> c_int {
+    config::fallback() as c_int
+}
