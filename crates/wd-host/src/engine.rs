@@ -102,7 +102,9 @@ impl EngineHandle {
             bounce: Vec::new(),
             out: Vec::new(),
             held_seqs: BTreeMap::new(),
+            held_tags: BTreeMap::new(),
             pinned: None,
+            pinned_tags: Some(Vec::new()),
             next_token: 0,
             reported: Vec::new(),
             tlb: EngineTlb::new(iommu),
@@ -196,8 +198,9 @@ struct Served {
     /// in ring order.
     backlog: VecDeque<Desc>,
     /// Requests the (asynchronous) device holds: token -> the section
-    /// sequence their memory was translated at.
-    held: HashMap<u64, u64>,
+    /// sequence their memory was translated at, and the tag of the domain
+    /// it was translated through.
+    held: HashMap<u64, (u64, u64)>,
 }
 
 impl Served {
@@ -239,8 +242,14 @@ struct EngineLoop {
     /// Held requests of every queue by translation sequence (count): the
     /// oldest is what the IOTLB must keep pinned.
     held_seqs: BTreeMap<u64, u32>,
+    /// Held requests of every queue by the tag of the domain they were
+    /// translated through (count; 0: not known, a register-driven
+    /// device's): a sync for another domain need not wait for them.
+    held_tags: BTreeMap<u64, u32>,
     /// The pin last given to the IOTLB.
     pinned: Option<u64>,
+    /// The pin's domains last given to the IOTLB.
+    pinned_tags: Option<Vec<u64>>,
     next_token: u64,
     /// Completions an asynchronous device reports.
     reported: Vec<(u64, Desc)>,
@@ -332,6 +341,11 @@ impl EngineLoop {
 
     /// Give the IOTLB the oldest translation a held request still uses.
     fn update_pin(&mut self) {
+        let tags = pin_tags(&self.held_tags);
+        if tags != self.pinned_tags {
+            self.pinned_tags = tags.clone();
+            self.tlb.pin_tags(tags);
+        }
         let want = self.held_seqs.keys().next().copied();
         if want != self.pinned {
             self.pinned = want;
@@ -361,10 +375,12 @@ impl EngineLoop {
             let _ = catch_unwind(AssertUnwindSafe(|| s.dev.quiesce()));
             if let Some(seq) = s.reg_pin.take() {
                 Self::unhold(&mut self.held_seqs, seq);
+                Self::unhold(&mut self.held_tags, 0);
             }
         }
-        for (_, seq) in s.held.drain() {
+        for (_, (seq, tag)) in s.held.drain() {
             Self::unhold(&mut self.held_seqs, seq);
+            Self::unhold(&mut self.held_tags, tag);
         }
         s.q.in_flight.store(0, Ordering::Relaxed);
         stopped.into_iter().map(|(_, d)| d).collect()
@@ -620,7 +636,9 @@ impl EngineLoop {
             runs_b,
             bounce,
             held_seqs,
+            held_tags,
             pinned,
+            pinned_tags,
             ..
         } = self;
         let s = &mut queues[i];
@@ -652,14 +670,19 @@ impl EngineLoop {
             if done.holds_from != s.reg_pin {
                 if let Some(old) = s.reg_pin.take() {
                     Self::unhold(held_seqs, old);
+                    Self::unhold(held_tags, 0);
                 }
                 if let Some(new) = done.holds_from {
                     *held_seqs.entry(new).or_default() += 1;
+                    *held_tags.entry(0).or_default() += 1;
                 }
                 s.reg_pin = done.holds_from;
             }
         }
         let oldest = held_seqs.keys().next().copied();
+        let tags = pin_tags(held_tags);
+        sec.pin_tags(tags.clone());
+        *pinned_tags = tags;
         sec.pin(oldest);
         *pinned = oldest;
         drop(sec);
@@ -709,7 +732,9 @@ impl EngineLoop {
             bounce,
             out,
             held_seqs,
+            held_tags,
             pinned,
+            pinned_tags,
             next_token,
             reported,
             pass_bytes,
@@ -796,8 +821,13 @@ impl EngineLoop {
                 let mut d = orig;
                 match start(&mut sec, &q, att, &mut s.dev, token, &mut d, &mut scratch) {
                     Started::Held => {
-                        s.held.insert(token, seq);
+                        let tag = match att {
+                            Attachment::Domain(x) => x.tag(),
+                            Attachment::Blocked => 0,
+                        };
+                        s.held.insert(token, (seq, tag));
                         *held_seqs.entry(seq).or_default() += 1;
+                        *held_tags.entry(tag).or_default() += 1;
                     }
                     Started::Done => {
                         let n = if d.status == 0 { s.dev.bytes_of(&d) } else { 0 };
@@ -820,6 +850,9 @@ impl EngineLoop {
             }
             // Pinned before the section ends: no sync may slip between.
             let oldest = held_seqs.keys().next().copied();
+            let tags = pin_tags(held_tags);
+            sec.pin_tags(tags.clone());
+            *pinned_tags = tags;
             sec.pin(oldest);
             *pinned = oldest;
             drop(sec);
@@ -837,8 +870,9 @@ impl EngineLoop {
                 // device reported (handed over: the teardown's abort no
                 // longer has it), a fault where memory vanished under it.
                 for (token, mut d) in reported.drain(..) {
-                    if let Some(seq) = s.held.remove(&token) {
+                    if let Some((seq, tag)) = s.held.remove(&token) {
                         Self::unhold(held_seqs, seq);
+                        Self::unhold(held_tags, tag);
                         if vanished.is_some() && d.status == 0 {
                             d.status = status::EFAULT;
                             d.result = 0;
@@ -851,8 +885,9 @@ impl EngineLoop {
             }
             for (token, d) in reported.drain(..) {
                 // An unknown token is a device bug: nothing to complete.
-                if let Some(seq) = s.held.remove(&token) {
+                if let Some((seq, tag)) = s.held.remove(&token) {
                     Self::unhold(held_seqs, seq);
+                    Self::unhold(held_tags, tag);
                     out.push(d);
                 }
             }
@@ -941,6 +976,12 @@ impl EngineLoop {
         }
         Ok(resolved)
     }
+}
+
+/// The domains the held requests were translated through, for the IOTLB's
+/// pin (None: one is not known, any domain may be held).
+fn pin_tags(held_tags: &BTreeMap<u64, u32>) -> Option<Vec<u64>> {
+    (!held_tags.contains_key(&0)).then(|| held_tags.keys().copied().collect())
 }
 
 /// Run a piece of one request, `(done, budget)`, through the device inside
@@ -1098,10 +1139,16 @@ fn fail_taken(s: &mut Served, stopped: Vec<Desc>) {
 /// requests included), then mark it stopped.
 fn cancel_pending(s: &mut Served, stopped: Vec<Desc>) {
     fail_taken(s, stopped);
+    // What the client had queued: one ring's worth at most. A client that
+    // keeps submitting (and reaping) on the ring it still has mapped must
+    // not keep the engine here, away from its other queues.
+    s.view.set_host_state(HostState::Stopped);
+    let mut budget = s.view.layout().depth() as usize;
     let mut left = Vec::new();
-    while let Ok(n) = s.view.fetch(BATCH, &mut left) {
-        if n == 0 {
-            break;
+    while budget > 0 {
+        match s.view.fetch(BATCH.min(budget), &mut left) {
+            Ok(n) if n > 0 => budget -= n,
+            _ => break,
         }
         for d in left.iter_mut() {
             *d = cancelled(*d);
@@ -1111,7 +1158,6 @@ fn cancel_pending(s: &mut Served, stopped: Vec<Desc>) {
         }
         left.clear();
     }
-    s.view.set_host_state(HostState::Stopped);
     let _ = wd_sys::eventfd_signal(s.q.cq_event.as_fd());
 }
 
@@ -1190,8 +1236,14 @@ impl<'a> QueueDma<'a, '_> {
     /// did not map; never for one the domain refused (mapped without that
     /// permission, a blocked endpoint): the client granted no more.
     fn share_all(&self, f: &Fault) -> Option<&'a ProcessMemory> {
+        // Only the queue's own domain names client addresses: a
+        // virtio-iommu domain's IOVAs are device addresses, and what it
+        // does not map is a fault there.
+        let own = self
+            .dom
+            .is_some_and(|d| std::ptr::eq(d, &**self.q.domain()));
         match &self.q.model {
-            MemModel::ShareAll(mem) if f.reason == FaultReason::Unmapped => Some(mem),
+            MemModel::ShareAll(mem) if own && f.reason == FaultReason::Unmapped => Some(mem),
             _ => None,
         }
     }

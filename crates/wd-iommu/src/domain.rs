@@ -338,7 +338,7 @@ impl Domain {
         {
             // Undo what this call mapped (engines may have cached it, so
             // invalidate): the map stays atomic.
-            self.rollback(&mut c, iova, stop.at);
+            self.rollback(&mut c, iova, stop.at, stop.overlap.is_none());
             if let Some(a) = stop.overlap {
                 return Err(IommuError::Overlap { iova: a });
             }
@@ -370,12 +370,21 @@ impl Domain {
         Ok(total)
     }
 
-    fn rollback(&self, c: &mut Ctl, iova: u64, end: u64) {
-        if end <= iova {
+    fn rollback(&self, c: &mut Ctl, iova: u64, end: u64, out_of_pages: bool) {
+        let mut g = IotlbGather::new();
+        if end > iova {
+            self.table.unmap(&mut c.alloc, iova, end, &mut g);
+        }
+        // Out of table pages: the tables this call linked on its way down
+        // to `end` (where the next one was refused) hold nothing; unlink
+        // them too (nothing is mapped at `end`, no leaf goes).
+        if out_of_pages && end < IOVA_LIMIT {
+            self.table.unmap(&mut c.alloc, end, end + PAGE_SIZE, &mut g);
+        }
+        if g.is_empty() {
+            g.take();
             return;
         }
-        let mut g = IotlbGather::new();
-        self.table.unmap(&mut c.alloc, iova, end, &mut g);
         let parts = g.take();
         if let Some((s, e)) = parts.range {
             self.iommu.invalidate_range_sync(self.tag, s, e);
@@ -440,6 +449,18 @@ impl Domain {
             return;
         }
         let parts = gather.take();
+        if let Some(tag) = parts.domain.filter(|&t| t != self.tag) {
+            // Another domain's unmaps: invalidate them under their own tag
+            // and wait before the releases go; their table pages belong to
+            // that domain's arena and are left unused (never handed to
+            // ours, whose walkers they would corrupt).
+            match parts.range {
+                Some((s, e)) => self.iommu.invalidate_range_sync(tag, s, e),
+                None => self.iommu.sync(),
+            }
+            drop(parts.releases);
+            return;
+        }
         match self.mode() {
             InvalidationMode::Strict => {
                 match parts.range {
@@ -616,10 +637,13 @@ impl Domain {
             access,
             reason,
         };
-        let end = match iova.checked_add(len) {
-            Some(e) if e <= IOVA_LIMIT => e,
-            _ => return Err(fault(iova.min(IOVA_LIMIT), FaultReason::OutOfRange)),
-        };
+        if iova >= IOVA_LIMIT {
+            return Err(fault(iova, FaultReason::OutOfRange));
+        }
+        // A range past the IOVA space faults at its first byte that is
+        // unmapped, forbidden, or out of the space, in that order.
+        let end = iova.saturating_add(len).min(IOVA_LIMIT);
+        let beyond = iova.checked_add(len).is_none_or(|e| e > IOVA_LIMIT);
         let mut a = iova;
         while a < end {
             let l = self.table.walk(a).ok_or(fault(a, FaultReason::Unmapped))?;
@@ -633,6 +657,10 @@ impl Domain {
                 _ => runs.push((phys, n)),
             }
             a += n;
+        }
+        if beyond {
+            runs.clear();
+            return Err(fault(IOVA_LIMIT, FaultReason::OutOfRange));
         }
         Ok(())
     }

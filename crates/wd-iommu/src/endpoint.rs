@@ -95,8 +95,12 @@ impl Endpoint {
         // SeqCst: pairs with the load in `generation`, before the sync.
         self.generation.fetch_add(1, Ordering::SeqCst);
         // An engine in a section that took the old attachment still holds
-        // it: the sync waits for that section to end.
-        self.default.iommu().sync();
+        // it: the sync waits for that section to end (and for requests
+        // held through the old domain).
+        match &old {
+            Attachment::Domain(d) => self.default.iommu().sync_domain(d.tag()),
+            Attachment::Blocked => self.default.iommu().sync(),
+        }
         drop(old);
     }
 

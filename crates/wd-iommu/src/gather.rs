@@ -97,6 +97,7 @@ impl IotlbGather {
     /// Empty the gather, handing its parts to the caller.
     pub(crate) fn take(&mut self) -> GatherParts {
         let parts = GatherParts {
+            domain: self.domain,
             range: self.range(),
             tables: std::mem::take(&mut self.tables),
             releases: std::mem::take(&mut self.releases),
@@ -122,6 +123,8 @@ impl Drop for IotlbGather {
 
 /// The contents of a gather being synced.
 pub(crate) struct GatherParts {
+    /// Tag of the domain the unmaps were made in (None: no unmap).
+    pub(crate) domain: Option<u64>,
     pub(crate) range: Option<(u64, u64)>,
     pub(crate) tables: Vec<u32>,
     pub(crate) releases: Vec<Release>,

@@ -73,6 +73,10 @@ struct EngineState {
     busy: AtomicBool,
     /// The engine is gone (its IOTLB with it).
     gone: AtomicBool,
+    /// Inside a section (`busy` also counts a pin).
+    in_section: AtomicBool,
+    /// Tags of the domains a pin keeps translations of (None: any).
+    pin_tags: Mutex<Option<Vec<u64>>>,
 }
 
 /// Counters of the invalidation machinery (for benchmarks and `wd ls`).
@@ -203,28 +207,37 @@ impl Iommu {
     /// that an earlier command invalidated.
     pub fn sync(&self) {
         let seq = self.submit(&[Command::Sync]);
-        self.wait_for(seq);
+        self.wait_for(seq, None);
+    }
+
+    /// Append a sync marker and wait until no engine can use a translation
+    /// of domain `tag` that an earlier command invalidated: engines in a
+    /// section, and engines whose pin keeps translations of that domain
+    /// (one that holds only other domains' requests is not waited for).
+    pub fn sync_domain(&self, tag: u64) {
+        let seq = self.submit(&[Command::Sync]);
+        self.wait_for(seq, Some(tag));
     }
 
     /// Invalidate `[start, end)` of a domain and sync.
     pub fn invalidate_range_sync(&self, tag: u64, start: u64, end: u64) {
         let seq = self.submit(&[Command::InvalidateRange { tag, start, end }, Command::Sync]);
-        self.wait_for(seq);
+        self.wait_for(seq, Some(tag));
     }
 
     /// Invalidate a whole domain and sync.
     pub fn invalidate_domain_sync(&self, tag: u64) {
         let seq = self.submit(&[Command::InvalidateDomain { tag }, Command::Sync]);
-        self.wait_for(seq);
+        self.wait_for(seq, Some(tag));
     }
 
     /// Invalidate everything and sync.
     pub fn invalidate_all_sync(&self) {
         let seq = self.submit(&[Command::InvalidateAll, Command::Sync]);
-        self.wait_for(seq);
+        self.wait_for(seq, None);
     }
 
-    fn wait_for(&self, seq: u64) {
+    fn wait_for(&self, seq: u64, tag: Option<u64>) {
         let engines = self.engines();
         let mut t0: Option<Instant> = None;
         for e in engines.iter() {
@@ -237,6 +250,21 @@ impl Iommu {
                     || !e.busy.load(Ordering::SeqCst)
                 {
                     break;
+                }
+                // Outside any section and holding only other domains'
+                // translations: it consumes the commands before its next
+                // translation (as an idle engine does), and what it holds
+                // is not ours.
+                if let Some(t) = tag {
+                    if !e.in_section.load(Ordering::SeqCst)
+                        && e.pin_tags
+                            .lock()
+                            .unwrap_or_else(|x| x.into_inner())
+                            .as_ref()
+                            .is_some_and(|v| !v.contains(&t))
+                    {
+                        break;
+                    }
                 }
                 t0.get_or_insert_with(Instant::now);
                 spins += 1;
@@ -342,6 +370,8 @@ impl EngineTlb {
             acked: AtomicU64::new(tail),
             busy: AtomicBool::new(false),
             gone: AtomicBool::new(false),
+            in_section: AtomicBool::new(false),
+            pin_tags: Mutex::new(None),
         });
         engines.push(state.clone());
         EngineTlb {
@@ -358,6 +388,7 @@ impl EngineTlb {
     /// Start translating: consume pending commands first.
     pub fn enter(&mut self) -> Section<'_> {
         // SeqCst: the Dekker pair of the tail store in `Iommu::submit`.
+        self.state.in_section.store(true, Ordering::SeqCst);
         self.state.busy.store(true, Ordering::SeqCst);
         self.in_section = true;
         self.consume();
@@ -380,6 +411,16 @@ impl EngineTlb {
                 .busy
                 .store(self.pinned.is_some(), Ordering::SeqCst);
         }
+    }
+
+    /// The domains whose translations the pin keeps (None: any, or not
+    /// known): a sync for another domain does not wait for the pin.
+    pub fn pin_tags(&mut self, tags: Option<Vec<u64>>) {
+        *self
+            .state
+            .pin_tags
+            .lock()
+            .unwrap_or_else(|x| x.into_inner()) = tags;
     }
 
     /// Consume pending commands outside a section (housekeeping; an idle
@@ -513,6 +554,12 @@ impl Section<'_> {
         self.e.pinned = seq;
     }
 
+    /// [`EngineTlb::pin_tags`] from inside the section (published before
+    /// the section ends).
+    pub fn pin_tags(&mut self, tags: Option<Vec<u64>>) {
+        self.e.pin_tags(tags);
+    }
+
     #[inline]
     fn leaf(&mut self, dom: &Domain, iova: u64) -> Option<Leaf> {
         let tag = dom.tag();
@@ -573,10 +620,13 @@ impl Section<'_> {
             access,
             reason,
         };
-        let end = match iova.checked_add(len) {
-            Some(e) if e <= IOVA_LIMIT => e,
-            _ => return Err(fault(iova.min(IOVA_LIMIT), FaultReason::OutOfRange)),
-        };
+        if iova >= IOVA_LIMIT {
+            return Err(fault(iova, FaultReason::OutOfRange));
+        }
+        // A range past the IOVA space faults at its first byte that is
+        // unmapped, forbidden, or out of the space, in that order.
+        let end = iova.saturating_add(len).min(IOVA_LIMIT);
+        let beyond = iova.checked_add(len).is_none_or(|e| e > IOVA_LIMIT);
         let tag = dom.tag();
         let mut a = iova;
         while a < end {
@@ -610,6 +660,10 @@ impl Section<'_> {
             }
             a += n;
         }
+        if beyond {
+            runs.clear();
+            return Err(fault(IOVA_LIMIT, FaultReason::OutOfRange));
+        }
         Ok(())
     }
 }
@@ -635,6 +689,7 @@ impl Drop for Section<'_> {
             .state
             .busy
             .store(self.e.pinned.is_some(), Ordering::SeqCst);
+        self.e.state.in_section.store(false, Ordering::SeqCst);
     }
 }
 
