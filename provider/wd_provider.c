@@ -1949,12 +1949,21 @@ int OSSL_provider_init(const OSSL_CORE_HANDLE *handle, const OSSL_DISPATCH *in,
 	for (; in->function_id != 0; in++)
 		if (in->function_id == OSSL_FUNC_CORE_GET_PARAMS)
 			p->core_get_params = OSSL_FUNC_core_get_params(in);
+	/* A setting that does not parse refuses the load, naming it (as
+	 * OpenSSL's own configuration errors do), rather than running with
+	 * something the user did not ask for. */
 	const char *t = wd_setting(p, "threshold", "WD_PROVIDER_THRESHOLD");
 	if (t != NULL) {
 		char *end;
+		errno = 0;
 		unsigned long long v = strtoull(t, &end, 10);
-		if (*t != '\0' && *end == '\0')
-			wd_crypto_set_threshold((size_t)v);
+		if (*t < '0' || *t > '9' || *end != '\0' || errno != 0) {
+			ERR_raise_data(ERR_LIB_PROV, ERR_R_PASSED_INVALID_ARGUMENT,
+				       "wd provider: threshold '%s' is not a byte count", t);
+			OPENSSL_free(p);
+			return 0;
+		}
+		wd_crypto_set_threshold((size_t)v);
 	}
 	const char *pol = wd_setting(p, "policy", "WD_PROVIDER_POLICY");
 	if (pol != NULL) {
@@ -1962,8 +1971,14 @@ int OSSL_provider_init(const OSSL_CORE_HANDLE *handle, const OSSL_DISPATCH *in,
 			wd_crypto_set_policy(WD_CRYPTO_POLICY_OFFLOAD);
 		else if (strcmp(pol, "cpu") == 0)
 			wd_crypto_set_policy(WD_CRYPTO_POLICY_CPU);
-		else
+		else if (strcmp(pol, "auto") == 0)
 			wd_crypto_set_policy(WD_CRYPTO_POLICY_AUTO);
+		else {
+			ERR_raise_data(ERR_LIB_PROV, ERR_R_PASSED_INVALID_ARGUMENT,
+				       "wd provider: policy '%s' is not auto, offload or cpu", pol);
+			OPENSSL_free(p);
+			return 0;
+		}
 	}
 	const char *fb = wd_setting(p, "fallback", "WD_PROVIDER_FALLBACK");
 	if (fb != NULL)

@@ -47,6 +47,15 @@ start_host "$tmp/dying.sock"
 WD_HOST=$tmp/dying.sock WD_TEST_KILL_PID=$host_pid WD_PROVIDER_POLICY=offload WD_PROVIDER_THRESHOLD=0 \
     "$out/test_provider_edges" "$dir" async_jobs_survive_host_death
 
+echo "-- a setting that does not parse refuses the load, naming it"
+for bad in "WD_PROVIDER_POLICY=ofload:policy 'ofload'" "WD_PROVIDER_THRESHOLD=-1:threshold '-1'" \
+    "WD_PROVIDER_THRESHOLD=4k:threshold '4k'"; do
+    if env "${bad%%:*}" openssl list -provider-path "$dir" -provider wd -providers > "$tmp/out" 2>&1; then
+        echo "the provider loaded with ${bad%%:*}"; exit 1
+    fi
+    grep -q "${bad#*:}" "$tmp/out" || { echo "no message naming ${bad%%:*}:"; cat "$tmp/out"; exit 1; }
+done
+
 echo "-- openssl enc / dgst round trips against the default provider"
 for size in 0 1 15 16 17 1000 65537 300001; do
     head -c "$size" /dev/urandom > "$tmp/in"

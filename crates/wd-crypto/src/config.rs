@@ -38,19 +38,29 @@ static IN_PLACE: AtomicBool = AtomicBool::new(false);
 
 fn init() {
     INIT.call_once(|| {
-        if let Some(t) = std::env::var("WD_CRYPTO_THRESHOLD")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-        {
-            THRESHOLD.store(t, Ordering::Relaxed);
+        // A setting that does not parse is said once, on stderr (there is
+        // no caller to return it to), and the default kept.
+        if let Ok(v) = std::env::var("WD_CRYPTO_THRESHOLD") {
+            match v.trim().parse::<usize>() {
+                Ok(t) => THRESHOLD.store(t, Ordering::Relaxed),
+                Err(_) => eprintln!(
+                    "wrapdrive: WD_CRYPTO_THRESHOLD='{v}' is not a byte count; the default ({DEFAULT_THRESHOLD}) stays"
+                ),
+            }
         }
-        if let Ok(p) = std::env::var("WD_CRYPTO_POLICY") {
-            let p = match p.trim() {
-                "offload" => Policy::Offload,
-                "cpu" => Policy::Cpu,
-                _ => Policy::Auto,
+        if let Ok(v) = std::env::var("WD_CRYPTO_POLICY") {
+            let p = match v.trim() {
+                "offload" => Some(Policy::Offload),
+                "cpu" => Some(Policy::Cpu),
+                "auto" => Some(Policy::Auto),
+                _ => None,
             };
-            POLICY.store(p as u8, Ordering::Relaxed);
+            match p {
+                Some(p) => POLICY.store(p as u8, Ordering::Relaxed),
+                None => eprintln!(
+                    "wrapdrive: WD_CRYPTO_POLICY='{v}' is not auto, offload or cpu; auto stays"
+                ),
+            }
         }
         if std::env::var("WD_CRYPTO_LEGACY").is_ok_and(|v| v == "1") {
             LEGACY.store(true, Ordering::Relaxed);
