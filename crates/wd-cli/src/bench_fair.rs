@@ -71,6 +71,8 @@ struct Row {
     /// Flooders' throughput meanwhile (bytes copied or compressed), per
     /// second.
     flood_bytes_per_sec: f64,
+    /// p99 over the row without flooders' (the table's "p99 / no flood").
+    p99_vs_no_flood: Option<f64>,
 }
 
 /// What one flooder keeps doing.
@@ -260,6 +262,7 @@ fn one_rep(args: &FairArgs, f: Flood, host: &str, n: usize) -> Result<Row, Strin
             p99_ns: percentile(&lat, 0.99),
             max_ns: lat.last().copied().unwrap_or(0),
             flood_bytes_per_sec: flood,
+            p99_vs_no_flood: None,
         })
     });
     stop.store(true, Ordering::Relaxed);
@@ -383,6 +386,11 @@ pub fn run(args: FairArgs, host: &str) -> Result<(), String> {
     }
     prog.finish();
     let base = rows.iter().find(|r| r.flooders == 0).map(|r| r.p99_ns);
+    for r in &mut rows {
+        r.p99_vs_no_flood = base
+            .filter(|&b| b > 0)
+            .map(|b| r.p99_ns as f64 / b as f64);
+    }
     let mut targets = Vec::new();
     // The 2 ms target is the copy engine's: a compression part is tens of
     // milliseconds at the slow levels (docs/compression.md).
@@ -427,8 +435,7 @@ pub fn run(args: FairArgs, host: &str) -> Result<(), String> {
             r.p50_ns as f64 / 1e3,
             r.p99_ns as f64 / 1e3,
             r.max_ns as f64 / 1e6,
-            base.filter(|&b| b > 0)
-                .map_or("-".into(), |b| format!("{:.1}", r.p99_ns as f64 / b as f64)),
+            r.p99_vs_no_flood.map_or("-".into(), |v| format!("{v:.1}")),
             r.flood_bytes_per_sec / 1e6
         );
     }
