@@ -83,6 +83,11 @@ pub struct Stream {
     /// A step's output was lost after the stream took its input: nothing
     /// more can follow.
     broken: bool,
+    /// An error met in a later part of a step, after earlier parts took
+    /// input and made output: the step ended with what they did (their
+    /// output delivered, as zlib delivers what came before corrupt data),
+    /// and every later step fails with it.
+    failed: Option<CodecError>,
     footprint: usize,
     /// Input bytes of one part of a long step ([`Stream::part_len`]).
     part: usize,
@@ -191,6 +196,7 @@ impl Stream {
             },
             ended: false,
             broken: false,
+            failed: None,
             footprint,
             part: p.part_len(),
         })
@@ -225,6 +231,13 @@ impl Stream {
         self.broken = true;
     }
 
+    /// A part after the first of a step failed with `e` (see `failed`):
+    /// for a caller running a step part by part ([`Stream::run_part`]),
+    /// which ends the step with what the earlier parts did.
+    pub fn fail_later(&mut self, e: CodecError) {
+        self.failed = Some(e);
+    }
+
     /// The algorithm.
     pub fn alg(&self) -> Algorithm {
         self.alg
@@ -256,7 +269,14 @@ impl Stream {
             let more_room = rest.len() > PART_OUT;
             let room = rest.len().min(PART_OUT);
             let (step, finished) =
-                self.run_part(part, last, &mut rest[..room], more_room, flush)?;
+                match self.run_part(part, last, &mut rest[..room], more_room, flush) {
+                    Ok(r) => r,
+                    Err(e) if done.consumed + done.produced > 0 => {
+                        self.fail_later(e);
+                        return Ok(done);
+                    }
+                    Err(e) => return Err(e),
+                };
             done.consumed += step.consumed;
             done.produced += step.produced;
             done.end = step.end;
@@ -296,6 +316,9 @@ impl Stream {
 
     /// One call of the library.
     fn run_once(&mut self, input: &[u8], out: &mut [u8], flush: Flush) -> Result<Step, CodecError> {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
         if self.broken {
             return Err(CodecError::Broken);
         }
@@ -413,6 +436,38 @@ impl Stream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A step whose later part meets corrupt data (here a zlib trailer
+    /// that does not match, after 10 MiB of output in 4 MiB parts) ends
+    /// with what the earlier parts did, as zlib delivers what came before
+    /// the corruption; the next step fails with it (the step failed whole,
+    /// its earlier output lost).
+    #[test]
+    fn a_later_parts_error_ends_the_step_with_the_earlier_parts_work() {
+        let data: Vec<u8> = (0..10u32 << 20).map(|i| (i / 4096) as u8).collect();
+        let mut z = crate::Engine::new();
+        let mut packed = vec![0u8; crate::compress_bound(Algorithm::Zlib, data.len())];
+        let n = z.compress(Algorithm::Zlib, 1, &data, &mut packed).unwrap();
+        packed.truncate(n);
+        packed[n - 1] ^= 1;
+        let mut s = Stream::new(&StreamParams {
+            alg: Algorithm::Zlib,
+            compress: false,
+            level: 0,
+            window_bits: 0,
+            dict: &[],
+        })
+        .unwrap();
+        let mut out = vec![0u8; data.len() + 16];
+        let step = s.run(&packed, &mut out, Flush::None).unwrap();
+        assert!(!step.end && step.produced > PART_OUT, "{step:?}");
+        assert!(out[..step.produced] == data[..step.produced]);
+        let rest = &packed[step.consumed..];
+        assert_eq!(
+            s.run(rest, &mut out, Flush::Finish).unwrap_err(),
+            CodecError::Corrupt
+        );
+    }
 
     /// zstd's highest levels would allocate 650 MiB for a stream whose
     /// size it is not told; capped, what a session allocates stays within

@@ -312,6 +312,7 @@ impl ZipQueue {
             (op.dst, op.dst_len),
             op.flush,
             None,
+            false,
             dma,
         )?;
         Ok(Done {
@@ -335,6 +336,12 @@ impl ZipQueue {
     /// used: SHARE_ALL) is lost with its input: the session is broken, and
     /// the step fails with -EIO, which a stall does not retry with input
     /// the session already took.
+    ///
+    /// A part after the first (`part` with `earlier`: parts before took
+    /// input or made output) that fails in the codec ends the step with
+    /// what those did, and the session fails every later step (see
+    /// `Stream::fail_later`).
+    #[allow(clippy::too_many_arguments)]
     fn step(
         &mut self,
         session: u64,
@@ -342,6 +349,7 @@ impl ZipQueue {
         (dst, room): (u64, u64),
         flush: Flush,
         part: Option<(bool, bool)>,
+        earlier: bool,
         dma: &mut dyn Dma<'_>,
     ) -> Result<(wd_zip_codec::Step, bool), i32> {
         self.stage(src, len, room, dma)?;
@@ -355,7 +363,13 @@ impl ZipQueue {
             None => s.run(input, output, flush).map(|step| (step, true)),
             Some((last, more_room)) => s.run_part(input, last, output, more_room, flush),
         }
-        .map_err(CodecError::status)?;
+        .or_else(|e| match earlier {
+            true => {
+                s.fail_later(e);
+                Ok((wd_zip_codec::Step::default(), true))
+            }
+            false => Err(CodecError::status(e)),
+        })?;
         if write_out(dma, dst, &self.output[..step.produced]).is_err() {
             s.break_off();
             return Err(status::EIO);
@@ -452,8 +466,9 @@ impl ZipQueue {
                 let input = (op.src + cut.consumed, n);
                 let output = (op.dst + cut.produced, cap);
                 let part = Some((last, room > cap));
+                let earlier = cut.consumed + cut.produced > 0;
                 let (step, finished) =
-                    match self.step(op.session, input, output, op.flush, part, dma) {
+                    match self.step(op.session, input, output, op.flush, part, earlier, dma) {
                         Ok(r) => r,
                         // Memory failing before a later part ran ends the step
                         // with what the parts before did, as a step whose

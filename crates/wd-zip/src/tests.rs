@@ -910,3 +910,38 @@ fn a_step_cut_on_the_device_is_the_cpu_step() {
         );
     }
 }
+
+/// A decompressing step cut in parts whose later part meets corrupt data
+/// (a zlib trailer that does not match) ends with what the earlier parts
+/// took and wrote, delivered; the next step fails with -EBADMSG. It
+/// failed whole, result 0, with the earlier parts' output written and
+/// their input taken.
+#[test]
+fn a_cut_steps_later_error_ends_it_with_the_earlier_parts_work() {
+    let data = noisy(LONG);
+    let mut packed = vec![0u8; wd_zip_codec::compress_bound(Algorithm::Zlib, LONG)];
+    let n = wd_zip_codec::Engine::new()
+        .compress(Algorithm::Zlib, 1, &data, &mut packed)
+        .unwrap();
+    packed.truncate(n);
+    packed[n - 1] ^= 1;
+    let (mut q, mut mem) = long_queue();
+    mem.put(SRC, &packed);
+    let d = open(&mut q, &mut mem, Algorithm::Zlib, 0, false);
+    let step = |src: u64, len: usize| StreamOp {
+        session: d,
+        flush: Flush::Finish,
+        src,
+        src_len: len as u64,
+        dst: LONG_DST,
+        dst_len: 8 << 20,
+    };
+    let (st, r, calls) = run_parts(&mut q, &mut mem, step(SRC, n).to_desc(1));
+    let done = Done::from_result(r);
+    assert!(st == 0 && calls > 1, "status {st} after {calls} parts");
+    assert!(done.produced > 0 && !done.end, "{done:?}");
+    assert!(mem.get(LONG_DST, done.produced as usize) == data[..done.produced as usize]);
+    let rest = n - done.consumed as usize;
+    let (st, _, _) = run_parts(&mut q, &mut mem, step(SRC + done.consumed, rest).to_desc(2));
+    assert_eq!(st, status::EBADMSG);
+}
