@@ -387,9 +387,7 @@ pub fn run(args: FairArgs, host: &str) -> Result<(), String> {
     prog.finish();
     let base = rows.iter().find(|r| r.flooders == 0).map(|r| r.p99_ns);
     for r in &mut rows {
-        r.p99_vs_no_flood = base
-            .filter(|&b| b > 0)
-            .map(|b| r.p99_ns as f64 / b as f64);
+        r.p99_vs_no_flood = base.filter(|&b| b > 0).map(|b| r.p99_ns as f64 / b as f64);
     }
     let mut targets = Vec::new();
     // The 2 ms target is the copy engine's: a compression part is tens of
