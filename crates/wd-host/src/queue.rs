@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use wd_iommu::{
@@ -115,6 +115,10 @@ pub struct Queue {
     pub endpoint: Arc<Endpoint>,
     /// Shared ranges by IOVA.
     shares: Mutex<BTreeMap<u64, Share>>,
+    /// How many: read without `shares`' lock, which a strict unshare holds
+    /// while it waits for engines (an attribute listing, holding the
+    /// host's table of queues, must not wait behind it).
+    share_count: AtomicUsize,
     /// Requests completed.
     pub requests: AtomicU64,
     /// Bytes processed.
@@ -174,6 +178,7 @@ impl Queue {
             engine,
             endpoint: Arc::new(Endpoint::new(id, dom)),
             shares: Mutex::new(BTreeMap::new()),
+            share_count: AtomicUsize::new(0),
             requests: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             fault_count: AtomicU64::new(0),
@@ -274,6 +279,7 @@ impl Queue {
                 prot,
             },
         );
+        self.share_count.store(shares.len(), Ordering::Relaxed);
         Ok(())
     }
 
@@ -298,6 +304,7 @@ impl Queue {
             if let Some(s) = shares.remove(&iova) {
                 g.defer_release(Box::new(s.region));
             }
+            self.share_count.store(shares.len(), Ordering::Relaxed);
         }
         dom.iotlb_sync(&mut g);
         r.map(|_| ())
@@ -308,6 +315,7 @@ impl Queue {
     /// the engine let go of the queue).
     pub fn unshare_all(&self) {
         let shares = std::mem::take(&mut *self.shares.lock().unwrap_or_else(|e| e.into_inner()));
+        self.share_count.store(0, Ordering::Relaxed);
         // Invalidates on every engine and waits before the regions go.
         self.domain().clear();
         drop(shares);
@@ -332,7 +340,7 @@ impl Queue {
 
     /// Number of shared ranges.
     pub fn share_count(&self) -> usize {
-        self.shares.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.share_count.load(Ordering::Relaxed)
     }
 
     /// The host's runs for `[gpa, gpa + size)` of memory this queue shared

@@ -275,3 +275,62 @@ fn a_client_refilling_its_ring_during_release_does_not_hold_the_engine() {
     );
     drop(map);
 }
+
+/// A strict unshare waits for its own queue's held requests; meanwhile
+/// another client's attribute listing answers at once (it counted the
+/// queue's shares under the lock the unshare held while it waited, and
+/// held the host's table of queues meanwhile, so every client's queue
+/// requests waited too).
+#[test]
+fn an_unshare_waiting_for_held_requests_does_not_hold_attribute_listings() {
+    use std::time::{Duration, Instant};
+    use wrapdrive::SharedBuf;
+    const BIG: u64 = 64 << 20;
+    let host = Host::embedded(vec![DeviceConfig::new("dummy-async")]).unwrap();
+    let a = HostConn::connect(host.address()).unwrap();
+    let b = HostConn::connect(host.address()).unwrap();
+    let mut qa = a
+        .request_queue(&Capability::new("memcpy-async").depth(256))
+        .unwrap();
+    let src = SharedBuf::new(BIG as usize).unwrap();
+    let dst = SharedBuf::new(BIG as usize).unwrap();
+    qa.share(src.addr(), BIG).unwrap();
+    qa.share(dst.addr(), BIG).unwrap();
+    let reqs: Vec<_> = (0..128u64)
+        .map(|i| {
+            let d = CopyMsg {
+                src: src.addr(),
+                dst: dst.addr(),
+                len: BIG,
+            };
+            (d.to_desc(0), i)
+        })
+        .collect();
+    let mut sent = 0;
+    while sent < reqs.len() {
+        sent += qa.send_batch(&reqs[sent..]).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let waiter = std::thread::spawn(move || {
+        let t = Instant::now();
+        let r = qa.unshare(src.addr(), BIG);
+        (t.elapsed(), r.is_ok(), qa, src)
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let t = Instant::now();
+    let listed = b.attrs("").unwrap();
+    let took = t.elapsed();
+    let (unshare_took, unshared, mut qa, _src) = waiter.join().unwrap();
+    let mut done = 0;
+    while done < reqs.len() {
+        if qa.recv_sync(Some(Duration::from_secs(60))).is_ok() {
+            done += 1;
+        }
+    }
+    assert!(unshared);
+    assert!(!listed.is_empty());
+    assert!(
+        took < Duration::from_millis(300) && unshare_took > took,
+        "the listing took {took:?} beside an unshare of {unshare_took:?}"
+    );
+}
