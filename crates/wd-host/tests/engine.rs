@@ -4,6 +4,8 @@
 //! of its engine for longer than a pass's budget.
 #![allow(unsafe_code)]
 
+mod common;
+
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
@@ -55,7 +57,7 @@ fn raw_queue(
     alg: &str,
     depth: u32,
 ) -> (wd_ipc::Channel, Vec<std::os::fd::OwnedFd>, wd_sys::Mapping) {
-    let mut ch = connect(host);
+    let mut ch = common::raw_connect(host);
     let f = ch
         .call(
             &Message::RequestQueue {
@@ -75,25 +77,6 @@ fn raw_queue(
     };
     let map = wd_sys::Mapping::map_shared(f.fds[0].as_fd(), 0, ring_bytes as usize).unwrap();
     (ch, f.fds, map)
-}
-
-/// A raw control channel to `host`, past Hello.
-fn connect(host: &Host) -> wd_ipc::Channel {
-    use std::os::linux::net::SocketAddrExt;
-    let name = host.address().strip_prefix('@').expect("abstract address");
-    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
-    let sock = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
-    let mut ch = wd_ipc::Channel::new(sock);
-    ch.call(
-        &Message::Hello {
-            version: wd_proto::PROTOCOL_VERSION,
-            client_pid: 0,
-        },
-        1,
-        &[],
-    )
-    .unwrap();
-    ch
 }
 
 /// A register-driven queue (NVMe) never takes from its ring, yet the

@@ -4,6 +4,8 @@
 //! refilling a ring being released does not hold the engine.
 #![allow(unsafe_code)]
 
+mod common;
+
 use wd_dummy_msg::CopyMsg;
 use wd_host::{DeviceConfig, Host};
 use wrapdrive::virtio::{self, Request, Status as VStatus};
@@ -57,6 +59,63 @@ fn a_share_all_queue_attached_to_a_virtio_domain_reaches_only_its_mappings() {
     let _ = virtio::VIRTIO_IOMMU_MAP_F_READ;
 }
 
+/// A client keeping its `dummy-async` device busy: 128 copies of 64 MiB
+/// held, between two shared buffers; `drain` takes their completions.
+struct HeldCopies {
+    q: Queue,
+    src: wrapdrive::SharedBuf,
+    _dst: wrapdrive::SharedBuf,
+    sent: usize,
+}
+
+const BIG: u64 = 64 << 20;
+
+impl HeldCopies {
+    fn start(conn: &std::sync::Arc<HostConn>) -> HeldCopies {
+        let mut q = conn
+            .request_queue(&Capability::new("memcpy-async").depth(256))
+            .unwrap();
+        let src = wrapdrive::SharedBuf::new(BIG as usize).unwrap();
+        let dst = wrapdrive::SharedBuf::new(BIG as usize).unwrap();
+        q.share(src.addr(), BIG).unwrap();
+        q.share(dst.addr(), BIG).unwrap();
+        let reqs: Vec<_> = (0..128u64)
+            .map(|i| {
+                let d = CopyMsg {
+                    src: src.addr(),
+                    dst: dst.addr(),
+                    len: BIG,
+                };
+                (d.to_desc(0), i)
+            })
+            .collect();
+        let mut sent = 0;
+        while sent < reqs.len() {
+            sent += q.send_batch(&reqs[sent..]).unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        HeldCopies {
+            q,
+            src,
+            _dst: dst,
+            sent,
+        }
+    }
+
+    fn drain(&mut self) {
+        let mut done = 0;
+        while done < self.sent {
+            if self
+                .q
+                .recv_sync(Some(std::time::Duration::from_secs(60)))
+                .is_ok()
+            {
+                done += 1;
+            }
+        }
+    }
+}
+
 /// One client's requests held by an asynchronous device must not hold up
 /// another client's strict unshare for as long as the first client keeps
 /// work queued: the pin of held translations is per engine and every
@@ -67,8 +126,6 @@ fn a_share_all_queue_attached_to_a_virtio_domain_reaches_only_its_mappings() {
 #[test]
 fn held_requests_of_one_client_do_not_stall_another_clients_unshare() {
     use std::time::{Duration, Instant};
-    use wrapdrive::SharedBuf;
-    const BIG: u64 = 64 << 20;
     let host = Host::embedded(vec![
         DeviceConfig::new("dummy-async"),
         DeviceConfig::new("dummy"),
@@ -76,70 +133,20 @@ fn held_requests_of_one_client_do_not_stall_another_clients_unshare() {
     .unwrap();
     let a = HostConn::connect(host.address()).unwrap();
     let b = HostConn::connect(host.address()).unwrap();
-    let mut qa = a
-        .request_queue(&Capability::new("memcpy-async").depth(256))
-        .unwrap();
-    let src = SharedBuf::new(BIG as usize).unwrap();
-    let dst = SharedBuf::new(BIG as usize).unwrap();
-    qa.share(src.addr(), BIG).unwrap();
-    qa.share(dst.addr(), BIG).unwrap();
-    let mut qb = b.request_queue(&Capability::new("memcpy")).unwrap();
-    let buf = SharedBuf::new(64 << 10).unwrap();
-    // Client A fills its device with held copies.
-    let reqs: Vec<_> = (0..128u64)
-        .map(|i| {
-            (
-                CopyMsg {
-                    src: src.addr(),
-                    dst: dst.addr(),
-                    len: BIG,
-                }
-                .to_desc(0),
-                i,
-            )
-        })
-        .collect();
-    let mut sent = 0;
-    while sent < reqs.len() {
-        sent += qa.send_batch(&reqs[sent..]).unwrap();
-    }
-    std::thread::sleep(Duration::from_millis(50));
+    let mut held = HeldCopies::start(&a);
     // Client B: share and unshare its own buffer.
+    let mut qb = b.request_queue(&Capability::new("memcpy")).unwrap();
+    let buf = wrapdrive::SharedBuf::new(64 << 10).unwrap();
     qb.share(buf.addr(), 64 << 10).unwrap();
     let t = Instant::now();
     qb.unshare(buf.addr(), 64 << 10).unwrap();
     let took = t.elapsed();
     // Drain A before the verdict (and the teardown).
-    let mut done = 0;
-    while done < reqs.len() {
-        if qa.recv_sync(Some(Duration::from_secs(60))).is_ok() {
-            done += 1;
-        }
-    }
+    held.drain();
     assert!(
         took < Duration::from_millis(500),
         "client B's unshare waited {took:?} for client A's held requests"
     );
-}
-
-/// A raw control channel to `host`, past Hello.
-fn raw_connect(host: &Host) -> wd_ipc::Channel {
-    use std::os::linux::net::SocketAddrExt;
-    use wd_proto::Message;
-    let name = host.address().strip_prefix('@').expect("abstract address");
-    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
-    let sock = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
-    let mut ch = wd_ipc::Channel::new(sock);
-    ch.call(
-        &Message::Hello {
-            version: wd_proto::PROTOCOL_VERSION,
-            client_pid: 0,
-        },
-        1,
-        &[],
-    )
-    .unwrap();
-    ch
 }
 
 /// A client whose queue is being released keeps submitting (and reaping)
@@ -165,7 +172,7 @@ fn a_client_refilling_its_ring_during_release_does_not_hold_the_engine() {
     ])
     .unwrap();
     // The attacker: a raw queue it drives by hand.
-    let mut ch = raw_connect(&host);
+    let mut ch = common::raw_connect(&host);
     let f = ch
         .call(
             &Message::RequestQueue {
@@ -284,49 +291,22 @@ fn a_client_refilling_its_ring_during_release_does_not_hold_the_engine() {
 #[test]
 fn an_unshare_waiting_for_held_requests_does_not_hold_attribute_listings() {
     use std::time::{Duration, Instant};
-    use wrapdrive::SharedBuf;
-    const BIG: u64 = 64 << 20;
     let host = Host::embedded(vec![DeviceConfig::new("dummy-async")]).unwrap();
     let a = HostConn::connect(host.address()).unwrap();
     let b = HostConn::connect(host.address()).unwrap();
-    let mut qa = a
-        .request_queue(&Capability::new("memcpy-async").depth(256))
-        .unwrap();
-    let src = SharedBuf::new(BIG as usize).unwrap();
-    let dst = SharedBuf::new(BIG as usize).unwrap();
-    qa.share(src.addr(), BIG).unwrap();
-    qa.share(dst.addr(), BIG).unwrap();
-    let reqs: Vec<_> = (0..128u64)
-        .map(|i| {
-            let d = CopyMsg {
-                src: src.addr(),
-                dst: dst.addr(),
-                len: BIG,
-            };
-            (d.to_desc(0), i)
-        })
-        .collect();
-    let mut sent = 0;
-    while sent < reqs.len() {
-        sent += qa.send_batch(&reqs[sent..]).unwrap();
-    }
-    std::thread::sleep(Duration::from_millis(50));
+    let held = HeldCopies::start(&a);
     let waiter = std::thread::spawn(move || {
+        let mut held = held;
         let t = Instant::now();
-        let r = qa.unshare(src.addr(), BIG);
-        (t.elapsed(), r.is_ok(), qa, src)
+        let r = held.q.unshare(held.src.addr(), BIG);
+        (t.elapsed(), r.is_ok(), held)
     });
     std::thread::sleep(Duration::from_millis(50));
     let t = Instant::now();
     let listed = b.attrs("").unwrap();
     let took = t.elapsed();
-    let (unshare_took, unshared, mut qa, _src) = waiter.join().unwrap();
-    let mut done = 0;
-    while done < reqs.len() {
-        if qa.recv_sync(Some(Duration::from_secs(60))).is_ok() {
-            done += 1;
-        }
-    }
+    let (unshare_took, unshared, mut held) = waiter.join().unwrap();
+    held.drain();
     assert!(unshared);
     assert!(!listed.is_empty());
     assert!(
