@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::{mem, run, run_in_pieces, session, set_direct, Mem, BASE};
-use openssl::symm::{Cipher, Crypter, Mode as Dir};
+use common::{mem, openssl_crypt, run, run_in_pieces, session, set_direct, Mem, BASE};
+use openssl::symm::Cipher;
 use proptest::prelude::*;
 use wd_device::{status, DeviceQueue, Started};
 use wd_ring::Desc;
@@ -37,21 +37,8 @@ fn openssl_cipher(alg: Alg) -> Cipher {
 
 /// Reference: the whole message through OpenSSL in one go.
 fn reference(alg: Alg, key: &[u8], iv: &[u8], data: &[u8], encrypt: bool) -> Vec<u8> {
-    let c = openssl_cipher(alg);
     let iv = (!iv.is_empty()).then_some(iv);
-    let mut cr = Crypter::new(
-        c,
-        if encrypt { Dir::Encrypt } else { Dir::Decrypt },
-        key,
-        iv,
-    )
-    .unwrap();
-    cr.pad(false);
-    let mut out = vec![0u8; data.len() + 32];
-    let n = cr.update(data, &mut out).unwrap();
-    let m = cr.finalize(&mut out[n..]).unwrap();
-    out.truncate(n + m);
-    out
+    openssl_crypt(openssl_cipher(alg), key, iv, data, encrypt)
 }
 
 fn cipher_op(session: u64, flags: u16, src: u64, dst: u64, len: usize, iv: &[u8]) -> Desc {

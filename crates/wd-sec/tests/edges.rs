@@ -5,27 +5,11 @@
 
 mod common;
 
-use common::{cipher, mem, run, session, BASE};
-use openssl::symm::{Cipher, Crypter, Mode as Dir};
+use common::{cipher, mem, openssl_crypt, run, session, BASE};
+use openssl::symm::Cipher;
 use wd_device::{status, DeviceQueue};
 use wd_sec::msg::{DigestOp, F_DIGEST_FINAL, F_ENCRYPT, F_INIT, F_IV};
 use wd_sec::{Alg, Hash, SecQueue, TYPE_CIPHER, TYPE_DIGEST};
-
-fn reference(c: Cipher, key: &[u8], iv: Option<&[u8]>, data: &[u8], encrypt: bool) -> Vec<u8> {
-    let mut cr = Crypter::new(
-        c,
-        if encrypt { Dir::Encrypt } else { Dir::Decrypt },
-        key,
-        iv,
-    )
-    .unwrap();
-    cr.pad(false);
-    let mut out = vec![0u8; data.len() + 32];
-    let n = cr.update(data, &mut out).unwrap();
-    let m = cr.finalize(&mut out[n..]).unwrap();
-    out.truncate(n + m);
-    out
-}
 
 /// XTS with equal key halves: OpenSSL refuses it for encryption but
 /// allows decryption. After an encryption is refused, decryptions of the
@@ -42,7 +26,7 @@ fn a_refused_xts_encryption_keeps_decryption_working() {
         let s = session(&mut q, &mut mem, alg, &key);
         let (src, dst) = (BASE + 0x1000, BASE + 0x2000);
         mem.put(src, &data);
-        let want = reference(Cipher::aes_128_xts(), &key, Some(&tweak), &data, false);
+        let want = openssl_crypt(Cipher::aes_128_xts(), &key, Some(&tweak), &data, false);
         let d = run(
             &mut q,
             &mut mem,
@@ -82,7 +66,7 @@ fn a_faulting_f_iv_request_leaves_the_message_under_way() {
     let alg = Alg::by_name("aes-128-cbc").unwrap();
     let (key, iv, bad_iv) = ([1u8; 16], [2u8; 16], [3u8; 16]);
     let data: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(7)).collect();
-    let want = reference(Cipher::aes_128_cbc(), &key, Some(&iv), &data, true);
+    let want = openssl_crypt(Cipher::aes_128_cbc(), &key, Some(&iv), &data, true);
     for direct in [true, false] {
         let mut mem = mem(0x10000, direct);
         let mut q = SecQueue::new(TYPE_CIPHER);
@@ -211,7 +195,7 @@ fn a_bursts_chain_is_not_taken_from_memory_another_request_writes() {
     let (ka, kb, iva, ivb) = ([1u8; 16], [2u8; 16], [3u8; 16], [4u8; 16]);
     let a: Vec<u8> = (0..64u8).collect();
     let b: Vec<u8> = (0..64u8).map(|x| x ^ 0x5a).collect();
-    let want = reference(Cipher::aes_128_cbc(), &ka, Some(&iva), &a, true);
+    let want = openssl_crypt(Cipher::aes_128_cbc(), &ka, Some(&iva), &a, true);
     for mb in [None, Some(e)] {
         let mut mem = mem(0x10000, true);
         let mut q = SecQueue::with_engine(TYPE_CIPHER, mb);
@@ -425,7 +409,7 @@ fn mixed_sizes_on_a_multi_buffer_queue_match_openssl() {
             };
             let iv = (st.alg.iv_len() != 0).then_some(&st.iv[..]);
             assert!(
-                got == reference(c, &st.key, iv, &st.plain, st.enc),
+                got == openssl_crypt(c, &st.key, iv, &st.plain, st.enc),
                 "round {round}: {} enc {}",
                 st.alg.name(),
                 st.enc
@@ -475,7 +459,8 @@ fn a_burst_with_requests_of_64_kib_and_more_matches_openssl() {
     );
     for ((at, data), k) in placed.iter().zip(&keys) {
         assert!(
-            mem.get(*at, data.len()) == reference(Cipher::aes_128_cbc(), k, Some(&iv), data, true)
+            mem.get(*at, data.len())
+                == openssl_crypt(Cipher::aes_128_cbc(), k, Some(&iv), data, true)
         );
     }
 }
@@ -504,6 +489,6 @@ fn ecb_without_f_iv_on_a_fresh_session() {
     );
     assert_eq!(
         mem.get(BASE + 0x2000, 64),
-        reference(Cipher::aes_128_ecb(), &key, None, &data, true)
+        openssl_crypt(Cipher::aes_128_ecb(), &key, None, &data, true)
     );
 }

@@ -6,21 +6,15 @@
 
 mod common;
 
-use common::{cipher, mem, run, run_in_pieces, session, Mem, BASE};
-use openssl::symm::{Cipher, Crypter, Mode as Dir};
+use common::{cipher, mem, openssl_crypt, run, run_in_pieces, session, Mem, BASE};
+use openssl::symm::Cipher;
 use wd_device::{status, DeviceQueue, Progress};
 use wd_ring::Desc;
 use wd_sec::msg::{CipherOp, DigestOp, F_DIGEST_FINAL, F_ENCRYPT, F_FINAL, F_INIT, F_IV};
 use wd_sec::{Alg, Hash, SecQueue, TYPE_CIPHER, TYPE_DIGEST};
 
-fn reference(c: Cipher, key: &[u8], iv: Option<&[u8]>, data: &[u8]) -> Vec<u8> {
-    let mut cr = Crypter::new(c, Dir::Encrypt, key, iv).unwrap();
-    cr.pad(false);
-    let mut out = vec![0u8; data.len() + 32];
-    let n = cr.update(data, &mut out).unwrap();
-    let m = cr.finalize(&mut out[n..]).unwrap();
-    out.truncate(n + m);
-    out
+fn encrypted(c: Cipher, key: &[u8], iv: Option<&[u8]>, data: &[u8]) -> Vec<u8> {
+    openssl_crypt(c, key, iv, data, true)
 }
 
 /// XTS through the bounce path (memory not contiguous in the host: SHARE_ALL,
@@ -34,7 +28,7 @@ fn xts_over_256k_through_bounce_matches_openssl() {
     let iv = [3u8; 16];
     let len = 512 << 10;
     let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
-    let want = reference(Cipher::aes_128_xts(), &key, Some(&iv), &data);
+    let want = encrypted(Cipher::aes_128_xts(), &key, Some(&iv), &data);
     for direct in [true, false] {
         let mut mem = mem(2 << 20, direct);
         let mut q = SecQueue::new(TYPE_CIPHER);
@@ -106,7 +100,7 @@ fn mb_queue_cbc_fault_keeps_the_chain() {
             again.status, 0,
             "direct {direct}: the retried part is refused"
         );
-        assert!(mem.get(dst, 4096) == reference(Cipher::aes_128_cbc(), &key, Some(&iv), &data));
+        assert!(mem.get(dst, 4096) == encrypted(Cipher::aes_128_cbc(), &key, Some(&iv), &data));
     }
 }
 
@@ -290,7 +284,7 @@ fn cut_cbc_continuation_faulting_in_a_later_piece_then_retried() {
     assert_eq!(d.status, 0);
     let (d, _) = run_in_pieces(&mut q, &mut mem, orig, 1);
     assert_eq!(d.status, 0);
-    assert!(mem.get(dst, 4096 + len) == reference(Cipher::aes_128_cbc(), &key, Some(&iv), &data));
+    assert!(mem.get(dst, 4096 + len) == encrypted(Cipher::aes_128_cbc(), &key, Some(&iv), &data));
 }
 
 /// After a CBC encryption that ran in a multi-buffer burst, a decryption
@@ -491,6 +485,6 @@ fn mb_share_all_cbc_fault_loses_a_continued_message() {
     );
     m.set_hole(None);
     assert_eq!(run(&mut q, &mut m, part(F_IV, 2048, &iv)).status, 0);
-    let want = reference(Cipher::aes_128_cbc(), &key, Some(&iv), &data[2048..]);
+    let want = encrypted(Cipher::aes_128_cbc(), &key, Some(&iv), &data[2048..]);
     assert!(m.get(dst + 2048, 2048) == want);
 }

@@ -71,3 +71,26 @@ pub fn run_in_pieces(q: &mut SecQueue, mem: &mut Mem, d: Desc, budget: u64) -> (
     }
     (d, calls)
 }
+
+/// OpenSSL's output for `data` in one go, without padding.
+pub fn openssl_crypt(
+    c: openssl::symm::Cipher,
+    key: &[u8],
+    iv: Option<&[u8]>,
+    data: &[u8],
+    encrypt: bool,
+) -> Vec<u8> {
+    use openssl::symm::{Crypter, Mode};
+    let mode = if encrypt {
+        Mode::Encrypt
+    } else {
+        Mode::Decrypt
+    };
+    let mut cr = Crypter::new(c, mode, key, iv).unwrap();
+    cr.pad(false);
+    let mut out = vec![0u8; data.len() + 32];
+    let n = cr.update(data, &mut out).unwrap();
+    let m = cr.finalize(&mut out[n..]).unwrap();
+    out.truncate(n + m);
+    out
+}
