@@ -31,34 +31,7 @@
 
 #include "wd_crypto.h"
 
-static int passed, failed;
-
-#define CHECK(cond, ...)                                                   \
-	do {                                                               \
-		if (cond) {                                                \
-			passed++;                                          \
-		} else {                                                   \
-			failed++;                                          \
-			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-			fprintf(stderr, __VA_ARGS__);                      \
-			fprintf(stderr, "\n");                             \
-			ERR_print_errors_fp(stderr);                       \
-		}                                                          \
-	} while (0)
-
-static unsigned long long rng = 0x9e3779b97f4a7c15ull;
-static unsigned rnd(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (unsigned)(rng >> 11);
-}
-static void fill(unsigned char *p, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		p[i] = (unsigned char)rnd();
-}
+#include "provider_check.h"
 
 static size_t unhex(const char *h, unsigned char *out)
 {
@@ -252,22 +225,6 @@ static void test_gcm(int rounds)
 		EVP_CIPHER_free(w);
 		EVP_CIPHER_free(d);
 	}
-}
-
-/* `name` from this provider ([0]) and from the default one ([1]), the two
- * sides a differential test compares (a side not found is NULL, and the
- * failure counted). */
-static void fetch_both(const char *name, EVP_CIPHER *cs[2])
-{
-	cs[0] = EVP_CIPHER_fetch(NULL, name, "provider=wd");
-	cs[1] = EVP_CIPHER_fetch(NULL, name, "provider=default");
-	CHECK(cs[0] && cs[1], "fetch %s", name);
-}
-
-static void free_both(EVP_CIPHER *cs[2])
-{
-	EVP_CIPHER_free(cs[0]);
-	EVP_CIPHER_free(cs[1]);
 }
 
 /* GCM through EVP_Cipher, the raw call: OpenSSL hands every call to the
