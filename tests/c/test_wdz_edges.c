@@ -92,6 +92,28 @@ static void text_bytes(unsigned char *p, size_t n, uint32_t seed)
     }
 }
 
+/* `n` bytes of `in` compressed whole by the reference zlib (level,
+ * windowBits) into `out`; its length. The reference failing ends the run
+ * (exit 2: the test cannot be made). */
+static size_t ref_compress(int level, int bits, const unsigned char *in, size_t n,
+                           unsigned char *out, size_t cap)
+{
+    z_stream d;
+    memset(&d, 0, sizeof d);
+    if (ref.deflateInit2_(&d, level, Z_DEFLATED, bits, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
+                          (int)sizeof d) != Z_OK)
+        exit(2);
+    d.next_in = (unsigned char *)in;
+    d.avail_in = (uInt)n;
+    d.next_out = out;
+    d.avail_out = (uInt)cap;
+    if (ref.deflate(&d, Z_FINISH) != Z_STREAM_END)
+        exit(2);
+    size_t len = d.total_out;
+    ref.deflateEnd(&d);
+    return len;
+}
+
 /* deflateBound() is zlib's promise that a buffer of that size takes the
  * whole stream in one deflate(Z_FINISH) call ("used to allocate an
  * output buffer for deflation in a single pass"). For a gzip stream
@@ -142,19 +164,7 @@ static void gzip_header_crc_checked(void)
     random_bytes(data, 300, 5);
     text_bytes(data + 300, N - 300, 9);
     /* raw deflate of the data with the reference */
-    z_stream d;
-    memset(&d, 0, sizeof d);
-    if (ref.deflateInit2_(&d, 6, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
-                          (int)sizeof d) != Z_OK)
-        exit(2);
-    d.next_in = data;
-    d.avail_in = N;
-    d.next_out = raw;
-    d.avail_out = sizeof raw;
-    if (ref.deflate(&d, Z_FINISH) != Z_STREAM_END)
-        exit(2);
-    size_t rawlen = d.total_out;
-    ref.deflateEnd(&d);
+    size_t rawlen = ref_compress(6, -15, data, N, raw, sizeof raw);
     /* header: ID1 ID2 CM FLG(FHCRC) MTIME(4) XFL OS, then a wrong CRC16 */
     size_t at = 0;
     const unsigned char hdr[10] = {0x1f, 0x8b, 8, 0x02, 0, 0, 0, 0, 0, 3};
@@ -249,19 +259,7 @@ static void gzread_small_file_in_pieces(void)
     static unsigned char data[N], gz[N], back[N + 100];
     for (size_t i = 0; i < N; i++) /* compresses to about 1 KiB */
         data[i] = (unsigned char)("0123456789abcdefghij\n"[i % 21] + (i % 4093 == 0));
-    z_stream d;
-    memset(&d, 0, sizeof d);
-    if (ref.deflateInit2_(&d, 9, Z_DEFLATED, 31, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
-                          (int)sizeof d) != Z_OK)
-        exit(2);
-    d.next_in = data;
-    d.avail_in = N;
-    d.next_out = gz;
-    d.avail_out = sizeof gz;
-    if (ref.deflate(&d, Z_FINISH) != Z_STREAM_END)
-        exit(2);
-    size_t glen = d.total_out;
-    ref.deflateEnd(&d);
+    size_t glen = ref_compress(9, 31, data, N, gz, sizeof gz);
     char path[] = "/tmp/wdz-edges-XXXXXX";
     int fd = mkstemp(path);
     if (fd < 0 || write(fd, gz, glen) != (ssize_t)glen)
@@ -412,38 +410,14 @@ static void small_window_inflate_in_pieces(void)
     } cases[] = {{-15, -9}, {-15, -12}, {31, 25}, {31, 28}};
     char report[256];
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-        z_stream d;
-        memset(&d, 0, sizeof d);
-        if (ref.deflateInit2_(&d, 6, Z_DEFLATED, cases[k].deflate_bits, 8, Z_DEFAULT_STRATEGY,
-                              ZLIB_VERSION, (int)sizeof d) != Z_OK)
-            exit(2);
-        d.next_in = data;
-        d.avail_in = N;
-        d.next_out = c;
-        d.avail_out = sizeof c;
-        if (ref.deflate(&d, Z_FINISH) != Z_STREAM_END)
-            exit(2);
-        size_t clen = d.total_out;
-        ref.deflateEnd(&d);
+        size_t clen = ref_compress(6, cases[k].deflate_bits, data, N, c, sizeof c);
         int same = inflate_pieces_both(cases[k].inflate_bits, c, clen, 100, report, sizeof report);
         EXPECT(same, "written with windowBits %d, inflated with %d in 100-byte pieces: %s",
                cases[k].deflate_bits, cases[k].inflate_bits, report);
     }
     /* windowBits 0: the zlib header's window (here 4 KiB, CINFO 4, on a
      * stream written with 32 KiB). */
-    z_stream d;
-    memset(&d, 0, sizeof d);
-    if (ref.deflateInit2_(&d, 6, Z_DEFLATED, 15, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
-                          (int)sizeof d) != Z_OK)
-        exit(2);
-    d.next_in = data;
-    d.avail_in = N;
-    d.next_out = c;
-    d.avail_out = sizeof c;
-    if (ref.deflate(&d, Z_FINISH) != Z_STREAM_END)
-        exit(2);
-    size_t clen = d.total_out;
-    ref.deflateEnd(&d);
+    size_t clen = ref_compress(6, 15, data, N, c, sizeof c);
     c[0] = 0x48; /* CM 8, CINFO 4 */
     c[1] = (unsigned char)(c[1] & 0xe0);
     c[1] = (unsigned char)(c[1] + (31 - (c[0] * 256 + c[1]) % 31) % 31);
