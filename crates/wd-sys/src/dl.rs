@@ -7,7 +7,7 @@
 //! threads) runs its code until the process ends.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
 use crate::{Result, SysError};
@@ -40,24 +40,32 @@ fn last_dl_error() -> String {
 /// The directory of the object (executable or shared library) holding
 /// this copy of `wd-sys`: an optional part is installed next to the
 /// library that loads it, whatever the program's search path.
+///
+/// The kernel's name of the file mapped at this code's address
+/// (`/proc/self/maps`: absolute, whatever the process's current directory
+/// and `argv[0]`), not dladdr's, which for the program itself is
+/// `argv[0]`: a bare name (or anything the invoker chose) that would be
+/// resolved against the current directory.
 fn own_directory() -> Option<PathBuf> {
-    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
-    let anchor = own_directory as *const c_void;
-    // SAFETY: anchor is an address inside this object; info is writable
-    // and dladdr fills it (or returns 0 and leaves it alone).
-    let found = unsafe { libc::dladdr(anchor, info.as_mut_ptr()) };
-    if found == 0 {
+    let anchor = own_directory as *const () as usize;
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let line = maps.lines().find(|l| {
+        l.split_once(' ')
+            .and_then(|(range, _)| range.split_once('-'))
+            .and_then(|(s, e)| {
+                Some((
+                    usize::from_str_radix(s, 16).ok()?,
+                    usize::from_str_radix(e, 16).ok()?,
+                ))
+            })
+            .is_some_and(|(s, e)| (s..e).contains(&anchor))
+    })?;
+    // start-end perms offset dev inode   path
+    let path = line.splitn(6, ' ').nth(5)?.trim_start();
+    if !path.starts_with('/') || path.ends_with(" (deleted)") {
         return None;
     }
-    // SAFETY: dladdr returned non-zero, so info is filled in.
-    let info = unsafe { info.assume_init() };
-    if info.dli_fname.is_null() {
-        return None;
-    }
-    // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
-    let name = unsafe { CStr::from_ptr(info.dli_fname) }.to_str().ok()?;
-    let path = std::fs::canonicalize(name).ok()?;
-    path.parent().map(|p| p.to_path_buf())
+    Path::new(path).parent().map(|p| p.to_path_buf())
 }
 
 fn open_path(path: &str) -> std::result::Result<Library, String> {
@@ -185,24 +193,23 @@ impl TextSink {
 }
 
 /// The address of `symbol` of `library` (e.g. `libwd.so`) if that library
-/// is loaded: looked up among the global objects, then in the library
-/// itself (a plugin's dependencies, loaded with local scope, are not
-/// global). Never loads anything. Calling it needs its exact C type.
+/// is loaded (global or local scope: a plugin's dependencies are not
+/// global): looked up in the library itself, never in unrelated objects
+/// that export the same name. Never loads anything. Calling it needs its
+/// exact C type.
 pub fn find_loaded(library: &str, symbol: &str) -> Option<NonNull<c_void>> {
     let sym = CString::new(symbol).ok()?;
     let lib = CString::new(library).ok()?;
-    // SAFETY: RTLD_DEFAULT searches the global objects; sym is NUL-terminated.
-    let mut f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, sym.as_ptr()) };
-    if f.is_null() {
-        // SAFETY: RTLD_NOLOAD only returns an already loaded object (with
-        // one more reference, kept: it is never unloaded).
-        let h = unsafe { libc::dlopen(lib.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
-        if h.is_null() {
-            return None;
-        }
-        // SAFETY: h is a live handle; sym is NUL-terminated.
-        f = unsafe { libc::dlsym(h, sym.as_ptr()) };
+    // SAFETY: RTLD_NOLOAD only returns an already loaded object (with one
+    // more reference, kept: it is never unloaded); None when `library` is
+    // not loaded, whoever else exports `symbol`.
+    let h = unsafe { libc::dlopen(lib.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    if h.is_null() {
+        return None;
     }
+    // SAFETY: h is a live handle; sym is NUL-terminated. The search starts
+    // in the library itself (then its dependencies).
+    let f = unsafe { libc::dlsym(h, sym.as_ptr()) };
     NonNull::new(f)
 }
 

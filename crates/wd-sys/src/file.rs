@@ -19,7 +19,9 @@ pub fn open_read(path: &Path, direct: bool) -> Result<OwnedFd> {
         call: "open",
         what: "path contains NUL",
     })?;
-    let mut flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY;
+    // O_NONBLOCK: opening a FIFO (or a device) must not wait for a peer;
+    // it is cleared again below, so reads of the file are blocking.
+    let mut flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK;
     if direct {
         flags |= libc::O_DIRECT;
     }
@@ -30,7 +32,12 @@ pub fn open_read(path: &Path, direct: bool) -> Result<OwnedFd> {
         fd as libc::c_long,
     )?;
     // SAFETY: fd was just returned by the kernel and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    count();
+    // SAFETY: fcntl(F_SETFL) with an int argument on the descriptor just opened.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) };
+    check("fcntl(F_SETFL)", r as libc::c_long)?;
+    Ok(fd)
 }
 
 /// What kind of object a path names.

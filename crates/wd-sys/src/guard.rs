@@ -116,16 +116,7 @@ pub fn install() -> Result<(), GuardError> {
         }
         // SAFETY: sigaction succeeded and filled `old`.
         let _ = PREVIOUS.set(unsafe { old.assume_init() });
-        // SAFETY: a zeroed sigaction is a valid starting point (empty mask,
-        // no flags); every field the kernel reads is set below.
-        let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
-        act.sa_sigaction = on_sigbus as *const () as libc::sighandler_t;
-        act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-        // SAFETY: act.sa_mask is a valid sigset_t to initialise.
-        unsafe { libc::sigemptyset(&mut act.sa_mask) };
-        // SAFETY: installs a handler that is async-signal-safe (see the
-        // module documentation) for a valid signal number.
-        if unsafe { libc::sigaction(libc::SIGBUS, &act, std::ptr::null_mut()) } != 0 {
+        if !set_own_handler() {
             return Err(io::Error::last_os_error()
                 .raw_os_error()
                 .unwrap_or(libc::EIO));
@@ -133,6 +124,21 @@ pub fn install() -> Result<(), GuardError> {
         Ok(())
     });
     r.map_err(|e| GuardError::Install(io::Error::from_raw_os_error(e)))
+}
+
+/// Make `on_sigbus` the SIGBUS handler (async-signal-safe: the handler
+/// itself calls it); whether the kernel took it.
+fn set_own_handler() -> bool {
+    // SAFETY: a zeroed sigaction is a valid starting point (empty mask,
+    // no flags); every field the kernel reads is set below.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = on_sigbus as *const () as libc::sighandler_t;
+    act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+    // SAFETY: act.sa_mask is a valid sigset_t to initialise.
+    unsafe { libc::sigemptyset(&mut act.sa_mask) };
+    // SAFETY: installs a handler that is async-signal-safe (see the
+    // module documentation) for a valid signal number.
+    unsafe { libc::sigaction(libc::SIGBUS, &act, std::ptr::null_mut()) == 0 }
 }
 
 /// A guarded section of the current thread, from [`Guard::enter`] until
@@ -294,6 +300,8 @@ fn replace_page(addr: usize) -> bool {
 fn pass_on(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     let prev = PREVIOUS.get();
     let handler = prev.map_or(libc::SIG_DFL, |p| p.sa_sigaction);
+    // SAFETY: info is the kernel's siginfo (checked non-null first).
+    let sent = info.is_null() || unsafe { (*info).si_code } <= 0;
     if handler != libc::SIG_DFL && handler != libc::SIG_IGN {
         let p = prev.expect("a handler implies a saved disposition");
         if p.sa_flags & libc::SA_SIGINFO != 0 {
@@ -314,6 +322,18 @@ fn pass_on(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void)
             };
             f(sig);
         }
+        if sent {
+            // A handler written for faults may give the signal back to its
+            // default and return (the Rust runtime's does): a sent signal
+            // does not come back, so the process lives on, and must keep
+            // the guard.
+            set_own_handler();
+        }
+        return;
+    }
+    if sent && handler == libc::SIG_IGN {
+        // A signal sent by a process that was ignored before the guard:
+        // ignored still, and the guard stays installed.
         return;
     }
     // SAFETY: a zeroed sigaction with SIG_DFL is the default disposition.
@@ -322,8 +342,6 @@ fn pass_on(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void)
     let restore = prev.unwrap_or(&dfl);
     // SAFETY: restores a disposition that was valid when it was saved.
     unsafe { libc::sigaction(libc::SIGBUS, restore, std::ptr::null_mut()) };
-    // SAFETY: info is the kernel's siginfo (checked non-null first).
-    let sent = info.is_null() || unsafe { (*info).si_code } <= 0;
     if sent {
         // A signal sent by a process does not come back by itself: send it
         // again, to be delivered with the old disposition once we return.

@@ -303,6 +303,14 @@ impl Heap {
                 what: "it was modified (its mtime changed)".into(),
             });
         }
+        // A writer may put the mtime back (utimensat: rsync -t, cp -p,
+        // tar); the ctime it cannot.
+        if after.ctime_ns != info.ctime_ns {
+            return Err(LoadError::Changed {
+                path: path.to_path_buf(),
+                what: "it was modified (its ctime changed)".into(),
+            });
+        }
         if wd_sys::file::pread(plain.as_fd(), &mut [0u8; 1], size)? > 0 {
             return Err(LoadError::SizeUntold {
                 path: path.to_path_buf(),
