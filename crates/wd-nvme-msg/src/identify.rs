@@ -98,6 +98,9 @@ impl ControllerInfo {
         put_str(&mut b[64..72], &self.firmware);
         b[77] = self.mdts;
         b[78..80].copy_from_slice(&self.cntlid.to_le_bytes());
+        // CMIC bit 1: the NVM subsystem may contain two or more
+        // controllers (every client's controller is one of it).
+        b[76] = 1 << 1;
         b[80..84].copy_from_slice(&self.version.to_le_bytes());
         // OAES 0: no optional events (namespace attribute notices would
         // need the Changed Namespace List log page, and an event sent on

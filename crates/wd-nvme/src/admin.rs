@@ -68,7 +68,9 @@ impl Controller {
             // PCI-SIG's "no vendor" id is not allowed; use the
             // Red Hat / QEMU virtual-device id drivers already know.
             vid: 0x1b36,
-            serial: format!("WD{:08X}{:04X}", std::process::id(), self.cntlid),
+            // The NVM subsystem's serial number, the same on each of its
+            // controllers (CNTLID tells them apart).
+            serial: format!("WD{:08X}", std::process::id()),
             model: "WrapDrive mediated NVMe controller".into(),
             firmware: env!("CARGO_PKG_VERSION").into(),
             mdts: MDTS,
@@ -382,6 +384,10 @@ impl Controller {
         if l.lid == GetLogPage::ERROR && sqe.cdw(10) & 1 << 15 == 0 {
             self.masked_events &= !1;
         }
+        // And the SMART / Health log, SMART / Health events.
+        if l.lid == GetLogPage::SMART && sqe.cdw(10) & 1 << 15 == 0 {
+            self.masked_events &= !(1 << 1);
+        }
         done(Status::SUCCESS)
     }
 
@@ -433,11 +439,31 @@ impl Controller {
                 return Outcome::Done(Status::SUCCESS, n | n << 16);
             }
             feature::INTERRUPT_COALESCING => f.coalescing = v,
+            // Interrupt Vector Configuration: completions are polled, so
+            // there is vector 0 only, and nothing to coalesce.
+            0x09 if v & 0xffff == 0 => {}
+            0x09 => return done(Status::INVALID_FIELD),
             feature::WRITE_ATOMICITY => f.atomicity = v,
             feature::ASYNC_EVENT_CONFIG => f.async_events = v,
             _ => return done(Status::INVALID_FIELD),
         }
+        if fid == feature::TEMPERATURE_THRESHOLD || fid == feature::ASYNC_EVENT_CONFIG {
+            self.temperature_event();
+        }
         done(Status::SUCCESS)
+    }
+
+    /// Critical Warning bit 1 (the temperature at or past a threshold)
+    /// with its event enabled (Asynchronous Event Configuration bit 1):
+    /// a SMART / Health status event (type 1), Temperature Threshold
+    /// (01h), log page 02h.
+    fn temperature_event(&mut self) {
+        let [over, under] = self.features.temperature_thresholds;
+        let warning = TEMPERATURE >= over || TEMPERATURE <= under;
+        let ev = 0x01 | 0x01 << 8 | (GetLogPage::SMART as u32) << 16;
+        if warning && self.features.async_events & 1 << 1 != 0 && !self.events.contains(&ev) {
+            self.events.push_back(ev);
+        }
     }
 
     fn get_features(&mut self, sqe: &Sqe) -> Outcome {
@@ -461,6 +487,10 @@ impl Controller {
             feature::VOLATILE_WRITE_CACHE => f.write_cache as u32,
             feature::NUMBER_OF_QUEUES => n | n << 16,
             feature::INTERRUPT_COALESCING => f.coalescing,
+            // Interrupt Vector Configuration of vector 0 (the only one):
+            // Coalescing Disable set.
+            0x09 if sqe.cdw(11) & 0xffff == 0 => 1 << 16,
+            0x09 => return done(Status::INVALID_FIELD),
             feature::WRITE_ATOMICITY => f.atomicity,
             feature::ASYNC_EVENT_CONFIG => f.async_events,
             _ => return done(Status::INVALID_FIELD),
@@ -543,12 +573,33 @@ impl Controller {
         if dma.read(shadow, &mut probe).is_err() || dma.read(events, &mut probe).is_err() {
             return done(Status::DATA_TRANSFER_ERROR);
         }
-        // The shadow tails start where the controller is, so nothing moves
-        // until the driver writes them.
-        for qid in 1..QUEUES as u16 {
-            if let Some(sq) = self.sqs[qid as usize] {
-                let at = shadow + (regs::sq_tail_doorbell(qid) - regs::DOORBELLS) as u64;
-                let _ = dma.write(at, &sq.head.to_le_bytes());
+        // The shadow doorbells start at what the host last rang (the
+        // registers, or the shadow buffer this one replaces), as an
+        // emulated controller's do: commands submitted, and completions
+        // consumed, before the change still count.
+        let r = self.regs.clone();
+        let mut rung = [[None; 2]; QUEUES];
+        if let Some(r) = &r {
+            for qid in 1..QUEUES as u16 {
+                let q = qid as usize;
+                if self.sqs[q].is_some() {
+                    rung[q][0] = Some(self.doorbell(r, dma, qid, false));
+                }
+                if self.cqs[q].is_some() {
+                    rung[q][1] = Some(self.doorbell(r, dma, qid, true));
+                }
+            }
+        }
+        for (qid, bells) in rung.iter().enumerate().skip(1) {
+            let regs_of = [
+                regs::sq_tail_doorbell(qid as u16),
+                regs::cq_head_doorbell(qid as u16),
+            ];
+            for (v, reg) in bells.iter().zip(regs_of) {
+                if let Some(v) = v {
+                    let at = shadow + (reg - regs::DOORBELLS) as u64;
+                    let _ = dma.write(at, &v.to_le_bytes());
+                }
             }
         }
         self.dbbuf = Some((shadow, events));

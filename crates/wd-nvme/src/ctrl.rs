@@ -416,6 +416,11 @@ impl Controller {
     /// Report a fatal controller error (a queue the controller can no
     /// longer reach): the driver must reset.
     pub(crate) fn fail(&mut self) {
+        // A fatal controller's passes do nothing until a reset: what is on
+        // its I/O ring finishes now (its completions go nowhere), so the
+        // memory those transfers hold is not left unreported (and
+        // unpinned) while the kernel may still use it.
+        self.quiesce_io();
         self.fatal = true;
         self.set_csts();
     }
@@ -428,7 +433,7 @@ impl Controller {
 
     /// A doorbell value: the shadow buffer's for I/O queues when Doorbell
     /// Buffer Config set one up, else the register's.
-    fn doorbell(&self, r: &Registers, dma: &mut dyn Dma<'_>, qid: u16, cq: bool) -> u32 {
+    pub(crate) fn doorbell(&self, r: &Registers, dma: &mut dyn Dma<'_>, qid: u16, cq: bool) -> u32 {
         let reg = if cq {
             regs::cq_head_doorbell(qid)
         } else {
