@@ -936,6 +936,10 @@ impl DeviceQueue for Controller {
 
 impl Drop for Controller {
     fn drop(&mut self) {
+        // Its ring's transfers end before its namespaces are free for
+        // another controller (the engine quiesces a queue before it drops
+        // it; this is for any other path).
+        self.quiesce_io();
         // The client is gone (or released the queue): its namespaces are
         // free for another controller, its id for a new one.
         self.sub.controller_gone(self.cntlid);
