@@ -341,8 +341,8 @@ impl EngineLoop {
 
     /// Give the IOTLB the oldest translation a held request still uses.
     fn update_pin(&mut self) {
-        let tags = pin_tags(&self.held_tags);
-        if tags != self.pinned_tags {
+        if !same_tags(&self.held_tags, &self.pinned_tags) {
+            let tags = pin_tags(&self.held_tags);
             self.pinned_tags = tags.clone();
             self.tlb.pin_tags(tags);
         }
@@ -680,9 +680,11 @@ impl EngineLoop {
             }
         }
         let oldest = held_seqs.keys().next().copied();
-        let tags = pin_tags(held_tags);
-        sec.pin_tags(tags.clone());
-        *pinned_tags = tags;
+        if !same_tags(held_tags, pinned_tags) {
+            let tags = pin_tags(held_tags);
+            sec.pin_tags(tags.clone());
+            *pinned_tags = tags;
+        }
         sec.pin(oldest);
         *pinned = oldest;
         drop(sec);
@@ -850,9 +852,11 @@ impl EngineLoop {
             }
             // Pinned before the section ends: no sync may slip between.
             let oldest = held_seqs.keys().next().copied();
-            let tags = pin_tags(held_tags);
-            sec.pin_tags(tags.clone());
-            *pinned_tags = tags;
+            if !same_tags(held_tags, pinned_tags) {
+                let tags = pin_tags(held_tags);
+                sec.pin_tags(tags.clone());
+                *pinned_tags = tags;
+            }
             sec.pin(oldest);
             *pinned = oldest;
             drop(sec);
@@ -980,6 +984,15 @@ impl EngineLoop {
 
 /// The domains the held requests were translated through, for the IOTLB's
 /// pin (None: one is not known, any domain may be held).
+/// Whether `pinned` is what [`pin_tags`] makes of `held_tags`, without
+/// making it (every pass asks; the answer changes rarely).
+fn same_tags(held_tags: &BTreeMap<u64, u32>, pinned: &Option<Vec<u64>>) -> bool {
+    match pinned {
+        None => held_tags.contains_key(&0),
+        Some(v) => !held_tags.contains_key(&0) && held_tags.keys().eq(v.iter()),
+    }
+}
+
 fn pin_tags(held_tags: &BTreeMap<u64, u32>) -> Option<Vec<u64>> {
     (!held_tags.contains_key(&0)).then(|| held_tags.keys().copied().collect())
 }

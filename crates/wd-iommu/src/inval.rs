@@ -10,12 +10,12 @@
 //! sections consumes the ring before its next translation, so it can no
 //! longer reach memory through what the commands invalidated.
 //!
-//! Ordering: an engine stores `busy = true` then loads the ring tail; the
+//! Ordering: an engine stores `busy` (non-zero) then loads the ring tail; the
 //! control side stores the tail then loads `busy` (all SeqCst), so either the
 //! engine sees the command before it translates, or the control side sees
 //! the engine busy and waits for its acknowledgement (Dekker).
 
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Instant;
 
@@ -64,17 +64,22 @@ struct Slot {
     end: AtomicU64,
 }
 
+/// [`EngineState::busy`]: inside a section.
+const IN_SECTION: u8 = 1;
+/// [`EngineState::busy`]: a pin keeps translations past the section.
+const PINNED: u8 = 2;
+
 /// One engine as the command queue sees it.
 #[derive(Debug, Default)]
 struct EngineState {
     /// Highest sequence number consumed.
     acked: AtomicU64,
-    /// Inside a section.
-    busy: AtomicBool,
+    /// Busy: inside a section (`IN_SECTION`) and/or keeping translations
+    /// for held requests (`PINNED`); 0 when idle. One word, so entering a
+    /// section is one store.
+    busy: AtomicU8,
     /// The engine is gone (its IOTLB with it).
     gone: AtomicBool,
-    /// Inside a section (`busy` also counts a pin).
-    in_section: AtomicBool,
     /// Tags of the domains a pin keeps translations of (None: any).
     pin_tags: Mutex<Option<Vec<u64>>>,
 }
@@ -245,9 +250,10 @@ impl Iommu {
             loop {
                 // SeqCst: see `submit`; also Acquire, so the engine's memory
                 // accesses in its section happen before what we do next.
+                let busy = e.busy.load(Ordering::SeqCst);
                 if e.gone.load(Ordering::SeqCst)
                     || e.acked.load(Ordering::SeqCst) >= seq
-                    || !e.busy.load(Ordering::SeqCst)
+                    || busy == 0
                 {
                     break;
                 }
@@ -256,7 +262,7 @@ impl Iommu {
                 // translation (as an idle engine does), and what it holds
                 // is not ours.
                 if let Some(t) = tag {
-                    if !e.in_section.load(Ordering::SeqCst)
+                    if busy & IN_SECTION == 0
                         && e.pin_tags
                             .lock()
                             .unwrap_or_else(|x| x.into_inner())
@@ -368,9 +374,8 @@ impl EngineTlb {
         let tail = iommu.tail.load(Ordering::SeqCst);
         let state = Arc::new(EngineState {
             acked: AtomicU64::new(tail),
-            busy: AtomicBool::new(false),
+            busy: AtomicU8::new(0),
             gone: AtomicBool::new(false),
-            in_section: AtomicBool::new(false),
             pin_tags: Mutex::new(None),
         });
         engines.push(state.clone());
@@ -388,8 +393,9 @@ impl EngineTlb {
     /// Start translating: consume pending commands first.
     pub fn enter(&mut self) -> Section<'_> {
         // SeqCst: the Dekker pair of the tail store in `Iommu::submit`.
-        self.state.in_section.store(true, Ordering::SeqCst);
-        self.state.busy.store(true, Ordering::SeqCst);
+        self.state
+            .busy
+            .store(IN_SECTION | self.pinned_bit(), Ordering::SeqCst);
         self.in_section = true;
         self.consume();
         Section { e: self }
@@ -407,9 +413,15 @@ impl EngineTlb {
         self.consume();
         if !self.in_section {
             // SeqCst: as in Section's drop.
-            self.state
-                .busy
-                .store(self.pinned.is_some(), Ordering::SeqCst);
+            self.state.busy.store(self.pinned_bit(), Ordering::SeqCst);
+        }
+    }
+
+    fn pinned_bit(&self) -> u8 {
+        if self.pinned.is_some() {
+            PINNED
+        } else {
+            0
         }
     }
 
@@ -685,11 +697,8 @@ impl Drop for Section<'_> {
         // sees us idle.
         self.e.consume();
         self.e.in_section = false;
-        self.e
-            .state
-            .busy
-            .store(self.e.pinned.is_some(), Ordering::SeqCst);
-        self.e.state.in_section.store(false, Ordering::SeqCst);
+        let pinned = self.e.pinned_bit();
+        self.e.state.busy.store(pinned, Ordering::SeqCst);
     }
 }
 
