@@ -165,6 +165,10 @@ static uint64_t wd_now_ns(void)
 
 static int wd_async_key; /* address used as the ASYNC_WAIT_CTX key */
 
+/* The library's CPU fallback setting, read once the provider set it (at
+ * init): asked on every async job otherwise. */
+static int wd_fallback_on = 1;
+
 /* Report a libwd failure through OpenSSL's error queue (what `openssl`
  * prints), with libwd's own message; returns 0 (failure) for the caller. */
 static int wd_fail(int rc)
@@ -670,7 +674,7 @@ static int wd_blocks(struct wd_cctx *x, unsigned char *out, const unsigned char 
 		unsigned char saved[16];
 		size_t saved_num = 0;
 		int chained = x->d->mode == EVP_CIPH_CBC_MODE || x->d->mode == EVP_CIPH_CTR_MODE;
-		int can_redo = x->inner != NULL && in != out && wd_crypto_get_fallback() &&
+		int can_redo = x->inner != NULL && in != out && wd_fallback_on &&
 			       (!chained || wd_cipher_get_chain(x->c, saved, &saved_num) == 0);
 		struct wd_job *job = NULL;
 		int r = x->inner != NULL ? wd_cipher_start_offload(x->c, in, out, len, &job)
@@ -1983,6 +1987,7 @@ int OSSL_provider_init(const OSSL_CORE_HANDLE *handle, const OSSL_DISPATCH *in,
 	const char *fb = wd_setting(p, "fallback", "WD_PROVIDER_FALLBACK");
 	if (fb != NULL)
 		wd_crypto_set_fallback(strcmp(fb, "0") != 0 && strcmp(fb, "no") != 0);
+	wd_fallback_on = wd_crypto_get_fallback();
 	pthread_mutex_lock(&wd_dcount_lock);
 	wd_instances++;
 	pthread_mutex_unlock(&wd_dcount_lock);
