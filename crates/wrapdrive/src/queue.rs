@@ -599,6 +599,9 @@ impl Queue {
                     // caller; wait for one to be posted meanwhile.
                     self.wait_or_recover(None)?;
                     if self.free_slots.is_empty() {
+                        // What ended the wait is nobody's here: an event
+                        // loop whose announcement it took must hear of it.
+                        self.hand_back_wait();
                         return Err(ClientError::new(
                             Status::Busy,
                             "queue full of completed requests: call recv before sending more",
@@ -715,6 +718,7 @@ impl Queue {
         self.check()?;
         if let Some(c) = self.stash.pop_front() {
             self.stats.received += 1;
+            self.hand_back_wait();
             return Ok(Some(c));
         }
         if self.legacy() {
@@ -725,6 +729,7 @@ impl Queue {
             let c = self.completion_of(&d[0])?;
             if self.wanted(&c) {
                 self.stats.received += 1;
+                self.hand_back_wait();
                 return Ok(Some(c));
             }
         }
@@ -1065,6 +1070,9 @@ impl Queue {
             }
             if let Some(t) = timeout {
                 if start.elapsed() >= t {
+                    // Nothing came for the caller, who may give up now:
+                    // the loop's announcement goes back to it.
+                    self.hand_back_wait();
                     return Ok(());
                 }
             }
