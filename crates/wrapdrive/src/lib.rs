@@ -242,6 +242,14 @@ pub const DEFAULT_RECONNECT_MS: u64 = 1000;
 /// host (`-ECONNRESET`; see [`Queue::set_redo_policy`]).
 pub const STATUS_RESTARTED: i32 = -104;
 
+/// Whether process `pid` (not 0) has not exited (a zombie has).
+fn process_lives(pid: u32) -> bool {
+    pid != 0
+        && wd_sys::pidfd_open(pid)
+            .and_then(|fd| wd_sys::pidfd_exited(fd.as_fd()))
+            .is_ok_and(|exited| !exited)
+}
+
 /// A connection to a WrapDrive host.
 pub struct HostConn {
     ch: Mutex<Channel>,
@@ -254,11 +262,11 @@ pub struct HostConn {
     /// Bumped by each reconnection: a queue made under an older epoch
     /// belongs to a host that is gone.
     epoch: AtomicU64,
-    /// The last connection given up because its host did not answer in
-    /// time: its epoch and the host's pid. That host may be hung rather
-    /// than gone, and may still act on what it was asked (see
-    /// [`HostConn::may_still_act`]).
-    unanswered: Mutex<Option<(u64, u32)>>,
+    /// Connections given up because their host did not answer in time:
+    /// epoch and the host's pid. Such a host may be hung rather than gone,
+    /// and may still act on what it was asked (see
+    /// [`HostConn::may_still_act`]); kept while that process lives.
+    unanswered: Mutex<Vec<(u64, u32)>>,
     // Keeps an in-process host alive as long as connections to it exist.
     _embedded: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -360,7 +368,7 @@ impl HostConn {
             generation: fork_generation(),
             addr: embedded.is_none().then(|| addr.to_string()),
             epoch: AtomicU64::new(0),
-            unanswered: Mutex::new(None),
+            unanswered: Mutex::new(Vec::new()),
             _embedded: embedded,
         }))
     }
@@ -584,8 +592,9 @@ impl HostConn {
             // more, and the host counts as gone (the next caller connects
             // again).
             let _ = ch.socket().shutdown(std::net::Shutdown::Both);
-            *self.unanswered.lock().unwrap_or_else(|e| e.into_inner()) =
-                Some((self.epoch(), self.host_pid()));
+            let mut gave_up = self.unanswered.lock().unwrap_or_else(|e| e.into_inner());
+            gave_up.retain(|&(_, pid)| process_lives(pid));
+            gave_up.push((self.epoch(), self.host_pid()));
             ClientError::new(
                 Status::HostGone,
                 format!(
@@ -606,13 +615,10 @@ impl HostConn {
     /// answer in time, and that host process still lives (a host that
     /// hung up, or died, acts on nothing more).
     pub(crate) fn may_still_act(&self, epoch: u64) -> bool {
-        let gave_up = *self.unanswered.lock().unwrap_or_else(|e| e.into_inner());
-        match gave_up {
-            Some((e, pid)) if e == epoch && pid != 0 => wd_sys::pidfd_open(pid)
-                .and_then(|fd| wd_sys::pidfd_exited(fd.as_fd()))
-                .is_ok_and(|exited| !exited),
-            _ => false,
-        }
+        let gave_up = self.unanswered.lock().unwrap_or_else(|e| e.into_inner());
+        gave_up
+            .iter()
+            .any(|&(e, pid)| e == epoch && process_lives(pid))
     }
 
     /// Whether the host hung up (zero-timeout poll of the control socket).
