@@ -67,7 +67,9 @@ int wd_nvme_qpair_delete(uint64_t qp);
  * aligned and shared) at block lba, and wait. A command that failed to be
  * rung or waited for (host gone: -ENOTCONN; timeout) is given up: never
  * sent again when the queue pair is made again, its id free once its
- * late completion (if any) came. ns is as wd_nvme_open_ns described it on
+ * late completion (if any) came; until then (or until the queue pair is
+ * deleted) the controller may still read or write its buffer, so keep the
+ * buffer for it. ns is as wd_nvme_open_ns described it on
  * the queue pair's controller: another namespace, block size or size is
  * -EINVAL. */
 int wd_nvme_read(uint64_t qp, const struct wd_nvme_ns *ns, uint64_t lba, void *buf, size_t len);
