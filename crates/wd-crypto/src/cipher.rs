@@ -148,9 +148,8 @@ impl Drop for Key {
 /// Dropped unfinished, its output is lost: its staging slots come back
 /// once the device is done with them, and its stream's message ends (the
 /// next request needs an IV, as after a failed request). A job working in
-/// place on the caller's shared memory may still be writing it then:
-/// leave that memory alone until a later request of the thread completes,
-/// or finish the job instead.
+/// place on the caller's shared memory may still be writing it after the
+/// drop: finish such a job rather than drop it.
 ///
 /// ```compile_fail
 /// fn needs_send<T: Send>(_: T) {}
