@@ -679,14 +679,7 @@ impl EngineLoop {
                 s.reg_pin = done.holds_from;
             }
         }
-        let oldest = held_seqs.keys().next().copied();
-        if !same_tags(held_tags, pinned_tags) {
-            let tags = pin_tags(held_tags);
-            sec.pin_tags(tags.clone());
-            *pinned_tags = tags;
-        }
-        sec.pin(oldest);
-        *pinned = oldest;
+        publish_pin(&mut sec, held_seqs, held_tags, (pinned, pinned_tags));
         drop(sec);
         if let Some(f) = fault {
             q.fault_count.fetch_add(1, Ordering::Relaxed);
@@ -851,14 +844,7 @@ impl EngineLoop {
                 s.backlog.extend(batch.drain(next..));
             }
             // Pinned before the section ends: no sync may slip between.
-            let oldest = held_seqs.keys().next().copied();
-            if !same_tags(held_tags, pinned_tags) {
-                let tags = pin_tags(held_tags);
-                sec.pin_tags(tags.clone());
-                *pinned_tags = tags;
-            }
-            sec.pin(oldest);
-            *pinned = oldest;
+            publish_pin(&mut sec, held_seqs, held_tags, (pinned, pinned_tags));
             drop(sec);
         }
         // Polled after this pass's requests went in, so a device that
@@ -982,8 +968,25 @@ impl EngineLoop {
     }
 }
 
-/// The domains the held requests were translated through, for the IOTLB's
-/// pin (None: one is not known, any domain may be held).
+/// Pin what the held requests use before `sec` ends, so that no sync slips
+/// between: the oldest translation sequence, and the domains (given again
+/// only when they changed).
+fn publish_pin(
+    sec: &mut Section<'_>,
+    held_seqs: &BTreeMap<u64, u32>,
+    held_tags: &BTreeMap<u64, u32>,
+    (pinned, pinned_tags): (&mut Option<u64>, &mut Option<Vec<u64>>),
+) {
+    if !same_tags(held_tags, pinned_tags) {
+        let tags = pin_tags(held_tags);
+        sec.pin_tags(tags.clone());
+        *pinned_tags = tags;
+    }
+    let oldest = held_seqs.keys().next().copied();
+    sec.pin(oldest);
+    *pinned = oldest;
+}
+
 /// Whether `pinned` is what [`pin_tags`] makes of `held_tags`, without
 /// making it (every pass asks; the answer changes rarely).
 fn same_tags(held_tags: &BTreeMap<u64, u32>, pinned: &Option<Vec<u64>>) -> bool {
@@ -993,6 +996,8 @@ fn same_tags(held_tags: &BTreeMap<u64, u32>, pinned: &Option<Vec<u64>>) -> bool 
     }
 }
 
+/// The domains the held requests were translated through, for the IOTLB's
+/// pin (None: one is not known, any domain may be held).
 fn pin_tags(held_tags: &BTreeMap<u64, u32>) -> Option<Vec<u64>> {
     (!held_tags.contains_key(&0)).then(|| held_tags.keys().copied().collect())
 }
