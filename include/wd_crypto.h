@@ -189,13 +189,31 @@ struct wd_route_memo {
 	int route;        /* the router's last answer, reused */
 	int left;         /* for this many more requests */
 	int async;        /* made for an asynchronous request */
+	/* ... of a length within [from, from + span): about the size of the
+	 * request it was made for (the router's costs depend on the size).
+	 * Written with `left` by the inline functions only and read only
+	 * while `left` is positive (wd_route_memo_init, which is older than
+	 * these fields, leaves them). */
+	size_t from, span;
 };
 void wd_route_memo_init(struct wd_route_memo *m);
 
-/* The requests that reuse one answer of the router: asking per request
+/* How many requests reuse one answer of the router: asking per request
  * would cost more than a small request, and the router measures the paths
- * on the requests it is asked about. */
+ * on the requests it is asked about. At least WD_ROUTE_MEMO_REUSE; for
+ * small requests more, up to WD_ROUTE_MEMO_REUSE_MAX, so that the
+ * requests between two questions carry about WD_ROUTE_MEMO_SPAN bytes
+ * (a question costs about what 100 bytes of AES-CBC do). */
 #define WD_ROUTE_MEMO_REUSE 15
+#define WD_ROUTE_MEMO_REUSE_MAX 255
+#define WD_ROUTE_MEMO_SPAN 65536
+static inline int wd_route_memo_reuses(size_t len)
+{
+	size_t n = WD_ROUTE_MEMO_SPAN / (len > 0 ? len : 1);
+	if (n < WD_ROUTE_MEMO_REUSE)
+		return WD_ROUTE_MEMO_REUSE;
+	return n > WD_ROUTE_MEMO_REUSE_MAX ? WD_ROUTE_MEMO_REUSE_MAX : (int)n;
+}
 
 /* WD_CPU_THRESHOLD or WD_CPU_POLICY when the settings alone keep a request
  * of len bytes on the CPU, else 0. */
@@ -208,10 +226,17 @@ static inline int wd_route_memo_fixed(const struct wd_route_memo *m, size_t len)
 	return 0;
 }
 
-/* The reason of a CPU answer being reused (one reuse is spent), else 0. */
-static inline int wd_route_memo_reuse_cpu(struct wd_route_memo *m)
+/* Whether the answer kept may serve a request of len bytes. */
+static inline int wd_route_memo_holds(const struct wd_route_memo *m, size_t len)
 {
-	if (m->left > 0 && !(m->route & WD_ROUTE_DEVICE)) {
+	return m->left > 0 && len - m->from < m->span;
+}
+
+/* The reason of a CPU answer being reused for a request of len bytes (one
+ * reuse is spent), else 0. */
+static inline int wd_route_memo_reuse_cpu(struct wd_route_memo *m, size_t len)
+{
+	if (wd_route_memo_holds(m, len) && !(m->route & WD_ROUTE_DEVICE)) {
 		m->left--;
 		return m->route & 0xff;
 	}
@@ -220,16 +245,17 @@ static inline int wd_route_memo_reuse_cpu(struct wd_route_memo *m)
 
 /* Where a request of len bytes runs, as wd_crypto_route answers (never
  * negative: an error means the device, which then says what is wrong).
- * An answer made for the same kind of request (asynchronous or not) is
- * reused WD_ROUTE_MEMO_REUSE times without WD_ROUTE_TIMED, except an
- * asynchronous offload, which the router decides again each time as the
- * device's load changes. */
+ * An answer is reused wd_route_memo_reuses(len) times without
+ * WD_ROUTE_TIMED, for the same kind of request (asynchronous or not) of
+ * about the same size (half to twice its length), except an asynchronous
+ * offload, which the router decides again each time as the device's load
+ * changes. */
 static inline int wd_route_memo_route(struct wd_route_memo *m, int kind, size_t len, int async)
 {
 	int why = wd_route_memo_fixed(m, len);
 	if (why != 0)
 		return why;
-	if (m->left > 0 && m->async == async) {
+	if (m->async == async && wd_route_memo_holds(m, len)) {
 		m->left--;
 		return m->route & ~WD_ROUTE_TIMED;
 	}
@@ -238,7 +264,9 @@ static inline int wd_route_memo_route(struct wd_route_memo *m, int kind, size_t 
 		route = WD_ROUTE_DEVICE;
 	m->route = route;
 	m->async = async;
-	m->left = async && (route & WD_ROUTE_DEVICE) ? 0 : WD_ROUTE_MEMO_REUSE;
+	m->left = async && (route & WD_ROUTE_DEVICE) ? 0 : wd_route_memo_reuses(len);
+	m->from = len / 2;
+	m->span = len <= (size_t)-1 / 2 ? 2 * len - m->from : (size_t)-1 - m->from;
 	return route;
 }
 

@@ -259,6 +259,12 @@ struct wd_cctx {
 	 * whether a request of any size would run inline whole. */
 	size_t fast_below, fast_mask, fast_left, fast_bytes;
 	int whole_here;
+	/* The second gate, wd_cipher_update_reused's: a synchronous
+	 * CPU answer of the router being reused (memo.left) for requests of
+	 * lengths in [reuse_from, reuse_from + reuse_span) that would run
+	 * inline whole, so that they skip the rest of the way there too.
+	 * wd_fast_refresh sets it with the fast path's gate (span 0 closes). */
+	size_t reuse_from, reuse_span;
 	/* The inline CPU path (ECB, CBC, CTR, XTS): a default-provider context
 	 * of the same key, and whether it holds the stream's chain now (else
 	 * the session c does). */
@@ -318,6 +324,12 @@ static void wd_fast_refresh(struct wd_cctx *x)
 	size_t cap = (size_t)1 << 59;
 	x->fast_below = !x->whole_here ? 0 : x->memo.threshold < cap ? x->memo.threshold : cap;
 	x->fast_mask = blocks ? 15 : 0;
+	/* Not an asynchronous answer: computing here while this thread's
+	 * jobs wait on the device needs wd_crypto_after_inline. */
+	int reuse = x->whole_here && x->memo.left > 0 && !x->memo.async &&
+		    !(x->memo.route & WD_ROUTE_DEVICE);
+	x->reuse_from = x->memo.from;
+	x->reuse_span = reuse ? x->memo.span : 0;
 }
 
 /* Hand the fast path's counts (all below the threshold) to libwd. */
@@ -376,6 +388,7 @@ static void *wd_cipher_dupctx(void *vctx)
 	n->tls = NULL;
 	memset(&n->counts, 0, sizeof n->counts);
 	n->fast_below = 0;
+	n->reuse_span = 0;
 	n->whole_here = 0;
 	n->fast_left = WD_FAST_BATCH;
 	n->fast_bytes = 0;
@@ -868,11 +881,13 @@ static inline int wd_stays_here(struct wd_cctx *x, size_t len)
 	int why = wd_route_memo_fixed(&x->memo, len);
 	if (why != 0 || (x->memo.async && wd_jobs_waiting > 0))
 		return why;
-	return wd_route_memo_reuse_cpu(&x->memo);
+	return wd_route_memo_reuse_cpu(&x->memo, len);
 }
 
 static int wd_cipher_update_rest(struct wd_cctx *x, unsigned char *out, size_t *outl,
 				 size_t outsize, const unsigned char *in, size_t inl);
+static int wd_cipher_update_reused(struct wd_cctx *x, unsigned char *out, size_t *outl,
+				   size_t outsize, const unsigned char *in, size_t inl);
 
 static int wd_cipher_update_fn(void *vctx, unsigned char *out, size_t *outl, size_t outsize,
 			       const unsigned char *in, size_t inl)
@@ -888,6 +903,28 @@ static int wd_cipher_update_fn(void *vctx, unsigned char *out, size_t *outl, siz
 	if (gate < x->fast_below) {
 		x->fast_left = left - 1;
 		x->fast_bytes += inl;
+		return x->impl.update(x->inner, out, outl, outsize, in, inl);
+	}
+	return wd_cipher_update_reused(x, out, outl, outsize, in, inl);
+}
+
+/* The second gate: a reused CPU answer, as the body would find it
+ * (wd_stays_here), in a frame of its own that both ways leave by a tail
+ * call (in wd_cipher_update_rest's, setting it up cost more than the
+ * counting). The request changes nothing wd_fast_refresh reads but
+ * memo.left, which the gate reads itself; its counts are handed over by
+ * the next request counted the rest of the way, at most
+ * WD_ROUTE_MEMO_REUSE_MAX requests later. */
+static __attribute__((noinline)) int wd_cipher_update_reused(struct wd_cctx *x, unsigned char *out,
+							     size_t *outl, size_t outsize,
+							     const unsigned char *in, size_t inl)
+{
+	if (inl - x->reuse_from < x->reuse_span && (inl & x->fast_mask) == 0 &&
+	    x->memo.left > 0 && x->fast_left != 0) {
+		int why = x->memo.route & 0xff;
+		x->memo.left--;
+		x->counts.req[why]++;
+		x->counts.bytes[why] += inl;
 		return x->impl.update(x->inner, out, outl, outsize, in, inl);
 	}
 	return wd_cipher_update_rest(x, out, outl, outsize, in, inl);

@@ -114,8 +114,13 @@ int main(void)
 	}
 
 	/* The routing memo: the library's settings inline, an answer of the
-	 * router reused WD_ROUTE_MEMO_REUSE times for the same kind of
-	 * request, asked again after that or for the other kind. */
+	 * router reused wd_route_memo_reuses times for the same kind of
+	 * request of about the same size, asked again after that, for the
+	 * other kind or for another size. */
+	CHECK(wd_route_memo_reuses(8192) == WD_ROUTE_MEMO_REUSE &&
+		      wd_route_memo_reuses(1024) == 64 && wd_route_memo_reuses(16) == 255 &&
+		      wd_route_memo_reuses(0) == 255 && wd_route_memo_reuses((size_t)-1) == 15,
+	      "more reuses for small requests");
 	struct wd_route_memo m;
 	CHECK(wd_crypto_set_threshold(4096) == 0 &&
 		      wd_crypto_set_policy(WD_CRYPTO_POLICY_OFFLOAD) == 0,
@@ -139,6 +144,16 @@ int main(void)
 	CHECK(m.left == 0, "reuses spent");
 	(void)wd_route_memo_route(&m, WD_KIND_CIPHER, 8192, 0);
 	CHECK(m.left == WD_ROUTE_MEMO_REUSE, "asked again once spent");
+	CHECK(m.from == 4096 && m.span == 16384 - 4096, "for half to twice its size");
+	(void)wd_route_memo_route(&m, WD_KIND_CIPHER, 16384, 0);
+	CHECK(m.left == WD_ROUTE_MEMO_REUSE && m.from == 8192, "asked again for twice the size");
+	CHECK(!wd_route_memo_holds(&m, 8191) && wd_route_memo_holds(&m, 8192) &&
+		      wd_route_memo_holds(&m, 32767) && !wd_route_memo_holds(&m, 32768),
+	      "nothing reused for another size");
+	(void)wd_route_memo_route(&m, WD_KIND_CIPHER, 16383, 0);
+	CHECK(m.left == WD_ROUTE_MEMO_REUSE - 1, "reused within the size");
+	(void)wd_route_memo_route(&m, WD_KIND_CIPHER, (size_t)-1, 0);
+	CHECK(m.from == (size_t)-1 / 2 && m.from + m.span == (size_t)-1, "no overflow");
 	int a = wd_route_memo_route(&m, WD_KIND_CIPHER, 8192, 1);
 	CHECK(m.async == 1, "an asynchronous request is not served a synchronous answer");
 	CHECK(m.left == ((a & WD_ROUTE_DEVICE) ? 0 : WD_ROUTE_MEMO_REUSE),
@@ -147,7 +162,7 @@ int main(void)
 	wd_route_memo_init(&m);
 	CHECK(wd_route_memo_route(&m, WD_KIND_DIGEST, 1 << 20, 0) == WD_CPU_POLICY &&
 		      wd_route_memo_fixed(&m, 1 << 20) == WD_CPU_POLICY &&
-		      wd_route_memo_reuse_cpu(&m) == 0,
+		      wd_route_memo_reuse_cpu(&m, 1 << 20) == 0,
 	      "the cpu policy, inline, nothing to reuse");
 	wd_route_memo_init(NULL); /* ignored */
 

@@ -809,6 +809,89 @@ static void test_mixed_pieces(void)
 	}
 }
 
+/* Requests above the threshold that a CPU answer of the router, reused,
+ * keeps here (the second gate, wd_cipher_update_reused): runs of one size
+ * and sizes just inside and outside the band an answer holds for (half to
+ * twice the size it was made for), partial blocks between them, in both
+ * directions, each request counted once, in bytes too, once the context
+ * is freed (the gate's counts wait for the next hand-over), and the
+ * stream the default provider makes. */
+static void test_reused_answers_counted(void)
+{
+	size_t t = wd_crypto_get_threshold();
+	t = t < 16 ? 16 : (t + 15) / 16 * 16;
+	const size_t sizes[] = {t, t, t, t / 2 + 16, 2 * t - 16, 2 * t, 4 * t, 5, 11, 16};
+	enum { N = 3000 };
+	static unsigned char in[N * 1024 + 16], a[sizeof in + 32], b[sizeof in + 32];
+	const char *names[] = {"AES-128-CBC", "AES-128-CTR"};
+	if (4 * t > 1024) {
+		printf("skip: reused answers (threshold %zu)\n", t);
+		return;
+	}
+	for (size_t ni = 0; ni < 2; ni++) {
+		EVP_CIPHER *w = EVP_CIPHER_fetch(NULL, names[ni], "provider=wd");
+		EVP_CIPHER *d = EVP_CIPHER_fetch(NULL, names[ni], "provider=default");
+		CHECK(w && d, "fetch %s", names[ni]);
+		for (int enc = 0; w && d && enc <= 1; enc++) {
+			unsigned char key[16], iv[16];
+			fill(key, sizeof key);
+			fill(iv, sizeof iv);
+			size_t pieces[N], total = 0, n = 0;
+			/* Runs of up to 300 of one size, longer than an answer is
+			 * reused for (WD_ROUTE_MEMO_REUSE_MAX). */
+			while (n < N) {
+				size_t size = sizes[rnd() % (sizeof sizes / sizeof *sizes)];
+				for (size_t run = rnd() % 300 + 1; run > 0 && n < N; run--)
+					total += pieces[n++] = size;
+			}
+			if (total % 16 != 0) {
+				pieces[n - 1] += 16 - total % 16;
+				total += 16 - total % 16;
+			}
+			fill(in, total);
+			struct wd_crypto_stats s0, s1;
+			wd_crypto_get_stats(&s0);
+			EVP_CIPHER_CTX *wc = EVP_CIPHER_CTX_new(), *dc = EVP_CIPHER_CTX_new();
+			int ok = EVP_CipherInit_ex2(wc, w, key, iv, enc, NULL) &&
+				 EVP_CIPHER_CTX_set_padding(wc, 0) &&
+				 EVP_CipherInit_ex2(dc, d, key, iv, enc, NULL) &&
+				 EVP_CIPHER_CTX_set_padding(dc, 0);
+			size_t off = 0, ao = 0, bo = 0;
+			for (size_t i = 0; ok && i < n; i++) {
+				int l = 0, m = 0;
+				ok = EVP_CipherUpdate(wc, a + ao, &l, in + off, (int)pieces[i]) &&
+				     EVP_CipherUpdate(dc, b + bo, &m, in + off, (int)pieces[i]);
+				off += pieces[i];
+				ao += (size_t)l;
+				bo += (size_t)m;
+			}
+			int l = 0, m = 0;
+			ok = ok && EVP_CipherFinal_ex(wc, a + ao, &l) && EVP_CipherFinal_ex(dc, b + bo, &m);
+			ao += (size_t)l;
+			bo += (size_t)m;
+			EVP_CIPHER_CTX_free(wc);
+			EVP_CIPHER_CTX_free(dc);
+			wd_crypto_get_stats(&s1);
+			CHECK(ok && ao == total && bo == total && !memcmp(a, b, total),
+			      "%s %s: %zu requests, %zu bytes, as the default provider", names[ni],
+			      enc ? "encrypt" : "decrypt", n, total);
+			/* Every byte once. CTR runs each request whole; CBC keeps
+			 * a partial block for later, and runs a request that
+			 * completes one as two (that block, then the rest). */
+			uint64_t counted = s1.cpu_requests - s0.cpu_requests + s1.offload_requests -
+					   s0.offload_requests;
+			uint64_t bytes = s1.cpu_bytes - s0.cpu_bytes + s1.offload_bytes - s0.offload_bytes;
+			int ctr = ni == 1;
+			CHECK(bytes == total && (ctr ? counted == n : counted >= n / 4 && counted <= 2 * n),
+			      "%s %s: %llu of %zu requests counted, %llu of %zu bytes", names[ni],
+			      enc ? "encrypt" : "decrypt", (unsigned long long)counted, n,
+			      (unsigned long long)bytes, total);
+		}
+		EVP_CIPHER_free(w);
+		EVP_CIPHER_free(d);
+	}
+}
+
 /* Small digests one after another, as EVP_Digest makes them (a context
  * per message: the provider keeps a freed one for the next), with two
  * contexts of one digest open at once and a copy, against the default
@@ -1211,6 +1294,7 @@ int main(int argc, char **argv)
 		test_fork();
 		test_small_requests_counted();
 		test_mixed_pieces();
+		test_reused_answers_counted();
 		test_small_digests();
 		test_copied_digests_counted();
 		test_digest_again_without_init();

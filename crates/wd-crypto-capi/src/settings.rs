@@ -114,8 +114,10 @@ pub extern "C" fn wd_crypto_route(k: c_int, len: usize, asynchronous: c_int) -> 
     })
 }
 
-/// `struct wd_route_memo` (`include/wd_crypto.h`): the inline functions
-/// there read and write it; the library only fills it.
+/// The head of `struct wd_route_memo` (`include/wd_crypto.h`): the inline
+/// functions there read and write it; the library only fills this much of
+/// it, the fields a caller built against `WD_CRYPTO_0.2` has (the later
+/// ones are the inline functions' alone, read only once they wrote them).
 #[repr(C)]
 pub struct WdRouteMemo {
     threshold: usize,
@@ -141,8 +143,9 @@ pub unsafe extern "C" fn wd_route_memo_init(m: *mut WdRouteMemo) {
         left: 0,
         asynchronous: 0,
     };
-    // SAFETY: m is non-null and points to caller-owned memory of the
-    // structure's size (the header's layout, which repr(C) matches).
+    // SAFETY: m is non-null and points to caller-owned memory at least
+    // this structure's size (the header's layout begins with these
+    // fields, which repr(C) lays out alike).
     unsafe { m.write_unaligned(v) };
 }
 
