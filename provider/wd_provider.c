@@ -295,6 +295,9 @@ struct wd_cctx {
 	int gcm_inline;          /* the message under way runs in `inner` */
 	int gcm_timed;           /* ... and its data is timed for the router */
 	int tag_ready;           /* `tag` holds an encryption's computed tag */
+	/* A decryption has its expected tag in `tag`: given by SET_TAG, or
+	 * left by an encryption, as the default provider keeps it. */
+	int tag_given;
 	int gcm_inner_keyed;     /* `inner` holds the current key */
 	unsigned char gaad[256]; /* AAD held until the path is decided */
 	size_t gaad_len;
@@ -840,31 +843,42 @@ static int wd_gcm_final(struct wd_cctx *x)
 {
 	if (x->gcm_iv_spent)
 		return 0;
+	/* Nothing to check against yet: the message stays under way, and
+	 * the caller may set the tag and finish again (as with the default
+	 * provider). */
+	if (!x->enc && !x->tag_given) {
+		ERR_raise_data(ERR_LIB_PROV, ERR_R_PASSED_INVALID_ARGUMENT,
+			       "WrapDrive: no tag set for this GCM decryption");
+		return 0;
+	}
 	if (!x->gcm_started && !wd_gcm_begin(x, 0))
 		return 0;
-	x->gcm_started = 0;
+	int ok;
+	if (x->gcm_inline) {
+		ok = wd_gcm_finish_inline(x);
+	} else {
+		/* An encryption's whole tag, as the default provider makes it:
+		 * a tag length left by an earlier decryption must not leave
+		 * stale bytes for GET_TAG. */
+		int r = x->taglen < 4 && !x->enc
+				? -EINVAL
+				: wd_aead_finish(x->a, x->tag, x->enc ? sizeof x->tag : x->taglen);
+		/* Refused before it was sent (every staging slot of this
+		 * thread held by its paused jobs; a message of another
+		 * thread): still under way, to be finished again. */
+		if (r == -EAGAIN || r == -EBADFD)
+			return wd_fail(r);
+		ok = r == 0;
+	}
 	/* Spent whether or not a tag checks: the message is over either way
 	 * (its state is gone from the device session). */
+	x->gcm_started = 0;
 	x->gcm_iv_spent = 1;
-	int ok;
-	if (x->gcm_inline)
-		ok = wd_gcm_finish_inline(x);
-	else if (x->enc)
-		/* The whole tag, as the default provider makes it: a tag
-		 * length left by an earlier decryption (or SET_TAG with no
-		 * data) must not leave stale bytes for GET_TAG. */
-		ok = wd_aead_finish(x->a, x->tag, sizeof x->tag) == 0;
-	else
-		ok = x->taglen >= 4 && wd_aead_finish(x->a, x->tag, x->taglen) == 0;
 	x->tag_ready = ok && x->enc;
+	x->tag_given |= x->tag_ready;
 	return ok;
 }
 
-/* Whether a request of `len` bytes runs inline without asking libwd: the
- * reason it does (a WD_CPU_* code), or 0. Below the threshold, or with the
- * cpu policy, always; above it while a "CPU" decision of the router is
- * being reused (inside an async job only while none of this thread's jobs
- * waits on the device: they would need wd_crypto_after_inline). */
 /* Whether a request of len bytes can go to the inline context whole (see
  * wd_fast_refresh), whatever its size. */
 static inline int wd_whole_here(const struct wd_cctx *x, size_t len)
@@ -872,8 +886,11 @@ static inline int wd_whole_here(const struct wd_cctx *x, size_t len)
 	return x->whole_here && (len & x->fast_mask) == 0;
 }
 
-/* The reason a request of len bytes stays here (the settings, or a CPU
- * answer of the router reused unless jobs wait for the device), else 0. */
+/* The reason a request of len bytes runs inline without asking libwd (a
+ * WD_CPU_* code), else 0: below the threshold, or with the cpu policy,
+ * always; above it while a CPU answer of the router is being reused
+ * (inside an async job only while none of this thread's jobs waits on the
+ * device: they would need wd_crypto_after_inline). */
 static inline int wd_stays_here(struct wd_cctx *x, size_t len)
 {
 	if (x->inner == NULL || !x->chain_here)
@@ -1338,15 +1355,14 @@ static int wd_cipher_set_params(struct wd_cctx *x, const OSSL_PARAM params[])
 		if ((p = found[TAG]) != NULL) {
 			void *v = x->tag;
 			size_t n;
-			if (p->data_size == 0 || p->data_size > 16)
+			/* The expected tag of a decryption only: neither a tag
+			 * length alone (no data) nor an encryption's, as the
+			 * default provider refuses them. */
+			if (x->enc || p->data == NULL || p->data_size == 0 || p->data_size > 16 ||
+			    !OSSL_PARAM_get_octet_string(p, &v, sizeof x->tag, &n))
 				return 0;
-			if (p->data == NULL) { /* only the length (encryption) */
-				x->taglen = p->data_size;
-			} else {
-				if (x->enc || !OSSL_PARAM_get_octet_string(p, &v, sizeof x->tag, &n))
-					return 0;
-				x->taglen = n;
-			}
+			x->taglen = n;
+			x->tag_given = 1;
 		}
 	}
 	return 1;

@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,6 +188,107 @@ static void gcm_tag_after_short_tag_decrypt(void)
 	CHECK(!memcmp(tag2[0], tag2[1], 16),
 	      "the same 16-byte tag: wd ..%02x%02x%02x%02x, default ..%02x%02x%02x%02x", tag2[0][12],
 	      tag2[0][13], tag2[0][14], tag2[0][15], tag2[1][12], tag2[1][13], tag2[1][14], tag2[1][15]);
+	free_both(cs);
+}
+
+/* ---- GCM: a final that can be made again ---------------------------------- */
+
+/* A decryption finished before its tag was set fails and leaves the
+ * message under way: set the tag, finish again, as the default provider
+ * lets a caller do (the wd provider checked against a tag of zeros and
+ * ended the message). A tag set without its bytes (only a length) is
+ * refused in both directions. */
+static void gcm_final_before_the_tag(void)
+{
+	EVP_CIPHER *cs[2];
+	fetch_both("AES-128-GCM", cs);
+	if (!cs[0] || !cs[1])
+		return;
+	unsigned char key[16], iv[12], pt[4096], ct[4096], back[4096], tag[16];
+	fill(key, sizeof key);
+	fill(iv, sizeof iv);
+	fill(pt, sizeof pt);
+	EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+	int l = 0;
+	EVP_EncryptInit_ex2(c, cs[1], key, iv, NULL);
+	EVP_EncryptUpdate(c, ct, &l, pt, sizeof pt);
+	EVP_EncryptFinal_ex(c, ct + l, &l);
+	EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, 16, tag);
+	EVP_CIPHER_CTX_free(c);
+	for (int k = 0; k < 2; k++) {
+		const char *who = k == 0 ? "wd" : "default";
+		c = EVP_CIPHER_CTX_new();
+		memset(back, 0, sizeof back);
+		int ok = EVP_DecryptInit_ex2(c, cs[k], key, iv, NULL) &&
+			 EVP_DecryptUpdate(c, back, &l, ct, sizeof ct);
+		int early = EVP_DecryptFinal_ex(c, back + l, &l);
+		ERR_clear_error();
+		int set = EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, 16, tag) > 0;
+		int again = EVP_DecryptFinal_ex(c, back + l, &l);
+		CHECK(ok && !early && set && again && !memcmp(back, pt, sizeof pt),
+		      "%s: a final before the tag fails (%d), with the tag set it succeeds (%d)", who,
+		      early, again);
+		EVP_CIPHER_CTX_free(c);
+		for (int enc = 0; enc <= 1; enc++) {
+			c = EVP_CIPHER_CTX_new();
+			int init = EVP_CipherInit_ex2(c, cs[k], key, iv, enc, NULL);
+			int r = EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, 12, NULL);
+			ERR_clear_error();
+			CHECK(init && r <= 0, "%s: SET_TAG(12, NULL) refused when %s (%d)", who,
+			      enc ? "encrypting" : "decrypting", r);
+			EVP_CIPHER_CTX_free(c);
+		}
+	}
+	free_both(cs);
+}
+
+/* A GCM message on the device finished on another thread than the one
+ * that began it: the library refuses the finish (-EBADFD: the message's
+ * requests go through its thread's queue) before sending anything, and
+ * the message stays under way, to be finished on its own thread with the
+ * default provider's tag (the wd provider had ended the message first,
+ * so that final failed too; a final refused with -EAGAIN, every staging
+ * slot of the thread held by its paused jobs, took the same way). Only
+ * meaningful with WD_PROVIDER_POLICY=offload (elsewhere the message may
+ * run inline, where any thread may finish it). */
+static void *gcm_final_fn(void *arg)
+{
+	unsigned char rest[16];
+	int l = 0;
+	return (void *)(intptr_t)EVP_EncryptFinal_ex(arg, rest, &l);
+}
+
+static void gcm_final_on_another_thread(void)
+{
+	EVP_CIPHER *cs[2];
+	fetch_both("AES-128-GCM", cs);
+	if (!cs[0] || !cs[1])
+		return;
+	unsigned char key[16], iv[12], pt[65536], ct[2][65536], tag[2][16];
+	fill(key, sizeof key);
+	fill(iv, sizeof iv);
+	fill(pt, sizeof pt);
+	int l = 0, l2 = 0, ok[2], done_there = 0;
+	for (int k = 0; k < 2; k++) {
+		EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+		ok[k] = EVP_EncryptInit_ex2(c, cs[k], key, iv, NULL) &&
+			EVP_EncryptUpdate(c, ct[k], &l, pt, sizeof pt) && l == (int)sizeof pt;
+		if (k == 0) {
+			pthread_t t;
+			void *r = NULL;
+			pthread_create(&t, NULL, gcm_final_fn, c);
+			pthread_join(t, &r);
+			done_there = r != NULL;
+			ERR_clear_error();
+		}
+		ok[k] = ok[k] && ((k == 0 && done_there) || EVP_EncryptFinal_ex(c, ct[k] + l, &l2)) &&
+			EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, 16, tag[k]) > 0;
+		EVP_CIPHER_CTX_free(c);
+	}
+	CHECK(ok[0] && ok[1] && !memcmp(ct[0], ct[1], sizeof pt) && !memcmp(tag[0], tag[1], 16),
+	      "a GCM final refused on another thread (%s) is made again on its own: the default "
+	      "provider's tag",
+	      done_there ? "it was not" : "it was");
 	free_both(cs);
 }
 
@@ -530,6 +632,8 @@ struct test {
 static const struct test tests[] = {
 	{"async_jobs_more_than_the_slots", async_jobs_more_than_the_slots},
 	{"gcm_tag_after_short_tag_decrypt", gcm_tag_after_short_tag_decrypt},
+	{"gcm_final_before_the_tag", gcm_final_before_the_tag},
+	{"gcm_final_on_another_thread", gcm_final_on_another_thread},
 	{"cbc_copy_after_direction_change", cbc_copy_after_direction_change},
 	{"ctr_original_iv_after_reinit", ctr_original_iv_after_reinit},
 	{"async_gcm_beside_a_paused_job", async_gcm_beside_a_paused_job},
