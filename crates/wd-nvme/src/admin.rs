@@ -16,6 +16,11 @@ const fn done(st: Status) -> Outcome {
 /// Bytes of the SMART / health and firmware slot log pages.
 const LOG_512: usize = 512;
 
+/// ONCS bit 4, Save and Select Feature Support (SSFS): Get Features
+/// honours SEL (default, saved, supported capabilities), and Set Features
+/// answers SV with Feature Identifier Not Saveable, so a driver may ask.
+const ONCS_SAVE_SELECT: u16 = 1 << 4;
+
 /// The threshold a Temperature Threshold CDW11 selects (THSEL: 0 over,
 /// 1 under), or None for a reserved THSEL or a TMPSEL other than the
 /// Composite Temperature (no temperature sensor is reported).
@@ -89,7 +94,10 @@ impl Controller {
             kas: 0,
             maxcmd: 0,
             nn: self.sub.max_nsid(),
-            oncs: identify::ONCS_COMPARE | identify::ONCS_DSM | identify::ONCS_WRITE_ZEROES,
+            oncs: identify::ONCS_COMPARE
+                | identify::ONCS_DSM
+                | identify::ONCS_WRITE_ZEROES
+                | ONCS_SAVE_SELECT,
             vwc: true,
             subnqn: "nqn.2026-11.dev.wrapdrive:nvme".into(),
         }

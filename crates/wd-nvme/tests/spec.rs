@@ -30,7 +30,7 @@ fn identify_describes_the_controller_and_its_namespaces() {
     assert_ne!(c.oacs & identify::OACS_DOORBELL_BUFFER, 0);
     assert_eq!(
         c.oncs,
-        identify::ONCS_COMPARE | identify::ONCS_DSM | identify::ONCS_WRITE_ZEROES
+        identify::ONCS_COMPARE | identify::ONCS_DSM | identify::ONCS_WRITE_ZEROES | ONCS_SSFS
     );
     assert_eq!(c.aerl, 3);
     assert!(c.subnqn.starts_with("nqn."));
@@ -619,6 +619,41 @@ fn oacs_claims_namespace_management_only_with_the_command() {
         !(nms && c.status == Status::INVALID_OPCODE),
         "OACS.NMS set but Namespace Management is an invalid opcode"
     );
+}
+
+/// ONCS bit 4, Save and Select Feature Support (SSFS).
+const ONCS_SSFS: u16 = 1 << 4;
+
+/// NVMe Base 4.4: "If the Save and Select Feature Support (SSFS) bit is
+/// set to '1' in the Optional NVM Command Support (ONCS) field ... then
+/// for each Feature, there are three settings: default, saved, and
+/// current", and the supported capabilities are discovered with SEL 011b.
+/// The controller answers every SEL value and refuses SV with Feature
+/// Identifier Not Saveable, yet left SSFS clear, so a driver that checks
+/// it never asked.
+#[test]
+fn oncs_claims_save_and_select_which_features_honour() {
+    let mut r = Rig::new(&["0:4M"]);
+    let info = ControllerInfo::from_bytes(&r.identify(cns::CONTROLLER, 0).unwrap());
+    assert_ne!(info.oncs & ONCS_SSFS, 0, "ONCS.SSFS clear");
+    let sel = |r: &mut Rig, sel: u32| {
+        let mut s = get_features(feature::ARBITRATION, 0);
+        s.cdw[0] |= sel << 8;
+        r.admin(s)
+    };
+    assert!(r
+        .admin(set_features(feature::ARBITRATION, 3))
+        .status
+        .is_success());
+    assert_eq!(sel(&mut r, 0).result, 3, "current");
+    assert_eq!(sel(&mut r, 1).result, 0, "default");
+    assert_eq!(sel(&mut r, 2).result, 0, "saved: none, so the default");
+    let caps = sel(&mut r, 3);
+    assert!(caps.status.is_success());
+    assert_eq!(caps.result & 1, 0, "not saveable");
+    let mut save = set_features(feature::ARBITRATION, 3);
+    save.cdw[0] |= 1 << 31;
+    assert_eq!(r.admin(save).status, Status::FEATURE_NOT_SAVEABLE);
 }
 
 /// NVMe Base 3.2.1.2/3.2.1.5: an NSID from 1 to NN is valid; one whose
