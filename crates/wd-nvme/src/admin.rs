@@ -99,7 +99,7 @@ impl Controller {
                 | identify::ONCS_WRITE_ZEROES
                 | ONCS_SAVE_SELECT,
             vwc: true,
-            subnqn: "nqn.2026-11.dev.wrapdrive:nvme".into(),
+            subnqn: self.sub.nqn().into(),
         }
     }
 

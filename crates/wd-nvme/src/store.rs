@@ -309,9 +309,63 @@ fn open_direct(
 /// (a namespace is private: one controller at a time). Namespaces come and
 /// go at run time (`add`, `remove`); a controller keeps the ones it
 /// attached, so its I/O takes no lock here.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Subsystem {
     state: Mutex<State>,
+    /// The NVM subsystem's NVMe Qualified Name, which every controller of
+    /// it reports (Identify SUBNQN).
+    nqn: String,
+}
+
+impl Default for Subsystem {
+    fn default() -> Self {
+        Subsystem {
+            state: Mutex::default(),
+            nqn: uuid_nqn(&random_uuid()),
+        }
+    }
+}
+
+/// The UUID-based NQN (NVMe Base 4.7, the format for a name with no
+/// naming authority behind it): hosts tell NVM subsystems apart by their
+/// NQN, so each device of each host needs its own, which a fixed
+/// domain-based name cannot give without a registry of them.
+fn uuid_nqn(uuid: &[u8; 16]) -> String {
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    format!(
+        "nqn.2014-08.org.nvmexpress:uuid:{}-{}-{}-{}-{}",
+        hex(&uuid[..4]),
+        hex(&uuid[4..6]),
+        hex(&uuid[6..8]),
+        hex(&uuid[8..10]),
+        hex(&uuid[10..])
+    )
+}
+
+/// A random (version 4, RFC 9562) UUID.
+fn random_uuid() -> [u8; 16] {
+    use std::io::Read;
+    let mut u = [0u8; 16];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut u));
+    if read.is_err() {
+        // No /dev/urandom (a sandbox without it): the standard library's
+        // hash keys come from the system's randomness too, and each
+        // RandomState has its own.
+        use std::hash::{BuildHasher, Hasher};
+        for half in u.chunks_exact_mut(8) {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos()),
+            );
+            h.write_u32(std::process::id());
+            half.copy_from_slice(&h.finish().to_le_bytes());
+        }
+    }
+    u[6] = u[6] & 0x0f | 0x40;
+    u[8] = u[8] & 0x3f | 0x80;
+    u
 }
 
 #[derive(Debug, Default)]
@@ -442,6 +496,12 @@ impl Subsystem {
     /// Every namespace, by NSID.
     pub fn namespaces(&self) -> Vec<Arc<Namespace>> {
         self.state().namespaces.iter().flatten().cloned().collect()
+    }
+
+    /// The NVM subsystem's NQN (Identify SUBNQN), the same on each of its
+    /// controllers and unique to this device.
+    pub fn nqn(&self) -> &str {
+        &self.nqn
     }
 
     /// The largest NSID in use (Identify's NN).

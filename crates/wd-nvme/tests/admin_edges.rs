@@ -251,3 +251,38 @@ fn controllers_of_one_subsystem_report_its_serial_number() {
         "SN is the NVM subsystem's serial number, not the controller's"
     );
 }
+
+/// NVMe Base 4.7: NQNs "uniquely describe a host or NVM subsystem", and
+/// 4.7.1.2: the SUBNQN "should be used (e.g., by a host) as the unique
+/// identifier for the NVM subsystem". Every device of every host reported
+/// one fixed name, so a host saw all of them as one subsystem. Each device
+/// (an NVM subsystem: its controllers share it) now has its own, in the
+/// UUID-based format: "nqn.2014-08.org.nvmexpress:uuid:" and a UUID
+/// written "11111111-2222-3333-4444-555555555555".
+#[test]
+fn each_device_is_an_nvm_subsystem_with_its_own_nqn() {
+    let subnqn =
+        |r: &mut Rig| ControllerInfo::from_bytes(&r.identify(cns::CONTROLLER, 0).unwrap()).subnqn;
+    let mut a = Rig::new(&["0:4M"]);
+    let mut b = Rig::new(&["0:4M"]);
+    let (na, nb) = (subnqn(&mut a), subnqn(&mut b));
+    assert_ne!(na, nb, "two devices, two NVM subsystems");
+    for n in [&na, &nb] {
+        let uuid = n
+            .strip_prefix("nqn.2014-08.org.nvmexpress:uuid:")
+            .unwrap_or_else(|| panic!("'{n}' is not a UUID-based NQN"));
+        let groups: Vec<&str> = uuid.split('-').collect();
+        assert_eq!(
+            groups.iter().map(|g| g.len()).collect::<Vec<_>>(),
+            [8, 4, 4, 4, 12],
+            "'{uuid}'"
+        );
+        assert!(uuid
+            .chars()
+            .all(|c| c == '-' || c.is_ascii_digit() || ('a'..='f').contains(&c)));
+        assert!(n.len() <= 223, "NQNs are at most 223 bytes");
+    }
+    // The same name on every controller of one subsystem.
+    let (mut c, mut d) = two_controllers();
+    assert_eq!(subnqn(&mut c), subnqn(&mut d));
+}
