@@ -62,6 +62,16 @@ impl Cq {
         let used = (self.tail + self.entries - self.head) % self.entries;
         (self.entries - 1).saturating_sub(used + self.reserved)
     }
+
+    /// Whether the driver's head may be `head`: inside the queue, and not
+    /// past the entries posted (NVMe Base, Invalid Doorbell Write Value:
+    /// "a host attempts to remove a completion queue entry from an empty
+    /// Completion Queue"). The driver only moves its head forward from
+    /// the one last read, up to the tail.
+    fn head_valid(&self, head: u32) -> bool {
+        let ahead = |to: u32| (to + self.entries - self.head) % self.entries;
+        head < self.entries && ahead(head) <= ahead(self.tail)
+    }
 }
 
 /// One entry of the error information log.
@@ -202,8 +212,9 @@ pub struct Controller {
     /// do not exist, as last seen: one that changes was written, an error
     /// event (Write to Invalid Doorbell Register).
     ghost_bells: [[u32; 2]; QUEUES],
-    /// Passes since the ghost doorbells were last looked at.
-    ghost_passes: u32,
+    /// Passes since the doorbells the command loop does not read were
+    /// last looked at (`audit_doorbells`).
+    audit_passes: u32,
     /// How I/O reaches the store.
     pub(crate) io: crate::IoEngine,
     /// The I/O ring, made on first use (None when not used or refused).
@@ -287,7 +298,7 @@ impl Controller {
             armed_cqs: 0,
             active: BTreeMap::new(),
             ghost_bells: [[0; 2]; QUEUES],
-            ghost_passes: 0,
+            audit_passes: 0,
             segs: Vec::new(),
             bounce: Vec::new(),
         }
@@ -586,19 +597,42 @@ impl Controller {
         let head = self.doorbell(r, dma, cqid, true);
         let shadowed = self.shadowed(cqid);
         self.cq_bells[cqid as usize].read(head, shadowed);
-        if head >= cq.entries {
-            if !cq.bad_doorbell {
-                self.event_error(0x01);
-            }
-            if let Some(c) = self.cqs[cqid as usize].as_mut() {
-                c.bad_doorbell = true;
-            }
+        if !self.judge_head(cqid, head) {
             return false;
         }
         let cq = self.cqs[cqid as usize].as_mut().expect("checked");
         cq.head = head;
-        cq.bad_doorbell = false;
         cq.free() > 0
+    }
+
+    /// Whether `head`, read from completion queue `cqid`'s doorbell, is
+    /// valid; an invalid one is reported once, until a valid one is read
+    /// (a driver that leaves it would otherwise make an event per pass).
+    fn judge_head(&mut self, cqid: u16, head: u32) -> bool {
+        let Some(cq) = self.cqs[cqid as usize].as_mut() else {
+            return false;
+        };
+        let valid = cq.head_valid(head);
+        let report = !valid && !cq.bad_doorbell;
+        cq.bad_doorbell = !valid;
+        if report {
+            self.event_error(0x01);
+        }
+        valid
+    }
+
+    /// Check every completion queue's head doorbell, full or not: a head
+    /// is read for room only when its queue looks full, and an invalid
+    /// one written to a queue with room would go unreported. Only judged
+    /// here (the head the controller counts room from moves in
+    /// `cq_room`, with the wake-up bookkeeping).
+    fn audit_cq_heads(&mut self, r: &Registers, dma: &mut dyn Dma<'_>) {
+        for qid in 0..QUEUES as u16 {
+            if self.cqs[qid as usize].is_some() {
+                let head = self.doorbell(r, dma, qid, true);
+                self.judge_head(qid, head);
+            }
+        }
     }
 
     /// Queue an error event (Asynchronous Event Information: 0x00 write
@@ -613,15 +647,23 @@ impl Controller {
         }
     }
 
-    /// Report a write to the doorbell of an I/O queue that does not exist
-    /// (the value changed since last seen). Looked at on idle passes and
-    /// every 64th: 32 register loads a pass would tax a busy controller.
-    fn ghost_doorbells(&mut self, r: &Registers, idle: bool) {
-        self.ghost_passes += 1;
-        if !idle && self.ghost_passes < 64 {
+    /// Look for doorbell writes the command loop does not read: heads of
+    /// completion queues with room, doorbells of queues that do not
+    /// exist. On idle passes and every 64th: some fifty loads a pass
+    /// would tax a busy controller.
+    fn audit_doorbells(&mut self, r: &Registers, dma: &mut dyn Dma<'_>, idle: bool) {
+        self.audit_passes += 1;
+        if !idle && self.audit_passes < 64 {
             return;
         }
-        self.ghost_passes = 0;
+        self.audit_passes = 0;
+        self.audit_cq_heads(r, dma);
+        self.ghost_doorbells(r);
+    }
+
+    /// Report a write to the doorbell of an I/O queue that does not exist
+    /// (the value changed since last seen).
+    fn ghost_doorbells(&mut self, r: &Registers) {
         for qid in 1..QUEUES {
             let exists = [self.sqs[qid].is_some(), self.cqs[qid].is_some()];
             let bells = [
@@ -860,7 +902,7 @@ impl DeviceQueue for Controller {
         if !self.inflight.is_empty() {
             self.complete_io(dma, &mut out);
         }
-        self.ghost_doorbells(&r, out.work == 0);
+        self.audit_doorbells(&r, dma, out.work == 0);
         if !self.events.is_empty() {
             out.work += self.deliver_events(dma, &r);
         }

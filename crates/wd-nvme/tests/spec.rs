@@ -341,6 +341,58 @@ fn an_invalid_completion_head_doorbell_is_an_event_and_events_are_limited() {
     assert_eq!((r.io_cqe(3).cid, r.io_cqe(3).phase), (3, true));
 }
 
+/// NVMe Base, Asynchronous Event Information 01h, Invalid Doorbell Write
+/// Value: among its causes "the value was out of range of the
+/// corresponding queue's base address" and "a host attempts to remove a
+/// completion queue entry from an empty Completion Queue". The head was
+/// read, and so judged, only when its queue looked full: a bad head
+/// written to a queue with room went unreported.
+#[test]
+fn an_invalid_completion_head_is_an_event_though_its_queue_has_room() {
+    let mut r = Rig::new(&["0:4M"]);
+    r.io_queues(8, 8);
+    for _ in 0..4 {
+        r.aer();
+    }
+    let invalid_value = |r: &mut Rig, what: &str| {
+        r.pass();
+        let ev = r
+            .admin_cqe()
+            .unwrap_or_else(|| panic!("no event for {what}"));
+        assert_eq!(
+            (ev.result & 7, ev.result >> 8 & 0xff, ev.result >> 16 & 0xff),
+            (0, 1, 1),
+            "error status, invalid doorbell write value, error log: {what}"
+        );
+        get_log(r, GetLogPage::ERROR, 64);
+    };
+    // One completion posted and consumed: a valid head, no event.
+    r.io_put(0, &flush(0));
+    r.regs.store32(regs::sq_tail_doorbell(1), 1);
+    r.pass();
+    assert!(r.io_cqe(0).phase);
+    r.regs.store32(regs::cq_head_doorbell(1), 1);
+    r.pass();
+    r.pass();
+    assert!(r.admin_cqe().is_none(), "a valid head is no event");
+    // Past the one entry posted: consuming entries of an empty queue.
+    r.regs.store32(regs::cq_head_doorbell(1), 3);
+    invalid_value(&mut r, "a head past the tail");
+    // Valid again, then beyond the queue's 8 entries.
+    r.regs.store32(regs::cq_head_doorbell(1), 1);
+    r.pass();
+    r.regs.store32(regs::cq_head_doorbell(1), 8);
+    invalid_value(&mut r, "a head beyond the queue");
+    // Back to a valid head: commands complete as before.
+    r.regs.store32(regs::cq_head_doorbell(1), 1);
+    r.io_put(1, &flush(1));
+    r.regs.store32(regs::sq_tail_doorbell(1), 2);
+    r.pass();
+    assert_eq!((r.io_cqe(1).cid, r.io_cqe(1).phase), (1, true));
+    r.pass();
+    assert!(r.admin_cqe().is_none(), "no event for valid heads");
+}
+
 /// Regression: while a completion head doorbell stayed invalid, every
 /// pass queued the same error event again as soon as the previous one was
 /// delivered, so each outstanding Asynchronous Event Request completed
