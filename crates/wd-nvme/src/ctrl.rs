@@ -25,6 +25,10 @@ pub(crate) const AER_LIMIT: usize = 4;
 pub(crate) const ERROR_LOG: usize = 64;
 /// Maximum data transfer: 2^MDTS pages.
 pub(crate) const MDTS: u8 = 6;
+/// Doorbell pairs (submission tail, completion head) the register block
+/// holds: far more than the queues offered, and a driver may write any of
+/// them.
+const DOORBELL_PAIRS: usize = (regs::BLOCK_BYTES - regs::DOORBELLS) / 8;
 
 /// A submission queue.
 #[derive(Clone, Copy, Debug)]
@@ -209,9 +213,10 @@ pub struct Controller {
     /// Namespaces attached here, by NSID.
     pub(crate) active: BTreeMap<u32, Arc<Namespace>>,
     /// The doorbells (submission tail, completion head) of I/O queues that
-    /// do not exist, as last seen: one that changes was written, an error
-    /// event (Write to Invalid Doorbell Register).
-    ghost_bells: [[u32; 2]; QUEUES],
+    /// do not exist, as last seen, for every pair in the register block
+    /// (queue ids past those offered can never exist): one that changes
+    /// was written, an error event (Write to Invalid Doorbell Register).
+    ghost_bells: Box<[[u32; 2]; DOORBELL_PAIRS]>,
     /// Passes since the doorbells the command loop does not read were
     /// last looked at (`audit_doorbells`).
     audit_passes: u32,
@@ -297,7 +302,7 @@ impl Controller {
             cq_bells: [Bell::default(); QUEUES],
             armed_cqs: 0,
             active: BTreeMap::new(),
-            ghost_bells: [[0; 2]; QUEUES],
+            ghost_bells: Box::new([[0; 2]; DOORBELL_PAIRS]),
             audit_passes: 0,
             segs: Vec::new(),
             bounce: Vec::new(),
@@ -344,15 +349,17 @@ impl Controller {
         self.sqs = [None; QUEUES];
         self.cqs = [None; QUEUES];
         // The doorbells start over with the queues (a driver re-enabling
-        // counts from 0; a stale tail would replay old entries).
+        // counts from 0; a stale tail would replay old entries), and so do
+        // those of queues that cannot exist (a write before the reset is
+        // not one to report after it).
         if let Some(r) = &self.regs {
-            for qid in 0..QUEUES as u16 {
+            for qid in 0..DOORBELL_PAIRS as u16 {
                 r.store32(regs::sq_tail_doorbell(qid), 0);
                 r.store32(regs::cq_head_doorbell(qid), 0);
             }
         }
         self.sq_bells = [Bell::default(); QUEUES];
-        self.ghost_bells = [[0; 2]; QUEUES];
+        self.ghost_bells.fill([0; 2]);
         self.full_cqs = 0;
         self.cq_bells = [Bell::default(); QUEUES];
         self.armed_cqs = 0;
@@ -649,8 +656,8 @@ impl Controller {
 
     /// Look for doorbell writes the command loop does not read: heads of
     /// completion queues with room, doorbells of queues that do not
-    /// exist. On idle passes and every 64th: some fifty loads a pass
-    /// would tax a busy controller.
+    /// exist. On idle passes and every 64th: the thousand loads of the
+    /// whole doorbell block would tax a busy controller's every pass.
     fn audit_doorbells(&mut self, r: &Registers, dma: &mut dyn Dma<'_>, idle: bool) {
         self.audit_passes += 1;
         if !idle && self.audit_passes < 64 {
@@ -662,10 +669,14 @@ impl Controller {
     }
 
     /// Report a write to the doorbell of an I/O queue that does not exist
-    /// (the value changed since last seen).
+    /// (the value changed since last seen), up to the end of the register
+    /// block.
     fn ghost_doorbells(&mut self, r: &Registers) {
-        for qid in 1..QUEUES {
-            let exists = [self.sqs[qid].is_some(), self.cqs[qid].is_some()];
+        for qid in 1..DOORBELL_PAIRS {
+            let exists = match qid < QUEUES {
+                true => [self.sqs[qid].is_some(), self.cqs[qid].is_some()],
+                false => [false; 2],
+            };
             let bells = [
                 regs::sq_tail_doorbell(qid as u16),
                 regs::cq_head_doorbell(qid as u16),

@@ -455,6 +455,40 @@ fn a_doorbell_of_a_queue_that_does_not_exist_is_an_event() {
     );
 }
 
+/// The same for the doorbells of queue ids past those offered (16 I/O
+/// queue pairs) but inside the 8 KiB register block, up to its last pair
+/// (queue 511): such a queue can never be created, and a write to its
+/// doorbell went unreported.
+#[test]
+fn a_doorbell_past_the_queues_offered_is_an_event() {
+    let mut r = Rig::new(&["0:4M"]);
+    r.io_queues(8, 8);
+    for _ in 0..4 {
+        r.aer();
+    }
+    let last = ((regs::BLOCK_BYTES - regs::DOORBELLS) / 8 - 1) as u16;
+    for (qid, bell) in [
+        (17, regs::sq_tail_doorbell(17)),
+        (last, regs::cq_head_doorbell(last)),
+    ] {
+        r.regs.store32(bell, 1);
+        r.pass();
+        let ev = r
+            .admin_cqe()
+            .unwrap_or_else(|| panic!("no event for queue {qid}'s doorbell"));
+        assert_eq!(
+            (ev.result & 7, ev.result >> 8 & 0xff, ev.result >> 16 & 0xff),
+            (0, 0, 1),
+            "write to invalid doorbell register, queue {qid}"
+        );
+        get_log(&mut r, GetLogPage::ERROR, 64);
+    }
+    for _ in 0..3 {
+        r.pass();
+    }
+    assert!(r.admin_cqe().is_none(), "one event per write");
+}
+
 #[test]
 fn a_reset_with_submissions_pending_runs_none_of_them() {
     let mut r = Rig::new(&["0:4M"]);
