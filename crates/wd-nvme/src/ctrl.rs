@@ -375,7 +375,7 @@ impl Controller {
     }
 
     /// The driver changed CC: enable, reset or shut down.
-    fn control(&mut self, cc_raw: u32) {
+    fn control(&mut self, cc_raw: u32, dma: &mut dyn Dma<'_>) {
         let Some(r) = self.regs.clone() else { return };
         let old = Cc::from_u32(self.cc);
         let new = Cc::from_u32(cc_raw);
@@ -416,7 +416,13 @@ impl Controller {
         // shutdown (NVMe Base, CC.SHN): the reset above, then this.
         if (new.en || old.en) && new.shn != 0 && !self.shut_down {
             // Normal or abrupt shutdown: finish what is in flight, make
-            // written data durable, stop.
+            // written data durable, stop. The commands in flight complete
+            // to their queues, which stay: a driver waiting for them once
+            // SHST says complete would wait forever (NVMe Base 3.6.1 lets
+            // a shutting down controller abort a command, with a status,
+            // never drop it). After a reset there are none. What the ring
+            // would not give back is waited for and dropped, as before.
+            self.settle(dma, None);
             self.quiesce_io();
             for ns in self.active.values() {
                 let (fd, _) = ns.buffered_at(0);
@@ -886,7 +892,7 @@ impl DeviceQueue for Controller {
         self.counters.polls.fetch_add(1, Ordering::Relaxed);
         let cc = r.load32(regs::CC);
         if cc != self.cc {
-            self.control(cc);
+            self.control(cc, dma);
             out.work += 1;
         }
         if !self.running() {

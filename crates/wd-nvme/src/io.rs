@@ -330,8 +330,9 @@ impl Controller {
 
     /// Wait for the transfers on the ring of the commands on namespace
     /// `nsid` (of every command: None) and post those commands: a
-    /// submission queue is being deleted, or a namespace detached (a
-    /// write landing later could reach the next controller's data).
+    /// submission queue is being deleted, a namespace detached (a write
+    /// landing later could reach the next controller's data), or the
+    /// controller shut down.
     pub(crate) fn settle(&mut self, dma: &mut dyn Dma<'_>, nsid: Option<u32>) {
         let mut sink = Service::default();
         let waiting = |c: &Controller| {

@@ -851,6 +851,38 @@ fn a_detach_waits_for_the_namespaces_writes_on_the_ring() {
     assert_eq!(back, [0x5a; 512]);
 }
 
+/// NVMe Base 3.6.1: the controller reports shutdown processing complete
+/// (CSTS.SHST 10b), and while it is in progress "may abort any command
+/// with a status code of Commands Aborted due to Power Loss
+/// Notification"; a command is completed either way. A shutdown waited
+/// for the writes on the I/O ring and dropped their completions: the
+/// driver, told the shutdown was complete, never heard of them.
+#[test]
+fn a_shutdown_completes_the_commands_on_the_ring_first() {
+    let Some(mut r) = a_write_on_the_ring("a_shutdown_completes_the_commands_on_the_ring_first")
+    else {
+        return;
+    };
+    let mut cc = Cc::from_u32(cc_enabled());
+    cc.shn = 1;
+    r.regs.store32(regs::CC, cc.to_u32());
+    let s = r.pass();
+    assert_eq!(r.csts() & regs::CSTS_SHST_MASK, regs::CSTS_SHST_COMPLETE);
+    let c = r.io_cqe(0);
+    assert!(
+        c.phase,
+        "shutdown complete, the write on the ring never posted"
+    );
+    assert_eq!((c.cid, c.sq_id, c.status), (0, 1, Status::SUCCESS));
+    assert_eq!(s.holds_from, None, "nothing held past the shutdown");
+    let mut back = [0u8; 512];
+    std::fs::File::open(&r.store)
+        .unwrap()
+        .read_exact_at(&mut back, 3 * 512)
+        .unwrap();
+    assert_eq!(back, [0x5a; 512]);
+}
+
 /// Log page `lid`, `len` bytes of it, read into DATA.
 fn get_log(r: &mut Rig, lid: u8, len: u64) -> (Status, Vec<u8>) {
     r.mem.put(DATA, &vec![0xee; len as usize]);
