@@ -49,24 +49,59 @@ struct wd_prov {
 
 /* The inline CPU path: OpenSSL's default provider, loaded into a private
  * library context (never this provider again), called directly through its
- * dispatch table, so a request that stays here pays no second EVP layer. */
+ * dispatch table, so a request that stays here pays no second EVP layer.
+ * Made at the first lookup, freed by the last provider instance's teardown
+ * (no context of any instance is left then), made again by a later one:
+ * each load of this module would otherwise leave one behind. */
+static OSSL_LIB_CTX *wd_cpu_libctx;
 static OSSL_PROVIDER *wd_cpu_prov;
 static void *wd_cpu_provctx;
 static const OSSL_ALGORITHM *wd_cpu_ciphers;
 static const OSSL_ALGORITHM *wd_cpu_digests;
-static pthread_once_t wd_cpu_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t wd_cpu_lock = PTHREAD_MUTEX_INITIALIZER;
+static int wd_cpu_tried; /* read without the lock: acquire, pairs with wd_cpu_init's release */
 
+/* Look the default provider up once per instance set (a failure too: the
+ * inline path is then missing, and lookups find nothing). */
 static void wd_cpu_init(void)
 {
-	OSSL_LIB_CTX *l = OSSL_LIB_CTX_new();
-	OSSL_PROVIDER *p = l != NULL ? OSSL_PROVIDER_load(l, "default") : NULL;
-	int no_cache = 0;
-	if (p == NULL)
+	if (__atomic_load_n(&wd_cpu_tried, __ATOMIC_ACQUIRE))
 		return;
-	wd_cpu_ciphers = OSSL_PROVIDER_query_operation(p, OSSL_OP_CIPHER, &no_cache);
-	wd_cpu_digests = OSSL_PROVIDER_query_operation(p, OSSL_OP_DIGEST, &no_cache);
-	wd_cpu_provctx = OSSL_PROVIDER_get0_provider_ctx(p);
-	wd_cpu_prov = p;
+	pthread_mutex_lock(&wd_cpu_lock);
+	if (!wd_cpu_tried) {
+		OSSL_LIB_CTX *l = OSSL_LIB_CTX_new();
+		OSSL_PROVIDER *p = l != NULL ? OSSL_PROVIDER_load(l, "default") : NULL;
+		int no_cache = 0;
+		if (p != NULL) {
+			wd_cpu_ciphers = OSSL_PROVIDER_query_operation(p, OSSL_OP_CIPHER, &no_cache);
+			wd_cpu_digests = OSSL_PROVIDER_query_operation(p, OSSL_OP_DIGEST, &no_cache);
+			wd_cpu_provctx = OSSL_PROVIDER_get0_provider_ctx(p);
+			wd_cpu_prov = p;
+			wd_cpu_libctx = l;
+		} else {
+			OSSL_LIB_CTX_free(l);
+		}
+		/* Release: pairs with the acquire above, so the pointers are
+		 * seen set by a thread that sees the flag. */
+		__atomic_store_n(&wd_cpu_tried, 1, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&wd_cpu_lock);
+}
+
+/* The last instance's teardown: nothing of the inline path is in use. */
+static void wd_cpu_fini(void)
+{
+	pthread_mutex_lock(&wd_cpu_lock);
+	if (wd_cpu_prov != NULL)
+		OSSL_PROVIDER_unload(wd_cpu_prov);
+	OSSL_LIB_CTX_free(wd_cpu_libctx);
+	wd_cpu_prov = NULL;
+	wd_cpu_libctx = NULL;
+	wd_cpu_provctx = NULL;
+	wd_cpu_ciphers = NULL;
+	wd_cpu_digests = NULL;
+	__atomic_store_n(&wd_cpu_tried, 0, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&wd_cpu_lock);
 }
 
 /* The default provider's functions for one cipher. */
@@ -99,7 +134,7 @@ static int wd_names_have(const char *names, const char *name)
 
 static int wd_cpu_lookup(const char *name, struct wd_cpu_impl *impl)
 {
-	pthread_once(&wd_cpu_once, wd_cpu_init);
+	wd_cpu_init();
 	memset(impl, 0, sizeof(*impl));
 	for (const OSSL_ALGORITHM *a = wd_cpu_ciphers; a != NULL && a->algorithm_names != NULL; a++) {
 		if (!wd_names_have(a->algorithm_names, name))
@@ -1619,7 +1654,7 @@ static __attribute__((noinline, cold)) void wd_dthread_register(struct wd_dthrea
 
 static int wd_cpu_dlookup(const char *name, struct wd_cpu_dimpl *impl)
 {
-	pthread_once(&wd_cpu_once, wd_cpu_init);
+	wd_cpu_init();
 	memset(impl, 0, sizeof(*impl));
 	for (const OSSL_ALGORITHM *a = wd_cpu_digests; a != NULL && a->algorithm_names != NULL; a++) {
 		if (!wd_names_have(a->algorithm_names, name))
@@ -1960,7 +1995,8 @@ static int wd_prov_get_params(void *provctx, OSSL_PARAM params[])
 static void wd_teardown(void *provctx)
 {
 	pthread_mutex_lock(&wd_dcount_lock);
-	if (--wd_instances == 0 && wd_dcount_key_live) {
+	int last = --wd_instances == 0;
+	if (last && wd_dcount_key_live) {
 		/* This thread's counts now; other threads' spare digest contexts
 		 * are left to the process's end. */
 		wd_dthread_at_exit(NULL);
@@ -1970,6 +2006,10 @@ static void wd_teardown(void *provctx)
 		__atomic_store_n(&wd_dcount_key_gen, gen != 0 ? gen : 1, __ATOMIC_RELAXED);
 	}
 	pthread_mutex_unlock(&wd_dcount_lock);
+	/* (After this thread's spare digest contexts went, above: other
+	 * threads' spares, left to the process's end, are never used again.) */
+	if (last)
+		wd_cpu_fini();
 	OPENSSL_free(provctx);
 }
 
