@@ -21,6 +21,19 @@ const LOG_512: usize = 512;
 /// answers SV with Feature Identifier Not Saveable, so a driver may ask.
 const ONCS_SAVE_SELECT: u16 = 1 << 4;
 
+/// Whether I/O queue entries of 2^`want` bytes are configured: CC's entry
+/// size (None without registers) never set is Invalid Queue Size (NVMe
+/// Base, Create I/O Completion/Submission Queue: a queue created "before
+/// initializing the CC.IOCQES/IOSQES field"); set to another size, one
+/// this controller does not offer, Invalid Field.
+fn entry_size(configured: Option<u8>, want: u8) -> Result<(), Status> {
+    match configured.unwrap_or(0) {
+        0 => Err(Status::INVALID_QUEUE_SIZE),
+        n if n == want => Ok(()),
+        _ => Err(Status::INVALID_FIELD),
+    }
+}
+
 /// The threshold a Temperature Threshold CDW11 selects (THSEL: 0 over,
 /// 1 under), or None for a reserved THSEL or a TMPSEL other than the
 /// Composite Temperature (no temperature sensor is reported).
@@ -75,7 +88,7 @@ impl Controller {
             vid: 0x1b36,
             // The NVM subsystem's serial number, the same on each of its
             // controllers (CNTLID tells them apart).
-            serial: format!("WD{:08X}", std::process::id()),
+            serial: self.sub.serial().into(),
             model: "WrapDrive mediated NVMe controller".into(),
             firmware: env!("CARGO_PKG_VERSION").into(),
             mdts: MDTS,
@@ -209,8 +222,13 @@ impl Controller {
         if q.entries < 2 || q.entries > regs::MAX_QUEUE_ENTRIES {
             return done(Status::INVALID_QUEUE_SIZE);
         }
-        if Cc::from_u32(self.regs.as_ref().map_or(0, |r| r.load32(regs::CC))).iocqes != 4 {
-            return done(Status::INVALID_FIELD);
+        if let Err(st) = entry_size(
+            self.regs
+                .as_ref()
+                .map(|r| Cc::from_u32(r.load32(regs::CC)).iocqes),
+            4,
+        ) {
+            return done(st);
         }
         // Interrupts are not offered: IEN must be clear.
         if sqe.cdw(11) & 2 != 0 {
@@ -241,8 +259,13 @@ impl Controller {
         if q.entries < 2 || q.entries > regs::MAX_QUEUE_ENTRIES {
             return done(Status::INVALID_QUEUE_SIZE);
         }
-        if Cc::from_u32(self.regs.as_ref().map_or(0, |r| r.load32(regs::CC))).iosqes != 6 {
-            return done(Status::INVALID_FIELD);
+        if let Err(st) = entry_size(
+            self.regs
+                .as_ref()
+                .map(|r| Cc::from_u32(r.load32(regs::CC)).iosqes),
+            6,
+        ) {
+            return done(st);
         }
         let cqid = q.other;
         // The admin queue's or one beyond those offered names no queue at

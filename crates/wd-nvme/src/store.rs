@@ -312,18 +312,35 @@ fn open_direct(
 #[derive(Debug)]
 pub struct Subsystem {
     state: Mutex<State>,
-    /// The NVM subsystem's NVMe Qualified Name, which every controller of
-    /// it reports (Identify SUBNQN).
+    /// The NVM subsystem's identity, which every controller of it
+    /// reports: its NVMe Qualified Name (Identify SUBNQN) and serial
+    /// number (SN), both made from one random UUID.
     nqn: String,
+    serial: String,
 }
 
 impl Default for Subsystem {
     fn default() -> Self {
+        let uuid = random_uuid();
         Subsystem {
             state: Mutex::default(),
-            nqn: uuid_nqn(&random_uuid()),
+            nqn: uuid_nqn(&uuid),
+            serial: uuid_serial(&uuid),
         }
     }
+}
+
+/// A serial number (20 ASCII characters at most) unique to the subsystem:
+/// "WD" and 72 bits of its UUID in hex, which a driver or udev keys
+/// devices by (two devices of one host must not share it).
+fn uuid_serial(uuid: &[u8; 16]) -> String {
+    // Bytes 7 to 15 of a version 4 UUID: random but for byte 8's two
+    // variant bits (byte 6 carries the version).
+    let tail = uuid[7..16].iter().fold(String::new(), |mut s, b| {
+        s.push_str(&format!("{b:02X}"));
+        s
+    });
+    format!("WD{tail}")
 }
 
 /// The UUID-based NQN (NVMe Base 4.7, the format for a name with no
@@ -502,6 +519,11 @@ impl Subsystem {
     /// controllers and unique to this device.
     pub fn nqn(&self) -> &str {
         &self.nqn
+    }
+
+    /// The NVM subsystem's serial number (Identify SN), as [`Self::nqn`].
+    pub fn serial(&self) -> &str {
+        &self.serial
     }
 
     /// The largest NSID in use (Identify's NN).

@@ -252,6 +252,68 @@ fn controllers_of_one_subsystem_report_its_serial_number() {
     );
 }
 
+/// The serial number (SN) is the NVM subsystem's too, and two devices of
+/// one host are two subsystems: it was made from the host's process id,
+/// so every device of a host reported the same one (udev names disks by
+/// model and serial). At most 20 ASCII characters, padded with spaces.
+#[test]
+fn each_device_has_its_own_serial_number() {
+    let serial =
+        |r: &mut Rig| ControllerInfo::from_bytes(&r.identify(cns::CONTROLLER, 0).unwrap()).serial;
+    let mut a = Rig::new(&["0:4M"]);
+    let mut b = Rig::new(&["0:4M"]);
+    let (sa, sb) = (serial(&mut a), serial(&mut b));
+    assert_ne!(sa, sb, "two devices of one host, two serial numbers");
+    for s in [&sa, &sb] {
+        let s = s.trim_end();
+        assert!(
+            !s.is_empty() && s.len() <= 20 && s.chars().all(|c| c.is_ascii_graphic()),
+            "'{s}'"
+        );
+    }
+}
+
+/// A queue created before the driver set CC's I/O entry sizes is Invalid
+/// Queue Size (NVMe Base, Create I/O Completion and Submission Queue:
+/// "before initializing the CC.IOCQES/IOSQES field"); an entry size this
+/// controller does not offer stays Invalid Field.
+#[test]
+fn queues_created_before_the_entry_sizes_are_set_are_refused() {
+    let mut r = Rig::new(&["0:4M"]);
+    r.enable();
+    let cc = |iosqes, iocqes| {
+        regs::Cc {
+            en: true,
+            iosqes,
+            iocqes,
+            ..regs::Cc::default()
+        }
+        .to_u32()
+    };
+    r.regs.store32(regs::CC, cc(0, 0));
+    r.pass();
+    assert_eq!(
+        r.create(AdminOp::CreateCq, 1, 8, 0, IOCQ),
+        Status::INVALID_QUEUE_SIZE
+    );
+    r.regs.store32(regs::CC, cc(0, 4));
+    r.pass();
+    assert_eq!(r.create(AdminOp::CreateCq, 1, 8, 0, IOCQ), Status::SUCCESS);
+    assert_eq!(
+        r.create(AdminOp::CreateSq, 1, 8, 1, IOSQ),
+        Status::INVALID_QUEUE_SIZE
+    );
+    r.regs.store32(regs::CC, cc(7, 4));
+    r.pass();
+    assert_eq!(
+        r.create(AdminOp::CreateSq, 1, 8, 1, IOSQ),
+        Status::INVALID_FIELD
+    );
+    r.regs.store32(regs::CC, cc(6, 4));
+    r.pass();
+    assert_eq!(r.create(AdminOp::CreateSq, 1, 8, 1, IOSQ), Status::SUCCESS);
+}
+
 /// NVMe Base 4.7: NQNs "uniquely describe a host or NVM subsystem", and
 /// 4.7.1.2: the SUBNQN "should be used (e.g., by a host) as the unique
 /// identifier for the NVM subsystem". Every device of every host reported
