@@ -2005,11 +2005,13 @@ static void wd_teardown(void *provctx)
 		unsigned gen = wd_dcount_key_gen + 1;
 		__atomic_store_n(&wd_dcount_key_gen, gen != 0 ? gen : 1, __ATOMIC_RELAXED);
 	}
-	pthread_mutex_unlock(&wd_dcount_lock);
-	/* (After this thread's spare digest contexts went, above: other
-	 * threads' spares, left to the process's end, are never used again.) */
+	/* Under the lock: an instance made meanwhile must find it made
+	 * again, not freed under its first context. Other threads' spare
+	 * digest contexts (plain digest state: no library context in them)
+	 * may serve a later instance. */
 	if (last)
 		wd_cpu_fini();
+	pthread_mutex_unlock(&wd_dcount_lock);
 	OPENSSL_free(provctx);
 }
 
