@@ -2157,10 +2157,12 @@ static int zlib_only(z_streamp strm)
     if (ret == Z_OK && bare && r->cont)
         r->handed_flush = 1;
     if (ret == Z_OK && r->phase == DRAIN) {
-        /* zlib may write now: what waits must be out first. */
+        /* zlib may write now: what waits must be out first. What does not
+         * fit leaves zlib no room (or no buffer), so it writes nothing
+         * and answers as with its own output pending: deflateParams
+         * refuses only a flush that cannot complete, as zlib's does, and
+         * the calls that write nothing answer as they would anyway. */
         drain(r, strm);
-        if (r->phase == DRAIN)
-            return Z_BUF_ERROR;
     }
     return ret;
 }
@@ -2275,13 +2277,15 @@ int deflateParams(z_streamp strm, int level, int strategy)
     /* zlib flushes (deflate(Z_BLOCK), Z_BUF_ERROR without room) only when
      * its compression function (0 stored, 1-3 fast, 4-9 slow) or the
      * strategy changes; else it only sets the level, whatever the room.
-     * Input the shim gathered has no output yet; zlib-rs's table is
+     * Input the shim gathered has no output yet (a stream in pieces
+     * compresses its next piece at the new level); zlib-rs's table is
      * zlib-ng's (1 quick, 2 fast, 3-6 medium, 7-9 slow) and its
      * deflateParams would flush where that changes: its function stays,
      * tuned as its table tunes the new level. */
     struct record *q = strm && !tl_inside ? find(strm) : NULL;
     int lv = level == Z_DEFAULT_COMPRESSION ? 6 : level;
-    if (q && q->deflating && (q->zrs || (q->lazy && q->phase == GATHER)) && lv >= 0 && lv <= 9 &&
+    if (q && q->deflating && (q->zrs || (q->lazy && (q->phase == GATHER || q->phase == PIECES))) &&
+        lv >= 0 && lv <= 9 &&
         strategy == q->strategy && level_func(level) == level_func(q->level)) {
         static const int tune[10][4] = {{0, 0, 0, 0},      {0, 0, 0, 0},      {4, 4, 8, 4},
                                         {4, 6, 16, 6},     {4, 12, 32, 24},   {8, 16, 32, 32},
@@ -2298,7 +2302,26 @@ int deflateParams(z_streamp strm, int level, int strategy)
     if (ret != Z_OK || !r || !r->zrs)
         return ret != Z_OK ? ret : REAL(deflateParams)(strm, level, strategy);
     uInt room = strm->avail_out;
-    ret = ZRS_CALL(r, strm, wd__zrs_deflateParams(r->zrs, zrs_level(level), strategy));
+    /* Here zlib flushes (the cases where it does not took the path above)
+     * and refuses the change (Z_BUF_ERROR, nothing changed) when the
+     * flush does not complete. zlib-rs flushes only where its own table's
+     * function changes (3 to 4 is no change there) or the strategy does:
+     * with the strategy unchanged it is told a passing one, so that it
+     * flushes and refuses as zlib does; the second call, with nothing
+     * left to flush, puts the strategy back, its flush's complaint of no
+     * progress (which zlib's single flush did not make) unsaid. */
+    int via = strategy == r->strategy;
+    ret = ZRS_CALL(r, strm,
+                   wd__zrs_deflateParams(r->zrs, zrs_level(level),
+                                         !via                     ? strategy
+                                         : strategy == Z_FILTERED ? Z_DEFAULT_STRATEGY
+                                                                  : Z_FILTERED));
+    if (ret == Z_OK && via) {
+        char *said = strm->msg, *zrs_said = r->zrs->msg;
+        ret = ZRS_CALL(r, strm, wd__zrs_deflateParams(r->zrs, zrs_level(level), strategy));
+        strm->msg = said;
+        r->zrs->msg = zrs_said;
+    }
     if (r->handed_flush && room)
         r->last_flush = Z_BLOCK; /* (zlib's deflateParams flushed with it) */
     if (ret == Z_OK) {

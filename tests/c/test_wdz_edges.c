@@ -511,6 +511,119 @@ static void repeated_flush_after_handoff(void)
     ref.deflateEnd(&r);
 }
 
+
+/* The reference's decoding of a whole stream into out: its length, or
+ * (size_t)-1 when it does not end there. */
+static size_t ref_decode(int bits, const unsigned char *c, size_t clen, unsigned char *out,
+                         size_t cap)
+{
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    if (ref.inflateInit2_(&z, bits, ZLIB_VERSION, (int)sizeof z) != Z_OK)
+        exit(2);
+    z.next_in = (Bytef *)c;
+    z.avail_in = (uInt)clen;
+    z.next_out = out;
+    z.avail_out = (uInt)cap;
+    int ret = ref.inflate(&z, Z_FINISH);
+    size_t n = z.total_out;
+    ref.inflateEnd(&z);
+    return ret == Z_STREAM_END ? n : (size_t)-1;
+}
+
+/* deflateParams from a level to one of another compression function (0
+ * stored, 1-3 fast, 4-9 slow) flushes with Z_BLOCK first, and when that
+ * cannot complete answers Z_BUF_ERROR and keeps the old level (zlib.h:
+ * "can be called again with the same parameters and more output
+ * space"). On a stream the shim ran on zlib-rs, whose table splits the
+ * levels otherwise (3 to 6 is one function there), 3 to 4, 5 or 6 and
+ * back answered Z_OK with no room; on a stream in pieces, or one handed
+ * over with output waiting in the shim (here by deflateTune, which
+ * itself answered Z_BUF_ERROR), a change that owes no flush answered
+ * Z_BUF_ERROR. Every pair of levels, on streams gathered (no output
+ * yet), on zlib-rs, in pieces and handed over, in zlib and raw framing:
+ * with no room, then with room; then the stream is finished and the
+ * reference decodes it. */
+static void params_function_change_no_room(void)
+{
+    enum { N = 80000, CAP = N + 4096 };
+    static unsigned char in[N], out[CAP], rout[CAP], back[N];
+    text_bytes(in, N, 21);
+    static const struct {
+        const char *what;
+        size_t flushed, more; /* Z_SYNC_FLUSH'd, then Z_NO_FLUSH'd */
+        int tune;             /* then deflateTune, with no room */
+    } stages[] = {{"gathered", 0, 2000, 0},
+                  {"on zlib-rs", 5000, 1000, 0},
+                  {"in pieces", 70000, 1000, 0},
+                  {"gathered, handed over by deflateTune", 0, 2000, 1},
+                  {"gathered, handed over by deflateTune", 0, 5000, 1}};
+    static const int wbits[] = {15, -15};
+    for (size_t st = 0; st < sizeof stages / sizeof *stages; st++)
+        for (int w = 0; w < 2; w++)
+            for (int from = 0; from <= 9; from++)
+                for (int to = 0; to <= 9; to++) {
+                    z_stream s, r;
+                    memset(&s, 0, sizeof s);
+                    memset(&r, 0, sizeof r);
+                    if (deflateInit2(&s, from, Z_DEFLATED, wbits[w], 8, Z_DEFAULT_STRATEGY) !=
+                            Z_OK ||
+                        ref.deflateInit2_(&r, from, Z_DEFLATED, wbits[w], 8, Z_DEFAULT_STRATEGY,
+                                          ZLIB_VERSION, (int)sizeof r) != Z_OK)
+                        exit(2);
+                    s.next_in = r.next_in = in;
+                    s.next_out = out;
+                    r.next_out = rout;
+                    s.avail_out = r.avail_out = CAP;
+                    int ret, rret;
+                    if (stages[st].flushed) {
+                        s.avail_in = r.avail_in = (uInt)stages[st].flushed;
+                        ret = deflate(&s, Z_SYNC_FLUSH);
+                        rret = ref.deflate(&r, Z_SYNC_FLUSH);
+                        EXPECT(ret == rret, "Z_SYNC_FLUSH: shim %d, zlib %d", ret, rret);
+                    }
+                    s.avail_in = r.avail_in = (uInt)stages[st].more;
+                    ret = deflate(&s, Z_NO_FLUSH);
+                    rret = ref.deflate(&r, Z_NO_FLUSH);
+                    EXPECT(ret == rret, "Z_NO_FLUSH: shim %d, zlib %d", ret, rret);
+                    s.avail_out = r.avail_out = 0;
+                    if (stages[st].tune) {
+                        ret = deflateTune(&s, 8, 16, 128, 128);
+                        rret = ref.deflateTune(&r, 8, 16, 128, 128);
+                        EXPECT(ret == rret, "%s, windowBits %d, level %d: shim %d, zlib %d",
+                               stages[st].what, wbits[w], from, ret, rret);
+                    }
+                    ret = deflateParams(&s, to, Z_DEFAULT_STRATEGY);
+                    rret = ref.deflateParams(&r, to, Z_DEFAULT_STRATEGY);
+                    EXPECT(ret == rret,
+                           "%s, windowBits %d: deflateParams(%d -> %d) with avail_out 0: "
+                           "shim %d, zlib %d",
+                           stages[st].what, wbits[w], from, to, ret, rret);
+                    s.avail_out = (uInt)(CAP - s.total_out);
+                    r.avail_out = (uInt)(CAP - r.total_out);
+                    ret = deflateParams(&s, to, Z_DEFAULT_STRATEGY);
+                    rret = ref.deflateParams(&r, to, Z_DEFAULT_STRATEGY);
+                    EXPECT(ret == rret,
+                           "%s, windowBits %d: deflateParams(%d -> %d) again with room: "
+                           "shim %d, zlib %d",
+                           stages[st].what, wbits[w], from, to, ret, rret);
+                    size_t taken = stages[st].flushed + stages[st].more;
+                    s.avail_in = (uInt)(N - taken);
+                    while ((ret = deflate(&s, Z_FINISH)) == Z_OK)
+                        ;
+                    size_t n = ret == Z_STREAM_END
+                                   ? ref_decode(wbits[w], out, s.total_out, back, sizeof back)
+                                   : (size_t)-1;
+                    EXPECT(n == N && memcmp(back, in, N) == 0,
+                           "%s, windowBits %d, %d -> %d: deflate(Z_FINISH) %d, %lu bytes; "
+                           "zlib decodes %zd of %d bytes",
+                           stages[st].what, wbits[w], from, to, ret, s.total_out, (ssize_t)n,
+                           N);
+                    deflateEnd(&s);
+                    ref.deflateEnd(&r);
+                }
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
@@ -524,6 +637,7 @@ static const struct {
     {"small_window_inflate_in_pieces", small_window_inflate_in_pieces},
     {"set_dictionary_after_first_deflate", set_dictionary_after_first_deflate},
     {"repeated_flush_after_handoff", repeated_flush_after_handoff},
+    {"params_function_change_no_room", params_function_change_no_room},
 };
 
 int main(int argc, char **argv)
