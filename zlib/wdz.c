@@ -2667,11 +2667,27 @@ static struct record *on_zrs(z_streamp strm)
     return r && r->phase == ZRS ? r : NULL;
 }
 
+/* inflate on zlib-rs. zlib returns Z_NEED_DICT from inside its decoding
+ * loop, past the accounting that ends its other returns: the header bytes
+ * that call read leave next_in and avail_in but never reach total_in, and
+ * data_type stays as it was; zlib-rs counts them, as its other returns. */
+static int zrs_inflate(struct record *r, z_streamp strm, int flush)
+{
+    uLong total_in = strm->total_in;
+    int data_type = strm->data_type;
+    int ret = ZRS_CALL(r, strm, wd__zrs_inflate(r->zrs, flush));
+    if (ret == Z_NEED_DICT) {
+        strm->total_in = total_in;
+        strm->data_type = data_type;
+    }
+    return ret;
+}
+
 int inflate(z_streamp strm, int flush)
 {
     struct record *r = strm ? find(strm) : NULL;
     if (r && r->phase == ZRS)
-        return ZRS_CALL(r, strm, wd__zrs_inflate(r->zrs, flush));
+        return zrs_inflate(r, strm, flush);
     if (r && (r->phase == PENDING || r->phase == DONE)) {
         if (!strm->next_out || (!strm->next_in && strm->avail_in != 0))
             return Z_STREAM_ERROR;
@@ -2702,7 +2718,7 @@ int inflate(z_streamp strm, int flush)
         zrs_window(r, strm) && zrs_state(r)) {
         r->phase = ZRS;
         count(ST_ZRS);
-        return ZRS_CALL(r, strm, wd__zrs_inflate(r->zrs, flush));
+        return zrs_inflate(r, strm, flush);
     }
     if (r) {
         int ret = ensure_real_record(r, strm);

@@ -40,6 +40,7 @@ static struct {
     int (*inflateEnd)(z_streamp);
     int (*deflateSetDictionary)(z_streamp, const Bytef *, uInt);
     int (*deflateTune)(z_streamp, int, int, int, int);
+    int (*inflateSetDictionary)(z_streamp, const Bytef *, uInt);
 } ref;
 
 static void load_reference(void)
@@ -62,6 +63,7 @@ static void load_reference(void)
     SYM(inflateEnd);
     SYM(deflateSetDictionary);
     SYM(deflateTune);
+    SYM(inflateSetDictionary);
 #undef SYM
 }
 
@@ -624,6 +626,80 @@ static void params_function_change_no_room(void)
                 }
 }
 
+/* inflate returns Z_NEED_DICT from inside its state machine, without the
+ * accounting a call ends with: the header it read leaves next_in and
+ * avail_in but is not added to total_in (zlib 1.2.13 and later alike),
+ * and data_type stays. On zlib-rs, which the shim decodes such a stream
+ * with (libdeflate declines it), total_in counted the 6 bytes. Then the
+ * rest, compared call by call. */
+static void need_dict_total_in(void)
+{
+    enum { N = 20000 };
+    static unsigned char data[N], c[N + 200], o1[N], o2[N];
+    static const char dict[] = "alpha beta gamma delta epsilon zeta, a dictionary of words";
+    text_bytes(data, N, 31);
+    z_stream d;
+    memset(&d, 0, sizeof d);
+    if (ref.deflateInit2_(&d, 6, Z_DEFLATED, 15, 8, Z_DEFAULT_STRATEGY, ZLIB_VERSION,
+                          (int)sizeof d) != Z_OK ||
+        ref.deflateSetDictionary(&d, (const Bytef *)dict, sizeof dict) != Z_OK)
+        exit(2);
+    d.next_in = data;
+    d.avail_in = N;
+    d.next_out = c;
+    d.avail_out = sizeof c;
+    if (ref.deflate(&d, Z_FINISH) != Z_STREAM_END)
+        exit(2);
+    size_t clen = d.total_out;
+    ref.deflateEnd(&d);
+    /* the whole stream at once, and in 100-byte pieces */
+    static const size_t pieces[] = {N + 200, 100};
+    for (int k = 0; k < 2; k++) {
+        z_stream s, r;
+        memset(&s, 0, sizeof s);
+        memset(&r, 0, sizeof r);
+        if (inflateInit(&s) != Z_OK ||
+            ref.inflateInit2_(&r, 15, ZLIB_VERSION, (int)sizeof r) != Z_OK)
+            exit(2);
+        s.data_type = r.data_type = 12345; /* (what inflate leaves it) */
+        s.next_out = o1;
+        r.next_out = o2;
+        s.avail_out = r.avail_out = N;
+        size_t at = 0;
+        int ret = Z_OK, rret = Z_OK, calls = 0;
+        while (ret == rret && (ret == Z_OK || ret == Z_NEED_DICT) && calls++ < 1000) {
+            if (ret == Z_NEED_DICT) {
+                ret = inflateSetDictionary(&s, (const Bytef *)dict, sizeof dict);
+                rret = ref.inflateSetDictionary(&r, (const Bytef *)dict, sizeof dict);
+                EXPECT(ret == rret, "inflateSetDictionary: shim %d, zlib %d", ret, rret);
+            }
+            size_t piece = clen - at < pieces[k] ? clen - at : pieces[k];
+            s.next_in = r.next_in = c + at;
+            s.avail_in = r.avail_in = (uInt)piece;
+            ret = inflate(&s, Z_NO_FLUSH);
+            rret = ref.inflate(&r, Z_NO_FLUSH);
+            at += piece - r.avail_in;
+            /* (adler between Z_NEED_DICT and the end: zlib-rs updates it
+             * later than zlib, a documented difference) */
+            int same = ret == rret && s.avail_in == r.avail_in && s.total_in == r.total_in &&
+                       s.total_out == r.total_out &&
+                       (ret != Z_NEED_DICT || (s.adler == r.adler && s.data_type == r.data_type));
+            EXPECT(same,
+                   "%zu-byte pieces, call %d: shim %d (avail_in %u, total_in %lu, total_out "
+                   "%lu, adler %08lx, data_type %d), zlib %d (%u, %lu, %lu, %08lx, %d)",
+                   pieces[k], calls, ret, s.avail_in, s.total_in, s.total_out, s.adler,
+                   s.data_type, rret, r.avail_in, r.total_in, r.total_out, r.adler,
+                   r.data_type);
+            if (!same)
+                break;
+        }
+        EXPECT(ret == Z_STREAM_END && rret == Z_STREAM_END && memcmp(o1, data, N) == 0,
+               "%zu-byte pieces: shim %d, zlib %d at the end", pieces[k], ret, rret);
+        inflateEnd(&s);
+        ref.inflateEnd(&r);
+    }
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
@@ -638,6 +714,7 @@ static const struct {
     {"set_dictionary_after_first_deflate", set_dictionary_after_first_deflate},
     {"repeated_flush_after_handoff", repeated_flush_after_handoff},
     {"params_function_change_no_room", params_function_change_no_room},
+    {"need_dict_total_in", need_dict_total_in},
 };
 
 int main(int argc, char **argv)
