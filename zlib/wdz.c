@@ -504,7 +504,9 @@ static struct record *find(z_streamp s)
  * not fit the caller's buffer: grown as needed and kept between calls (a
  * buffer allocated per call would be faulted in each time), freed at
  * thread exit. A stream whose output waits takes the buffer over and
- * gives it back to the thread that drains it. */
+ * gives it back to the thread that drains it. Only up to SCRATCH_KEEP
+ * is kept: a larger one (up to MAX_ASIDE) goes once its stream is done,
+ * so that one large stream does not leave a thread holding it. */
 static TLS unsigned char *tl_scratch;
 static TLS size_t tl_scratch_len;
 static pthread_key_t scratch_key;
@@ -538,9 +540,27 @@ static unsigned char *scratch(size_t size)
     return b;
 }
 
+/* The most scratch a thread keeps after use: python's 64 KiB blocks,
+ * which decode whole into 16 times their input (compressed, a little more
+ * than 64 KiB when incompressible), reuse theirs call after call without
+ * faulting it in again; a stream that needed more is rarer, and its
+ * buffer's cost small beside its own work. */
+#define SCRATCH_KEEP ((size_t)2 << 20)
+
+/* After whole-stream work: a scratch buffer past SCRATCH_KEEP is freed. */
+static void scratch_trim(void)
+{
+    if (tl_scratch_len > SCRATCH_KEEP) {
+        free(tl_scratch);
+        tl_scratch = NULL;
+        tl_scratch_len = 0;
+        pthread_setspecific(scratch_key, NULL);
+    }
+}
+
 static void drop_pending(struct record *r)
 {
-    if (r->pending && r->pend_cap && !tl_scratch && !tl_ending) {
+    if (r->pending && r->pend_cap && r->pend_cap <= SCRATCH_KEEP && !tl_scratch && !tl_ending) {
         /* A scratch buffer the stream took over: back to this thread. */
         pthread_once(&scratch_once, scratch_key_make);
         tl_scratch = r->pending;
@@ -2028,6 +2048,7 @@ int deflate(z_streamp strm, int flush)
                     r->gather_len -= used;
             }
         }
+        scratch_trim();
         if (ret >= 0) {
             free(r->gather);
             r->gather = NULL;
@@ -2702,6 +2723,7 @@ int inflate(z_streamp strm, int flush)
         strm->next_in && strm->next_out && flush != Z_BLOCK && flush != Z_TREES &&
         worth(strm->avail_in, 0)) {
         int ret = strm->avail_in < SMALL_WHOLE ? small_whole(r, strm) : inflate_whole(r, strm);
+        scratch_trim();
         if (ret >= 0) {
             count(ST_INFLATE);
             return ret == Z_OK && flush == Z_FINISH ? Z_BUF_ERROR : ret;

@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <malloc.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -700,6 +701,113 @@ static void need_dict_total_in(void)
     }
 }
 
+
+/* The heap this process holds (malloc's arenas in use and its mmapped
+ * blocks). */
+static size_t heap_held(void)
+{
+    struct mallinfo2 m = mallinfo2();
+    return m.uordblks + m.hblkhd;
+}
+
+/* zlib's streams hold nothing once ended: memory a large stream took
+ * goes back with inflateEnd/deflateEnd. The shim decodes a whole stream
+ * that does not fit the caller's room into a scratch buffer of the
+ * thread's (up to 256 MiB: 16 times the input), and compresses such a
+ * stream likewise; the thread kept it, at its largest, after the stream
+ * ended. One large stream each way, output taken 16 KiB at a time as
+ * python takes it, after small ones: the heap held after each, against
+ * before it, stays within what the shim keeps for small streams (2 MiB,
+ * and half a MiB for the rest of the process). */
+static void scratch_released_after_large_streams(void)
+{
+    enum { N = 8 << 20, ROOM = 16384 };
+    const size_t slack = (size_t)5 << 19;
+    unsigned char *data = malloc(N), *c = malloc(N + N / 8), *back = malloc(N),
+                  *z = malloc(N);
+    if (!data || !c || !back || !z)
+        exit(2);
+    random_bytes(data, N, 77);
+    for (size_t i = 0; i < N; i++) /* about 4 bits a byte: compresses to half */
+        data[i] &= 0x0f;
+    size_t clen = ref_compress(1, 15, data, N, c, N + N / 8);
+    /* A small stream each way first: the thread's compressor and kept
+     * buffers exist before the measure. */
+    static unsigned char small_c[70000], small_out[ROOM];
+    uLongf small_len = sizeof small_c;
+    if (compress2(small_c, &small_len, data, 65536, 1) != Z_OK)
+        exit(2);
+    for (int dir = 0; dir < 2; dir++) {
+        z_stream s;
+        memset(&s, 0, sizeof s);
+        if ((dir ? deflateInit(&s, 1) : inflateInit(&s)) != Z_OK)
+            exit(2);
+        s.next_in = dir ? data : small_c;
+        s.avail_in = dir ? 65536 : (uInt)small_len;
+        int ret;
+        do {
+            s.next_out = small_out;
+            s.avail_out = ROOM;
+            ret = dir ? deflate(&s, Z_FINISH) : inflate(&s, Z_NO_FLUSH);
+        } while (ret == Z_OK);
+        if (ret != Z_STREAM_END)
+            exit(2);
+        dir ? deflateEnd(&s) : inflateEnd(&s);
+    }
+    /* compress 4 MiB (the most a stream gathers whole): gathered with
+     * Z_NO_FLUSH, finished into 16 KiB rooms */
+    size_t before = heap_held();
+    z_stream s;
+    memset(&s, 0, sizeof s);
+    if (deflateInit(&s, 1) != Z_OK)
+        exit(2);
+    s.next_in = data;
+    s.avail_in = 4 << 20;
+    s.next_out = z;
+    s.avail_out = ROOM;
+    int ret = deflate(&s, Z_NO_FLUSH);
+    while (ret == Z_OK) {
+        s.next_out = z + s.total_out;
+        s.avail_out = ROOM;
+        ret = deflate(&s, Z_FINISH);
+    }
+    size_t n = ret == Z_STREAM_END ? ref_decode(15, z, s.total_out, back, N) : (size_t)-1;
+    EXPECT(n == (size_t)4 << 20 && memcmp(back, data, n) == 0,
+           "deflate of 4 MiB into %d-byte rooms: %d, zlib decodes %zd bytes", ROOM, ret,
+           (ssize_t)n);
+    deflateEnd(&s);
+    size_t after = heap_held();
+    EXPECT(after <= before + slack,
+           "deflate of 4 MiB, ended: the heap held %zu bytes more than before (zlib's "
+           "stream holds nothing after deflateEnd)",
+           after - before);
+    /* decode the large stream */
+    before = heap_held();
+    memset(&s, 0, sizeof s);
+    if (inflateInit(&s) != Z_OK)
+        exit(2);
+    s.next_in = c;
+    s.avail_in = (uInt)clen;
+    do {
+        s.next_out = back + s.total_out;
+        s.avail_out = N - s.total_out < ROOM ? (uInt)(N - s.total_out) : ROOM;
+        ret = inflate(&s, Z_NO_FLUSH);
+    } while (ret == Z_OK);
+    EXPECT(ret == Z_STREAM_END && s.total_out == N && memcmp(back, data, N) == 0,
+           "inflate of %zu bytes into %d-byte rooms: %d, %lu bytes", clen, ROOM, ret,
+           s.total_out);
+    inflateEnd(&s);
+    after = heap_held();
+    EXPECT(after <= before + slack,
+           "inflate of a %zu-byte stream of %d bytes, ended: the heap held %zu bytes more "
+           "than before (zlib's stream holds nothing after inflateEnd)",
+           clen, N, after - before);
+    free(data);
+    free(c);
+    free(back);
+    free(z);
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
@@ -715,6 +823,7 @@ static const struct {
     {"repeated_flush_after_handoff", repeated_flush_after_handoff},
     {"params_function_change_no_room", params_function_change_no_room},
     {"need_dict_total_in", need_dict_total_in},
+    {"scratch_released_after_large_streams", scratch_released_after_large_streams},
 };
 
 int main(int argc, char **argv)
