@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -42,6 +43,11 @@ static struct {
     int (*deflateSetDictionary)(z_streamp, const Bytef *, uInt);
     int (*deflateTune)(z_streamp, int, int, int, int);
     int (*inflateSetDictionary)(z_streamp, const Bytef *, uInt);
+    gzFile (*gzopen)(const char *, const char *);
+    int (*gzwrite)(gzFile, voidpc, unsigned);
+    int (*gzflush)(gzFile, int);
+    z_off_t (*gzoffset)(gzFile);
+    int (*gzclose)(gzFile);
 } ref;
 
 static void load_reference(void)
@@ -65,6 +71,11 @@ static void load_reference(void)
     SYM(deflateSetDictionary);
     SYM(deflateTune);
     SYM(inflateSetDictionary);
+    SYM(gzopen);
+    SYM(gzwrite);
+    SYM(gzflush);
+    SYM(gzoffset);
+    SYM(gzclose);
 #undef SYM
 }
 
@@ -808,6 +819,101 @@ static void scratch_released_after_large_streams(void)
     free(z);
 }
 
+
+/* How much of a gzip file written so far (flushed) the reference
+ * decodes: the bytes it makes, or (size_t)-1 if they are not `data`. */
+static size_t gz_file_decodes(const char *path, const unsigned char *data, size_t n)
+{
+    static unsigned char buf[(4 << 20) + 4096], out[(4 << 20) + 4096];
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        exit(2);
+    size_t len = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    if (ref.inflateInit2_(&z, 31, ZLIB_VERSION, (int)sizeof z) != Z_OK)
+        exit(2);
+    z.next_in = buf;
+    z.avail_in = (uInt)len;
+    z.next_out = out;
+    z.avail_out = sizeof out;
+    int ret = ref.inflate(&z, Z_SYNC_FLUSH);
+    size_t got = z.total_out;
+    ref.inflateEnd(&z);
+    if ((ret != Z_OK && ret != Z_BUF_ERROR && ret != Z_STREAM_END) || got > n ||
+        memcmp(out, data, got) != 0)
+        return (size_t)-1;
+    return got;
+}
+
+static off_t file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? st.st_size : -1;
+}
+
+/* gzoffset in write mode is the offset in the file of what has been
+ * written (zlib.h: "the current offset in the file being read or
+ * written", "used for a progress indicator"): zlib's gzwrite writes the
+ * stream to the file as deflate makes it, holding back at most a deflate
+ * block and gz's 8 KiB buffer. The shim gathered a gz file's stream as
+ * any other, 4 MiB of input before its first byte reached the file:
+ * gzoffset stood at 0 while zlib's grew with each gzwrite. A file of 3
+ * MiB (incompressible, where zlib holds back least; then text) in
+ * 64 KiB gzwrites beside the reference's: after each, the shim's offset
+ * is behind zlib's by at most a piece of the shim's (256 KiB) and a
+ * block and buffer of zlib's; after each gzflush, both files end there
+ * and decode to all that was written. (The numbers themselves differ
+ * with the compressed bytes: libdeflate's are not zlib's.) */
+static void gzoffset_while_writing(void)
+{
+    enum { N = 3 << 20, PIECE = 65536 };
+    const long behind = (256 + 16 + 8 + 8) << 10;
+    static unsigned char data[N];
+    random_bytes(data, N / 2, 41);
+    text_bytes(data + N / 2, N - N / 2, 43);
+    char path[] = "/tmp/wdz-edges-gz-XXXXXX", rpath[] = "/tmp/wdz-edges-gzr-XXXXXX";
+    int fd = mkstemp(path), rfd = mkstemp(rpath);
+    if (fd < 0 || rfd < 0)
+        exit(2);
+    close(fd);
+    close(rfd);
+    gzFile g = gzopen(path, "wb6"), rg = ref.gzopen(rpath, "wb6");
+    if (!g || !rg)
+        exit(2);
+    int said = 0; /* (one failing gzwrite said per half: the others alike) */
+    for (size_t at = 0; at < N; at += PIECE) {
+        int w = gzwrite(g, data + at, PIECE), rw = ref.gzwrite(rg, data + at, PIECE);
+        if (w != PIECE || rw != PIECE)
+            exit(2);
+        long off = (long)gzoffset(g), roff = (long)ref.gzoffset(rg);
+        int ok = off >= roff - behind && off == (long)file_size(path);
+        if (!said)
+            EXPECT(ok, "after gzwrite of %zu bytes: gzoffset %ld (file %ld), zlib's %ld",
+                   at + PIECE, off, (long)file_size(path), roff);
+        else if (!ok)
+            failures++;
+        said |= !ok;
+        if (at + PIECE == N / 2 || at + PIECE == N) {
+            int f = gzflush(g, Z_SYNC_FLUSH), rf = ref.gzflush(rg, Z_SYNC_FLUSH);
+            off = (long)gzoffset(g);
+            roff = (long)ref.gzoffset(rg);
+            size_t got = gz_file_decodes(path, data, N), rgot = gz_file_decodes(rpath, data, N);
+            EXPECT(f == rf && off == (long)file_size(path) && roff == (long)file_size(rpath) &&
+                       got == at + PIECE && rgot == at + PIECE,
+                   "gzflush(Z_SYNC_FLUSH) after %zu bytes: shim %d, gzoffset %ld (file %ld, "
+                   "decodes to %zd bytes), zlib %d, gzoffset %ld (file %ld, %zd bytes)",
+                   at + PIECE, f, off, (long)file_size(path), (ssize_t)got, rf, roff,
+                   (long)file_size(rpath), (ssize_t)rgot);
+            said = 0;
+        }
+    }
+    EXPECT(gzclose(g) == Z_OK && ref.gzclose(rg) == Z_OK, "gzclose");
+    unlink(path);
+    unlink(rpath);
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
@@ -824,6 +930,7 @@ static const struct {
     {"params_function_change_no_room", params_function_change_no_room},
     {"need_dict_total_in", need_dict_total_in},
     {"scratch_released_after_large_streams", scratch_released_after_large_streams},
+    {"gzoffset_while_writing", gzoffset_while_writing},
 };
 
 int main(int argc, char **argv)
