@@ -329,6 +329,7 @@ struct wd_cctx {
 	int gcm_iv_spent;
 	int gcm_inline;          /* the message under way runs in `inner` */
 	int gcm_timed;           /* ... and its data is timed for the router */
+	int gcm_why;             /* ... and counted under this WD_CPU_* reason */
 	int tag_ready;           /* `tag` holds an encryption's computed tag */
 	/* A decryption has its expected tag in `tag`: given by SET_TAG, or
 	 * left by an encryption, as the default provider keeps it. */
@@ -798,8 +799,11 @@ static int wd_gcm_begin(struct wd_cctx *x, size_t len)
 		size_t o = 0;
 		if (ok && x->gaad_len > 0)
 			ok = x->impl.update(x->inner, NULL, &o, x->gaad_len, x->gaad, x->gaad_len);
+		/* One request per message; its bytes as its data comes
+		 * (wd_gcm_update): all of them, not the first update's. */
+		x->gcm_why = why;
 		if (ok)
-			wd_count(&x->counts, len, why);
+			wd_count(&x->counts, 0, why);
 	} else {
 		ok = wd_aead_begin(x->a, x->enc, x->iv, x->ivlen) == 0 &&
 		     (x->gaad_len == 0 || wd_aead_aad(x->a, x->gaad, x->gaad_len) == 0);
@@ -828,6 +832,8 @@ static int wd_gcm_update(struct wd_cctx *x, unsigned char *out, size_t *outl,
 			return 0;
 	}
 	if (x->gcm_inline) {
+		if (out != NULL)
+			x->counts.bytes[x->gcm_why] += inl;
 		if (!x->gcm_timed || out == NULL)
 			return x->impl.update(x->inner, out, outl, inl, in, inl);
 		uint64_t t0 = wd_now_ns();
@@ -911,6 +917,11 @@ static int wd_gcm_final(struct wd_cctx *x)
 	x->gcm_iv_spent = 1;
 	x->tag_ready = ok && x->enc;
 	x->tag_given |= x->tag_ready;
+	/* An encryption's tag is whole (16 bytes), as the default provider
+	 * then reports it and checks a later decryption without SET_TAG
+	 * against it: not a length an earlier decryption left. */
+	if (x->tag_ready)
+		x->taglen = sizeof x->tag;
 	return ok;
 }
 
@@ -1019,7 +1030,10 @@ static int wd_cipher_update_body(struct wd_cctx *x, unsigned char *out, size_t *
 		return (out == NULL || outsize >= inl) && wd_gcm_update(x, out, outl, in, inl);
 	}
 	if (x->d->mode == EVP_CIPH_CTR_MODE || x->d->mode == EVP_CIPH_XTS_MODE) {
-		if (outsize < inl || (x->d->mode == EVP_CIPH_XTS_MODE && inl < 16))
+		/* XTS: a data unit of a block or more, under a tweak the
+		 * caller gave (never a zero or stale one), as the default
+		 * provider refuses. */
+		if (outsize < inl || (x->d->mode == EVP_CIPH_XTS_MODE && (inl < 16 || !x->iv_set)))
 			return 0;
 		*outl = inl;
 		return wd_blocks(x, out, in, inl);
@@ -1158,6 +1172,8 @@ static int wd_cipher_body(struct wd_cctx *x, unsigned char *out, size_t *outl, s
 	}
 	if ((x->d->mode == EVP_CIPH_ECB_MODE || x->d->mode == EVP_CIPH_CBC_MODE) && inl % 16 != 0)
 		return 0;
+	if (x->d->mode == EVP_CIPH_XTS_MODE && (inl < 16 || !x->iv_set))
+		return 0; /* as the update (wd_cipher_update_body) */
 	*outl = inl;
 	return wd_blocks(x, out, in, inl);
 }
@@ -1604,16 +1620,44 @@ struct wd_dthread {
 	 * needs the thread registered again. */
 	unsigned registered;
 	struct wd_dctx *spare[WD_DIGESTS];
+	/* The registered threads (wd_dthreads, under wd_dcount_lock): the
+	 * last teardown hands over every live thread's counts, whose exit
+	 * destructor it deletes. */
+	struct wd_dthread *next;
+	int listed;
 };
 static __thread struct wd_dthread wd_this_thread;
 static pthread_key_t wd_dcount_key;
 
 static void wd_dctx_destroy(struct wd_dctx *x);
 
-static void wd_dthread_at_exit(void *unused)
+static pthread_mutex_t wd_dcount_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct wd_dthread *wd_dthreads;
+
+/* Take t off the list of registered threads (under wd_dcount_lock). */
+static void wd_dthread_unlist(struct wd_dthread *t)
 {
-	(void)unused;
+	if (!t->listed)
+		return;
+	for (struct wd_dthread **p = &wd_dthreads; *p != NULL; p = &(*p)->next)
+		if (*p == t) {
+			*p = t->next;
+			break;
+		}
+	t->next = NULL;
+	t->listed = 0;
+}
+
+/* The thread's end (the key's destructor), or this thread's part of the
+ * last teardown (`locked`: wd_dcount_lock held). */
+static void wd_dthread_end(int locked)
+{
 	struct wd_dthread *t = &wd_this_thread;
+	if (!locked)
+		pthread_mutex_lock(&wd_dcount_lock);
+	wd_dthread_unlist(t);
+	if (!locked)
+		pthread_mutex_unlock(&wd_dcount_lock);
 	wd_flush_counts(&t->counts);
 	for (int i = 0; i < WD_DIGESTS; i++) {
 		if (t->spare[i] != NULL)
@@ -1622,9 +1666,14 @@ static void wd_dthread_at_exit(void *unused)
 	}
 }
 
+static void wd_dthread_at_exit(void *unused)
+{
+	(void)unused;
+	wd_dthread_end(0);
+}
+
 /* The key lives while a provider instance does: the last teardown deletes
  * it, so no thread's exit calls into a module that may be unloaded. */
-static pthread_mutex_t wd_dcount_lock = PTHREAD_MUTEX_INITIALIZER;
 static int wd_instances, wd_dcount_key_live;
 /* Moves on each time the key is deleted, so that a thread sees its
  * registration was with a key since deleted (read without the lock: a
@@ -1645,8 +1694,14 @@ static __attribute__((noinline, cold)) void wd_dthread_register(struct wd_dthrea
 		wd_dcount_key_live =
 			pthread_key_create(&wd_dcount_key, wd_dthread_at_exit) == 0;
 	/* Any non-NULL value makes the destructor run at thread exit. */
-	if (wd_dcount_key_live && pthread_setspecific(wd_dcount_key, t) == 0)
+	if (wd_dcount_key_live && pthread_setspecific(wd_dcount_key, t) == 0) {
 		t->registered = wd_dcount_key_gen;
+		if (!t->listed) {
+			t->next = wd_dthreads;
+			wd_dthreads = t;
+			t->listed = 1;
+		}
+	}
 	pthread_mutex_unlock(&wd_dcount_lock);
 }
 
@@ -1998,8 +2053,15 @@ static void wd_teardown(void *provctx)
 	int last = --wd_instances == 0;
 	if (last && wd_dcount_key_live) {
 		/* This thread's counts now; other threads' spare digest contexts
-		 * are left to the process's end. */
-		wd_dthread_at_exit(NULL);
+		 * are left to the process's end, but not their counts: their
+		 * exit destructor goes with the key (no call of this provider
+		 * is under way in them: this is the last instance). */
+		wd_dthread_end(1);
+		while (wd_dthreads != NULL) {
+			struct wd_dthread *o = wd_dthreads;
+			wd_dthread_unlist(o);
+			wd_flush_counts(&o->counts);
+		}
 		(void)pthread_key_delete(wd_dcount_key);
 		wd_dcount_key_live = 0;
 		unsigned gen = wd_dcount_key_gen + 1;
@@ -2050,7 +2112,11 @@ int OSSL_provider_init(const OSSL_CORE_HANDLE *handle, const OSSL_DISPATCH *in,
 			p->core_get_params = OSSL_FUNC_core_get_params(in);
 	/* A setting that does not parse refuses the load, naming it (as
 	 * OpenSSL's own configuration errors do), rather than running with
-	 * something the user did not ask for. */
+	 * something the user did not ask for. Nothing is applied before
+	 * every setting parsed: a refused load leaves the library's settings
+	 * (which other instances and users share) as they were. */
+	size_t threshold = 0;
+	int have_threshold = 0, policy = -1;
 	const char *t = wd_setting(p, "threshold", "WD_PROVIDER_THRESHOLD");
 	if (t != NULL) {
 		char *end;
@@ -2062,16 +2128,17 @@ int OSSL_provider_init(const OSSL_CORE_HANDLE *handle, const OSSL_DISPATCH *in,
 			OPENSSL_free(p);
 			return 0;
 		}
-		wd_crypto_set_threshold((size_t)v);
+		threshold = (size_t)v;
+		have_threshold = 1;
 	}
 	const char *pol = wd_setting(p, "policy", "WD_PROVIDER_POLICY");
 	if (pol != NULL) {
 		if (strcmp(pol, "offload") == 0)
-			wd_crypto_set_policy(WD_CRYPTO_POLICY_OFFLOAD);
+			policy = WD_CRYPTO_POLICY_OFFLOAD;
 		else if (strcmp(pol, "cpu") == 0)
-			wd_crypto_set_policy(WD_CRYPTO_POLICY_CPU);
+			policy = WD_CRYPTO_POLICY_CPU;
 		else if (strcmp(pol, "auto") == 0)
-			wd_crypto_set_policy(WD_CRYPTO_POLICY_AUTO);
+			policy = WD_CRYPTO_POLICY_AUTO;
 		else {
 			ERR_raise_data(ERR_LIB_PROV, ERR_R_PASSED_INVALID_ARGUMENT,
 				       "wd provider: policy '%s' is not auto, offload or cpu", pol);
@@ -2079,6 +2146,10 @@ int OSSL_provider_init(const OSSL_CORE_HANDLE *handle, const OSSL_DISPATCH *in,
 			return 0;
 		}
 	}
+	if (have_threshold)
+		wd_crypto_set_threshold(threshold);
+	if (policy >= 0)
+		wd_crypto_set_policy(policy);
 	const char *fb = wd_setting(p, "fallback", "WD_PROVIDER_FALLBACK");
 	if (fb != NULL)
 		wd_crypto_set_fallback(strcmp(fb, "0") != 0 && strcmp(fb, "no") != 0);

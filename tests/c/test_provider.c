@@ -1257,6 +1257,59 @@ static void test_reload_keeps_thread_counts(const char *dir)
 	dlclose(pin);
 }
 
+static const char *dir_of_wd;
+
+/* Small digests of a thread that outlives the provider's last instance:
+ * their counts (kept in the thread until 4096 or its end) reach libwd
+ * when that instance goes, or at the latest when the thread ends.
+ * Run with no other instance (the reload run). */
+static pthread_barrier_t solo_barrier;
+static OSSL_LIB_CTX *solo_ctx;
+
+static void *solo_digests_fn(void *arg)
+{
+	(void)arg;
+	unsigned char in[16] = {1}, out[32];
+	unsigned int l = 0;
+	long bad = 0;
+	EVP_MD *m = EVP_MD_fetch(solo_ctx, "SHA256", "provider=wd");
+	for (int i = 0; i < 100; i++)
+		bad += m == NULL || !EVP_Digest(in, sizeof in, out, &l, m, NULL);
+	EVP_MD_free(m);
+	pthread_barrier_wait(&solo_barrier); /* main ends the instance */
+	pthread_barrier_wait(&solo_barrier);
+	return (void *)bad;
+}
+
+static void solo_thread_counts(void)
+{
+	solo_ctx = OSSL_LIB_CTX_new();
+	OSSL_PROVIDER_set_default_search_path(solo_ctx, dir_of_wd);
+	OSSL_PROVIDER *p = OSSL_PROVIDER_load(solo_ctx, "wd");
+	CHECK(p != NULL, "load wd alone");
+	if (p == NULL)
+		return;
+	struct wd_crypto_stats s0, s1, s2;
+	wd_crypto_get_stats(&s0);
+	pthread_barrier_init(&solo_barrier, NULL, 2);
+	pthread_t t;
+	pthread_create(&t, NULL, solo_digests_fn, NULL);
+	pthread_barrier_wait(&solo_barrier);
+	OSSL_PROVIDER_unload(p);
+	OSSL_LIB_CTX_free(solo_ctx); /* the last instance's teardown */
+	wd_crypto_get_stats(&s1);
+	pthread_barrier_wait(&solo_barrier);
+	void *bad = NULL;
+	pthread_join(t, &bad);
+	wd_crypto_get_stats(&s2);
+	uint64_t at_teardown = s1.cpu_requests - s0.cpu_requests + s1.offload_requests - s0.offload_requests;
+	uint64_t at_end = s2.cpu_requests - s0.cpu_requests + s2.offload_requests - s0.offload_requests;
+	CHECK(bad == NULL && at_end >= 100,
+	      "100 digests of a thread alive at the last teardown: %llu counted then, %llu when it ended",
+	      (unsigned long long)at_teardown, (unsigned long long)at_end);
+	pthread_barrier_destroy(&solo_barrier);
+}
+
 /* Loading the provider again and again (each time into a new library
  * context, alone, so that each load is the only instance and its
  * teardown the last, and the module is unloaded in between) leaves
@@ -1300,8 +1353,10 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	if (argc > 2 && strcmp(argv[2], "reload") == 0) {
-		/* First: the next one pins the module (RTLD_NODELETE). */
+		/* Before the last: it pins the module (RTLD_NODELETE). */
+		dir_of_wd = argv[1];
 		test_reload_frees_the_cpu_path(argv[1]);
+		solo_thread_counts();
 		test_reload_keeps_thread_counts(argv[1]);
 		printf("%d passed, %d failed (reload)\n", passed, failed);
 		return failed != 0;

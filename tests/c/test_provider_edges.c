@@ -625,6 +625,173 @@ static void cbc_bad_decrypt_reports_the_error(void)
 
 /* ---- main -------------------------------------------------------------- */
 
+/* ---- XTS without a tweak, the raw call, GCM tag length and bytes counted, a refused load ---- */
+
+/* EVP_Cipher, the raw call, on short and partial lengths. */
+static void raw_cipher_lengths(void)
+{
+	const char *names[] = {"AES-128-XTS", "AES-128-CBC", "AES-128-ECB", "AES-128-CTR"};
+	size_t lens[] = {0, 5, 15, 16, 17, 300, 301};
+	for (int ni = 0; ni < 4; ni++) {
+		EVP_CIPHER *cs[2];
+		fetch_both(names[ni], cs);
+		for (size_t li = 0; cs[0] && cs[1] && li < sizeof lens / sizeof *lens; li++) {
+			size_t len = lens[li];
+			/* (CBC and ECB raw calls on partial blocks: not compared,
+			 * the default provider's answer is no cipher's) */
+			if (ni == 1 || ni == 2)
+				len -= len % 16;
+			unsigned char key[32], iv[16], in[400], out[2][420];
+			fill(key, sizeof key);
+			fill(iv, sizeof iv);
+			fill(in, len);
+			int r[2];
+			for (int k = 0; k < 2; k++) {
+				EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+				memset(out[k], 0, sizeof out[k]);
+				EVP_EncryptInit_ex2(c, cs[k], key, iv, NULL);
+				r[k] = EVP_Cipher(c, out[k], in, (unsigned)len);
+				EVP_CIPHER_CTX_free(c);
+			}
+			CHECK(r[0] == r[1] && (r[0] <= 0 || !memcmp(out[0], out[1], len)),
+			      "%s EVP_Cipher len %zu: wd %d default %d", names[ni], len, r[0], r[1]);
+		}
+		free_both(cs);
+	}
+	ERR_clear_error();
+}
+
+/* A key and no IV: what each provider makes of data (and XTS of an empty
+ * raw call). */
+static void data_without_iv(void)
+{
+	const char *names[] = {"AES-128-XTS", "AES-256-XTS", "AES-128-CBC", "AES-128-CTR"};
+	size_t lens[] = {32, 300, 70000};
+	static unsigned char in[70000], out[2][70016];
+	for (int ni = 0; ni < 4; ni++) {
+		EVP_CIPHER *cs[2];
+		fetch_both(names[ni], cs);
+		for (size_t li = 0; cs[0] && cs[1] && li < 3; li++) {
+			unsigned char key[64];
+			fill(key, 64);
+			fill(in, lens[li]);
+			int r[2][3];
+			for (int k = 0; k < 2; k++) {
+				EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+				int l = 0;
+				r[k][0] = EVP_EncryptInit_ex2(c, cs[k], key, NULL, NULL) &&
+					  EVP_CIPHER_CTX_set_padding(c, 0);
+				r[k][1] = r[k][0] && EVP_EncryptUpdate(c, out[k], &l, in, (int)lens[li]);
+				r[k][2] = r[k][1] ? l : 0;
+				EVP_CIPHER_CTX_free(c);
+			}
+			CHECK(!memcmp(r[0], r[1], sizeof r[0]) && (!r[0][1] || !memcmp(out[0], out[1], (size_t)r[0][2])),
+			      "%s without IV, %zu bytes: wd %d %d, default %d %d", names[ni], lens[li],
+			      r[0][0], r[0][1], r[1][0], r[1][1]);
+		}
+		free_both(cs);
+	}
+	ERR_clear_error();
+}
+
+/* The tag length a context reports, after a short-tag decryption and
+ * then an encryption. */
+static void gcm_taglen_after_encrypt(void)
+{
+	EVP_CIPHER *cs[2];
+	fetch_both("AES-128-GCM", cs);
+	unsigned char key[16], iv[12], pt[64], ct[80], tag[16];
+	fill(key, 16);
+	fill(iv, 12);
+	fill(pt, 64);
+	size_t tl[2] = {0, 0};
+	for (int k = 0; cs[0] && cs[1] && k < 2; k++) {
+		EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+		int l = 0;
+		fill(tag, 16);
+		EVP_DecryptInit_ex2(c, cs[k], key, iv, NULL);
+		EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, 12, tag);
+		EVP_DecryptUpdate(c, ct, &l, pt, 64);
+		EVP_DecryptFinal_ex(c, ct, &l);
+		EVP_EncryptInit_ex2(c, NULL, NULL, iv, NULL);
+		EVP_EncryptUpdate(c, ct, &l, pt, 64);
+		EVP_EncryptFinal_ex(c, ct, &l);
+		OSSL_PARAM p[] = {OSSL_PARAM_construct_size_t(OSSL_CIPHER_PARAM_AEAD_TAGLEN, &tl[k]),
+				  OSSL_PARAM_END};
+		EVP_CIPHER_CTX_get_params(c, p);
+		EVP_CIPHER_CTX_free(c);
+	}
+	CHECK(tl[0] == tl[1], "GCM tag length after encrypting: wd %zu default %zu", tl[0], tl[1]);
+	free_both(cs);
+	ERR_clear_error();
+}
+
+/* Bytes of inline GCM messages counted (all of the data, not the first
+ * update's). */
+static void gcm_inline_bytes_counted(void)
+{
+	EVP_CIPHER *w = EVP_CIPHER_fetch(NULL, "AES-128-GCM", "provider=wd");
+	unsigned char key[16], iv[12], pt[64], ct[64];
+	fill(key, 16);
+	fill(iv, 12);
+	struct wd_crypto_stats s0, s1;
+	wd_crypto_get_stats(&s0);
+	EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+	int l = 0, ok = EVP_EncryptInit_ex2(c, w, key, iv, NULL);
+	for (int i = 0; i < 10; i++)
+		ok = ok && EVP_EncryptUpdate(c, ct, &l, pt, 64);
+	ok = ok && EVP_EncryptFinal_ex(c, ct, &l);
+	EVP_CIPHER_CTX_free(c);
+	EVP_CIPHER_free(w);
+	wd_crypto_get_stats(&s1);
+	uint64_t bytes = s1.cpu_bytes - s0.cpu_bytes + s1.offload_bytes - s0.offload_bytes;
+	CHECK(ok && bytes == 640, "GCM message of 10 x 64 bytes: %llu bytes counted",
+	      (unsigned long long)bytes);
+}
+
+static const char *prov_dir;
+
+/* A load refused for a setting that does not parse changes nothing: the
+ * threshold (or fallback) given beside the bad policy is not applied to
+ * the library, whose other users (the instance already loaded) go on
+ * with their settings. */
+static void refused_load_applies_nothing(void)
+{
+	size_t t0 = wd_crypto_get_threshold();
+	int p0 = wd_crypto_get_policy(), f0 = wd_crypto_get_fallback();
+	const char *saved[3] = {getenv("WD_PROVIDER_THRESHOLD"), getenv("WD_PROVIDER_POLICY"),
+				getenv("WD_PROVIDER_FALLBACK")};
+	char *keep[3];
+	for (int i = 0; i < 3; i++)
+		keep[i] = saved[i] ? strdup(saved[i]) : NULL;
+	setenv("WD_PROVIDER_THRESHOLD", t0 == 12345 ? "54321" : "12345", 1);
+	setenv("WD_PROVIDER_FALLBACK", f0 ? "0" : "1", 1);
+	setenv("WD_PROVIDER_POLICY", "ofload", 1);
+	OSSL_LIB_CTX *c = OSSL_LIB_CTX_new();
+	OSSL_PROVIDER_set_default_search_path(c, prov_dir);
+	OSSL_PROVIDER *p = OSSL_PROVIDER_load(c, "wd");
+	CHECK(p == NULL, "the load with policy 'ofload' is refused");
+	ERR_clear_error();
+	if (p != NULL)
+		OSSL_PROVIDER_unload(p);
+	OSSL_LIB_CTX_free(c);
+	const char *names[3] = {"WD_PROVIDER_THRESHOLD", "WD_PROVIDER_POLICY", "WD_PROVIDER_FALLBACK"};
+	for (int i = 0; i < 3; i++) {
+		if (keep[i])
+			setenv(names[i], keep[i], 1);
+		else
+			unsetenv(names[i]);
+		free(keep[i]);
+	}
+	CHECK(wd_crypto_get_threshold() == t0 && wd_crypto_get_policy() == p0 &&
+		      wd_crypto_get_fallback() == f0,
+	      "after a refused load: threshold %zu (was %zu), policy %d (was %d), fallback %d (was %d)",
+	      wd_crypto_get_threshold(), t0, wd_crypto_get_policy(), p0, wd_crypto_get_fallback(), f0);
+	/* put them back for the rest of the run */
+	wd_crypto_set_threshold(t0);
+	wd_crypto_set_fallback(f0);
+}
+
 struct test {
 	const char *name;
 	void (*fn)(void);
@@ -640,6 +807,11 @@ static const struct test tests[] = {
 	{"sync_request_beside_a_paused_job", sync_request_beside_a_paused_job},
 	{"async_jobs_survive_host_death", async_jobs_survive_host_death},
 	{"cbc_bad_decrypt_reports_the_error", cbc_bad_decrypt_reports_the_error},
+	{"raw_cipher_lengths", raw_cipher_lengths},
+	{"data_without_iv", data_without_iv},
+	{"gcm_taglen_after_encrypt", gcm_taglen_after_encrypt},
+	{"gcm_inline_bytes_counted", gcm_inline_bytes_counted},
+	{"refused_load_applies_nothing", refused_load_applies_nothing},
 };
 
 int main(int argc, char **argv)
@@ -648,6 +820,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: %s <dir of wd.so> [test ...]\n", argv[0]);
 		return 2;
 	}
+	prov_dir = argv[1];
 	OSSL_PROVIDER_set_default_search_path(NULL, argv[1]);
 	OSSL_PROVIDER *wd = OSSL_PROVIDER_load(NULL, "wd");
 	OSSL_PROVIDER *def = OSSL_PROVIDER_load(NULL, "default");
