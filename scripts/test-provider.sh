@@ -86,6 +86,19 @@ if WD_HOST=$tmp/none.sock WD_PROVIDER_FALLBACK=0 WD_PROVIDER_THRESHOLD=0 \
     -iv 000102030405060708090a0b0c0d0e0f -in "$tmp/in" -out "$tmp/wd" 2>/dev/null; then
     echo "encryption without a host succeeded although the fallback is off"; exit 1
 fi
+# Default threshold and policy, one request above the threshold: the
+# router's first sample would have run it on the CPU, before any device
+# was tried.
+head -c 4096 /dev/urandom > "$tmp/one"
+if WD_HOST=$tmp/none.sock WD_PROVIDER_FALLBACK=0 \
+    openssl enc "${P[@]}" -aes-128-cbc -nopad -K 000102030405060708090a0b0c0d0e0f \
+    -iv 000102030405060708090a0b0c0d0e0f -in "$tmp/one" -out "$tmp/wd" 2>/dev/null; then
+    echo "one request without a host succeeded although the fallback is off"; exit 1
+fi
+if WD_HOST=$tmp/none.sock WD_PROVIDER_FALLBACK=0 openssl dgst "${P[@]}" -sha256 "$tmp/one" \
+    > /dev/null 2>&1; then
+    echo "a digest without a host succeeded although the fallback is off"; exit 1
+fi
 
 echo "-- openssl.cnf activation"
 cp provider/openssl-wd.cnf "$tmp/openssl.cnf"

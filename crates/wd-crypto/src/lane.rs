@@ -583,28 +583,44 @@ fn slot_of(kind: Kind) -> usize {
     }
 }
 
-/// Whether this thread knows it has no lane of `kind` for now (it failed
-/// to get one, or lost it, and waits before asking again): the router
-/// then sends requests straight to the CPU.
-pub fn known_unavailable(kind: Kind, n: usize) -> Option<NoLane> {
+/// Whether this thread has a lane of `kind`, may try to get one, or knows
+/// it has none for now (it failed to get one, or lost it, and waits
+/// before asking again: the router then sends requests straight to the
+/// CPU, or with fallback off to their clear failure).
+pub fn availability(kind: Kind, n: usize) -> Availability {
     CHANNEL
         .try_with(|c| {
-            let mut c = c.try_borrow_mut().ok()?;
+            let Ok(mut c) = c.try_borrow_mut() else {
+                return Availability::Open;
+            };
             let i = slot_of(kind);
             if c.lanes[i].is_some() {
-                return None;
+                return Availability::Open;
             }
-            let until = c.retry_at[i]?;
+            let Some(until) = c.retry_at[i] else {
+                return Availability::Untried;
+            };
             // Reading the clock costs as much as a small request: for small
             // ones look at it once in a while only.
             c.clock_skips = c.clock_skips.wrapping_add(1);
             if (n >= 4096 || c.clock_skips % 64 == 0) && Instant::now() >= until {
-                return None;
+                return Availability::Untried;
             }
-            Some(c.lost[i])
+            Availability::Unavailable(c.lost[i])
         })
-        .ok()
-        .flatten()
+        .unwrap_or(Availability::Open)
+}
+
+/// See [`availability`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Availability {
+    /// A lane is open (or this thread's lanes are busy in a call that
+    /// routes from inside: it is then being used).
+    Open,
+    /// None yet; the next request may try to get one.
+    Untried,
+    /// None for now.
+    Unavailable(NoLane),
 }
 
 /// Why a lane is not available: the CPU computes instead, and the reason

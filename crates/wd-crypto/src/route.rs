@@ -64,10 +64,14 @@ pub fn choose_timed(op: Op, n: usize, asynchronous: bool) -> (Route, bool) {
         threshold: config::threshold(),
         fallback: config::fallback(),
     };
-    let queue = || match crate::lane::known_unavailable(op.lane(), n) {
-        Some(crate::lane::NoLane::NoQueue) => Queue::Missing(Why::NoQueue),
-        Some(crate::lane::NoLane::HostGone) => Queue::Missing(Why::HostGone),
-        None => Queue::Ready,
+    let queue = || {
+        use crate::lane::{Availability, NoLane};
+        match crate::lane::availability(op.lane(), n) {
+            Availability::Unavailable(NoLane::NoQueue) => Queue::Missing(Why::NoQueue),
+            Availability::Unavailable(NoLane::HostGone) => Queue::Missing(Why::HostGone),
+            Availability::Untried => Queue::Untried,
+            Availability::Open => Queue::Ready,
+        }
     };
     let request = Request {
         op: op.index(),

@@ -11,7 +11,8 @@
 //! 1. policy [`Policy::Cpu`]: the CPU;
 //! 2. below the threshold: the CPU (a round trip costs more than the work);
 //! 3. no queue: the CPU when fallback is allowed, else the device (where
-//!    the request fails with a clear error);
+//!    the request fails with a clear error); without fallback, a queue
+//!    not yet tried is tried first (the device);
 //! 4. policy [`Policy::Offload`]: the device;
 //! 5. policy [`Policy::Auto`], the caller overlapping, for an operation
 //!    with an overlap minimum: the device from that size on (the caller's
@@ -133,8 +134,11 @@ pub struct Request {
 /// Whether the library has a queue for the request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Queue {
-    /// It has one (or may try to get one).
+    /// It has one.
     Ready,
+    /// It has none yet and may try to get one (never tried, or a retry
+    /// is due): whether a device is there is not known.
+    Untried,
     /// It has none for now, for this reason.
     Missing(Why),
 }
@@ -277,15 +281,23 @@ pub fn decide(
     if let Some(route) = by_settings(s, r.bytes) {
         return Decision::untimed(route);
     }
-    if let Queue::Missing(why) = queue() {
+    match queue() {
         // Without fallback the request goes to the device anyway, to fail
         // there with a clear error; with a queue, fallback changes
         // nothing (the auto policy's CPU path is a choice, not a
         // fallback).
-        return Decision::untimed(match s.fallback {
-            true => Route::Cpu(why),
-            false => Route::Device,
-        });
+        Queue::Missing(why) => {
+            return Decision::untimed(match s.fallback {
+                true => Route::Cpu(why),
+                false => Route::Device,
+            })
+        }
+        // Not known yet: without fallback, found out on this request
+        // (which fails clearly if there is none), or a first sample on
+        // the CPU would hide a missing device from a caller who asked to
+        // be told.
+        Queue::Untried if !s.fallback => return Decision::untimed(Route::Device),
+        Queue::Ready | Queue::Untried => {}
     }
     if s.policy == Policy::Offload {
         return Decision::untimed(Route::Device);
@@ -426,13 +438,13 @@ mod tests {
         /// always says why.
         #[test]
         fn decisions_are_total(bytes in 0usize..1 << 30, overlapped: bool, policy in 0u8..3,
-                               threshold in 0usize..1 << 20, fallback: bool, missing in 0u8..3, op in 0usize..4) {
+                               threshold in 0usize..1 << 20, fallback: bool, missing in 0u8..4, op in 0usize..4) {
             let s = Settings {
                 policy: [Policy::Auto, Policy::Offload, Policy::Cpu][policy as usize],
                 threshold,
                 fallback,
             };
-            let q = [Queue::Ready, Queue::Missing(Why::NoQueue), Queue::Missing(Why::HostGone)][missing as usize];
+            let q = [Queue::Ready, Queue::Missing(Why::NoQueue), Queue::Missing(Why::HostGone), Queue::Untried][missing as usize];
             let mut c = Costs::new(2);
             let d = decide(&s, || q, &mut c, Request { op, bytes, overlapped, overlap_min: None });
             if s.policy == Policy::Cpu {

@@ -51,3 +51,54 @@ fn fallback_off_with_a_queue_keeps_the_auto_rules() {
         "{on_dev} of 20000 requests went to the device measured 3x dearer (fallback off, queue ready)"
     );
 }
+
+/// Rule 3 without fallback and a queue not yet tried: the device, to find
+/// out (a first sample on the CPU succeeded where the caller asked to be
+/// told that no device is there). With fallback the queue's state changes
+/// nothing: the measured rules apply.
+#[test]
+fn fallback_off_tries_an_untried_queue_first() {
+    let strict = Settings {
+        policy: Policy::Auto,
+        threshold: 256,
+        fallback: false,
+    };
+    let lenient = Settings {
+        fallback: true,
+        ..strict
+    };
+    for overlapped in [false, true] {
+        let r = Request {
+            op: 0,
+            bytes: 1024,
+            overlapped,
+            overlap_min: Some(4096),
+        };
+        let mut c = Costs::new(1);
+        assert_eq!(
+            decide(&strict, || Queue::Untried, &mut c, r),
+            wd_route::Decision {
+                route: Route::Device,
+                timed: false
+            },
+            "overlapped {overlapped}"
+        );
+        let mut c = Costs::new(1);
+        assert_eq!(
+            decide(&lenient, || Queue::Untried, &mut c, r).route,
+            decide(&lenient, || Queue::Ready, &mut Costs::new(1), r).route,
+            "overlapped {overlapped}"
+        );
+    }
+    // Below the threshold the settings decide before the queue is asked.
+    let small = Request {
+        op: 0,
+        bytes: 100,
+        overlapped: false,
+        overlap_min: None,
+    };
+    assert_eq!(
+        decide(&strict, || Queue::Untried, &mut Costs::new(1), small).route,
+        Route::Cpu(Why::Threshold)
+    );
+}
