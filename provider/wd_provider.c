@@ -2146,13 +2146,31 @@ int OSSL_provider_init(const OSSL_CORE_HANDLE *handle, const OSSL_DISPATCH *in,
 			return 0;
 		}
 	}
+	int fallback = -1;
+	const char *fb = wd_setting(p, "fallback", "WD_PROVIDER_FALLBACK");
+	if (fb != NULL) {
+		static const char *const off[] = {"0", "no", "off", "false"};
+		static const char *const on[] = {"1", "yes", "on", "true"};
+		for (int i = 0; i < 4; i++) {
+			if (OPENSSL_strcasecmp(fb, off[i]) == 0)
+				fallback = 0;
+			if (OPENSSL_strcasecmp(fb, on[i]) == 0)
+				fallback = 1;
+		}
+		if (fallback < 0) {
+			ERR_raise_data(ERR_LIB_PROV, ERR_R_PASSED_INVALID_ARGUMENT,
+				       "wd provider: fallback '%s' is not 1/yes/on/true or 0/no/off/false",
+				       fb);
+			OPENSSL_free(p);
+			return 0;
+		}
+	}
 	if (have_threshold)
 		wd_crypto_set_threshold(threshold);
 	if (policy >= 0)
 		wd_crypto_set_policy(policy);
-	const char *fb = wd_setting(p, "fallback", "WD_PROVIDER_FALLBACK");
-	if (fb != NULL)
-		wd_crypto_set_fallback(strcmp(fb, "0") != 0 && strcmp(fb, "no") != 0);
+	if (fallback >= 0)
+		wd_crypto_set_fallback(fallback);
 	wd_fallback_on = wd_crypto_get_fallback();
 	pthread_mutex_lock(&wd_dcount_lock);
 	wd_instances++;

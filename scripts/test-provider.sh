@@ -49,7 +49,7 @@ WD_HOST=$tmp/dying.sock WD_TEST_KILL_PID=$host_pid WD_PROVIDER_POLICY=offload WD
 
 echo "-- a setting that does not parse refuses the load, naming it"
 for bad in "WD_PROVIDER_POLICY=ofload:policy 'ofload'" "WD_PROVIDER_THRESHOLD=-1:threshold '-1'" \
-    "WD_PROVIDER_THRESHOLD=4k:threshold '4k'"; do
+    "WD_PROVIDER_THRESHOLD=4k:threshold '4k'" "WD_PROVIDER_FALLBACK=maybe:fallback 'maybe'"; do
     if env "${bad%%:*}" openssl list -provider-path "$dir" -provider wd -providers > "$tmp/out" 2>&1; then
         echo "the provider loaded with ${bad%%:*}"; exit 1
     fi

@@ -7,8 +7,9 @@
 //!   [`Policy::Auto`]), `offload` (always, above the threshold) or `cpu`.
 //! * `WD_CRYPTO_LEGACY=1`: use queues with `WD_CAPA_ALLOW_LEGACY` (data
 //!   through the socket, a system call per request: the baseline).
-//! * `WD_CRYPTO_FALLBACK=0`: without a queue (no host, no device, host
-//!   gone) fail with a clear error instead of computing on the CPU.
+//! * `WD_CRYPTO_FALLBACK=0` (or `no`, `off`, `false`): without a queue (no
+//!   host, no device, host gone) fail with a clear error instead of
+//!   computing on the CPU.
 //! * `WD_CRYPTO_HOST`, else `WD_HOST`: which host (see `wrapdrive`).
 //! * `WD_CRYPTO_IN_PLACE=1`: callers' buffers that are WrapDrive shared
 //!   memory go to the device in place instead of through the staging area.
@@ -65,8 +66,14 @@ fn init() {
         if std::env::var("WD_CRYPTO_LEGACY").is_ok_and(|v| v == "1") {
             LEGACY.store(true, Ordering::Relaxed);
         }
-        if std::env::var("WD_CRYPTO_FALLBACK").is_ok_and(|v| v == "0") {
-            FALLBACK.store(false, Ordering::Relaxed);
+        if let Ok(v) = std::env::var("WD_CRYPTO_FALLBACK") {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "0" | "no" | "off" | "false" => FALLBACK.store(false, Ordering::Relaxed),
+                "1" | "yes" | "on" | "true" => {}
+                _ => eprintln!(
+                    "wrapdrive: WD_CRYPTO_FALLBACK='{v}' is not 1/yes/on/true or 0/no/off/false; fallback stays on"
+                ),
+            }
         }
         if std::env::var("WD_CRYPTO_IN_PLACE").is_ok_and(|v| v == "1") {
             IN_PLACE.store(true, Ordering::Relaxed);
