@@ -225,8 +225,9 @@ pub struct SecQueue {
     bounce: Vec<u8>,
     /// The multi-buffer engine, when the device uses one.
     pub(crate) mb: Option<&'static Engine>,
-    /// Requests gathered for the next burst (at most one per session: a
-    /// message's next part needs the IV its previous part leaves).
+    /// Requests gathered for the next burst, or in the burst under way
+    /// (at most one per session: a message's next part needs the IV its
+    /// previous part leaves).
     pub(crate) pending: Vec<Pending>,
     /// Requests finished, not reported yet.
     pub(crate) finished: Vec<(u64, Desc)>,
@@ -552,7 +553,7 @@ impl SecQueue {
 
 /// Smallest piece a long request is cut into (fewer, larger library calls
 /// below this cost more than the fairness they buy).
-const MIN_PIECE: u64 = 64 << 10;
+pub(crate) const MIN_PIECE: u64 = 64 << 10;
 
 impl SecQueue {
     /// Whether a cipher request can run as a chain of shorter ones: the
@@ -755,12 +756,22 @@ impl DeviceQueue for SecQueue {
         if !self.long.is_empty() && self.behind_long(desc) {
             return Started::Later;
         }
-        if self.gathering.on() && self.gather(token, desc, dma).is_ok() {
-            return Started::Held;
+        if self.gathering.on() {
+            if let Some(started) = self.gather(token, desc, dma) {
+                return started;
+            }
         }
-        // ... and what was gathered.
+        // What was gathered runs first: at once when its burst has not
+        // started (short requests finish in that one round). A burst under
+        // way goes on a round per poll; meanwhile this one runs unless it
+        // must wait for it, as one behind a long request does.
         if !self.pending.is_empty() {
-            self.burst();
+            if !self.gathering.under_way() {
+                self.burst();
+            }
+            if self.gathering.under_way() && self.behind_burst(desc) {
+                return Started::Later;
+            }
         }
         if self.hold_long(token, desc, dma) {
             return Started::Held;
@@ -779,6 +790,7 @@ impl DeviceQueue for SecQueue {
         if !self.pending.is_empty() && self.gathering.due(self.pending.len()) {
             self.burst();
         }
+        self.gathering.polled();
         self.poll_long();
         done.append(&mut self.finished);
     }

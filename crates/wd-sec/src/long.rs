@@ -16,7 +16,7 @@ use crate::msg::{self, Mode, Request, F_FINAL};
 /// Requests longer than this run in pieces.
 pub(crate) const LONG: u64 = 1 << 20;
 /// Bytes per piece.
-const PIECE: u64 = 256 << 10;
+pub(crate) const PIECE: u64 = 256 << 10;
 
 /// A long request under way.
 pub(crate) struct Long {
@@ -89,7 +89,7 @@ impl<'a> Dma<'a> for HeldDma<'a> {
 }
 
 /// The session a request works on, if any.
-fn session_of(desc: &Desc) -> Option<u64> {
+pub(crate) fn session_of(desc: &Desc) -> Option<u64> {
     match msg::decode(desc) {
         Ok(Request::Cipher(c)) => Some(c.session),
         Ok(Request::Digest(d)) if d.alg.is_none() => Some(d.session),

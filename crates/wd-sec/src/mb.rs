@@ -4,18 +4,28 @@
 //! intel-ipsec-mb. A gathered request's memory is held: the engine keeps
 //! it mapped until the request is reported, which is what lets a burst
 //! run after the request's own translation section has ended.
+//!
+//! A burst runs in rounds, one per `poll`, each encrypting a bounded share
+//! of each request ([`LANE`], at most [`ROUND`] in all) and carrying each
+//! one's chaining value to the next: the engine's pass budget does not
+//! reach work a device holds, and 16 requests of 1 MiB side by side held
+//! the engine's other queues for milliseconds. Requests up to [`LANE`]
+//! finish in the round they start, as they did before rounds.
 #![allow(unsafe_code)]
 
 use std::time::{Duration, Instant};
 
-use wd_device::{cancelled, status, Access, Dma, HeldSlice};
+use wd_device::{cancelled, status, Access, Dma, HeldSlice, Started};
 use wd_evp::CipherCtx;
 use wd_ipsecmb::{CbcJob, Engine, Schedule};
 use wd_ring::Desc;
 
-use crate::device::{complete, Key, SecQueue, Session, Work};
+use crate::device::{complete, Key, SecQueue, Session, Work, MIN_PIECE};
 use crate::dma;
-use crate::msg::{self, CipherOp, Mode, Request, F_ENCRYPT, F_FINAL, F_IV};
+use crate::long::{session_of, PIECE};
+use crate::msg::{
+    self, CipherOp, Mode, Request, F_DIGEST_FINAL, F_ENCRYPT, F_FINAL, F_IV, INLINE_KEY,
+};
 
 /// Where a CBC encryption under way keeps the IV that continues it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -31,21 +41,41 @@ pub(crate) enum Chain {
     InCtx,
 }
 
-/// A CBC encryption waiting for the next multi-buffer burst: its memory
-/// is held (the engine keeps it mapped) until it is reported.
+/// A CBC encryption gathered for a multi-buffer burst, or in one that
+/// goes on over rounds: its memory is held (the engine keeps it mapped)
+/// until it is reported.
 pub(crate) struct Pending {
     token: u64,
     desc: Desc,
     session: u64,
-    /// `None`: continue the chain in the session's context.
+    /// Where it continues: from this IV, or (`None`) the chain in the
+    /// session's context. After a round, where that round left it.
     iv: Option<[u8; 16]>,
     src: HeldSlice,
     dst: HeldSlice,
+    /// Where the client names them (`src`, `dst`): a request that is not
+    /// gathered meets a burst's memory there.
+    at: (u64, u64),
+    /// Bytes encrypted by earlier rounds.
+    done: u64,
 }
 
 /// Requests that make a burst worth running at once: the widest engines
 /// interleave 16 messages.
 const FULL: usize = 16;
+
+/// Bytes of each request a round encrypts side by side with others: the
+/// smallest piece a long request is cut into, whose reasoning holds here
+/// (smaller shares cost more library calls than the fairness they buy).
+/// The crypto library's requests (its staging slots are 64 KiB) still
+/// finish in one round.
+const LANE: u64 = MIN_PIECE;
+
+/// Bytes a round encrypts in all: a full burst's lanes. At the speed a
+/// whole burst of 16 x 1 MiB showed (about 2 ms), about 125 us, under what
+/// a long request's piece ([`PIECE`], on libcrypto's single stream) takes.
+/// More requests than [`FULL`] share it.
+const ROUND: u64 = FULL as u64 * LANE;
 
 /// A client that keeps many requests in flight submits them one by one as
 /// its completions come in: gathered requests wait for more while they
@@ -68,6 +98,12 @@ pub(crate) struct Gathering {
     streaming: u32,
     /// When the oldest and the newest gathered requests came.
     since: Option<(Instant, Instant)>,
+    /// A round left requests to the next one: the burst goes on a round
+    /// per poll, and nothing but a poll runs a round until it ends.
+    under_way: bool,
+    /// A round ran since the last poll (started in `start`): the poll
+    /// leaves the next one to the next pass.
+    round_ran: bool,
 }
 
 impl Gathering {
@@ -77,6 +113,8 @@ impl Gathering {
             on: true,
             streaming: 0,
             since: None,
+            under_way: false,
+            round_ran: false,
         }
     }
 
@@ -93,8 +131,16 @@ impl Gathering {
         self.on
     }
 
-    /// Whether what was gathered should run now.
+    /// Whether a burst goes on over rounds.
+    pub(crate) fn under_way(&self) -> bool {
+        self.under_way
+    }
+
+    /// Whether what was gathered should run now (a round of it).
     pub(crate) fn due(&self, pending: usize) -> bool {
+        if self.under_way {
+            return !self.round_ran;
+        }
         if pending >= FULL || self.streaming == 0 {
             return true;
         }
@@ -111,19 +157,35 @@ impl Gathering {
         self.since = Some((first, now));
     }
 
-    fn ran(&mut self, requests: usize) {
+    /// A round of `requests` ran; `left`: some are left to the next.
+    fn ran(&mut self, requests: usize, left: bool) {
         self.since = None;
-        if requests > 1 {
-            self.streaming = STREAMING;
-        } else {
-            self.streaming = self.streaming.saturating_sub(1);
+        // A burst counts once, whatever its rounds.
+        if !self.under_way {
+            if requests > 1 {
+                self.streaming = STREAMING;
+            } else {
+                self.streaming = self.streaming.saturating_sub(1);
+            }
         }
+        self.under_way = left;
+        self.round_ran = true;
+    }
+
+    /// The queue was polled.
+    pub(crate) fn polled(&mut self) {
+        self.round_ran = false;
+    }
+
+    /// Nothing is gathered any more (teardown).
+    fn stopped(&mut self) {
+        self.since = None;
+        self.under_way = false;
     }
 }
 
-/// Bytes a multi-buffer request may have: a longer one would keep the
-/// other requests of its burst (and the engine's other queues) waiting, so
-/// it runs alone, now.
+/// Bytes a multi-buffer request may have: a longer one is a long request
+/// (`long.rs`), held and run a piece per poll alone.
 const MB_MAX: u64 = 1 << 20;
 
 /// How a CBC encryption starts: from an IV (its own, or one a burst
@@ -233,44 +295,84 @@ pub(crate) fn cbc_now(
     Ok(op.len)
 }
 
+/// Whether `[a, a + a_len)` and `[b, b + b_len)` share a byte.
+fn meets(a: u64, a_len: u64, b: u64, b_len: u64) -> bool {
+    a_len > 0 && b_len > 0 && a < b.saturating_add(b_len) && b < a.saturating_add(a_len)
+}
+
+/// The memory a request reaches, as the client names it: `(address,
+/// length, written)`.
+fn reaches(desc: &Desc) -> [(u64, u64, bool); 4] {
+    let mut r = [(0, 0, false); 4];
+    match msg::decode(desc) {
+        Ok(Request::Cipher(op)) => {
+            r[0] = (op.src, op.len, false);
+            r[1] = (op.dst, op.len, true);
+            r[2] = (op.aad, op.aad_len.into(), false);
+            let encrypt = op.flags & F_ENCRYPT != 0;
+            r[3] = (op.tag, op.tag_len.into(), encrypt);
+        }
+        Ok(Request::Digest(op)) => {
+            r[0] = (op.src, op.len, false);
+            // (At most a SHA-512 digest.)
+            let out = if op.flags & F_DIGEST_FINAL != 0 {
+                64
+            } else {
+                0
+            };
+            r[1] = (op.out, out, true);
+        }
+        Ok(Request::SessionNew(s)) if s.key_len as usize > INLINE_KEY => {
+            r[0] = (s.key_addr, s.key_len.into(), false);
+        }
+        _ => {}
+    }
+    r
+}
+
 impl SecQueue {
-    /// Gather `desc` for the next burst when it is a CBC encryption the
+    /// Gather `desc` for a burst when it is a CBC encryption the
     /// multi-buffer engine can run with others: its memory held, where it
-    /// starts known. `Err` hands the request back, to be run now.
+    /// starts known (`Held`); `Later` when it must wait for a request of a
+    /// burst under way (of its session, or whose memory it meets); `None`
+    /// hands it back, to be run now.
     pub(crate) fn gather(
         &mut self,
         token: u64,
         desc: &Desc,
         dma: &mut dyn Dma<'_>,
-    ) -> Result<(), ()> {
+    ) -> Option<Started> {
         // Only a queue with the engine bursts what it gathers.
-        if self.mb.is_none() {
-            return Err(());
-        }
+        self.mb?;
         let Ok(Request::Cipher(op)) = msg::decode(desc) else {
-            return Err(());
+            return None;
         };
         if op.flags & F_ENCRYPT == 0 || op.len == 0 || op.len > MB_MAX {
-            return Err(());
+            return None;
         }
         if self.pending.iter().any(|p| p.session == op.session) {
-            // The message's previous part must finish first.
-            self.burst();
+            // The message's previous part must finish first: at once when
+            // its burst has not started (one round finishes short ones),
+            // never by running a burst under way on past its round.
+            if !self.gathering.under_way() {
+                self.burst();
+            }
+            if self.pending.iter().any(|p| p.session == op.session) {
+                return Some(Started::Later);
+            }
         }
-        let Ok(s) = self.sessions.get(op.session) else {
-            return Err(());
-        };
+        let s = self.sessions.get(op.session).ok()?;
         let Work::Cipher {
             mode: Mode::Cbc,
             chain,
             ..
         } = &s.work
         else {
-            return Err(());
+            return None;
         };
-        let iv = cbc_start(&op, *chain)?;
-        let src = dma.hold(op.src, op.len, Access::Read).ok_or(())?;
-        let dst = dma.hold(op.dst, op.len, Access::Write).ok_or(())?;
+        let iv = cbc_start(&op, *chain).ok()?;
+        let src = dma.hold(op.src, op.len, Access::Read)?;
+        let dst = dma.hold(op.dst, op.len, Access::Write)?;
         // Where a burst's request continues is read back from its output:
         // no other request of the burst may write there (nor read what it
         // writes), so one whose memory meets a gathered one's waits for
@@ -279,13 +381,19 @@ impl SecQueue {
             let (a0, b0) = (a.as_ptr() as usize, b.as_ptr() as usize);
             a0 < b0 + b.len() && b0 < a0 + a.len()
         };
-        if self
-            .pending
-            .iter()
-            .any(|p| meets(&dst, &p.dst) || meets(&dst, &p.src) || meets(&src, &p.dst))
-        {
+        let meets_one = |pending: &[Pending]| {
+            pending
+                .iter()
+                .any(|p| meets(&dst, &p.dst) || meets(&dst, &p.src) || meets(&src, &p.dst))
+        };
+        if meets_one(&self.pending) {
             // (Other sessions' requests: this one's start stays right.)
-            self.burst();
+            if !self.gathering.under_way() {
+                self.burst();
+            }
+            if meets_one(&self.pending) {
+                return Some(Started::Later);
+            }
         }
         self.gathering.gathered();
         self.pending.push(Pending {
@@ -295,110 +403,174 @@ impl SecQueue {
             iv,
             src,
             dst,
+            at: (op.src, op.dst),
+            done: 0,
         });
-        Ok(())
+        Some(Started::Held)
     }
 
-    /// Teardown: hand back what was gathered, untouched (cancelled).
+    /// Whether `desc`, not gathered, must wait for the burst under way:
+    /// requests of a session run in order, and one whose memory meets a
+    /// burst request's runs after it, as it would have had the burst run
+    /// whole.
+    pub(crate) fn behind_burst(&self, desc: &Desc) -> bool {
+        let session = session_of(desc);
+        let reaches = reaches(desc);
+        self.pending.iter().any(|p| {
+            let len = p.src.len() as u64;
+            Some(p.session) == session
+                || reaches.iter().any(|&(at, n, written)| {
+                    meets(at, n, p.at.1, len) || (written && meets(at, n, p.at.0, len))
+                })
+        })
+    }
+
+    /// Teardown: hand back what was gathered, cancelled: untouched, or
+    /// (a request a round of its burst ran) unfinished, as a long request
+    /// is; its output may be partly written, and its session's chain was
+    /// left at no message when its first round ran.
     pub(crate) fn stop_gathered(&mut self, stopped: &mut Vec<(u64, Desc)>) {
         stopped.extend(self.pending.drain(..).map(|p| (p.token, cancelled(p.desc))));
+        self.gathering.stopped();
     }
 
-    /// Encrypt everything gathered, side by side (one request alone goes
-    /// to libcrypto), and file the outcomes for the next `poll`.
+    /// Run a round of what was gathered: up to [`LANE`] bytes of each
+    /// request side by side ([`PIECE`] of one alone, on libcrypto), at
+    /// most [`ROUND`] in all; file the requests that finished (or failed)
+    /// for the next `poll` and keep the others, with where their chain
+    /// goes on, for the next round.
     pub(crate) fn burst(&mut self) {
         let Some(e) = self.mb else {
             return;
         };
         let mut pending = std::mem::take(&mut self.pending);
-        self.gathering.ran(pending.len());
-        let mut outcome: Vec<Result<u64, i32>> = Vec::with_capacity(pending.len());
-        if let [p] = &pending[..] {
-            outcome.push(self.sessions.get(p.session).and_then(|s| {
+        // Every request goes on in every round (a short one that joined a
+        // burst under way finishes in its first), more of them each
+        // taking less.
+        let share = match pending.len() {
+            1 => PIECE,
+            n => (ROUND / n as u64).min(LANE) & !15,
+        };
+        // Each request's bytes in this round, and its outcome.
+        let mut round: Vec<(usize, Result<(), i32>)> = pending
+            .iter()
+            .map(|p| ((p.src.len() as u64 - p.done).min(share) as usize, Ok(())))
+            .collect();
+        if let ([p], [(n, r)]) = (&mut pending[..], &mut round[..]) {
+            *r = self.sessions.get(p.session).and_then(|s| {
                 // SAFETY: the request is held (not reported yet), so the
                 // engine keeps its memory mapped; the slices live only
                 // for this call.
                 let (src, dst) = unsafe { (p.src.slice(), p.dst.slice()) };
+                let at = p.done as usize;
+                let (src, dst) = (src.subslice(at, *n), dst.subslice(at, *n));
                 cbc_alone(s, p.iv, |ctx| {
                     ctx.update_device(&dst, &src)
                         .map(|_| ())
                         .map_err(|_| status::EIO)
-                })?;
-                Ok(p.src.len() as u64)
-            }));
+                })
+            });
+            // The chain went on in the session's context.
+            p.iv = None;
         } else {
-            self.burst_many(e, &mut pending, &mut outcome);
+            self.burst_many(e, &mut pending, &mut round);
         }
-        for (p, r) in pending.drain(..).zip(outcome) {
+        let ran = round.len();
+        let (sessions, finished) = (&mut self.sessions, &mut self.finished);
+        let mut shares = round.into_iter();
+        pending.retain_mut(|p| {
+            let Some((n, r)) = shares.next() else {
+                return true;
+            };
+            let len = p.src.len() as u64;
+            let outcome = match r {
+                Ok(()) if p.done + (n as u64) < len => {
+                    p.done += n as u64;
+                    // Until it finishes, the message is the burst's (`iv`
+                    // or the context): the session has none of its own.
+                    if let Ok(s) = sessions.get(p.session) {
+                        set_chain(s, Chain::None);
+                    }
+                    return true;
+                }
+                Ok(()) => {
+                    // (One that ran alone keeps its chain in the context.)
+                    if let (Some(iv), Ok(s)) = (p.iv, sessions.get(p.session)) {
+                        set_chain(s, Chain::Iv(iv));
+                    }
+                    Ok(len)
+                }
+                Err(st) => {
+                    // It ended its message; one whose output is partly
+                    // written is no fault to retry either.
+                    if let Ok(s) = sessions.get(p.session) {
+                        set_chain(s, Chain::None);
+                    }
+                    Err(if p.done > 0 { status::EIO } else { st })
+                }
+            };
             let mut d = p.desc;
-            complete(&mut d, r);
-            self.finished.push((p.token, d));
-        }
+            complete(&mut d, outcome);
+            finished.push((p.token, d));
+            false
+        });
+        self.gathering.ran(ran, !pending.is_empty());
         self.pending = pending;
     }
 
-    /// Several requests (of distinct sessions) through the engine.
+    /// A round of several requests (of distinct sessions) through the
+    /// engine: each its share of `round`, from where it got to.
     fn burst_many(
         &mut self,
         e: &Engine,
         pending: &mut [Pending],
-        outcome: &mut Vec<Result<u64, i32>>,
+        round: &mut [(usize, Result<(), i32>)],
     ) {
         // Where each starts, and round keys, first: the jobs borrow them.
-        for p in pending.iter_mut() {
-            let r = self.sessions.get(p.session).and_then(|s| {
+        for (p, (_, r)) in pending.iter_mut().zip(round.iter_mut()) {
+            *r = self.sessions.get(p.session).and_then(|s| {
                 if let (None, Work::Cipher { ctx, chain, .. }) = (p.iv, &mut s.work) {
                     let (iv, _) = ctx.chain_state().map_err(|_| status::EIO)?;
                     p.iv = Some(iv);
                     *chain = Chain::None;
                 }
-                schedule(e, &mut s.schedule, &s.key).map(|_| 0)
+                schedule(e, &mut s.schedule, &s.key).map(|_| ())
             });
-            outcome.push(r);
         }
         let mut jobs = Vec::with_capacity(pending.len());
         let mut which = Vec::with_capacity(pending.len());
         for (i, p) in pending.iter().enumerate() {
+            let (n, Ok(())) = round[i] else {
+                continue;
+            };
             let keys = self
                 .sessions
                 .peek(p.session)
                 .and_then(|s| s.schedule.as_ref());
-            let (Ok(_), Some(keys), Some(iv)) = (&outcome[i], keys, p.iv) else {
+            let (Some(keys), Some(iv)) = (keys, p.iv) else {
+                round[i].1 = Err(status::EIO);
                 continue;
             };
             // SAFETY: the request is held (not reported yet), so the
             // engine keeps its memory mapped; the slices live only until
             // the burst below returns.
             let (src, dst) = unsafe { (p.src.slice(), p.dst.slice()) };
-            match CbcJob::new(keys, iv, src, dst) {
+            let at = p.done as usize;
+            match CbcJob::new(keys, iv, src.subslice(at, n), dst.subslice(at, n)) {
                 Ok(j) => {
                     jobs.push(j);
                     which.push(i);
                 }
-                Err(_) => outcome[i] = Err(status::EINVAL),
+                Err(_) => round[i].1 = Err(status::EINVAL),
             }
         }
         let ran = e.cbc_encrypt(&mut jobs);
         let next: Vec<[u8; 16]> = jobs.iter().map(|j| j.iv).collect();
         drop(jobs);
         for (k, &i) in which.iter().enumerate() {
-            let p = &pending[i];
-            outcome[i] = match &ran {
-                Ok(()) => {
-                    if let Ok(s) = self.sessions.get(p.session) {
-                        set_chain(s, Chain::Iv(next[k]));
-                    }
-                    Ok(p.src.len() as u64)
-                }
-                Err(_) => Err(status::EIO),
-            };
-        }
-        // A request that did not run ended its message.
-        for (p, r) in pending.iter().zip(outcome.iter()) {
-            if r.is_err() {
-                if let Ok(s) = self.sessions.get(p.session) {
-                    set_chain(s, Chain::None);
-                }
+            match ran {
+                Ok(()) => pending[i].iv = Some(next[k]),
+                Err(_) => round[i].1 = Err(status::EIO),
             }
         }
     }

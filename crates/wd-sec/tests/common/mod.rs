@@ -94,3 +94,14 @@ pub fn openssl_crypt(
     out.truncate(n + m);
     out
 }
+
+/// The multi-buffer engine, or a reported skip where it is not installed.
+pub fn mb_engine(test: &str) -> Option<&'static wd_ipsecmb::Engine> {
+    match wd_ipsecmb::Engine::get() {
+        Ok(e) => Some(e),
+        Err(e) => {
+            wd_testutil::skip(test, &e.to_string());
+            None
+        }
+    }
+}
