@@ -440,7 +440,7 @@ impl SecQueue {
     /// for the next `poll` and keep the others, with where their chain
     /// goes on, for the next round.
     pub(crate) fn burst(&mut self) {
-        let Some(e) = self.mb else {
+        let Some(e) = self.mb.filter(|_| !self.pending.is_empty()) else {
             return;
         };
         let mut pending = std::mem::take(&mut self.pending);
