@@ -31,8 +31,8 @@ mod embedded;
 mod queue;
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 
 pub use buf::{
     alloc, free, own_arena_of, set_foreign_arenas, ForeignArena, ForeignLookup, SharedBuf,
@@ -123,20 +123,78 @@ impl From<wd_sys::SysError> for ClientError {
 pub type Result<T> = std::result::Result<T, ClientError>;
 
 static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
-static FORK_HOOK: Once = Once::new();
+
+/// The fork hook's registration: `HOOK_NONE`, `HOOK_REGISTERING` (by a
+/// thread of process `FORK_HOOK_PID`) or `HOOK_DONE`. Not a `Once`: a
+/// child forked while another thread ran the `Once` found it running for
+/// ever (that thread is not in the child) and hung in its first connect.
+static FORK_HOOK: AtomicU8 = AtomicU8::new(HOOK_NONE);
+static FORK_HOOK_PID: AtomicU32 = AtomicU32::new(0);
+const HOOK_NONE: u8 = 0;
+const HOOK_REGISTERING: u8 = 1;
+const HOOK_DONE: u8 = 2;
 
 extern "C" fn after_fork_in_child() {
     FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
+    // Handlers are inherited: registered here too, whatever the parent's
+    // registering thread had got to.
+    FORK_HOOK.store(HOOK_DONE, Ordering::Release);
 }
 
 /// Bumped in every forked child: objects created before the fork notice
 /// they belong to the parent (a library's own objects too: it compares
 /// the generation it kept with this one, without a system call).
 pub fn fork_generation() -> u64 {
-    FORK_HOOK.call_once(|| {
-        let _ = wd_sys::on_fork_child(after_fork_in_child);
-    });
+    // Acquire: pairs with the Release stores of HOOK_DONE, after which
+    // the hook is registered.
+    if FORK_HOOK.load(Ordering::Acquire) != HOOK_DONE {
+        register_fork_hook();
+    }
     FORK_GENERATION.load(Ordering::Relaxed)
+}
+
+/// Register the fork hook once per process line. A thread that finds
+/// another registering waits for it when that thread is in this process;
+/// in a child forked before the hook was registered (fork and
+/// `pthread_atfork` exclude each other, so the hook was either registered
+/// whole, and its handler said so, or not at all) it registers it itself.
+#[cold]
+fn register_fork_hook() {
+    let me = std::process::id();
+    loop {
+        match FORK_HOOK.load(Ordering::Acquire) {
+            HOOK_DONE => return,
+            HOOK_NONE => {
+                // (Every thread of one process stores the same pid.)
+                FORK_HOOK_PID.store(me, Ordering::Relaxed);
+                if FORK_HOOK
+                    .compare_exchange(
+                        HOOK_NONE,
+                        HOOK_REGISTERING,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    )
+                    .is_ok()
+                {
+                    break;
+                }
+            }
+            _ => {
+                let owner = FORK_HOOK_PID.load(Ordering::Relaxed);
+                if owner != me
+                    && FORK_HOOK_PID
+                        .compare_exchange(owner, me, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+    let _ = wd_sys::on_fork_child(after_fork_in_child);
+    // Release: pairs with the Acquire loads above and in fork_generation.
+    FORK_HOOK.store(HOOK_DONE, Ordering::Release);
 }
 
 pub(crate) fn forked_error() -> ClientError {
@@ -796,4 +854,47 @@ pub fn virtio_fault_record(e: &FaultEvent) -> [u8; virtio::FAULT_LEN] {
 
 pub(crate) fn unexpected(m: &Message) -> ClientError {
     ClientError::new(Status::Protocol, format!("unexpected reply {}", m.name()))
+}
+
+#[cfg(test)]
+#[allow(unsafe_code)]
+mod tests {
+    use super::*;
+
+    /// A child forked while a thread of its parent registered the fork
+    /// hook finds the registration under way, by a thread it does not
+    /// have: it registers the hook itself (with a `Once`, its first
+    /// connect waited for ever: seen in CI, a test forking beside another
+    /// test's first connect). Simulated by the state such a child sees;
+    /// the call runs on a thread so that a regression fails, not hangs.
+    #[test]
+    fn a_child_forked_mid_registration_registers_the_hook_itself() {
+        FORK_HOOK.store(HOOK_REGISTERING, Ordering::Release);
+        FORK_HOOK_PID.store(std::process::id().wrapping_add(1), Ordering::Relaxed);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(fork_generation());
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(5));
+        assert!(
+            got.is_ok(),
+            "fork_generation waited for a thread that is not there"
+        );
+        assert_eq!(FORK_HOOK.load(Ordering::Acquire), HOOK_DONE);
+        assert_eq!(FORK_HOOK_PID.load(Ordering::Relaxed), std::process::id());
+        // ... and the hook works: a child's generation moves on.
+        let before = fork_generation();
+        // SAFETY: the child only reads an atomic and _exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let code = i32::from(fork_generation() == before);
+            // SAFETY: forked child.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    }
 }
