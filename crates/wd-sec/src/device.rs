@@ -769,7 +769,7 @@ impl DeviceQueue for SecQueue {
             if !self.gathering.under_way() {
                 self.burst();
             }
-            if self.gathering.under_way() && self.behind_burst(desc) {
+            if self.gathering.under_way() && self.behind_burst(desc, dma) {
                 return Started::Later;
             }
         }

@@ -413,14 +413,38 @@ impl SecQueue {
     /// requests of a session run in order, and one whose memory meets a
     /// burst request's runs after it, as it would have had the burst run
     /// whole.
-    pub(crate) fn behind_burst(&self, desc: &Desc) -> bool {
+    ///
+    /// Memory is compared as the client names it and as the host maps it:
+    /// two IOVAs may reach the same memory. A range the host cannot show
+    /// as one mapping is taken to meet the burst (it waits).
+    pub(crate) fn behind_burst(&self, desc: &Desc, dma: &mut dyn Dma<'_>) -> bool {
         let session = session_of(desc);
         let reaches = reaches(desc);
+        // Host addresses of what it reaches (`None`: not known).
+        let host: Vec<Option<(u64, u64, bool)>> = reaches
+            .iter()
+            .map(|&(at, n, written)| {
+                if n == 0 {
+                    return Some((0, 0, written));
+                }
+                let access = if written { Access::Write } else { Access::Read };
+                dma.slice(at, n, access)
+                    .or_else(|| dma.slice(at, n, Access::Read))
+                    .map(|s| (s.as_ptr() as u64, n, written))
+            })
+            .collect();
         self.pending.iter().any(|p| {
             let len = p.src.len() as u64;
+            let (hs, hd) = (p.src.as_ptr() as u64, p.dst.as_ptr() as u64);
             Some(p.session) == session
                 || reaches.iter().any(|&(at, n, written)| {
                     meets(at, n, p.at.1, len) || (written && meets(at, n, p.at.0, len))
+                })
+                || host.iter().any(|h| match *h {
+                    Some((at, n, written)) => {
+                        meets(at, n, hd, len) || (written && meets(at, n, hs, len))
+                    }
+                    None => true,
                 })
         })
     }
@@ -454,7 +478,16 @@ impl SecQueue {
         // Each request's bytes in this round, and its outcome.
         let mut round: Vec<(usize, Result<(), i32>)> = pending
             .iter()
-            .map(|p| ((p.src.len() as u64 - p.done).min(share) as usize, Ok(())))
+            .map(|p| {
+                let len = p.src.len() as u64;
+                // A request up to a lane runs whole in its first round
+                // (as before rounds), however many share the burst.
+                let n = match len <= LANE {
+                    true => len - p.done,
+                    false => (len - p.done).min(share),
+                };
+                (n as usize, Ok(()))
+            })
             .collect();
         if let ([p], [(n, r)]) = (&mut pending[..], &mut round[..]) {
             *r = self.sessions.get(p.session).and_then(|s| {
