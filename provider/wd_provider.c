@@ -175,7 +175,10 @@ struct wd_counts {
 static __attribute__((noinline, cold)) void wd_flush_counts(struct wd_counts *c)
 {
 	for (int r = 1; r <= 4; r++) {
-		if (c->req[r] != 0) {
+		/* (Bytes alone too: an inline GCM message's come with its
+		 * updates, after its request was counted and maybe handed
+		 * over.) */
+		if (c->req[r] != 0 || c->bytes[r] != 0) {
 			wd_crypto_count_cpu(c->req[r], c->bytes[r], r);
 			c->req[r] = c->bytes[r] = 0;
 		}
@@ -1666,6 +1669,25 @@ static void wd_dthread_end(int locked)
 	}
 }
 
+/* A forked child has only the thread that forked: the others' storage
+ * on the list is the parent's (their counts are the parent's to hand
+ * over), and the locks may have been held by threads not here. (Handlers
+ * of a module go with it when it is unloaded.) */
+static void wd_dthreads_after_fork(void)
+{
+	pthread_mutex_init(&wd_dcount_lock, NULL);
+	pthread_mutex_init(&wd_cpu_lock, NULL);
+	struct wd_dthread *t = &wd_this_thread;
+	wd_dthreads = t->listed ? t : NULL;
+	t->next = NULL;
+}
+
+static pthread_once_t wd_fork_once = PTHREAD_ONCE_INIT;
+static void wd_fork_handlers(void)
+{
+	(void)pthread_atfork(NULL, NULL, wd_dthreads_after_fork);
+}
+
 static void wd_dthread_at_exit(void *unused)
 {
 	(void)unused;
@@ -1743,9 +1765,13 @@ static void wd_cpu_dinit(void)
 		wd_cpu_dimpl_ok[i] = wd_cpu_dlookup(wd_digest_names[i], &wd_cpu_dimpls[i]);
 }
 
-/* The default provider's implementation of digest `index`, or NULL. */
+/* The default provider's implementation of digest `index`, or NULL. Its
+ * functions are libcrypto's own and stay; the provider context they are
+ * given (wd_cpu_provctx) is made again for a later instance, by
+ * wd_cpu_init. */
 static const struct wd_cpu_dimpl *wd_cpu_digest(int index)
 {
+	wd_cpu_init();
 	pthread_once(&wd_cpu_donce, wd_cpu_dinit);
 	return wd_cpu_dimpl_ok[index] ? &wd_cpu_dimpls[index] : NULL;
 }
@@ -2172,6 +2198,7 @@ int OSSL_provider_init(const OSSL_CORE_HANDLE *handle, const OSSL_DISPATCH *in,
 	if (fallback >= 0)
 		wd_crypto_set_fallback(fallback);
 	wd_fallback_on = wd_crypto_get_fallback();
+	pthread_once(&wd_fork_once, wd_fork_handlers);
 	pthread_mutex_lock(&wd_dcount_lock);
 	wd_instances++;
 	pthread_mutex_unlock(&wd_dcount_lock);

@@ -749,6 +749,47 @@ static void gcm_inline_bytes_counted(void)
 	      (unsigned long long)bytes);
 }
 
+/* 4096 inline AES-GCM messages of 100 bytes on one context, then the
+ * context freed: wd_crypto_get_stats counts 4096 CPU requests and
+ * 409600 bytes. The 4096th message's count hands the counts over at its
+ * start (wd_count at 4096); its bytes, added by its update afterwards,
+ * sit beside a request count of 0, which wd_flush_counts skips: they were
+ * never counted. Inline messages only (the default settings: below the
+ * threshold). */
+static void gcm_inline_bytes_all_counted(void)
+{
+	if (wd_crypto_get_threshold() <= 100 && wd_crypto_get_policy() != WD_CRYPTO_POLICY_CPU)
+		return;
+	EVP_CIPHER *c = EVP_CIPHER_fetch(NULL, "AES-128-GCM", "provider=wd");
+	CHECK(c != NULL, "fetch AES-128-GCM");
+	if (c == NULL)
+		return;
+	unsigned char key[16] = {1}, iv[12] = {2}, in[100], out[100], tag[16];
+	fill(in, sizeof in);
+	struct wd_crypto_stats s0, s1;
+	wd_crypto_get_stats(&s0);
+	EVP_CIPHER_CTX *x = EVP_CIPHER_CTX_new();
+	int ok = EVP_EncryptInit_ex2(x, c, key, iv, NULL);
+	for (int i = 0; ok && i < 4096; i++) {
+		int l = 0, f = 0;
+		iv[11] = (unsigned char)i;
+		iv[10] = (unsigned char)(i >> 8);
+		ok = EVP_EncryptInit_ex2(x, NULL, NULL, iv, NULL) &&
+		     EVP_EncryptUpdate(x, out, &l, in, sizeof in) && l == (int)sizeof in &&
+		     EVP_EncryptFinal_ex(x, out + l, &f) &&
+		     EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_GET_TAG, 16, tag) > 0;
+	}
+	CHECK(ok, "4096 GCM messages");
+	EVP_CIPHER_CTX_free(x);
+	wd_crypto_get_stats(&s1);
+	uint64_t req = s1.cpu_requests - s0.cpu_requests;
+	uint64_t bytes = s1.cpu_bytes - s0.cpu_bytes;
+	CHECK(req == 4096, "%llu requests counted", (unsigned long long)req);
+	CHECK(bytes == 4096 * 100, "%llu bytes counted, not %u", (unsigned long long)bytes,
+	      4096 * 100);
+	EVP_CIPHER_free(c);
+}
+
 static const char *prov_dir;
 
 /* A load refused for a setting that does not parse changes nothing: the
@@ -811,6 +852,7 @@ static const struct test tests[] = {
 	{"data_without_iv", data_without_iv},
 	{"gcm_taglen_after_encrypt", gcm_taglen_after_encrypt},
 	{"gcm_inline_bytes_counted", gcm_inline_bytes_counted},
+	{"gcm_inline_bytes_all_counted", gcm_inline_bytes_all_counted},
 	{"refused_load_applies_nothing", refused_load_applies_nothing},
 };
 
