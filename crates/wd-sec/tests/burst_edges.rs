@@ -133,8 +133,8 @@ fn thirty_two_requests_of_64_kib_finish_in_their_first_round() {
     mem.put(src, &plain);
     let dst = |i: usize| BASE + 0x20_0000 + (i * LEN) as u64;
     q.batch(N);
-    for i in 0..N {
-        let mut d = cipher(s[i], F_ENCRYPT | F_IV, src, dst(i), LEN, &iv).encode();
+    for (i, &session) in s.iter().enumerate() {
+        let mut d = cipher(session, F_ENCRYPT | F_IV, src, dst(i), LEN, &iv).encode();
         assert_eq!(q.start(i as u64, &mut d, &mut mem), Started::Held);
     }
     let mut done = Vec::new();
