@@ -883,11 +883,19 @@ pub fn is_out_of_descriptors(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
-/// Run `child` in every child process created by fork, before fork returns
-/// there. Used to invalidate queues that belong to the parent.
-pub fn on_fork_child(child: extern "C" fn()) -> Result<()> {
-    // SAFETY: registering a plain C function pointer.
-    let r = unsafe { libc::pthread_atfork(None, None, Some(child)) };
+/// Around every fork: `prepare` in the forking thread before it, then
+/// `parent` in the parent and `child` in the child, before fork returns
+/// there. Used to invalidate queues that belong to the parent, and to
+/// hold a lock across the fork (another thread holding it at the fork
+/// leaves it held for ever in the child).
+pub fn on_fork(
+    prepare: Option<extern "C" fn()>,
+    parent: Option<extern "C" fn()>,
+    child: Option<extern "C" fn()>,
+) -> Result<()> {
+    let c = |f: Option<extern "C" fn()>| f.map(|f| f as unsafe extern "C" fn());
+    // SAFETY: registering plain C function pointers.
+    let r = unsafe { libc::pthread_atfork(c(prepare), c(parent), c(child)) };
     if r != 0 {
         return Err(SysError::Call {
             call: "pthread_atfork",

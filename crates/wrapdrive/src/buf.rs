@@ -1,9 +1,10 @@
 //! The process-wide allocator of shareable memory, and an owned buffer type.
 #![allow(unsafe_code)]
 
+use std::cell::RefCell;
 use std::os::fd::{BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use wd_sys::devmem::DeviceSlice;
 
 use wd_mem::{Allocator, Location};
@@ -13,6 +14,33 @@ use crate::{ClientError, Result};
 
 /// The allocator and the fork generation it belongs to.
 static ALLOCATOR: Mutex<Option<(u64, Allocator)>> = Mutex::new(None);
+
+type AllocatorGuard = MutexGuard<'static, Option<(u64, Allocator)>>;
+
+thread_local! {
+    /// The allocator's lock, held by the forking thread across a fork.
+    static HELD_FOR_FORK: RefCell<Option<AllocatorGuard>> = const { RefCell::new(None) };
+}
+
+/// Before a fork (the fork hook, in the forking thread): take the
+/// allocator's lock, so that no other thread holds it when the child is
+/// made (there it would stay held for ever, by a thread the child does
+/// not have).
+pub(crate) extern "C" fn before_fork() {
+    let _ = HELD_FOR_FORK.try_with(|h| {
+        let mut h = h.borrow_mut();
+        // (Once: a hook registered twice runs twice.)
+        if h.is_none() {
+            *h = Some(ALLOCATOR.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+    });
+}
+
+/// After a fork, in the parent and in the child (the same thread): let go
+/// of the lock `before_fork` took.
+pub(crate) extern "C" fn after_fork() {
+    let _ = HELD_FOR_FORK.try_with(|h| h.borrow_mut().take());
+}
 
 fn with<T>(f: impl FnOnce(&mut Allocator) -> T) -> T {
     let mut g = ALLOCATOR.lock().unwrap_or_else(|e| e.into_inner());

@@ -135,6 +135,7 @@ const HOOK_REGISTERING: u8 = 1;
 const HOOK_DONE: u8 = 2;
 
 extern "C" fn after_fork_in_child() {
+    buf::after_fork();
     FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
     // Handlers are inherited: registered here too, whatever the parent's
     // registering thread had got to.
@@ -192,7 +193,11 @@ fn register_fork_hook() {
             }
         }
     }
-    let _ = wd_sys::on_fork_child(after_fork_in_child);
+    let _ = wd_sys::on_fork(
+        Some(buf::before_fork),
+        Some(buf::after_fork),
+        Some(after_fork_in_child),
+    );
     // Release: pairs with the Acquire loads above and in fork_generation.
     FORK_HOOK.store(HOOK_DONE, Ordering::Release);
 }
