@@ -231,13 +231,6 @@ impl Stream {
         self.broken = true;
     }
 
-    /// A part after the first of a step failed with `e` (see `failed`):
-    /// for a caller running a step part by part ([`Stream::run_part`]),
-    /// which ends the step with what the earlier parts did.
-    pub fn fail_later(&mut self, e: CodecError) {
-        self.failed = Some(e);
-    }
-
     /// The algorithm.
     pub fn alg(&self) -> Algorithm {
         self.alg
@@ -268,15 +261,9 @@ impl Stream {
             let rest = &mut out[done.produced..];
             let more_room = rest.len() > PART_OUT;
             let room = rest.len().min(PART_OUT);
+            let earlier = done.consumed + done.produced > 0;
             let (step, finished) =
-                match self.run_part(part, last, &mut rest[..room], more_room, flush) {
-                    Ok(r) => r,
-                    Err(e) if done.consumed + done.produced > 0 => {
-                        self.fail_later(e);
-                        return Ok(done);
-                    }
-                    Err(e) => return Err(e),
-                };
+                self.run_part(part, last, &mut rest[..room], more_room, earlier, flush)?;
             done.consumed += step.consumed;
             done.produced += step.produced;
             done.end = step.end;
@@ -294,19 +281,32 @@ impl Stream {
     /// stream ended, nothing moved, or the part stopped for a reason of
     /// the step's own (all its input taken, or its room full) rather than
     /// the part's output limit.
+    ///
+    /// `earlier`: parts before it in this step took input or made output.
+    /// A codec error then ends the step with what they did (nothing more,
+    /// finished), as zlib delivers what came before corrupt data, and
+    /// every later step fails with it (`failed`).
     pub fn run_part(
         &mut self,
         part: &[u8],
         last: bool,
         out: &mut [u8],
         more_room: bool,
+        earlier: bool,
         flush: Flush,
     ) -> Result<(Step, bool), CodecError> {
         if part.len() > self.part || out.len() > PART_OUT {
             return Err(CodecError::Param);
         }
         let flush = if last { flush } else { Flush::None };
-        let step = self.run_once(part, out, flush)?;
+        let step = match self.run_once(part, out, flush) {
+            Ok(s) => s,
+            Err(e) if earlier => {
+                self.failed = Some(e);
+                return Ok((Step::default(), true));
+            }
+            Err(e) => return Err(e),
+        };
         let capped = more_room && step.produced == out.len();
         let all_in = last && step.consumed == part.len();
         let stalled = step.consumed == 0 && step.produced == 0;

@@ -312,7 +312,6 @@ impl ZipQueue {
             (op.dst, op.dst_len),
             op.flush,
             None,
-            false,
             dma,
         )?;
         Ok(Done {
@@ -337,19 +336,15 @@ impl ZipQueue {
     /// the step fails with -EIO, which a stall does not retry with input
     /// the session already took.
     ///
-    /// A part after the first (`part` with `earlier`: parts before took
-    /// input or made output) that fails in the codec ends the step with
-    /// what those did, and the session fails every later step (see
-    /// `Stream::fail_later`).
-    #[allow(clippy::too_many_arguments)]
+    /// `part`: one part of a cut step, as `Stream::run_part` takes it
+    /// (last, more room, earlier parts did something).
     fn step(
         &mut self,
         session: u64,
         (src, len): (u64, u64),
         (dst, room): (u64, u64),
         flush: Flush,
-        part: Option<(bool, bool)>,
-        earlier: bool,
+        part: Option<(bool, bool, bool)>,
         dma: &mut dyn Dma<'_>,
     ) -> Result<(wd_zip_codec::Step, bool), i32> {
         self.stage(src, len, room, dma)?;
@@ -361,15 +356,11 @@ impl ZipQueue {
         let (input, output) = (&self.input, &mut self.output);
         let (step, finished) = match part {
             None => s.run(input, output, flush).map(|step| (step, true)),
-            Some((last, more_room)) => s.run_part(input, last, output, more_room, flush),
-        }
-        .or_else(|e| match earlier {
-            true => {
-                s.fail_later(e);
-                Ok((wd_zip_codec::Step::default(), true))
+            Some((last, more_room, earlier)) => {
+                s.run_part(input, last, output, more_room, earlier, flush)
             }
-            false => Err(CodecError::status(e)),
-        })?;
+        }
+        .map_err(CodecError::status)?;
         if write_out(dma, dst, &self.output[..step.produced]).is_err() {
             s.break_off();
             return Err(status::EIO);
@@ -465,10 +456,9 @@ impl ZipQueue {
                 let cap = room.min(PART_OUT as u64);
                 let input = (op.src + cut.consumed, n);
                 let output = (op.dst + cut.produced, cap);
-                let part = Some((last, room > cap));
-                let earlier = cut.consumed + cut.produced > 0;
+                let part = Some((last, room > cap, cut.consumed + cut.produced > 0));
                 let (step, finished) =
-                    match self.step(op.session, input, output, op.flush, part, earlier, dma) {
+                    match self.step(op.session, input, output, op.flush, part, dma) {
                         Ok(r) => r,
                         // Memory failing before a later part ran ends the step
                         // with what the parts before did, as a step whose
