@@ -71,10 +71,11 @@ const FULL: usize = 16;
 /// finish in one round.
 const LANE: u64 = MIN_PIECE;
 
-/// Bytes a round encrypts in all: a full burst's lanes. At the speed a
-/// whole burst of 16 x 1 MiB showed (about 2 ms), about 125 us, under what
-/// a long request's piece ([`PIECE`], on libcrypto's single stream) takes.
-/// More requests than [`FULL`] share it.
+/// Bytes a round encrypts in all: a full burst's lanes. At the rate the
+/// multi-buffer engine reached on many buffers here (about 8 GB/s, issue
+/// 11's measurement; not timed per round), about 130 us, under the
+/// 256 KiB of a long request's piece ([`PIECE`]) on libcrypto's single
+/// stream (about 1.4 GB/s: 190 us). More requests than [`FULL`] share it.
 const ROUND: u64 = FULL as u64 * LANE;
 
 /// A client that keeps many requests in flight submits them one by one as
