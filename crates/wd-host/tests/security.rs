@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 use wd_dummy_msg::CopyMsg;
 use wd_host::config::Limits;
 use wd_host::{DeviceConfig, Host, HostConfig};
@@ -142,17 +144,7 @@ fn attacker() -> i32 {
     let victim = std::env::var("WD_VICTIM").unwrap();
     let secret = std::env::var("WD_SECRET_FILE").unwrap();
     let flag_file = std::env::var("WD_FLAG_FILE").unwrap();
-    let sock = std::os::unix::net::UnixStream::connect(&socket).unwrap();
-    let mut ch = wd_ipc::Channel::new(sock);
-    ch.call(
-        &Message::Hello {
-            version: wd_proto::PROTOCOL_VERSION,
-            client_pid: 0,
-        },
-        1,
-        &[],
-    )
-    .unwrap();
+    let mut ch = common::hello(std::os::unix::net::UnixStream::connect(&socket).unwrap());
     PROBE.store(0x1234_5678_9abc_def0, std::sync::atomic::Ordering::SeqCst);
     let mem = wd_sys::process_mem::open_self_mem().unwrap();
     let f = ch

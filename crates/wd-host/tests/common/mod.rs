@@ -12,7 +12,11 @@ pub fn raw_connect(host: &Host) -> wd_ipc::Channel {
     use std::os::linux::net::SocketAddrExt;
     let name = host.address().strip_prefix('@').expect("abstract address");
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
-    let sock = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+    hello(std::os::unix::net::UnixStream::connect_addr(&addr).unwrap())
+}
+
+/// A raw control channel on `sock`, past Hello.
+pub fn hello(sock: std::os::unix::net::UnixStream) -> wd_ipc::Channel {
     let mut ch = wd_ipc::Channel::new(sock);
     ch.call(
         &Message::Hello {
