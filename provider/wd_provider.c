@@ -2126,6 +2126,66 @@ static const char *wd_setting(struct wd_prov *p, const char *key, const char *en
 	return NULL;
 }
 
+/* The provider's settings as given (-1, or threshold_given 0, where not). */
+struct wd_settings {
+	int threshold_given;
+	size_t threshold;
+	int policy, fallback;
+};
+
+/* Index of `v` in `words` (n of them, compared without case), else -1. */
+static int wd_word(const char *v, const char *const *words, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (OPENSSL_strcasecmp(v, words[i]) == 0)
+			return i;
+	return -1;
+}
+
+/* Parse the settings (wd_setting). A setting that does not parse refuses
+ * the load, naming it (as OpenSSL's own configuration errors do), rather
+ * than running with something the user did not ask for: 0, and the error
+ * raised. */
+static int wd_parse_settings(struct wd_prov *p, struct wd_settings *s)
+{
+	*s = (struct wd_settings){0, 0, -1, -1};
+	const char *t = wd_setting(p, "threshold", "WD_PROVIDER_THRESHOLD");
+	if (t != NULL) {
+		char *end;
+		errno = 0;
+		unsigned long long v = strtoull(t, &end, 10);
+		if (*t < '0' || *t > '9' || *end != '\0' || errno != 0) {
+			ERR_raise_data(ERR_LIB_PROV, ERR_R_PASSED_INVALID_ARGUMENT,
+				       "wd provider: threshold '%s' is not a byte count", t);
+			return 0;
+		}
+		s->threshold = (size_t)v;
+		s->threshold_given = 1;
+	}
+	/* In WD_CRYPTO_POLICY_* order. */
+	static const char *const policies[] = {"auto", "offload", "cpu"};
+	const char *pol = wd_setting(p, "policy", "WD_PROVIDER_POLICY");
+	if (pol != NULL && (s->policy = wd_word(pol, policies, 3)) < 0) {
+		ERR_raise_data(ERR_LIB_PROV, ERR_R_PASSED_INVALID_ARGUMENT,
+			       "wd provider: policy '%s' is not auto, offload or cpu", pol);
+		return 0;
+	}
+	/* Off, then on: a word's index / 4. */
+	static const char *const onoff[] = {"0", "no", "off", "false", "1", "yes", "on", "true"};
+	const char *fb = wd_setting(p, "fallback", "WD_PROVIDER_FALLBACK");
+	if (fb != NULL) {
+		int i = wd_word(fb, onoff, 8);
+		if (i < 0) {
+			ERR_raise_data(ERR_LIB_PROV, ERR_R_PASSED_INVALID_ARGUMENT,
+				       "wd provider: fallback '%s' is not 1/yes/on/true or 0/no/off/false",
+				       fb);
+			return 0;
+		}
+		s->fallback = i / 4;
+	}
+	return 1;
+}
+
 int OSSL_provider_init(const OSSL_CORE_HANDLE *handle, const OSSL_DISPATCH *in,
 		       const OSSL_DISPATCH **out, void **provctx)
 {
@@ -2136,67 +2196,20 @@ int OSSL_provider_init(const OSSL_CORE_HANDLE *handle, const OSSL_DISPATCH *in,
 	for (; in->function_id != 0; in++)
 		if (in->function_id == OSSL_FUNC_CORE_GET_PARAMS)
 			p->core_get_params = OSSL_FUNC_core_get_params(in);
-	/* A setting that does not parse refuses the load, naming it (as
-	 * OpenSSL's own configuration errors do), rather than running with
-	 * something the user did not ask for. Nothing is applied before
-	 * every setting parsed: a refused load leaves the library's settings
-	 * (which other instances and users share) as they were. */
-	size_t threshold = 0;
-	int have_threshold = 0, policy = -1;
-	const char *t = wd_setting(p, "threshold", "WD_PROVIDER_THRESHOLD");
-	if (t != NULL) {
-		char *end;
-		errno = 0;
-		unsigned long long v = strtoull(t, &end, 10);
-		if (*t < '0' || *t > '9' || *end != '\0' || errno != 0) {
-			ERR_raise_data(ERR_LIB_PROV, ERR_R_PASSED_INVALID_ARGUMENT,
-				       "wd provider: threshold '%s' is not a byte count", t);
-			OPENSSL_free(p);
-			return 0;
-		}
-		threshold = (size_t)v;
-		have_threshold = 1;
+	/* Nothing is applied before every setting parsed: a refused load
+	 * leaves the library's settings (which other instances and users
+	 * share) as they were. */
+	struct wd_settings set;
+	if (!wd_parse_settings(p, &set)) {
+		OPENSSL_free(p);
+		return 0;
 	}
-	const char *pol = wd_setting(p, "policy", "WD_PROVIDER_POLICY");
-	if (pol != NULL) {
-		if (strcmp(pol, "offload") == 0)
-			policy = WD_CRYPTO_POLICY_OFFLOAD;
-		else if (strcmp(pol, "cpu") == 0)
-			policy = WD_CRYPTO_POLICY_CPU;
-		else if (strcmp(pol, "auto") == 0)
-			policy = WD_CRYPTO_POLICY_AUTO;
-		else {
-			ERR_raise_data(ERR_LIB_PROV, ERR_R_PASSED_INVALID_ARGUMENT,
-				       "wd provider: policy '%s' is not auto, offload or cpu", pol);
-			OPENSSL_free(p);
-			return 0;
-		}
-	}
-	int fallback = -1;
-	const char *fb = wd_setting(p, "fallback", "WD_PROVIDER_FALLBACK");
-	if (fb != NULL) {
-		static const char *const off[] = {"0", "no", "off", "false"};
-		static const char *const on[] = {"1", "yes", "on", "true"};
-		for (int i = 0; i < 4; i++) {
-			if (OPENSSL_strcasecmp(fb, off[i]) == 0)
-				fallback = 0;
-			if (OPENSSL_strcasecmp(fb, on[i]) == 0)
-				fallback = 1;
-		}
-		if (fallback < 0) {
-			ERR_raise_data(ERR_LIB_PROV, ERR_R_PASSED_INVALID_ARGUMENT,
-				       "wd provider: fallback '%s' is not 1/yes/on/true or 0/no/off/false",
-				       fb);
-			OPENSSL_free(p);
-			return 0;
-		}
-	}
-	if (have_threshold)
-		wd_crypto_set_threshold(threshold);
-	if (policy >= 0)
-		wd_crypto_set_policy(policy);
-	if (fallback >= 0)
-		wd_crypto_set_fallback(fallback);
+	if (set.threshold_given)
+		wd_crypto_set_threshold(set.threshold);
+	if (set.policy >= 0)
+		wd_crypto_set_policy(set.policy);
+	if (set.fallback >= 0)
+		wd_crypto_set_fallback(set.fallback);
 	wd_fallback_on = wd_crypto_get_fallback();
 	pthread_once(&wd_fork_once, wd_fork_handlers);
 	pthread_mutex_lock(&wd_dcount_lock);
