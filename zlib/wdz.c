@@ -2086,14 +2086,19 @@ int deflate(z_streamp strm, int flush)
     }
     if (r) {
         int big = r->gather_len + strm->avail_in > gather_max(r);
+        Bytef *out = strm->next_out;
         int ret = r->phase == GATHER || r->lazy ? spill(r, strm, big) : ensure_real(strm);
         if (ret != Z_OK)
             return ret;
-        if (r->phase == DRAIN)
-            return deflate(strm, flush);
         /* After ensure_real: zlib's init resets the stream, which
          * marks it fresh. */
-        r->phase = ZLIB;
+        if (r->phase != DRAIN)
+            r->phase = ZLIB;
+        ret = r->phase == DRAIN ? deflate(strm, flush) : deflate_on(r, strm, flush);
+        /* What spill() wrote of the gathered input is this call's
+         * progress, even if the room it took leaves none for the rest
+         * (zlib's Z_OK). */
+        return ret == Z_BUF_ERROR && strm->next_out != out ? Z_OK : ret;
     }
     return deflate_on(r, strm, flush);
 }

@@ -638,6 +638,55 @@ static void params_function_change_no_room(void)
                 }
 }
 
+/* A flush with a few bytes of room, after input the shim gathered (no
+ * output yet): the gathered input goes to zlib, whose first bytes fill
+ * the room. That is progress, zlib's Z_OK; the shim answered
+ * Z_BUF_ERROR because the rest found no room. Every flush mode and room
+ * from 1 to 3 bytes, in zlib and raw framing; then the stream is finished
+ * and the reference decodes it. */
+static void flush_with_little_room(void)
+{
+    enum { N = 1000, CAP = 4096 };
+    static unsigned char in[N], out[CAP], rout[CAP], back[N];
+    text_bytes(in, N, 5);
+    static const int flushes[] = {Z_PARTIAL_FLUSH, Z_SYNC_FLUSH, Z_FULL_FLUSH, Z_BLOCK, Z_FINISH};
+    static const int wbits[] = {15, -15};
+    for (int w = 0; w < 2; w++)
+        for (size_t f = 0; f < sizeof flushes / sizeof *flushes; f++)
+            for (uInt room = 1; room <= 3; room++) {
+                z_stream s, r;
+                memset(&s, 0, sizeof s);
+                memset(&r, 0, sizeof r);
+                if (deflateInit2(&s, 1, Z_DEFLATED, wbits[w], 8, Z_DEFAULT_STRATEGY) != Z_OK ||
+                    ref.deflateInit2_(&r, 1, Z_DEFLATED, wbits[w], 8, Z_DEFAULT_STRATEGY,
+                                      ZLIB_VERSION, (int)sizeof r) != Z_OK)
+                    exit(2);
+                s.next_in = r.next_in = in;
+                s.avail_in = r.avail_in = N;
+                s.next_out = out;
+                r.next_out = rout;
+                s.avail_out = r.avail_out = CAP;
+                int ret = deflate(&s, Z_NO_FLUSH), rret = ref.deflate(&r, Z_NO_FLUSH);
+                EXPECT(ret == rret, "Z_NO_FLUSH: shim %d, zlib %d", ret, rret);
+                s.avail_out = r.avail_out = room;
+                ret = deflate(&s, flushes[f]);
+                rret = ref.deflate(&r, flushes[f]);
+                EXPECT(ret == rret, "windowBits %d: deflate(%d) with %u bytes of room: shim %d, zlib %d",
+                       wbits[w], flushes[f], room, ret, rret);
+                s.avail_out = (uInt)(CAP - s.total_out);
+                while ((ret = deflate(&s, Z_FINISH)) == Z_OK)
+                    ;
+                size_t n = ret == Z_STREAM_END
+                               ? ref_decode(wbits[w], out, s.total_out, back, sizeof back)
+                               : (size_t)-1;
+                EXPECT(n == N && memcmp(back, in, N) == 0,
+                       "windowBits %d, flush %d, room %u: deflate(Z_FINISH) %d; zlib decodes %zd of %d bytes",
+                       wbits[w], flushes[f], room, ret, (ssize_t)n, N);
+                deflateEnd(&s);
+                ref.deflateEnd(&r);
+            }
+}
+
 /* inflate returns Z_NEED_DICT from inside its state machine, without the
  * accounting a call ends with: the header it read leaves next_in and
  * avail_in but is not added to total_in (zlib 1.2.13 and later alike),
@@ -928,6 +977,7 @@ static const struct {
     {"set_dictionary_after_first_deflate", set_dictionary_after_first_deflate},
     {"repeated_flush_after_handoff", repeated_flush_after_handoff},
     {"params_function_change_no_room", params_function_change_no_room},
+    {"flush_with_little_room", flush_with_little_room},
     {"need_dict_total_in", need_dict_total_in},
     {"scratch_released_after_large_streams", scratch_released_after_large_streams},
     {"gzoffset_while_writing", gzoffset_while_writing},
