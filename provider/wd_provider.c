@@ -2112,18 +2112,33 @@ static const OSSL_DISPATCH wd_prov_fns[] = {
 };
 
 /* A setting from the environment, else the provider's config section. */
-static const char *wd_setting(struct wd_prov *p, const char *key, const char *env)
+static const char *wd_setting(struct wd_prov *p, const char *key, const char *env, char *buf,
+			      size_t n)
 {
 	const char *v = getenv(env);
-	if (v != NULL)
-		return v;
-	if (p->core_get_params == NULL)
+	if (v == NULL && p->core_get_params != NULL) {
+		char *val = NULL;
+		OSSL_PARAM req[] = {OSSL_PARAM_utf8_ptr(key, &val, 0), OSSL_PARAM_END};
+		if (p->core_get_params(p->handle, req))
+			v = val;
+	}
+	if (v == NULL)
 		return NULL;
-	char *val = NULL;
-	OSSL_PARAM req[] = {OSSL_PARAM_utf8_ptr(key, &val, 0), OSSL_PARAM_END};
-	if (p->core_get_params(p->handle, req) && val != NULL)
-		return val;
-	return NULL;
+	/* Surrounding blanks are dropped, as the library's WD_CRYPTO_* are. A
+	 * value too long for `buf` keeps its cut end, so it cannot parse. */
+	while (*v == ' ' || *v == '\t' || *v == '\n')
+		v++;
+	size_t len = strlen(v);
+	if (len >= n) {
+		memcpy(buf, v, n - 1);
+		buf[n - 1] = '\0';
+		return buf;
+	}
+	while (len > 0 && (v[len - 1] == ' ' || v[len - 1] == '\t' || v[len - 1] == '\n'))
+		len--;
+	memcpy(buf, v, len);
+	buf[len] = '\0';
+	return buf;
 }
 
 /* The provider's settings as given (-1, or threshold_given 0, where not). */
@@ -2149,7 +2164,8 @@ static int wd_word(const char *v, const char *const *words, int n)
 static int wd_parse_settings(struct wd_prov *p, struct wd_settings *s)
 {
 	*s = (struct wd_settings){0, 0, -1, -1};
-	const char *t = wd_setting(p, "threshold", "WD_PROVIDER_THRESHOLD");
+	char tb[64], pb[64], fbb[64];
+	const char *t = wd_setting(p, "threshold", "WD_PROVIDER_THRESHOLD", tb, sizeof(tb));
 	if (t != NULL) {
 		char *end;
 		errno = 0;
@@ -2164,7 +2180,7 @@ static int wd_parse_settings(struct wd_prov *p, struct wd_settings *s)
 	}
 	/* In WD_CRYPTO_POLICY_* order. */
 	static const char *const policies[] = {"auto", "offload", "cpu"};
-	const char *pol = wd_setting(p, "policy", "WD_PROVIDER_POLICY");
+	const char *pol = wd_setting(p, "policy", "WD_PROVIDER_POLICY", pb, sizeof(pb));
 	if (pol != NULL && (s->policy = wd_word(pol, policies, 3)) < 0) {
 		ERR_raise_data(ERR_LIB_PROV, ERR_R_PASSED_INVALID_ARGUMENT,
 			       "wd provider: policy '%s' is not auto, offload or cpu", pol);
@@ -2172,7 +2188,7 @@ static int wd_parse_settings(struct wd_prov *p, struct wd_settings *s)
 	}
 	/* Off, then on: a word's index / 4. */
 	static const char *const onoff[] = {"0", "no", "off", "false", "1", "yes", "on", "true"};
-	const char *fb = wd_setting(p, "fallback", "WD_PROVIDER_FALLBACK");
+	const char *fb = wd_setting(p, "fallback", "WD_PROVIDER_FALLBACK", fbb, sizeof(fbb));
 	if (fb != NULL) {
 		int i = wd_word(fb, onoff, 8);
 		if (i < 0) {

@@ -50,7 +50,7 @@ fn init() {
             }
         }
         if let Ok(v) = std::env::var("WD_CRYPTO_POLICY") {
-            let p = match v.trim() {
+            let p = match v.trim().to_ascii_lowercase().as_str() {
                 "offload" => Some(Policy::Offload),
                 "cpu" => Some(Policy::Cpu),
                 "auto" => Some(Policy::Auto),
