@@ -1694,8 +1694,10 @@ static void wd_dthread_at_exit(void *unused)
 	wd_dthread_end(0);
 }
 
-/* The key lives while a provider instance does: the last teardown deletes
- * it, so no thread's exit calls into a module that may be unloaded. */
+/* The key lives while a provider instance does: the last teardown hands
+ * over every thread's counts and deletes it. A destructor that had
+ * already started finishes in the module, which stays mapped after
+ * OpenSSL closes it (linked -z nodelete, scripts/build-provider.sh). */
 static int wd_instances, wd_dcount_key_live;
 /* Moves on each time the key is deleted, so that a thread sees its
  * registration was with a key since deleted (read without the lock: a
