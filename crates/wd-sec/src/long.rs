@@ -4,7 +4,8 @@
 //! engine is asynchronous, so a request longer than [`LONG`] is held here
 //! instead and run one piece per `poll` (each piece the request's own
 //! chained continuation), while the engine serves other queues between
-//! pieces.
+//! pieces. (A CBC encryption the queue gathers joins a burst instead,
+//! whose rounds bound it the same way: `mb.rs`.)
 #![allow(unsafe_code)]
 
 use wd_device::{cancelled, status, Access, DeviceSlice, Dma, Fault, FaultReason, HeldSlice};

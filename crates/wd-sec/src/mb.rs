@@ -185,10 +185,6 @@ impl Gathering {
     }
 }
 
-/// Bytes a multi-buffer request may have: a longer one is a long request
-/// (`long.rs`), held and run a piece per poll alone.
-const MB_MAX: u64 = 1 << 20;
-
 /// How a CBC encryption starts: from an IV (its own, or one a burst
 /// left), or (`None`) continuing the session's context. `Err` when it is
 /// malformed or continues nothing.
@@ -348,7 +344,10 @@ impl SecQueue {
         let Ok(Request::Cipher(op)) = msg::decode(desc) else {
             return None;
         };
-        if op.flags & F_ENCRYPT == 0 || op.len == 0 || op.len > MB_MAX {
+        // Of any length: rounds bound what one runs per poll, as a long
+        // request's pieces do (`long.rs`), and side by side with others it
+        // goes at the engine's rate on many buffers, not libcrypto's on one.
+        if op.flags & F_ENCRYPT == 0 || op.len == 0 {
             return None;
         }
         if self.pending.iter().any(|p| p.session == op.session) {

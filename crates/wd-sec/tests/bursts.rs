@@ -356,6 +356,82 @@ fn a_burst_gives_the_engine_back_between_rounds() {
     }
 }
 
+/// Encryptions over 1 MiB of four sessions sent together join one burst
+/// (they went to the long path, one at a time on libcrypto's single
+/// stream): a poll runs a round of each, 64 KiB side by side, the rest of
+/// each output untouched; then a round per poll until all are done, the
+/// bytes OpenSSL's, the odd lengths' last rounds short.
+#[test]
+fn requests_over_1_mib_join_a_burst() {
+    let Some(e) = mb_engine("requests_over_1_mib_join_a_burst") else {
+        return;
+    };
+    let mut q = SecQueue::with_engine(TYPE_CIPHER, Some(e));
+    let mut mem = mem(24 << 20, true);
+    let iv = [0x5au8; 16];
+    let lens = [3 * MIB, 4 * MIB, MIB + 16, 2 * MIB + 4096];
+    let keys: Vec<Vec<u8>> = (0..4)
+        .map(|k| vec![k as u8 + 7; [16, 24, 32, 16][k]])
+        .collect();
+    let sessions: Vec<u64> = keys
+        .iter()
+        .map(|k| session(&mut q, &mut mem, cbc(k), k))
+        .collect();
+    let plain = data(4 * MIB, 3);
+    let src = BASE + 0x1_0000;
+    mem.put(src, &plain);
+    let dst = |k: usize| src + ((4 * k as u64 + 4) << 20);
+    for (k, &n) in lens.iter().enumerate() {
+        mem.put(dst(k), &vec![UNTOUCHED; n]);
+    }
+    q.batch(4);
+    for (k, &s) in sessions.iter().enumerate() {
+        let mut d = cipher(s, F_ENCRYPT | F_IV, src, dst(k), lens[k], &iv).encode();
+        assert_eq!(q.start(k as u64, &mut d, &mut mem), Started::Held);
+    }
+    // Fewer than a full burst: it runs once no request came for a while.
+    std::thread::sleep(std::time::Duration::from_millis(1));
+    let mut out = Vec::new();
+    q.poll(&mut out);
+    assert!(out.is_empty(), "a request over 1 MiB finished in one poll");
+    for (k, &n) in lens.iter().enumerate() {
+        let got = mem.get(dst(k), n);
+        let want = openssl_crypt(
+            openssl_cbc(&keys[k]),
+            &keys[k],
+            Some(&iv),
+            &plain[..LANE],
+            true,
+        );
+        assert!(got[..LANE] == want[..], "request {k}: its first round");
+        assert!(
+            got[LANE..].iter().all(|&b| b == UNTOUCHED),
+            "request {k}: more than a round of a burst in one poll"
+        );
+    }
+    let mut polls = 1;
+    while q.in_flight() > 0 {
+        q.poll(&mut out);
+        polls += 1;
+        assert!(polls < 1000);
+    }
+    // A round runs at most 256 KiB of a request (one left alone).
+    assert!(polls >= 4 * MIB / (256 << 10), "4 MiB in {polls} polls");
+    assert_eq!(out.len(), 4);
+    for (k, d) in &out {
+        let k = *k as usize;
+        assert_eq!((d.status, d.result), (0, lens[k] as u64), "request {k}");
+        let want = openssl_crypt(
+            openssl_cbc(&keys[k]),
+            &keys[k],
+            Some(&iv),
+            &plain[..lens[k]],
+            true,
+        );
+        assert!(mem.get(dst(k), lens[k]) == want, "request {k}");
+    }
+}
+
 /// Teardown in the middle of a burst: a request that finished (and was
 /// not reported yet) comes back with its outcome; one a round has run is
 /// unfinished, as a long request stopped between pieces is: cancelled,
