@@ -60,7 +60,9 @@ struct wd_capa {
  * When the host restarts (same socket, within WD_RECONNECT_MS, default
  * 1000 ms), the library makes the queue again by itself with the same
  * memory shared, and sends again the requests in flight that are safe to
- * repeat (every memcpy request is); others complete with -ECONNRESET.
+ * repeat (a no-op, and a memcpy between ranges that do not overlap: an
+ * overlapping copy may have moved its own source); others complete with
+ * -ECONNRESET.
  * id and dev_name stay those of the first grant. */
 struct wd_queue {
 	uint32_t id;          /* host-wide queue id (at the first grant) */
@@ -103,7 +105,8 @@ struct wd_fault {
 struct wd_dummy_msg {
 	uint16_t opcode;      /* in: WD_DUMMY_OP_* */
 	uint16_t flags;       /* in: zero */
-	int32_t status;       /* out: 0, or -EFAULT (address not shared), -EINVAL, -EMSGSIZE */
+	int32_t status;       /* out: 0, or -EFAULT (address not shared), -EINVAL, -EMSGSIZE,
+	                         -EOPNOTSUPP (unknown opcode) */
 	uint64_t src;         /* in: source address */
 	uint64_t dst;         /* in: destination address */
 	uint64_t len;         /* in: bytes */

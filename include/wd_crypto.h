@@ -142,7 +142,8 @@ void wd_digest_free(struct wd_digest *d);
 #define WD_CRYPTO_POLICY_OFFLOAD 1 /* offload everything at or above the threshold */
 #define WD_CRYPTO_POLICY_CPU     2 /* compute everything here */
 
-/* Requests smaller than this run on the CPU; 0 = always offload. Also
+/* Requests smaller than this run on the CPU; 0 = none do for their size
+ * (the policy then decides every request: auto may still choose the CPU). Also
  * $WD_CRYPTO_THRESHOLD. */
 int wd_crypto_set_threshold(size_t bytes);
 /* Also $WD_CRYPTO_POLICY (auto, offload, cpu). */
@@ -215,14 +216,15 @@ static inline int wd_route_memo_reuses(size_t len)
 	return n > WD_ROUTE_MEMO_REUSE_MAX ? WD_ROUTE_MEMO_REUSE_MAX : (int)n;
 }
 
-/* WD_CPU_THRESHOLD or WD_CPU_POLICY when the settings alone keep a request
- * of len bytes on the CPU, else 0. */
+/* WD_CPU_POLICY or WD_CPU_THRESHOLD when the settings alone keep a request
+ * of len bytes on the CPU, else 0 (in the router's order: the cpu policy
+ * first, as wd_crypto_route answers and the library counts). */
 static inline int wd_route_memo_fixed(const struct wd_route_memo *m, size_t len)
 {
-	if (len < m->threshold)
-		return WD_CPU_THRESHOLD;
 	if (m->policy == WD_CRYPTO_POLICY_CPU)
 		return WD_CPU_POLICY;
+	if (len < m->threshold)
+		return WD_CPU_THRESHOLD;
 	return 0;
 }
 

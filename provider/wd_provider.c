@@ -12,7 +12,7 @@
  *
  * Parameters (environment, else the provider's config section):
  *   threshold  (WD_PROVIDER_THRESHOLD)  requests below it run on the CPU;
- *              0 = always offload; default: the library's (see wd_crypto.h)
+ *              0 = none (the policy decides); default: the library's (see wd_crypto.h)
  *   policy     (WD_PROVIDER_POLICY)     auto | offload | cpu
  *   fallback   (WD_PROVIDER_FALLBACK)   1 (default): no host means the CPU;
  *                                       0: requests above the threshold fail

@@ -52,6 +52,10 @@ if cargo tree --locked -p wrapdrive -e normal --prefix none | grep -qE '^(wd-hos
     cargo tree --locked -p wrapdrive -e normal; exit 1
 fi
 "$out/test_wd"
+# Arrays whose range wraps around the address space.
+cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude tests/c/test_wd_ranges.c \
+    -Ltarget/release -lwd -Wl,-rpath,"$PWD/target/release" -o "$out/test_wd_ranges"
+env -u WD_HOST "$out/test_wd_ranges"
 # The NVMe calls, on an in-process host with an nvme device.
 env -u WD_HOST "$out/test_nvme"
 # Across host restarts: a `wd serve` killed with requests in flight.
@@ -63,6 +67,10 @@ WD_BIN="$PWD/target/release/wd" "$out/test_reconnect"
 cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude tests/c/test_crypto_link.c \
     -Ltarget/release -lwd_crypto -lwd -Wl,-rpath,"$PWD/target/release" -o "$out/test_crypto_link"
 WD_HOST=embedded "$out/test_crypto_link"
+# Pointer ranges that wrap, and the routing memo's order.
+cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude tests/c/test_crypto_abi.c \
+    -Ltarget/release -lwd_crypto -lwd -Wl,-rpath,"$PWD/target/release" -o "$out/test_crypto_abi"
+"$out/test_crypto_abi"
 # Without libwd_embedded.so, an in-process host is refused clearly.
 mkdir -p "$out/no-embedded"
 cp target/release/libwd.so "$out/no-embedded/"

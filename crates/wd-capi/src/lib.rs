@@ -142,6 +142,16 @@ pub(crate) fn invalid(msg: &str) -> ClientError {
     ClientError::new(Status::Invalid, msg)
 }
 
+/// Whether an array of `n` entries at `p` would wrap around the address
+/// space, or be longer than any object can be (no array can be there:
+/// -EINVAL, as a shared range that wraps).
+pub(crate) fn array_wraps<T>(p: *const T, n: usize) -> bool {
+    n.checked_mul(std::mem::size_of::<T>())
+        .filter(|&b| b <= isize::MAX as usize)
+        .and_then(|b| (p as usize).checked_add(b))
+        .is_none()
+}
+
 pub(crate) fn host() -> Result<Arc<HostConn>, ClientError> {
     let mut g = HOST.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(h) = g.as_ref().filter(|h| !h.is_stale()) {
@@ -354,8 +364,10 @@ const BATCH_MAX: usize = 64;
 
 fn send_batch(q: *mut WdQueue, reqs: *const *mut c_void, n: usize) -> c_int {
     guard(|| {
-        if reqs.is_null() {
-            return Err(invalid("wd_send_batch: NULL request array"));
+        if reqs.is_null() || array_wraps(reqs, n) {
+            return Err(invalid(
+                "wd_send_batch: NULL request array, or one that wraps",
+            ));
         }
         let h = handle(q)?;
         let mut queue = h.q.lock().unwrap_or_else(|e| e.into_inner());
@@ -406,8 +418,8 @@ fn send_batch(q: *mut WdQueue, reqs: *const *mut c_void, n: usize) -> c_int {
 
 fn rcv_batch(q: *mut WdQueue, out: *mut *mut c_void, max: usize) -> c_int {
     guard(|| {
-        if out.is_null() {
-            return Err(invalid("wd_rcv_batch: NULL out-array"));
+        if out.is_null() || array_wraps(out, max) {
+            return Err(invalid("wd_rcv_batch: NULL out-array, or one that wraps"));
         }
         let h = handle(q)?;
         let mut queue = h.q.lock().unwrap_or_else(|e| e.into_inner());
@@ -603,9 +615,9 @@ pub unsafe extern "C" fn wd_list_capas(
     count: *mut usize,
 ) -> c_int {
     guard(|| {
-        if count.is_null() || (out.is_null() && max > 0) {
+        if count.is_null() || (out.is_null() && max > 0) || array_wraps(out, max) {
             return Err(invalid(
-                "wd_list_capas: NULL count, or NULL out with max > 0",
+                "wd_list_capas: NULL count, or NULL out with max > 0, or an out-array that wraps",
             ));
         }
         let attrs = host()?.attrs("dev")?;
@@ -663,8 +675,10 @@ pub unsafe extern "C" fn wd_list_capas(
 #[no_mangle]
 pub unsafe extern "C" fn wd_get_faults(q: *mut WdQueue, out: *mut WdFault, max: usize) -> c_int {
     guard(|| {
-        if out.is_null() && max > 0 {
-            return Err(invalid("wd_get_faults: NULL out with max > 0"));
+        if (out.is_null() && max > 0) || array_wraps(out, max) {
+            return Err(invalid(
+                "wd_get_faults: NULL out with max > 0, or an out-array that wraps",
+            ));
         }
         let h = handle(q)?;
         let r =

@@ -530,8 +530,8 @@ pub extern "C" fn wd_nvme_ring(qp: u64) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn wd_nvme_reap(qp: u64, out: *mut WdNvmeCpl, max: u32) -> c_int {
     guard(|| {
-        if out.is_null() || max == 0 {
-            return Err(invalid("NULL or empty completion array"));
+        if out.is_null() || max == 0 || crate::array_wraps(out, max as usize) {
+            return Err(invalid("NULL, empty or wrapping completion array"));
         }
         with_pair(qp, |q, _| {
             let got = q.take_ready(max as usize).map_err(client)?;

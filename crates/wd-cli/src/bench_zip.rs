@@ -597,6 +597,13 @@ pub fn run(a: BenchZipArgs) -> Result<(), String> {
     if a.reps == 0 || a.block == 0 || a.corpus < a.block {
         return Err("need --reps >= 1 and --corpus >= --block > 0".into());
     }
+    // The queue holds twice the window, a ring depth of at most 4096.
+    if !(1..=2048).contains(&a.depth) || !a.depth.is_power_of_two() {
+        return Err(format!(
+            "--depth {}: need a power of two from 1 to 2048",
+            a.depth
+        ));
+    }
     if let Some(b) = a.small.iter().find(|&&b| b == 0 || b > a.corpus) {
         return Err(format!("--small {b}: need 0 < size <= --corpus"));
     }

@@ -67,8 +67,8 @@ pub unsafe extern "C" fn wd_aead_seal(
         else {
             return invalid("wd_aead_seal: bad session or NULL buffer");
         };
-        if tag.is_null() {
-            return invalid("wd_aead_seal: NULL tag");
+        if tag.is_null() || wraps(tag, tag_len) {
+            return invalid("wd_aead_seal: NULL tag, or its range wraps");
         }
         // SAFETY: tag writable for tag_len bytes (header).
         let tag = unsafe { std::slice::from_raw_parts_mut(tag as *mut u8, tag_len) };
@@ -188,8 +188,8 @@ pub unsafe extern "C" fn wd_aead_finish(a: *mut WdAead, tag: *mut c_void, tag_le
         let Some(a) = (unsafe { aead(a) }) else {
             return invalid("wd_aead_finish: bad session");
         };
-        if tag.is_null() {
-            return invalid("wd_aead_finish: NULL tag");
+        if tag.is_null() || wraps(tag, tag_len) {
+            return invalid("wd_aead_finish: NULL tag, or its range wraps");
         }
         // SAFETY: tag valid for tag_len bytes (header).
         let t = unsafe { std::slice::from_raw_parts_mut(tag as *mut u8, tag_len) };

@@ -96,7 +96,7 @@ pub unsafe extern "C" fn wd_cipher_get_iv(
             return invalid("wd_cipher_get_iv: bad session");
         };
         let cur = c.c.iv();
-        if iv.is_null() || iv_len < cur.len() {
+        if iv.is_null() || iv_len < cur.len() || wraps(iv, cur.len()) {
             return invalid("wd_cipher_get_iv: NULL or short buffer");
         }
         // SAFETY: iv has room for iv_len >= cur.len() bytes.

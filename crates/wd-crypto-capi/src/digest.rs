@@ -76,7 +76,7 @@ pub unsafe extern "C" fn wd_digest_final(
         let Some(d) = (unsafe { digest(d) }) else {
             return invalid("wd_digest_final: bad session");
         };
-        if out.is_null() || out_len < d.d.len() {
+        if out.is_null() || out_len < d.d.len() || wraps(out, d.d.len()) {
             return invalid("wd_digest_final: NULL or short output");
         }
         match d.d.finish() {

@@ -76,6 +76,13 @@ thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Whether `[p, p + len)` wraps around the address space, or is longer
+/// than any object can be: no buffer can be there (the ABI's rule: ptr +
+/// len is checked, -EINVAL).
+pub(crate) fn wraps<T>(p: *const T, len: usize) -> bool {
+    len > isize::MAX as usize || (p as usize).checked_add(len).is_none()
+}
+
 /// The buffer of an exactly in-place request (`inp == out`).
 ///
 /// # Safety
@@ -85,7 +92,7 @@ pub(crate) unsafe fn in_place<'a>(
     out: *mut c_void,
     len: usize,
 ) -> Option<&'a mut [u8]> {
-    if len == 0 || out.is_null() || !std::ptr::eq(inp, out.cast_const()) {
+    if len == 0 || out.is_null() || wraps(out, len) || !std::ptr::eq(inp, out.cast_const()) {
         return None;
     }
     // SAFETY: caller contract.
@@ -105,7 +112,7 @@ pub(crate) unsafe fn with_buffers<T>(
     if len == 0 {
         return Some(f(&[], &mut []));
     }
-    if inp.is_null() || out.is_null() {
+    if inp.is_null() || out.is_null() || wraps(inp, len) || wraps(out, len) {
         return None;
     }
     let (i, o) = (inp as usize, out as usize);
@@ -142,7 +149,7 @@ pub(crate) unsafe fn bytes<'a>(p: *const c_void, len: usize) -> Option<&'a [u8]>
     if len == 0 {
         return Some(&[]);
     }
-    if p.is_null() {
+    if p.is_null() || wraps(p, len) {
         return None;
     }
     // SAFETY: caller contract.

@@ -148,9 +148,13 @@ impl Aead {
                         watch.stop(Op::Aead, ct.len(), false);
                         return Ok(());
                     }
+                    // Counted here: the message then runs here from its
+                    // start, without asking (and counting) again.
                     Ok(Ok(false)) => {
                         crate::cipher::no_slot()?;
-                        stats::on_cpu(ct.len(), Why::NoQueue)
+                        stats::on_cpu(ct.len(), Why::NoQueue);
+                        self.timed = false;
+                        self.here()?;
                     }
                     Ok(Err(e)) => {
                         self.active = false;
@@ -160,6 +164,8 @@ impl Aead {
                     Err(no) => {
                         crate::cipher::no_fallback(why(no))?;
                         stats::on_cpu(ct.len(), why(no));
+                        self.timed = false;
+                        self.here()?;
                     }
                 }
             }

@@ -2,7 +2,8 @@
 //! at first use and from the API.
 //!
 //! * `WD_CRYPTO_THRESHOLD`: requests smaller than this many bytes are
-//!   computed on the CPU (0: always offload). Default [`DEFAULT_THRESHOLD`].
+//!   computed on the CPU (0: no request for its size; the policy decides
+//!   every one, and `auto` may still choose the CPU). Default [`DEFAULT_THRESHOLD`].
 //! * `WD_CRYPTO_POLICY`: `auto` (default: offload when it pays, see
 //!   [`Policy::Auto`]), `offload` (always, above the threshold) or `cpu`.
 //! * `WD_CRYPTO_LEGACY=1`: use queues with `WD_CAPA_ALLOW_LEGACY` (data
@@ -87,7 +88,7 @@ pub fn threshold() -> usize {
     THRESHOLD.load(Ordering::Relaxed)
 }
 
-/// Set the small-request threshold (0: always offload).
+/// Set the small-request threshold (0: none; the policy decides every request).
 pub fn set_threshold(bytes: usize) {
     init();
     THRESHOLD.store(bytes, Ordering::Relaxed);

@@ -35,6 +35,8 @@ pub struct Digest {
     state: State,
     /// The router asked for this stream's requests to be timed.
     timed: bool,
+    /// Why a stream runs on the CPU (what its requests are counted as).
+    cpu_why: Why,
 }
 
 impl std::fmt::Debug for Digest {
@@ -69,6 +71,7 @@ impl Digest {
             buf: Vec::new(),
             state: State::Gathering,
             timed: false,
+            cpu_why: Why::Policy,
         })
     }
 
@@ -106,6 +109,7 @@ impl Digest {
             buf: self.buf.clone(),
             state,
             timed: self.timed,
+            cpu_why: self.cpu_why,
         })
     }
 
@@ -234,6 +238,10 @@ impl Digest {
     fn start_stream(&mut self, n: usize) -> Result<()> {
         let (route, timed) = route::choose_timed(Op::Digest, n, false);
         self.timed = timed;
+        self.cpu_why = match route {
+            Route::Cpu(w) => w,
+            Route::Device => Why::Policy,
+        };
         if let Route::Device = route {
             let r = lane::with_lane(Kind::Digest, |lane| {
                 let handle = lane.new_session(self.alg, &self.key)?;
@@ -248,7 +256,10 @@ impl Digest {
                     return Ok(());
                 }
                 Ok(Err(e)) => return Err(e),
-                Err(no) => crate::cipher::no_fallback(why(no))?,
+                Err(no) => {
+                    crate::cipher::no_fallback(why(no))?;
+                    self.cpu_why = why(no);
+                }
             }
         }
         self.state = State::Cpu(self.cpu_ctx()?);
@@ -264,13 +275,14 @@ impl Digest {
         let n = pending.len() + data.len();
         let watch = Stopwatch::start(self.timed && n > 0);
         self.timed &= n == 0;
+        let cpu_why = self.cpu_why;
         match &mut self.state {
             State::Gathering => unreachable!("streams start first"),
             State::Cpu(ctx) => {
                 ctx.update(pending)?;
                 ctx.update(data)?;
                 watch.stop(Op::Digest, n, true);
-                stats::on_cpu(n, Why::Policy);
+                stats::on_cpu(n, cpu_why);
                 if !last {
                     return Ok(None);
                 }

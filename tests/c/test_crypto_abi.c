@@ -1,0 +1,115 @@
+/* SPDX-License-Identifier: MIT OR Apache-2.0 */
+/* libwd_crypto.so's pointer checks and its routing memo.
+ * Built as test_crypto_link.c is (-lwd_crypto -lwd); needs no host.
+ * Exit 0 and "N passed, 0 failed". */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "wd.h"
+#include "wd_crypto.h"
+
+#include "check.h"
+
+/* A buffer whose end wraps around the address space. */
+#define WRAPPING ((void *)(UINTPTR_MAX - 15))
+
+/* Run f in a child: its exit code, or 128 + the signal that killed it. */
+static int in_child(int (*f)(void))
+{
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0)
+		_exit(f());
+	int st = 0;
+	waitpid(pid, &st, 0);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int cipher_output_wraps(void)
+{
+	static const unsigned char k[16] = "0123456789abcdef", iv[16] = "fedcba9876543210";
+	unsigned char in[32] = {0};
+	struct wd_cipher *c = NULL;
+	if (wd_cipher_new(&c, "aes-128-cbc", k, 16, 1) != 0 || wd_cipher_set_iv(c, iv, 16) != 0)
+		return 2;
+	return wd_cipher_update(c, in, WRAPPING, sizeof in) == -EINVAL ? 0 : 3;
+}
+
+static int digest_input_wraps(void)
+{
+	struct wd_digest *d = NULL;
+	if (wd_digest_new(&d, "sha256", NULL, 0) != 0)
+		return 2;
+	return wd_digest_update(d, WRAPPING, 32) == -EINVAL ? 0 : 3;
+}
+
+static int aead_tag_wraps(void)
+{
+	static const unsigned char k[16] = "0123456789abcdef", iv[12] = "0123456789ab";
+	unsigned char pt[16] = {0}, ct[16];
+	struct wd_aead *a = NULL;
+	if (wd_aead_new(&a, "aes-128-gcm", k, 16) != 0)
+		return 2;
+	return wd_aead_seal(a, iv, sizeof iv, NULL, 0, pt, ct, sizeof pt, WRAPPING, 16) == -EINVAL
+		       ? 0
+		       : 3;
+}
+
+/* A pointer whose range wraps around the address space is -EINVAL, not a
+ * crash (ABI rule: every pointer checked, ptr + len included). */
+static void test_wrapping_ranges(void)
+{
+	int r = in_child(cipher_output_wraps);
+	CHECK(r == 0, "wd_cipher_update with an output range that wraps: child ended %d", r);
+	r = in_child(digest_input_wraps);
+	CHECK(r == 0, "wd_digest_update with an input range that wraps: child ended %d", r);
+	r = in_child(aead_tag_wraps);
+	CHECK(r == 0, "wd_aead_seal with a tag range that wraps: child ended %d", r);
+}
+
+/* The inline routing memo answers as the library does: under the cpu
+ * policy a small request is the policy's (WD_CPU_POLICY), as
+ * wd_crypto_route says and as the library counts its own requests. */
+static void test_memo_matches_router_under_cpu_policy(void)
+{
+	CHECK(wd_crypto_set_policy(WD_CRYPTO_POLICY_CPU) == 0 && wd_crypto_set_threshold(256) == 0,
+	      "settings");
+	int lib = wd_crypto_route(WD_KIND_CIPHER, 16, 0);
+	struct wd_route_memo m;
+	memset(&m, 0, sizeof m);
+	wd_route_memo_init(&m);
+	int memo = wd_route_memo_route(&m, WD_KIND_CIPHER, 16, 0);
+	CHECK(lib == WD_CPU_POLICY, "wd_crypto_route: %#x", lib);
+	CHECK(memo == lib, "memo answered %#x, the router %#x", memo, lib);
+
+	/* What the library counts for its own small request under cpu. */
+	static const unsigned char k[16] = "0123456789abcdef", iv[16] = "fedcba9876543210";
+	unsigned char in[16] = {0}, out[16];
+	struct wd_cipher *c = NULL;
+	struct wd_crypto_stats s0, s1;
+	CHECK(wd_crypto_get_stats(&s0) == 0, "stats");
+	CHECK(wd_cipher_new(&c, "aes-128-cbc", k, 16, 1) == 0 && wd_cipher_set_iv(c, iv, 16) == 0 &&
+		      wd_cipher_update(c, in, out, sizeof in) == 0,
+	      "a small request");
+	CHECK(wd_crypto_get_stats(&s1) == 0, "stats");
+	CHECK(s1.cpu_policy - s0.cpu_policy == 1 && s1.cpu_below_threshold == s0.cpu_below_threshold,
+	      "the library counts it as the policy's: policy +%llu, threshold +%llu",
+	      (unsigned long long)(s1.cpu_policy - s0.cpu_policy),
+	      (unsigned long long)(s1.cpu_below_threshold - s0.cpu_below_threshold));
+	wd_cipher_free(c);
+	wd_crypto_set_policy(WD_CRYPTO_POLICY_AUTO);
+}
+
+int main(void)
+{
+	setenv("WD_HOST", "/nonexistent/wd.sock", 1);
+	test_wrapping_ranges();
+	test_memo_matches_router_under_cpu_policy();
+	printf("%d passed, %d failed\n", passed, failed);
+	return failed != 0;
+}
