@@ -278,7 +278,11 @@ pub fn setup(
     .map_err(e)?;
     let ns = c.open_namespace(a.ns).map_err(e)?;
     let q = c.create_io_queue((a.qd + 1).max(2)).map_err(e)?;
-    let buf = SharedBuf::new(((a.qd as u64 + 1) * a.bs) as usize).map_err(|e| e.to_string())?;
+    let len = (a.qd as u64 + 1)
+        .checked_mul(a.bs)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| format!("--qd {} x --bs {}: too many bytes", a.qd, a.bs))?;
+    let buf = SharedBuf::new(len).map_err(|e| e.to_string())?;
     c.share(&buf).map_err(|e| e.to_string())?;
     Ok((c, ns, q, buf))
 }

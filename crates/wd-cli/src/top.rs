@@ -240,6 +240,12 @@ fn latency_text(us: f64) -> String {
     }
 }
 
+/// A device's total of its queues' counters, some of which clients report:
+/// a hostile one's huge values stop at the top instead of wrapping.
+fn total(counts: impl Iterator<Item = u64>) -> u64 {
+    counts.fold(0, u64::saturating_add)
+}
+
 /// How much a monotonic counter grew between two readings. A reading
 /// below the previous one means the counter started over (a restarted
 /// host): it has counted its current value since, as Prometheus's `rate()`
@@ -385,10 +391,10 @@ pub fn compute(prev: &Snapshot, cur: &Snapshot, secs: f64, time_unix_ms: u64) ->
                 // JSON would carry as "-0.0".
                 requests_per_s: queues.iter().fold(0.0, |a, q| a + q.requests_per_s),
                 bytes_per_s: queues.iter().fold(0.0, |a, q| a + q.bytes_per_s),
-                faults: queues.iter().map(|q| q.faults).sum(),
-                faults_delta: queues.iter().map(|q| q.faults_delta).sum(),
-                fallbacks: queues.iter().map(|q| q.fallbacks).sum(),
-                fallbacks_delta: queues.iter().map(|q| q.fallbacks_delta).sum(),
+                faults: total(queues.iter().map(|q| q.faults)),
+                faults_delta: total(queues.iter().map(|q| q.faults_delta)),
+                fallbacks: total(queues.iter().map(|q| q.fallbacks)),
+                fallbacks_delta: total(queues.iter().map(|q| q.fallbacks_delta)),
                 nvme_commands_per_s: opt_rate(|d| d.nvme_commands),
                 nvme_bytes_per_s: opt_rate(|d| d.nvme_bytes),
                 queues,
@@ -746,6 +752,12 @@ mod tests {
             ("devX/driver", "ignored"),
             ("dev0/queues/qX/pid", "1"),
         ])
+    }
+
+    #[test]
+    fn totals_stop_at_the_top() {
+        assert_eq!(total([u64::MAX - 1, 5, 7].into_iter()), u64::MAX);
+        assert_eq!(total([1, 2].into_iter()), 3);
     }
 
     #[test]

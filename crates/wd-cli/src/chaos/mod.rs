@@ -96,6 +96,10 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
         "h" => n.saturating_mul(3600),
         _ => return Err(format!("'{s}' is not a duration (e.g. 90, 30s, 2m, 1h)")),
     };
+    // A soak of nothing would pass having checked nothing.
+    if secs == 0 {
+        return Err(format!("'{s}': a soak needs at least a second"));
+    }
     Ok(Duration::from_secs(secs))
 }
 
@@ -790,7 +794,7 @@ mod tests {
         assert_eq!(duration_arg("30s"), Ok(Duration::from_secs(30)));
         assert_eq!(duration_arg("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(duration_arg("1h"), Ok(Duration::from_secs(3600)));
-        for bad in ["", "m", "1.5m", "2d", "-1", "1 h"] {
+        for bad in ["", "m", "1.5m", "2d", "-1", "1 h", "0", "0m"] {
             assert!(duration_arg(bad).is_err(), "{bad}");
         }
     }
