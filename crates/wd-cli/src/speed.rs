@@ -52,6 +52,11 @@ pub struct SpeedArgs {
     /// The openssl program.
     #[arg(long, default_value = "openssl")]
     openssl: String,
+    /// Block sizes in bytes (e.g. 1k,64k,4m; default `openssl speed`'s own
+    /// list, 16 to 16k). Other lists run `openssl speed -bytes` once per
+    /// size; targets are checked at the sizes measured.
+    #[arg(long, value_delimiter = ',', value_parser = crate::units::size_arg)]
+    sizes: Vec<u64>,
 }
 
 impl SpeedArgs {
@@ -61,8 +66,11 @@ impl SpeedArgs {
     }
 }
 
-/// Block sizes of the table (`openssl speed`'s own list).
+/// Block sizes of the table by default (`openssl speed`'s own list).
 const SIZES: [u64; 6] = [16, 64, 256, 1024, 8192, 16384];
+/// The largest block `--sizes` takes: a request per job in flight is
+/// held at once, and openssl allocates each job's buffers.
+const MAX_SIZE: u64 = 64 << 20;
 
 struct RowSpec {
     key: &'static str,
@@ -199,8 +207,8 @@ fn provider_dir(args: &SpeedArgs) -> Result<PathBuf, String> {
 
 /// Parse the result line of `openssl speed`: `NAME  1234.56k  ...`, in
 /// thousands of bytes per second (openssl prints a rate of 10000 bytes/s
-/// or less in bytes, without the `k`).
-fn parse_speed(out: &str, cipher: &str) -> Result<Vec<f64>, String> {
+/// or less in bytes, without the `k`), one per size asked for (`sizes`).
+fn parse_speed(out: &str, cipher: &str, sizes: usize) -> Result<Vec<f64>, String> {
     let line = out
         .lines()
         .rev()
@@ -219,20 +227,26 @@ fn parse_speed(out: &str, cipher: &str) -> Result<Vec<f64>, String> {
         })
         .collect::<Result<_, _>>()
         .map_err(|e| format!("cannot read '{line}': {e}"))?;
-    if vals.len() != SIZES.len() {
-        return Err(format!("expected {} sizes in '{line}'", SIZES.len()));
+    if vals.len() != sizes {
+        return Err(format!("expected {sizes} sizes in '{line}'"));
     }
     Ok(vals)
 }
 
+/// One `openssl speed` run of `row`: every size of openssl's own list, or
+/// (`bytes`) that one size.
 fn run_openssl(
     args: &SpeedArgs,
     row: &RowSpec,
     dir: &Path,
     socket: &str,
+    bytes: Option<u64>,
 ) -> Result<Vec<f64>, String> {
     let mut c = Command::new(&args.openssl);
     c.args(["speed", "-elapsed", "-seconds", &args.seconds.to_string()]);
+    if let Some(n) = bytes {
+        c.args(["-bytes", &n.to_string()]);
+    }
     if row.provider {
         c.arg("-provider-path").arg(dir);
         c.args([
@@ -270,14 +284,30 @@ fn run_openssl(
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    parse_speed(&String::from_utf8_lossy(&out.stdout), args.algorithm())
+    let sizes = if bytes.is_some() { 1 } else { SIZES.len() };
+    parse_speed(
+        &String::from_utf8_lossy(&out.stdout),
+        args.algorithm(),
+        sizes,
+    )
 }
 
 /// Run `wd speed`.
-pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
+pub fn run(mut args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
     if args.reps == 0 || args.seconds == 0 || args.async_jobs == 0 {
         return Err("--reps, --seconds and --async-jobs must be at least 1".into());
     }
+    args.sizes.sort_unstable();
+    args.sizes.dedup();
+    if let Some(&n) = args.sizes.iter().find(|&&n| n == 0 || n > MAX_SIZE) {
+        return Err(format!("--sizes: {n} is not a block size from 1 to 64m"));
+    }
+    // openssl's own list in one run per row, or one run per size.
+    let per_size = !args.sizes.is_empty() && args.sizes != SIZES;
+    if args.sizes.is_empty() {
+        args.sizes = SIZES.to_vec();
+    }
+    let sizes = args.sizes.clone();
     crate::chart::check_writable(&args.svg)?;
     let dir = provider_dir(&args)?;
     // Hosts of our own unless one was named: the default one, and one
@@ -321,8 +351,9 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
         .iter()
         .filter(|r| !r.libcrypto_host || lc_socket.is_some())
         .collect();
-    let mut prog = Progress::new(rows_run.len() * args.reps, !args.json);
-    let mut samples: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); SIZES.len()]; rows_run.len()];
+    let runs_per_row = if per_size { sizes.len() } else { 1 };
+    let mut prog = Progress::new(rows_run.len() * args.reps * runs_per_row, !args.json);
+    let mut samples: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); sizes.len()]; rows_run.len()];
     // Interleave repetitions so drift of a shared machine hits every row alike.
     for _ in 0..args.reps {
         for (i, row) in rows_run.iter().enumerate() {
@@ -331,9 +362,18 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
                 (Some(lc), true) => lc,
                 _ => &socket,
             };
-            let v = run_openssl(&args, row, &dir, sock)?;
-            for (k, x) in v.into_iter().enumerate() {
-                samples[i][k].push(x);
+            if per_size {
+                for (k, &n) in sizes.iter().enumerate() {
+                    if k > 0 {
+                        prog.step(row.label);
+                    }
+                    samples[i][k].extend(run_openssl(&args, row, &dir, sock, Some(n))?);
+                }
+            } else {
+                let v = run_openssl(&args, row, &dir, sock, None)?;
+                for (k, x) in v.into_iter().enumerate() {
+                    samples[i][k].push(x);
+                }
             }
         }
     }
@@ -346,7 +386,7 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
     if let Some(i) = cpu.iter().position(|&c| c.is_nan() || c <= 0.0) {
         return Err(format!(
             "the CPU-only row measured nothing at {} bytes: no ratio can be given",
-            SIZES[i]
+            sizes[i]
         ));
     }
     let rows: Vec<Row> = rows_run
@@ -360,8 +400,8 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
             vs_cpu: vals.iter().zip(&cpu).map(|(v, c)| v / c).collect(),
         })
         .collect();
-    let targets = targets(&rows, args.algorithm());
-    let copies = staging_copies(&rows);
+    let targets = targets(&rows, &sizes, args.algorithm());
+    let copies = staging_copies(&rows, &sizes);
     // Only the cipher API works in place: AEAD messages and digests are
     // staged whole (docs/sec-device.md), so there is nothing to compare.
     let in_place_alg =
@@ -373,7 +413,7 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
         }
         None => Vec::new(),
     };
-    let labels: Vec<String> = SIZES.iter().map(|s| s.to_string()).collect();
+    let labels: Vec<String> = sizes.iter().map(|s| s.to_string()).collect();
     let svg = log_lines(
         &format!(
             "openssl speed -evp {} (-elapsed), {} engine(s)",
@@ -401,7 +441,7 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
             "async_jobs": args.async_jobs,
             "engines": args.engines,
             "engine": engine,
-            "block_sizes": SIZES,
+            "block_sizes": sizes,
             "units": "1000s of bytes per second",
             "rows": rows,
             "staging_copies": copies,
@@ -414,11 +454,11 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
     }
     outln!("sec engine: {engine}\n");
     out!("| {} (1000s of bytes/s) |", args.algorithm());
-    for s in SIZES {
+    for s in &sizes {
         out!(" {s} |");
     }
     outln!();
-    outln!("|---|{}", "---:|".repeat(SIZES.len()));
+    outln!("|---|{}", "---:|".repeat(sizes.len()));
     for r in &rows {
         out!("| {} |", r.label);
         for (v, x) in r.kbytes_per_sec.iter().zip(&r.vs_cpu) {
@@ -426,7 +466,12 @@ pub fn run(args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
         }
         outln!();
     }
-    outln!("\nIn parentheses: ratio to CPU only in the same run. Medians of {} runs of `openssl speed -elapsed -seconds {}`.", args.reps, args.seconds);
+    outln!(
+        "\nIn parentheses: ratio to CPU only in the same run. Medians of {} runs of `openssl speed -elapsed -seconds {}{}`.",
+        args.reps,
+        args.seconds,
+        if per_size { " -bytes N" } else { "" }
+    );
     outln!("\nMemory path per row:");
     for r in &rows {
         outln!("- {}: {}", r.label, r.memory_path);
@@ -473,17 +518,19 @@ struct CopyCost {
     share_of_sync: f64,
 }
 
-fn staging_copies(rows: &[Row]) -> Vec<CopyCost> {
+fn staging_copies(rows: &[Row], sizes: &[u64]) -> Vec<CopyCost> {
     let sync = rows.iter().find(|r| r.key == "sync");
-    let mut src = vec![0x5au8; 16384];
-    let mut stage = vec![0u8; 16384];
-    SIZES
+    let max = sizes.iter().copied().max().unwrap_or(0) as usize;
+    let mut src = vec![0x5au8; max];
+    let mut stage = vec![0u8; max];
+    sizes
         .iter()
         .enumerate()
         .map(|(i, &n)| {
             let n = n as usize;
-            // Best of 5 timings, each moving 32 MiB in and 32 MiB out.
-            let reps = (32 << 20) / n.max(64);
+            // Best of 5 timings, each moving 32 MiB in and 32 MiB out (at
+            // least one copy of a larger block).
+            let reps = ((32 << 20) / n.max(64)).max(1);
             let ns = (0..5)
                 .map(|_| {
                     let t = std::time::Instant::now();
@@ -608,50 +655,66 @@ fn in_place_costs(
 
 /// The targets of the run: for AES-128-CBC (the multi-buffer engine's
 /// cipher) the offload targets too; for every algorithm, that the default
-/// rows are never below 0.95x CPU only.
-fn targets(rows: &[Row], alg: &str) -> Vec<Target> {
+/// rows are never below 0.95x CPU only. Each at the sizes measured: one
+/// whose size was not measured is left out.
+fn targets(rows: &[Row], sizes: &[u64], alg: &str) -> Vec<Target> {
     let get = |key: &str| rows.iter().find(|r| r.key == key).expect("every row");
-    let at = |s: u64| SIZES.iter().position(|&x| x == s).expect("size listed");
+    let at = |s: u64| sizes.iter().position(|&x| x == s);
+    // The worst ratio at `from` bytes and above (NaN: none measured).
     let worst = |key: &str, from: u64| {
-        get(key).vs_cpu[at(from)..]
+        let cells: Vec<f64> = sizes
             .iter()
-            .copied()
-            .fold(f64::INFINITY, f64::min)
+            .zip(&get(key).vs_cpu)
+            .filter(|(&n, _)| n >= from)
+            .map(|(_, &x)| x)
+            .collect();
+        match cells.is_empty() {
+            true => f64::NAN,
+            false => cells.into_iter().fold(f64::INFINITY, f64::min),
+        }
     };
     let mut t = Vec::new();
     let cbc = alg.eq_ignore_ascii_case("aes-128-cbc");
     t.push(Target::at_least(
         "default async / CPU, worst size",
-        worst("default-async", 16),
+        worst("default-async", 0),
         0.95,
     ));
     t.push(Target::at_least(
         "default / CPU, worst size",
-        worst("default", 16),
+        worst("default", 0),
         0.95,
     ));
     if !cbc {
         return t;
     }
     for size in [1024, 8192, 16384] {
+        if let Some(i) = at(size) {
+            t.push(Target::at_least(
+                format!("async / CPU at {size} B"),
+                get("async").vs_cpu[i],
+                2.0,
+            ));
+        }
+    }
+    if sizes.iter().any(|&n| n >= 1024) {
         t.push(Target::at_least(
-            format!("async / CPU at {size} B"),
-            get("async").vs_cpu[at(size)],
-            2.0,
+            "default async / CPU, worst size >= 1 KiB",
+            worst("default-async", 1024),
+            1.5,
         ));
     }
-    t.push(Target::at_least(
-        "default async / CPU, worst size >= 1 KiB",
-        worst("default-async", 1024),
-        1.5,
-    ));
-    t.push(Target::at_least(
-        "sync / CPU at 8192 B",
-        get("sync").vs_cpu[at(8192)],
-        0.9,
-    ));
-    let s16 = get("sync").kbytes_per_sec[at(16)] / get("legacy").kbytes_per_sec[at(16)];
-    t.push(Target::at_least("sync / legacy at 16 B", s16, 20.0));
+    if let Some(i) = at(8192) {
+        t.push(Target::at_least(
+            "sync / CPU at 8192 B",
+            get("sync").vs_cpu[i],
+            0.9,
+        ));
+    }
+    if let Some(i) = at(16) {
+        let s16 = get("sync").kbytes_per_sec[i] / get("legacy").kbytes_per_sec[i];
+        t.push(Target::at_least("sync / legacy at 16 B", s16, 20.0));
+    }
     t
 }
 
@@ -664,13 +727,20 @@ mod tests {
         let out = "Doing AES-128-CBC for 1s on 16 size blocks: 1 AES-128-CBC's in 1.00s\n\
                    type             16 bytes     64 bytes    256 bytes   1024 bytes   8192 bytes  16384 bytes\n\
                    AES-128-CBC     148502.99k   518093.31k   944646.91k  1241206.78k  1379811.33k  1379303.42k\n";
-        let v = parse_speed(out, "aes-128-cbc").unwrap();
+        let v = parse_speed(out, "aes-128-cbc", 6).unwrap();
         assert_eq!(v.len(), 6);
         assert_eq!(v[0], 148502.99);
         // Slow rates come in bytes per second, without the k.
-        let slow = parse_speed("AES-128-CBC 5000.00 20000.00k 1k 2k 3k 4k\n", "aes-128-cbc");
+        let slow = parse_speed(
+            "AES-128-CBC 5000.00 20000.00k 1k 2k 3k 4k\n",
+            "aes-128-cbc",
+            6,
+        );
         assert_eq!(slow.unwrap()[..2], [5.0, 20000.0]);
-        assert!(parse_speed("nothing", "aes-128-cbc").is_err());
-        assert!(parse_speed("AES-128-CBC 1k 2k\n", "aes-128-cbc").is_err());
+        assert!(parse_speed("nothing", "aes-128-cbc", 6).is_err());
+        assert!(parse_speed("AES-128-CBC 1k 2k\n", "aes-128-cbc", 6).is_err());
+        // One size (-bytes N).
+        let one = "AES-128-CBC 4194304.00k\n";
+        assert_eq!(parse_speed(one, "aes-128-cbc", 1).unwrap(), [4194304.0]);
     }
 }
