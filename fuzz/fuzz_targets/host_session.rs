@@ -744,7 +744,7 @@ impl Session {
                 let bytes = inp.bytes(64);
                 let _ = q.ring.write_at(&bytes, at);
                 if inp.flag() {
-                    let _ = wd_sys::eventfd_signal(q.doorbell.as_fd());
+                    let _ = wd_sys::wake(q.doorbell.as_fd());
                 }
             }
             // Well-formed submissions (fuzzed messages naming the shares).
@@ -760,7 +760,7 @@ impl Session {
                 if let Some(v) = q.view.as_mut() {
                     let _ = v.submit(&descs);
                 }
-                let _ = wd_sys::eventfd_signal(q.doorbell.as_fd());
+                let _ = wd_sys::wake(q.doorbell.as_fd());
             }
             // Reap completions.
             17 => {

@@ -142,6 +142,11 @@ impl Conn<'_> {
                     Ok(_) => continue,
                     Err(_) => break,
                 }
+            } else if pidfd.is_some_and(|p| wd_sys::pidfd_exited(p.as_fd()).unwrap_or(false)) {
+                // Frames keep coming (a socket inherited by another
+                // process, written ahead of the answers): the process
+                // still ends the connection, not only an empty buffer.
+                break;
             }
             // Waiting for a frame is poll's (with the pidfd); a frame once
             // begun must arrive whole in as long as a Hello may take (the
@@ -179,7 +184,11 @@ impl Conn<'_> {
                 Err(e) => (Message::error(e.status(), e.to_string()), Vec::new()),
             };
             let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
-            match self.ch.send(&reply, id, &borrowed) {
+            // The whole reply within the limit, not each write of it: a
+            // client reading a little at a time must not keep the thread
+            // in send, deaf to the pidfd, for as long as it likes.
+            let reply_by = Some(Instant::now() + limit);
+            match self.ch.send_by(&reply, id, &borrowed, reply_by) {
                 Ok(()) => {}
                 // A reply the protocol cannot carry is this host's fault:
                 // the client hears why and keeps its connection.
@@ -188,7 +197,7 @@ impl Conn<'_> {
                         Status::TooBig,
                         format!("the host's reply to {} cannot be sent: {e}", reply.name()),
                     );
-                    if self.ch.send(&why, id, &[]).is_err() {
+                    if self.ch.send_by(&why, id, &[], reply_by).is_err() {
                         break;
                     }
                 }
@@ -531,11 +540,13 @@ impl Conn<'_> {
         let dev = &devs[dev_n];
         let built =
             queue::new_ring(layout, dev.driver.register_bytes(type_n as u32)).and_then(|ring| {
-                let cq = wd_sys::eventfd()
+                let cq = wd_sys::wake_line()
                     .map_err(|e| err(Status::from_errno(e.errno()), e.to_string()))?;
                 Ok((ring, cq))
             });
-        let (ring, cq) = built?;
+        // The host keeps one end of the completion line; the client gets
+        // the other (wd_sys::wake_line: no client can make it block).
+        let (ring, (cq, cq_client)) = built?;
         let queue::NewRing {
             fd: ring_fd,
             map: ring_map,
@@ -549,12 +560,6 @@ impl Conn<'_> {
         let engine = &dev.engines[engine_n];
         let id = self.host.new_queue_id();
         let info = &dev.types[type_n].info;
-        let cq_dup = cq.try_clone().map_err(|e| {
-            err(
-                Status::from_errno(e.raw_os_error().unwrap_or(5)),
-                e.to_string(),
-            )
-        })?;
         let doorbell = engine.doorbell.try_clone()?;
         let q = Arc::new(Queue::new(
             id,
@@ -595,7 +600,7 @@ impl Conn<'_> {
                 ring_bytes: ring_bytes as u64,
                 flags,
             },
-            vec![ring_fd, doorbell, cq_dup],
+            vec![ring_fd, doorbell, cq_client],
         ))
     }
 

@@ -55,7 +55,8 @@ pub struct SleepCounts {
 /// Handle to a running engine thread.
 pub struct EngineHandle {
     tx: mpsc::Sender<EngineCmd>,
-    /// Doorbell the engine sleeps on; clients get a copy.
+    /// The ringing end of the doorbell line the engine sleeps on (its
+    /// other end is the engine's alone); clients get a copy.
     pub doorbell: Arc<OwnedFd>,
     /// Queues attached (for placement).
     pub load: Arc<AtomicUsize>,
@@ -82,8 +83,9 @@ impl EngineHandle {
         // Engines touch client memory that may vanish under them.
         wd_sys::guard::install().map_err(std::io::Error::other)?;
         let (tx, rx) = mpsc::channel();
-        let doorbell =
-            Arc::new(wd_sys::eventfd().map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?);
+        let (bell, doorbell) =
+            wd_sys::wake_line().map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+        let doorbell = Arc::new(doorbell);
         let load = Arc::new(AtomicUsize::new(0));
         let sleeping = Arc::new(AtomicBool::new(false));
         let sleeps = Arc::new(SleepCounts::default());
@@ -91,7 +93,7 @@ impl EngineHandle {
         let state = EngineLoop {
             rx,
             commands: commands.clone(),
-            doorbell: doorbell.clone(),
+            bell,
             idle_spin,
             pass_bytes,
             queues: Vec::new(),
@@ -132,7 +134,7 @@ impl EngineHandle {
             // Release: pairs with the Acquire swap in `EngineLoop::run`; the
             // command is in the channel before the engine looks.
             self.commands.store(true, Ordering::Release);
-            let _ = wd_sys::eventfd_signal(self.doorbell.as_fd());
+            let _ = wd_sys::wake(self.doorbell.as_fd());
         }
     }
 
@@ -144,7 +146,7 @@ impl EngineHandle {
 
     /// Wake the engine (a stalled request was resolved).
     pub fn kick(&self) {
-        let _ = wd_sys::eventfd_signal(self.doorbell.as_fd());
+        let _ = wd_sys::wake(self.doorbell.as_fd());
     }
 
     /// Take a queue away; returns once the engine no longer touches it.
@@ -227,7 +229,8 @@ struct EngineLoop {
     rx: mpsc::Receiver<EngineCmd>,
     /// Commands wait in `rx` (see `EngineHandle::commands`).
     commands: Arc<AtomicBool>,
-    doorbell: Arc<OwnedFd>,
+    /// The doorbell line's end the engine sleeps on: no client holds it.
+    bell: OwnedFd,
     idle_spin: Duration,
     /// Bytes of work per queue per pass (`Limits::pass_bytes`).
     pass_bytes: u64,
@@ -301,7 +304,7 @@ impl EngineLoop {
                         s.q.set_state(QueueState::Broken);
                         s.view.set_host_state(HostState::Broken);
                         fail_taken(&mut s, stopped);
-                        let _ = wd_sys::eventfd_signal(s.q.cq_event.as_fd());
+                        let _ = wd_sys::wake(s.q.cq_event.as_fd());
                     }
                 }
             }
@@ -334,7 +337,7 @@ impl EngineLoop {
         for mut s in queues {
             self.drop_holds(&mut s);
             s.view.set_host_state(HostState::Stopped);
-            let _ = wd_sys::eventfd_signal(s.q.cq_event.as_fd());
+            let _ = wd_sys::wake(s.q.cq_event.as_fd());
         }
         self.update_pin();
     }
@@ -446,9 +449,9 @@ impl EngineLoop {
         let mut rang = work;
         if !work {
             self.sleeping.store(true, Ordering::Relaxed);
-            let _ = wd_sys::poll(&[self.doorbell.as_fd()], Some(SLEEP_TIMEOUT));
+            let _ = wd_sys::poll(&[self.bell.as_fd()], Some(SLEEP_TIMEOUT));
             self.sleeping.store(false, Ordering::Relaxed);
-            rang = wd_sys::eventfd_drain(self.doorbell.as_fd()).is_ok_and(|n| n > 0);
+            rang = wd_sys::wake_drain(self.bell.as_fd()).is_ok_and(|n| n > 0);
             self.sleeps.sleeps.fetch_add(1, Ordering::Relaxed);
             if rang {
                 self.sleeps.wakeups.fetch_add(1, Ordering::Relaxed);
@@ -601,7 +604,7 @@ impl EngineLoop {
             // ones go out together at the end of the pass.
             if big && posted < out.len() {
                 if s.view.complete(&out[posted..]).map_err(|_| ())? {
-                    let _ = wd_sys::eventfd_signal(q.cq_event.as_fd());
+                    let _ = wd_sys::wake(q.cq_event.as_fd());
                 }
                 posted = out.len();
             }
@@ -611,7 +614,7 @@ impl EngineLoop {
             s.backlog.extend(batch.drain(next..));
         }
         if posted < out.len() && s.view.complete(&out[posted..]).map_err(|_| ())? {
-            let _ = wd_sys::eventfd_signal(q.cq_event.as_fd());
+            let _ = wd_sys::wake(q.cq_event.as_fd());
         }
         drop(sec);
         q.requests.fetch_add(out.len() as u64, Ordering::Relaxed);
@@ -891,7 +894,7 @@ impl EngineLoop {
                 .map(|d| s.dev.bytes_of(d))
                 .sum();
             if s.view.complete(out).map_err(|_| ())? {
-                let _ = wd_sys::eventfd_signal(q.cq_event.as_fd());
+                let _ = wd_sys::wake(q.cq_event.as_fd());
             }
             q.requests.fetch_add(out.len() as u64, Ordering::Relaxed);
             q.bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -959,7 +962,7 @@ impl EngineLoop {
         let q = &s.q;
         q.requests.fetch_add(batch.len() as u64, Ordering::Relaxed);
         if s.view.complete(batch).map_err(|_| ())? {
-            let _ = wd_sys::eventfd_signal(q.cq_event.as_fd());
+            let _ = wd_sys::wake(q.cq_event.as_fd());
         }
         if q.state() == QueueState::Broken {
             return Err(());
@@ -1176,7 +1179,7 @@ fn cancel_pending(s: &mut Served, stopped: Vec<Desc>) {
         }
         left.clear();
     }
-    let _ = wd_sys::eventfd_signal(s.q.cq_event.as_fd());
+    let _ = wd_sys::wake(s.q.cq_event.as_fd());
 }
 
 /// Device memory of one request, through the queue's attachment and the

@@ -127,7 +127,8 @@ pub struct Queue {
     pub fault_count: AtomicU64,
     /// Requests its device holds now (asynchronous devices).
     pub in_flight: AtomicU64,
-    /// Signalled when the client sleeps on completions.
+    /// The host's end of the completion line (`wd_sys::wake_line`),
+    /// woken when the client sleeps on completions.
     pub cq_event: OwnedFd,
     /// The ring memory (its fd went to the client).
     pub ring: Mapping,

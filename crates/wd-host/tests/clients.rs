@@ -336,7 +336,7 @@ fn corrupt_ring_indices_stop_only_that_queue() {
     let h = host.conn();
     wait_until("queue marked broken", || {
         let _ = view.submit(&[wrapdrive::Desc::default(); 8]);
-        wd_sys::eventfd_signal(f.fds[1].as_fd()).unwrap();
+        wd_sys::wake(f.fds[1].as_fd()).unwrap();
         attr(&h, &format!("dev0/queues/q{queue_id}/state")) == "broken"
     });
     assert_eq!(view.host_state(), wd_ring::HostState::Broken);

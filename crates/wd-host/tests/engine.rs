@@ -98,7 +98,7 @@ fn a_ring_entry_on_a_register_driven_queue_does_not_keep_the_engine_busy() {
     let idle = engine_load(Duration::from_secs(1));
     assert_eq!(view.submit(&[wd_ring::Desc::default()]).unwrap(), 1);
     if view.engine_needs_wakeup() {
-        wd_sys::eventfd_signal(fds[1].as_fd()).unwrap();
+        wd_sys::wake(fds[1].as_fd()).unwrap();
     }
     std::thread::sleep(Duration::from_millis(1500));
     let after = engine_load(Duration::from_secs(1));
@@ -124,7 +124,7 @@ fn a_client_that_stops_reaping_does_not_keep_its_engine_busy() {
     let mut view = unsafe { wd_ring::RingView::attach(map.as_ptr(), map.len(), DEPTH) }.unwrap();
     let ring = |view: &wd_ring::RingView| {
         if view.engine_needs_wakeup() {
-            wd_sys::eventfd_signal(fds[1].as_fd()).unwrap();
+            wd_sys::wake(fds[1].as_fd()).unwrap();
         }
     };
     let nop = [wd_ring::Desc::default(); DEPTH as usize];

@@ -240,7 +240,7 @@ fn a_client_refilling_its_ring_during_release_does_not_hold_the_engine() {
                     word(CQ_HEAD).store(c, Ordering::Release);
                     cycled.fetch_add(c.wrapping_sub(c0) as u64, Ordering::Relaxed);
                 }
-                let _ = wd_sys::eventfd_signal(doorbell.as_fd());
+                let _ = wd_sys::wake(doorbell.as_fd());
             }
         })
     };

@@ -252,7 +252,7 @@ fn attacker() -> i32 {
             break;
         }
         let _ = view.submit(&[steal, plant]);
-        let _ = wd_sys::eventfd_signal(doorbell.as_fd());
+        let _ = wd_sys::wake(doorbell.as_fd());
         let t = Instant::now();
         let mut got = 0;
         while got < 2 && t.elapsed() < Duration::from_millis(500) {

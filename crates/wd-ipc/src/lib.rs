@@ -109,6 +109,20 @@ impl Channel {
         request_id: u32,
         fds: &[BorrowedFd<'_>],
     ) -> Result<(), IpcError> {
+        self.send_by(msg, request_id, fds, None)
+    }
+
+    /// [`Channel::send`], the whole frame written by `by` (a `Sys` error
+    /// that [`wd_sys::SysError::timed_out`] after): a peer reading a large
+    /// frame a little at a time cannot hold the sender past it. Sets the
+    /// socket's write timeout.
+    pub fn send_by(
+        &self,
+        msg: &Message,
+        request_id: u32,
+        fds: &[BorrowedFd<'_>],
+        by: Option<Instant>,
+    ) -> Result<(), IpcError> {
         if fds.len() != msg.fds_expected() {
             return Err(IpcError::Fds {
                 kind: msg.name(),
@@ -117,7 +131,7 @@ impl Channel {
             });
         }
         let bytes = wd_proto::encode(msg, request_id)?;
-        wd_sys::send_with_fds(&self.sock, &bytes, fds)?;
+        wd_sys::send_with_fds_by(&self.sock, &bytes, fds, by)?;
         Ok(())
     }
 
@@ -157,6 +171,16 @@ impl Channel {
                 self.buf.truncate(old);
                 if by.is_some() && e.timed_out() {
                     return Err(IpcError::TimedOut);
+                }
+                // More descriptors than a frame may carry came in one
+                // read (closed already): the peer's frame is at fault,
+                // not the socket, and it hears so.
+                if matches!(e, SysError::Invalid { .. }) {
+                    return Err(IpcError::Fds {
+                        kind: "frame",
+                        got: limits::MAX_FDS + 1,
+                        want: limits::MAX_FDS,
+                    });
                 }
                 return Err(e.into());
             }

@@ -357,6 +357,115 @@ pub fn eventfd_drain(fd: BorrowedFd<'_>) -> Result<u64> {
     Ok(v)
 }
 
+// ------------------------------------------------------------ wake lines
+
+/// A wake-up line between the host and a client: the two ends of a
+/// datagram socket pair, what one end sends the other receives. Unlike an
+/// eventfd's, its sends and receives never block whatever the ends'
+/// O_NONBLOCK says ([`wake`] and [`wake_drain`] ask MSG_DONTWAIT per
+/// call): an end passed to a client is an open file description the
+/// client can change, and an engine's write to an eventfd a client had
+/// made blocking (its counter full) stopped the engine for every client.
+/// Nor can a client read what is sent to the host's end: it holds the
+/// other one.
+pub fn wake_line() -> Result<(OwnedFd, OwnedFd)> {
+    count();
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: fds has room for the two descriptors socketpair writes.
+    let r = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    check("socketpair", r as libc::c_long)?;
+    // SAFETY: two fresh descriptors owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Wake whoever waits on the other end of a [`wake_line`]. A line full of
+/// wake-ups already wakes, and one whose other end is closed has nobody
+/// to wake (its owner learns that it is gone by its socket): neither is
+/// an error.
+pub fn wake(fd: BorrowedFd<'_>) -> Result<()> {
+    count();
+    let one = 1u8;
+    // SAFETY: sends one byte from a valid u8.
+    let r = unsafe {
+        libc::send(
+            fd.as_raw_fd(),
+            (&one as *const u8).cast(),
+            1,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EAGAIN | libc::ENOBUFS | libc::ECONNREFUSED | libc::EINTR) => Ok(()),
+            _ => Err(SysError::Call {
+                call: "send(wake line)",
+                source: e,
+            }),
+        };
+    }
+    Ok(())
+}
+
+/// Take the wake-ups waiting on an end of a [`wake_line`] (never
+/// blocking): one system call for up to 16 (`recvmmsg`), so that a
+/// waiter's usual single wake-up costs what an eventfd read did. Returns
+/// how many there were (0 if none); at most a line's worth: peers sending
+/// as fast as they can must not keep the caller here (what is left keeps
+/// the end readable).
+pub fn wake_drain(fd: BorrowedFd<'_>) -> Result<u64> {
+    const BATCH: usize = 16;
+    let mut n = 0u64;
+    let mut bufs = [[0u8; 1]; BATCH];
+    while n < 1024 {
+        let mut iov: [libc::iovec; BATCH] = std::array::from_fn(|i| libc::iovec {
+            iov_base: bufs[i].as_mut_ptr().cast(),
+            iov_len: 1,
+        });
+        // SAFETY: an all-zero mmsghdr is valid (null names and controls).
+        let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
+        for (m, v) in msgs.iter_mut().zip(iov.iter_mut()) {
+            m.msg_hdr.msg_iov = v;
+            m.msg_hdr.msg_iovlen = 1;
+        }
+        count();
+        // SAFETY: BATCH headers, each naming one valid one-byte buffer,
+        // all live for the call.
+        let r = unsafe {
+            libc::recvmmsg(
+                fd.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                BATCH as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EAGAIN) => Ok(n),
+                Some(libc::EINTR) => continue,
+                _ => Err(SysError::Call {
+                    call: "recvmmsg(wake line)",
+                    source: e,
+                }),
+            };
+        }
+        n += r as u64;
+        if (r as usize) < BATCH {
+            break;
+        }
+    }
+    Ok(n)
+}
+
 /// One descriptor that is readable whenever any of `fds` is readable or
 /// hung up (an epoll set, level-triggered): what an event loop that takes
 /// a single fd per waiter (OpenSSL's async jobs) waits on.
@@ -634,6 +743,20 @@ const CMSG_BUF: usize = 128;
 /// Send all of `bytes` on a stream socket, with `fds` attached to the first
 /// segment (SCM_RIGHTS): at least one byte, which the descriptors ride on.
 pub fn send_with_fds(sock: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+    send_with_fds_by(sock, bytes, fds, None)
+}
+
+/// [`send_with_fds`], all of it sent by `by` (EAGAIN after): with a
+/// deadline the socket is written without blocking and waited for in
+/// `ppoll` for the time left, so a peer that reads a little at a time
+/// cannot stretch one message past it (SO_SNDTIMEO bounds each wait for
+/// room inside a blocking `sendmsg`, not the call nor the message).
+pub fn send_with_fds_by(
+    sock: &UnixStream,
+    bytes: &[u8],
+    fds: &[BorrowedFd<'_>],
+    by: Option<std::time::Instant>,
+) -> Result<()> {
     if bytes.is_empty() && !fds.is_empty() {
         return Err(SysError::Invalid {
             call: "sendmsg",
@@ -678,12 +801,35 @@ pub fn send_with_fds(sock: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) ->
                 }
             }
         }
+        // With a deadline: never blocking in sendmsg (a blocking call waits
+        // for room afresh for every buffer it fills, so it lasts as long as
+        // the peer keeps reading a little), but in poll, for the time left.
+        let flags = libc::MSG_NOSIGNAL | if by.is_some() { libc::MSG_DONTWAIT } else { 0 };
         // SAFETY: msg points to valid iovec and control buffers for the call.
-        let r = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        let r = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, flags) };
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::EINTR) {
                 continue;
+            }
+            if let (Some(by), Some(libc::EAGAIN)) = (by, e.raw_os_error()) {
+                let left = by.saturating_duration_since(std::time::Instant::now());
+                if !left.is_zero() {
+                    let mut p = libc::pollfd {
+                        fd: sock.as_raw_fd(),
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    };
+                    let ts = libc::timespec {
+                        tv_sec: left.as_secs() as libc::time_t,
+                        tv_nsec: left.subsec_nanos() as libc::c_long,
+                    };
+                    count();
+                    // SAFETY: one valid pollfd and a valid timespec for
+                    // the duration of the call.
+                    unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
+                    continue;
+                }
             }
             return Err(SysError::Call {
                 call: "sendmsg",

@@ -462,6 +462,14 @@ impl HostConn {
             if matches!(e, wd_sys::SysError::Invalid { .. }) {
                 return ClientError::new(Status::Invalid, format!("bad host address '{addr}': {e}"));
             }
+            if matches!(e.errno(), 1 | 13) {
+                // EPERM, EACCES: the socket's mode (or its directory's)
+                // does not admit this user; a host is there.
+                return ClientError::new(
+                    Status::Permission,
+                    format!("not allowed to connect to the WrapDrive host at '{addr}': {e} (the socket's mode or its directory does not admit uid {})", wd_sys::geteuid()),
+                );
+            }
             ClientError::new(
                 Status::HostGone,
                 format!("cannot connect to the WrapDrive host at '{addr}': {e} (start one with `wd serve`, or set WD_HOST=embedded)"),
@@ -539,7 +547,14 @@ impl HostConn {
         }
         let mut ch = self.ch.lock().unwrap_or_else(|e| e.into_inner());
         let now = self.epoch();
-        if now != seen {
+        // Another caller connected again since `seen`: use its connection,
+        // unless that one is gone too (a queue of an older connection
+        // would otherwise be handed a dead one for good).
+        let hung_up = || {
+            wd_sys::poll(&[ch.socket().as_fd()], Some(std::time::Duration::ZERO))
+                .map_or(true, |r| r[0].hangup)
+        };
+        if now != seen && !hung_up() {
             return Ok(now);
         }
         let deadline = std::time::Instant::now() + window;

@@ -108,9 +108,16 @@ pub struct Queue {
     /// Shared with the register block of a register-driven device
     /// ([`Queue::registers`]), which keeps it mapped while it lives.
     ring: Option<Arc<Mapping>>,
+    /// The host's wake lines (`wd_sys::wake_line`): the doorbell rings
+    /// the engine, the completion line wakes this queue's waiter.
     doorbell: OwnedFd,
     cq_event: OwnedFd,
     socket: OwnedFd,
+    /// Readable when [`Queue::kick_wait`] made the wait descriptor
+    /// readable itself (nothing can be sent to this end of the completion
+    /// line from here). Made with the wait set; `kicked` while it may be.
+    kick: Option<OwnedFd>,
+    kicked: bool,
     /// Readable when a completion is signalled or the host hangs up
     /// (made on first use of [`Queue::wait_fd`]).
     wait_set: Option<OwnedFd>,
@@ -155,8 +162,8 @@ pub struct Queue {
     /// drained the signal): handed back once that request's completion is
     /// found (see `hand_back_wait`).
     arm_taken: bool,
-    /// Whether the completion eventfd may hold a signal (the host took an
-    /// announcement, or `kick_wait` wrote): only then is it read, and only
+    /// Whether the completion line (or the kick) may hold a signal (the
+    /// host took an announcement, or `kick_wait` wrote): only then is it read, and only
     /// when it holds none is it written, so an event loop that resumes
     /// many waiters after one wake-up pays one system call, not one each.
     wait_signalled: bool,
@@ -296,6 +303,8 @@ impl Queue {
             doorbell,
             cq_event,
             socket,
+            kick: None,
+            kicked: false,
             wait_set: None,
             slots: vec![None; depth as usize],
             sent: vec![Desc::default(); depth as usize],
@@ -522,7 +531,7 @@ impl Queue {
                 "the WrapDrive host is gone",
             ));
         }
-        wd_sys::eventfd_signal(self.doorbell.as_fd())?;
+        wd_sys::wake(self.doorbell.as_fd())?;
         Ok(())
     }
 
@@ -933,7 +942,10 @@ impl Queue {
     /// once a completion is posted, or when the host goes away.
     pub fn wait_fd(&mut self) -> Result<std::os::fd::BorrowedFd<'_>> {
         if self.wait_set.is_none() {
-            let set = wd_sys::epoll_of(&[self.cq_event.as_fd(), self.socket.as_fd()])?;
+            let kick = wd_sys::eventfd()?;
+            let set =
+                wd_sys::epoll_of(&[self.cq_event.as_fd(), self.socket.as_fd(), kick.as_fd()])?;
+            self.kick = Some(kick);
             self.wait_set = Some(set);
         }
         Ok(self.wait_set.as_ref().expect("made above").as_fd())
@@ -963,7 +975,10 @@ impl Queue {
         self.check()?;
         self.loop_waiting = true;
         if !self.wait_signalled {
-            wd_sys::eventfd_signal(self.cq_event.as_fd())?;
+            self.wait_fd()?;
+            let kick = self.kick.as_ref().expect("made with the wait set");
+            wd_sys::eventfd_signal(kick.as_fd())?;
+            self.kicked = true;
             self.wait_signalled = true;
         }
         Ok(())
@@ -983,13 +998,21 @@ impl Queue {
         }
     }
 
-    /// Read the completion eventfd when it may hold a signal. A signal the
+    /// Take the completion line's wake-ups (and a kick) when it may hold a
+    /// signal. A signal the
     /// host announced but has not written yet keeps the flag, so a later
     /// call reads it.
     fn drain_signal(&mut self) {
-        if self.wait_signalled
-            && wd_sys::eventfd_drain(self.cq_event.as_fd()).map_or(true, |n| n > 0)
-        {
+        if !self.wait_signalled {
+            return;
+        }
+        let mut taken = false;
+        if std::mem::take(&mut self.kicked) {
+            let k = self.kick.as_ref().expect("kicked through it");
+            taken |= wd_sys::eventfd_drain(k.as_fd()).map_or(true, |n| n > 0);
+        }
+        taken |= wd_sys::wake_drain(self.cq_event.as_fd()).map_or(true, |n| n > 0);
+        if taken {
             self.wait_signalled = false;
         }
     }
@@ -1715,7 +1738,7 @@ impl Waker {
                 "the WrapDrive host is gone",
             ));
         }
-        wd_sys::eventfd_signal(self.doorbell.as_fd())?;
+        wd_sys::wake(self.doorbell.as_fd())?;
         Ok(true)
     }
 

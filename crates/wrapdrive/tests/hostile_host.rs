@@ -48,7 +48,10 @@ fn fake_host(path: &str, truncate: bool) {
                                 )
                                 .unwrap();
                             }
-                            let (e1, e2) = (wd_sys::eventfd().unwrap(), wd_sys::eventfd().unwrap());
+                            // The host's ends kept until the connection ends.
+                            let (bell, e1) = wd_sys::wake_line().unwrap();
+                            let (cq, e2) = wd_sys::wake_line().unwrap();
+                            let _ends = (bell, cq);
                             ch.send(
                                 &Message::QueueGranted {
                                     queue_id: 1,
