@@ -262,8 +262,10 @@ impl Channel {
         self.call_by(msg, request_id, fds, None)
     }
 
-    /// [`Channel::call`] with the reply due `by` then
-    /// ([`IpcError::TimedOut`] after).
+    /// [`Channel::call`] with the request written and the reply come
+    /// `by` then ([`IpcError::TimedOut`] after, or a `Sys` error that
+    /// [`wd_sys::SysError::timed_out`] while writing: a peer reading a
+    /// large request slowly cannot stretch the call past it).
     pub fn call_by(
         &mut self,
         msg: &Message,
@@ -271,7 +273,7 @@ impl Channel {
         fds: &[BorrowedFd<'_>],
         by: Option<Instant>,
     ) -> Result<Frame, IpcError> {
-        if let Err(e) = self.send(msg, request_id, fds) {
+        if let Err(e) = self.send_by(msg, request_id, fds, by) {
             // Nothing was sent: the peer has nothing to answer.
             if !matches!(e, IpcError::Sys(SysError::Call { .. })) {
                 return Err(e);
