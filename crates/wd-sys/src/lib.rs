@@ -174,6 +174,10 @@ pub struct Mapping {
     len: usize,
     /// Mapped PROT_WRITE (writes through a read-only mapping would fault).
     writable: bool,
+    /// The process that mapped it, once [`Mapping::dont_fork`] kept it from
+    /// forked children (0 before): a child's copy of this value names
+    /// memory the child does not have, perhaps its own by now.
+    owner: std::sync::atomic::AtomicU32,
 }
 
 // SAFETY: the mapping is plain shared memory; it has no thread affinity and
@@ -229,6 +233,7 @@ impl Mapping {
             ptr: NonNull::new(p.cast()).expect("mmap returned NULL"),
             len,
             writable,
+            owner: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
@@ -253,7 +258,10 @@ impl Mapping {
         count();
         // SAFETY: advice on a range this object owns.
         let r = unsafe { libc::madvise(self.ptr.as_ptr().cast(), self.len, libc::MADV_DONTFORK) };
-        check("madvise(MADV_DONTFORK)", r as libc::c_long).map(|_| ())
+        check("madvise(MADV_DONTFORK)", r as libc::c_long)?;
+        self.owner
+            .store(getpid(), std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// Bind the pages of this mapping to a NUMA node (best effort where the
@@ -287,8 +295,14 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        let owner = *self.owner.get_mut();
+        if owner != 0 && owner != getpid() {
+            // A forked child's copy: the range was not inherited, and
+            // whatever the child mapped there since is not ours to unmap.
+            return;
+        }
         // SAFETY: ptr/len describe a mapping created by map_shared and not
-        // unmapped elsewhere.
+        // unmapped elsewhere (in this process: checked above).
         unsafe {
             libc::munmap(self.ptr.as_ptr().cast(), self.len);
         }
@@ -1117,6 +1131,59 @@ pub fn wait_termination() -> i32 {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    /// A mapping kept from forked children, dropped in one: the child
+    /// has not got the range, and what it mapped there since stays (the
+    /// drop unmapped it; a client library's waker dropped in a child
+    /// would pull memory from under the child).
+    #[test]
+    fn a_forked_childs_copy_unmaps_nothing() {
+        let fd = memfd_create("t", false).unwrap();
+        ftruncate(fd.as_fd(), 8192).unwrap();
+        let m = Mapping::map_shared(fd.as_fd(), 0, 8192).unwrap();
+        m.dont_fork().unwrap();
+        let at = m.as_ptr();
+        // SAFETY: fork; the child makes only system calls and _exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: an anonymous mapping where the parent's range was
+            // (not inherited: NOREPLACE succeeds), then the copy dropped
+            // and the new page read.
+            unsafe {
+                let p = libc::mmap(
+                    at.cast(),
+                    4096,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                );
+                if p != at.cast() {
+                    libc::_exit(2);
+                }
+                p.cast::<u8>().write_volatile(7);
+                drop(m);
+                let mut vec = [0u8; 1];
+                let code = if libc::mincore(p, 4096, vec.as_mut_ptr()) == 0
+                    && p.cast::<u8>().read_volatile() == 7
+                {
+                    0
+                } else {
+                    3
+                };
+                libc::_exit(code);
+            }
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child: {status:#x}"
+        );
+        drop(m);
+    }
 
     #[test]
     fn memfd_seal_and_map() {
