@@ -190,7 +190,7 @@ fn flooder(
         return failed(e.to_string());
     }
     while !stop.load(Ordering::Relaxed) {
-        // Blocks on the completion eventfd: a flooder burns no CPU of its
+        // Blocks on the completion line: a flooder burns no CPU of its
         // own, only the engine's.
         if let Ok(c) = q.recv_sync(Some(Duration::from_millis(100))) {
             if c.desc.status == 0 {

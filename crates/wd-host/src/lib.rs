@@ -323,7 +323,7 @@ impl Drop for Host {
     }
 }
 
-/// Descriptors kept free for the host's own work (rings, eventfds,
+/// Descriptors kept free for the host's own work (rings, wake lines,
 /// shares, files): a connection is refused once its socket's number comes
 /// this close to the limit (the kernel hands out the lowest free number, so
 /// the number is a floor on the descriptors open).

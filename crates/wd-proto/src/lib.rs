@@ -199,7 +199,7 @@ pub enum Message {
         probe_value: u64,
     },
     /// A queue was created; carries 3 fds: ring memfd, engine doorbell,
-    /// completion eventfd.
+    /// completion line (wake lines: docs/protocol.md).
     QueueGranted {
         /// Queue id.
         queue_id: u32,

@@ -27,7 +27,7 @@ use crate::RingError;
 
 /// `sq_flags` bit: the engine sleeps; ring its doorbell after submitting.
 pub const SQ_NEED_WAKEUP: u32 = 1;
-/// `cq_flags` bit: the client sleeps; signal its completion eventfd.
+/// `cq_flags` bit: the client sleeps; wake its completion line.
 pub const CQ_WAITING: u32 = 1;
 
 /// Liveness of the serving side, as the client sees it in the ring.
@@ -373,7 +373,7 @@ impl RingView {
 
     /// Client, after waking: withdraw the wait announcement. Returns true
     /// when the host had taken it already, which means it signals (or has
-    /// signalled) the completion eventfd: exactly one side clears the flag.
+    /// signalled) the completion line: exactly one side clears the flag.
     pub fn client_end_wait(&self) -> bool {
         self.word(off::CQ_FLAGS)
             .fetch_and(!CQ_WAITING, Ordering::Relaxed)
