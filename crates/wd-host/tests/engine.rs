@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use wd_dummy_msg::CopyMsg;
 use wd_host::{DeviceConfig, Host};
-use wd_proto::Message;
 use wrapdrive::{Capability, HostConn, SharedBuf, CAPA_SHARE_ALL};
 
 /// The tests run one at a time: each host's first engine thread has the
@@ -49,36 +48,6 @@ fn engine_load(d: Duration) -> f64 {
     (thread_cpu("wd-dev0-e0") - before) / d.as_secs_f64()
 }
 
-/// A queue of `alg` on `host` for a client writing its ring by hand: its
-/// control channel, descriptors (ring, doorbell, completion event) and
-/// ring mapping.
-fn raw_queue(
-    host: &Host,
-    alg: &str,
-    depth: u32,
-) -> (wd_ipc::Channel, Vec<std::os::fd::OwnedFd>, wd_sys::Mapping) {
-    let mut ch = common::raw_connect(host);
-    let f = ch
-        .call(
-            &Message::RequestQueue {
-                alg: alg.into(),
-                flags: 0,
-                depth,
-                numa_node: -1,
-                probe_addr: 0,
-                probe_value: 0,
-            },
-            2,
-            &[],
-        )
-        .unwrap();
-    let Message::QueueGranted { ring_bytes, .. } = f.msg else {
-        panic!("{:?}", f.msg)
-    };
-    let map = wd_sys::Mapping::map_shared(f.fds[0].as_fd(), 0, ring_bytes as usize).unwrap();
-    (ch, f.fds, map)
-}
-
 /// A register-driven queue (NVMe) never takes from its ring, yet the
 /// engine counted an entry a client wrote there as work before sleeping:
 /// one entry kept the engine spinning for as long as the queue lived.
@@ -90,7 +59,7 @@ fn a_ring_entry_on_a_register_driven_queue_does_not_keep_the_engine_busy() {
     let spec = format!("nvme:engine=sync,engines=1,ns={store}:0:1M");
     let host = Host::embedded(vec![DeviceConfig::parse_spec(&spec).unwrap()]).unwrap();
     const DEPTH: u32 = 8;
-    let (_ch, fds, map) = raw_queue(&host, "nvme", DEPTH);
+    let (_ch, fds, map) = common::raw_queue(&host, "nvme", DEPTH);
     // SAFETY: map is a live mapping of ring_bytes that outlives the view.
     let mut view = unsafe { wd_ring::RingView::attach(map.as_ptr(), map.len(), DEPTH) }.unwrap();
     // The engine goes to sleep (an idle NVMe queue spins 0.5 s first).
@@ -119,7 +88,7 @@ fn a_client_that_stops_reaping_does_not_keep_its_engine_busy() {
     let _serial = serial();
     let host = Host::embedded(vec![DeviceConfig::new("dummy")]).unwrap();
     const DEPTH: u32 = 8;
-    let (_ch, fds, map) = raw_queue(&host, "memcpy", DEPTH);
+    let (_ch, fds, map) = common::raw_queue(&host, "memcpy", DEPTH);
     // SAFETY: map is a live mapping of ring_bytes that outlives the view.
     let mut view = unsafe { wd_ring::RingView::attach(map.as_ptr(), map.len(), DEPTH) }.unwrap();
     let ring = |view: &wd_ring::RingView| {

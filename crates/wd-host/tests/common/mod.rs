@@ -29,3 +29,34 @@ pub fn hello(sock: std::os::unix::net::UnixStream) -> wd_ipc::Channel {
     .unwrap();
     ch
 }
+
+/// A queue of `alg` on `host` for a client writing its ring by hand: its
+/// control channel, descriptors (ring, doorbell, completion line) and
+/// ring mapping.
+pub fn raw_queue(
+    host: &Host,
+    alg: &str,
+    depth: u32,
+) -> (wd_ipc::Channel, Vec<std::os::fd::OwnedFd>, wd_sys::Mapping) {
+    use std::os::fd::AsFd;
+    let mut ch = raw_connect(host);
+    let f = ch
+        .call(
+            &Message::RequestQueue {
+                alg: alg.into(),
+                flags: 0,
+                depth,
+                numa_node: -1,
+                probe_addr: 0,
+                probe_value: 0,
+            },
+            2,
+            &[],
+        )
+        .unwrap();
+    let Message::QueueGranted { ring_bytes, .. } = f.msg else {
+        panic!("{:?}", f.msg)
+    };
+    let map = wd_sys::Mapping::map_shared(f.fds[0].as_fd(), 0, ring_bytes as usize).unwrap();
+    (ch, f.fds, map)
+}
