@@ -541,3 +541,48 @@ fn the_wait_descriptor_survives_a_restart() {
     wait_until("the completion", || q.completions_ready());
     assert_eq!(q.recv().unwrap().map(|c| c.cookie), Some(5));
 }
+
+/// docs/operations.md / DESIGN.md: after the host went away "the client
+/// library connects again to the same address ... asks for each queue
+/// again ... as it is next used". Two queues of one connection, two
+/// restarts: the second queue, remade on the first restart, moved the
+/// connection on; the first, still of the oldest connection, asked
+/// `HostConn::reconnect` with its old epoch, was handed the (dead) second
+/// connection as "already reconnected", and failed with HostGone on
+/// every use although a host served again.
+#[test]
+fn a_queue_of_an_older_connection_comes_back_after_two_restarts() {
+    let dir = tempdir("wd-older-conn");
+    let socket = dir.join("wd.sock");
+    let mut a = start_host(&socket);
+    let conn = HostConn::connect(&socket).unwrap();
+    let mut q1 = conn
+        .request_queue(&Capability::new("memcpy").depth(8))
+        .unwrap();
+    let mut q2 = conn
+        .request_queue(&Capability::new("memcpy").depth(8))
+        .unwrap();
+    // Copies may be sent again to a restarted host (no-ops too).
+    q1.set_redo_policy(wd_dummy_msg::redo_safe);
+    q2.set_redo_policy(wd_dummy_msg::redo_safe);
+    let nop = Desc::default();
+    assert_eq!(q1.call(nop).unwrap().status, 0);
+    assert_eq!(q2.call(nop).unwrap().status, 0);
+
+    // First restart: q2 is used and comes back (connection epoch 1).
+    kill(&mut a);
+    let mut b = start_host(&socket);
+    assert_eq!(q2.call(nop).unwrap().status, 0);
+    assert_eq!(q2.epoch(), 1);
+
+    // Second restart: q1, still of epoch 0, is used first.
+    kill(&mut b);
+    let mut c = start_host(&socket);
+    let r = q1.call(nop);
+    assert!(
+        matches!(&r, Ok(d) if d.status == 0),
+        "q1 after the second restart: {r:?} (a host serves again at the same address)"
+    );
+    assert_eq!(q2.call(nop).unwrap().status, 0);
+    kill(&mut c);
+}
