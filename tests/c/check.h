@@ -4,7 +4,10 @@
 #ifndef WD_TEST_CHECK_H
 #define WD_TEST_CHECK_H
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static int passed, failed;
 
@@ -59,6 +62,23 @@ static inline int call_at_thread_exit(int (*f)(void))
 		pthread_join(t, NULL);
 	pthread_key_delete(c.key);
 	return c.r;
+}
+
+/* A buffer whose end wraps around the address space: a pointer check
+ * that misses ptr + len reads or writes there. */
+#define WRAPPING ((void *)(UINTPTR_MAX - 15))
+
+/* Run f in a child: its exit code, or 128 + the signal that killed it
+ * (a call that crashes fails its check instead of the whole test). */
+static inline int in_child(int (*f)(void))
+{
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0)
+		_exit(f());
+	int st = 0;
+	waitpid(pid, &st, 0);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 #endif

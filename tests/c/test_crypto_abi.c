@@ -15,21 +15,6 @@
 
 #include "check.h"
 
-/* A buffer whose end wraps around the address space. */
-#define WRAPPING ((void *)(UINTPTR_MAX - 15))
-
-/* Run f in a child: its exit code, or 128 + the signal that killed it. */
-static int in_child(int (*f)(void))
-{
-	fflush(NULL);
-	pid_t pid = fork();
-	if (pid == 0)
-		_exit(f());
-	int st = 0;
-	waitpid(pid, &st, 0);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 static int cipher_output_wraps(void)
 {
 	static const unsigned char k[16] = "0123456789abcdef", iv[16] = "fedcba9876543210";

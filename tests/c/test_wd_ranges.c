@@ -15,23 +15,7 @@
 
 #include "check.h"
 
-/* The last bytes of the address space: an array of a few entries there
- * wraps around. */
-#define WRAPPING ((void *)(UINTPTR_MAX - 15))
-
 static struct wd_queue q;
-
-/* Run f in a child: its exit code, or 128 + the signal that killed it. */
-static int in_child(int (*f)(void))
-{
-	fflush(NULL);
-	pid_t pid = fork();
-	if (pid == 0)
-		_exit(f());
-	int st = 0;
-	waitpid(pid, &st, 0);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
 
 static int list_capas_wraps(void)
 {
