@@ -2126,18 +2126,20 @@ static const char *wd_setting(struct wd_prov *p, const char *key, const char *en
 	}
 	if (v == NULL)
 		return NULL;
-	/* Surrounding blanks are dropped, as the library's WD_CRYPTO_* are. A
-	 * value too long for `buf` keeps its cut end, so it cannot parse. */
+	/* Surrounding blanks are dropped, as the library's WD_CRYPTO_* are
+	 * (before the length is judged: blanks do not make a value too long).
+	 * A value too long for `buf` is cut and marked "...", so it cannot
+	 * parse (cut alone, "000...0065536" read as 0). */
 	while (*v == ' ' || *v == '\t' || *v == '\n')
 		v++;
 	size_t len = strlen(v);
-	if (len >= n) {
-		memcpy(buf, v, n - 1);
-		buf[n - 1] = '\0';
-		return buf;
-	}
 	while (len > 0 && (v[len - 1] == ' ' || v[len - 1] == '\t' || v[len - 1] == '\n'))
 		len--;
+	if (len >= n) {
+		memcpy(buf, v, n - 4);
+		memcpy(buf + n - 4, "...", 4);
+		return buf;
+	}
 	memcpy(buf, v, len);
 	buf[len] = '\0';
 	return buf;

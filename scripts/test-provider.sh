@@ -50,7 +50,8 @@ WD_HOST=$tmp/dying.sock WD_TEST_KILL_PID=$host_pid WD_PROVIDER_POLICY=offload WD
 echo "-- a setting that does not parse refuses the load, naming it"
 for bad in "WD_PROVIDER_POLICY=ofload:policy 'ofload'" "WD_PROVIDER_THRESHOLD=-1:threshold '-1'" \
     "WD_PROVIDER_THRESHOLD=4k:threshold '4k'" "WD_PROVIDER_FALLBACK=maybe:fallback 'maybe'" \
-    "WD_PROVIDER_FALLBACK=0$(printf '%*s' 70 '')x:fallback '0 "; do
+    "WD_PROVIDER_FALLBACK=0$(printf '%*s' 70 '')x:fallback '0 " \
+    "WD_PROVIDER_THRESHOLD=$(printf '0%.0s' $(seq 70))65536:threshold '000"; do
     if env "${bad%%:*}" openssl list -provider-path "$dir" -provider wd -providers > "$tmp/out" 2>&1; then
         echo "the provider loaded with ${bad%%:*}"; exit 1
     fi
@@ -107,13 +108,15 @@ a=$(WD_HOST=$tmp/none.sock WD_PROVIDER_FALLBACK=" On " openssl dgst "${P[@]}" -s
     | cut -d' ' -f1)
 [ "$a" = "$(openssl dgst -sha256 -r "$tmp/one" | cut -d' ' -f1)" ] \
     || { echo "WD_PROVIDER_FALLBACK=' On ' did not load, or computed wrong"; exit 1; }
-if WD_HOST=$tmp/none.sock WD_PROVIDER_FALLBACK=" Off " openssl dgst "${P[@]}" -sha256 "$tmp/one" \
-    > "$tmp/out" 2>&1; then
-    echo "a digest without a host succeeded although the fallback is off (' Off ')"; exit 1
-fi
-if grep -q "fallback '" "$tmp/out"; then
-    echo "WD_PROVIDER_FALLBACK=' Off ' was refused:"; cat "$tmp/out"; exit 1
-fi
+for off in " Off " "off$(printf '%*s' 100 '')"; do
+    if WD_HOST=$tmp/none.sock WD_PROVIDER_FALLBACK="$off" openssl dgst "${P[@]}" -sha256 "$tmp/one" \
+        > "$tmp/out" 2>&1; then
+        echo "a digest without a host succeeded although the fallback is off ('$off')"; exit 1
+    fi
+    if grep -q "fallback '" "$tmp/out"; then
+        echo "WD_PROVIDER_FALLBACK='$off' was refused:"; cat "$tmp/out"; exit 1
+    fi
+done
 
 echo "-- openssl.cnf activation"
 cp provider/openssl-wd.cnf "$tmp/openssl.cnf"

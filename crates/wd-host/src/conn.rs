@@ -542,11 +542,16 @@ impl Conn<'_> {
             queue::new_ring(layout, dev.driver.register_bytes(type_n as u32)).and_then(|ring| {
                 let cq = wd_sys::wake_line()
                     .map_err(|e| err(Status::from_errno(e.errno()), e.to_string()))?;
-                Ok((ring, cq))
+                let bell = wd_sys::wake_line()
+                    .map_err(|e| err(Status::from_errno(e.errno()), e.to_string()))?;
+                Ok((ring, cq, bell))
             });
         // The host keeps one end of the completion line; the client gets
-        // the other (wd_sys::wake_line: no client can make it block).
-        let (ring, (cq, cq_client)) = built?;
+        // the other (wd_sys::wake_line: no client can make it block). The
+        // doorbell is the queue's own line too: an end shared by every
+        // client of the engine would be one socket any of them could shut
+        // down or connect elsewhere, for all.
+        let (ring, (cq, cq_client), (bell, doorbell)) = built?;
         let queue::NewRing {
             fd: ring_fd,
             map: ring_map,
@@ -560,7 +565,6 @@ impl Conn<'_> {
         let engine = &dev.engines[engine_n];
         let id = self.host.new_queue_id();
         let info = &dev.types[type_n].info;
-        let doorbell = engine.doorbell.try_clone()?;
         let q = Arc::new(Queue::new(
             id,
             dev_n,
@@ -571,7 +575,7 @@ impl Conn<'_> {
             flags,
             model,
             engine_n,
-            cq,
+            (cq, bell),
             ring_map,
             (&self.host.iommu, domain_config(self.host, self.cred.uid)),
             (charge, instance),

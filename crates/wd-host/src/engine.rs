@@ -55,8 +55,9 @@ pub struct SleepCounts {
 /// Handle to a running engine thread.
 pub struct EngineHandle {
     tx: mpsc::Sender<EngineCmd>,
-    /// The ringing end of the doorbell line the engine sleeps on (its
-    /// other end is the engine's alone); clients get a copy.
+    /// The ringing end of the engine's own doorbell line (its other end
+    /// is the engine's alone): the host's commands and kicks. Clients
+    /// ring their queue's own line (`Queue::bell`).
     pub doorbell: Arc<OwnedFd>,
     /// Queues attached (for placement).
     pub load: Arc<AtomicUsize>,
@@ -449,9 +450,21 @@ impl EngineLoop {
         let mut rang = work;
         if !work {
             self.sleeping.store(true, Ordering::Relaxed);
-            let _ = wd_sys::poll(&[self.bell.as_fd()], Some(SLEEP_TIMEOUT));
+            // The engine's own line (commands, kicks) and each queue's
+            // doorbell line.
+            let mut fds = Vec::with_capacity(1 + self.queues.len());
+            fds.push(self.bell.as_fd());
+            fds.extend(self.queues.iter().map(|s| s.q.bell.as_fd()));
+            let polled = wd_sys::poll(&fds, Some(SLEEP_TIMEOUT));
             self.sleeping.store(false, Ordering::Relaxed);
-            rang = wd_sys::wake_drain(self.bell.as_fd()).is_ok_and(|n| n > 0);
+            rang = false;
+            for (k, fd) in fds.iter().enumerate() {
+                // (Every line when poll failed.)
+                let ready = polled.as_ref().map_or(true, |r| r[k].readable);
+                if ready {
+                    rang |= wd_sys::wake_drain(*fd).is_ok_and(|n| n > 0);
+                }
+            }
             self.sleeps.sleeps.fetch_add(1, Ordering::Relaxed);
             if rang {
                 self.sleeps.wakeups.fetch_add(1, Ordering::Relaxed);

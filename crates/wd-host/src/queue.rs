@@ -130,6 +130,10 @@ pub struct Queue {
     /// The host's end of the completion line (`wd_sys::wake_line`),
     /// woken when the client sleeps on completions.
     pub cq_event: OwnedFd,
+    /// The host's end of the queue's own doorbell line, which its engine
+    /// sleeps on as well as on its own: a client's end is a socket of
+    /// its own, whose state (shutdown, connect) reaches no other client.
+    pub bell: OwnedFd,
     /// The ring memory (its fd went to the client).
     pub ring: Mapping,
     state: AtomicU8,
@@ -154,7 +158,7 @@ impl Queue {
         flags: u32,
         model: MemModel,
         engine: usize,
-        cq_event: OwnedFd,
+        (cq_event, bell): (OwnedFd, OwnedFd),
         ring: Mapping,
         (iommu, domain): (&Arc<Iommu>, DomainConfig),
         (charge, instance): (Charge, InstanceClaim),
@@ -185,6 +189,7 @@ impl Queue {
             fault_count: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             cq_event,
+            bell,
             ring,
             state: AtomicU8::new(QueueState::Active as u8),
             _charge: charge,

@@ -920,3 +920,73 @@ fn a_frame_with_more_than_max_fds_descriptors_gets_an_error() {
         wd_proto::limits::MAX_FDS + 1
     );
 }
+
+/// docs/security.md: "no user can lock the others out". A doorbell
+/// line's ringing end that every queue of an engine got a duplicate of
+/// was one socket, whose state any client could change for all:
+/// shutdown(2) made every other client's doorbell fail (EPIPE), and
+/// connect(AF_UNSPEC) left it without a peer (ENOTCONN). Each queue now
+/// has its own line. `attack` is done to the attacker's doorbell end; then
+/// another client's copies must each be served in time.
+fn victim_survives(attack: impl FnOnce(&OwnedFd)) {
+    use wd_dummy_msg::CopyMsg;
+    use wrapdrive::{Capability, HostConn, SharedBuf};
+    let host = Host::embedded(vec![DeviceConfig::parse_spec("dummy:engines=1").unwrap()]).unwrap();
+    let hc = HostConn::connect(host.address()).unwrap();
+    let mut victim = hc
+        .request_queue(&Capability::new("memcpy").depth(8))
+        .unwrap();
+    let buf = SharedBuf::new(8192).unwrap();
+    victim.share(buf.addr(), 8192).unwrap();
+    let copy = CopyMsg {
+        src: buf.addr(),
+        dst: buf.addr() + 4096,
+        len: 64,
+    }
+    .to_desc(0);
+    assert_eq!(victim.call(copy).unwrap().status, 0);
+
+    let (_ch, fds, _map) = common::raw_queue(&host, "memcpy", 8);
+    attack(&fds[1]);
+    // Let the engine fall asleep, so the victim must ring it.
+    std::thread::sleep(Duration::from_millis(300));
+    for i in 0..5 {
+        let t0 = std::time::Instant::now();
+        let r = victim.call(copy).map(|d| d.status);
+        let took = t0.elapsed();
+        assert!(
+            matches!(r, Ok(0)) && took < Duration::from_millis(300),
+            "copy {i} of another client after the attack on the shared doorbell: {r:?} in {took:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_client_shutting_down_its_doorbell_does_not_stop_others() {
+    victim_survives(|fd| {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(fd);
+        // SAFETY: shutdown(2) on a descriptor we own.
+        let r = unsafe { libc::shutdown(fd, libc::SHUT_WR) };
+        assert_eq!(r, 0);
+    });
+}
+
+#[test]
+fn a_client_disconnecting_its_doorbell_does_not_stop_others() {
+    victim_survives(|fd| {
+        // SAFETY: connect(2) with an AF_UNSPEC address (dissolves the
+        // datagram socket's association).
+        let r = unsafe {
+            let mut a: libc::sockaddr = std::mem::zeroed();
+            a.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+            libc::connect(
+                std::os::fd::AsRawFd::as_raw_fd(fd),
+                &a,
+                std::mem::size_of::<libc::sa_family_t>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+        let _ = fd.as_fd();
+    });
+}

@@ -418,7 +418,11 @@ pub fn wake(fd: BorrowedFd<'_>) -> Result<()> {
     if r < 0 {
         let e = io::Error::last_os_error();
         return match e.raw_os_error() {
-            Some(libc::EAGAIN | libc::ENOBUFS | libc::ECONNREFUSED | libc::EINTR) => Ok(()),
+            // ECONNREFUSED: the first send after the other end closed;
+            // ENOTCONN: every later one (the kernel dissolved the pair).
+            Some(
+                libc::EAGAIN | libc::ENOBUFS | libc::ECONNREFUSED | libc::ENOTCONN | libc::EINTR,
+            ) => Ok(()),
             _ => Err(SysError::Call {
                 call: "send(wake line)",
                 source: e,
@@ -1131,6 +1135,21 @@ pub fn wait_termination() -> i32 {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    /// "One whose other end is closed has nobody to wake": only the first
+    /// send after the close fails with ECONNREFUSED (the kernel then
+    /// dissolves the pair), every later one with ENOTCONN, which `wake`
+    /// reported as an error.
+    #[test]
+    fn waking_a_closed_line_is_never_an_error() {
+        let (a, b) = wake_line().unwrap();
+        wake(a.as_fd()).unwrap();
+        drop(b);
+        for i in 0..3 {
+            let r = wake(a.as_fd());
+            assert!(r.is_ok(), "wake {i} after the other end closed: {r:?}");
+        }
+    }
 
     /// A mapping kept from forked children, dropped in one: the child
     /// has not got the range, and what it mapped there since stays (the

@@ -1598,6 +1598,14 @@ impl Queue {
         self.loop_waiting = false;
         self.arm_taken = false;
         self.wait_signalled = false;
+        // The kick stays in the wait set across the reconnect: a signal
+        // it holds would no longer be read (wait_signalled is false), and
+        // the descriptor would stay readable for ever.
+        if std::mem::take(&mut self.kicked) {
+            if let Some(k) = &self.kick {
+                let _ = wd_sys::eventfd_drain(k.as_fd());
+            }
+        }
         self.last_liveness = Instant::now();
         let restored: Result<()> = (|| {
             for s in &self.shares {

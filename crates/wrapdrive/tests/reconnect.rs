@@ -586,3 +586,42 @@ fn a_queue_of_an_older_connection_comes_back_after_two_restarts() {
     assert_eq!(q2.call(nop).unwrap().status, 0);
     kill(&mut c);
 }
+
+/// `Queue::kick_wait` writes a private eventfd kept in the wait set across
+/// a reconnect; the reconnect forgot that it may hold a signal
+/// (`wait_signalled = false`) but left it unread: the queue's wait
+/// descriptor stayed readable for ever after, and an event loop waiting
+/// on it for a completion spun.
+#[test]
+fn a_kick_before_a_reconnect_does_not_leave_the_wait_fd_readable() {
+    let dir = tempdir("wd-kick");
+    let socket = dir.join("wd.sock");
+    let mut a = start_host(&socket);
+    let conn = HostConn::connect(&socket).unwrap();
+    let mut q = conn
+        .request_queue(&Capability::new("memcpy").depth(8))
+        .unwrap();
+    q.set_redo_policy(wd_dummy_msg::redo_safe);
+    assert_eq!(q.call(Desc::default()).unwrap().status, 0);
+    q.wait_fd().unwrap();
+    q.kick_wait().unwrap();
+
+    kill(&mut a);
+    let mut b = start_host(&socket);
+    q.reconnect().unwrap();
+
+    // An event loop's round: announce, wake, withdraw. Nothing is in
+    // flight and nothing completes: the descriptor must go quiet.
+    let _ = q.arm_wait().unwrap();
+    q.disarm_wait();
+    assert!(!q.arm_wait().unwrap());
+    let fd = q.wait_fd().unwrap();
+    let ready = wd_sys::poll(&[fd], Some(Duration::from_millis(200))).unwrap();
+    let readable = ready[0].readable;
+    q.disarm_wait();
+    kill(&mut b);
+    assert!(
+        !readable,
+        "the wait descriptor is readable with no completion and no kick since the reconnect (a kick from before it was never taken)"
+    );
+}
