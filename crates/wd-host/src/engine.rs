@@ -157,7 +157,11 @@ impl EngineHandle {
         // The engine answers within one pass; if it is gone, it cannot
         // touch the queue either.
         let _ = rx.recv_timeout(Duration::from_secs(10));
-        self.load.fetch_sub(1, Ordering::Relaxed);
+        // Never below zero: a queue whose device panicked while it was
+        // being opened is released without having been attached.
+        let _ = self
+            .load
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
     }
 }
 
