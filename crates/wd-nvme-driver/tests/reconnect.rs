@@ -231,7 +231,7 @@ fn a_given_up_identify_does_not_overwrite_the_next_commands_data() {
     let pid = host.pid();
     // SAFETY: kill(2) of our own child.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
-    std::thread::sleep(Duration::from_millis(200));
+    wd_testutil::wait_stopped(pid);
     let e = c.identify(0x01, 0).unwrap_err();
     assert!(matches!(e, wd_nvme_driver::NvmeError::Timeout(_)), "{e}");
     let resume = std::thread::spawn(move || {

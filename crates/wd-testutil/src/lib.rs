@@ -248,6 +248,27 @@ pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Wait until every thread of process `pid` has stopped (state `T`, after
+/// a SIGSTOP): kill(2) returns before they have, and a thread still
+/// running may yet answer a request the test expects to go unanswered.
+pub fn wait_stopped(pid: i32) {
+    let dir = format!("/proc/{pid}/task");
+    wait_until("every thread stopped", || {
+        let Ok(tasks) = std::fs::read_dir(&dir) else {
+            return false;
+        };
+        tasks.flatten().all(|t| {
+            std::fs::read_to_string(t.path().join("stat")).is_ok_and(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with(['T', 't'])
+            })
+        })
+    });
+}
+
 /// The environment variable naming the role of a re-run test binary.
 pub const ROLE_ENV: &str = "WD_TEST_ROLE";
 

@@ -51,6 +51,7 @@ fn a_stopped_host_is_gone_after_the_deadline_and_its_queues_come_back() {
     let buf = SharedBuf::new(4096).unwrap();
     // SAFETY: plain kill(2) of our own child.
     unsafe { libc::kill(host.pid(), libc::SIGSTOP) };
+    wd_testutil::wait_stopped(host.pid());
     let t = Instant::now();
     let e = q.share(buf.addr(), buf.len()).unwrap_err();
     assert_eq!(e.status(), Status::HostGone, "{e}");
@@ -92,6 +93,7 @@ fn a_large_request_to_a_stopped_host_is_gone_after_the_deadline() {
     .to_desc(0);
     // SAFETY: kill(2) of our own child.
     unsafe { libc::kill(host.pid(), libc::SIGSTOP) };
+    wd_testutil::wait_stopped(host.pid());
     let (tx, rx) = std::sync::mpsc::channel();
     let t = std::thread::spawn(move || {
         let _ = tx.send(q.send(desc, 1).map_err(|e| e.status()));
@@ -126,6 +128,7 @@ fn an_unshare_a_hung_host_does_not_answer_is_not_done() {
     q.share(b.addr(), b.len()).unwrap();
     // SAFETY: kill(2) of our own child.
     unsafe { libc::kill(host.pid(), libc::SIGSTOP) };
+    wd_testutil::wait_stopped(host.pid());
     let e = q.unshare(a.addr(), a.len()).unwrap_err();
     assert_eq!(e.status(), Status::HostGone, "{e}");
     // SAFETY: as above.
@@ -134,6 +137,7 @@ fn an_unshare_a_hung_host_does_not_answer_is_not_done() {
     // Hung again, then dead: nothing can reach the range any more.
     // SAFETY: as above.
     unsafe { libc::kill(host.pid(), libc::SIGSTOP) };
+    wd_testutil::wait_stopped(host.pid());
     let e = q.unshare(b.addr(), b.len()).unwrap_err();
     assert_eq!(e.status(), Status::HostGone, "{e}");
     host.child.kill().unwrap();

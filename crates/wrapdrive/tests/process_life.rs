@@ -86,19 +86,7 @@ fn host_killed_while_client_waits_is_an_error_not_a_hang() {
     // Freeze the host so the request stays in flight, then kill it.
     // SAFETY: plain kill(2) of our own child.
     unsafe { libc::kill(host.pid(), libc::SIGSTOP) };
-    // kill() returns before every thread has stopped: wait for the stop.
-    let stat = format!("/proc/{}/stat", host.pid());
-    wait_until("host stopped", || {
-        std::fs::read_to_string(&stat)
-            .map(|s| {
-                s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('T')
-            })
-            .unwrap_or(false)
-    });
+    wd_testutil::wait_stopped(host.pid());
     q.send(wrapdrive::Desc::default(), 1).unwrap();
     let pid = host.pid();
     let killer = std::thread::spawn(move || {

@@ -62,16 +62,7 @@ fn start_host_with(socket: &str, env: &[(&str, &str)]) -> Role {
 fn freeze(host: &Role) {
     // SAFETY: plain kill(2) of our own child.
     unsafe { libc::kill(host.pid(), libc::SIGSTOP) };
-    let stat = format!("/proc/{}/stat", host.pid());
-    wait_until("host stopped", || {
-        std::fs::read_to_string(&stat).is_ok_and(|s| {
-            s.rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('T')
-        })
-    });
+    wd_testutil::wait_stopped(host.pid());
 }
 
 fn kill(host: &mut Role) {
