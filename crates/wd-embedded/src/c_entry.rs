@@ -10,16 +10,26 @@ use std::sync::Mutex;
 
 use wrapdrive::EmbeddedHost;
 
-static HOST: Mutex<Option<EmbeddedHost>> = Mutex::new(None);
+/// The host and the fork generation (this copy's) that started it.
+static HOST: Mutex<Option<(u64, EmbeddedHost)>> = Mutex::new(None);
 
 fn process_host() -> wrapdrive::Result<String> {
+    let generation = wrapdrive::fork_generation();
     let mut g = HOST.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(h) = g.as_ref() {
-        return Ok(h.address.clone());
+    match g.take() {
+        Some((gen, h)) if gen == generation => {
+            let addr = h.address.clone();
+            *g = Some((gen, h));
+            return Ok(addr);
+        }
+        // A forked child: the parent's host has no threads here (dropping
+        // it would wait for them); the child starts its own.
+        Some((_, h)) => std::mem::forget(h),
+        None => {}
     }
     let h = crate::start()?;
     let addr = h.address.clone();
-    *g = Some(h);
+    *g = Some((generation, h));
     Ok(addr)
 }
 

@@ -158,6 +158,21 @@ impl CipherCtx {
     /// given, and the direction. Padding is off: the device works on whole
     /// blocks and padding is the client library's business.
     pub fn init(&mut self, key: Option<&[u8]>, iv: Option<&[u8]>, encrypt: bool) -> Result<()> {
+        // libcrypto reads as many key and IV bytes as the cipher takes,
+        // whatever the slices hold: check them here (this is a safe API).
+        // SAFETY: cipher is a live fetched cipher.
+        let (klen, ivlen) = unsafe {
+            (
+                ffi::EVP_CIPHER_get_key_length(self.cipher),
+                ffi::EVP_CIPHER_get_iv_length(self.cipher),
+            )
+        };
+        if key.is_some_and(|k| k.len() != klen.max(0) as usize) {
+            return Err(EvpError::Failed("EVP_CipherInit_ex (key length)"));
+        }
+        if self.mode != Mode::Gcm && iv.is_some_and(|v| v.len() < ivlen.max(0) as usize) {
+            return Err(EvpError::Failed("EVP_CipherInit_ex (IV length)"));
+        }
         if key.is_some() {
             // Select the cipher first (this resets the context), so the GCM
             // IV length can be set before key and IV go in together.
@@ -229,6 +244,12 @@ impl CipherCtx {
     /// `src` must be valid for reads and `dst` for writes of `len` bytes for
     /// the duration of the call; they may alias exactly or not at all.
     unsafe fn update_ptrs(&mut self, dst: *mut u8, src: *const u8, len: usize) -> Result<usize> {
+        // A block mode given part of a block keeps it in the context, and
+        // the next update writes up to a block more than it is given:
+        // past `dst`. Whole blocks only, checked before libcrypto sees any.
+        if matches!(self.mode, Mode::Ecb | Mode::Cbc) && len % 16 != 0 {
+            return Err(EvpError::Failed("EVP_CipherUpdate (partial block)"));
+        }
         let mut done = 0usize;
         while done < len {
             let n = (len - done).min(c_int::MAX as usize & !15);

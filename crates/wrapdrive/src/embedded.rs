@@ -42,7 +42,35 @@ impl std::fmt::Debug for EmbeddedHost {
 pub type EmbeddedStarter = fn() -> Result<EmbeddedHost>;
 
 static STARTER: Mutex<Option<EmbeddedStarter>> = Mutex::new(None);
-static RUNNING: Mutex<Option<EmbeddedHost>> = Mutex::new(None);
+/// The running host and the fork generation that started it: a forked
+/// child has none of its threads, so it starts its own.
+static RUNNING: Mutex<Option<(u64, EmbeddedHost)>> = Mutex::new(None);
+
+type RunningGuard = std::sync::MutexGuard<'static, Option<(u64, EmbeddedHost)>>;
+
+thread_local! {
+    /// `RUNNING`'s lock, held by the forking thread across a fork: a host
+    /// being started holds it, and a child must not inherit it held by a
+    /// thread it does not have (its every connect would wait for ever).
+    static HELD_FOR_FORK: std::cell::RefCell<Option<RunningGuard>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Before a fork (in the forking thread, before the allocator's lock: a
+/// starting host takes that one inside this one).
+pub(crate) fn before_fork() {
+    let _ = HELD_FOR_FORK.try_with(|h| {
+        let mut h = h.borrow_mut();
+        if h.is_none() {
+            *h = Some(RUNNING.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+    });
+}
+
+/// After a fork, in the parent and in the child: let go of it.
+pub(crate) fn after_fork() {
+    let _ = HELD_FOR_FORK.try_with(|h| h.borrow_mut().take());
+}
 
 /// Make `WD_HOST=embedded` (and [`crate::HostConn::embedded`]) start hosts
 /// with `start`. Called by `wd_embedded::install`; a later call replaces an
@@ -53,16 +81,24 @@ pub fn register_embedded_host(start: EmbeddedStarter) {
 
 /// The process's in-process host, started on first use.
 pub(crate) fn process_host() -> Result<EmbeddedHost> {
+    let generation = crate::fork_generation();
     let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(h) = running.as_ref() {
-        return Ok(h.clone());
+    match running.take() {
+        Some((g, h)) if g == generation => {
+            *running = Some((g, h.clone()));
+            return Ok(h);
+        }
+        // The parent's host (a forked child): its threads are not here,
+        // so dropping it would wait for them for ever; it stays as it is.
+        Some((_, h)) => std::mem::forget(h),
+        None => {}
     }
     let starter = *STARTER.lock().unwrap_or_else(|e| e.into_inner());
     let h = match starter {
         Some(start) => start()?,
         None => load_library()?,
     };
-    *running = Some(h.clone());
+    *running = Some((generation, h.clone()));
     Ok(h)
 }
 

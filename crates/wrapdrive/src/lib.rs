@@ -134,8 +134,21 @@ const HOOK_NONE: u8 = 0;
 const HOOK_REGISTERING: u8 = 1;
 const HOOK_DONE: u8 = 2;
 
+/// Before a fork: the in-process host's slot, then the allocator (the
+/// order a thread starting a host takes them in).
+extern "C" fn before_fork() {
+    embedded::before_fork();
+    buf::before_fork();
+}
+
+extern "C" fn after_fork_in_parent() {
+    buf::after_fork();
+    embedded::after_fork();
+}
+
 extern "C" fn after_fork_in_child() {
     buf::after_fork();
+    embedded::after_fork();
     FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
     // Handlers are inherited: registered here too, whatever the parent's
     // registering thread had got to.
@@ -194,8 +207,8 @@ fn register_fork_hook() {
         }
     }
     let _ = wd_sys::on_fork(
-        Some(buf::before_fork),
-        Some(buf::after_fork),
+        Some(before_fork),
+        Some(after_fork_in_parent),
         Some(after_fork_in_child),
     );
     // Release: pairs with the Acquire loads above and in fork_generation.
