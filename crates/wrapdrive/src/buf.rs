@@ -43,8 +43,10 @@ pub(crate) extern "C" fn after_fork() {
 }
 
 fn with<T>(f: impl FnOnce(&mut Allocator) -> T) -> T {
-    let mut g = ALLOCATOR.lock().unwrap_or_else(|e| e.into_inner());
+    // First, outside the lock: the first call registers the fork hooks,
+    // and a fork before they are there must not find the lock held.
     let generation = crate::fork_generation();
+    let mut g = ALLOCATOR.lock().unwrap_or_else(|e| e.into_inner());
     if g.as_ref().is_some_and(|(gen, _)| *gen != generation) {
         // A forked child: the arenas are shared mappings it has in common
         // with the parent, so carving more out of them would hand both
