@@ -790,21 +790,19 @@ fn make_blocking(fd: &OwnedFd) {
     }
 }
 
-/// docs/security.md: "no client can crash the host, and no user can lock
-/// the others out". The wake-up descriptors a client gets were eventfds
-/// whose open file descriptions the host shared: a client that cleared
-/// O_NONBLOCK on its completion eventfd and filled its counter made the
-/// engine's next signal of it block in write(2) for good, and every other
-/// client's queue on that engine stopped. Now they are ends of wake lines
-/// (datagram socket pairs, sent and received with MSG_DONTWAIT): a client
-/// that makes its ends blocking and floods both lines (the doorbell's is
-/// every client's on the engine) stops nothing.
-#[test]
-fn a_client_cannot_stop_its_engine_through_its_wake_lines() {
+/// A host with one engine and a client of it (the victim of the tests
+/// below) whose copy has been served once: the host, the connection, the
+/// queue, its buffer and the copy to send again.
+fn victim_on_one_engine() -> (
+    Host,
+    std::sync::Arc<wrapdrive::HostConn>,
+    wrapdrive::Queue,
+    wrapdrive::SharedBuf,
+    wrapdrive::Desc,
+) {
     use wd_dummy_msg::CopyMsg;
     use wrapdrive::{Capability, HostConn, SharedBuf};
     let host = Host::embedded(vec![DeviceConfig::parse_spec("dummy:engines=1").unwrap()]).unwrap();
-    // The victim, on the same (only) engine.
     let hc = HostConn::connect(host.address()).unwrap();
     let mut victim = hc
         .request_queue(&Capability::new("memcpy").depth(8))
@@ -818,6 +816,21 @@ fn a_client_cannot_stop_its_engine_through_its_wake_lines() {
     }
     .to_desc(0);
     assert_eq!(victim.call(copy).unwrap().status, 0);
+    (host, hc, victim, buf, copy)
+}
+
+/// docs/security.md: "no client can crash the host, and no user can lock
+/// the others out". The wake-up descriptors a client gets were eventfds
+/// whose open file descriptions the host shared: a client that cleared
+/// O_NONBLOCK on its completion eventfd and filled its counter made the
+/// engine's next signal of it block in write(2) for good, and every other
+/// client's queue on that engine stopped. Now they are ends of wake lines
+/// (datagram socket pairs, sent and received with MSG_DONTWAIT): a client
+/// that makes its ends blocking and floods both lines (the doorbell's is
+/// every client's on the engine) stops nothing.
+#[test]
+fn a_client_cannot_stop_its_engine_through_its_wake_lines() {
+    let (host, hc, mut victim, buf, copy) = victim_on_one_engine();
 
     // The attacker: both its ends blocking, both lines flooded (a send
     // on its completion end goes to the host's end, which never reads),
@@ -929,22 +942,7 @@ fn a_frame_with_more_than_max_fds_descriptors_gets_an_error() {
 /// has its own line. `attack` is done to the attacker's doorbell end; then
 /// another client's copies must each be served in time.
 fn victim_survives(attack: impl FnOnce(&OwnedFd)) {
-    use wd_dummy_msg::CopyMsg;
-    use wrapdrive::{Capability, HostConn, SharedBuf};
-    let host = Host::embedded(vec![DeviceConfig::parse_spec("dummy:engines=1").unwrap()]).unwrap();
-    let hc = HostConn::connect(host.address()).unwrap();
-    let mut victim = hc
-        .request_queue(&Capability::new("memcpy").depth(8))
-        .unwrap();
-    let buf = SharedBuf::new(8192).unwrap();
-    victim.share(buf.addr(), 8192).unwrap();
-    let copy = CopyMsg {
-        src: buf.addr(),
-        dst: buf.addr() + 4096,
-        len: 64,
-    }
-    .to_desc(0);
-    assert_eq!(victim.call(copy).unwrap().status, 0);
+    let (host, _hc, mut victim, _buf, copy) = victim_on_one_engine();
 
     let (_ch, fds, _map) = common::raw_queue(&host, "memcpy", 8);
     attack(&fds[1]);
