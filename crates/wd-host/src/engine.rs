@@ -58,7 +58,7 @@ pub struct EngineHandle {
     /// The ringing end of the engine's own doorbell line (its other end
     /// is the engine's alone): the host's commands and kicks. Clients
     /// ring their queue's own line (`Queue::bell`).
-    pub doorbell: Arc<OwnedFd>,
+    doorbell: OwnedFd,
     /// Queues attached (for placement).
     pub load: Arc<AtomicUsize>,
     /// Whether the engine is asleep (for `wd ls` and tests).
@@ -86,7 +86,6 @@ impl EngineHandle {
         let (tx, rx) = mpsc::channel();
         let (bell, doorbell) =
             wd_sys::wake_line().map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
-        let doorbell = Arc::new(doorbell);
         let load = Arc::new(AtomicUsize::new(0));
         let sleeping = Arc::new(AtomicBool::new(false));
         let sleeps = Arc::new(SleepCounts::default());
