@@ -195,8 +195,7 @@ fn a_trickled_hello_does_not_outlive_the_hello_deadline() {
 #[test]
 fn an_exempt_users_huge_share_is_refused_not_a_panic() {
     let host = start(&["dummy:queues=4"], Limits::default());
-    let avail = "dev0/mdev_supported_types/dummy-memcpy/available_instances";
-    assert_eq!(attr(&host.socket, avail), "4");
+    assert_eq!(attr(&host.socket, MEMCPY_FREE), "4");
     {
         let mut ch = connect(&host.socket);
         hello(&mut ch);
@@ -218,13 +217,9 @@ fn an_exempt_users_huge_share_is_refused_not_a_panic() {
         }
         // The client goes away.
     }
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while attr(&host.socket, avail) != "4" && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
     let uid = wd_sys::geteuid();
     assert_eq!(
-        attr(&host.socket, avail),
+        free_once_queues_go(&host),
         "4",
         "the queue's instance was never returned; host/users/{uid}/queues = {}",
         attr(&host.socket, &format!("host/users/{uid}/queues"))
@@ -366,6 +361,20 @@ fn passed_connection(host: &TestHost) -> (wd_testutil::Role, UnixStream) {
     (role, UnixStream::from(fds.pop().expect("the connection")))
 }
 
+/// The free memcpy instances of a `dummy` device, whose queues a dead
+/// client's connection holds until the host notices.
+const MEMCPY_FREE: &str = "dev0/mdev_supported_types/dummy-memcpy/available_instances";
+
+/// The free memcpy instances of `host` (with `dummy:queues=4`) once they
+/// are all free again, or as many as there are after 3 s.
+fn free_once_queues_go(host: &TestHost) -> String {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while attr(&host.socket, MEMCPY_FREE) != "4" && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    attr(&host.socket, MEMCPY_FREE)
+}
+
 /// docs/protocol.md: "A pidfd ties the queues to the process, not only
 /// to the socket: a socket inherited by a child does not keep a dead
 /// parent's queues." Replies were sent without a write timeout: once
@@ -374,9 +383,8 @@ fn passed_connection(host: &TestHost) -> (wd_testutil::Role, UnixStream) {
 #[test]
 fn a_dead_clients_queue_goes_even_when_its_socket_is_not_read() {
     let host = start(&["dummy:queues=4"], Limits::default());
-    let avail = "dev0/mdev_supported_types/dummy-memcpy/available_instances";
     let (mut role, conn) = passed_connection(&host);
-    assert_eq!(attr(&host.socket, avail), "3");
+    assert_eq!(attr(&host.socket, MEMCPY_FREE), "3");
     // Ask and never read: the host's replies fill the socket, then ours.
     conn.set_nonblocking(true).unwrap();
     let req = wd_proto::encode(
@@ -403,11 +411,7 @@ fn a_dead_clients_queue_goes_even_when_its_socket_is_not_read() {
     // The process that connected exits; the socket lives on here.
     drop(role.child.stdin.take());
     let _ = role.child.wait();
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while attr(&host.socket, avail) != "4" && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let left = attr(&host.socket, avail);
+    let left = free_once_queues_go(&host);
     drop(conn);
     assert_eq!(
         left, "4",
@@ -618,9 +622,8 @@ fn a_numa_node_below_minus_one_is_refused() {
 #[test]
 fn a_dead_clients_queue_goes_even_while_its_socket_keeps_sending() {
     let host = start(&["dummy:queues=4"], Limits::default());
-    let avail = "dev0/mdev_supported_types/dummy-memcpy/available_instances";
     let (mut role, conn) = passed_connection(&host);
-    assert_eq!(attr(&host.socket, avail), "3");
+    assert_eq!(attr(&host.socket, MEMCPY_FREE), "3");
 
     let stop = Arc::new(AtomicBool::new(false));
     // Every reply is read at once: the host never waits to send.
@@ -676,11 +679,7 @@ fn a_dead_clients_queue_goes_even_while_its_socket_keeps_sending() {
     // The process that connected exits; its socket lives on here.
     drop(role.child.stdin.take());
     let _ = role.child.wait();
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while attr(&host.socket, avail) != "4" && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let left = attr(&host.socket, avail);
+    let left = free_once_queues_go(&host);
     stop.store(true, Ordering::Relaxed);
     let _ = conn.shutdown(std::net::Shutdown::Both);
     reader.join().unwrap();
@@ -701,7 +700,6 @@ fn a_dead_clients_queue_goes_even_while_its_socket_keeps_sending() {
 #[test]
 fn a_dead_clients_queue_goes_even_while_a_reply_is_read_slowly() {
     let host = start(&["dummy:queues=4"], Limits::default());
-    let avail = "dev0/mdev_supported_types/dummy-memcpy/available_instances";
     let (mut role, conn) = passed_connection(&host);
     // The inherited connection asks for a legacy queue of its own.
     let mut ch = Channel::new(conn.try_clone().unwrap());
@@ -722,7 +720,7 @@ fn a_dead_clients_queue_goes_even_while_a_reply_is_read_slowly() {
     let Message::QueueGranted { queue_id, .. } = f.msg else {
         panic!("{:?}", f.msg)
     };
-    assert_eq!(attr(&host.socket, avail), "2");
+    assert_eq!(attr(&host.socket, MEMCPY_FREE), "2");
     // A 1 MiB copy through the socket: a 1 MiB reply.
     let len = wd_proto::limits::MAX_PAYLOAD as u64;
     let desc = wd_dummy_msg::CopyMsg {
@@ -761,11 +759,7 @@ fn a_dead_clients_queue_goes_even_while_a_reply_is_read_slowly() {
         }
         got
     });
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while attr(&host.socket, avail) != "4" && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let left = attr(&host.socket, avail);
+    let left = free_once_queues_go(&host);
     stop.store(true, Ordering::Relaxed);
     let _ = conn.shutdown(std::net::Shutdown::Both);
     let got = reader.join().unwrap();
