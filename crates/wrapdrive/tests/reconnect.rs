@@ -543,10 +543,12 @@ fn the_wait_descriptor_survives_a_restart() {
 /// every use although a host served again.
 #[test]
 fn a_queue_of_an_older_connection_comes_back_after_two_restarts() {
-    let dir = tempdir("wd-older-conn");
-    let socket = dir.join("wd.sock");
-    let mut a = start_host(&socket);
-    let conn = HostConn::connect(&socket).unwrap();
+    let Setup {
+        _dir,
+        socket,
+        host: mut a,
+        conn,
+    } = setup("wd-older-conn");
     let mut q1 = conn
         .request_queue(&Capability::new("memcpy").depth(8))
         .unwrap();
@@ -585,10 +587,12 @@ fn a_queue_of_an_older_connection_comes_back_after_two_restarts() {
 /// on it for a completion spun.
 #[test]
 fn a_kick_before_a_reconnect_does_not_leave_the_wait_fd_readable() {
-    let dir = tempdir("wd-kick");
-    let socket = dir.join("wd.sock");
-    let mut a = start_host(&socket);
-    let conn = HostConn::connect(&socket).unwrap();
+    let Setup {
+        _dir,
+        socket,
+        host: mut a,
+        conn,
+    } = setup("wd-kick");
     let mut q = conn
         .request_queue(&Capability::new("memcpy").depth(8))
         .unwrap();
