@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{cipher, mb_engine, mem, openssl_crypt, session, Mem, BASE};
+use common::{cipher, data, mb_engine, mem, openssl_crypt, session, Mem, BASE};
 use openssl::symm::Cipher;
 use wd_device::{Access, DeviceQueue, DeviceSlice, Dma, Fault, HeldSlice, Started};
 use wd_sec::msg::{F_ENCRYPT, F_IV};
@@ -45,12 +45,6 @@ impl Dma<'static> for Aliased<'_> {
     fn hold(&mut self, iova: u64, len: u64, access: Access) -> Option<HeldSlice> {
         self.0.hold(tr(iova), len, access)
     }
-}
-
-fn data(n: usize, seed: usize) -> Vec<u8> {
-    (0..n)
-        .map(|i| ((i * 131 + seed * 17) % 251) as u8)
-        .collect()
 }
 
 #[test]

@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::{HashMap, VecDeque};
 
-use common::{cipher, mb_engine, mem, openssl_crypt, run_in_pieces, session, Mem, BASE};
+use common::{cipher, data, mb_engine, mem, openssl_crypt, run_in_pieces, session, Mem, BASE};
 use openssl::symm::Cipher;
 use wd_device::{status, DeviceQueue, Started};
 use wd_ring::Desc;
@@ -21,12 +21,6 @@ const LANE: usize = 64 << 10;
 /// What the device's memory holds where it has not written.
 const UNTOUCHED: u8 = 0xee;
 
-fn data(n: usize, seed: usize) -> Vec<u8> {
-    (0..n)
-        .map(|i| ((i * 131 + seed * 17) % 251) as u8)
-        .collect()
-}
-
 fn openssl_cbc(key: &[u8]) -> Cipher {
     match key.len() {
         16 => Cipher::aes_128_cbc(),
@@ -37,6 +31,76 @@ fn openssl_cbc(key: &[u8]) -> Cipher {
 
 fn cbc(key: &[u8]) -> Alg {
     Alg::by_name(&format!("aes-{}-cbc", key.len() * 8)).unwrap()
+}
+
+/// A CBC encryption sent in parts: its session, key, IV and plaintext,
+/// and each part's source, destination and length.
+struct Message {
+    session: u64,
+    key: Vec<u8>,
+    iv: [u8; 16],
+    plain: Vec<u8>,
+    placed: Vec<(u64, u64, usize)>,
+}
+
+impl Message {
+    /// `plain` laid out from `*at` in parts of `lens`, each part's
+    /// source written; `layout(j)` says whether part `j` is encrypted in
+    /// place and how many bytes to leave after it.
+    fn place(
+        mem: &mut Mem,
+        at: &mut u64,
+        (session, key, iv): (u64, Vec<u8>, [u8; 16]),
+        plain: Vec<u8>,
+        lens: &[usize],
+        mut layout: impl FnMut(usize) -> (bool, u64),
+    ) -> Message {
+        let mut placed = Vec::new();
+        let mut off = 0;
+        for (j, &n) in lens.iter().enumerate() {
+            let (in_place, gap) = layout(j);
+            let src = *at;
+            let dst = if in_place { src } else { src + n as u64 };
+            mem.put(src, &plain[off..off + n]);
+            placed.push((src, dst, n));
+            *at += 2 * n as u64 + gap;
+            off += n;
+        }
+        Message {
+            session,
+            key,
+            iv,
+            plain,
+            placed,
+        }
+    }
+
+    /// The request of part `j` (the first brings the IV).
+    fn part(&self, j: usize) -> Desc {
+        let (src, dst, n) = self.placed[j];
+        let flags = if j == 0 { F_ENCRYPT | F_IV } else { F_ENCRYPT };
+        cipher(self.session, flags, src, dst, n, &self.iv).encode()
+    }
+
+    /// What its parts' destinations hold.
+    fn output(&self, mem: &Mem) -> Vec<u8> {
+        self.placed
+            .iter()
+            .flat_map(|&(_, dst, n)| mem.get(dst, n))
+            .collect()
+    }
+
+    /// OpenSSL's encryption of its plaintext, then of `more`.
+    fn openssl(&self, more: &[u8]) -> Vec<u8> {
+        let plain = [&self.plain[..], more].concat();
+        openssl_crypt(
+            openssl_cbc(&self.key),
+            &self.key,
+            Some(&self.iv),
+            &plain,
+            true,
+        )
+    }
 }
 
 /// An engine's passes over one asynchronous queue: each hands the queue
@@ -139,50 +203,21 @@ fn bursts_of_1_mib_requests_over_rounds_match_openssl() {
         })
         .collect();
     let mut at = BASE + 0x1_0000;
-    struct Message {
-        session: u64,
-        key: Vec<u8>,
-        iv: [u8; 16],
-        plain: Vec<u8>,
-        /// Each part's source, destination and length.
-        placed: Vec<(u64, u64, usize)>,
-    }
     let mut msgs = Vec::new();
     for (k, key) in keys.iter().enumerate() {
         let s = session(&mut q, &mut mem, cbc(key), key);
         let plain = data(parts[k].iter().sum(), k);
-        let mut placed = Vec::new();
-        let mut off = 0;
-        for (j, &n) in parts[k].iter().enumerate() {
-            let src = at;
-            let dst = if (k + j) % 2 == 0 {
-                src
-            } else {
-                src + n as u64
-            };
-            mem.put(src, &plain[off..off + n]);
-            placed.push((src, dst, n));
-            at += 2 * n as u64 + 4096;
-            off += n;
-        }
-        msgs.push(Message {
-            session: s,
-            key: key.clone(),
-            iv: [k as u8 + 0x40; 16],
+        msgs.push(Message::place(
+            &mut mem,
+            &mut at,
+            (s, key.clone(), [k as u8 + 0x40; 16]),
             plain,
-            placed,
-        });
+            &parts[k],
+            |j| ((k + j) % 2 == 0, 4096),
+        ));
     }
     let token = |k: usize, j: usize| (k * 10 + j) as u64;
-    let send = |p: &mut Passes, k: usize, j: usize| {
-        let m: &Message = &msgs[k];
-        let (src, dst, n) = m.placed[j];
-        let flags = if j == 0 { F_ENCRYPT | F_IV } else { F_ENCRYPT };
-        p.submit(
-            token(k, j),
-            cipher(m.session, flags, src, dst, n, &m.iv).encode(),
-        );
-    };
+    let send = |p: &mut Passes, k: usize, j: usize| p.submit(token(k, j), msgs[k].part(j));
     let mut p = Passes::default();
     for j in 0..3 {
         for k in 0..6 {
@@ -228,19 +263,15 @@ fn bursts_of_1_mib_requests_over_rounds_match_openssl() {
                 );
             }
         }
-        let mut got: Vec<u8> = m
-            .placed
-            .iter()
-            .flat_map(|&(_, dst, n)| mem.get(dst, n))
-            .collect();
-        let mut plain = m.plain.clone();
+        let mut got = m.output(&mem);
+        let mut more = Vec::new();
         if k < 5 {
             let (tdst, tail) = &tails[k];
             got.extend(mem.get(*tdst, tail.len()));
-            plain.extend(tail);
+            more.clone_from(tail);
         }
         assert!(
-            got == openssl_crypt(openssl_cbc(&m.key), &m.key, Some(&m.iv), &plain, true),
+            got == m.openssl(&more),
             "message {k} (AES-{}) differs from OpenSSL's",
             m.key.len() * 8
         );
@@ -485,13 +516,7 @@ fn teardown_in_the_middle_of_a_burst() {
     let mut d = next.encode();
     q.batch(1);
     assert_eq!(q.start(3, &mut d, &mut mem), Started::Held);
-    let mut stopped = Vec::new();
-    q.abort(&mut stopped);
-    stopped.sort_by_key(|(t, _)| *t);
-    let got: Vec<(u64, i32, u64)> = stopped
-        .iter()
-        .map(|(t, d)| (*t, d.status, d.result))
-        .collect();
+    let got = common::abort_outcomes(&mut q);
     assert_eq!(
         got,
         vec![
@@ -647,13 +672,6 @@ fn random_bursts_over_rounds_match_openssl() {
         rng ^= rng << 17;
         rng % below
     };
-    struct Message {
-        session: u64,
-        key: Vec<u8>,
-        iv: [u8; 16],
-        plain: Vec<u8>,
-        placed: Vec<(u64, u64, usize)>,
-    }
     let mut held = 0;
     for _ in 0..3 {
         let lens: Vec<Vec<usize>> = (0..24)
@@ -678,25 +696,11 @@ fn random_bursts_over_rounds_match_openssl() {
             let key: Vec<u8> = (0..[16, 24, 32][k % 3]).map(|_| next(256) as u8).collect();
             let s = session(&mut q, &mut mem, cbc(&key), &key);
             let plain = data(lens.iter().sum(), 7 * k + 1);
-            let mut placed = Vec::new();
-            let mut off = 0;
-            for &n in lens {
-                let src = at;
-                let dst = if next(2) == 0 { src } else { src + n as u64 };
-                mem.put(src, &plain[off..off + n]);
-                placed.push((src, dst, n));
-                at += 2 * n as u64 + 16 * next(8);
-                off += n;
-            }
-            let mut iv = [0u8; 16];
-            iv.iter_mut().for_each(|b| *b = next(256) as u8);
-            msgs.push(Message {
-                session: s,
-                key,
-                iv,
-                plain,
-                placed,
+            let mut m = Message::place(&mut mem, &mut at, (s, key, [0; 16]), plain, lens, |_| {
+                (next(2) == 0, 16 * next(8))
             });
+            m.iv.iter_mut().for_each(|b| *b = next(256) as u8);
+            msgs.push(m);
         }
         // Ring order: each message's parts in order, messages interleaved.
         let mut order = Vec::new();
@@ -715,13 +719,7 @@ fn random_bursts_over_rounds_match_openssl() {
                 let Some((k, j)) = order.next() else {
                     break;
                 };
-                let m = &msgs[k];
-                let (src, dst, n) = m.placed[j];
-                let flags = if j == 0 { F_ENCRYPT | F_IV } else { F_ENCRYPT };
-                p.submit(
-                    (k * 10 + j) as u64,
-                    cipher(m.session, flags, src, dst, n, &m.iv).encode(),
-                );
+                p.submit((k * 10 + j) as u64, msgs[k].part(j));
             }
             common::set_direct(&mut mem, next(10) != 0);
             p.pass(&mut q, &mut mem);
@@ -730,13 +728,8 @@ fn random_bursts_over_rounds_match_openssl() {
         held += p.held;
         assert!(p.done.values().all(|(_, d)| d.status == 0));
         for (k, m) in msgs.iter().enumerate() {
-            let got: Vec<u8> = m
-                .placed
-                .iter()
-                .flat_map(|&(_, dst, n)| mem.get(dst, n))
-                .collect();
             assert!(
-                got == openssl_crypt(openssl_cbc(&m.key), &m.key, Some(&m.iv), &m.plain, true),
+                m.output(&mem) == m.openssl(&[]),
                 "message {k} (AES-{}, parts {:?}) differs from OpenSSL's",
                 m.key.len() * 8,
                 m.placed.iter().map(|x| x.2).collect::<Vec<_>>()

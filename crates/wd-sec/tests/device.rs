@@ -993,13 +993,7 @@ fn teardown_reports_what_finished_as_finished() {
         let mut d = d;
         assert_eq!(q.start(t, &mut d, &mut mem), Started::Held);
     }
-    let mut stopped = Vec::new();
-    q.abort(&mut stopped);
-    stopped.sort_by_key(|(t, _)| *t);
-    let got: Vec<(u64, i32, u64)> = stopped
-        .iter()
-        .map(|(t, d)| (*t, d.status, d.result))
-        .collect();
+    let got = common::abort_outcomes(&mut q);
     assert_eq!(got, vec![(0, 0, 32), (1, status::ECANCELED, 0)]);
     assert_eq!(
         mem.get(dst, 32),

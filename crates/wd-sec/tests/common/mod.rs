@@ -105,3 +105,22 @@ pub fn mb_engine(test: &str) -> Option<&'static wd_ipsecmb::Engine> {
         }
     }
 }
+
+/// Test data: `n` bytes that differ with `seed`.
+pub fn data(n: usize, seed: usize) -> Vec<u8> {
+    (0..n)
+        .map(|i| ((i * 131 + seed * 17) % 251) as u8)
+        .collect()
+}
+
+/// Stop the queue (teardown) and say how each request it held came back:
+/// `(token, status, result)`, in token order.
+pub fn abort_outcomes(q: &mut SecQueue) -> Vec<(u64, i32, u64)> {
+    let mut stopped = Vec::new();
+    q.abort(&mut stopped);
+    stopped.sort_by_key(|(t, _)| *t);
+    stopped
+        .iter()
+        .map(|(t, d)| (*t, d.status, d.result))
+        .collect()
+}
