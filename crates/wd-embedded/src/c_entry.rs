@@ -6,31 +6,12 @@
 
 use std::ffi::{c_char, c_int};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Mutex;
 
-use wrapdrive::EmbeddedHost;
-
-/// The host and the fork generation (this copy's) that started it.
-static HOST: Mutex<Option<(u64, EmbeddedHost)>> = Mutex::new(None);
-
+/// This copy of the client library's in-process host slot (fork-safe:
+/// a child starts its own), started with this library's `start`.
 fn process_host() -> wrapdrive::Result<String> {
-    let generation = wrapdrive::fork_generation();
-    let mut g = HOST.lock().unwrap_or_else(|e| e.into_inner());
-    match g.take() {
-        Some((gen, h)) if gen == generation => {
-            let addr = h.address.clone();
-            *g = Some((gen, h));
-            return Ok(addr);
-        }
-        // A forked child: the parent's host has no threads here (dropping
-        // it would wait for them); the child starts its own.
-        Some((_, h)) => std::mem::forget(h),
-        None => {}
-    }
-    let h = crate::start()?;
-    let addr = h.address.clone();
-    *g = Some((generation, h));
-    Ok(addr)
+    crate::install();
+    wrapdrive::embedded_process_host().map(|h| h.address)
 }
 
 /// Start (once) this process's host and write its socket address, NUL

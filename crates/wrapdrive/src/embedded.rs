@@ -79,8 +79,10 @@ pub fn register_embedded_host(start: EmbeddedStarter) {
     *STARTER.lock().unwrap_or_else(|e| e.into_inner()) = Some(start);
 }
 
-/// The process's in-process host, started on first use.
-pub(crate) fn process_host() -> Result<EmbeddedHost> {
+/// The process's in-process host, started on first use (with the starter
+/// registered, else from libwd_embedded.so); a forked child starts its
+/// own. Also what libwd_embedded.so's entry point hands out.
+pub fn process_host() -> Result<EmbeddedHost> {
     let generation = crate::fork_generation();
     let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
     match running.take() {

@@ -38,7 +38,10 @@ pub use buf::{
     alloc, free, own_arena_of, set_foreign_arenas, ForeignArena, ForeignLookup, SharedBuf,
     SharedSpan,
 };
-pub use embedded::{register_embedded_host, EmbeddedHost, EmbeddedStarter, EMBEDDED_LIBRARY};
+pub use embedded::{
+    process_host as embedded_process_host, register_embedded_host, EmbeddedHost, EmbeddedStarter,
+    EMBEDDED_LIBRARY,
+};
 pub use queue::{Completion, FaultReport, Queue, QueueStats, RecoveryStats, Waker, CALL_COOKIES};
 /// Shareable buffers on memfds (normal or hugetlb pages) and the fast file
 /// loader: share a [`heap::Buffer`] with [`Queue::share_buffer`].
