@@ -16,7 +16,7 @@ use wd_sec_msg::{CipherOp, F_ENCRYPT, F_IV};
 use wrapdrive::SharedSpan;
 
 use crate::config;
-use crate::lane::{self, device_status, Kind, Lane, LaneId, NoLane, SLOT, SLOTS};
+use crate::lane::{self, device_status, Kind, Lane, LaneId, NoLane, LARGE_SLOT, SLOT, SLOTS};
 use crate::route::{self, Op, Route, Stopwatch};
 use crate::stats::{self, Why};
 use crate::{CryptoError, Result};
@@ -229,9 +229,24 @@ impl Job {
     }
 }
 
+/// How a staged request is cut into pieces, one request each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cut {
+    /// Slots: a caller that waits has the device at work on one piece
+    /// while it copies the next.
+    Slots,
+    /// Whole, in a run of the large staging area, when longer than a slot
+    /// and a run is free (else slots): a job's caller does not wait, and
+    /// the engine's lanes take a long message whole.
+    Large,
+}
+
 /// Most of a synchronous request in flight at once: half the staging
 /// area, so this thread's asynchronous jobs keep room beside it.
 const WINDOW: usize = SLOT * SLOTS / 2;
+/// The longest job sent whole (in the large staging area): a quarter of
+/// it, so that four such jobs are in flight at once.
+const LARGE_WINDOW: usize = LARGE_SLOT * lane::LARGE_SLOTS / 4;
 
 /// The tracked part of a stream's state, saved to redo a request.
 type Saved = ([u8; 16], usize, bool);
@@ -562,7 +577,7 @@ impl Cipher {
         let watch = Stopwatch::start(routed.1);
         let saved = self.saved();
         let alone = self.in_flight == 0;
-        let r = match self.submit(Src::Shared { input, output }, 0) {
+        let r = match self.submit(Src::Shared { input, output }, 0, Cut::Slots) {
             Ok(Ok(mut job)) => {
                 job.in_place = true;
                 self.complete(job, &mut [], true).map(|_| ())
@@ -652,7 +667,7 @@ impl Cipher {
         let alone = self.in_flight == 0;
         let src = self.source(&io, 0);
         let in_place = matches!(src, Src::Shared { .. });
-        let r = match self.submit(src, 0) {
+        let r = match self.submit(src, 0, Cut::Slots) {
             Ok(Ok(mut job)) => {
                 job.in_place = in_place;
                 self.complete(job, io.output(), true).map(|_| ())
@@ -829,7 +844,8 @@ impl Cipher {
             stats::on_cpu(n, why);
             return Ok(Job::cpu(n));
         }
-        if n > WINDOW {
+        let long = n > WINDOW;
+        if long && n > LARGE_WINDOW {
             // More than the staging area holds at once: run now, a window
             // at a time, and hand back a finished job.
             self.update_routed(io, routed)?;
@@ -845,7 +861,7 @@ impl Cipher {
         }
         let src = self.source(&io, head);
         let in_place = matches!(src, Src::Shared { .. });
-        match self.submit(src, head) {
+        match self.submit(src, head, Cut::Large) {
             Ok(Ok(mut job)) => {
                 job.len = n;
                 job.in_place = in_place;
@@ -865,6 +881,20 @@ impl Cipher {
                 // at completion and must not be reset.
                 if head > 0 {
                     self.restore(saved);
+                }
+                if long && matches!(e, CryptoError::Busy) && self.in_flight == 0 {
+                    // More than the slots hold, and the large area is
+                    // held by this thread's other jobs (or the lane has
+                    // none): computed here now while the device works on
+                    // those, as a request short of slots is; with the
+                    // fallback off, a window at a time as a longer one.
+                    if config::fallback() {
+                        self.cpu_update(io)?;
+                        stats::on_cpu(n, Why::NoQueue);
+                    } else {
+                        self.update_routed(io, routed)?;
+                    }
+                    return Ok(Job::cpu(n));
                 }
                 Err(e)
             }
@@ -965,9 +995,16 @@ impl Cipher {
 
     /// Send `src` to the device as chained requests; `Ok(Err(why))`
     /// when there is no queue (the caller computes on the CPU).
-    fn submit(&mut self, src: Src<'_>, base: usize) -> Result<std::result::Result<Job, Why>> {
+    fn submit(
+        &mut self,
+        src: Src<'_>,
+        base: usize,
+        cut: Cut,
+    ) -> Result<std::result::Result<Job, Why>> {
         self.sync_from_cpu()?;
-        let r = lane::with_lane(Kind::Cipher, |lane| self.device_submit(lane, src, base));
+        let r = lane::with_lane(Kind::Cipher, |lane| {
+            self.device_submit(lane, src, base, cut)
+        });
         match r {
             Ok(Ok(parts)) => {
                 self.in_flight += parts.len();
@@ -990,9 +1027,15 @@ impl Cipher {
         }
     }
 
-    /// Submit `src` (cut into slot-sized pieces, staged unless in place)
-    /// as chained requests.
-    fn device_submit(&mut self, lane: &mut Lane, src: Src<'_>, base: usize) -> Result<Vec<Part>> {
+    /// Submit `src` (cut into pieces as `cut` says, staged unless in
+    /// place) as chained requests.
+    fn device_submit(
+        &mut self,
+        lane: &mut Lane,
+        src: Src<'_>,
+        base: usize,
+        cut: Cut,
+    ) -> Result<Vec<Part>> {
         if self.in_flight > 0 && self.chain != Chain::Device(lane.id) {
             // Its chain is in those requests (a CBC encryption's is learnt
             // at their completion): nothing can go on elsewhere before.
@@ -1003,16 +1046,24 @@ impl Cipher {
         // Every piece gets a slot, or none is sent: a request sent in
         // part would leave its pieces on the device, their slots taken
         // and the chain moved on, behind a Busy.
-        lane.reclaim(total.div_ceil(SLOT));
-        if total.div_ceil(SLOT) > lane.free_slots() {
-            return Err(CryptoError::Busy);
+        let large = match (cut, src) {
+            (Cut::Large, Src::Staged(_)) if total > SLOT => lane.take_large(total),
+            _ => None,
+        };
+        if large.is_none() {
+            lane.reclaim(total.div_ceil(SLOT));
+            if total.div_ceil(SLOT) > lane.free_slots() {
+                return Err(CryptoError::Busy);
+            }
         }
-        let mut parts = Vec::with_capacity(total.div_ceil(SLOT));
+        let piece = if large.is_some() { total } else { SLOT };
+        let mut parts = Vec::with_capacity(total.div_ceil(piece));
         let mut off = 0;
         while off < total {
-            let len = (total - off).min(SLOT);
-            let Some(slot) = lane.take_slot() else {
-                return Err(CryptoError::Busy);
+            let len = (total - off).min(piece);
+            let slot = match large {
+                Some(s) => s,
+                None => lane.take_slot().ok_or(CryptoError::Busy)?,
             };
             // The piece's last (up to) 16 input bytes: a CBC decryption's
             // next chaining value.

@@ -18,8 +18,58 @@ use crate::{config, CryptoError, Result};
 
 /// Bytes of one staging slot: requests are cut into pieces of this size.
 pub const SLOT: usize = 64 << 10;
-/// Slots (and ring depth) of a lane: requests in flight per thread.
+/// Slots of a lane's staging area (twice that is its ring depth).
 pub const SLOTS: usize = 64;
+/// Bytes of a unit of the large staging area. An asynchronous request
+/// longer than a slot is staged there whole, in a run of units, and sent
+/// as one request: the engine's lanes then take long messages side by
+/// side (of a message cut into chained pieces, a burst takes one piece at
+/// a time), and 32 jobs of 1 MiB are in flight, not the 4 that the slots
+/// hold.
+pub const LARGE_SLOT: usize = 1 << 20;
+/// Units of the large staging area. It is made the first time a thread
+/// sends such a request (and kept for the lane's life): a thread that
+/// never does has none. Its pages are touched only as requests use them.
+pub const LARGE_SLOTS: usize = 32;
+
+/// Which units of the large staging area are taken, in runs.
+#[derive(Debug)]
+struct Runs {
+    /// Bit `i` set: unit `i` is free.
+    free: u32,
+    /// At the first unit of each run taken, its length in units.
+    len: [u8; LARGE_SLOTS],
+}
+
+impl Runs {
+    fn new() -> Runs {
+        Runs {
+            free: u32::MAX >> (32 - LARGE_SLOTS),
+            len: [0; LARGE_SLOTS],
+        }
+    }
+
+    /// Take the first run of `n` free units; its first unit.
+    fn take(&mut self, n: usize) -> Option<usize> {
+        if n == 0 || n > LARGE_SLOTS {
+            return None;
+        }
+        let run = u32::MAX >> (32 - n);
+        let i = (0..=LARGE_SLOTS - n).find(|&i| self.free & (run << i) == run << i)?;
+        self.free &= !(run << i);
+        self.len[i] = n as u8;
+        Some(i)
+    }
+
+    /// Give back the run taken from unit `i`.
+    fn put(&mut self, i: usize) {
+        let n = std::mem::take(&mut self.len[i]) as u32;
+        if n > 0 {
+            self.free |= (u32::MAX >> (32 - n)) << i;
+        }
+    }
+}
+
 /// How long a thread computes on the CPU after failing to get a queue
 /// before it asks the host again.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -196,6 +246,13 @@ pub struct Lane {
     /// again.
     refused: Vec<u64>,
     free_slots: Vec<u16>,
+    /// The large staging area, once made; slot number `SLOTS + i` is the
+    /// run of its units from unit `i`.
+    large: Option<SharedBuf>,
+    large_runs: Runs,
+    /// It could not be made, or the host refused to map it: not tried
+    /// again.
+    no_large: bool,
     /// Requests whose jobs were dropped unfinished, with their staging
     /// slots: each slot comes back when its completion does.
     orphans: Vec<(u64, u16)>,
@@ -237,14 +294,32 @@ impl Lane {
             arenas,
             refused: Vec::new(),
             free_slots: (0..SLOTS as u16).rev().collect(),
+            large: None,
+            large_runs: Runs::new(),
+            no_large: false,
             orphans: Vec::new(),
             next_token: 1,
         })
     }
 
+    /// The buffer holding slot `s` (of the staging area, or a run of the
+    /// large one) and the slot's offset in it.
+    fn slot_buf(&self, s: u16) -> (&SharedBuf, u64) {
+        match (s as usize).checked_sub(SLOTS) {
+            None => (&self.stage, s as u64 * SLOT as u64),
+            Some(i) => (
+                self.large
+                    .as_ref()
+                    .expect("a large slot is in the large area"),
+                (i * LARGE_SLOT) as u64,
+            ),
+        }
+    }
+
     /// Device address of slot `s`.
     pub fn slot_addr(&self, s: u16) -> u64 {
-        self.stage.addr() + s as u64 * SLOT as u64
+        let (buf, off) = self.slot_buf(s);
+        buf.addr() + off
     }
 
     /// Make `span` reachable by the device at its own address: its arena
@@ -290,13 +365,40 @@ impl Lane {
 
     /// Copy `data` into slot `s` at `offset`.
     pub fn put(&self, s: u16, offset: usize, data: &[u8]) {
-        self.stage
-            .write(s as u64 * SLOT as u64 + offset as u64, data);
+        let (buf, off) = self.slot_buf(s);
+        buf.write(off + offset as u64, data);
     }
 
     /// Copy out of slot `s` at `offset`.
     pub fn get(&self, s: u16, offset: usize, out: &mut [u8]) {
-        self.stage.read(s as u64 * SLOT as u64 + offset as u64, out);
+        let (buf, off) = self.slot_buf(s);
+        buf.read(off + offset as u64, out);
+    }
+
+    /// Take a run of large units for `len` bytes (see [`LARGE_SLOT`]),
+    /// making the large area first if needed; its slot number, or None
+    /// when no run is free (the caller then uses the slots).
+    pub fn take_large(&mut self, len: usize) -> Option<u16> {
+        let n = len.div_ceil(LARGE_SLOT);
+        if config::legacy() || self.no_large || n > LARGE_SLOTS {
+            // A legacy queue reaches its staging area only.
+            return None;
+        }
+        if self.large.is_none() {
+            // In the staging area's arena as a rule (already shared); a
+            // host that refuses another arena leaves the lane without.
+            let made = SharedBuf::new(LARGE_SLOT * LARGE_SLOTS)
+                .ok()
+                .filter(|buf| self.reach(&SharedSpan::of(buf)).is_ok());
+            self.no_large = made.is_none();
+            self.large = Some(made?);
+        }
+        let mut at = self.large_runs.take(n);
+        if at.is_none() && !self.orphans.is_empty() {
+            self.reap_orphans();
+            at = self.large_runs.take(n);
+        }
+        at.map(|i| (SLOTS + i) as u16)
     }
 
     /// Take a staging slot (None when all are in flight).
@@ -326,7 +428,7 @@ impl Lane {
             let (token, slot) = self.orphans.remove(0);
             // A queue that fails gives nothing to wait for.
             let _ = self.wait(token);
-            self.free_slots.push(slot);
+            self.put_slot(slot);
         }
     }
 
@@ -339,7 +441,7 @@ impl Lane {
                 Ok(None) => i += 1,
                 Ok(Some(_)) | Err(_) => {
                     let (_, slot) = self.orphans.swap_remove(i);
-                    self.free_slots.push(slot);
+                    self.put_slot(slot);
                 }
             }
         }
@@ -354,9 +456,12 @@ impl Lane {
         self.free_slots.len()
     }
 
-    /// Give a slot back.
+    /// Give a slot (or a run of large units) back.
     pub fn put_slot(&mut self, s: u16) {
-        self.free_slots.push(s);
+        match (s as usize).checked_sub(SLOTS) {
+            None => self.free_slots.push(s),
+            Some(i) => self.large_runs.put(i),
+        }
     }
 
     /// Requests in flight on this lane.
@@ -717,4 +822,50 @@ fn lane_call<T>(
         Ok(r)
     });
     r.unwrap_or(Err(NoLane::NoQueue))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Runs, LARGE_SLOTS};
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Runs against a model that marks units one by one: each run
+        /// taken is the first free stretch long enough, never shares a
+        /// unit with another, and comes back whole.
+        #[test]
+        fn runs_match_a_unit_model(ops in prop::collection::vec((0usize..40, any::<bool>()), 1..200)) {
+            let mut runs = Runs::new();
+            let mut taken = [false; LARGE_SLOTS];
+            let mut held: Vec<(usize, usize)> = Vec::new();
+            for (n, give_back) in ops {
+                if give_back && !held.is_empty() {
+                    let (i, len) = held.remove(n % held.len());
+                    runs.put(i);
+                    taken[i..i + len].iter_mut().for_each(|t| *t = false);
+                    continue;
+                }
+                let want = (n > 0 && n <= LARGE_SLOTS)
+                    .then(|| (0..=LARGE_SLOTS - n).find(|&i| taken[i..i + n].iter().all(|t| !t)))
+                    .flatten();
+                let got = runs.take(n);
+                prop_assert_eq!(got, want);
+                if let Some(i) = got {
+                    taken[i..i + n].iter_mut().for_each(|t| *t = true);
+                    held.push((i, n));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn empty_and_too_long_runs_are_refused() {
+        let mut runs = Runs::new();
+        assert_eq!(runs.take(0), None);
+        assert_eq!(runs.take(LARGE_SLOTS + 1), None);
+        assert_eq!(runs.take(LARGE_SLOTS), Some(0));
+        assert_eq!(runs.take(1), None);
+        runs.put(0);
+        assert_eq!(runs.take(1), Some(0));
+    }
 }

@@ -28,7 +28,8 @@ fn setup(policy: Policy, threshold: usize) -> std::sync::MutexGuard<'static, ()>
 }
 
 /// Another stream's jobs holding `slots` of this thread's 64 staging
-/// slots until `release`.
+/// slots, and all of its large staging area (32 units of 1 MiB, where a
+/// job longer than a slot goes first), until `release`.
 struct Held {
     c: Cipher,
     jobs: Vec<(wd_crypto::Job, Vec<u8>)>,
@@ -36,15 +37,15 @@ struct Held {
 
 fn hold_slots(slots: usize) -> Held {
     let mut c = Cipher::new("aes-128-ecb", &[0x77; 16], Direction::Encrypt).unwrap();
-    let fill = noise(64 << 10, 0x77);
-    let jobs = (0..slots)
-        .map(|_| {
-            let mut out = vec![0u8; 64 << 10];
-            let j = c.start_offload(&fill, &mut out).unwrap();
-            assert!(!j.is_done(), "a job holding a slot went to the CPU");
-            (j, out)
-        })
-        .collect();
+    let mut hold = |len: usize| {
+        let fill = noise(len, 0x77);
+        let mut out = vec![0u8; len];
+        let j = c.start_offload(&fill, &mut out).unwrap();
+        assert!(!j.is_done(), "a job holding staging went to the CPU");
+        (j, out)
+    };
+    let mut jobs: Vec<_> = (0..4).map(|_| hold(8 << 20)).collect();
+    jobs.extend((0..slots).map(|_| hold(64 << 10)));
     Held { c, jobs }
 }
 
@@ -328,7 +329,9 @@ fn cbc_encrypt_busy_start_with_jobs_in_flight_then_retry() {
     let mut out = vec![0u8; data.len()];
     let (o1, rest) = out.split_at_mut(MIB2);
     let (o2, o3) = rest.split_at_mut(MIB2);
-    // 32 slots each: the lane's 64 are all taken.
+    // The large staging area taken, 32 slots each: the lane's 64 are all
+    // taken.
+    let held = hold_slots(0);
     let j1 = c.start_offload(&data[..MIB2], o1).unwrap();
     let j2 = c.start_offload(&data[MIB2..2 * MIB2], o2).unwrap();
     assert!(!j1.is_done() && !j2.is_done());
@@ -336,6 +339,7 @@ fn cbc_encrypt_busy_start_with_jobs_in_flight_then_retry() {
     assert!(matches!(e, CryptoError::Busy), "{e:?}");
     c.finish(j1, o1).unwrap();
     c.finish(j2, o2).unwrap();
+    held.release();
     // Sending it again is right (docs/sec-device.md, Bounds).
     let j3 = c.start_offload(&data[2 * MIB2..], o3).unwrap();
     if !j3.is_done() {
@@ -771,4 +775,181 @@ fn a_refused_gcm_finish_keeps_its_message() {
     let mut tag = [0u8; 16];
     a.finish_seal(&mut tag).unwrap();
     assert_eq!(tag, want_tag, "finished on its own thread");
+}
+
+/// Jobs longer than a slot are staged whole in the large staging area
+/// (32 units of 1 MiB): 32 jobs of 1 MiB are on the device at once, each
+/// stream goes on with a second job from where the first left it, and
+/// the output is OpenSSL's. (With the slots only, the fifth was Busy.)
+#[test]
+fn thirty_two_jobs_of_a_mib_are_in_flight_at_once() {
+    let _g = setup(Policy::Offload, 0);
+    thirty_two_jobs_of_a_mib();
+}
+
+fn thirty_two_jobs_of_a_mib() {
+    const MIB: usize = 1 << 20;
+    let key = noise(16, 21);
+    let mut streams: Vec<(Cipher, Vec<u8>, Vec<u8>)> = (0..32)
+        .map(|i| {
+            let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
+            c.set_iv(&[i as u8; 16]).unwrap();
+            (c, noise(2 * MIB, 100 + i), vec![0u8; 2 * MIB])
+        })
+        .collect();
+    for half in 0..2 {
+        let range = half * MIB..(half + 1) * MIB;
+        let mut jobs = Vec::new();
+        for (i, (c, data, out)) in streams.iter_mut().enumerate() {
+            let j = match c.start_offload(&data[range.clone()], &mut out[range.clone()]) {
+                Ok(j) => j,
+                Err(e) => panic!("job {i} of 1 MiB refused: {e:?}"),
+            };
+            assert!(!j.is_done(), "job {i} of 1 MiB ran here");
+            jobs.push(j);
+        }
+        for (i, j) in jobs.into_iter().enumerate().rev() {
+            let (c, _, out) = &mut streams[i];
+            c.finish(j, &mut out[range.clone()]).unwrap();
+        }
+    }
+    for (i, (_, data, out)) in streams.iter().enumerate() {
+        let want = reference("aes-128-cbc", &key, &[i as u8; 16], data, true);
+        assert!(*out == want, "stream {i}");
+    }
+}
+
+/// Long jobs of every chained mode and of sizes around the large area's
+/// units, more of them than it holds (the rest take slots, are Busy, or
+/// run here), finished in a scrambled order, each stream continued by a
+/// second job: OpenSSL's output.
+#[test]
+fn long_jobs_of_every_mode_beyond_the_large_area_match_openssl() {
+    let _g = setup(Policy::Offload, 0);
+    let sizes = [
+        (64 << 10) + 16,
+        1 << 20,
+        (1 << 20) + 48,
+        3 << 20,
+        (5 << 20) - 32,
+        8 << 20,
+        (8 << 20) + 16,
+    ];
+    let modes = [
+        ("aes-128-cbc", true),
+        ("aes-128-cbc", false),
+        ("aes-256-ctr", true),
+    ];
+    struct Stream {
+        c: Cipher,
+        name: &'static str,
+        enc: bool,
+        key: Vec<u8>,
+        data: Vec<u8>,
+        cut: usize,
+        out: Vec<u8>,
+    }
+    let mut streams: Vec<Stream> = (0..30)
+        .map(|i| {
+            let (name, enc) = modes[i % modes.len()];
+            let key = noise(if name.starts_with("aes-256") { 32 } else { 16 }, i as u64);
+            let dir = if enc {
+                Direction::Encrypt
+            } else {
+                Direction::Decrypt
+            };
+            let mut c = Cipher::new(name, &key, dir).unwrap();
+            c.set_iv(&[i as u8; 16]).unwrap();
+            // A CTR stream's first job ends inside a keystream block.
+            let odd = if name.ends_with("ctr") { 5 } else { 0 };
+            let cut = sizes[i % sizes.len()] + odd;
+            let len = cut + sizes[(i + 3) % sizes.len()];
+            Stream {
+                c,
+                name,
+                enc,
+                key,
+                data: noise(len, 200 + i as u64),
+                cut,
+                out: vec![0u8; len],
+            }
+        })
+        .collect();
+    for half in 0..2 {
+        let mut jobs: Vec<(usize, wd_crypto::Job)> = Vec::new();
+        let mut on_device = 0;
+        let part = |s: &Stream| {
+            if half == 0 {
+                0..s.cut
+            } else {
+                s.cut..s.data.len()
+            }
+        };
+        for i in 0..streams.len() {
+            let j = loop {
+                let s = &mut streams[i];
+                let r = part(s);
+                match s.c.start_offload(&s.data[r.clone()], &mut s.out[r]) {
+                    Ok(j) => break j,
+                    Err(CryptoError::Busy) => {
+                        // This thread's jobs hold what it needs: finish the
+                        // oldest (another stream's) and send it again.
+                        assert!(!jobs.is_empty(), "Busy with nothing in flight");
+                        let (k, j) = jobs.remove(0);
+                        let t = &mut streams[k];
+                        let r = part(t);
+                        t.c.finish(j, &mut t.out[r]).unwrap();
+                    }
+                    Err(e) => panic!("stream {i}: {e:?}"),
+                }
+            };
+            on_device += usize::from(!j.is_done());
+            jobs.push((i, j));
+        }
+        assert!(on_device >= 8, "{on_device} jobs on the device");
+        // Scrambled: every third, then the rest backwards.
+        let mut order: Vec<usize> = (0..jobs.len()).step_by(3).collect();
+        order.extend((0..jobs.len()).rev().filter(|k| k % 3 != 0));
+        let mut jobs: Vec<Option<(usize, wd_crypto::Job)>> = jobs.into_iter().map(Some).collect();
+        for k in order {
+            let (i, j) = jobs[k].take().unwrap();
+            let s = &mut streams[i];
+            let r = part(s);
+            s.c.finish(j, &mut s.out[r]).unwrap();
+        }
+    }
+    for (i, s) in streams.iter().enumerate() {
+        let want = reference(s.name, &s.key, &[i as u8; 16], &s.data, s.enc);
+        assert!(s.out == want, "stream {i} ({} {})", s.name, s.data.len());
+    }
+}
+
+/// Long jobs dropped unfinished, or refused a short output, give their
+/// run of the large area back: after 100 of each, 32 jobs of 1 MiB are
+/// in flight at once again.
+#[test]
+fn long_jobs_dropped_or_refused_give_their_run_back() {
+    let _g = setup(Policy::Offload, 0);
+    let data = noise(1 << 20, 31);
+    let mut c = Cipher::new("aes-128-cbc", &[7u8; 16], Direction::Encrypt).unwrap();
+    let mut out = vec![0u8; data.len()];
+    for i in 0..200 {
+        c.set_iv(&[8u8; 16]).unwrap();
+        let j = match c.start_offload(&data, &mut out) {
+            Ok(j) => j,
+            Err(e) => panic!("start {i}: {e:?}"),
+        };
+        assert!(!j.is_done(), "job {i} on the device");
+        if i % 2 == 0 {
+            drop(j);
+        } else {
+            assert!(c.finish(j, &mut out[..16]).is_err());
+        }
+    }
+    c.set_iv(&[9u8; 16]).unwrap();
+    let j = c.start_offload(&data, &mut out).unwrap();
+    assert!(!j.is_done());
+    c.finish(j, &mut out).unwrap();
+    assert!(out == reference("aes-128-cbc", &[7u8; 16], &[9u8; 16], &data, true));
+    thirty_two_jobs_of_a_mib();
 }
