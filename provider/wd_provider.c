@@ -242,7 +242,39 @@ static int wd_register_wait_fd(void)
  * request computed inline has no one to keep woken (see wd_blocks). */
 static __thread unsigned wd_jobs_waiting;
 
-static int wd_finish_job_in(struct wd_job *job);
+/* This thread's async jobs paused in wd_yield with no request of their
+ * own: no completion wakes them, so whoever leaves the wait descriptor
+ * (wd_wake_others) makes it readable for them. */
+static __thread unsigned wd_jobs_yielded;
+
+/* Leaving the wait descriptor to this thread's other paused jobs: armed
+ * for their completions, or readable when one is already in or a job
+ * yielded (it may have missed the wake-up it paused on: another job
+ * resumed first and consumed it). */
+static void wd_wake_others(void)
+{
+	if (wd_crypto_arm() == 0 && wd_jobs_yielded > 0)
+		wd_crypto_kick();
+}
+
+/* Inside an async job whose request finished without pausing (computed
+ * here: this thread's paused jobs held the staging) while other jobs
+ * wait on the device: when their completions are in, pause so that the
+ * application resumes them. They give the staging back and send more;
+ * going on here instead would leave the device idle until this job's
+ * loop ends (openssl speed's jobs then ran on the CPU alone). */
+static void wd_yield(void)
+{
+	if (wd_jobs_waiting == 0 || wd_crypto_after_inline() != 1 || !wd_register_wait_fd())
+		return;
+	wd_jobs_yielded++;
+	ASYNC_pause_job();
+	wd_jobs_yielded--;
+	wd_crypto_disarm();
+	wd_wake_others();
+}
+
+static int wd_finish_job_in(struct wd_job *job, int *paused);
 
 /* Wait, inside an async job, for `job` to finish; outside one, block. */
 static int wd_finish_job(struct wd_job *job)
@@ -250,12 +282,17 @@ static int wd_finish_job(struct wd_job *job)
 	if (ASYNC_get_current_job() == NULL)
 		return wd_job_wait(job);
 	wd_jobs_waiting++;
-	int r = wd_finish_job_in(job);
+	int paused = 0;
+	int r = wd_finish_job_in(job, &paused);
 	wd_jobs_waiting--;
+	/* Finished at once (a long one the library computed here, finding
+	 * the staging held): the others' turn, if their results are in. */
+	if (!paused)
+		wd_yield();
 	return r;
 }
 
-static int wd_finish_job_in(struct wd_job *job)
+static int wd_finish_job_in(struct wd_job *job, int *paused)
 {
 	for (;;) {
 		int r = wd_job_poll(job);
@@ -263,7 +300,7 @@ static int wd_finish_job_in(struct wd_job *job)
 			/* Other jobs of this thread may wait on the same descriptor:
 			 * leave it armed, or readable if their completions were
 			 * reaped meanwhile, so none of them sleeps through its own. */
-			wd_crypto_arm();
+			wd_wake_others();
 			return r;
 		}
 		if (!wd_register_wait_fd())
@@ -271,6 +308,7 @@ static int wd_finish_job_in(struct wd_job *job)
 		/* Armed, or already ready (then the fd was made readable). */
 		if (wd_crypto_arm() < 0)
 			return wd_job_wait(job);
+		*paused = 1;
 		ASYNC_pause_job();
 		wd_crypto_disarm();
 	}
@@ -757,8 +795,11 @@ static int wd_blocks(struct wd_cctx *x, unsigned char *out, const unsigned char 
 					r = 0;
 				}
 			}
-		} else if (wd_jobs_waiting > 0)
-			wd_crypto_after_inline(); /* computed at once: keep others woken */
+		} else if (r == 0) {
+			wd_yield(); /* computed at once: the others' turn */
+		} else if (wd_jobs_waiting > 0) {
+			wd_crypto_after_inline(); /* keep the others woken */
+		}
 		return r == 0 || wd_fail(r);
 	}
 	/* Routed already (or no inline path): the session's own routing

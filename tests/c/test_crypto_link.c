@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -86,6 +87,38 @@ static void test_fork_mid_stream(void)
 	wd_digest_free(d);
 	wd_cipher_free(rc);
 	wd_cipher_free(c);
+}
+
+static int readable(int fd)
+{
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+}
+
+/* The wait descriptor of an event loop: armed with nothing in flight it
+ * stays quiet; wd_crypto_kick makes it readable (a waiter with no request
+ * of its own, which no completion would wake); wd_crypto_disarm takes
+ * that back. */
+static void test_wait_descriptor_kick(void)
+{
+	static const unsigned char k[16] = "0123456789abcdef", iv[16] = "fedcba9876543210";
+	unsigned char buf[4096] = {0};
+	struct wd_cipher *c = NULL;
+	CHECK(wd_crypto_set_policy(WD_CRYPTO_POLICY_OFFLOAD) == 0 &&
+		      wd_cipher_new(&c, "aes-128-cbc", k, 16, 1) == 0 &&
+		      wd_cipher_set_iv(c, iv, 16) == 0 &&
+		      wd_cipher_offload(c, buf, buf, sizeof buf) == 0,
+	      "a request on the device (the thread's queue made)");
+	int fd = wd_crypto_wait_fd();
+	CHECK(fd >= 0, "wait descriptor");
+	if (fd >= 0) {
+		CHECK(wd_crypto_arm() == 0 && !readable(fd), "armed, nothing in flight: quiet");
+		CHECK(wd_crypto_kick() == 0 && readable(fd), "kicked: readable");
+		wd_crypto_disarm();
+		CHECK(!readable(fd), "disarmed: the kick taken back");
+	}
+	wd_cipher_free(c);
+	wd_crypto_set_policy(WD_CRYPTO_POLICY_AUTO);
 }
 
 int main(void)
@@ -269,6 +302,7 @@ int main(void)
 	free(hdst);
 
 	test_fork_mid_stream();
+	test_wait_descriptor_kick();
 	CHECK(call_at_thread_exit(update_without_session) == -EINVAL, "a call at thread exit answers");
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;

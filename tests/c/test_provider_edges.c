@@ -509,6 +509,134 @@ static void sync_request_beside_a_paused_job(void)
 	async_beside_a_paused_job(1);
 }
 
+/* More async jobs of 1 MiB than this thread's staging holds (32 in the
+ * large area, 4 in the slots): a job that finds none is computed here and
+ * then yields to the paused jobs whose results are in (else it went on
+ * computing here while the device idled). An event loop that resumes a
+ * job only when that job's own descriptor is readable (checked just
+ * before, one job at a time, as an epoll loop would) must see every
+ * paused job woken, the yielded ones included, whose wake-up another
+ * job may consume first. Each job sends one request, then three in
+ * another round (a job that yielded is then the last one waiting, or
+ * goes on beside others). */
+struct yield_job {
+	EVP_CIPHER *c;
+	unsigned char key[16], iv[16];
+	unsigned char *in, *out;
+	int requests, ok;
+};
+
+static int yield_job_fn(void *varg)
+{
+	struct yield_job *a = *(struct yield_job **)varg;
+	EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+	int l = 0;
+	a->ok = EVP_EncryptInit_ex2(ctx, a->c, a->key, a->iv, NULL) &&
+		EVP_CIPHER_CTX_set_padding(ctx, 0);
+	for (int k = 0; a->ok && k < a->requests; k++)
+		a->ok = EVP_EncryptUpdate(ctx, a->out + k * BIG, &l, a->in + k * BIG, BIG) &&
+			l == (int)BIG;
+	EVP_CIPHER_CTX_free(ctx);
+	return a->ok;
+}
+
+static void yielded_jobs_get_their_wake_up(int requests)
+{
+	enum { N = 48 };
+	CHECK(ASYNC_is_capable(), "async jobs work here");
+	if (!ASYNC_is_capable())
+		return;
+	EVP_CIPHER *cs[2];
+	fetch_both("AES-128-CBC", cs);
+	if (!cs[0] || !cs[1])
+		return;
+	static struct yield_job args[N];
+	ASYNC_JOB *jobs[N] = {0};
+	ASYNC_WAIT_CTX *wctx[N];
+	int done[N] = {0}, left = N, lost = 0, ret;
+	for (int i = 0; i < N; i++) {
+		/* The first 36 hold the staging; once their results are in,
+		 * each later one is computed here and yields to them. */
+		if (i == 36)
+			usleep(100 * 1000);
+		fill(args[i].key, 16);
+		fill(args[i].iv, 16);
+		args[i].in = malloc(3 * BIG);
+		args[i].out = malloc(3 * BIG);
+		fill(args[i].in, 3 * BIG);
+		args[i].c = cs[0];
+		args[i].requests = requests;
+		wctx[i] = ASYNC_WAIT_CTX_new();
+		struct yield_job *p = &args[i];
+		if (ASYNC_start_job(&jobs[i], wctx[i], &ret, yield_job_fn, &p, sizeof p) != ASYNC_PAUSE) {
+			done[i] = 1;
+			left--;
+		}
+	}
+	for (int rounds = 0; left > 0 && rounds < 100000; rounds++) {
+		for (int i = 0; i < N; i++) {
+			if (done[i])
+				continue;
+			size_t nfd = 0;
+			OSSL_ASYNC_FD fd = -1;
+			if (ASYNC_WAIT_CTX_get_all_fds(wctx[i], NULL, &nfd) && nfd == 1)
+				ASYNC_WAIT_CTX_get_all_fds(wctx[i], &fd, &nfd);
+			if (fd >= 0) {
+				fd_set set;
+				FD_ZERO(&set);
+				FD_SET(fd, &set);
+				struct timeval tv = {3, 0};
+				if (select(fd + 1, &set, NULL, NULL, &tv) <= 0)
+					lost++; /* resumed anyway, to end the test */
+			}
+			struct yield_job *p = &args[i];
+			int r = ASYNC_start_job(&jobs[i], wctx[i], &ret, yield_job_fn, &p, sizeof p);
+			if (r == ASYNC_FINISH || r == ASYNC_ERR) {
+				done[i] = 1;
+				left--;
+			}
+		}
+		if (lost > 0)
+			break;
+	}
+	CHECK(lost == 0,
+	      "every paused job's descriptor became readable (%d requests per job: %d waits of 3 s ran out)",
+	      requests, lost);
+	/* Resumed whatever their descriptors say, so the jobs end. */
+	for (int rounds = 0; left > 0 && rounds < 100000; rounds++)
+		for (int i = 0; i < N; i++) {
+			struct yield_job *p = &args[i];
+			if (!done[i] && ASYNC_start_job(&jobs[i], wctx[i], &ret, yield_job_fn, &p,
+							sizeof p) != ASYNC_PAUSE) {
+				done[i] = 1;
+				left--;
+			}
+		}
+	CHECK(left == 0, "all jobs finished");
+	static unsigned char want[3 * BIG];
+	for (int i = 0; i < N; i++) {
+		EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+		int l = 0;
+		EVP_EncryptInit_ex2(ctx, cs[1], args[i].key, args[i].iv, NULL);
+		EVP_CIPHER_CTX_set_padding(ctx, 0);
+		EVP_EncryptUpdate(ctx, want, &l, args[i].in, requests * BIG);
+		EVP_CIPHER_CTX_free(ctx);
+		CHECK(args[i].ok && !memcmp(want, args[i].out, requests * BIG),
+		      "job %d of %d (%d x 1 MiB) has the default provider's result (ok %d)", i, N,
+		      requests, args[i].ok);
+		ASYNC_WAIT_CTX_free(wctx[i]);
+		free(args[i].in);
+		free(args[i].out);
+	}
+	free_both(cs);
+}
+
+static void yielded_jobs_each_get_their_wake_up(void)
+{
+	yielded_jobs_get_their_wake_up(1);
+	yielded_jobs_get_their_wake_up(3);
+}
+
 /* ---- async jobs when the host dies ---------------------------------------- */
 
 /* Needs WD_TEST_KILL_PID: the pid of the host ($WD_HOST) to kill. 3 jobs
@@ -839,6 +967,7 @@ struct test {
 };
 static const struct test tests[] = {
 	{"async_jobs_more_than_the_slots", async_jobs_more_than_the_slots},
+	{"yielded_jobs_each_get_their_wake_up", yielded_jobs_each_get_their_wake_up},
 	{"gcm_tag_after_short_tag_decrypt", gcm_tag_after_short_tag_decrypt},
 	{"gcm_final_before_the_tag", gcm_final_before_the_tag},
 	{"gcm_final_on_another_thread", gcm_final_on_another_thread},

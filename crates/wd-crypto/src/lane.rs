@@ -545,6 +545,12 @@ impl Lane {
         Ok(false)
     }
 
+    /// Make the wait fd readable now: for an event loop's waiter that has
+    /// no request of its own to be woken by.
+    pub fn kick(&mut self) -> Result<()> {
+        Ok(self.q.kick_wait()?)
+    }
+
     /// Withdraw `arm` and consume the signal.
     pub fn disarm(&mut self) {
         self.q.disarm_wait();
