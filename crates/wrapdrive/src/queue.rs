@@ -61,8 +61,12 @@ pub struct FaultReport {
     pub events: Vec<FaultEvent>,
 }
 
-/// Cookies [`Queue::call`] keeps for itself: the top 65536.
-pub const CALL_COOKIES: u64 = 1 << 16;
+/// Cookies [`Queue::call`] keeps for itself: the top 2^32 (above any
+/// user-space address, which C callers give as cookies). A call's cookie
+/// comes back only after 2^32 more calls, so the completion of one
+/// abandoned in flight is never taken for a later call's (with 2^16 it
+/// could be, after 65,536 calls).
+pub const CALL_COOKIES: u64 = 1 << 32;
 
 /// How a queue lived through restarts of its host.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
