@@ -50,6 +50,7 @@ struct big_job {
 	EVP_CIPHER *c;
 	unsigned char key[16], iv[16];
 	unsigned char *in, *out;
+	int requests; /* of BIG bytes each, one message */
 	int ok;
 };
 
@@ -59,10 +60,49 @@ static int big_job_fn(void *varg)
 	EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
 	int l = 0;
 	a->ok = EVP_EncryptInit_ex2(ctx, a->c, a->key, a->iv, NULL) &&
-		EVP_CIPHER_CTX_set_padding(ctx, 0) && EVP_EncryptUpdate(ctx, a->out, &l, a->in, BIG) &&
-		l == (int)BIG;
+		EVP_CIPHER_CTX_set_padding(ctx, 0);
+	for (int k = 0; a->ok && k < a->requests; k++)
+		a->ok = EVP_EncryptUpdate(ctx, a->out + (size_t)k * BIG, &l, a->in + (size_t)k * BIG,
+					  BIG) &&
+			l == (int)BIG;
 	EVP_CIPHER_CTX_free(ctx);
 	return a->ok;
+}
+
+/* Job `a` of `requests` requests through cipher `c`, with its own data. */
+static void big_job_init(struct big_job *a, EVP_CIPHER *c, int requests)
+{
+	fill(a->key, 16);
+	fill(a->iv, 16);
+	a->in = malloc((size_t)requests * BIG);
+	a->out = malloc((size_t)requests * BIG);
+	fill(a->in, (size_t)requests * BIG);
+	a->c = c;
+	a->requests = requests;
+	a->ok = 0;
+}
+
+/* Each of the n jobs succeeded with the default provider's (`ref`)
+ * result; their memory and wait contexts freed. */
+static void big_jobs_check(struct big_job *args, ASYNC_WAIT_CTX **wctx, int n, EVP_CIPHER *ref)
+{
+	for (int i = 0; i < n; i++) {
+		size_t len = (size_t)args[i].requests * BIG;
+		unsigned char *want = malloc(len);
+		EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+		int l = 0;
+		EVP_EncryptInit_ex2(ctx, ref, args[i].key, args[i].iv, NULL);
+		EVP_CIPHER_CTX_set_padding(ctx, 0);
+		EVP_EncryptUpdate(ctx, want, &l, args[i].in, (int)len);
+		EVP_CIPHER_CTX_free(ctx);
+		CHECK(args[i].ok && !memcmp(want, args[i].out, len),
+		      "async job %d of %d (%d x 1 MiB) has the default provider's result (ok %d)", i, n,
+		      args[i].requests, args[i].ok);
+		free(want);
+		ASYNC_WAIT_CTX_free(wctx[i]);
+		free(args[i].in);
+		free(args[i].out);
+	}
 }
 
 static void async_jobs_more_than_the_slots(void)
@@ -80,12 +120,7 @@ static void async_jobs_more_than_the_slots(void)
 	ASYNC_WAIT_CTX *wctx[N];
 	int done[N] = {0}, left = N, ret;
 	for (int i = 0; i < N; i++) {
-		fill(args[i].key, 16);
-		fill(args[i].iv, 16);
-		args[i].in = malloc(BIG);
-		args[i].out = malloc(BIG);
-		fill(args[i].in, BIG);
-		args[i].c = cs[0];
+		big_job_init(&args[i], cs[0], 1);
 		wctx[i] = ASYNC_WAIT_CTX_new();
 		struct big_job *p = &args[i];
 		int r = ASYNC_start_job(&jobs[i], wctx[i], &ret, big_job_fn, &p, sizeof p);
@@ -123,21 +158,7 @@ static void async_jobs_more_than_the_slots(void)
 		}
 	}
 	CHECK(left == 0, "all jobs finished");
-	static unsigned char want[BIG];
-	for (int i = 0; i < N; i++) {
-		EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
-		int l = 0;
-		EVP_EncryptInit_ex2(ctx, cs[1], args[i].key, args[i].iv, NULL);
-		EVP_CIPHER_CTX_set_padding(ctx, 0);
-		EVP_EncryptUpdate(ctx, want, &l, args[i].in, BIG);
-		EVP_CIPHER_CTX_free(ctx);
-		CHECK(args[i].ok && !memcmp(want, args[i].out, BIG),
-		      "async job %d of %d (1 MiB each) succeeded with the default provider's result (ok %d)",
-		      i, N, args[i].ok);
-		ASYNC_WAIT_CTX_free(wctx[i]);
-		free(args[i].in);
-		free(args[i].out);
-	}
+	big_jobs_check(args, wctx, N, cs[1]);
 	free_both(cs);
 }
 
@@ -519,27 +540,6 @@ static void sync_request_beside_a_paused_job(void)
  * job may consume first. Each job sends one request, then three in
  * another round (a job that yielded is then the last one waiting, or
  * goes on beside others). */
-struct yield_job {
-	EVP_CIPHER *c;
-	unsigned char key[16], iv[16];
-	unsigned char *in, *out;
-	int requests, ok;
-};
-
-static int yield_job_fn(void *varg)
-{
-	struct yield_job *a = *(struct yield_job **)varg;
-	EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
-	int l = 0;
-	a->ok = EVP_EncryptInit_ex2(ctx, a->c, a->key, a->iv, NULL) &&
-		EVP_CIPHER_CTX_set_padding(ctx, 0);
-	for (int k = 0; a->ok && k < a->requests; k++)
-		a->ok = EVP_EncryptUpdate(ctx, a->out + k * BIG, &l, a->in + k * BIG, BIG) &&
-			l == (int)BIG;
-	EVP_CIPHER_CTX_free(ctx);
-	return a->ok;
-}
-
 static void yielded_jobs_get_their_wake_up(int requests)
 {
 	enum { N = 48 };
@@ -550,7 +550,7 @@ static void yielded_jobs_get_their_wake_up(int requests)
 	fetch_both("AES-128-CBC", cs);
 	if (!cs[0] || !cs[1])
 		return;
-	static struct yield_job args[N];
+	static struct big_job args[N];
 	ASYNC_JOB *jobs[N] = {0};
 	ASYNC_WAIT_CTX *wctx[N];
 	int done[N] = {0}, left = N, lost = 0, ret;
@@ -559,16 +559,10 @@ static void yielded_jobs_get_their_wake_up(int requests)
 		 * each later one is computed here and yields to them. */
 		if (i == 36)
 			usleep(100 * 1000);
-		fill(args[i].key, 16);
-		fill(args[i].iv, 16);
-		args[i].in = malloc(3 * BIG);
-		args[i].out = malloc(3 * BIG);
-		fill(args[i].in, 3 * BIG);
-		args[i].c = cs[0];
-		args[i].requests = requests;
+		big_job_init(&args[i], cs[0], requests);
 		wctx[i] = ASYNC_WAIT_CTX_new();
-		struct yield_job *p = &args[i];
-		if (ASYNC_start_job(&jobs[i], wctx[i], &ret, yield_job_fn, &p, sizeof p) != ASYNC_PAUSE) {
+		struct big_job *p = &args[i];
+		if (ASYNC_start_job(&jobs[i], wctx[i], &ret, big_job_fn, &p, sizeof p) != ASYNC_PAUSE) {
 			done[i] = 1;
 			left--;
 		}
@@ -589,8 +583,8 @@ static void yielded_jobs_get_their_wake_up(int requests)
 				if (select(fd + 1, &set, NULL, NULL, &tv) <= 0)
 					lost++; /* resumed anyway, to end the test */
 			}
-			struct yield_job *p = &args[i];
-			int r = ASYNC_start_job(&jobs[i], wctx[i], &ret, yield_job_fn, &p, sizeof p);
+			struct big_job *p = &args[i];
+			int r = ASYNC_start_job(&jobs[i], wctx[i], &ret, big_job_fn, &p, sizeof p);
 			if (r == ASYNC_FINISH || r == ASYNC_ERR) {
 				done[i] = 1;
 				left--;
@@ -605,29 +599,15 @@ static void yielded_jobs_get_their_wake_up(int requests)
 	/* Resumed whatever their descriptors say, so the jobs end. */
 	for (int rounds = 0; left > 0 && rounds < 100000; rounds++)
 		for (int i = 0; i < N; i++) {
-			struct yield_job *p = &args[i];
-			if (!done[i] && ASYNC_start_job(&jobs[i], wctx[i], &ret, yield_job_fn, &p,
+			struct big_job *p = &args[i];
+			if (!done[i] && ASYNC_start_job(&jobs[i], wctx[i], &ret, big_job_fn, &p,
 							sizeof p) != ASYNC_PAUSE) {
 				done[i] = 1;
 				left--;
 			}
 		}
 	CHECK(left == 0, "all jobs finished");
-	static unsigned char want[3 * BIG];
-	for (int i = 0; i < N; i++) {
-		EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
-		int l = 0;
-		EVP_EncryptInit_ex2(ctx, cs[1], args[i].key, args[i].iv, NULL);
-		EVP_CIPHER_CTX_set_padding(ctx, 0);
-		EVP_EncryptUpdate(ctx, want, &l, args[i].in, requests * BIG);
-		EVP_CIPHER_CTX_free(ctx);
-		CHECK(args[i].ok && !memcmp(want, args[i].out, requests * BIG),
-		      "job %d of %d (%d x 1 MiB) has the default provider's result (ok %d)", i, N,
-		      requests, args[i].ok);
-		ASYNC_WAIT_CTX_free(wctx[i]);
-		free(args[i].in);
-		free(args[i].out);
-	}
+	big_jobs_check(args, wctx, N, cs[1]);
 	free_both(cs);
 }
 
