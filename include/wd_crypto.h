@@ -98,11 +98,13 @@ void wd_crypto_disarm(void);
  * waiting (the wait descriptor is made readable: yield to their owners),
  * else 0 with the descriptor armed for them (nothing when none is out). */
 int wd_crypto_after_inline(void);
-/* Make the wait descriptor readable now: for a waiter with no request of
- * its own on the device (a job that yielded to others), which no
- * completion would wake. 0, or a negative errno (-ENOTCONN: no queue on
- * this thread). */
-int wd_crypto_kick(void);
+/* Hold the wait descriptor readable (on 1), until as many calls with on 0
+ * give the holds back: for a waiter with no request of its own on the
+ * device (a job that yielded to others), which no completion would wake
+ * and whose wake-up no other wait may take (a synchronous request, or
+ * another waiter, drains the descriptor). 0, or a negative errno
+ * (-ENOTCONN: no queue on this thread). */
+int wd_crypto_hold_readable(int on);
 
 /* ---- AES-GCM ---------------------------------------------------------- */
 

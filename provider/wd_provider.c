@@ -242,21 +242,6 @@ static int wd_register_wait_fd(void)
  * request computed inline has no one to keep woken (see wd_blocks). */
 static __thread unsigned wd_jobs_waiting;
 
-/* This thread's async jobs paused in wd_yield with no request of their
- * own: no completion wakes them, so whoever leaves the wait descriptor
- * (wd_wake_others) makes it readable for them. */
-static __thread unsigned wd_jobs_yielded;
-
-/* Leaving the wait descriptor to this thread's other paused jobs: armed
- * for their completions, or readable when one is already in or a job
- * yielded (it may have missed the wake-up it paused on: another job
- * resumed first and consumed it). */
-static void wd_wake_others(void)
-{
-	if (wd_crypto_arm() == 0 && wd_jobs_yielded > 0)
-		wd_crypto_kick();
-}
-
 /* Inside an async job whose request finished without pausing (computed
  * here: this thread's paused jobs held the staging) while other jobs
  * wait on the device: when their completions are in, pause so that the
@@ -267,11 +252,15 @@ static void wd_yield(void)
 {
 	if (wd_jobs_waiting == 0 || wd_crypto_after_inline() != 1 || !wd_register_wait_fd())
 		return;
-	wd_jobs_yielded++;
+	/* No completion of its own wakes it, and another wait may drain the
+	 * descriptor first: held readable until it is resumed. */
+	if (wd_crypto_hold_readable(1) != 0)
+		return;
 	ASYNC_pause_job();
-	wd_jobs_yielded--;
+	wd_crypto_hold_readable(0);
 	wd_crypto_disarm();
-	wd_wake_others();
+	/* Left armed for the others, or readable if their results are in. */
+	wd_crypto_arm();
 }
 
 static int wd_finish_job_in(struct wd_job *job, int *paused);
@@ -300,7 +289,7 @@ static int wd_finish_job_in(struct wd_job *job, int *paused)
 			/* Other jobs of this thread may wait on the same descriptor:
 			 * leave it armed, or readable if their completions were
 			 * reaped meanwhile, so none of them sleeps through its own. */
-			wd_wake_others();
+			wd_crypto_arm();
 			return r;
 		}
 		if (!wd_register_wait_fd())

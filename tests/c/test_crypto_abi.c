@@ -90,16 +90,16 @@ static void test_memo_matches_router_under_cpu_policy(void)
 	wd_crypto_set_policy(WD_CRYPTO_POLICY_AUTO);
 }
 
-/* A kick with no queue on the thread: -ENOTCONN, nothing made. */
-static void test_kick_without_a_queue(void)
+/* A hold with no queue on the thread: -ENOTCONN, nothing made. */
+static void test_hold_without_a_queue(void)
 {
-	CHECK(wd_crypto_kick() == -ENOTCONN, "wd_crypto_kick without a queue");
+	CHECK(wd_crypto_hold_readable(1) == -ENOTCONN, "wd_crypto_hold_readable without a queue");
 }
 
 int main(void)
 {
 	setenv("WD_HOST", "/nonexistent/wd.sock", 1);
-	test_kick_without_a_queue();
+	test_hold_without_a_queue();
 	test_wrapping_ranges();
 	test_memo_matches_router_under_cpu_policy();
 	printf("%d passed, %d failed\n", passed, failed);

@@ -96,28 +96,34 @@ static int readable(int fd)
 }
 
 /* The wait descriptor of an event loop: armed with nothing in flight it
- * stays quiet; wd_crypto_kick makes it readable (a waiter with no request
- * of its own, which no completion would wake); wd_crypto_disarm takes
- * that back. */
-static void test_wait_descriptor_kick(void)
+ * stays quiet; held (wd_crypto_hold_readable: a waiter with no request of
+ * its own) it is readable, through a disarm and a synchronous request of
+ * 8 MiB that sleeps on the queue, until the hold is given back. */
+static void test_wait_descriptor_hold(void)
 {
 	static const unsigned char k[16] = "0123456789abcdef", iv[16] = "fedcba9876543210";
-	unsigned char buf[4096] = {0};
+	enum { LEN = 8 << 20 };
+	unsigned char *buf = calloc(1, LEN);
 	struct wd_cipher *c = NULL;
-	CHECK(wd_crypto_set_policy(WD_CRYPTO_POLICY_OFFLOAD) == 0 &&
+	CHECK(buf && wd_crypto_set_policy(WD_CRYPTO_POLICY_OFFLOAD) == 0 &&
 		      wd_cipher_new(&c, "aes-128-cbc", k, 16, 1) == 0 &&
-		      wd_cipher_set_iv(c, iv, 16) == 0 &&
-		      wd_cipher_offload(c, buf, buf, sizeof buf) == 0,
+		      wd_cipher_set_iv(c, iv, 16) == 0 && wd_cipher_offload(c, buf, buf, 4096) == 0,
 	      "a request on the device (the thread's queue made)");
 	int fd = wd_crypto_wait_fd();
 	CHECK(fd >= 0, "wait descriptor");
-	if (fd >= 0) {
+	if (fd >= 0 && buf) {
 		CHECK(wd_crypto_arm() == 0 && !readable(fd), "armed, nothing in flight: quiet");
-		CHECK(wd_crypto_kick() == 0 && readable(fd), "kicked: readable");
+		CHECK(wd_crypto_hold_readable(1) == 0 && readable(fd), "held: readable");
 		wd_crypto_disarm();
-		CHECK(!readable(fd), "disarmed: the kick taken back");
+		CHECK(readable(fd), "held: readable after a disarm");
+		CHECK(wd_cipher_offload(c, buf, buf, LEN) == 0 && readable(fd),
+		      "held: readable after a synchronous request");
+		CHECK(wd_crypto_hold_readable(0) == 0, "hold given back");
+		wd_crypto_disarm();
+		CHECK(!readable(fd), "given back and disarmed: quiet");
 	}
 	wd_cipher_free(c);
+	free(buf);
 	wd_crypto_set_policy(WD_CRYPTO_POLICY_AUTO);
 }
 
@@ -302,7 +308,7 @@ int main(void)
 	free(hdst);
 
 	test_fork_mid_stream();
-	test_wait_descriptor_kick();
+	test_wait_descriptor_hold();
 	CHECK(call_at_thread_exit(update_without_session) == -EINVAL, "a call at thread exit answers");
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;

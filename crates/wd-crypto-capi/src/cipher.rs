@@ -391,16 +391,18 @@ pub extern "C" fn wd_crypto_after_inline() -> c_int {
     })
 }
 
-/// Make the wait descriptor readable (see the header).
+/// Hold the wait descriptor readable, or give a hold back (see the
+/// header).
 #[no_mangle]
-pub extern "C" fn wd_crypto_kick() -> c_int {
-    guard_with(
-        || match crypto::lane::with_open_lane(crypto::lane::Kind::Cipher, |l| l.kick()) {
+pub extern "C" fn wd_crypto_hold_readable(on: c_int) -> c_int {
+    guard_with(|| {
+        match crypto::lane::with_open_lane(crypto::lane::Kind::Cipher, |l| l.hold_readable(on != 0))
+        {
             Ok(Ok(())) => 0,
             Ok(Err(e)) => err(e),
             Err(_) => fail(Status::HostGone.errno(), "no queue on this thread"),
-        },
-    )
+        }
+    })
 }
 
 /// Disarm the wait descriptor.

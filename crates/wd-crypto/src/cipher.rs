@@ -884,11 +884,17 @@ impl Cipher {
                 }
                 if long && matches!(e, CryptoError::Busy) && self.in_flight == 0 {
                     // More than the slots hold, and the large area is
-                    // held by this thread's other jobs (or the lane has
-                    // none): computed here now while the device works on
-                    // those, as a request short of slots is; with the
-                    // fallback off, a window at a time as a longer one.
-                    if config::fallback() {
+                    // held by this thread's other jobs: computed here now
+                    // while the device works on those, as a request short
+                    // of slots is. A job the large area never takes (in
+                    // place, or a lane without one: legacy, or refused)
+                    // goes a window at a time, as a longer one does (it
+                    // would never get more than the 64 slots); so does
+                    // every one with the fallback off.
+                    let area_held = !in_place
+                        && lane::with_open_lane(Kind::Cipher, |l| Ok(l.has_large()))
+                            .is_ok_and(|r| r.unwrap_or(false));
+                    if config::fallback() && area_held {
                         self.cpu_update(io)?;
                         stats::on_cpu(n, Why::NoQueue);
                     } else {
@@ -1051,6 +1057,10 @@ impl Cipher {
             _ => None,
         };
         if large.is_none() {
+            if total.div_ceil(SLOT) > SLOTS {
+                // More than the slots hold: no orphan waited for helps.
+                return Err(CryptoError::Busy);
+            }
             lane.reclaim(total.div_ceil(SLOT));
             if total.div_ceil(SLOT) > lane.free_slots() {
                 return Err(CryptoError::Busy);

@@ -375,6 +375,12 @@ impl Lane {
         buf.read(off + offset as u64, out);
     }
 
+    /// Whether this lane has its large staging area (see
+    /// [`Lane::take_large`]).
+    pub fn has_large(&self) -> bool {
+        self.large.is_some()
+    }
+
     /// Take a run of large units for `len` bytes (see [`LARGE_SLOT`]),
     /// making the large area first if needed; its slot number, or None
     /// when no run is free (the caller then uses the slots).
@@ -424,8 +430,13 @@ impl Lane {
             return;
         }
         self.reap_orphans();
-        while self.free_slots.len() < want && !self.orphans.is_empty() {
-            let (token, slot) = self.orphans.remove(0);
+        // Only orphans holding a slot help: one holding a run of the
+        // large area would be waited for for nothing.
+        while self.free_slots.len() < want {
+            let Some(k) = self.orphans.iter().position(|&(_, s)| (s as usize) < SLOTS) else {
+                break;
+            };
+            let (token, slot) = self.orphans.remove(k);
             // A queue that fails gives nothing to wait for.
             let _ = self.wait(token);
             self.put_slot(slot);
@@ -545,10 +556,16 @@ impl Lane {
         Ok(false)
     }
 
-    /// Make the wait fd readable now: for an event loop's waiter that has
-    /// no request of its own to be woken by.
-    pub fn kick(&mut self) -> Result<()> {
-        Ok(self.q.kick_wait()?)
+    /// Hold the wait fd readable (`on`), or give a hold back: for an event
+    /// loop's waiter that has no request of its own to be woken by (see
+    /// `Queue::hold_wait_readable`).
+    pub fn hold_readable(&mut self, on: bool) -> Result<()> {
+        if on {
+            self.q.hold_wait_readable()?;
+        } else {
+            self.q.release_wait_readable();
+        }
+        Ok(())
     }
 
     /// Withdraw `arm` and consume the signal.

@@ -953,3 +953,75 @@ fn long_jobs_dropped_or_refused_give_their_run_back() {
     assert!(out == reference("aes-128-cbc", &[7u8; 16], &[9u8; 16], &data, true));
     thirty_two_jobs_of_a_mib();
 }
+
+/// A job of 4-8 MiB that cannot use the large area (in place here, and a
+/// legacy queue below) needs more than the 64 slots: it goes to the
+/// device a window at a time, as before the large area (it was Busy for
+/// ever, and so computed on the CPU, counted as "no queue").
+#[test]
+#[allow(unsafe_code)]
+fn an_in_place_job_of_6_mib_goes_to_the_device() {
+    let _g = setup(Policy::Offload, 0);
+    let was = config::in_place();
+    config::set_in_place(true);
+    let n = 6 << 20;
+    let key = noise(16, 41);
+    let iv = noise(16, 42);
+    let data = noise(n, 43);
+    let src = wrapdrive::SharedBuf::new(n).unwrap();
+    let dst = wrapdrive::SharedBuf::new(n).unwrap();
+    src.write(0, &data);
+    let mut c = Cipher::new("aes-128-ctr", &key, Direction::Encrypt).unwrap();
+    c.set_iv(&iv).unwrap();
+    let before = wd_crypto::stats();
+    // The C API's way in: slices over shared memory (wd_alloc buffers).
+    // SAFETY: src's n bytes, alive to the end; only the device writes dst
+    // (in place), and only while the job is in flight, when the test does
+    // not touch it.
+    let input = unsafe { std::slice::from_raw_parts(src.addr() as *const u8, n) };
+    // SAFETY: as above, dst's n bytes.
+    let output = unsafe { std::slice::from_raw_parts_mut(dst.addr() as *mut u8, n) };
+    let j = c.start_offload(input, output).unwrap();
+    c.finish(j, output).unwrap();
+    let after = wd_crypto::stats();
+    config::set_in_place(was);
+    assert_eq!(
+        dst.to_vec(),
+        reference("aes-128-ctr", &key, &iv, &data, true)
+    );
+    assert_eq!(
+        after.cpu_bytes - before.cpu_bytes,
+        0,
+        "6 MiB offload job ran on the CPU"
+    );
+}
+
+/// As [`an_in_place_job_of_6_mib_goes_to_the_device`] with a legacy
+/// queue (it has no large area).
+#[test]
+fn a_legacy_job_of_6_mib_goes_to_the_device() {
+    let _g = setup(Policy::Offload, 0);
+    config::set_legacy(true);
+    let n = 6 << 20;
+    let key = noise(16, 51);
+    let iv = noise(16, 52);
+    let data = noise(n, 53);
+    let mut out = vec![0u8; n];
+    let r = std::thread::spawn(move || {
+        let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
+        c.set_iv(&iv).unwrap();
+        let before = wd_crypto::stats();
+        let j = c.start_offload(&data, &mut out).unwrap();
+        c.finish(j, &mut out).unwrap();
+        let after = wd_crypto::stats();
+        (
+            after.cpu_bytes - before.cpu_bytes,
+            out == reference("aes-128-cbc", &key, &iv, &data, true),
+        )
+    })
+    .join();
+    config::set_legacy(false);
+    let (cpu, right) = r.unwrap();
+    assert!(right, "output");
+    assert_eq!(cpu, 0, "6 MiB offload job ran on the CPU");
+}

@@ -73,4 +73,22 @@ fn a_host_that_maps_no_arena_gets_staged_requests() {
     let mut got = vec![0u8; data.len()];
     dst.read(0, &mut got);
     assert_eq!(got, want);
+
+    // A job of 6 MiB, the stream going on: this lane has no large staging
+    // area (the host maps no more), so the job goes to the device a window
+    // at a time, fallback on or not, never to the CPU (it was computed
+    // there: Busy for ever on 64 slots).
+    config::set_fallback(true);
+    let long: Vec<u8> = (0..6 << 20u32).map(|i| (i * 7 + 3) as u8).collect();
+    let mut want = vec![0u8; long.len() + 16];
+    let n = o.update(&long, &mut want).unwrap();
+    want.truncate(n);
+    let before = stats();
+    let mut out = vec![0u8; long.len()];
+    let j = c.start_offload(&long, &mut out).unwrap();
+    c.finish(j, &mut out).unwrap();
+    let after = stats();
+    config::set_fallback(false);
+    assert_eq!(after.cpu_bytes, before.cpu_bytes, "{after:?}");
+    assert!(out == want, "the 6 MiB job's output");
 }

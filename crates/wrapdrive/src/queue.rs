@@ -122,6 +122,10 @@ pub struct Queue {
     /// line from here). Made with the wait set; `kicked` while it may be.
     kick: Option<OwnedFd>,
     kicked: bool,
+    /// Waiters with no request of their own holding the wait descriptor
+    /// readable ([`Queue::hold_wait_readable`]): the kick is not drained
+    /// while there are any.
+    kick_held: u32,
     /// Readable when a completion is signalled or the host hangs up
     /// (made on first use of [`Queue::wait_fd`]).
     wait_set: Option<OwnedFd>,
@@ -309,6 +313,7 @@ impl Queue {
             socket,
             kick: None,
             kicked: false,
+            kick_held: 0,
             wait_set: None,
             slots: vec![None; depth as usize],
             sent: vec![Desc::default(); depth as usize],
@@ -988,6 +993,31 @@ impl Queue {
         Ok(())
     }
 
+    /// Keep [`Queue::wait_fd`] readable until as many
+    /// [`Queue::release_wait_readable`]: for an event loop's waiter with no
+    /// request of its own (a job that yielded to others), which no
+    /// completion would wake, and whose wake-up no other wait may take
+    /// (another waiter's, or a synchronous request's, drains the signal).
+    pub fn hold_wait_readable(&mut self) -> Result<()> {
+        self.check()?;
+        self.wait_fd()?;
+        if !self.kicked {
+            let kick = self.kick.as_ref().expect("made with the wait set");
+            wd_sys::eventfd_signal(kick.as_fd())?;
+            self.kicked = true;
+        }
+        self.wait_signalled = true;
+        self.loop_waiting = true;
+        self.kick_held = self.kick_held.saturating_add(1);
+        Ok(())
+    }
+
+    /// Give back one [`Queue::hold_wait_readable`]; the next drain then
+    /// takes the kick.
+    pub fn release_wait_readable(&mut self) {
+        self.kick_held = self.kick_held.saturating_sub(1);
+    }
+
     /// After waking: withdraw the request to be signalled, and consume the
     /// signal once nothing is left to receive: while completions wait, the
     /// descriptor stays readable for the event loop's other waiters.
@@ -1011,12 +1041,14 @@ impl Queue {
             return;
         }
         let mut taken = false;
-        if std::mem::take(&mut self.kicked) {
+        if self.kicked && self.kick_held == 0 {
+            self.kicked = false;
             let k = self.kick.as_ref().expect("kicked through it");
             taken |= wd_sys::eventfd_drain(k.as_fd()).map_or(true, |n| n > 0);
         }
         taken |= wd_sys::wake_drain(self.cq_event.as_fd()).map_or(true, |n| n > 0);
-        if taken {
+        // A held kick keeps the descriptor readable.
+        if taken && !self.kicked {
             self.wait_signalled = false;
         }
     }
@@ -1605,11 +1637,14 @@ impl Queue {
         // The kick stays in the wait set across the reconnect: a signal
         // it holds would no longer be read (wait_signalled is false), and
         // the descriptor would stay readable for ever.
-        if std::mem::take(&mut self.kicked) {
+        // A held one stays (its waiter still needs it), and then so does
+        // the signal.
+        if self.kick_held == 0 && std::mem::take(&mut self.kicked) {
             if let Some(k) = &self.kick {
                 let _ = wd_sys::eventfd_drain(k.as_fd());
             }
         }
+        self.wait_signalled = self.kicked;
         self.last_liveness = Instant::now();
         let restored: Result<()> = (|| {
             for s in &self.shares {
