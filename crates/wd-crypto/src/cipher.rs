@@ -1225,6 +1225,16 @@ impl Cipher {
         let r = lane::with_open_lane(Kind::Cipher, |lane| {
             while let Some(p) = job.parts.first() {
                 if p.lane != lane.id {
+                    // Its session went with the host (its queue made again
+                    // on a restarted one since), or its lane is gone. The
+                    // slots this lane still holds come back with their
+                    // completions (the queue sent them again or failed
+                    // them), as a dropped job's do.
+                    for p in &job.parts {
+                        if lane.holds(p.lane) {
+                            lane.orphan(p.token, p.slot);
+                        }
+                    }
                     return Err(host_gone("the queue of this request is gone"));
                 }
                 let d = if block {
@@ -1314,10 +1324,11 @@ impl Cipher {
     /// lost for good), and the message ends.
     fn drop_job(&mut self, mut job: Job) {
         let _ = lane::with_open_lane(Kind::Cipher, |lane| {
-            let id = lane.id;
-            for p in job.parts.iter().filter(|p| p.lane == id) {
-                let _ = lane.wait(p.token);
-                lane.put_slot(p.slot);
+            for p in &job.parts {
+                if lane.holds(p.lane) {
+                    let _ = lane.wait(p.token);
+                    lane.put_slot(p.slot);
+                }
             }
             Ok(())
         });
@@ -1391,9 +1402,10 @@ impl Drop for Job {
             return;
         }
         let _ = lane::with_open_lane(Kind::Cipher, |lane| {
-            let id = lane.id;
-            for p in self.parts.iter().filter(|p| p.lane == id) {
-                lane.orphan(p.token, p.slot);
+            for p in &self.parts {
+                if lane.holds(p.lane) {
+                    lane.orphan(p.token, p.slot);
+                }
             }
             Ok(())
         });

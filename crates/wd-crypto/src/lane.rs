@@ -70,6 +70,10 @@ impl Runs {
     }
 }
 
+/// Former ids a lane remembers (see `Lane::former`): a job in flight
+/// across more restarts than this keeps its slots.
+const FORMER_IDS: usize = 8;
+
 /// How long a thread computes on the CPU after failing to get a queue
 /// before it asks the host again.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -232,6 +236,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct Lane {
     /// Unique id.
     pub id: LaneId,
+    /// Ids it had before its queue was made again on a restarted host
+    /// (the last few): requests sent under them still hold their slots.
+    former: Vec<LaneId>,
     /// Sessions other threads left to free (see [`release_sessions`]).
     inbox: Arc<Inbox>,
     /// The queue's connection epoch when `id` was given: the queue makes
@@ -283,6 +290,7 @@ impl Lane {
         }
         Ok(Lane {
             id: next_lane_id(),
+            former: Vec::new(),
             inbox: Arc::new(Inbox {
                 generation: wrapdrive::fork_generation(),
                 posted: AtomicBool::new(false),
@@ -314,6 +322,13 @@ impl Lane {
                 (i * LARGE_SLOT) as u64,
             ),
         }
+    }
+
+    /// Whether a request sent under `id` is on this lane's queue: sent
+    /// under its id, or under one it had before a restart (then the queue
+    /// sent it again or failed it, and its completion comes all the same).
+    pub fn holds(&self, id: LaneId) -> bool {
+        id == self.id || self.former.contains(&id)
     }
 
     /// Device address of slot `s`.
@@ -826,6 +841,10 @@ fn lane_call<T>(
             // streams hold for this lane are gone with the old host, so
             // the lane takes a new id and streams open new sessions (those
             // with a request in flight at the restart have failed).
+            if lane.former.len() == FORMER_IDS {
+                lane.former.remove(0);
+            }
+            lane.former.push(lane.id);
             lane.id = next_lane_id();
             lane.epoch = lane.q.epoch();
         }

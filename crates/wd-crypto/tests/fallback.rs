@@ -354,3 +354,62 @@ fn a_job_lost_with_its_host_ends_the_message() {
     c.update(&data[2 * n..], rest).unwrap();
     assert!(rest == &reference_cbc(&key, &iv2, &data[2 * n..])[..]);
 }
+
+/// Jobs in flight when the host restarts fail, and leave no staging slot
+/// taken: once the thread asks again (its lane dropped at the first
+/// failure), 64 jobs of 64 KiB are on the device at once, with OpenSSL's
+/// output.
+#[test]
+fn jobs_lost_at_a_restart_leave_no_slot_taken() {
+    let _env = serial();
+    config::set_policy(Policy::Offload);
+    config::set_threshold(0);
+    config::set_fallback(true);
+    let dir = wd_testutil::tempdir("wd-fallback-restart-slots");
+    let sock = dir.join("wd.sock");
+    let spawn = || wd_testutil::Role::serving("host", &sock);
+    std::env::set_var("WD_CRYPTO_HOST", &sock);
+    let mut first = spawn();
+    let key = [3u8; 16];
+    let data: Vec<u8> = (0..64 << 10u32).map(|i| (i * 5 + 1) as u8).collect();
+    // On a thread of its own: a lane of its own, made on the first host.
+    std::thread::scope(|t| {
+        t.spawn(|| {
+            let mut c = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
+            let mut outs = vec![vec![0u8; data.len()]; 8];
+            let jobs: Vec<_> = outs
+                .iter_mut()
+                .map(|o| c.start_offload(&data, o).unwrap())
+                .collect();
+            assert!(jobs.iter().all(|j| !j.is_done()), "on the device");
+            first.child.kill().unwrap();
+            first.child.wait().unwrap();
+            let _second = spawn();
+            for (j, o) in jobs.into_iter().zip(outs.iter_mut()) {
+                assert!(c.finish(j, o).is_err(), "lost with the first host");
+            }
+            std::thread::sleep(Duration::from_millis(1100));
+            let mut want = vec![0u8; data.len() + 16];
+            let mut o = Crypter::new(OCipher::aes_128_ecb(), OMode::Encrypt, &key, None).unwrap();
+            o.pad(false);
+            let n = o.update(&data, &mut want).unwrap();
+            want.truncate(n);
+            let mut c = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
+            let mut outs = vec![vec![0u8; data.len()]; 64];
+            let mut jobs = Vec::new();
+            for (i, o) in outs.iter_mut().enumerate() {
+                match c.start_offload(&data, o) {
+                    Ok(j) => {
+                        assert!(!j.is_done(), "job {i} ran here");
+                        jobs.push(j);
+                    }
+                    Err(e) => panic!("job {i} of 64 after the restart: {e:?}"),
+                }
+            }
+            for (j, o) in jobs.into_iter().zip(outs.iter_mut()) {
+                c.finish(j, o).unwrap();
+                assert!(*o == want);
+            }
+        });
+    });
+}
