@@ -245,6 +245,9 @@ pub struct Lane {
     /// itself again on a restarted host, whose sessions are new.
     epoch: u64,
     q: Queue,
+    /// Opened on the legacy path (the setting may change since): it
+    /// reaches its staging area only.
+    legacy: bool,
     stage: SharedBuf,
     /// Allocator arenas (base addresses) shared with the queue, so that
     /// callers' buffers inside them go to the device in place.
@@ -268,8 +271,9 @@ pub struct Lane {
 
 impl Lane {
     fn open(host: &Arc<HostConn>, kind: Kind) -> Result<Lane> {
+        let legacy = config::legacy();
         let mut capa = Capability::new(kind.alg()).depth(SLOTS as u32 * 2);
-        if config::legacy() {
+        if legacy {
             capa = capa.flags(wrapdrive::CAPA_ALLOW_LEGACY);
         }
         capa.numa_node = current_node();
@@ -277,7 +281,7 @@ impl Lane {
         q.set_legacy_planner(wd_sec_msg::LEGACY_PLANNER);
         let stage = SharedBuf::new(SLOT * SLOTS)?;
         let mut arenas = Vec::new();
-        if !config::legacy() {
+        if !legacy {
             // The staging area's whole arena: the device then also reaches
             // the caller's buffers in it (this process's memory, touched
             // only by this library's requests) in place.
@@ -298,6 +302,7 @@ impl Lane {
             }),
             epoch: q.epoch(),
             q,
+            legacy,
             stage,
             arenas,
             refused: Vec::new(),
@@ -343,7 +348,7 @@ impl Lane {
     /// restarted host).
     pub fn reach(&mut self, span: &SharedSpan) -> Result<()> {
         let (base, len) = span.arena();
-        if config::legacy() {
+        if self.legacy {
             // A legacy queue reaches no shared memory but its own staging.
             return Err(CryptoError::invalid(
                 "a legacy queue works in its staging area only",
@@ -401,7 +406,7 @@ impl Lane {
     /// when no run is free (the caller then uses the slots).
     pub fn take_large(&mut self, len: usize) -> Option<u16> {
         let n = len.div_ceil(LARGE_SLOT);
-        if config::legacy() || self.no_large || n > LARGE_SLOTS {
+        if self.legacy || self.no_large || n > LARGE_SLOTS {
             // A legacy queue reaches its staging area only.
             return None;
         }
