@@ -143,7 +143,7 @@ done
 
 # More jobs than the thread's staging holds (long messages, or more jobs
 # than slots): jobs computed here yield to the others and must be woken.
-for spec in "2097152 33 offload" "3145728 17 auto" "65536 80 offload" "1048576 40 offload"; do
+for spec in "2097152 33 offload" "3145728 17 auto" "65536 80 offload" "1048576 80 offload"; do
     set -- $spec
     if ! WD_PROVIDER_POLICY=$3 timeout 30 openssl speed "${P[@]}" -elapsed -seconds 1 \
         -bytes "$1" -async_jobs "$2" -evp aes-128-cbc 2>/dev/null | grep -q "^AES-128-CBC"; then

@@ -530,8 +530,8 @@ static void sync_request_beside_a_paused_job(void)
 	async_beside_a_paused_job(1);
 }
 
-/* More async jobs of 1 MiB than this thread's staging holds (32 in the
- * large area, 4 in the slots): a job that finds none is computed here and
+/* More async jobs of 1 MiB than this thread's staging holds (64 in the
+ * two large areas, 4 in the slots): a job that finds none is computed here and
  * then yields to the paused jobs whose results are in (else it went on
  * computing here while the device idled). An event loop that resumes a
  * job only when that job's own descriptor is readable (checked just
@@ -542,7 +542,7 @@ static void sync_request_beside_a_paused_job(void)
  * goes on beside others). */
 static void yielded_jobs_get_their_wake_up(int requests)
 {
-	enum { N = 48 };
+	enum { N = 80, HOLD = 68 };
 	CHECK(ASYNC_is_capable(), "async jobs work here");
 	if (!ASYNC_is_capable())
 		return;
@@ -555,9 +555,9 @@ static void yielded_jobs_get_their_wake_up(int requests)
 	ASYNC_WAIT_CTX *wctx[N];
 	int done[N] = {0}, left = N, lost = 0, ret;
 	for (int i = 0; i < N; i++) {
-		/* The first 36 hold the staging; once their results are in,
+		/* The first HOLD hold the staging; once their results are in,
 		 * each later one is computed here and yields to them. */
-		if (i == 36)
+		if (i == HOLD)
 			usleep(100 * 1000);
 		big_job_init(&args[i], cs[0], requests);
 		wctx[i] = ASYNC_WAIT_CTX_new();

@@ -114,7 +114,7 @@ const ROWS: [RowSpec; 8] = [
     RowSpec {
         key: "async",
         label: "wd async jobs offload",
-        memory: "shared staging buffer, one slot per job in flight (over 64 KiB: a run of the large staging area, one request)",
+        memory: "shared staging buffer, one slot per job in flight (over 64 KiB: a run of a large staging area, one request)",
         env: &[
             ("WD_PROVIDER_POLICY", "offload"),
             ("WD_PROVIDER_THRESHOLD", "0"),

@@ -235,7 +235,7 @@ enum Cut {
     /// Slots: a caller that waits has the device at work on one piece
     /// while it copies the next.
     Slots,
-    /// Whole, in a run of the large staging area, when longer than a slot
+    /// Whole, in a run of a large staging area, when longer than a slot
     /// and a run is free (else slots): a job's caller does not wait, and
     /// the engine's lanes take a long message whole.
     Large,
@@ -244,8 +244,8 @@ enum Cut {
 /// Most of a synchronous request in flight at once: half the staging
 /// area, so this thread's asynchronous jobs keep room beside it.
 const WINDOW: usize = SLOT * SLOTS / 2;
-/// The longest job sent whole (in the large staging area): a quarter of
-/// it, so that four such jobs are in flight at once.
+/// The longest job sent whole (in a large staging area): a quarter of
+/// one, so that four such jobs are in flight in each.
 const LARGE_WINDOW: usize = LARGE_SLOT * lane::LARGE_SLOTS / 4;
 
 /// The tracked part of a stream's state, saved to redo a request.
@@ -883,10 +883,10 @@ impl Cipher {
                     self.restore(saved);
                 }
                 if long && matches!(e, CryptoError::Busy) && self.in_flight == 0 {
-                    // More than the slots hold, and the large area is
+                    // More than the slots hold, and the large areas are
                     // held by this thread's other jobs: computed here now
                     // while the device works on those, as a request short
-                    // of slots is. A job the large area never takes (in
+                    // of slots is. A job no large area takes (in
                     // place, or a lane without one: legacy, or refused)
                     // goes a window at a time, as a longer one does (it
                     // would never get more than the 64 slots); so does

@@ -27,10 +27,14 @@ pub const SLOTS: usize = 64;
 /// a time), and 32 jobs of 1 MiB are in flight, not the 4 that the slots
 /// hold.
 pub const LARGE_SLOT: usize = 1 << 20;
-/// Units of the large staging area. It is made the first time a thread
-/// sends such a request (and kept for the lane's life): a thread that
-/// never does has none. Its pages are touched only as requests use them.
+/// Units of a large staging area. One is made the first time a thread
+/// sends such a request, a second when the first is full (each kept for
+/// the lane's life): a thread that never does has none. Their pages are
+/// touched only as requests use them.
 pub const LARGE_SLOTS: usize = 32;
+/// Large staging areas a lane may make: 64 jobs of 1 MiB, or 32 of 2 MiB,
+/// in flight at once (the ring's depth, 128, holds them with the slots).
+const LARGE_AREAS: usize = 2;
 
 /// Which units of the large staging area are taken, in runs.
 #[derive(Debug)]
@@ -256,12 +260,11 @@ pub struct Lane {
     /// again.
     refused: Vec<u64>,
     free_slots: Vec<u16>,
-    /// The large staging area, once made; slot number `SLOTS + i` is the
-    /// run of its units from unit `i`.
-    large: Option<SharedBuf>,
-    large_runs: Runs,
-    /// It could not be made, or the host refused to map it: not tried
-    /// again.
+    /// The large staging areas made, with their units taken; slot number
+    /// `SLOTS + a * LARGE_SLOTS + i` is the run from unit `i` of area `a`.
+    large: Vec<(SharedBuf, Runs)>,
+    /// One could not be made, or the host refused to map it: no more
+    /// tried.
     no_large: bool,
     /// Requests whose jobs were dropped unfinished, with their staging
     /// slots: each slot comes back when its completion does.
@@ -307,8 +310,7 @@ impl Lane {
             arenas,
             refused: Vec::new(),
             free_slots: (0..SLOTS as u16).rev().collect(),
-            large: None,
-            large_runs: Runs::new(),
+            large: Vec::new(),
             no_large: false,
             orphans: Vec::new(),
             next_token: 1,
@@ -321,10 +323,8 @@ impl Lane {
         match (s as usize).checked_sub(SLOTS) {
             None => (&self.stage, s as u64 * SLOT as u64),
             Some(i) => (
-                self.large
-                    .as_ref()
-                    .expect("a large slot is in the large area"),
-                (i * LARGE_SLOT) as u64,
+                &self.large[i / LARGE_SLOTS].0,
+                ((i % LARGE_SLOTS) * LARGE_SLOT) as u64,
             ),
         }
     }
@@ -395,34 +395,41 @@ impl Lane {
         buf.read(off + offset as u64, out);
     }
 
-    /// Whether this lane has its large staging area (see
+    /// Whether this lane has a large staging area (see
     /// [`Lane::take_large`]).
     pub fn has_large(&self) -> bool {
-        self.large.is_some()
+        !self.large.is_empty()
     }
 
     /// Take a run of large units for `len` bytes (see [`LARGE_SLOT`]),
-    /// making the large area first if needed; its slot number, or None
-    /// when no run is free (the caller then uses the slots).
+    /// making a large area if none has one free (up to [`LARGE_AREAS`]);
+    /// its slot number, or None (the caller then uses the slots).
     pub fn take_large(&mut self, len: usize) -> Option<u16> {
         let n = len.div_ceil(LARGE_SLOT);
-        if self.legacy || self.no_large || n > LARGE_SLOTS {
+        if self.legacy || n > LARGE_SLOTS {
             // A legacy queue reaches its staging area only.
             return None;
         }
-        if self.large.is_none() {
+        let take = |large: &mut Vec<(SharedBuf, Runs)>| {
+            large
+                .iter_mut()
+                .enumerate()
+                .find_map(|(a, (_, runs))| runs.take(n).map(|i| a * LARGE_SLOTS + i))
+        };
+        let mut at = take(&mut self.large);
+        if at.is_none() && !self.orphans.is_empty() {
+            self.reap_orphans();
+            at = take(&mut self.large);
+        }
+        if at.is_none() && !self.no_large && self.large.len() < LARGE_AREAS {
             // In the staging area's arena as a rule (already shared); a
             // host that refuses another arena leaves the lane without.
             let made = SharedBuf::new(LARGE_SLOT * LARGE_SLOTS)
                 .ok()
                 .filter(|buf| self.reach(&SharedSpan::of(buf)).is_ok());
             self.no_large = made.is_none();
-            self.large = Some(made?);
-        }
-        let mut at = self.large_runs.take(n);
-        if at.is_none() && !self.orphans.is_empty() {
-            self.reap_orphans();
-            at = self.large_runs.take(n);
+            self.large.push((made?, Runs::new()));
+            at = take(&mut self.large);
         }
         at.map(|i| (SLOTS + i) as u16)
     }
@@ -491,7 +498,7 @@ impl Lane {
     pub fn put_slot(&mut self, s: u16) {
         match (s as usize).checked_sub(SLOTS) {
             None => self.free_slots.push(s),
-            Some(i) => self.large_runs.put(i),
+            Some(i) => self.large[i / LARGE_SLOTS].1.put(i % LARGE_SLOTS),
         }
     }
 

@@ -28,8 +28,8 @@ fn setup(policy: Policy, threshold: usize) -> std::sync::MutexGuard<'static, ()>
 }
 
 /// Another stream's jobs holding `slots` of this thread's 64 staging
-/// slots, and all of its large staging area (32 units of 1 MiB, where a
-/// job longer than a slot goes first), until `release`.
+/// slots, and all of its large staging areas (two of 32 units of 1 MiB,
+/// where a job longer than a slot goes first), until `release`.
 struct Held {
     c: Cipher,
     jobs: Vec<(wd_crypto::Job, Vec<u8>)>,
@@ -44,7 +44,7 @@ fn hold_slots(slots: usize) -> Held {
         assert!(!j.is_done(), "a job holding staging went to the CPU");
         (j, out)
     };
-    let mut jobs: Vec<_> = (0..4).map(|_| hold(8 << 20)).collect();
+    let mut jobs: Vec<_> = (0..8).map(|_| hold(8 << 20)).collect();
     jobs.extend((0..slots).map(|_| hold(64 << 10)));
     Held { c, jobs }
 }
@@ -777,35 +777,47 @@ fn a_refused_gcm_finish_keeps_its_message() {
     assert_eq!(tag, want_tag, "finished on its own thread");
 }
 
-/// Jobs longer than a slot are staged whole in the large staging area
-/// (32 units of 1 MiB): 32 jobs of 1 MiB are on the device at once, each
-/// stream goes on with a second job from where the first left it, and
-/// the output is OpenSSL's. (With the slots only, the fifth was Busy.)
+/// Jobs longer than a slot are staged whole in a large staging area
+/// (32 units of 1 MiB; a second is made when the first is full): 32 jobs
+/// of 1 MiB are on the device at once, each stream goes on with a second
+/// job from where the first left it, and the output is OpenSSL's. (With
+/// the slots only, the fifth was Busy.)
 #[test]
 fn thirty_two_jobs_of_a_mib_are_in_flight_at_once() {
     let _g = setup(Policy::Offload, 0);
-    thirty_two_jobs_of_a_mib();
+    jobs_all_in_flight(32, 1 << 20);
 }
 
-fn thirty_two_jobs_of_a_mib() {
-    const MIB: usize = 1 << 20;
+/// As [`thirty_two_jobs_of_a_mib_are_in_flight_at_once`], filling both
+/// large areas: 32 jobs of 2 MiB, then 64 of 1 MiB.
+#[test]
+fn both_large_areas_hold_jobs_at_once() {
+    let _g = setup(Policy::Offload, 0);
+    jobs_all_in_flight(32, 2 << 20);
+    jobs_all_in_flight(64, 1 << 20);
+}
+
+/// `streams` CBC streams, each sending two jobs of `len` bytes: every
+/// job of a round on the device at once, finished in reverse order, and
+/// OpenSSL's output.
+fn jobs_all_in_flight(streams: usize, len: usize) {
     let key = noise(16, 21);
-    let mut streams: Vec<(Cipher, Vec<u8>, Vec<u8>)> = (0..32)
+    let mut streams: Vec<(Cipher, Vec<u8>, Vec<u8>)> = (0..streams)
         .map(|i| {
             let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
             c.set_iv(&[i as u8; 16]).unwrap();
-            (c, noise(2 * MIB, 100 + i), vec![0u8; 2 * MIB])
+            (c, noise(2 * len, 100 + i as u64), vec![0u8; 2 * len])
         })
         .collect();
     for half in 0..2 {
-        let range = half * MIB..(half + 1) * MIB;
+        let range = half * len..(half + 1) * len;
         let mut jobs = Vec::new();
         for (i, (c, data, out)) in streams.iter_mut().enumerate() {
             let j = match c.start_offload(&data[range.clone()], &mut out[range.clone()]) {
                 Ok(j) => j,
-                Err(e) => panic!("job {i} of 1 MiB refused: {e:?}"),
+                Err(e) => panic!("job {i} of {len} bytes refused: {e:?}"),
             };
-            assert!(!j.is_done(), "job {i} of 1 MiB ran here");
+            assert!(!j.is_done(), "job {i} of {len} bytes ran here");
             jobs.push(j);
         }
         for (i, j) in jobs.into_iter().enumerate().rev() {
@@ -925,7 +937,7 @@ fn long_jobs_of_every_mode_beyond_the_large_area_match_openssl() {
 }
 
 /// Long jobs dropped unfinished, or refused a short output, give their
-/// run of the large area back: after 100 of each, 32 jobs of 1 MiB are
+/// run of the large area back: after 100 of each, 64 jobs of 1 MiB are
 /// in flight at once again.
 #[test]
 fn long_jobs_dropped_or_refused_give_their_run_back() {
@@ -951,7 +963,7 @@ fn long_jobs_dropped_or_refused_give_their_run_back() {
     assert!(!j.is_done());
     c.finish(j, &mut out).unwrap();
     assert!(out == reference("aes-128-cbc", &[7u8; 16], &[9u8; 16], &data, true));
-    thirty_two_jobs_of_a_mib();
+    jobs_all_in_flight(64, 1 << 20);
 }
 
 /// A job of 4-8 MiB that cannot use the large area (in place here, and a
