@@ -102,8 +102,11 @@ int wd_crypto_after_inline(void);
  * give the holds back: for a waiter with no request of its own on the
  * device (a job that yielded to others), which no completion would wake
  * and whose wake-up no other wait may take (a synchronous request, or
- * another waiter, drains the descriptor). 0, or a negative errno
- * (-ENOTCONN: no queue on this thread). */
+ * another waiter, drains the descriptor). Give every hold back on the
+ * thread that took it (a hold never given back keeps the descriptor
+ * readable, and an event loop waking for ever); after the last, the
+ * descriptor is quiet from the next wd_crypto_disarm. 0, or a negative
+ * errno (-ENOTCONN: no queue on this thread). */
 int wd_crypto_hold_readable(int on);
 
 /* ---- AES-GCM ---------------------------------------------------------- */

@@ -1222,6 +1222,7 @@ impl Cipher {
             ));
         }
         let mut first_err = job.failed.take().map(|e| *e);
+        let mut gone = false;
         let r = lane::with_open_lane(Kind::Cipher, |lane| {
             while let Some(p) = job.parts.first() {
                 if p.lane != lane.id {
@@ -1229,13 +1230,16 @@ impl Cipher {
                     // on a restarted one since), or its lane is gone. The
                     // slots this lane still holds come back with their
                     // completions (the queue sent them again or failed
-                    // them), as a dropped job's do.
+                    // them), as a dropped job's do. Not a host-gone error
+                    // from here: that would drop this lane (live, on the
+                    // restarted host) and the thread's jobs on it.
                     for p in &job.parts {
                         if lane.holds(p.lane) {
                             lane.orphan(p.token, p.slot);
                         }
                     }
-                    return Err(host_gone("the queue of this request is gone"));
+                    gone = true;
+                    return Ok(false);
                 }
                 let d = if block {
                     lane.wait(p.token)?
@@ -1281,6 +1285,13 @@ impl Cipher {
             }
             Ok(true)
         });
+        if gone {
+            self.abandon(&mut job);
+            return Err((
+                host_gone("the queue of this request is gone"),
+                Some(Why::HostGone),
+            ));
+        }
         match r {
             Ok(Ok(true)) => match first_err {
                 Some(e) => Err((e, None)),

@@ -356,8 +356,8 @@ fn a_job_lost_with_its_host_ends_the_message() {
 }
 
 /// Jobs in flight when the host restarts fail (those the first host did
-/// not finish), and leave no staging slot taken: once the thread asks again (its lane dropped at the first
-/// failure), 64 jobs of 64 KiB are on the device at once, with OpenSSL's
+/// not finish), and leave no staging slot taken: once the thread's lane
+/// is back, 64 jobs of 64 KiB are on the device at once, with OpenSSL's
 /// output.
 #[test]
 fn jobs_lost_at_a_restart_leave_no_slot_taken() {
@@ -389,7 +389,18 @@ fn jobs_lost_at_a_restart_leave_no_slot_taken() {
                 // Done before the kill, or lost with the first host.
                 let _ = c.finish(j, o);
             }
-            std::thread::sleep(Duration::from_millis(1100));
+            // Until the thread's lane is back on the new host (a lane
+            // dropped meanwhile is asked for again a second later).
+            let mut probe = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
+            let mut po = vec![0u8; 4096];
+            let back = (0..50).any(|_| {
+                std::thread::sleep(Duration::from_millis(100));
+                let j = probe.start_offload(&data[..4096], &mut po).unwrap();
+                let on_device = !j.is_done();
+                probe.finish(j, &mut po).unwrap();
+                on_device
+            });
+            assert!(back, "no lane on the new host within 5 s");
             let mut want = vec![0u8; data.len() + 16];
             let mut o = Crypter::new(OCipher::aes_128_ecb(), OMode::Encrypt, &key, None).unwrap();
             o.pad(false);
@@ -411,6 +422,72 @@ fn jobs_lost_at_a_restart_leave_no_slot_taken() {
                 c.finish(j, o).unwrap();
                 assert!(*o == want);
             }
+        });
+    });
+}
+
+/// Two jobs in flight at a restart: finishing the first makes the queue
+/// again on the restarted host (the lane lives on, under a new id); a job
+/// sent then completes on the new host even when the second old job is
+/// finished before it. Finishing that one (sent under the former id) must
+/// not drop the thread's lane: its host-gone error came out of the lane's
+/// closure, so the lane and the new job on it went (reported lost with
+/// its host, which lives).
+#[test]
+fn a_job_lost_at_a_restart_leaves_the_new_lane_alone() {
+    let _env = serial();
+    config::set_policy(Policy::Offload);
+    config::set_threshold(0);
+    config::set_fallback(true);
+    let dir = wd_testutil::tempdir("wd-fallback-restart-lane");
+    let sock = dir.join("wd.sock");
+    let spawn = || wd_testutil::Role::serving("host", &sock);
+    std::env::set_var("WD_CRYPTO_HOST", &sock);
+    let mut first = spawn();
+    let key = [5u8; 16];
+    let data: Vec<u8> = (0..64 << 10u32).map(|i| (i * 3 + 7) as u8).collect();
+    let mut want = vec![0u8; data.len() + 16];
+    let mut o = Crypter::new(OCipher::aes_128_ecb(), OMode::Encrypt, &key, None).unwrap();
+    o.pad(false);
+    let n = o.update(&data, &mut want).unwrap();
+    want.truncate(n);
+    std::thread::scope(|t| {
+        t.spawn(|| {
+            let mut ca = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
+            let mut cb = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
+            // Long jobs (the large staging area), still on the device at
+            // the kill.
+            let long: Vec<u8> = (0..8 << 20u32).map(|i| (i * 11 + 1) as u8).collect();
+            let mut oa = vec![0u8; long.len()];
+            let mut ob = vec![0u8; long.len()];
+            // Sessions on the first host, which then stops: the jobs stay
+            // in flight until it is killed.
+            ca.update(&data, &mut oa[..data.len()]).unwrap();
+            cb.update(&data, &mut ob[..data.len()]).unwrap();
+            let pid = first.child.id();
+            let st = std::process::Command::new("kill")
+                .args(["-STOP", &pid.to_string()])
+                .status()
+                .unwrap();
+            assert!(st.success());
+            wd_testutil::wait_stopped(pid as i32);
+            let ja = ca.start_offload(&long, &mut oa).unwrap();
+            let jb = cb.start_offload(&long, &mut ob).unwrap();
+            assert!(!ja.is_done() && !jb.is_done(), "on the device");
+            first.child.kill().unwrap();
+            first.child.wait().unwrap();
+            let _second = spawn();
+            // Meets the restart while waiting: the queue is made again.
+            assert!(ca.finish(ja, &mut oa).is_err(), "lost with the first host");
+            // Sent under the lane's new id, on the live host.
+            let mut c2 = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
+            let mut o2 = vec![0u8; data.len()];
+            let j2 = c2.start_offload(&data, &mut o2).unwrap();
+            assert!(!j2.is_done(), "the new job on the device");
+            assert!(cb.finish(jb, &mut ob).is_err(), "lost with the first host");
+            let r = c2.finish(j2, &mut o2);
+            assert!(r.is_ok(), "the job sent after the restart: {r:?}");
+            assert!(o2 == want);
         });
     });
 }

@@ -954,6 +954,15 @@ impl Queue {
             let kick = wd_sys::eventfd()?;
             let set =
                 wd_sys::epoll_of(&[self.cq_event.as_fd(), self.socket.as_fd(), kick.as_fd()])?;
+            // A new kick (the set made again after a reconnect could not
+            // keep it): `kicked` spoke of the old one, and a hold must
+            // make this one readable.
+            self.kicked = false;
+            if self.kick_held > 0 {
+                wd_sys::eventfd_signal(kick.as_fd())?;
+                self.kicked = true;
+                self.wait_signalled = true;
+            }
             self.kick = Some(kick);
             self.wait_set = Some(set);
         }

@@ -620,3 +620,51 @@ fn a_kick_before_a_reconnect_does_not_leave_the_wait_fd_readable() {
         "the wait descriptor is readable with no completion and no kick since the reconnect (a kick from before it was never taken)"
     );
 }
+
+/// A hold (`Queue::hold_wait_readable`) survives a reconnect: the wait
+/// descriptor stays readable through the reconnect, an event loop's round
+/// and a synchronous call, and goes quiet once the hold is given back and
+/// the loop withdraws.
+#[test]
+fn a_hold_survives_a_reconnect_and_is_given_back() {
+    let Setup {
+        _dir,
+        socket,
+        host: mut a,
+        conn,
+    } = setup("wd-hold");
+    let mut q = conn
+        .request_queue(&Capability::new("memcpy").depth(8))
+        .unwrap();
+    q.set_redo_policy(wd_dummy_msg::redo_safe);
+    assert_eq!(q.call(Desc::default()).unwrap().status, 0);
+    q.wait_fd().unwrap();
+    q.hold_wait_readable().unwrap();
+
+    kill(&mut a);
+    let mut b = start_host(&socket);
+    q.reconnect().unwrap();
+    let readable = |q: &mut wrapdrive::Queue| {
+        let fd = q.wait_fd().unwrap();
+        wd_sys::poll(&[fd], Some(Duration::from_millis(100))).unwrap()[0].readable
+    };
+    let _ = q.arm_wait().unwrap();
+    q.disarm_wait();
+    let after_round = readable(&mut q);
+    assert_eq!(q.call(Desc::default()).unwrap().status, 0);
+    let after_call = readable(&mut q);
+    // A release without a hold does not go below zero.
+    q.release_wait_readable();
+    q.release_wait_readable();
+    q.disarm_wait();
+    let _ = q.arm_wait().unwrap();
+    q.disarm_wait();
+    let after_release = readable(&mut q);
+    kill(&mut b);
+    assert!(
+        after_round,
+        "held: readable after the reconnect and a round"
+    );
+    assert!(after_call, "held: readable after a synchronous call");
+    assert!(!after_release, "given back and withdrawn: quiet");
+}
