@@ -82,6 +82,24 @@ static void big_job_init(struct big_job *a, EVP_CIPHER *c, int requests)
 	a->ok = 0;
 }
 
+/* Async jobs work here, and AES-128-CBC is fetched from both providers
+ * (this one's in cs[0], the default's in cs[1]). */
+static int big_jobs_ready(EVP_CIPHER *cs[2])
+{
+	CHECK(ASYNC_is_capable(), "async jobs work here");
+	if (!ASYNC_is_capable())
+		return 0;
+	fetch_both("AES-128-CBC", cs);
+	return cs[0] && cs[1];
+}
+
+/* Start or resume job `a`: 1 once it is over, 0 while it is paused. */
+static int big_job_step(struct big_job *a, ASYNC_JOB **job, ASYNC_WAIT_CTX *w)
+{
+	int ret;
+	return ASYNC_start_job(job, w, &ret, big_job_fn, &a, sizeof a) != ASYNC_PAUSE;
+}
+
 /* Each of the n jobs succeeded with the default provider's (`ref`)
  * result; their memory and wait contexts freed. */
 static void big_jobs_check(struct big_job *args, ASYNC_WAIT_CTX **wctx, int n, EVP_CIPHER *ref)
@@ -108,23 +126,17 @@ static void big_jobs_check(struct big_job *args, ASYNC_WAIT_CTX **wctx, int n, E
 static void async_jobs_more_than_the_slots(void)
 {
 	enum { N = 40 };
-	CHECK(ASYNC_is_capable(), "async jobs work here");
-	if (!ASYNC_is_capable())
-		return;
 	EVP_CIPHER *cs[2];
-	fetch_both("AES-128-CBC", cs);
-	if (!cs[0] || !cs[1])
+	if (!big_jobs_ready(cs))
 		return;
 	static struct big_job args[N];
 	ASYNC_JOB *jobs[N] = {0};
 	ASYNC_WAIT_CTX *wctx[N];
-	int done[N] = {0}, left = N, ret;
+	int done[N] = {0}, left = N;
 	for (int i = 0; i < N; i++) {
 		big_job_init(&args[i], cs[0], 1);
 		wctx[i] = ASYNC_WAIT_CTX_new();
-		struct big_job *p = &args[i];
-		int r = ASYNC_start_job(&jobs[i], wctx[i], &ret, big_job_fn, &p, sizeof p);
-		if (r != ASYNC_PAUSE) {
+		if (big_job_step(&args[i], &jobs[i], wctx[i])) {
 			done[i] = 1;
 			left--;
 		}
@@ -147,11 +159,7 @@ static void async_jobs_more_than_the_slots(void)
 		if (maxfd >= 0)
 			select(maxfd + 1, &set, NULL, NULL, &tv);
 		for (int i = 0; i < N; i++) {
-			if (done[i])
-				continue;
-			struct big_job *p = &args[i];
-			int r = ASYNC_start_job(&jobs[i], wctx[i], &ret, big_job_fn, &p, sizeof p);
-			if (r == ASYNC_FINISH || r == ASYNC_ERR) {
+			if (!done[i] && big_job_step(&args[i], &jobs[i], wctx[i])) {
 				done[i] = 1;
 				left--;
 			}
@@ -543,17 +551,13 @@ static void sync_request_beside_a_paused_job(void)
 static void yielded_jobs_get_their_wake_up(int requests)
 {
 	enum { N = 80, HOLD = 68 };
-	CHECK(ASYNC_is_capable(), "async jobs work here");
-	if (!ASYNC_is_capable())
-		return;
 	EVP_CIPHER *cs[2];
-	fetch_both("AES-128-CBC", cs);
-	if (!cs[0] || !cs[1])
+	if (!big_jobs_ready(cs))
 		return;
 	static struct big_job args[N];
 	ASYNC_JOB *jobs[N] = {0};
 	ASYNC_WAIT_CTX *wctx[N];
-	int done[N] = {0}, left = N, lost = 0, ret;
+	int done[N] = {0}, left = N, lost = 0;
 	for (int i = 0; i < N; i++) {
 		/* The first HOLD hold the staging; once their results are in,
 		 * each later one is computed here and yields to them. */
@@ -561,8 +565,7 @@ static void yielded_jobs_get_their_wake_up(int requests)
 			usleep(100 * 1000);
 		big_job_init(&args[i], cs[0], requests);
 		wctx[i] = ASYNC_WAIT_CTX_new();
-		struct big_job *p = &args[i];
-		if (ASYNC_start_job(&jobs[i], wctx[i], &ret, big_job_fn, &p, sizeof p) != ASYNC_PAUSE) {
+		if (big_job_step(&args[i], &jobs[i], wctx[i])) {
 			done[i] = 1;
 			left--;
 		}
@@ -583,9 +586,7 @@ static void yielded_jobs_get_their_wake_up(int requests)
 				if (select(fd + 1, &set, NULL, NULL, &tv) <= 0)
 					lost++; /* resumed anyway, to end the test */
 			}
-			struct big_job *p = &args[i];
-			int r = ASYNC_start_job(&jobs[i], wctx[i], &ret, big_job_fn, &p, sizeof p);
-			if (r == ASYNC_FINISH || r == ASYNC_ERR) {
+			if (big_job_step(&args[i], &jobs[i], wctx[i])) {
 				done[i] = 1;
 				left--;
 			}
@@ -599,9 +600,7 @@ static void yielded_jobs_get_their_wake_up(int requests)
 	/* Resumed whatever their descriptors say, so the jobs end. */
 	for (int rounds = 0; left > 0 && rounds < 100000; rounds++)
 		for (int i = 0; i < N; i++) {
-			struct big_job *p = &args[i];
-			if (!done[i] && ASYNC_start_job(&jobs[i], wctx[i], &ret, big_job_fn, &p,
-							sizeof p) != ASYNC_PAUSE) {
+			if (!done[i] && big_job_step(&args[i], &jobs[i], wctx[i])) {
 				done[i] = 1;
 				left--;
 			}

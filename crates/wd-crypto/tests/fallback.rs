@@ -16,16 +16,9 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     ENV.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn reference_ctr(key: &[u8], iv: &[u8], data: &[u8]) -> Vec<u8> {
-    let mut c = Crypter::new(OCipher::aes_128_ctr(), OMode::Encrypt, key, Some(iv)).unwrap();
-    let mut out = vec![0u8; data.len() + 16];
-    let n = c.update(data, &mut out).unwrap();
-    out.truncate(n);
-    out
-}
-
-fn reference_cbc(key: &[u8], iv: &[u8], data: &[u8]) -> Vec<u8> {
-    let mut c = Crypter::new(OCipher::aes_128_cbc(), OMode::Encrypt, key, Some(iv)).unwrap();
+/// OpenSSL's encryption of `data` (no padding).
+fn reference(cipher: OCipher, key: &[u8], iv: Option<&[u8]>, data: &[u8]) -> Vec<u8> {
+    let mut c = Crypter::new(cipher, OMode::Encrypt, key, iv).unwrap();
     c.pad(false);
     let mut out = vec![0u8; data.len() + 16];
     let n = c.update(data, &mut out).unwrap();
@@ -61,7 +54,7 @@ fn fallbacks_are_correct_and_counted() {
     let key = [3u8; 16];
     let iv = [9u8; 16];
     let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i * 7 + 3) as u8).collect();
-    let want = reference_cbc(&key, &iv, &data);
+    let want = reference(OCipher::aes_128_cbc(), &key, Some(&iv), &data);
     let before = stats();
     let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
     c.set_iv(&iv).unwrap();
@@ -221,18 +214,13 @@ fn fallbacks_are_correct_and_counted() {
 #[test]
 fn ctr_partial_block_survives_a_restart() {
     let _env = serial();
-    config::set_policy(Policy::Offload);
-    config::set_threshold(0);
-    let dir = wd_testutil::tempdir("wd-fallback-ctr");
-    let sock = dir.join("wd.sock");
-    let spawn = || wd_testutil::Role::serving("host", &sock);
-    std::env::set_var("WD_CRYPTO_HOST", &sock);
+    let (_dir, spawn) = offloading_to_hosts("wd-fallback-ctr");
     let mut first = spawn();
 
     let key = [7u8; 16];
     let iv = [0x42u8; 16];
     let data: Vec<u8> = (0..8192u32).map(|i| (i * 13 + 5) as u8).collect();
-    let want = reference_ctr(&key, &iv, &data);
+    let want = reference(OCipher::aes_128_ctr(), &key, Some(&iv), &data);
     let mut out = vec![0u8; data.len()];
 
     let mut c = Cipher::new("aes-128-ctr", &key, Direction::Encrypt).unwrap();
@@ -263,13 +251,20 @@ fn ctr_partial_block_survives_a_restart() {
 
 /// Every request to the device, of a host process started for the test.
 fn offloading_to_a_host(name: &str) -> (wd_testutil::TempDir, wd_testutil::Role) {
+    let (dir, spawn) = offloading_to_hosts(name);
+    let host = spawn();
+    (dir, host)
+}
+
+/// As [`offloading_to_a_host`], for a test that restarts its host: each
+/// call of `spawn` starts one at the same socket.
+fn offloading_to_hosts(name: &str) -> (wd_testutil::TempDir, impl Fn() -> wd_testutil::Role) {
     config::set_policy(Policy::Offload);
     config::set_threshold(0);
     let dir = wd_testutil::tempdir(name);
     let sock = dir.join("wd.sock");
     std::env::set_var("WD_CRYPTO_HOST", &sock);
-    let host = wd_testutil::Role::serving("host", &sock);
-    (dir, host)
+    (dir, move || wd_testutil::Role::serving("host", &sock))
 }
 
 /// A new GCM message after the host died, with the fallback on, runs here
@@ -324,7 +319,7 @@ fn a_job_lost_with_its_host_ends_the_message() {
     let (key, iv) = ([9u8; 16], [3u8; 16]);
     let n = 64 << 10;
     let data: Vec<u8> = (0..3 * n as u32).map(|i| (i * 11 + 7) as u8).collect();
-    let want = reference_cbc(&key, &iv, &data);
+    let want = reference(OCipher::aes_128_cbc(), &key, Some(&iv), &data);
     let mut c = Cipher::new("aes-128-cbc", &key, Direction::Encrypt).unwrap();
     c.set_iv(&iv).unwrap();
     let mut out = vec![0u8; data.len()];
@@ -352,23 +347,19 @@ fn a_job_lost_with_its_host_ends_the_message() {
     let iv2 = [4u8; 16];
     c.set_iv(&iv2).unwrap();
     c.update(&data[2 * n..], rest).unwrap();
-    assert!(rest == &reference_cbc(&key, &iv2, &data[2 * n..])[..]);
+    assert!(rest == &reference(OCipher::aes_128_cbc(), &key, Some(&iv2), &data[2 * n..])[..]);
 }
 
-/// Jobs in flight when the host restarts fail (those the first host did
-/// not finish), and leave no staging slot taken: once the thread's lane
-/// is back, 64 jobs of 64 KiB are on the device at once, with OpenSSL's
-/// output.
+/// Jobs in flight when the host restarts, dropped once the lane's queue
+/// was made again on the new host (the lane under a new id), give their
+/// staging slots back: 64 jobs of 64 KiB are then on the device at once,
+/// with OpenSSL's output. (They were skipped as another lane's, their
+/// slots held for the lane's life.)
 #[test]
 fn jobs_lost_at_a_restart_leave_no_slot_taken() {
     let _env = serial();
-    config::set_policy(Policy::Offload);
-    config::set_threshold(0);
+    let (_dir, spawn) = offloading_to_hosts("wd-fallback-restart-slots");
     config::set_fallback(true);
-    let dir = wd_testutil::tempdir("wd-fallback-restart-slots");
-    let sock = dir.join("wd.sock");
-    let spawn = || wd_testutil::Role::serving("host", &sock);
-    std::env::set_var("WD_CRYPTO_HOST", &sock);
     let mut first = spawn();
     let key = [3u8; 16];
     let data: Vec<u8> = (0..64 << 10u32).map(|i| (i * 5 + 1) as u8).collect();
@@ -377,7 +368,16 @@ fn jobs_lost_at_a_restart_leave_no_slot_taken() {
         t.spawn(|| {
             let mut c = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
             let mut outs = vec![vec![0u8; data.len()]; 8];
-            let jobs: Vec<_> = outs
+            // The session on the first host, which then stops: the jobs
+            // stay in flight until it is killed.
+            c.update(&data, &mut outs[0]).unwrap();
+            let pid = first.child.id();
+            let stopped = std::process::Command::new("kill")
+                .args(["-STOP", &pid.to_string()])
+                .status();
+            assert!(stopped.unwrap().success());
+            wd_testutil::wait_stopped(pid as i32);
+            let mut jobs: Vec<_> = outs
                 .iter_mut()
                 .map(|o| c.start_offload(&data, o).unwrap())
                 .collect();
@@ -385,10 +385,12 @@ fn jobs_lost_at_a_restart_leave_no_slot_taken() {
             first.child.kill().unwrap();
             first.child.wait().unwrap();
             let _second = spawn();
-            for (j, o) in jobs.into_iter().zip(outs.iter_mut()) {
-                // Done before the kill, or lost with the first host.
-                let _ = c.finish(j, o);
-            }
+            // The first meets the restart (the queue is made again, the
+            // lane lives on under a new id); the others, sent under the
+            // former id, are dropped.
+            let rest = jobs.split_off(1);
+            let _ = c.finish(jobs.pop().unwrap(), &mut vec![0u8; data.len()]);
+            drop(rest);
             // Until the thread's lane is back on the new host (a lane
             // dropped meanwhile is asked for again a second later).
             let mut probe = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
@@ -401,11 +403,7 @@ fn jobs_lost_at_a_restart_leave_no_slot_taken() {
                 on_device
             });
             assert!(back, "no lane on the new host within 5 s");
-            let mut want = vec![0u8; data.len() + 16];
-            let mut o = Crypter::new(OCipher::aes_128_ecb(), OMode::Encrypt, &key, None).unwrap();
-            o.pad(false);
-            let n = o.update(&data, &mut want).unwrap();
-            want.truncate(n);
+            let want = reference(OCipher::aes_128_ecb(), &key, None, &data);
             let mut c = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();
             let mut outs = vec![vec![0u8; data.len()]; 64];
             let mut jobs = Vec::new();
@@ -436,21 +434,12 @@ fn jobs_lost_at_a_restart_leave_no_slot_taken() {
 #[test]
 fn a_job_lost_at_a_restart_leaves_the_new_lane_alone() {
     let _env = serial();
-    config::set_policy(Policy::Offload);
-    config::set_threshold(0);
+    let (_dir, spawn) = offloading_to_hosts("wd-fallback-restart-lane");
     config::set_fallback(true);
-    let dir = wd_testutil::tempdir("wd-fallback-restart-lane");
-    let sock = dir.join("wd.sock");
-    let spawn = || wd_testutil::Role::serving("host", &sock);
-    std::env::set_var("WD_CRYPTO_HOST", &sock);
     let mut first = spawn();
     let key = [5u8; 16];
     let data: Vec<u8> = (0..64 << 10u32).map(|i| (i * 3 + 7) as u8).collect();
-    let mut want = vec![0u8; data.len() + 16];
-    let mut o = Crypter::new(OCipher::aes_128_ecb(), OMode::Encrypt, &key, None).unwrap();
-    o.pad(false);
-    let n = o.update(&data, &mut want).unwrap();
-    want.truncate(n);
+    let want = reference(OCipher::aes_128_ecb(), &key, None, &data);
     std::thread::scope(|t| {
         t.spawn(|| {
             let mut ca = Cipher::new("aes-128-ecb", &key, Direction::Encrypt).unwrap();

@@ -580,6 +580,32 @@ fn a_queue_of_an_older_connection_comes_back_after_two_restarts() {
     kill(&mut c);
 }
 
+/// A queue whose wait descriptor `signal` made readable (a kick, a hold)
+/// before its host was killed, then reconnected to a new host (returned,
+/// with its directory, to kill at the end).
+fn signalled_then_reconnected(
+    name: &str,
+    signal: impl FnOnce(&mut wrapdrive::Queue) -> wrapdrive::Result<()>,
+) -> (TempDir, Role, wrapdrive::Queue) {
+    let Setup {
+        _dir,
+        socket,
+        host: mut a,
+        conn,
+    } = setup(name);
+    let mut q = conn
+        .request_queue(&Capability::new("memcpy").depth(8))
+        .unwrap();
+    q.set_redo_policy(wd_dummy_msg::redo_safe);
+    assert_eq!(q.call(Desc::default()).unwrap().status, 0);
+    q.wait_fd().unwrap();
+    signal(&mut q).unwrap();
+    kill(&mut a);
+    let b = start_host(&socket);
+    q.reconnect().unwrap();
+    (_dir, b, q)
+}
+
 /// `Queue::kick_wait` writes a private eventfd kept in the wait set across
 /// a reconnect; the reconnect forgot that it may hold a signal
 /// (`wait_signalled = false`) but left it unread: the queue's wait
@@ -587,23 +613,7 @@ fn a_queue_of_an_older_connection_comes_back_after_two_restarts() {
 /// on it for a completion spun.
 #[test]
 fn a_kick_before_a_reconnect_does_not_leave_the_wait_fd_readable() {
-    let Setup {
-        _dir,
-        socket,
-        host: mut a,
-        conn,
-    } = setup("wd-kick");
-    let mut q = conn
-        .request_queue(&Capability::new("memcpy").depth(8))
-        .unwrap();
-    q.set_redo_policy(wd_dummy_msg::redo_safe);
-    assert_eq!(q.call(Desc::default()).unwrap().status, 0);
-    q.wait_fd().unwrap();
-    q.kick_wait().unwrap();
-
-    kill(&mut a);
-    let mut b = start_host(&socket);
-    q.reconnect().unwrap();
+    let (_dir, mut b, mut q) = signalled_then_reconnected("wd-kick", |q| q.kick_wait());
 
     // An event loop's round: announce, wake, withdraw. Nothing is in
     // flight and nothing completes: the descriptor must go quiet.
@@ -627,23 +637,7 @@ fn a_kick_before_a_reconnect_does_not_leave_the_wait_fd_readable() {
 /// the loop withdraws.
 #[test]
 fn a_hold_survives_a_reconnect_and_is_given_back() {
-    let Setup {
-        _dir,
-        socket,
-        host: mut a,
-        conn,
-    } = setup("wd-hold");
-    let mut q = conn
-        .request_queue(&Capability::new("memcpy").depth(8))
-        .unwrap();
-    q.set_redo_policy(wd_dummy_msg::redo_safe);
-    assert_eq!(q.call(Desc::default()).unwrap().status, 0);
-    q.wait_fd().unwrap();
-    q.hold_wait_readable().unwrap();
-
-    kill(&mut a);
-    let mut b = start_host(&socket);
-    q.reconnect().unwrap();
+    let (_dir, mut b, mut q) = signalled_then_reconnected("wd-hold", |q| q.hold_wait_readable());
     let readable = |q: &mut wrapdrive::Queue| {
         let fd = q.wait_fd().unwrap();
         wd_sys::poll(&[fd], Some(Duration::from_millis(100))).unwrap()[0].readable
