@@ -958,13 +958,12 @@ impl Queue {
             // keep it): `kicked` spoke of the old one, and a hold must
             // make this one readable.
             self.kicked = false;
-            if self.kick_held > 0 {
-                wd_sys::eventfd_signal(kick.as_fd())?;
-                self.kicked = true;
-                self.wait_signalled = true;
-            }
             self.kick = Some(kick);
             self.wait_set = Some(set);
+            if self.kick_held > 0 {
+                self.signal_kick()?;
+                self.wait_signalled = true;
+            }
         }
         Ok(self.wait_set.as_ref().expect("made above").as_fd())
     }
@@ -994,10 +993,19 @@ impl Queue {
         self.loop_waiting = true;
         if !self.wait_signalled {
             self.wait_fd()?;
+            self.signal_kick()?;
+            self.wait_signalled = true;
+        }
+        Ok(())
+    }
+
+    /// Make the wait set's own eventfd readable, once: `kicked` says it
+    /// holds a signal, which `drain_signal` (or a reconnect) takes.
+    fn signal_kick(&mut self) -> Result<()> {
+        if !self.kicked {
             let kick = self.kick.as_ref().expect("made with the wait set");
             wd_sys::eventfd_signal(kick.as_fd())?;
             self.kicked = true;
-            self.wait_signalled = true;
         }
         Ok(())
     }
@@ -1010,11 +1018,7 @@ impl Queue {
     pub fn hold_wait_readable(&mut self) -> Result<()> {
         self.check()?;
         self.wait_fd()?;
-        if !self.kicked {
-            let kick = self.kick.as_ref().expect("made with the wait set");
-            wd_sys::eventfd_signal(kick.as_fd())?;
-            self.kicked = true;
-        }
+        self.signal_kick()?;
         self.wait_signalled = true;
         self.loop_waiting = true;
         self.kick_held = self.kick_held.saturating_add(1);
