@@ -170,8 +170,8 @@ impl Conn<'_> {
                     // Malformed input: say why, then drop the connection (its
                     // framing can no longer be trusted).
                     let status = match &e {
-                        IpcError::Proto(ProtoError::Version(_)) => Status::Version,
-                        IpcError::Proto(ProtoError::TooBig(_)) => Status::TooBig,
+                        IpcError::Header(ProtoError::Version(_)) => Status::Version,
+                        IpcError::Header(ProtoError::TooBig(_)) => Status::TooBig,
                         _ => Status::Protocol,
                     };
                     let _ = self.ch.send(&Message::error(status, e.to_string()), 0, &[]);

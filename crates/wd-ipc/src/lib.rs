@@ -26,6 +26,11 @@ pub enum IpcError {
     /// The bytes received are not a valid frame.
     #[error("protocol error: {0}")]
     Proto(#[from] ProtoError),
+    /// The bytes where a frame should begin are not a frame header: no
+    /// later frame can be found (the channel is of no more use; see
+    /// [`IpcError::out_of_step`]).
+    #[error("protocol error: not a frame header ({0}); the stream is out of step")]
+    Header(ProtoError),
     /// A frame came with the wrong number of file descriptors.
     #[error("{kind} carries {got} file descriptors, expected {want}")]
     Fds {
@@ -51,6 +56,16 @@ pub enum IpcError {
     /// A socket call failed.
     #[error(transparent)]
     Sys(#[from] SysError),
+}
+
+impl IpcError {
+    /// Whether the channel's stream can no longer be followed: a header
+    /// that does not decode, or a reply to another request (a reply lost
+    /// or one too many: every later call would take its neighbour's).
+    /// Drop the channel; a frame whose body alone is bad is not one.
+    pub fn out_of_step(&self) -> bool {
+        matches!(self, IpcError::Header(_) | IpcError::Unexpected { .. })
+    }
 }
 
 /// One decoded frame and the descriptors that came with it.
@@ -215,7 +230,7 @@ impl Channel {
         let hbytes: [u8; HEADER_LEN] = self.available()[..HEADER_LEN]
             .try_into()
             .expect("header length");
-        let header: Header = wd_proto::decode_header(&hbytes)?;
+        let header: Header = wd_proto::decode_header(&hbytes).map_err(IpcError::Header)?;
         let total = HEADER_LEN + header.body_len as usize;
         while self.available().len() < total {
             self.fill(by)?;

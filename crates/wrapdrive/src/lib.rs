@@ -679,16 +679,25 @@ impl HostConn {
                 IpcError::Sys(s) => s.errno() == 11,
                 _ => false,
             };
-            if !timed_out {
+            if !timed_out && !e.out_of_step() {
                 return e.into();
             }
-            // Its answer may still come: the connection is of no use any
-            // more, and the host counts as gone (the next caller connects
-            // again).
+            // Its answer may still come, or the stream can no longer be
+            // followed: the connection is of no use any more, and the
+            // host counts as gone (the next caller connects again).
             let _ = ch.socket().shutdown(std::net::Shutdown::Both);
             let mut gave_up = self.unanswered.lock().unwrap_or_else(|e| e.into_inner());
             gave_up.retain(|&(_, pid)| process_lives(pid));
             gave_up.push((self.epoch(), self.host_pid()));
+            if !timed_out {
+                return ClientError::new(
+                    Status::Protocol,
+                    format!(
+                        "the WrapDrive host's answer to a {} request: {e}; the connection is closed (the next call connects again)",
+                        msg.name()
+                    ),
+                );
+            }
             ClientError::new(
                 Status::HostGone,
                 format!(

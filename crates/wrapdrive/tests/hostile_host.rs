@@ -150,3 +150,78 @@ fn one_bogus_completion_does_not_lose_the_others() {
         q.in_flight()
     );
 }
+
+/// A fake host whose first connection answers its first `ListAttrs` with
+/// `first` (raw bytes written on the socket, after a good reply if
+/// `reply_too`); later connections answer as a host does.
+fn out_of_step_host(path: &str, first: Vec<u8>, reply_too: bool) {
+    let listener = UnixListener::bind(path).unwrap();
+    std::thread::spawn(move || {
+        for (n, s) in listener.incoming().enumerate() {
+            let Ok(s) = s else { return };
+            let first = (n == 0).then(|| first.clone());
+            std::thread::spawn(move || {
+                let mut raw = s.try_clone().unwrap();
+                let mut ch = Channel::new(s);
+                let mut first = first;
+                while let Ok(f) = ch.recv() {
+                    let reply = match f.msg {
+                        Message::Hello { .. } => Message::HelloReply {
+                            version: wd_proto::PROTOCOL_VERSION,
+                            host_pid: std::process::id(),
+                            features: 0,
+                        },
+                        Message::ListAttrs { .. } => Message::Attrs { entries: vec![] },
+                        _ => Message::Ok,
+                    };
+                    let hostile = matches!(f.msg, Message::ListAttrs { .. })
+                        .then(|| first.take())
+                        .flatten();
+                    match hostile {
+                        Some(bytes) => {
+                            if reply_too {
+                                ch.send(&reply, f.request_id, &[]).unwrap();
+                            }
+                            std::io::Write::write_all(&mut raw, &bytes).unwrap();
+                        }
+                        None => ch.send(&reply, f.request_id, &[]).unwrap(),
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// The client's calls on a connection whose stream went out of step: the
+/// failing call is a protocol error, and the next one connects again. The
+/// connection was kept: every later call failed alike (a header that
+/// does not decode is never consumed), or took the reply meant for the
+/// call before it.
+fn calls_after_an_out_of_step_answer(name: &str, first: Vec<u8>, reply_too: bool) {
+    let dir = wd_testutil::tempdir(name);
+    let path = dir.join("fake.sock");
+    out_of_step_host(&path, first, reply_too);
+    let h = HostConn::connect(&path).unwrap();
+    if reply_too {
+        h.attrs("").expect("the first call has its own reply");
+    }
+    let e = h.attrs("").expect_err("an answer out of step");
+    assert_eq!(e.status(), wrapdrive::Status::Protocol, "{e}");
+    assert!(e.to_string().contains("connection is closed"), "{e}");
+    for i in 0..3 {
+        let r = h.attrs("");
+        assert!(r.is_ok(), "call {i} after the bad answer: {r:?}");
+    }
+    assert_eq!(h.epoch(), 1, "connected again once");
+}
+
+#[test]
+fn a_header_that_does_not_decode_closes_the_connection() {
+    calls_after_an_out_of_step_answer("wd-hostile-header", vec![0xa5; 64], false);
+}
+
+#[test]
+fn a_reply_too_many_closes_the_connection() {
+    let extra = wd_proto::encode(&Message::Attrs { entries: vec![] }, 999).unwrap();
+    calls_after_an_out_of_step_answer("wd-hostile-extra", extra, true);
+}
