@@ -1948,8 +1948,9 @@ static int wd_digest_start(struct wd_dctx *x, size_t len)
 		wd_digest_free(x->s);
 		x->s = NULL;
 	}
-	if (wd_digest_new(&x->s, x->d->name, NULL, 0) != 0)
-		return 0;
+	int r = wd_digest_new(&x->s, x->d->name, NULL, 0);
+	if (r != 0)
+		return wd_fail(r);
 	x->path = WD_MSG_LIBRARY;
 	return 1;
 }
@@ -1962,7 +1963,10 @@ static int wd_digest_update_fn(void *vctx, const unsigned char *in, size_t inl)
 	x->total += inl;
 	if (x->path == WD_MSG_INLINE)
 		return x->impl->update(x->inner, in, inl);
-	return x->s != NULL && wd_digest_update(x->s, in, inl) == 0;
+	if (x->s == NULL)
+		return 0;
+	int r = wd_digest_update(x->s, in, inl);
+	return r == 0 || wd_fail(r);
 }
 
 static int wd_digest_final_fn(void *vctx, unsigned char *out, size_t *outl, size_t outsz)
@@ -1984,6 +1988,8 @@ static int wd_digest_final_fn(void *vctx, unsigned char *out, size_t *outl, size
 		ok = n >= 0;
 		if (ok)
 			*outl = (size_t)n;
+		else if (x->s != NULL)
+			wd_fail(n);
 	}
 	if (ok && x->t0 != 0)
 		wd_crypto_record(WD_KIND_DIGEST, x->total, inline_, wd_now_ns() - x->t0);

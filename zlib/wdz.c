@@ -288,7 +288,16 @@ static struct wd_comp *comp(void)
     if (tl_comp || tl_comp_failed || tl_ending)
         return tl_comp;
     pthread_once(&comp_once, comp_key_make);
-    if (wd_comp_new(&tl_comp) != 0) {
+    int rc = wd_comp_new(&tl_comp);
+    if (rc != 0) {
+        /* Said once per process: otherwise a setting that does not parse
+         * (WD_COMP_THRESHOLD=4k, WD_COMP_POLICY=fast) silently leaves
+         * everything to the system zlib. */
+        static int warned;
+        if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+            fprintf(stderr, "libwdz: no compressor (%s%s): nothing goes to WrapDrive\n",
+                    strerror(-rc),
+                    rc == -EINVAL ? ": a WD_COMP_* setting that does not parse?" : "");
         tl_comp = NULL;
         tl_comp_failed = 1;
         return NULL;

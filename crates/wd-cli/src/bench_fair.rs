@@ -332,7 +332,12 @@ fn zip_flood(spec: &str) -> Result<(wd_comp::Algorithm, i8), String> {
         .find(|x| x.to_string() == a)
         .ok_or_else(bad)?;
     let level: i8 = l.parse().map_err(|_| bad())?;
-    wd_zip_msg::check_level(alg, level).map_err(|_| bad())?;
+    wd_zip_msg::check_level(alg, level).map_err(|_| {
+        format!(
+            "--zip-flood {spec:?}: {a} takes no level {level} (levels {:?})",
+            alg.levels()
+        )
+    })?;
     Ok((alg, level))
 }
 

@@ -219,6 +219,20 @@ pub fn run(a: BenchNvmeArgs) -> Result<(), String> {
     if a.reps == 0 || a.size < (16 << 20) {
         return Err("need --reps >= 1 and --size >= 16M".into());
     }
+    // The host takes a device's cpu= modulo the CPUs: say (and print in
+    // the table) the CPU the polling thread really runs on.
+    let mut a = a;
+    let cpus = wd_sys::online_cpus().max(1);
+    if a.cpu >= cpus {
+        if !a.json {
+            eprintln!(
+                "wd bench nvme: --cpu {}: this machine has {cpus} CPU(s); the polling thread runs on CPU {}",
+                a.cpu,
+                a.cpu % cpus
+            );
+        }
+        a.cpu %= cpus;
+    }
     let pid = std::process::id();
     let disk = a.dir.join(format!("wd-bench-nvme-{pid}.img"));
     let mem = a.mem_dir.join(format!("wd-bench-nvme-{pid}.img"));

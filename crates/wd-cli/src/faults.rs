@@ -7,7 +7,8 @@ use wrapdrive::HostConn;
 /// Options of `wd faults`.
 #[derive(clap::Args)]
 pub struct FaultsArgs {
-    /// Queue id (as `wd ls` shows: dev0/queues/q<ID>).
+    /// Queue id (as `wd ls` and `wd top` show it: 7, q7 or dev0/queues/q7).
+    #[arg(value_parser = queue_id)]
     queue: u32,
     /// Most faults to show (the newest).
     #[arg(long, default_value_t = 32)]
@@ -15,6 +16,16 @@ pub struct FaultsArgs {
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
+}
+
+/// A queue id as the user copies it from `wd ls` or `wd top`: `7`, `q7`
+/// or `dev0/queues/q7`.
+fn queue_id(s: &str) -> Result<u32, String> {
+    let id = s.rsplit('/').next().unwrap_or(s);
+    let id = id.strip_prefix('q').unwrap_or(id);
+    id.parse().map_err(|_| {
+        format!("'{s}' is not a queue id (e.g. 7, q7 or dev0/queues/q7, as `wd ls` shows)")
+    })
 }
 
 fn access(a: wd_proto::Access) -> &'static str {

@@ -33,7 +33,7 @@ struct Cli {
     /// (default: $WD_HOST, else /run/wrapdrive/wd.sock; `wd bench` and
     /// `wd speed` start hosts of their own unless given one). Refused by
     /// the commands that run their own host only (serve, load, chaos,
-    /// bench load/nvme/zip).
+    /// bench iommu/load/nvme/zip).
     #[arg(long, global = true)]
     host: Option<String>,
     #[command(subcommand)]
@@ -115,7 +115,9 @@ fn connect(host: &Option<String>) -> Result<std::sync::Arc<HostConn>, ClientErro
 /// Options of `wd serve`.
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// Socket to listen on (a path, or @name for an abstract socket).
+    /// Socket to listen on (a path, or @name for an abstract socket;
+    /// default: the configuration's `socket`, else /run/wrapdrive/wd.sock;
+    /// $WD_HOST and --host are not read).
     #[arg(long)]
     socket: Option<String>,
     /// TOML configuration file (socket, socket_mode, allow_uids, allow_gids,
@@ -128,7 +130,8 @@ struct ServeArgs {
     devices: Vec<String>,
     /// Who may connect, as octal permission bits: set on a path socket
     /// and checked against every client's credentials (abstract sockets
-    /// too); a class needs both r and w (e.g. 600: this user and root).
+    /// too); a class needs both r and w (e.g. 600: this user and root;
+    /// default: the configuration's `socket_mode`, else 666: every user).
     #[arg(long, value_parser = parse_octal)]
     mode: Option<u32>,
     /// Also admit this uid whatever --mode says (repeatable).

@@ -299,7 +299,12 @@ pub(crate) fn no_fallback(why: Why) -> Result<()> {
         } else {
             wrapdrive::Status::NoDevice
         },
-        message: "no WrapDrive queue, and the CPU fallback is off (WD_CRYPTO_FALLBACK=0)".into(),
+        message: if why == Why::HostGone {
+            "the WrapDrive host went away, and the CPU fallback is off (WD_CRYPTO_FALLBACK=0, or the provider's fallback setting)"
+        } else {
+            "no WrapDrive queue (no host answers at $WD_CRYPTO_HOST / $WD_HOST, or it has no device for this algorithm: see `wd ls`), and the CPU fallback is off (WD_CRYPTO_FALLBACK=0, or the provider's fallback setting)"
+        }
+        .into(),
     })
 }
 

@@ -334,7 +334,8 @@ impl HostConfig {
         }
         if self.socket_mode > 0o777 {
             return Err(HostError::Config(
-                "socket_mode must be at most 0o777".into(),
+                "socket_mode must be at most 0o777 (octal: socket_mode = 0o660 in TOML, --mode 660)"
+                    .into(),
             ));
         }
         self.limits.validate()?;

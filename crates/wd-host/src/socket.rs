@@ -77,7 +77,7 @@ pub enum SocketError {
         kind: &'static str,
     },
     /// A stale socket of another user sits at the path.
-    #[error("socket {address}: a socket of uid {uid} is there (no host answers on it); this user (uid {me}) refuses to replace another user's socket")]
+    #[error("socket {address}: a socket of uid {uid} is there ({state}); this user (uid {me}) refuses to replace another user's socket")]
     ForeignSocket {
         /// The socket address.
         address: String,
@@ -85,6 +85,9 @@ pub enum SocketError {
         uid: u32,
         /// This process's effective uid.
         me: u32,
+        /// What connecting to it said: nobody answers, or this user may
+        /// not connect (a host may well be serving it).
+        state: &'static str,
     },
     /// The address cannot name a socket.
     #[error("socket {address}: {why}")]
@@ -296,10 +299,15 @@ fn check_existing(address: &str, path: &Path) -> Result<(), SocketError> {
             uid: md.uid(),
             pid: 0,
         })),
-        Err(_) if md.uid() != wd_sys::geteuid() => Err(SocketError::ForeignSocket {
+        Err(e) if md.uid() != wd_sys::geteuid() => Err(SocketError::ForeignSocket {
             address: address.to_string(),
             uid: md.uid(),
             me: wd_sys::geteuid(),
+            state: if e.kind() == io::ErrorKind::PermissionDenied {
+                "this user may not connect to it, so a host may be serving it"
+            } else {
+                "no host answers on it"
+            },
         }),
         // Nobody listens: a dead host's socket.
         Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Ok(()),
@@ -344,6 +352,14 @@ fn bind_path(address: &str, mode: u32) -> Result<Bound, SocketError> {
         address: address.to_string(),
         why,
     };
+    // Bound in a short private directory and renamed into place, a longer
+    // path would be served but unreachable: clients connect to the path
+    // itself, and sun_path holds 107 bytes and the NUL.
+    if address.len() > 107 {
+        return Err(bad(
+            "the path is longer than the 107 bytes a UNIX socket address holds (clients could not connect to it); choose a shorter path",
+        ));
+    }
     let name = path
         .file_name()
         .ok_or_else(|| bad("the path does not end in a file name"))?;

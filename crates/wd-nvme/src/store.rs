@@ -99,8 +99,14 @@ impl std::str::FromStr for NamespaceSpec {
         let parts: Vec<&str> = spec.rsplitn(4, ':').collect();
         // rsplitn gives the fields last first.
         let (path, offset, size, block) = match parts.as_slice() {
+            // Four size-like fields are OFFSET:SIZE:BLOCK whatever BLOCK
+            // says: a wrong BLOCK (8192, 1024) is refused as such, not
+            // read as a path ending in ":OFFSET" (which made a file named
+            // "store.img:0" for "store.img:0:1G:8192").
             [b, s, o, p]
-                if matches!(*b, "512" | "4096" | "4K" | "4k") && parse_size(o).is_some() =>
+                if parse_size(b).is_some()
+                    && parse_size(s).is_some()
+                    && parse_size(o).is_some() =>
             {
                 (*p, *o, *s, Some(*b))
             }
@@ -619,6 +625,7 @@ mod tests {
             "/a:0:0",
             "/a:1:8M",
             "/a:0:8M:1024",
+            "/a:0:1G:8192",
             ":0:4K",
             "/a:x:4K",
             "/a:0:8M:4096x",

@@ -486,6 +486,20 @@ impl HostConn {
                     format!("not allowed to connect to the WrapDrive host at '{addr}': {e} (the socket's mode or its directory does not admit uid {})", wd_sys::geteuid()),
                 );
             }
+            // ECONNREFUSED is also what connecting to a directory or a
+            // regular file says: name what is there instead.
+            if !abstract_name && e.errno() == 111 {
+                use std::os::unix::fs::FileTypeExt;
+                if let Ok(md) = std::fs::metadata(name) {
+                    if !md.file_type().is_socket() {
+                        let kind = if md.is_dir() { "a directory" } else { "not a socket" };
+                        return ClientError::new(
+                            Status::HostGone,
+                            format!("cannot connect to the WrapDrive host at '{addr}': the path is {kind} (WD_HOST or --host names the host's socket, as `wd serve --socket` gave it)"),
+                        );
+                    }
+                }
+            }
             ClientError::new(
                 Status::HostGone,
                 format!("cannot connect to the WrapDrive host at '{addr}': {e} (start one with `wd serve`, or set WD_HOST=embedded)"),
