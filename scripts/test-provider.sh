@@ -98,9 +98,13 @@ if WD_HOST=$tmp/none.sock WD_PROVIDER_FALLBACK=0 \
     echo "one request without a host succeeded although the fallback is off"; exit 1
 fi
 if WD_HOST=$tmp/none.sock WD_PROVIDER_FALLBACK=0 openssl dgst "${P[@]}" -sha256 "$tmp/one" \
-    > /dev/null 2>&1; then
+    > /dev/null 2> "$tmp/dgst.err"; then
     echo "a digest without a host succeeded although the fallback is off"; exit 1
 fi
+# ... and says why (it said only "Read error in FILE": nothing was on
+# OpenSSL's error queue).
+grep -q "WrapDrive" "$tmp/dgst.err" || {
+    echo "a refused digest gave no reason:"; cat "$tmp/dgst.err"; exit 1; }
 # Blanks around a value are dropped and case is ignored, as the library
 # does with WD_CRYPTO_FALLBACK: " On " loads and computes on the CPU,
 # " Off " loads and refuses.

@@ -259,6 +259,10 @@ fn run(cli: Cli) -> Result<(), String> {
         Cmd::Chaos(_) => no_host(&cli.host, "chaos", "starts and kills a host of its own")?,
         _ => {}
     }
+    if matches!(cli.cmd, Cmd::Bench(_) | Cmd::Speed(_) | Cmd::Chaos(_)) {
+        // Their files (gigabytes for some) and hosts go at a signal too.
+        temp::clean_up_on_signals()?;
+    }
     match cli.cmd {
         Cmd::Serve(args) => serve(args),
         Cmd::Ls { json } => {

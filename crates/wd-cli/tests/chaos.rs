@@ -99,3 +99,58 @@ fn unknown_kinds_are_refused() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown kind 'teleport'"));
 }
+
+/// A `wd chaos` ended by SIGTERM (a `kill`, not the terminal's Ctrl-C,
+/// which reaches its host too) stops its host and removes its work
+/// directory, and exits as a process the signal ended (143). The host
+/// went on running, re-parented to init, and the directory stayed: a
+/// signal runs no destructor.
+#[test]
+fn a_chaos_run_ended_by_a_signal_stops_its_host_and_removes_its_directory() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = wd_testutil::tempdir("wd-chaos-signal");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wd"))
+        .args(["chaos", "--rounds", "1000", "--clients", "1"])
+        .args(["--kinds", "copy-shared", "--host-kill-every", "0"])
+        .env("TMPDIR", tmp.path())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let dir = tmp.path().join(format!("wd-chaos-{}", child.id()));
+    let socket = dir.join("wd.sock");
+    let t = std::time::Instant::now();
+    while !socket.exists() {
+        assert!(
+            t.elapsed().as_secs() < 20,
+            "no host socket at {}",
+            socket.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // The host: the process whose command line names the socket.
+    let needle = socket.display().to_string();
+    let host = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
+        })
+        .expect("the chaos host");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    wd_sys::terminate(child.id()).unwrap();
+    let st = child.wait().unwrap();
+    let t = std::time::Instant::now();
+    while std::path::Path::new(&format!("/proc/{host}")).exists() && t.elapsed().as_secs() < 10 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let host_lives = std::path::Path::new(&format!("/proc/{host}")).exists();
+    if host_lives {
+        let _ = Command::new("kill")
+            .args(["-9", &host.to_string()])
+            .status();
+    }
+    assert_eq!(st.code(), Some(143), "exit status after SIGTERM: {st}");
+    assert!(!host_lives, "the chaos host {host} outlived its run");
+    assert!(!dir.exists(), "{} left behind", dir.display());
+}

@@ -300,11 +300,10 @@ pub(crate) fn no_fallback(why: Why) -> Result<()> {
             wrapdrive::Status::NoDevice
         },
         message: if why == Why::HostGone {
-            "the WrapDrive host went away, and the CPU fallback is off (WD_CRYPTO_FALLBACK=0, or the provider's fallback setting)"
+            "the WrapDrive host went away, and the CPU fallback is off (WD_CRYPTO_FALLBACK=0, or the provider's fallback setting)".into()
         } else {
-            "no WrapDrive queue (no host answers at $WD_CRYPTO_HOST / $WD_HOST, or it has no device for this algorithm: see `wd ls`), and the CPU fallback is off (WD_CRYPTO_FALLBACK=0, or the provider's fallback setting)"
-        }
-        .into(),
+            format!("no WrapDrive queue (no host answers at '{}', or it has no device for this algorithm: see `wd ls`), and the CPU fallback is off (WD_CRYPTO_FALLBACK=0, or the provider's fallback setting)", config::host_address())
+        },
     })
 }
 

@@ -134,12 +134,16 @@ pub fn set_fallback(on: bool) {
     FALLBACK.store(on, Ordering::Relaxed);
 }
 
+/// The configured host's address.
+pub fn host_address() -> String {
+    std::env::var("WD_CRYPTO_HOST")
+        .or_else(|_| std::env::var("WD_HOST"))
+        .unwrap_or_else(|_| wrapdrive::DEFAULT_HOST.to_string())
+}
+
 /// Connect to the configured host.
 pub fn connect() -> Result<Arc<HostConn>> {
-    let addr = std::env::var("WD_CRYPTO_HOST")
-        .or_else(|_| std::env::var("WD_HOST"))
-        .unwrap_or_else(|_| wrapdrive::DEFAULT_HOST.to_string());
-    Ok(HostConn::connect(&addr)?)
+    Ok(HostConn::connect(&host_address())?)
 }
 
 /// Whether buffers of shared memory given as slices (the C API's

@@ -178,6 +178,18 @@ fn other_things_at_the_socket_path_are_refused_by_name() {
     assert!(e.contains("is a directory, not a socket"), "{e}");
 }
 
+/// A path longer than a socket address holds (107 bytes) is refused at
+/// start: bound in a short private directory and renamed into place, it
+/// was served, and every client's connect failed.
+#[test]
+fn a_socket_path_longer_than_an_address_holds_is_refused_at_start() {
+    let dir = tempdir("long", 0o755);
+    let long = dir.0.join("s".repeat(120)).join("wd.sock");
+    std::fs::create_dir(long.parent().unwrap()).unwrap();
+    let e = start_err(&config(long.to_str().unwrap(), 0o600));
+    assert!(e.contains("longer than the 107 bytes"), "{e}");
+}
+
 #[test]
 fn directory_writable_by_others_is_refused_unless_sticky() {
     let open = tempdir("open", 0o777);

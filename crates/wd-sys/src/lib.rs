@@ -1131,6 +1131,22 @@ pub fn wait_termination() -> i32 {
     sig
 }
 
+/// SIGINT's number (what [`wait_termination`] returns for it).
+pub const SIGINT: i32 = libc::SIGINT;
+
+/// Ask process `pid` to end (SIGTERM). Only for a child not yet waited
+/// for: any other pid may by now be another process's.
+pub fn terminate(pid: u32) -> Result<()> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| SysError::Invalid {
+        call: "kill",
+        what: "a pid beyond pid_t",
+    })?;
+    count();
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    let r = unsafe { libc::kill(pid, libc::SIGTERM) };
+    check("kill", r as libc::c_long).map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

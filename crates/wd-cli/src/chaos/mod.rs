@@ -140,6 +140,7 @@ impl HostProc {
             .stderr(log)
             .spawn()
             .map_err(|e| format!("starting the host: {e}"))?;
+        crate::temp::stop_on_signal(child.id());
         let mut h = HostProc {
             child,
             socket: socket.display().to_string(),
@@ -171,6 +172,7 @@ impl HostProc {
     }
 
     fn kill(&mut self) {
+        crate::temp::forget_pid(self.child.id());
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -451,10 +453,14 @@ pub fn run(args: ChaosArgs) -> Result<(), String> {
             }
         );
     }
+    if !args.keep {
+        crate::temp::remove_on_signal(&dir);
+    }
     let r = match args.soak {
         Some(d) => soak(&args, &kinds, seed, &dir, d),
         None => rounds(&args, &kinds, seed, &dir),
     };
+    crate::temp::forget_path(&dir);
     if !args.keep && r.is_ok() {
         let _ = std::fs::remove_dir_all(&dir);
     }
