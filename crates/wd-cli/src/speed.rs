@@ -330,9 +330,15 @@ pub fn run(mut args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
         hosts.push(wd_host::Host::start(&cfg).map_err(|e| e.to_string())?);
         Ok(sock)
     };
-    let engine = wd_host::drivers::open(&wd_host::config::DeviceConfig::new("sec"))?
-        .engine()
-        .unwrap_or_else(|| "libcrypto".into());
+    let engine = match host {
+        // The named host's own engine, and a sec device there at all:
+        // without one, the offload rows would measure the CPU (the
+        // provider falls back) and say nothing until the end.
+        Some(h) => named_host_engine(h)?,
+        None => wd_host::drivers::open(&wd_host::config::DeviceConfig::new("sec"))?
+            .engine()
+            .unwrap_or_else(|| "libcrypto".into()),
+    };
     let multi_buffer = !engine.starts_with("libcrypto");
     let (socket, lc_socket) = match host {
         Some(h) => (h.to_string(), None),
@@ -573,6 +579,25 @@ fn prog_note(show: bool, what: &str) {
 /// Time sync offload requests of the library on the host at `socket`,
 /// staged and in place alternately (`reps` rounds of ~0.2 s each way per
 /// size), and report the medians.
+/// The engine of the sec device of host `h` (its `devN/engine`), or why
+/// the run cannot measure offload there.
+fn named_host_engine(h: &str) -> Result<String, String> {
+    let attrs = wrapdrive::HostConn::connect(h)
+        .and_then(|c| c.attrs(""))
+        .map_err(|e| format!("--host {h}: {e}"))?;
+    let dev = attrs
+        .iter()
+        .find(|a| a.path.ends_with("/driver") && a.value == "sec")
+        .map(|a| a.path.trim_end_matches("driver").to_string())
+        .ok_or_else(|| {
+            format!("--host {h} has no sec device (see `wd ls`): the offload rows would measure the CPU")
+        })?;
+    Ok(attrs
+        .iter()
+        .find(|a| a.path == format!("{dev}engine"))
+        .map_or_else(|| "libcrypto".into(), |a| a.value.clone()))
+}
+
 fn in_place_costs(
     socket: &str,
     reps: usize,
