@@ -173,11 +173,17 @@ impl Driver for NvmeDriver {
 
     fn set_attribute(&self, name: &str, value: &str) -> Result<(), String> {
         match name {
-            "nvme/add_namespace" => self
-                .sub
-                .add(value.trim())
-                .map(|_| ())
-                .map_err(|e| e.to_string()),
+            "nvme/add_namespace" => {
+                let text = value.trim();
+                let spec: NamespaceSpec = text.parse().map_err(|e: StoreError| e.to_string())?;
+                if spec.path.is_relative() {
+                    // The client's directory is not the host's.
+                    return Err(format!(
+                        "namespace '{text}': the path is relative, and the host would resolve it in its own directory: give an absolute path"
+                    ));
+                }
+                self.sub.add(text).map(|_| ()).map_err(|e| e.to_string())
+            }
             "nvme/remove_namespace" => {
                 let nsid = value
                     .trim()
