@@ -119,7 +119,8 @@ pub const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Config {
     /// The defaults, changed by `WD_COMP_POLICY` (auto, offload, cpu),
-    /// `WD_COMP_THRESHOLD` (bytes), `WD_COMP_FALLBACK=0` and
+    /// `WD_COMP_THRESHOLD` (bytes), `WD_COMP_FALLBACK` (0/no/off/false,
+    /// 1/yes/on/true) and
     /// `WD_COMP_JOURNAL` (bytes), `WD_COMP_SPLIT` (bytes, 0: never). A
     /// value that does not parse is an error naming it.
     pub fn from_env() -> std::result::Result<Config, String> {
@@ -129,21 +130,25 @@ impl Config {
         }
         if let Ok(t) = std::env::var("WD_COMP_THRESHOLD") {
             c.threshold = t
+                .trim()
                 .parse()
                 .map_err(|_| format!("WD_COMP_THRESHOLD: '{t}' is not a byte count"))?;
         }
         if let Ok(t) = std::env::var("WD_COMP_JOURNAL") {
             c.journal_limit = t
+                .trim()
                 .parse()
                 .map_err(|_| format!("WD_COMP_JOURNAL: '{t}' is not a byte count"))?;
         }
         if let Ok(t) = std::env::var("WD_COMP_SPLIT") {
             c.split_min = t
+                .trim()
                 .parse()
                 .map_err(|_| format!("WD_COMP_SPLIT: '{t}' is not a byte count"))?;
         }
-        if std::env::var("WD_COMP_FALLBACK").is_ok_and(|v| v == "0") {
-            c.fallback = false;
+        if let Ok(v) = std::env::var("WD_COMP_FALLBACK") {
+            c.fallback =
+                wd_route::parse_switch(&v).map_err(|e| format!("WD_COMP_FALLBACK: {e}"))?;
         }
         Ok(c)
     }

@@ -51,15 +51,9 @@ fn init() {
             }
         }
         if let Ok(v) = std::env::var("WD_CRYPTO_POLICY") {
-            let p = match v.trim().to_ascii_lowercase().as_str() {
-                "offload" => Some(Policy::Offload),
-                "cpu" => Some(Policy::Cpu),
-                "auto" => Some(Policy::Auto),
-                _ => None,
-            };
-            match p {
-                Some(p) => POLICY.store(p as u8, Ordering::Relaxed),
-                None => eprintln!(
+            match v.parse::<Policy>() {
+                Ok(p) => POLICY.store(p as u8, Ordering::Relaxed),
+                Err(_) => eprintln!(
                     "wrapdrive: WD_CRYPTO_POLICY='{v}' is not auto, offload or cpu; auto stays"
                 ),
             }
@@ -68,10 +62,9 @@ fn init() {
             LEGACY.store(true, Ordering::Relaxed);
         }
         if let Ok(v) = std::env::var("WD_CRYPTO_FALLBACK") {
-            match v.trim().to_ascii_lowercase().as_str() {
-                "0" | "no" | "off" | "false" => FALLBACK.store(false, Ordering::Relaxed),
-                "1" | "yes" | "on" | "true" => {}
-                _ => eprintln!(
+            match wd_route::parse_switch(&v) {
+                Ok(on) => FALLBACK.store(on, Ordering::Relaxed),
+                Err(_) => eprintln!(
                     "wrapdrive: WD_CRYPTO_FALLBACK='{v}' is not 1/yes/on/true or 0/no/off/false; fallback stays on"
                 ),
             }

@@ -41,15 +41,28 @@ pub enum Policy {
     Cpu,
 }
 
+/// Settings are read alike everywhere (the libraries' environment, the
+/// provider's parameters): blanks around a value dropped, words matched
+/// without regard to case.
 impl std::str::FromStr for Policy {
     type Err = String;
     fn from_str(s: &str) -> Result<Policy, String> {
-        match s {
+        match s.trim().to_ascii_lowercase().as_str() {
             "auto" => Ok(Policy::Auto),
             "offload" => Ok(Policy::Offload),
             "cpu" => Ok(Policy::Cpu),
             _ => Err(format!("unknown policy '{s}' (auto, offload, cpu)")),
         }
+    }
+}
+
+/// An on/off setting (the CPU fallback): 1/yes/on/true or 0/no/off/false,
+/// read as [`Policy`] is.
+pub fn parse_switch(s: &str) -> Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "1" | "yes" | "on" | "true" => Ok(true),
+        "0" | "no" | "off" | "false" => Ok(false),
+        _ => Err(format!("'{s}' is not 1/yes/on/true or 0/no/off/false")),
     }
 }
 
@@ -318,6 +331,24 @@ pub fn decide(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Read alike by both libraries: WD_COMP_FALLBACK took only "0" (so
+    /// "off" left the fallback on), and WD_COMP_POLICY=" Auto " failed.
+    #[test]
+    fn settings_are_read_without_blanks_or_case() {
+        for (v, want) in [
+            (" Off ", false),
+            ("no", false),
+            ("0", false),
+            ("TRUE", true),
+        ] {
+            assert_eq!(parse_switch(v), Ok(want), "{v:?}");
+        }
+        assert!(parse_switch("maybe").unwrap_err().contains("'maybe'"));
+        assert_eq!(" Auto ".parse::<Policy>(), Ok(Policy::Auto));
+        assert_eq!("CPU".parse::<Policy>(), Ok(Policy::Cpu));
+        assert!("fast".parse::<Policy>().is_err());
+    }
 
     const AUTO: Settings = Settings {
         policy: Policy::Auto,

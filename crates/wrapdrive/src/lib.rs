@@ -269,13 +269,26 @@ fn call_timeout() -> std::time::Duration {
 }
 
 /// Milliseconds from the environment variable `var`, at least `min`
-/// (`default` when unset, unreadable or less).
-fn env_ms(var: &str, default: u64, min: u64) -> std::time::Duration {
-    let ms = std::env::var(var)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|&ms: &u64| ms >= min)
-        .unwrap_or(default);
+/// (`default` when unset, unreadable or less: said once on stderr, as the
+/// crypto library says its own settings, since no caller hears of it).
+fn env_ms(var: &'static str, default: u64, min: u64) -> std::time::Duration {
+    static SAID: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let Ok(v) = std::env::var(var) else {
+        return std::time::Duration::from_millis(default);
+    };
+    let ms = match v.trim().parse::<u64>() {
+        Ok(ms) if ms >= min => ms,
+        _ => {
+            let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
+            if !said.contains(&var) {
+                said.push(var);
+                eprintln!(
+                    "wrapdrive: {var}='{v}' is not a number of milliseconds (at least {min}); the default ({default}) stays"
+                );
+            }
+            default
+        }
+    };
     std::time::Duration::from_millis(ms)
 }
 
