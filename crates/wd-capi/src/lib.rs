@@ -711,6 +711,10 @@ pub extern "C" fn wd_strerror(err: c_int) -> *const c_char {
     };
     let s: &'static CStr = match status {
         _ if err == 0 => c"success",
+        // STATUS_RESTARTED, a completion's status: the host is back.
+        _ if err.unsigned_abs() == 104 => {
+            c"the host restarted while the request was in flight, and it was not run again (see the queue's redo policy)"
+        }
         Status::Ok => c"success",
         Status::Invalid => c"invalid argument",
         Status::NoDevice => c"no device serves this algorithm",

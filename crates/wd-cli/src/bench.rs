@@ -377,7 +377,7 @@ fn run(mut args: BenchArgs, host: &str) -> Result<(), String> {
         .copied()
         .filter(|p| matches!(*p, "raw" | "legacy") || args.paths.iter().any(|a| a == p))
         .collect();
-    let mut prog = Progress::new(paths.len() * args.sizes.len() * args.reps, !args.json);
+    let mut prog = Progress::new(paths.len() * args.sizes.len() * args.reps);
     let mut rows: Vec<Row> = Vec::new();
     for &size in &args.sizes {
         let b = bufs(&mut q, size)?;

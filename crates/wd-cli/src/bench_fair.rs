@@ -379,7 +379,7 @@ pub fn run(args: FairArgs, host: &str) -> Result<(), String> {
     if let Some((_, why)) = checks.iter().find(|(ok, _)| !ok) {
         return Err((*why).into());
     }
-    let mut prog = Progress::new(args.flooders.len() * args.reps, !args.json);
+    let mut prog = Progress::new(args.flooders.len() * args.reps);
     let mut rows = Vec::new();
     for &n in &args.flooders {
         let mut reps = Vec::new();

@@ -376,7 +376,7 @@ pub fn run(args: BenchLoadArgs) -> Result<(), String> {
     let load_start = loadavg();
     let passes = if args.cold_only { 1 } else { 2 };
     let steps = args.sizes.len() * passes * args.reps * METHODS.len();
-    let mut prog = Progress::new(steps, !args.json);
+    let mut prog = Progress::new(steps);
     if tty {
         eprintln!(
             "wd bench load: {} of test files in {} ({fs})",

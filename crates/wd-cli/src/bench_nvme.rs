@@ -289,7 +289,7 @@ pub fn run(a: BenchNvmeArgs) -> Result<(), String> {
     let depths = [1u32, 32];
     // Per rig (store and depth): each path's repetitions.
     let mut samples: Vec<Vec<(&str, Vec<PerfResult>)>> = Vec::new();
-    let mut progress = Progress::new(a.reps * 14, !a.json);
+    let mut progress = Progress::new(a.reps * 14);
     let mut rigs = Vec::new();
     for &(_, nsid, _, _) in &stores {
         for &qd in &depths {

@@ -665,7 +665,7 @@ pub fn run(a: BenchZipArgs) -> Result<(), String> {
     // Per configuration index and path: each repetition's measurement.
     let mut samples: Vec<(usize, &'static str, Vec<Measured>)> = Vec::new();
     let per_rep = configs.len() * paths.len();
-    let mut progress = Progress::new(a.reps * per_rep, !a.json);
+    let mut progress = Progress::new(a.reps * per_rep);
     for rep in 0..a.reps {
         for (ci, &(alg, level)) in configs.iter().enumerate() {
             for &path in &paths {
@@ -757,7 +757,7 @@ pub fn run(a: BenchZipArgs) -> Result<(), String> {
                 std::fs::write(&f, &data[..len]).map_err(|e| e.to_string())?;
                 files.push((f, blk as usize));
             }
-            let mut prog = Progress::new(a.reps * files.len(), !a.json);
+            let mut prog = Progress::new(a.reps * files.len());
             for (k, (file, blk)) in files.iter().enumerate() {
                 let blk = *blk;
                 let size = exact_size(blk as u64);

@@ -322,6 +322,14 @@ pub fn run(args: LoadArgs) -> Result<(), String> {
             drop(buf);
             std::process::exit(c)
         }
-        None => Err(format!("{} was killed by a signal", argv[0])),
+        None => {
+            // Ended by a signal: said, and exited as a shell reports
+            // such a command (128 + the signal), the verdict still ours.
+            use std::os::unix::process::ExitStatusExt;
+            let sig = status.signal().unwrap_or(0);
+            eprintln!("wd load: {} was ended by signal {sig}", argv[0]);
+            drop(buf);
+            std::process::exit(128 + sig)
+        }
     }
 }

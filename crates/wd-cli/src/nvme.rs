@@ -200,6 +200,14 @@ pub fn run_queue(
             a.bs, ns.nsid, ns.blocks, ns.block
         ));
     }
+    let max = wd_nvme_driver::MAX_TRANSFER;
+    if a.bs > max {
+        return Err(format!(
+            "--bs {}: a command moves at most {max} bytes ({} KiB: one PRP list)",
+            a.bs,
+            max / 1024
+        ));
+    }
     let entries = q.pair().entries();
     if a.qd == 0 || a.qd >= entries {
         return Err(format!("queue depth must be 1..{entries}"));

@@ -79,12 +79,14 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// A bar of `total` steps, shown when `show` and stderr is a terminal.
-    pub fn new(total: usize, show: bool) -> Progress {
+    /// A bar of `total` steps, shown when stderr is a terminal (with
+    /// `--json` too: the JSON goes to stdout, and a run of minutes should
+    /// not look hung).
+    pub fn new(total: usize) -> Progress {
         Progress {
             total,
             done: 0,
-            tty: show && std::io::stderr().is_terminal(),
+            tty: std::io::stderr().is_terminal(),
         }
     }
 
@@ -120,7 +122,7 @@ pub struct Target {
     pub name: String,
     /// The measured value.
     pub value: f64,
-    /// How it must compare: ">= ", "<= " or "> ".
+    /// How it must compare: ">=" or "<=".
     pub op: &'static str,
     /// The bound.
     pub target: f64,
@@ -134,7 +136,7 @@ impl Target {
         Target {
             name: name.into(),
             value,
-            op: ">= ",
+            op: ">=",
             target,
             met: value >= target,
         }
@@ -145,7 +147,7 @@ impl Target {
         Target {
             name: name.into(),
             value,
-            op: "<= ",
+            op: "<=",
             target,
             met: value <= target,
         }
@@ -154,7 +156,7 @@ impl Target {
     /// `PASS name: value (target >= bound)`.
     pub fn line(&self) -> String {
         format!(
-            "{} {}: {:.3} (target {}{})",
+            "{} {}: {:.3} (target {} {})",
             if self.met { "PASS" } else { "MISS" },
             self.name,
             self.value,

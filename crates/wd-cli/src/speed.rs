@@ -358,7 +358,7 @@ pub fn run(mut args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
         .filter(|r| !r.libcrypto_host || lc_socket.is_some())
         .collect();
     let runs_per_row = if per_size { sizes.len() } else { 1 };
-    let mut prog = Progress::new(rows_run.len() * args.reps * runs_per_row, !args.json);
+    let mut prog = Progress::new(rows_run.len() * args.reps * runs_per_row);
     let mut samples: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); sizes.len()]; rows_run.len()];
     // Interleave repetitions so drift of a shared machine hits every row alike.
     for _ in 0..args.reps {

@@ -106,6 +106,16 @@ fn the_buffer_is_handed_to_a_command() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(3));
+    // A command a signal ended: 128 + the signal, as a shell says (it
+    // was 1, whatever the signal).
+    let o = wd()
+        .arg("load")
+        .arg(&p)
+        .args(["--", "sh", "-c", "kill -TERM $$"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(143), "{}", text(&o));
+    assert!(text(&o).contains("signal 15"), "{}", text(&o));
     // Read-only: the command cannot open the buffer for writing.
     let o = wd()
         .arg("load")

@@ -149,7 +149,9 @@ impl Status {
             k if k == Status::INVALID_QUEUE_DELETION => "invalid queue deletion",
             k if k == Status::FEATURE_NOT_SAVEABLE => "feature not saveable",
             k if k == Status::NS_ALREADY_ATTACHED => "namespace already attached",
-            k if k == Status::NS_IS_PRIVATE => "namespace is private",
+            k if k == Status::NS_IS_PRIVATE => {
+                "namespace is private (attached to another controller: another client holds it)"
+            }
             k if k == Status::NS_NOT_ATTACHED => "namespace not attached",
             k if k == Status::CONTROLLER_LIST_INVALID => "controller list invalid",
             k if k == Status::WRITE_FAULT => "write fault",

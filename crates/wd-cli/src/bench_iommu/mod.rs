@@ -108,7 +108,6 @@ fn run_iommu(args: IommuArgs) -> Result<(), String> {
         want("map") as usize * 6
             + want("stream") as usize * (1 + args.paths.len()).min(STREAM_ROWS) * args.reps
             + want("translate") as usize * 8,
-        !args.json,
     );
     let map_rows = if want("map") {
         map_table(&args, &mut prog)?

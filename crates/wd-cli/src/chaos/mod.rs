@@ -39,8 +39,9 @@ pub struct ChaosArgs {
     #[arg(long, default_value_t = 4)]
     clients: usize,
     /// Rounds: start clients, kill some at random moments, stop the
-    /// rest, check the host's tables.
-    #[arg(long, default_value_t = 20)]
+    /// rest, check the host's tables (at least 1: a run of none would
+    /// pass having checked nothing).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
     rounds: u32,
     /// Length of a round in milliseconds.
     #[arg(long, default_value_t = 400)]
@@ -475,7 +476,7 @@ fn rounds(args: &ChaosArgs, kinds: &[&'static str], seed: u64, dir: &Path) -> Re
         seed,
         ..Tally::default()
     };
-    let mut progress = Progress::new(args.rounds as usize, !args.json);
+    let mut progress = Progress::new(args.rounds as usize);
     let round = Duration::from_millis(args.round_ms);
     for r in 1..=args.rounds {
         t.rounds = r;
