@@ -2197,6 +2197,18 @@ static int wd_word(const char *v, const char *const *words, int n)
 	return -1;
 }
 
+/* Refuse a setting: the error raised, and said on stderr too, since a
+ * provider that a configuration file activates is left out with nothing
+ * printed (everything then quietly runs on the default provider). */
+static int wd_refuse_setting(const char *name, const char *value, const char *expected)
+{
+	ERR_raise_data(ERR_LIB_PROV, ERR_R_PASSED_INVALID_ARGUMENT,
+		       "wd provider: %s '%s' is not %s", name, value, expected);
+	fprintf(stderr, "wd provider: %s '%s' is not %s: the provider is not loaded\n", name,
+		value, expected);
+	return 0;
+}
+
 /* Parse the settings (wd_setting). A setting that does not parse refuses
  * the load, naming it (as OpenSSL's own configuration errors do), rather
  * than running with something the user did not ask for: 0, and the error
@@ -2210,33 +2222,23 @@ static int wd_parse_settings(struct wd_prov *p, struct wd_settings *s)
 		char *end;
 		errno = 0;
 		unsigned long long v = strtoull(t, &end, 10);
-		if (*t < '0' || *t > '9' || *end != '\0' || errno != 0) {
-			ERR_raise_data(ERR_LIB_PROV, ERR_R_PASSED_INVALID_ARGUMENT,
-				       "wd provider: threshold '%s' is not a byte count", t);
-			return 0;
-		}
+		if (*t < '0' || *t > '9' || *end != '\0' || errno != 0)
+			return wd_refuse_setting("threshold", t, "a byte count");
 		s->threshold = (size_t)v;
 		s->threshold_given = 1;
 	}
 	/* In WD_CRYPTO_POLICY_* order. */
 	static const char *const policies[] = {"auto", "offload", "cpu"};
 	const char *pol = wd_setting(p, "policy", "WD_PROVIDER_POLICY", pb, sizeof(pb));
-	if (pol != NULL && (s->policy = wd_word(pol, policies, 3)) < 0) {
-		ERR_raise_data(ERR_LIB_PROV, ERR_R_PASSED_INVALID_ARGUMENT,
-			       "wd provider: policy '%s' is not auto, offload or cpu", pol);
-		return 0;
-	}
+	if (pol != NULL && (s->policy = wd_word(pol, policies, 3)) < 0)
+		return wd_refuse_setting("policy", pol, "auto, offload or cpu");
 	/* Off, then on: a word's index / 4. */
 	static const char *const onoff[] = {"0", "no", "off", "false", "1", "yes", "on", "true"};
 	const char *fb = wd_setting(p, "fallback", "WD_PROVIDER_FALLBACK", fbb, sizeof(fbb));
 	if (fb != NULL) {
 		int i = wd_word(fb, onoff, 8);
-		if (i < 0) {
-			ERR_raise_data(ERR_LIB_PROV, ERR_R_PASSED_INVALID_ARGUMENT,
-				       "wd provider: fallback '%s' is not 1/yes/on/true or 0/no/off/false",
-				       fb);
-			return 0;
-		}
+		if (i < 0)
+			return wd_refuse_setting("fallback", fb, "1/yes/on/true or 0/no/off/false");
 		s->fallback = i / 4;
 	}
 	return 1;

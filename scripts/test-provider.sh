@@ -58,6 +58,13 @@ for bad in "WD_PROVIDER_POLICY=ofload:policy 'ofload'" "WD_PROVIDER_THRESHOLD=-1
     grep -q "${bad#*:}" "$tmp/out" || { echo "no message naming ${bad%%:*}:"; cat "$tmp/out"; exit 1; }
 done
 
+# Through a configuration file, OpenSSL leaves a refused provider out
+# without a word: the provider says it on stderr.
+sed 's/^threshold = 256/threshold = abc/' provider/openssl-wd.cnf > "$tmp/bad.cnf"
+OPENSSL_CONF=$tmp/bad.cnf OPENSSL_MODULES=$dir openssl list -providers > "$tmp/out" 2>&1 || true
+grep -q "wd provider: threshold 'abc'" "$tmp/out" ||
+    { echo "a configuration file's bad threshold left no message:"; cat "$tmp/out"; exit 1; }
+
 echo "-- openssl enc / dgst round trips against the default provider"
 for size in 0 1 15 16 17 1000 65537 300001; do
     head -c "$size" /dev/urandom > "$tmp/in"
