@@ -204,6 +204,16 @@ pub trait DeviceQueue: Send {
     fn bytes_of(&self, done: &Desc) -> u64 {
         done.result
     }
+
+    /// The work a completed request (or the last piece of a cut one) cost,
+    /// for the engine's per-pass budget (`pass_bytes`): its
+    /// [`DeviceQueue::bytes_of`] by default. A device whose requests can
+    /// write far more than they read (a decompression: a few KiB of zstd
+    /// make 64 MiB) counts what they wrote too, or a batch of them runs
+    /// in one pass, counted as small requests.
+    fn work_of(&self, done: &Desc) -> u64 {
+        self.bytes_of(done)
+    }
 }
 
 /// What one [`DeviceQueue::service`] pass did, for the engine's idle

@@ -305,7 +305,11 @@ fn iommu_attrs(out: &mut Vec<AttrEntry>, base: &str, q: &crate::queue::Queue) {
         wd_iommu::Attachment::Domain(d) if std::sync::Arc::ptr_eq(&d, q.domain()) => ("own", d),
         wd_iommu::Attachment::Domain(d) => ("virtio", d),
     };
-    let st = dom.stats();
+    // Never waited for: a flush or teardown holds the domain's lock while
+    // it waits for requests a device holds (as long as their client
+    // likes), and a listing holds the host's table of queues, which every
+    // client's queue request and teardown needs.
+    let st = dom.try_stats();
     let mode = match dom.mode() {
         wd_iommu::InvalidationMode::Strict => "strict",
         wd_iommu::InvalidationMode::Deferred => "deferred",
@@ -317,6 +321,18 @@ fn iommu_attrs(out: &mut Vec<AttrEntry>, base: &str, q: &crate::queue::Queue) {
     out.push(entry(format!("{base}/attached"), attached, false));
     out.push(entry(format!("{base}/mode"), mode, false));
     out.push(entry(format!("{base}/fault_policy"), policy, false));
+    let Some(st) = st else {
+        for name in [
+            "mapped_bytes",
+            "table_pages",
+            "fq_pending",
+            "flushes",
+            "stalled",
+        ] {
+            out.push(entry(format!("{base}/{name}"), "busy", false));
+        }
+        return;
+    };
     out.push(entry(
         format!("{base}/mapped_bytes"),
         st.mapped_bytes,

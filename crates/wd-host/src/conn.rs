@@ -552,6 +552,28 @@ impl Conn<'_> {
         // client of the engine would be one socket any of them could shut
         // down or connect elsewhere, for all.
         let (ring, (cq, cq_client), (bell, doorbell)) = built?;
+        // The host keeps FD_HEADROOM descriptors free for what any client's
+        // request needs for a moment (a MemShare's memory descriptor, a new
+        // queue's ring and lines), as it does at connect: a queue whose
+        // descriptors land that close to the limit is refused. Without
+        // this one client's queues took the last descriptors, and another
+        // client's MemShare, whose descriptor could not be installed, cost
+        // it its connection and its queues.
+        {
+            use std::os::fd::AsRawFd;
+            let top = [&ring.fd, &cq, &cq_client, &bell, &doorbell]
+                .iter()
+                .map(|f| f.as_raw_fd() as u64)
+                .max()
+                .unwrap_or(0);
+            let limit = wd_sys::nofile_limit().unwrap_or(1024);
+            if top + crate::FD_HEADROOM >= limit {
+                return Err(err(
+                    Status::TooManyFiles,
+                    "host is out of file descriptors; try again later",
+                ));
+            }
+        }
         let queue::NewRing {
             fd: ring_fd,
             map: ring_map,

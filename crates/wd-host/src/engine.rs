@@ -609,7 +609,10 @@ impl EngineLoop {
                     // zip result packs the input taken and the output made).
                     let n = if d.status == 0 { s.dev.bytes_of(&d) } else { 0 };
                     bytes += n;
-                    spent += n.saturating_sub(done).max(1);
+                    // What it cost (a decompression wrote more than it
+                    // read): the budget's measure.
+                    let w = if d.status == 0 { s.dev.work_of(&d) } else { 0 };
+                    spent += w.saturating_sub(done).max(1);
                     out.push(d);
                     n >= POST_AT_ONCE
                 }
@@ -816,7 +819,7 @@ impl EngineLoop {
                             break;
                         }
                         Progress::Done => {
-                            let n = if d.status == 0 { s.dev.bytes_of(&d) } else { 0 };
+                            let n = if d.status == 0 { s.dev.work_of(&d) } else { 0 };
                             spent += n.saturating_sub(done).max(1);
                             out.push(d);
                         }
@@ -844,7 +847,7 @@ impl EngineLoop {
                         *held_tags.entry(tag).or_default() += 1;
                     }
                     Started::Done => {
-                        let n = if d.status == 0 { s.dev.bytes_of(&d) } else { 0 };
+                        let n = if d.status == 0 { s.dev.work_of(&d) } else { 0 };
                         spent += n.max(1);
                         out.push(d);
                     }

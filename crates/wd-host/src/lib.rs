@@ -327,7 +327,7 @@ impl Drop for Host {
 /// shares, files): a connection is refused once its socket's number comes
 /// this close to the limit (the kernel hands out the lowest free number, so
 /// the number is a floor on the descriptors open).
-const FD_HEADROOM: u64 = 64;
+pub(crate) const FD_HEADROOM: u64 = 64;
 /// How long the accept loop waits when the process is out of descriptors
 /// (instead of spinning on a listener that stays readable).
 const EMFILE_BACKOFF: Duration = Duration::from_millis(100);

@@ -84,6 +84,15 @@ pub struct Quotas {
 /// Mappings kept for the host's own use out of `vm.max_map_count`.
 const MAPPING_HEADROOM: u64 = 8192;
 
+/// Kernel mappings one shared range may cost the host: its own, and the
+/// pieces it splits its file window's PROT_NONE reservation into
+/// (`wd_sys::window`). A window of `n` live ranges is at most `n` mappings
+/// and `n + 1` pieces of reservation, and lives only while it holds a
+/// range: three per range bound it. Counted as one, ranges that touch
+/// nothing (every other page of a file) ran the host out of mappings at
+/// half its budget.
+pub const MAPPINGS_PER_SHARE: u64 = 3;
+
 fn max_map_count() -> u64 {
     std::fs::read_to_string("/proc/sys/vm/max_map_count")
         .ok()
@@ -160,7 +169,8 @@ impl Quotas {
             .map_or(0, |b| b.used() * wd_iommu::PAGE_SIZE)
     }
 
-    /// Host-wide mappings of client memory now, and the budget.
+    /// Host-wide kernel mappings of client memory now (counted
+    /// [`MAPPINGS_PER_SHARE`] a shared range), and the budget.
     pub fn mappings(&self) -> (u64, u64) {
         (self.lock().mappings, self.max_mappings)
     }
@@ -258,11 +268,12 @@ impl Quotas {
                         format!("a share of {bytes} bytes is larger than any memory"),
                     ));
                 };
-                if *mappings >= self.max_mappings {
+                if *mappings + MAPPINGS_PER_SHARE > self.max_mappings {
                     return Err(HostError::Status(
                         Status::NoMemory,
                         format!(
-                            "the host maps {mappings} shared ranges, its budget (vm.max_map_count less {MAPPING_HEADROOM} for itself); unshare ranges or share larger ones"
+                            "the host maps {} shared ranges, its budget (vm.max_map_count less {MAPPING_HEADROOM} for itself, {MAPPINGS_PER_SHARE} mappings a range); unshare ranges or share larger ones",
+                            *mappings / MAPPINGS_PER_SHARE
                         ),
                     ));
                 }
@@ -274,7 +285,7 @@ impl Quotas {
                 }
                 u.shares += 1;
                 u.mapped_bytes = total;
-                *mappings += 1;
+                *mappings += MAPPINGS_PER_SHARE;
             }
         }
         Ok(())
@@ -308,7 +319,7 @@ impl Quotas {
             Resource::Share { bytes } => {
                 u.shares -= 1;
                 u.mapped_bytes -= bytes;
-                *mappings -= 1;
+                *mappings -= MAPPINGS_PER_SHARE;
             }
         }
         if u.is_empty() {
@@ -426,10 +437,10 @@ mod tests {
             status(q.charge(7, Resource::Share { bytes: 1 })),
             Status::Quota
         );
-        assert_eq!(q.mappings().0, 2);
+        assert_eq!(q.mappings().0, 2 * MAPPINGS_PER_SHARE);
         drop(a);
         assert_eq!(q.usage(7).mapped_bytes, 4000);
-        assert_eq!(q.mappings().0, 1);
+        assert_eq!(q.mappings().0, MAPPINGS_PER_SHARE);
     }
 
     #[test]

@@ -389,7 +389,8 @@ impl Domain {
         if let Some((s, e)) = parts.range {
             self.iommu.invalidate_range_sync(self.tag, s, e);
         } else {
-            self.iommu.sync();
+            // Table pages of ours only: walked in sections through us.
+            self.iommu.sync_domain(self.tag);
         }
         self.table.free_pages(&mut c.alloc, &parts.tables);
     }
@@ -456,7 +457,9 @@ impl Domain {
             // ours, whose walkers they would corrupt).
             match parts.range {
                 Some((s, e)) => self.iommu.invalidate_range_sync(tag, s, e),
-                None => self.iommu.sync(),
+                // (Only that domain's sections and held requests can use
+                // what goes: not every engine that holds requests.)
+                None => self.iommu.sync_domain(tag),
             }
             drop(parts.releases);
             return;
@@ -465,7 +468,7 @@ impl Domain {
             InvalidationMode::Strict => {
                 match parts.range {
                     Some((s, e)) => self.iommu.invalidate_range_sync(self.tag, s, e),
-                    None => self.iommu.sync(),
+                    None => self.iommu.sync_domain(self.tag),
                 }
                 self.table.free_pages(&mut self.ctl().alloc, &parts.tables);
                 drop(parts.releases);
@@ -519,15 +522,28 @@ impl Domain {
     /// call it periodically ([`Iommu::housekeeping`] does, for tracked
     /// domains) so a deferred unmap is never held much longer than the
     /// timeout.
+    ///
+    /// It never waits on one domain (the timers serve every domain from
+    /// one thread, the stall timeouts too): a domain whose lock is held (a
+    /// flush or a teardown waiting for the engines) or whose translations
+    /// an engine keeps pinned (requests a device holds, for as long as
+    /// their client keeps them coming) is left for a later call, `false`;
+    /// its flush queue is flushed meanwhile when it fills, by the unmap
+    /// that fills it.
     pub fn flush_if_due(&self, now: Instant) -> bool {
-        let mut c = self.ctl();
+        let mut c = match self.ctl.try_lock() {
+            Ok(c) => c,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
         let due = c
             .fq_since
             .is_some_and(|t| now.saturating_duration_since(t) >= self.cfg.fq_timeout);
-        if due {
-            self.flush_fq(&mut c);
+        if !due || self.iommu.pinned_for(self.tag) {
+            return false;
         }
-        due
+        self.flush_fq(&mut c);
+        true
     }
 
     /// Invalidate the whole domain, wait, and complete the flush queue.
@@ -699,6 +715,27 @@ impl Domain {
             flushes: self.flushes.load(Ordering::Relaxed),
             stalled,
         }
+    }
+
+    /// [`Domain::stats`], or `None` at once while the domain is busy: a
+    /// flush or a teardown holds its lock while it waits for the engines,
+    /// and so for as long as a device holds requests translated through
+    /// it (a client can keep some held for as long as it likes). For
+    /// listings made under locks other clients need.
+    pub fn try_stats(&self) -> Option<DomainStats> {
+        let c = match self.ctl.try_lock() {
+            Ok(c) => c,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        let stalled = self.fault_state().stalls.len();
+        Some(DomainStats {
+            mapped_bytes: c.pages * PAGE_SIZE,
+            table_pages: PageTable::live_pages(&c.alloc),
+            fq_pending: c.fq.len(),
+            flushes: self.flushes.load(Ordering::Relaxed),
+            stalled,
+        })
     }
 
     // ------------------------------------------------------------ faults

@@ -96,10 +96,14 @@ impl Endpoint {
         self.generation.fetch_add(1, Ordering::SeqCst);
         // An engine in a section that took the old attachment still holds
         // it: the sync waits for that section to end (and for requests
-        // held through the old domain).
+        // held through the old domain). A blocked endpoint translates
+        // nothing and nothing is held through it: only the sections are
+        // waited for (and the endpoint's own domain's held requests), not
+        // every engine that keeps requests held, another client's among
+        // them, for as long as it keeps them coming.
         match &old {
             Attachment::Domain(d) => self.default.iommu().sync_domain(d.tag()),
-            Attachment::Blocked => self.default.iommu().sync(),
+            Attachment::Blocked => self.default.iommu().sync_domain(self.default.tag()),
         }
         drop(old);
     }

@@ -290,6 +290,21 @@ impl Iommu {
         }
     }
 
+    /// Whether an engine's pin keeps translations of domain `tag` now
+    /// (requests a device holds): a sync for that domain would wait until
+    /// they complete.
+    pub(crate) fn pinned_for(&self, tag: u64) -> bool {
+        self.engines().iter().any(|e| {
+            !e.gone.load(Ordering::SeqCst)
+                && e.busy.load(Ordering::SeqCst) & PINNED != 0
+                && e.pin_tags
+                    .lock()
+                    .unwrap_or_else(|x| x.into_inner())
+                    .as_ref()
+                    .is_none_or(|v| v.contains(&tag))
+        })
+    }
+
     /// Have [`Iommu::housekeeping`] look after `d` while it lives.
     pub fn track(&self, d: &Arc<Domain>) {
         let mut t = self.tracked.lock().unwrap_or_else(|e| e.into_inner());

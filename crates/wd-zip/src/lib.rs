@@ -568,6 +568,17 @@ impl DeviceQueue for ZipQueue {
             _ => 0,
         }
     }
+
+    fn work_of(&self, done: &Desc) -> u64 {
+        // A decompression is not cut: what it wrote is its work.
+        match done.opcode {
+            msg::OP_COMPRESS | msg::OP_DECOMPRESS | msg::OP_STREAM => {
+                let d = Done::from_result(done.result);
+                d.consumed.max(d.produced)
+            }
+            _ => 0,
+        }
+    }
 }
 
 #[cfg(test)]
