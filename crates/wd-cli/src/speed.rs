@@ -292,11 +292,39 @@ fn run_openssl(
     )
 }
 
+/// What the provider offers for `--cipher` or `--digest`, checked before
+/// anything runs (openssl said only "unknown cipher", after the hosts
+/// started).
+fn check_algorithm(args: &SpeedArgs) -> Result<(), String> {
+    use wd_crypto::Alg;
+    let digest = args.digest.is_some();
+    let offered = |a: &Alg| match a {
+        Alg::Aes { .. } => !digest,
+        Alg::Digest(_) => digest,
+        Alg::Hmac(_) => false,
+    };
+    if Alg::by_name(args.algorithm()).is_some_and(|a| offered(&a)) {
+        return Ok(());
+    }
+    let names: Vec<String> = wd_crypto::ALGS
+        .iter()
+        .filter(|a| offered(a))
+        .map(|a| a.name())
+        .collect();
+    Err(format!(
+        "{} {}: the provider offers {}",
+        if digest { "--digest" } else { "--cipher" },
+        args.algorithm(),
+        names.join(", ")
+    ))
+}
+
 /// Run `wd speed`.
 pub fn run(mut args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
     if args.reps == 0 || args.seconds == 0 || args.async_jobs == 0 {
         return Err("--reps, --seconds and --async-jobs must be at least 1".into());
     }
+    check_algorithm(&args)?;
     args.sizes.sort_unstable();
     args.sizes.dedup();
     if let Some(&n) = args.sizes.iter().find(|&&n| n == 0 || n > MAX_SIZE) {

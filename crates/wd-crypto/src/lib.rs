@@ -33,7 +33,7 @@ pub use cipher::{Cipher, Direction, Job};
 pub use config::Policy;
 pub use digest::Digest;
 pub use stats::{count_cpu, stats, Stats, Why};
-pub use wd_sec_msg::{Alg, Hash, Mode};
+pub use wd_sec_msg::{Alg, Hash, Mode, ALGS};
 
 use wrapdrive::{ClientError, Status};
 
