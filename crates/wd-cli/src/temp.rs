@@ -58,7 +58,9 @@ pub fn clean_up_on_signals() -> Result<(), String> {
                 "SIGTERM"
             };
             eprintln!("wd: stopped by {name}; its temporary files removed");
-            std::process::exit(128 + sig);
+            // Other threads (an in-process host) still run: no atexit
+            // handler may race them.
+            wd_sys::exit_now(128 + sig);
         })
         .map_err(|e| format!("cannot take SIGINT/SIGTERM: {e}"))?;
     Ok(())

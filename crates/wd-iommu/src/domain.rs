@@ -155,6 +155,10 @@ struct Ctl {
     fq_max_len: u64,
     /// When the oldest entry of the flush queue was queued.
     fq_since: Option<Instant>,
+    /// A flush the timers began without waiting: the sequence of its
+    /// invalidation's sync, how many entries at the front of the queue it
+    /// covers, and when it began.
+    fq_begun: Option<(u64, usize, Instant)>,
 }
 
 impl Ctl {
@@ -237,6 +241,7 @@ impl Domain {
                 fq_ranges: BTreeMap::new(),
                 fq_max_len: 0,
                 fq_since: None,
+                fq_begun: None,
             }),
             faults: Mutex::new(FaultState {
                 log: FaultQueue::new(cfg.fault_capacity),
@@ -513,36 +518,73 @@ impl Domain {
         c.fq_ranges.clear();
         c.fq_max_len = 0;
         c.fq_since = None;
+        c.fq_begun = None;
         self.flushes.store(done + 1, Ordering::Release);
         drop(releases);
     }
 
     /// Flush the flush queue if its oldest entry has waited its timeout;
-    /// returns whether it flushed. This is the flush queue's time bound:
-    /// call it periodically ([`Iommu::housekeeping`] does, for tracked
-    /// domains) so a deferred unmap is never held much longer than the
-    /// timeout.
+    /// returns whether it completed a flush. This is the flush queue's time
+    /// bound: call it periodically ([`Iommu::housekeeping`] does, for
+    /// tracked domains) so a deferred unmap is never held much longer than
+    /// the timeout.
     ///
-    /// It never waits on one domain (the timers serve every domain from
-    /// one thread, the stall timeouts too): a domain whose lock is held (a
-    /// flush or a teardown waiting for the engines) or whose translations
-    /// an engine keeps pinned (requests a device holds, for as long as
-    /// their client keeps them coming) is left for a later call, `false`;
-    /// its flush queue is flushed meanwhile when it fills, by the unmap
-    /// that fills it.
+    /// It never waits (the timers serve every domain from one thread, the
+    /// stall timeouts too): a domain whose lock is held (a flush or a
+    /// teardown waiting for the engines) is left for a later call; a due
+    /// flush queue has its invalidation submitted at once (every engine
+    /// drops the stale entries before its next translation) and its
+    /// entries released as soon as no engine can use them any more: at
+    /// once when none is busy, else at a later call, once the sections
+    /// have ended and the pins (requests a device holds, for as long as
+    /// their client keeps them coming) have moved past the invalidation.
     pub fn flush_if_due(&self, now: Instant) -> bool {
         let mut c = match self.ctl.try_lock() {
             Ok(c) => c,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return false,
         };
-        let due = c
-            .fq_since
-            .is_some_and(|t| now.saturating_duration_since(t) >= self.cfg.fq_timeout);
-        if !due || self.iommu.pinned_for(self.tag) {
+        if c.fq_begun.is_none() {
+            let due = c
+                .fq_since
+                .is_some_and(|t| now.saturating_duration_since(t) >= self.cfg.fq_timeout);
+            if !due {
+                return false;
+            }
+            let seq = self.iommu.submit(&[
+                crate::Command::InvalidateDomain { tag: self.tag },
+                crate::Command::Sync,
+            ]);
+            c.fq_begun = Some((seq, c.fq.len(), now));
+        }
+        let Some((seq, n, began)) = c.fq_begun else {
+            return false;
+        };
+        if !self.iommu.synced(seq, self.tag) {
             return false;
         }
-        self.flush_fq(&mut c);
+        c.fq_begun = None;
+        let mut releases = Vec::new();
+        for _ in 0..n.min(c.fq.len()) {
+            let e = c.fq.pop_front().expect("counted");
+            self.table.free_pages(&mut c.alloc, &e.tables);
+            releases.extend(e.releases);
+        }
+        if c.fq.is_empty() {
+            c.fq_ranges.clear();
+            c.fq_max_len = 0;
+            c.fq_since = None;
+            let done = self.flushes.load(Ordering::Relaxed);
+            self.flushes.store(done + 1, Ordering::Release);
+        } else {
+            // Queued after the invalidation began: theirs is the next
+            // flush. Their ranges stay in `fq_ranges` (a superset: a map
+            // over one flushes first), and the counter does not move (an
+            // entry queued since it was last read is not complete yet).
+            c.fq_since = Some(began);
+        }
+        drop(c);
+        drop(releases);
         true
     }
 
@@ -581,6 +623,7 @@ impl Domain {
             c.fq_ranges.clear();
             c.fq_max_len = 0;
             c.fq_since = None;
+            c.fq_begun = None;
             self.flushes.fetch_add(1, Ordering::Release);
         }
         drop(c);

@@ -242,36 +242,43 @@ impl Iommu {
         self.wait_for(seq, None);
     }
 
+    /// Whether engine `e` can no longer use what commands up to `seq`
+    /// invalidated in domain `tag` (`None`: in any domain).
+    fn engine_synced(e: &EngineState, seq: u64, tag: Option<u64>) -> bool {
+        // SeqCst: see `submit`; also Acquire, so the engine's memory
+        // accesses in its section happen before what we do next.
+        let busy = e.busy.load(Ordering::SeqCst);
+        if e.gone.load(Ordering::SeqCst) || e.acked.load(Ordering::SeqCst) >= seq || busy == 0 {
+            return true;
+        }
+        // Outside any section and holding only other domains'
+        // translations: it consumes the commands before its next
+        // translation (as an idle engine does), and what it holds is not
+        // ours.
+        tag.is_some_and(|t| {
+            busy & IN_SECTION == 0
+                && e.pin_tags
+                    .lock()
+                    .unwrap_or_else(|x| x.into_inner())
+                    .as_ref()
+                    .is_some_and(|v| !v.contains(&t))
+        })
+    }
+
+    /// [`Iommu::sync_domain`]'s wait, without waiting: whether every
+    /// engine is done with what commands up to `seq` invalidated.
+    pub(crate) fn synced(&self, seq: u64, tag: u64) -> bool {
+        self.engines()
+            .iter()
+            .all(|e| Self::engine_synced(e, seq, Some(tag)))
+    }
+
     fn wait_for(&self, seq: u64, tag: Option<u64>) {
         let engines = self.engines();
         let mut t0: Option<Instant> = None;
         for e in engines.iter() {
             let mut spins = 0u32;
-            loop {
-                // SeqCst: see `submit`; also Acquire, so the engine's memory
-                // accesses in its section happen before what we do next.
-                let busy = e.busy.load(Ordering::SeqCst);
-                if e.gone.load(Ordering::SeqCst)
-                    || e.acked.load(Ordering::SeqCst) >= seq
-                    || busy == 0
-                {
-                    break;
-                }
-                // Outside any section and holding only other domains'
-                // translations: it consumes the commands before its next
-                // translation (as an idle engine does), and what it holds
-                // is not ours.
-                if let Some(t) = tag {
-                    if busy & IN_SECTION == 0
-                        && e.pin_tags
-                            .lock()
-                            .unwrap_or_else(|x| x.into_inner())
-                            .as_ref()
-                            .is_some_and(|v| !v.contains(&t))
-                    {
-                        break;
-                    }
-                }
+            while !Self::engine_synced(e, seq, tag) {
                 t0.get_or_insert_with(Instant::now);
                 spins += 1;
                 if spins < 128 {
@@ -288,21 +295,6 @@ impl Iommu {
             self.wait_ns
                 .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
-    }
-
-    /// Whether an engine's pin keeps translations of domain `tag` now
-    /// (requests a device holds): a sync for that domain would wait until
-    /// they complete.
-    pub(crate) fn pinned_for(&self, tag: u64) -> bool {
-        self.engines().iter().any(|e| {
-            !e.gone.load(Ordering::SeqCst)
-                && e.busy.load(Ordering::SeqCst) & PINNED != 0
-                && e.pin_tags
-                    .lock()
-                    .unwrap_or_else(|x| x.into_inner())
-                    .as_ref()
-                    .is_none_or(|v| v.contains(&tag))
-        })
     }
 
     /// Have [`Iommu::housekeeping`] look after `d` while it lives.

@@ -61,6 +61,14 @@ fn xorshift(s: &mut u64) -> u64 {
 }
 
 fn run(mode: InvalidationMode, ops: usize) {
+    run_with(mode, ops, false);
+}
+
+/// `timers`: engines also keep one translation past each section (pinned,
+/// as for a request a device holds) and read through it after the
+/// section, while a thread runs the IOMMU's timers (flush-queue timeout
+/// 1 ms) beside the unmaps.
+fn run_with(mode: InvalidationMode, ops: usize, timers: bool) {
     let iommu = Iommu::new();
     let dom = Arc::new(
         Domain::new(
@@ -68,12 +76,19 @@ fn run(mode: InvalidationMode, ops: usize) {
             1,
             DomainConfig {
                 mode,
-                fq_size: 16,
+                // With the timers, theirs are most of the flushes.
+                fq_size: if timers { 256 } else { 16 },
+                fq_timeout: if timers {
+                    std::time::Duration::from_millis(1)
+                } else {
+                    wd_iommu::DEFAULT_FQ_TIMEOUT
+                },
                 ..DomainConfig::default()
             },
         )
         .unwrap(),
     );
+    iommu.track(&dom);
     let w = Arc::new(World {
         mem: (0..PHYS_PAGES).map(|_| AtomicU64::new(POISON)).collect(),
         free: Mutex::new((BLOCK_POOL / P..PHYS_PAGES).map(|p| p * P).collect()),
@@ -96,6 +111,7 @@ fn run(mode: InvalidationMode, ops: usize) {
             let mut sections = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let mut s = e.enter();
+                let mut held = None;
                 for _ in 0..16 {
                     let r = xorshift(&mut seed);
                     let (iova, owner) = if r % 8 == 0 {
@@ -114,9 +130,33 @@ fn run(mode: InvalidationMode, ops: usize) {
                         assert_ne!(v, POISON, "read released memory through IOVA {iova:#x}");
                         assert_eq!(v & 0xffff_ffff, owner, "read another IOVA's memory");
                         n += 1;
+                        if timers && held.is_none() {
+                            held = Some((phys, owner, iova));
+                        }
                     }
                 }
+                if held.is_some() {
+                    let seq = s.seq();
+                    s.pin(Some(seq));
+                }
                 drop(s);
+                if let Some((phys, owner, iova)) = held {
+                    // A device still using it after the section.
+                    for _ in 0..64 {
+                        std::hint::spin_loop();
+                    }
+                    let v = w.word(phys).load(Ordering::SeqCst);
+                    assert_ne!(
+                        v, POISON,
+                        "a held request read released memory at {iova:#x}"
+                    );
+                    assert_eq!(
+                        v & 0xffff_ffff,
+                        owner,
+                        "a held request read another IOVA's memory"
+                    );
+                    e.pin(None);
+                }
                 sections += 1;
                 if sections % 8 == 0 {
                     // Two cores for three threads: let the unmapper run.
@@ -126,6 +166,17 @@ fn run(mode: InvalidationMode, ops: usize) {
             reads.fetch_add(n, Ordering::Relaxed);
         }));
     }
+    let timer = timers.then(|| {
+        let (iommu, stop) = (iommu.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut flushed = 0;
+            while !stop.load(Ordering::Relaxed) {
+                flushed += iommu.housekeeping(std::time::Instant::now()).0;
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            flushed
+        })
+    });
     let mut seed = 99u64;
     let mut generation = 0u64;
     let mut mapped = vec![None::<u64>; IOVA_PAGES as usize];
@@ -190,10 +241,17 @@ fn run(mode: InvalidationMode, ops: usize) {
         if i % 64 == 0 {
             std::thread::yield_now();
         }
+        if timers && i % 8 == 0 {
+            // Slow enough for unmaps to time out in the flush queue.
+            std::thread::sleep(std::time::Duration::from_micros(1500));
+        }
     }
     stop.store(true, Ordering::Relaxed);
     for e in engines {
         e.join().expect("no engine saw stale memory");
+    }
+    if let Some(t) = timer {
+        assert!(t.join().unwrap() > 0, "the timers flushed");
     }
     assert!(reads.load(Ordering::Relaxed) > 0, "engines did translate");
     assert!(blocks_mapped > 0);
@@ -208,4 +266,12 @@ fn strict_unmaps_never_leave_a_stale_read() {
 #[test]
 fn deferred_unmaps_never_leave_a_stale_read_after_the_flush() {
     run(InvalidationMode::Deferred, 20000);
+}
+
+/// Deferred unmaps flushed by the timers (flush-queue timeout),
+/// while engines keep translations past their sections (held requests),
+/// never leave a read of released memory.
+#[test]
+fn deferred_unmaps_flushed_by_the_timers_never_leave_a_stale_read() {
+    run_with(InvalidationMode::Deferred, 4000, true);
 }

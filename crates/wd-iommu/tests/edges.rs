@@ -143,3 +143,176 @@ fn a_gather_synced_on_another_domain_neither_releases_early_nor_corrupts_it() {
         assert_eq!(b.iova_to_phys(k * P), Some(0x20_0000 + k * P), "B intact");
     }
 }
+
+/// docs/iommu.md and DESIGN.md promise a deferred unmap is flushed
+/// once the oldest one is `fq_timeout` old (the host's timer thread calls
+/// `Iommu::housekeeping` every 5 ms). `flush_if_due` now skips a domain
+/// whenever an engine's pin covers it, and a pin whose domains are not
+/// known (`pin_tags` None: what an NVMe controller's register-driven
+/// transfers publish, tag 0) covers every domain. Another client's engine
+/// that keeps some transfer in flight, each briefly (its pin moves on every
+/// half millisecond, so a flush's sync would complete at once), stopped
+/// every domain's time-bound flush: the unmapped page stayed reachable
+/// through an IOTLB and its memory held, for as long as that traffic went on.
+#[test]
+fn a_moving_pin_of_another_engine_does_not_stop_deferred_flushes() {
+    use std::time::{Duration, Instant};
+    use wd_iommu::InvalidationMode;
+    let iommu = Iommu::new();
+    let d = Arc::new(
+        Domain::new(
+            &iommu,
+            1,
+            DomainConfig {
+                mode: InvalidationMode::Deferred,
+                fq_timeout: Duration::from_millis(1),
+                ..DomainConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    iommu.track(&d);
+    d.map(0x10000, 0x100000, P, Prot::RW).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let other = {
+        let (iommu, stop) = (iommu.clone(), stop.clone());
+        std::thread::spawn(move || {
+            // Another client's engine: a transfer always in flight, each
+            // done within half a millisecond; domains not known.
+            let mut e = EngineTlb::new(&iommu);
+            while !stop.load(Ordering::Relaxed) {
+                let mut s = e.enter();
+                let seq = s.seq();
+                s.pin(Some(seq));
+                drop(s);
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            e.pin(None);
+        })
+    };
+    std::thread::sleep(Duration::from_millis(10));
+    let c0 = d.flush_counter();
+    d.unmap(0x10000, P).unwrap();
+    let t = Instant::now();
+    while d.flush_counter() == c0 && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(5));
+        iommu.housekeeping(Instant::now());
+    }
+    let waited = t.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    other.join().unwrap();
+    assert!(
+        d.flush_counter() > c0 && d.stats().fq_pending == 0,
+        "a deferred unmap (fq_timeout 1 ms) was still unflushed after {waited:?} of the timers, behind another engine's briefly held transfers"
+    );
+}
+
+/// The timers serve every domain from one thread (flush-queue and
+/// stall timeouts), so `flush_if_due` must never wait for a client's held
+/// requests. It skipped a domain an engine's pin covered when it looked,
+/// but an engine in a section then, not pinned yet, which ends the
+/// section holding requests (a batch of copies an asynchronous device
+/// keeps, translated before the flush's sync), held the timer thread in
+/// the flush's sync until the client let those requests go: meanwhile no
+/// other domain's flush queue was flushed and no stall timed out (another
+/// client's stalled request stood still, its queue behind it).
+#[test]
+fn the_timers_never_wait_for_a_pin_taken_during_their_flush() {
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+    use wd_iommu::InvalidationMode;
+    let iommu = Iommu::new();
+    let a = Arc::new(
+        Domain::new(
+            &iommu,
+            1,
+            DomainConfig {
+                mode: InvalidationMode::Deferred,
+                fq_timeout: Duration::from_millis(1),
+                ..DomainConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    iommu.track(&a);
+    a.map(0x10000, 0x100000, 2 * P, Prot::RW).unwrap();
+    // Another client's domain, with a request stalled (timeout 1 ms).
+    let b = Arc::new(
+        Domain::new(
+            &iommu,
+            2,
+            DomainConfig {
+                fault_policy: wd_iommu::FaultPolicy::Stall,
+                stall_timeout: Duration::from_millis(1),
+                ..DomainConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    iommu.track(&b);
+    let fault = wd_iommu::Fault {
+        iova: 0x9000,
+        pasid: 2,
+        access: Access::Read,
+        reason: FaultReason::Unmapped,
+    };
+    let wd_iommu::FaultOutcome::Stalled { stag } = b.report_fault(fault, true) else {
+        panic!("not stalled");
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let (entered_tx, entered_rx) = mpsc::channel();
+    let engine = {
+        let (iommu, a, stop) = (iommu.clone(), a.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut e = EngineTlb::new(&iommu);
+            let mut s = e.enter();
+            s.translate(&a, 1, 0x11000, Access::Read).unwrap();
+            let seq = s.seq();
+            s.pin_tags(Some(vec![a.tag()]));
+            entered_tx.send(()).unwrap();
+            // The section goes on a while, then ends holding a request
+            // (translated before the flush), held until the client lets go.
+            std::thread::sleep(Duration::from_millis(100));
+            s.pin(Some(seq));
+            drop(s);
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            e.pin(None);
+        })
+    };
+    entered_rx.recv().unwrap();
+    let c0 = a.flush_counter();
+    a.unmap(0x10000, P).unwrap();
+    let (done_tx, done_rx) = mpsc::channel();
+    let timers = {
+        let iommu = iommu.clone();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            iommu.housekeeping(Instant::now() + Duration::from_secs(1));
+            done_tx.send(t.elapsed()).unwrap();
+        })
+    };
+    let took = done_rx.recv_timeout(Duration::from_secs(2));
+    // Taken while the request is still held.
+    let b_resolved = b.take_resolution(stag);
+    stop.store(true, Ordering::Relaxed);
+    engine.join().unwrap();
+    timers.join().unwrap();
+    assert!(
+        took.is_ok(),
+        "the IOMMU timers waited more than 2 s in one domain's flush, for a request an engine held"
+    );
+    assert_eq!(
+        b_resolved,
+        Some(wd_iommu::Resolution::Abort),
+        "another domain's stall (timeout 1 ms) was not timed out meanwhile"
+    );
+    // Once the held request is let go, the flush completes.
+    let t = Instant::now();
+    while a.flush_counter() == c0 && t.elapsed() < Duration::from_secs(2) {
+        iommu.housekeeping(Instant::now() + Duration::from_secs(1));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(a.flush_counter() > c0 && a.stats().fq_pending == 0);
+}

@@ -1131,6 +1131,14 @@ pub fn wait_termination() -> i32 {
     sig
 }
 
+/// End the process now with `code`, running nothing of it (`_exit(2)`):
+/// for a thread that ends the process while others still run (an
+/// in-process host), which atexit handlers could race.
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit takes a plain integer and does not return.
+    unsafe { libc::_exit(code) }
+}
+
 /// SIGINT's number (what [`wait_termination`] returns for it).
 pub const SIGINT: i32 = libc::SIGINT;
 

@@ -153,7 +153,7 @@ impl HostProc {
             if wrapdrive::HostConn::connect(&h.socket).is_ok() {
                 return Ok(h);
             }
-            if let Ok(Some(st)) = h.child.try_wait() {
+            if let Some(st) = h.exited() {
                 return Err(format!("the host exited at start ({st}): see {}", h.log()));
             }
             if t.elapsed() > Duration::from_secs(10) {
@@ -170,6 +170,14 @@ impl HostProc {
 
     fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// How the host ended, if it has (then its pid is free for another
+    /// process: the signal thread forgets it).
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        let st = self.child.try_wait().ok().flatten()?;
+        crate::temp::forget_pid(self.child.id());
+        Some(st)
     }
 
     fn kill(&mut self) {
@@ -513,7 +521,7 @@ fn rounds(args: &ChaosArgs, kinds: &[&'static str], seed: u64, dir: &Path) -> Re
             }
             std::thread::sleep(Duration::from_millis(2));
         }
-        if let Ok(Some(st)) = host.child.try_wait() {
+        if let Some(st) = host.exited() {
             t.failures.push(format!(
                 "round {r}: the host died ({st}): see {}",
                 host.log()
@@ -683,7 +691,7 @@ fn soak(
                 ));
             }
         }
-        if let Ok(Some(st)) = host.child.try_wait() {
+        if let Some(st) = host.exited() {
             failures.push(format!("the host died ({st}): see {}", host.log()));
             break;
         }
