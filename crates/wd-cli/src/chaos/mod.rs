@@ -321,7 +321,15 @@ impl ClientProc {
             .append(true)
             .open(&log)
             .map_err(|e| e.to_string())?;
-        let mut child = Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
+        let mut cmd = Command::new(std::env::current_exe().map_err(|e| e.to_string())?);
+        if std::env::var_os("WD_RECONNECT_MS").is_none() {
+            // The run checks that clients carry on through restarts, not
+            // how fast a host comes back: on a loaded machine (the soak's
+            // restarts every second, two cores), a restart took longer
+            // than the default window of a second, and a client gave up.
+            cmd.env("WD_RECONNECT_MS", "10000");
+        }
+        let mut child = cmd
             .args(["chaos-client", "--kind", kind, "--seed", &seed.to_string()])
             .env("WD_HOST", &host.socket)
             .stdin(Stdio::piped())
