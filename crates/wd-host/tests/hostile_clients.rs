@@ -196,6 +196,51 @@ fn a_flood_of_shares_leaves_room_for_another_clients_queue() {
     );
 }
 
+/// A client (its own connection) whose queue on the asynchronous memcpy
+/// device is in deferred invalidation, with `copies` copies of 64 MiB
+/// sent (the device holds them) and a small range unshared since: its
+/// flush queue is not empty. The queue, its buffers, and the copies sent.
+fn holding_copies(
+    host: &Host,
+    copies: u64,
+) -> (wrapdrive::Queue, [wrapdrive::SharedBuf; 3], usize) {
+    use wd_dummy_msg::CopyMsg;
+    use wrapdrive::{Capability, FaultPolicy, HostConn, InvalidationMode, SharedBuf};
+    const BIG: u64 = 64 << 20;
+    let a = HostConn::connect(host.address()).unwrap();
+    let mut q = a
+        .request_queue(&Capability::new("memcpy-async").depth(copies as u32))
+        .unwrap();
+    q.set_iommu_policy(InvalidationMode::Deferred, FaultPolicy::Abort)
+        .unwrap();
+    let bufs = [
+        SharedBuf::new(BIG as usize).unwrap(),
+        SharedBuf::new(BIG as usize).unwrap(),
+        SharedBuf::new(4096).unwrap(),
+    ];
+    let [src, dst, small] = &bufs;
+    q.share(src.addr(), BIG).unwrap();
+    q.share(dst.addr(), BIG).unwrap();
+    q.share(small.addr(), 4096).unwrap();
+    let reqs: Vec<_> = (0..copies)
+        .map(|i| {
+            let d = CopyMsg {
+                src: src.addr(),
+                dst: dst.addr(),
+                len: BIG,
+            };
+            (d.to_desc(0), i)
+        })
+        .collect();
+    let mut sent = 0;
+    while sent < reqs.len() {
+        sent += q.send_batch(&reqs[sent..]).unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    q.unshare(small.addr(), 4096).unwrap();
+    (q, bufs, sent)
+}
+
 /// A client whose own domain is in deferred mode, with copies held by an
 /// asynchronous device, goes back to strict mode: the flush of its flush
 /// queue holds the domain's lock while it waits for the held copies, for
@@ -207,49 +252,18 @@ fn a_flood_of_shares_leaves_room_for_another_clients_queue() {
 #[test]
 fn a_listing_stuck_on_one_clients_flush_does_not_hold_every_queue_request() {
     use std::time::{Duration, Instant};
-    use wd_dummy_msg::CopyMsg;
-    use wrapdrive::{Capability, FaultPolicy, HostConn, InvalidationMode, SharedBuf};
+    use wrapdrive::{Capability, FaultPolicy, HostConn, InvalidationMode};
     let _serial = serial();
-    const BIG: u64 = 64 << 20;
     let host = Host::embedded(vec![
         DeviceConfig::new("dummy-async"),
         DeviceConfig::new("dummy"),
     ])
     .unwrap();
     // Client A: deferred invalidation and 256 copies of 64 MiB held.
-    let a = HostConn::connect(host.address()).unwrap();
-    let mut q = a
-        .request_queue(&Capability::new("memcpy-async").depth(256))
-        .unwrap();
-    q.set_iommu_policy(InvalidationMode::Deferred, FaultPolicy::Abort)
-        .unwrap();
-    let (src, dst, small) = (
-        SharedBuf::new(BIG as usize).unwrap(),
-        SharedBuf::new(BIG as usize).unwrap(),
-        SharedBuf::new(4096).unwrap(),
-    );
-    q.share(src.addr(), BIG).unwrap();
-    q.share(dst.addr(), BIG).unwrap();
-    q.share(small.addr(), 4096).unwrap();
-    let reqs: Vec<_> = (0..256u64)
-        .map(|i| {
-            let d = CopyMsg {
-                src: src.addr(),
-                dst: dst.addr(),
-                len: BIG,
-            };
-            (d.to_desc(0), i)
-        })
-        .collect();
-    let mut sent = 0;
     let t0 = Instant::now();
-    while sent < reqs.len() {
-        sent += q.send_batch(&reqs[sent..]).unwrap();
-    }
-    std::thread::sleep(Duration::from_millis(20));
-    // A deferred unshare, then strict mode: its flush waits for the held
-    // copies (A's own connection waits; nobody else should).
-    q.unshare(small.addr(), 4096).unwrap();
+    let (mut q, _bufs, sent) = holding_copies(&host, 256);
+    // Then strict mode: its flush waits for the held copies (A's own
+    // connection waits; nobody else should).
     let a_strict = std::thread::spawn(move || {
         q.set_iommu_policy(InvalidationMode::Strict, FaultPolicy::Abort)
             .unwrap();
@@ -301,7 +315,6 @@ fn one_clients_held_requests_do_not_stop_the_iommu_timers() {
     use wd_dummy_msg::CopyMsg;
     use wrapdrive::{Capability, FaultPolicy, HostConn, InvalidationMode, SharedBuf};
     let _serial = serial();
-    const BIG: u64 = 64 << 20;
     const COPIES: u64 = 2048;
     let host = Host::embedded(vec![
         DeviceConfig::new("dummy-async"),
@@ -317,36 +330,7 @@ fn one_clients_held_requests_do_not_stop_the_iommu_timers() {
     qb.set_iommu_policy(InvalidationMode::Strict, FaultPolicy::Stall)
         .unwrap();
     // Client A: deferred invalidation and copies of 64 MiB held.
-    let a = HostConn::connect(host.address()).unwrap();
-    let mut q = a
-        .request_queue(&Capability::new("memcpy-async").depth(COPIES as u32))
-        .unwrap();
-    q.set_iommu_policy(InvalidationMode::Deferred, FaultPolicy::Abort)
-        .unwrap();
-    let (src, dst, small) = (
-        SharedBuf::new(BIG as usize).unwrap(),
-        SharedBuf::new(BIG as usize).unwrap(),
-        SharedBuf::new(4096).unwrap(),
-    );
-    q.share(src.addr(), BIG).unwrap();
-    q.share(dst.addr(), BIG).unwrap();
-    q.share(small.addr(), 4096).unwrap();
-    let reqs: Vec<_> = (0..COPIES)
-        .map(|i| {
-            let d = CopyMsg {
-                src: src.addr(),
-                dst: dst.addr(),
-                len: BIG,
-            };
-            (d.to_desc(0), i)
-        })
-        .collect();
-    let mut sent = 0;
-    while sent < reqs.len() {
-        sent += q.send_batch(&reqs[sent..]).unwrap();
-    }
-    std::thread::sleep(Duration::from_millis(20));
-    q.unshare(small.addr(), 4096).unwrap();
+    let (mut q, _bufs, sent) = holding_copies(&host, COPIES);
     let drainer = std::thread::spawn(move || {
         let t = Instant::now();
         let mut done = 0;

@@ -144,6 +144,25 @@ fn a_gather_synced_on_another_domain_neither_releases_early_nor_corrupts_it() {
     }
 }
 
+/// Domain 1 of `iommu` in deferred mode, its flush queue due after 1 ms,
+/// looked after by the IOMMU's timers (`Iommu::housekeeping`).
+fn timed_deferred_domain(iommu: &Arc<Iommu>) -> Arc<Domain> {
+    let d = Arc::new(
+        Domain::new(
+            iommu,
+            1,
+            DomainConfig {
+                mode: wd_iommu::InvalidationMode::Deferred,
+                fq_timeout: std::time::Duration::from_millis(1),
+                ..DomainConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    iommu.track(&d);
+    d
+}
+
 /// docs/iommu.md and DESIGN.md promise a deferred unmap is flushed
 /// once the oldest one is `fq_timeout` old (the host's timer thread calls
 /// `Iommu::housekeeping` every 5 ms). `flush_if_due` now skips a domain
@@ -157,21 +176,8 @@ fn a_gather_synced_on_another_domain_neither_releases_early_nor_corrupts_it() {
 #[test]
 fn a_moving_pin_of_another_engine_does_not_stop_deferred_flushes() {
     use std::time::{Duration, Instant};
-    use wd_iommu::InvalidationMode;
     let iommu = Iommu::new();
-    let d = Arc::new(
-        Domain::new(
-            &iommu,
-            1,
-            DomainConfig {
-                mode: InvalidationMode::Deferred,
-                fq_timeout: Duration::from_millis(1),
-                ..DomainConfig::default()
-            },
-        )
-        .unwrap(),
-    );
-    iommu.track(&d);
+    let d = timed_deferred_domain(&iommu);
     d.map(0x10000, 0x100000, P, Prot::RW).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let other = {
@@ -220,21 +226,8 @@ fn a_moving_pin_of_another_engine_does_not_stop_deferred_flushes() {
 fn the_timers_never_wait_for_a_pin_taken_during_their_flush() {
     use std::sync::mpsc;
     use std::time::{Duration, Instant};
-    use wd_iommu::InvalidationMode;
     let iommu = Iommu::new();
-    let a = Arc::new(
-        Domain::new(
-            &iommu,
-            1,
-            DomainConfig {
-                mode: InvalidationMode::Deferred,
-                fq_timeout: Duration::from_millis(1),
-                ..DomainConfig::default()
-            },
-        )
-        .unwrap(),
-    );
-    iommu.track(&a);
+    let a = timed_deferred_domain(&iommu);
     a.map(0x10000, 0x100000, 2 * P, Prot::RW).unwrap();
     // Another client's domain, with a request stalled (timeout 1 ms).
     let b = Arc::new(
