@@ -191,9 +191,11 @@ struct Served {
     asynchronous: bool,
     /// `dev.register_driven()`, asked once.
     register_driven: bool,
-    /// The section a register-driven device holds memory from (counted in
-    /// `held_seqs`).
-    reg_pin: Option<u64>,
+    /// The section a register-driven device holds memory from, and the
+    /// tag of the domain it was reached through (0: not known, the
+    /// attachment changed while memory was held), counted in `held_seqs`
+    /// and `held_tags`.
+    reg_pin: Option<(u64, u64)>,
     /// The endpoint's attachment and the generation it was taken at
     /// (`Endpoint::generation`): taken again only when that changes.
     att: Option<(u64, Attachment)>,
@@ -250,8 +252,9 @@ struct EngineLoop {
     /// oldest is what the IOTLB must keep pinned.
     held_seqs: BTreeMap<u64, u32>,
     /// Held requests of every queue by the tag of the domain they were
-    /// translated through (count; 0: not known, a register-driven
-    /// device's): a sync for another domain need not wait for them.
+    /// translated through (count; 0: not known, as a blocked attachment's
+    /// or a register-driven device re-attached while it held memory): a
+    /// sync for another domain need not wait for them.
     held_tags: BTreeMap<u64, u32>,
     /// The pin last given to the IOTLB.
     pinned: Option<u64>,
@@ -380,9 +383,9 @@ impl EngineLoop {
         }
         if s.register_driven {
             let _ = catch_unwind(AssertUnwindSafe(|| s.dev.quiesce()));
-            if let Some(seq) = s.reg_pin.take() {
+            if let Some((seq, tag)) = s.reg_pin.take() {
                 Self::unhold(&mut self.held_seqs, seq);
-                Self::unhold(&mut self.held_tags, 0);
+                Self::unhold(&mut self.held_tags, tag);
             }
         }
         for (_, (seq, tag)) in s.held.drain() {
@@ -688,17 +691,33 @@ impl EngineLoop {
         // is pinned before the section ends, as `serve_async` does: an
         // unshare's sync that saw this section end unpinned would return
         // while the transfer still writes.
+        // The device reaches client memory through this queue's domain
+        // only: the pin keeps that domain's translations, and the syncs of
+        // other domains (other clients' unshares) need not wait for it. A
+        // pin taken through another attachment (an ATTACH meanwhile) may
+        // hold either domain's memory: not known (0) until it goes.
         if let Ok(done) = &done {
-            if done.holds_from != s.reg_pin {
-                if let Some(old) = s.reg_pin.take() {
-                    Self::unhold(held_seqs, old);
-                    Self::unhold(held_tags, 0);
+            let now = match att {
+                Attachment::Domain(x) => x.tag(),
+                Attachment::Blocked => 0,
+            };
+            let want = done.holds_from.map(|seq| {
+                let tag = match s.reg_pin {
+                    Some((_, t)) if t != now => 0,
+                    _ => now,
+                };
+                (seq, tag)
+            });
+            if want != s.reg_pin {
+                if let Some((seq, tag)) = s.reg_pin.take() {
+                    Self::unhold(held_seqs, seq);
+                    Self::unhold(held_tags, tag);
                 }
-                if let Some(new) = done.holds_from {
-                    *held_seqs.entry(new).or_default() += 1;
-                    *held_tags.entry(0).or_default() += 1;
+                if let Some((seq, tag)) = want {
+                    *held_seqs.entry(seq).or_default() += 1;
+                    *held_tags.entry(tag).or_default() += 1;
                 }
-                s.reg_pin = done.holds_from;
+                s.reg_pin = want;
             }
         }
         publish_pin(&mut sec, held_seqs, held_tags, (pinned, pinned_tags));

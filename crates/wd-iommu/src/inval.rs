@@ -72,8 +72,12 @@ const PINNED: u8 = 2;
 /// One engine as the command queue sees it.
 #[derive(Debug, Default)]
 struct EngineState {
-    /// Highest sequence number consumed.
+    /// Highest sequence number acknowledged: consumed, and none after a
+    /// pin.
     acked: AtomicU64,
+    /// Highest sequence number consumed (applied to the IOTLB), pin or
+    /// not: a sync for a domain the pin does not keep needs no more.
+    consumed: AtomicU64,
     /// Busy: inside a section (`IN_SECTION`) and/or keeping translations
     /// for held requests (`PINNED`); 0 when idle. One word, so entering a
     /// section is one store.
@@ -254,9 +258,19 @@ impl Iommu {
         // Outside any section and holding only other domains'
         // translations: it consumes the commands before its next
         // translation (as an idle engine does), and what it holds is not
-        // ours.
+        // ours. Or it consumed the commands (at a section's start or end:
+        // a section that began after them translates afresh, one that
+        // ended has done its accesses) and holds only other domains'
+        // translations. A pinned engine acknowledges nothing past its pin,
+        // and one that polls for its held requests is nearly always in a
+        // section: another domain's sync waited for the gap between two of
+        // its passes. `consumed` is read before the pin's domains: a
+        // section that began before the sync and holds this domain's
+        // memory says so (`pin_tags`, stored inside it) before it ends and
+        // consumes.
         tag.is_some_and(|t| {
-            busy & IN_SECTION == 0
+            let consumed = e.consumed.load(Ordering::SeqCst) >= seq;
+            (busy & IN_SECTION == 0 || consumed)
                 && e.pin_tags
                     .lock()
                     .unwrap_or_else(|x| x.into_inner())
@@ -381,6 +395,7 @@ impl EngineTlb {
         let tail = iommu.tail.load(Ordering::SeqCst);
         let state = Arc::new(EngineState {
             acked: AtomicU64::new(tail),
+            consumed: AtomicU64::new(tail),
             busy: AtomicU8::new(0),
             gone: AtomicBool::new(false),
             pin_tags: Mutex::new(None),
@@ -513,6 +528,9 @@ impl EngineTlb {
     fn publish(&self, tail: u64) {
         let ack = self.pinned.map_or(tail, |p| p.min(tail));
         // Release: our IOTLB no longer holds what the commands dropped.
+        // Consumed before acknowledged, and after the pin's domains
+        // (`pin_tags`, stored before the section that consumes ends).
+        self.state.consumed.store(tail, Ordering::SeqCst);
         self.state.acked.store(ack, Ordering::SeqCst);
     }
 
@@ -749,6 +767,66 @@ mod tests {
         let t = Instant::now();
         iommu.sync();
         assert!(t.elapsed() < Duration::from_millis(200));
+    }
+
+    /// An engine that keeps requests of domain 1 held polls for them, one
+    /// section after another: a sync of domain 2 waited for a gap between
+    /// two sections (the pin acknowledges nothing past it), which a busy
+    /// engine rarely leaves. A section that began after the sync's
+    /// commands translates afresh; with the pin holding only domain 1,
+    /// domain 2's sync waits for the section it met, no more. Domain 1's
+    /// sync still waits for the pin.
+    #[test]
+    fn another_domains_sync_does_not_wait_for_a_polling_pinned_engine() {
+        let iommu = Iommu::new();
+        let mut e = EngineTlb::new(&iommu);
+        let seq = {
+            let mut s = e.enter();
+            s.pin_tags(Some(vec![1]));
+            s.pin(Some(s.seq()));
+            s.seq()
+        };
+        assert!(seq < u64::MAX);
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        // The engine: always in a section but for an instant.
+        let h = std::thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                let s = e.enter();
+                std::thread::sleep(Duration::from_millis(50));
+                drop(s);
+            }
+            e
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        let t = Instant::now();
+        for _ in 0..5 {
+            iommu.sync_domain(2);
+        }
+        let other = t.elapsed();
+        let i2 = iommu.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let own = std::thread::spawn(move || {
+            i2.sync_domain(1);
+            tx.send(()).unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let waited = rx.try_recv().is_err();
+        stop.store(true, Ordering::Relaxed);
+        let mut e = h.join().unwrap();
+        e.pin(None);
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("sync after the pin");
+        own.join().unwrap();
+        assert!(
+            waited,
+            "domain 1's sync returned while its request was held"
+        );
+        // Each may wait for the section it met (50 ms), not longer.
+        assert!(
+            other < Duration::from_millis(1000),
+            "five syncs of domain 2 took {other:?}: each waited for a gap between the sections of an engine holding only domain 1"
+        );
     }
 
     #[test]

@@ -17,6 +17,18 @@ use crate::Counters;
 /// Commands taken from one submission queue per pass (fairness between
 /// queues and controllers).
 const SQ_BUDGET: u32 = 64;
+/// Work one pass does for the controller's commands, in bytes moved in
+/// the polling thread (a sync of the store counts [`SYNC_COST`]): the
+/// engine serves its other controllers, and every IOMMU sync of the host
+/// (an unshare, a detach, an ATTACH) waits for the pass, so one pass is
+/// bounded as every device's is (`pass_bytes`), not by 17 queues of 64
+/// commands of MDTS with a sync each. What is left is run by the next
+/// passes (the pass says it is busy).
+pub(crate) const PASS_BUDGET: u64 = 1 << 20;
+/// What an fdatasync of a store counts against [`PASS_BUDGET`].
+pub(crate) const SYNC_COST: u64 = 256 << 10;
+/// What a zeroing or deallocation (`fallocate`) counts.
+pub(crate) const ZERO_COST: u64 = 64 << 10;
 /// Queue ids: the admin queue (0) and the I/O queues.
 pub(crate) const QUEUES: usize = regs::MAX_IO_QUEUES as usize + 1;
 /// Asynchronous Event Requests a controller keeps (AERL + 1).
@@ -233,6 +245,11 @@ pub struct Controller {
     pub(crate) segs: prp::PrpSegments,
     /// Local buffer for data that cannot be reached in place.
     pub(crate) bounce: Vec<u8>,
+    /// Work done in the polling thread in this pass (see [`PASS_BUDGET`]).
+    pub(crate) pass_spent: std::cell::Cell<u64>,
+    /// The I/O submission queue the next pass starts with (a pass the
+    /// budget cuts short must not always leave the same queues unserved).
+    next_sq: u16,
 }
 
 /// One doorbell as the controller last read it.
@@ -306,6 +323,8 @@ impl Controller {
             audit_passes: 0,
             segs: Vec::new(),
             bounce: Vec::new(),
+            pass_spent: std::cell::Cell::new(0),
+            next_sq: 1,
         }
     }
 
@@ -431,6 +450,16 @@ impl Controller {
             self.shut_down = true;
         }
         self.set_csts();
+    }
+
+    /// Charge `n` to this pass's budget.
+    pub(crate) fn charge(&self, n: u64) {
+        self.pass_spent.set(self.pass_spent.get().saturating_add(n));
+    }
+
+    /// Whether this pass has done its share of work.
+    fn spent(&self) -> bool {
+        self.pass_spent.get() >= PASS_BUDGET
     }
 
     pub(crate) fn running(&self) -> bool {
@@ -786,7 +815,7 @@ impl Controller {
         let mut head = sq.head;
         let mut budget = SQ_BUDGET;
         let mut raw = [0u8; SQE_SIZE];
-        while head != tail && budget > 0 {
+        while head != tail && budget > 0 && !self.spent() {
             if !self.cq_room(r, dma, sq.cqid) {
                 // Back-pressure: the driver has not consumed completions.
                 // Nothing to do until it does, which its head doorbell
@@ -899,11 +928,16 @@ impl DeviceQueue for Controller {
             return out;
         }
         self.full_cqs = 0;
+        self.pass_spent.set(0);
         if !self.inflight.is_empty() {
             self.complete_io(dma, &mut out);
         }
         self.drain(&r, dma, 0, &mut out);
-        for qid in 1..QUEUES as u16 {
+        // The I/O queues in turn, starting one further each pass.
+        let first = self.next_sq;
+        self.next_sq = first % (QUEUES as u16 - 1) + 1;
+        for k in 0..QUEUES as u16 - 1 {
+            let qid = (first - 1 + k) % (QUEUES as u16 - 1) + 1;
             if self.sqs[qid as usize].is_some() && self.running() {
                 self.drain(&r, dma, qid, &mut out);
             }

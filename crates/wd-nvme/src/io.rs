@@ -12,7 +12,7 @@ use wd_nvme_msg::cmd::{DsmRange, DSM_RANGE_SIZE};
 use wd_nvme_msg::{IoOp, Sqe, Status, PAGE};
 use wd_sys::file::Allocate;
 
-use crate::ctrl::{Controller, InFlight, Outcome, MDTS};
+use crate::ctrl::{Controller, InFlight, Outcome, MDTS, SYNC_COST, ZERO_COST};
 use crate::store::Namespace;
 use crate::xfer;
 use wd_nvme_msg::Cqe;
@@ -95,6 +95,8 @@ impl Controller {
                 {
                     return None;
                 }
+                // Moved here and now, in the pass: counted against it.
+                self.charge(len);
                 let st = match op {
                     IoOp::Read => self.read(&ns, off, dma),
                     IoOp::Write => self.write(&ns, off, sync, dma),
@@ -117,7 +119,7 @@ impl Controller {
                 } else {
                     Allocate::ZeroRange
                 };
-                let mut st = Self::zero(&ns, off, len, how);
+                let mut st = self.zero(&ns, off, len, how);
                 if st.is_success() && self.write_through(sqe) {
                     st = self.flush(&ns);
                 }
@@ -258,6 +260,7 @@ impl Controller {
     /// Account the transfers in `self.reaped`, posting each command whose
     /// last transfer it was.
     fn complete_reaped(&mut self, dma: &mut dyn Dma<'_>, out: &mut Service) {
+        let mut ready: Vec<InFlight> = Vec::new();
         for i in 0..self.reaped.len() {
             let d = self.reaped[i];
             let (tag, seg) = ((d.user_data >> 8) as usize, (d.user_data & 0xff) as usize);
@@ -282,7 +285,36 @@ impl Controller {
             }
             let f = self.inflight[tag].take().expect("present");
             self.free_tags.push(tag);
-            self.finish(f, dma, out);
+            ready.push(f);
+        }
+        // Write-through commands finished together share one sync of
+        // their namespace (each had one: a pass that reaped a ring's
+        // worth of them made hundreds, every other client waiting).
+        let mut synced: Vec<(u32, Status)> = Vec::new();
+        for f in ready.iter_mut() {
+            if !f.sync {
+                continue;
+            }
+            f.sync = false;
+            if !f.status.is_success() {
+                continue;
+            }
+            let st = match synced.iter().find(|(n, _)| *n == f.ns.nsid) {
+                Some(&(_, st)) => st,
+                None => {
+                    let st = self.flush(&f.ns);
+                    synced.push((f.ns.nsid, st));
+                    st
+                }
+            };
+            f.status = st;
+        }
+        for f in ready {
+            // A controller that failed posting one posts no more (its
+            // ring was quiesced, as before).
+            if self.running() {
+                self.finish(f, dma, out);
+            }
         }
     }
 
@@ -471,7 +503,8 @@ impl Controller {
         Status::SUCCESS
     }
 
-    fn zero(ns: &Namespace, off: u64, len: u64, how: Allocate) -> Status {
+    fn zero(&self, ns: &Namespace, off: u64, len: u64, how: Allocate) -> Status {
+        self.charge(ZERO_COST);
         let (fd, pos) = ns.buffered_at(off);
         if wd_sys::file::fallocate(fd, how, pos, len).is_ok() {
             return Status::SUCCESS;
@@ -489,6 +522,7 @@ impl Controller {
         }
         // A store without fallocate (a block device without discard):
         // write the zeroes.
+        self.charge(len);
         let zeroes = vec![0u8; CHUNK.min(len as usize)];
         let mut done = 0;
         while done < len {
@@ -539,7 +573,7 @@ impl Controller {
             }
         }
         for (a, b) in merged {
-            let st = Self::zero(ns, a << ns.lbads, (b - a) << ns.lbads, Allocate::PunchHole);
+            let st = self.zero(ns, a << ns.lbads, (b - a) << ns.lbads, Allocate::PunchHole);
             if !st.is_success() {
                 return st;
             }
@@ -548,6 +582,7 @@ impl Controller {
     }
 
     pub(crate) fn flush(&self, ns: &Namespace) -> Status {
+        self.charge(SYNC_COST);
         let (fd, _) = ns.buffered_at(0);
         match wd_sys::file::fdatasync(fd) {
             Ok(()) => Status::SUCCESS,
