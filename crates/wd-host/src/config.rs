@@ -198,7 +198,10 @@ pub struct Limits {
     pub queues_per_uid: u32,
     /// Share of one queue type's instances (percent) one uid may hold.
     pub queue_type_percent: u32,
-    /// Shared ranges one uid may have mapped into the host at once.
+    /// Shared ranges one uid may have mapped into the host at once. The
+    /// default (4096, a queue's own limit) leaves room for four users at
+    /// it in the host's mapping budget (about 19k ranges with the
+    /// kernel's default `vm.max_map_count`, three mappings a range).
     pub shares_per_uid: u32,
     /// Bytes of client memory one uid may have mapped into the host.
     pub mapped_bytes_per_uid: u64,
@@ -227,7 +230,7 @@ impl Default for Limits {
             connections_per_uid: 64,
             queues_per_uid: 256,
             queue_type_percent: 50,
-            shares_per_uid: 16384,
+            shares_per_uid: 4096,
             mapped_bytes_per_uid: 1 << 40,
             table_bytes_per_uid: 256 << 20,
             hello_timeout_ms: 2000,
