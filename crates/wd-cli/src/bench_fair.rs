@@ -2,7 +2,8 @@
 //! keep the same engine busy with huge requests. Each flooder is a client
 //! with its own connection and queue, keeping its ring full of large
 //! copies (or, with `--device zip`, compressing large blocks at a slow
-//! level one after another); the measured client sends 64-byte requests
+//! level one after another, or with `--zip-decompress` decompressing a
+//! long stream again and again); the measured client sends 64-byte requests
 //! of the same device one at a time and records each round trip. Rows: 0
 //! flooders (the baseline of the same run) and more.
 
@@ -37,6 +38,11 @@ pub struct FairArgs {
     /// The flooders' compression with `--device zip`, ALG:LEVEL.
     #[arg(long, default_value = "zstd:19")]
     zip_flood: String,
+    /// With `--device zip`, the flooders decompress (a stream of
+    /// `--flood-bytes` they compressed once with `--zip-flood`) instead of
+    /// compressing.
+    #[arg(long)]
+    zip_decompress: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -82,6 +88,7 @@ struct Flood {
     bytes: u64,
     depth: usize,
     zip: (wd_comp::Algorithm, i8),
+    decompress: bool,
 }
 
 /// A compressor on `host` sending everything to the zip device.
@@ -134,11 +141,38 @@ fn zip_flooder(
     }
     input.truncate(f.bytes as usize);
     let mut out = vec![0u8; wd_comp::compress_bound(alg, input.len())];
+    let mut back = Vec::new();
+    if f.decompress {
+        match c.compress(alg, level, &input, &mut out) {
+            Ok(n) => out.truncate(n),
+            Err(e) => {
+                let _ = ready.send(Err(format!("flooder's compression: {e}")));
+                return;
+            }
+        }
+        back = vec![0u8; input.len()];
+    }
     let _ = ready.send(Ok(()));
     while !stop.load(Ordering::Relaxed) {
-        if let Err(e) = c.compress(alg, level, &input, &mut out) {
+        let r = if f.decompress {
+            match c.decompress(alg, &out, &mut back, 0) {
+                Ok(d) if d.produced == input.len() => Ok(()),
+                Ok(d) => Err(format!("{} bytes back of {}", d.produced, input.len())),
+                Err(e) => Err(e.to_string()),
+            }
+        } else {
+            c.compress(alg, level, &input, &mut out)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        if let Err(e) = r {
             // The row must not be measured without this flooder.
-            let _ = ready.send(Err(format!("flooder's compression: {e}")));
+            let what = if f.decompress {
+                "decompression"
+            } else {
+                "compression"
+            };
+            let _ = ready.send(Err(format!("flooder's {what}: {e}")));
             return;
         }
         moved.fetch_add(f.bytes, Ordering::Relaxed);
@@ -351,6 +385,7 @@ pub fn run(args: FairArgs, host: &str) -> Result<(), String> {
         }),
         depth: args.flood_depth,
         zip: zip_flood(&args.zip_flood)?,
+        decompress: args.zip_decompress,
     };
     let checks = [
         (args.reps >= 1, "--reps must be at least 1"),
@@ -366,6 +401,10 @@ pub fn run(args: FairArgs, host: &str) -> Result<(), String> {
             (4096..=(1 << 30)).contains(&flood.bytes)
                 && (args.device != Device::Zip || flood.bytes <= wd_zip_msg::MAX_DATA),
             "--flood-bytes must be from 4096 to 1 GiB (64 MiB for zip)",
+        ),
+        (
+            !args.zip_decompress || args.device == Device::Zip,
+            "--zip-decompress needs --device zip",
         ),
         (
             (1..=256).contains(&args.flood_depth),
@@ -419,6 +458,7 @@ pub fn run(args: FairArgs, host: &str) -> Result<(), String> {
             "reps": args.reps,
             "device": args.device,
             "zip_flood": (args.device == Device::Zip).then_some(&args.zip_flood),
+            "zip_decompress": args.device == Device::Zip && args.zip_decompress,
             "flood_bytes": flood.bytes,
             "flood_depth": args.flood_depth,
             "size": args.size,
@@ -453,7 +493,12 @@ pub fn run(args: FairArgs, host: &str) -> Result<(), String> {
             exact_size(flood.bytes)
         ),
         Device::Zip => format!(
-            "compresses {} at {} again and again (the measured client: {} at zstd:3)",
+            "{} {} at {} again and again (the measured client: {} at zstd:3)",
+            if flood.decompress {
+                "decompresses a stream of"
+            } else {
+                "compresses"
+            },
             exact_size(flood.bytes),
             args.zip_flood,
             exact_size(args.size)

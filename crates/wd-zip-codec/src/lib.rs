@@ -19,6 +19,7 @@
 //! or truncated input is an error, never a read past the input. No I/O.
 #![deny(unsafe_code)]
 
+mod decompress_parts;
 pub mod isal;
 mod libdeflate;
 mod mem;
@@ -28,6 +29,7 @@ pub mod stock;
 mod stream;
 mod zstd_raw;
 
+pub use decompress_parts::{decompress_cap, DecompressParts};
 pub use mem::{Input, Output};
 pub use parts::{part_len, Parts};
 use wd_msg::status;
@@ -389,12 +391,7 @@ impl Engine {
         max_ratio: u16,
     ) -> Result<Inflated, CodecError> {
         // No stream of `input` may legitimately produce more than this.
-        let cap = if max_ratio == 0 {
-            out.len()
-        } else {
-            out.len()
-                .min(input.len().saturating_mul(max_ratio as usize))
-        };
+        let cap = decompress_cap(input.len(), out.len(), max_ratio);
         let room = out.len();
         let over = |e: CodecError| {
             if e == CodecError::NoSpace && cap < room {

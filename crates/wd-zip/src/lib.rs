@@ -27,7 +27,8 @@ use wd_device::{
 };
 use wd_ring::Desc;
 use wd_zip_codec::{
-    compress_bound, part_len, CodecError, Engine, Flush, Parts, Stream, StreamParams, PART_OUT,
+    compress_bound, decompress_cap, part_len, CodecError, DecompressParts, Engine, Flush, Parts,
+    Stream, StreamParams, PART_OUT,
 };
 pub use wd_zip_msg as msg;
 use wd_zip_msg::{decode, Done, OneShot, Request, SessionNew, StreamOp, MAX_SESSIONS};
@@ -112,13 +113,17 @@ pub struct ZipQueue {
 
 /// A long request served a part per engine pass
 /// ([`DeviceQueue::process_part`]): a one-shot compression longer than
-/// one part ([`wd_zip_codec::part_len`]) or a stream step longer than one
-/// ([`Stream::part_len`]), so that a zstd level 19 or libdeflate level 12
-/// compression of 64 MiB, seconds of work, does not make every other
-/// queue of the device wait for it. One-shot decompression, LZ4 and the
-/// fastest levels run whole: they make hundreds of MB/s of output or more,
+/// one part ([`wd_zip_codec::part_len`]), a one-shot decompression that
+/// may make more than [`PART_OUT`] ([`DecompressParts`]) or a stream step
+/// longer than one ([`Stream::part_len`]), so that a zstd level 19 or
+/// libdeflate level 12 compression of 64 MiB, seconds of work, or a
+/// decompression making 64 MiB (60 to 120 ms here) does not make every
+/// other queue of the device wait for it. LZ4 and the fastest levels of
+/// compression run whole: they take hundreds of MB/s of input or more,
 /// bounded by [`msg::MAX_DATA`]. Parts go through host buffers of a part's
-/// size (a decompressing step's output at most [`PART_OUT`] a part).
+/// size (a stream step's output at most [`PART_OUT`], a one-shot
+/// decompression's a MiB; a zstd one-shot decompression's in one buffer
+/// of its room, which its decoder keeps its history in).
 struct Cut {
     /// The request, to tell its continuation from any other.
     desc: Desc,
@@ -132,7 +137,36 @@ struct Cut {
 
 enum Work {
     Compress(OneShot, Parts),
+    Decompress(OneShot, Decoding),
     Stream(StreamOp),
+}
+
+/// A cut decompression's input being copied in, then decoded.
+enum Decoding {
+    /// The input copied so far: a copy the client cannot change under the
+    /// decoder, which needs all of it (the trailer is at its end, LZ4's
+    /// frames are walked first), taken [`STAGE_PART`] a part (64 MiB is
+    /// 5 ms or more to copy).
+    Staging(Vec<u8>),
+    Parts(Box<DecompressParts>),
+}
+
+/// Input a cut decompression copies in per part.
+const STAGE_PART: usize = 2 << 20;
+
+impl Cut {
+    /// How far the request got, as the engine is told between parts (it
+    /// grows with every part: a compression's or a step's part takes
+    /// input; a decompression's copies input in, or decodes and may then
+    /// take no input, making output from input taken before, or make no
+    /// output, taking headers).
+    fn progress(&self) -> u64 {
+        match &self.work {
+            Work::Decompress(r, Decoding::Parts(_)) => r.src_len + self.consumed + self.produced,
+            Work::Decompress(_, Decoding::Staging(input)) => input.len() as u64,
+            _ => self.consumed,
+        }
+    }
 }
 
 /// Room a compressed part needs past the engine's bound for its input:
@@ -387,6 +421,7 @@ impl ZipQueue {
     /// The first part of `desc` (decoded as `request`) when it is long
     /// enough to be cut; `None` when it runs whole.
     fn begin_cut(&mut self, desc: &Desc, request: Request) -> Option<Result<Cut, i32>> {
+        let mut footprint = 0;
         let work = match request {
             Request::OneShot(r) if r.compress => {
                 let part = part_len(r.alg, r.level)?;
@@ -397,6 +432,17 @@ impl ZipQueue {
                     Ok(parts) => Work::Compress(r, parts),
                     Err(e) => return Some(Err(e.status())),
                 }
+            }
+            Request::OneShot(r) => {
+                let (src_len, room) = (r.src_len as usize, r.dst_len as usize);
+                let cap = decompress_cap(src_len, room, r.max_ratio);
+                footprint = DecompressParts::footprint(r.alg, src_len, cap);
+                // Too big to hold beside the sessions: whole, as before
+                // cutting (never refused for it).
+                if !DecompressParts::worth(cap) || self.held + footprint > SESSION_MEMORY {
+                    return None;
+                }
+                Work::Decompress(r, Decoding::Staging(Vec::new()))
             }
             Request::Stream(op) => {
                 let part = self.sessions.get(op.session).ok()?.part_len();
@@ -409,10 +455,9 @@ impl ZipQueue {
         };
         // A cut the engine left unfinished (it never does) is over.
         self.cut = None;
-        let footprint = match &work {
-            Work::Compress(_, parts) => parts.footprint(),
-            Work::Stream(_) => 0,
-        };
+        if let Work::Compress(_, parts) = &work {
+            footprint = parts.footprint();
+        }
         // Held across passes, so counted with the queue's sessions.
         if self.held + footprint > SESSION_MEMORY {
             return Some(Err(status::ENOSPC));
@@ -445,6 +490,35 @@ impl ZipQueue {
                     produced: cut.produced,
                     consumed: cut.consumed,
                     end: !r.piece,
+                }))
+            }
+            Work::Decompress(r, decoding) => {
+                if let Decoding::Staging(input) = decoding {
+                    let at = input.len();
+                    input.reserve_exact(r.src_len as usize - at);
+                    let n = (r.src_len as usize - at).min(STAGE_PART);
+                    input.resize(at + n, 0);
+                    dma.read(r.src + at as u64, &mut input[at..])
+                        .map_err(|_| status::EFAULT)?;
+                    if input.len() < r.src_len as usize {
+                        return Ok(None);
+                    }
+                    let input = std::mem::take(input);
+                    let p = DecompressParts::new(r.alg, input, r.dst_len as usize, r.max_ratio)
+                        .map_err(CodecError::status)?;
+                    *decoding = Decoding::Parts(Box::new(p));
+                }
+                let Decoding::Parts(p) = decoding else {
+                    unreachable!("staged above")
+                };
+                let (made, end) = p.next_part().map_err(CodecError::status)?;
+                write_out(dma, r.dst + cut.produced, made)?;
+                cut.produced += made.len() as u64;
+                cut.consumed = p.consumed() as u64;
+                Ok(end.map(|e| Done {
+                    produced: e.produced as u64,
+                    consumed: e.consumed as u64,
+                    end: true,
                 }))
             }
             Work::Stream(op) => {
@@ -539,7 +613,7 @@ impl DeviceQueue for ZipQueue {
             // any other of the queue; anything else is a bug, failed
             // rather than run on stale state.
             match self.cut.take() {
-                Some(c) if c.desc == *desc && c.consumed == done => Ok(c),
+                Some(c) if c.desc == *desc && c.progress() == done => Ok(c),
                 _ => Err(status::EIO),
             }
         };
@@ -547,7 +621,7 @@ impl DeviceQueue for ZipQueue {
             Err(st) => Err(st),
             Ok(mut c) => match self.next_part(&mut c, dma) {
                 Ok(None) => {
-                    let upto = c.consumed;
+                    let upto = c.progress();
                     self.cut = Some(c);
                     return Progress::More(upto);
                 }
@@ -570,7 +644,8 @@ impl DeviceQueue for ZipQueue {
     }
 
     fn work_of(&self, done: &Desc) -> u64 {
-        // A decompression is not cut: what it wrote is its work.
+        // A decompression's work is what it wrote (a few KiB of zstd
+        // make 64 MiB); a compression's what it read.
         match done.opcode {
             msg::OP_COMPRESS | msg::OP_DECOMPRESS | msg::OP_STREAM => {
                 let d = Done::from_result(done.result);

@@ -483,7 +483,17 @@ fn held(q: &ZipQueue) -> usize {
 /// Run `d` as the engine does with a small pass budget: a part per call,
 /// `done` carried from call to call. The status, result and calls made.
 fn run_parts(q: &mut ZipQueue, mem: &mut dyn wd_device::Dma<'_>, d: Desc) -> (i32, u64, usize) {
-    let (mut done, mut calls) = (0, 0);
+    run_parts_from(q, mem, d, 0)
+}
+
+/// As [`run_parts`], from where a part left it (`done`).
+fn run_parts_from(
+    q: &mut ZipQueue,
+    mem: &mut dyn wd_device::Dma<'_>,
+    d: Desc,
+    mut done: u64,
+) -> (i32, u64, usize) {
+    let mut calls = 0;
     loop {
         let mut x = d;
         calls += 1;
@@ -577,6 +587,112 @@ fn long_compressions_run_a_part_per_pass() {
     let n = Done::from_result(r).produced as usize;
     let d = shot(false, Algorithm::Lz4, LONG_DST, n, LONG_BACK, LONG);
     assert_eq!(run_parts(&mut q, &mut mem, d).2, 1);
+}
+
+/// A long decompression is served a part per engine pass too (64 MiB of
+/// output is 60 to 120 ms of one engine), with the result of the request
+/// run whole, and the memory it holds between parts counted with the
+/// sessions'; a short one runs whole.
+#[test]
+fn long_decompressions_run_a_part_per_pass() {
+    const LEN: usize = 9 << 20;
+    const Z: u64 = BASE + (10 << 20);
+    const OUT: u64 = BASE + (20 << 20);
+    let data = noisy(LEN);
+    for alg in Algorithm::ALL {
+        let (mut q, mut mem) = (
+            ZipQueue::new(Arc::new(AtomicU64::new(0))),
+            FlatMemory::new(BASE, 32 << 20),
+        );
+        mem.put(SRC, &data);
+        let (st, r) = run(&mut q, &mut mem, shot(true, alg, SRC, LEN, Z, 10 << 20));
+        assert_eq!(st, 0, "{alg}");
+        let n = Done::from_result(r).produced as usize;
+        // Whole (a room of one part), then cut (a larger room).
+        let whole = shot(false, alg, Z, n, OUT, LEN);
+        let (st, _, calls) = run_parts(&mut q, &mut mem, shot(false, alg, Z, n, OUT, 4 << 20));
+        assert_eq!((st, calls), (status::ENOBUFS, 1), "{alg}");
+        let (st, r_whole) = run(&mut q, &mut mem, whole);
+        assert_eq!(st, 0, "{alg}");
+        mem.put(OUT, &vec![0; LEN]);
+        let d = shot(false, alg, Z, n, OUT, 12 << 20);
+        let mut x = d;
+        let Progress::More(done) = q.process_part(&mut x, &mut mem, 0, 1) else {
+            panic!("{alg}: cut")
+        };
+        assert!(held(&q) >= n, "{alg}: the input is held");
+        let (st, r, calls) = run_parts_from(&mut q, &mut mem, d, done);
+        assert_eq!((st, r), (0, r_whole), "{alg}");
+        assert!(calls >= 2, "{alg}: {calls}");
+        assert!(mem.get(OUT, LEN) == data, "{alg}");
+        assert_eq!(held(&q), 0, "{alg}");
+    }
+}
+
+/// A cut decompression fails as the whole one does: damaged input, output
+/// memory that fails in a later part (after earlier parts wrote), a ratio
+/// limit, a room one byte short.
+#[test]
+fn a_cut_decompression_fails_as_the_whole_one() {
+    const LEN: usize = 9 << 20;
+    const Z: u64 = BASE + (10 << 20);
+    const OUT: u64 = BASE + (20 << 20);
+    let data = noisy(LEN);
+    for alg in Algorithm::ALL {
+        let (mut q, mut mem) = (
+            ZipQueue::new(Arc::new(AtomicU64::new(0))),
+            FlatMemory::new(BASE, 32 << 20),
+        );
+        mem.put(SRC, &data);
+        let (_, r) = run(&mut q, &mut mem, shot(true, alg, SRC, LEN, Z, 10 << 20));
+        let n = Done::from_result(r).produced as usize;
+        let ask = |dst: u64, room: usize, max_ratio: u16| {
+            OneShot {
+                compress: false,
+                alg,
+                level: 0,
+                max_ratio,
+                src: Z,
+                src_len: n as u64,
+                dst,
+                dst_len: room as u64,
+                piece: false,
+            }
+            .to_desc(1)
+        };
+        // The output runs past the end of memory, 6 MiB on; a ratio limit
+        // the stream passes; a room one byte short.
+        let end = BASE + (32 << 20) - (6 << 20);
+        let mut cases = vec![
+            (ask(end, 12 << 20, 0), status::EFAULT),
+            // (LZ4 does not shrink this data.)
+            (
+                ask(OUT, 12 << 20, 1),
+                if n < LEN { status::EOVERFLOW } else { 0 },
+            ),
+            (ask(OUT, LEN - 1, 0), status::ENOBUFS),
+        ];
+        // Damage in the middle (a stream without a check value may decode
+        // it to other bytes).
+        let mut z = mem.get(Z, n);
+        z[n / 2] ^= 0x55;
+        let damaged = ask(OUT, 12 << 20, 0);
+        for (d, want) in cases.drain(..) {
+            let (whole, _) = run(&mut q, &mut mem, d);
+            let (st, _, calls) = run_parts(&mut q, &mut mem, d);
+            assert_eq!((whole, st), (want, want), "{alg}");
+            // (A zstd frame that names a size past the room fails at once.)
+            assert!(calls >= 2 || want != status::EFAULT, "{alg}: {calls}");
+            assert_eq!(held(&q), 0, "{alg}");
+        }
+        mem.put(Z, &z);
+        let (whole, r_whole) = run(&mut q, &mut mem, damaged);
+        let (st, r, _) = run_parts(&mut q, &mut mem, damaged);
+        assert_eq!((st, r), (whole, r_whole), "{alg}");
+        if matches!(alg, Algorithm::Zlib | Algorithm::Gzip) {
+            assert_eq!(st, status::EBADMSG, "{alg}");
+        }
+    }
 }
 
 /// The engine continues a cut request before any other of its queue; a

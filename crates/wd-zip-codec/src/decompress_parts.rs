@@ -1,0 +1,759 @@
+//! A one-shot decompression run in parts, one per call: the zip device
+//! serves a long one a part per engine pass, as it serves a long
+//! compression, so that 64 MiB of output (tens of milliseconds even at
+//! libdeflate's speed) does not make every other queue of the engine
+//! wait for it.
+//!
+//! libdeflate, the one-shot engine of the deflate family, only decodes a
+//! whole stream in one call, so parts decode on resumable decoders with
+//! the whole call's semantics: the framing is read here exactly as
+//! libdeflate reads it (header fields, where the trailer is looked for,
+//! what is checked) and the deflate data on zlib-rs; zstd frames on
+//! libzstd's streaming decoder writing into one output buffer that stays
+//! in place between calls (so it keeps no window of its own and takes
+//! any window the one-shot call takes); LZ4 frames on lz4_flex's frame
+//! decoder, frame by frame as the one-shot call walks them.
+//!
+//! The same input makes the same output and the same consumed count as
+//! [`Engine::decompress`](crate::Engine::decompress), and fails where it
+//! fails, with two exceptions: zlib-rs refuses the few malformed deflate
+//! streams that libdeflate accepts (an incomplete Huffman code whose one
+//! codeword is used as the unused other one), and input that is both
+//! damaged and longer than the room may fail as too long where the
+//! one-shot call finds the damage first, or the other way round.
+
+use std::io::{Cursor, Read};
+use std::sync::Arc;
+
+use flate2::{Decompress, FlushDecompress, Status};
+use wd_zip_msg::Algorithm;
+use zstd_safe::{DParameter, InBuffer, OutBuffer};
+
+use crate::{lz4_frames, zstd_error, CodecError, Inflated, PART_OUT};
+
+/// Output one part makes at most: about a millisecond of libdeflate,
+/// two of zlib-rs or lz4_flex here.
+const OUT_PART: usize = 1 << 20;
+
+/// Input one part gives the decoder at most: besides the output bound,
+/// this bounds a part's time on streams that decode to little (empty
+/// stored blocks, skippable frames) and, for zstd, whose output a part
+/// does not bound, its output (at 4 to 1, a MiB).
+const IN_PART: usize = 256 << 10;
+
+/// Memory a decompression in parts holds besides its input and output:
+/// zlib-rs's state and window, libzstd's context and input block, or
+/// lz4_flex's two block buffers at the largest block size.
+const DEFLATE_STATE: usize = 64 << 10;
+const ZSTD_STATE: usize = 256 << 10;
+const LZ4_STATE: usize = (8 << 20) + (64 << 10);
+
+/// How deflate data is framed, as libdeflate reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Framing {
+    Raw,
+    /// Adler-32 of the output so far.
+    Zlib(u32),
+    /// CRC-32 of the output so far.
+    Gzip(u32),
+}
+
+enum Kind {
+    Deflate {
+        z: Box<Decompress>,
+        framing: Framing,
+        /// Where the deflate data begins (after the header) and where
+        /// libdeflate stops looking for it (before the trailer's size).
+        data: (usize, usize),
+        /// A part's output room.
+        room: Vec<u8>,
+    },
+    /// The output buffer, one more byte than the room (the byte tells a
+    /// stream that fits exactly from one that does not), which the
+    /// decoder writes in place across calls.
+    Zstd {
+        d: zstd_safe::DCtx<'static>,
+        out: Vec<u8>,
+        /// The output already handed out.
+        given: usize,
+        /// The last call ended a frame (or none began).
+        between: bool,
+    },
+    Lz4 {
+        frames: Vec<(usize, usize)>,
+        next: usize,
+        dec: Option<lz4_flex::frame::FrameDecoder<Cursor<Frame>>>,
+        room: Vec<u8>,
+    },
+    Finished,
+}
+
+/// One LZ4 frame of the shared input, as a decoder reads it.
+struct Frame {
+    input: Arc<Vec<u8>>,
+    at: (usize, usize),
+}
+
+impl AsRef<[u8]> for Frame {
+    fn as_ref(&self) -> &[u8] {
+        &self.input[self.at.0..self.at.1]
+    }
+}
+
+/// A one-shot decompression of a whole input, run in parts.
+pub struct DecompressParts {
+    input: Arc<Vec<u8>>,
+    /// Output allowed: the room, or less under a ratio limit.
+    cap: usize,
+    /// Whether `cap` is the ratio limit's (running out of it is `Ratio`).
+    ratio_capped: bool,
+    max_ratio: u16,
+    /// Input taken by the decoder so far (all of it for zstd and LZ4 at
+    /// the end, as the one-shot call counts).
+    consumed: usize,
+    produced: usize,
+    kind: Kind,
+    /// Output and input a part makes and takes at most: [`OUT_PART`]
+    /// and [`IN_PART`] (smaller in tests, to cut small streams).
+    part: (usize, usize),
+}
+
+impl std::fmt::Debug for DecompressParts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DecompressParts")
+            .field("consumed", &self.consumed)
+            .field("produced", &self.produced)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The output a decompression of `input_len` bytes into `room` may make
+/// under `max_ratio` (0: no limit), as [`Engine::decompress`] bounds it.
+///
+/// [`Engine::decompress`]: crate::Engine::decompress
+pub fn decompress_cap(input_len: usize, room: usize, max_ratio: u16) -> usize {
+    match max_ratio {
+        0 => room,
+        r => room.min(input_len.saturating_mul(r as usize)),
+    }
+}
+
+impl DecompressParts {
+    /// Whether a decompression that may make `cap` bytes is worth
+    /// cutting: more than a stream's part ([`PART_OUT`]; less runs whole
+    /// on libdeflate, about twice zlib-rs's speed, in a few milliseconds).
+    pub fn worth(cap: usize) -> bool {
+        cap > PART_OUT
+    }
+
+    /// Memory held across parts for `input_len` bytes of input that may
+    /// make `cap` bytes: what the zip device counts against its queue's
+    /// budget.
+    pub fn footprint(alg: Algorithm, input_len: usize, cap: usize) -> usize {
+        input_len
+            + match alg {
+                Algorithm::Zstd => cap + 1 + ZSTD_STATE,
+                Algorithm::Lz4 => OUT_PART + LZ4_STATE,
+                _ => OUT_PART + DEFLATE_STATE,
+            }
+    }
+
+    /// Begin decompressing `input` (all of it is given now, and held) of
+    /// `alg` into at most `room` bytes, refusing output past `max_ratio`
+    /// times the input consumed (0: no limit). Fails as the one-shot call
+    /// fails on a header or frame walk it refuses.
+    pub fn new(
+        alg: Algorithm,
+        input: Vec<u8>,
+        room: usize,
+        max_ratio: u16,
+    ) -> Result<DecompressParts, CodecError> {
+        if input.is_empty() {
+            return Err(CodecError::Corrupt);
+        }
+        let cap = decompress_cap(input.len(), room, max_ratio);
+        let kind = match alg {
+            Algorithm::Deflate | Algorithm::Zlib | Algorithm::Gzip => {
+                let (framing, data) = deflate_framing(alg, &input)?;
+                Kind::Deflate {
+                    z: Box::new(Decompress::new(false)),
+                    framing,
+                    data,
+                    room: Vec::new(),
+                }
+            }
+            Algorithm::Zstd => {
+                let mut d = zstd_safe::DCtx::try_create().ok_or(CodecError::Memory)?;
+                // The output stays in place: the decoder keeps no window
+                // of its own, so no window size is too large (the one-shot
+                // call takes any, its output being the window too).
+                d.set_parameter(DParameter::StableOutBuffer(true))
+                    .map_err(zstd_error)?;
+                d.set_parameter(DParameter::WindowLogMax(31))
+                    .map_err(zstd_error)?;
+                Kind::Zstd {
+                    d,
+                    out: vec![0; cap + 1],
+                    given: 0,
+                    between: true,
+                }
+            }
+            Algorithm::Lz4 => {
+                let base = input.as_ptr() as usize;
+                let frames = lz4_frames(&input)
+                    .ok_or(CodecError::Corrupt)?
+                    .into_iter()
+                    .map(|f| {
+                        let at = f.as_ptr() as usize - base;
+                        (at, at + f.len())
+                    })
+                    .collect();
+                Kind::Lz4 {
+                    frames,
+                    next: 0,
+                    dec: None,
+                    room: Vec::new(),
+                }
+            }
+        };
+        Ok(DecompressParts {
+            input: Arc::new(input),
+            cap,
+            ratio_capped: cap < room,
+            max_ratio,
+            consumed: 0,
+            produced: 0,
+            kind,
+            part: (OUT_PART, IN_PART),
+        })
+    }
+
+    /// Parts of at most `out` bytes of output and `input` of input (at
+    /// least one each), for tests and fuzzing to cut small streams.
+    pub fn parts_of(mut self, out: usize, input: usize) -> DecompressParts {
+        self.part = (out.max(1), input.max(1));
+        self
+    }
+
+    /// Input taken so far.
+    pub fn consumed(&self) -> usize {
+        self.consumed
+    }
+
+    /// Output made so far.
+    pub fn produced(&self) -> usize {
+        self.produced
+    }
+
+    /// Running out of room: too long for the room, or past the ratio.
+    fn no_space(&self) -> CodecError {
+        if self.ratio_capped {
+            CodecError::Ratio
+        } else {
+            CodecError::NoSpace
+        }
+    }
+
+    /// Decode the next part: the output it made (the bytes after the
+    /// earlier parts'; at most [`OUT_PART`], for zstd what [`IN_PART`] of
+    /// input holds), and the result once the input is decoded. An error
+    /// ends the decompression (a later call fails as `Corrupt`); the
+    /// output of earlier parts stands, as a one-shot call's output
+    /// written before it failed.
+    pub fn next_part(&mut self) -> Result<(&[u8], Option<Inflated>), CodecError> {
+        let r = self.run().and_then(|(from, to, done)| {
+            let end = done.then_some(Inflated {
+                consumed: self.consumed,
+                produced: self.produced,
+            });
+            // As the one-shot call: past the ratio of the input the
+            // stream took (the rest may be anything).
+            match end {
+                Some(e)
+                    if self.max_ratio != 0
+                        && e.produced > e.consumed.saturating_mul(self.max_ratio as usize) =>
+                {
+                    Err(CodecError::Ratio)
+                }
+                _ => Ok((from, to, end)),
+            }
+        });
+        let (from, to, end) = r.inspect_err(|_| self.kind = Kind::Finished)?;
+        let made = match &self.kind {
+            Kind::Deflate { room, .. } | Kind::Lz4 { room, .. } => &room[from..to],
+            Kind::Zstd { out, .. } => &out[from..to],
+            Kind::Finished => &[][..],
+        };
+        Ok((made, end))
+    }
+
+    /// One part: where its output lies in the part's buffer, and whether
+    /// the decompression is finished.
+    fn run(&mut self) -> Result<(usize, usize, bool), CodecError> {
+        let no_space = self.no_space();
+        let left = self.cap - self.produced;
+        let (part_out, in_part) = self.part;
+        match &mut self.kind {
+            Kind::Finished => Err(CodecError::Corrupt),
+            Kind::Deflate {
+                z,
+                framing,
+                data,
+                room,
+            } => {
+                // Out of room: one byte more tells a stream that ends
+                // here (its end codes and trailer need no room) from one
+                // with more to make.
+                let n = if left == 0 { 1 } else { left.min(part_out) };
+                room.resize(n, 0);
+                let at = data.0 + z.total_in() as usize;
+                let upto = data.1.min(at.saturating_add(in_part));
+                let before = z.total_out();
+                let st = z
+                    .decompress(&self.input[at..upto], room, FlushDecompress::None)
+                    .map_err(|_| CodecError::Corrupt)?;
+                let made = (z.total_out() - before) as usize;
+                if made > left {
+                    return Err(no_space);
+                }
+                let part = &room[..made];
+                match framing {
+                    Framing::Raw => {}
+                    Framing::Zlib(a) => *a = crate::libdeflate::adler32(*a, part),
+                    Framing::Gzip(c) => *c = crate::libdeflate::crc32(*c, part),
+                }
+                self.produced += made;
+                let used = data.0 + z.total_in() as usize;
+                self.consumed = used;
+                if st != Status::StreamEnd {
+                    // On with more room, or with the next of the input;
+                    // the input used up before the data ended is a
+                    // truncated stream.
+                    return match made == n || (used == upto && upto < data.1) {
+                        true => Ok((0, made, false)),
+                        false => Err(CodecError::Corrupt),
+                    };
+                }
+                // The trailer right after the deflate data (its room was
+                // kept out of the data).
+                let ok = match *framing {
+                    Framing::Raw => true,
+                    Framing::Zlib(a) => {
+                        self.consumed = used + 4;
+                        self.input[used..used + 4] == a.to_be_bytes()
+                    }
+                    Framing::Gzip(c) => {
+                        self.consumed = used + 8;
+                        self.input[used..used + 4] == c.to_le_bytes()
+                            && self.input[used + 4..used + 8]
+                                == (self.produced as u32).to_le_bytes()
+                    }
+                };
+                if !ok {
+                    return Err(CodecError::Corrupt);
+                }
+                Ok((0, made, true))
+            }
+            Kind::Zstd {
+                d,
+                out,
+                given,
+                between,
+            } => {
+                let at = self.consumed;
+                let upto = self.input.len().min(at + in_part);
+                let mut inb = InBuffer::around(&self.input[at..upto]);
+                let mut outb = OutBuffer::around_pos(&mut out[..], self.produced);
+                // Frame by frame (each call stops at a frame's end), until
+                // this part's input is taken or the output is full.
+                loop {
+                    let from = (inb.pos(), outb.pos());
+                    let hint = d
+                        .decompress_stream(&mut outb, &mut inb)
+                        .map_err(zstd_error)
+                        .map_err(|e| {
+                            if e == CodecError::NoSpace {
+                                no_space
+                            } else {
+                                e
+                            }
+                        })?;
+                    *between = hint == 0;
+                    if outb.pos() > self.cap {
+                        return Err(no_space);
+                    }
+                    if inb.pos() == upto - at || (inb.pos(), outb.pos()) == from {
+                        break;
+                    }
+                }
+                let (used, made) = (inb.pos(), outb.pos());
+                self.consumed = at + used;
+                self.produced = made;
+                let from = *given;
+                *given = made;
+                if self.consumed == self.input.len() {
+                    // All input taken: finished where a frame ended, else
+                    // the last frame is cut short.
+                    return match *between {
+                        true => Ok((from, made, true)),
+                        false => Err(CodecError::Corrupt),
+                    };
+                }
+                if used == 0 && made == from {
+                    // Neither input taken nor output made: the output is
+                    // full where a frame has more.
+                    return Err(no_space);
+                }
+                Ok((from, made, false))
+            }
+            Kind::Lz4 {
+                frames,
+                next,
+                dec,
+                room,
+            } => {
+                let n = left.min(part_out);
+                room.resize(n, 0);
+                let mut made = 0;
+                while *next < frames.len() {
+                    let r = dec.get_or_insert_with(|| {
+                        lz4_flex::frame::FrameDecoder::new(Cursor::new(Frame {
+                            input: Arc::clone(&self.input),
+                            at: frames[*next],
+                        }))
+                    });
+                    if made == n {
+                        if n == left {
+                            // Out of room: the frame must end here.
+                            let mut probe = [0u8; 1];
+                            match r.read(&mut probe) {
+                                Ok(0) => {}
+                                Ok(_) => return Err(no_space),
+                                Err(_) => return Err(CodecError::Corrupt),
+                            }
+                        } else {
+                            break;
+                        }
+                    } else {
+                        match r.read(&mut room[made..]) {
+                            Ok(0) => {}
+                            Ok(k) => {
+                                made += k;
+                                continue;
+                            }
+                            Err(_) => return Err(CodecError::Corrupt),
+                        }
+                    }
+                    // The frame ended.
+                    *dec = None;
+                    *next += 1;
+                }
+                self.produced += made;
+                let done = *next == frames.len();
+                if done {
+                    self.consumed = self.input.len();
+                }
+                Ok((0, made, done))
+            }
+        }
+    }
+}
+
+/// How libdeflate frames `alg`'s deflate data in `input`: the framing and
+/// the range it decodes the data from (header before, trailer's size
+/// after); `Corrupt` where libdeflate refuses the header.
+fn deflate_framing(alg: Algorithm, input: &[u8]) -> Result<(Framing, (usize, usize)), CodecError> {
+    let bad = Err(CodecError::Corrupt);
+    match alg {
+        Algorithm::Zlib => {
+            // CMF and FLG: the check, deflate, a window up to 32 KiB, no
+            // preset dictionary.
+            if input.len() < 6 {
+                return bad;
+            }
+            let hdr = u16::from_be_bytes([input[0], input[1]]);
+            if hdr % 31 != 0 || (hdr >> 8) & 0xf != 8 || hdr >> 12 > 7 || (hdr >> 5) & 1 != 0 {
+                return bad;
+            }
+            Ok((Framing::Zlib(1), (2, input.len() - 4)))
+        }
+        Algorithm::Gzip => {
+            const FOOTER: usize = 8;
+            if input.len() < 10 + FOOTER || input[..3] != [0x1f, 0x8b, 8] {
+                return bad;
+            }
+            let flg = input[3];
+            if flg & 0xe0 != 0 {
+                return bad;
+            }
+            let end = input.len();
+            let mut at = 10;
+            if flg & 0x04 != 0 {
+                let xlen = u16::from_le_bytes([input[at], input[at + 1]]) as usize;
+                at += 2;
+                if end - at < xlen + FOOTER {
+                    return bad;
+                }
+                at += xlen;
+            }
+            // A name, then a comment, each up to its zero byte, the way
+            // libdeflate walks them (the byte before the end is the
+            // last it looks at).
+            for flag in [0x08, 0x10] {
+                if flg & flag != 0 {
+                    loop {
+                        let b = input[at];
+                        at += 1;
+                        if b == 0 || at == end {
+                            break;
+                        }
+                    }
+                    if end - at < FOOTER {
+                        return bad;
+                    }
+                }
+            }
+            // The header's CRC-16, not checked (libdeflate skips it).
+            if flg & 0x02 != 0 {
+                at += 2;
+                if end < at || end - at < FOOTER {
+                    return bad;
+                }
+            }
+            Ok((Framing::Gzip(0), (at, end - FOOTER)))
+        }
+        _ => Ok((Framing::Raw, (0, input.len()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{compress_bound, Engine};
+    use proptest::prelude::*;
+
+    type Outcome = Result<(Inflated, Vec<u8>), CodecError>;
+
+    fn whole(alg: Algorithm, input: &[u8], room: usize, max_ratio: u16) -> Outcome {
+        let mut out = vec![0u8; room];
+        let got = Engine::new().decompress(alg, input, &mut out, max_ratio)?;
+        out.truncate(got.produced);
+        Ok((got, out))
+    }
+
+    /// Decoded part by part: the outcome, and the parts it took.
+    fn in_parts(
+        alg: Algorithm,
+        input: &[u8],
+        room: usize,
+        max_ratio: u16,
+        (out, inp): (usize, usize),
+    ) -> (Outcome, usize) {
+        let mut p = match DecompressParts::new(alg, input.to_vec(), room, max_ratio) {
+            Ok(p) => p.parts_of(out, inp),
+            Err(e) => return (Err(e), 0),
+        };
+        let mut back = Vec::new();
+        for n in 1.. {
+            match p.next_part() {
+                Err(e) => return (Err(e), n),
+                Ok((made, end)) => {
+                    if alg != Algorithm::Zstd {
+                        assert!(made.len() <= out, "a part of {} bytes", made.len());
+                    }
+                    back.extend_from_slice(made);
+                    if let Some(e) = end {
+                        assert_eq!(back.len(), e.produced);
+                        return (Ok((e, back)), n);
+                    }
+                }
+            }
+            assert!(n < 10_000_000, "no end");
+        }
+        unreachable!()
+    }
+
+    /// The same outcome, but for a damaged input longer than its room,
+    /// which may fail either way (see the module's comment).
+    fn agree(a: &Outcome, b: &Outcome) -> bool {
+        use CodecError::*;
+        match (a, b) {
+            (Ok(x), Ok(y)) => x == y,
+            (Err(x), Err(y)) => {
+                x == y
+                    || matches!(
+                        (x, y),
+                        (NoSpace | Ratio, Corrupt) | (Corrupt, NoSpace | Ratio)
+                    )
+            }
+            _ => false,
+        }
+    }
+
+    fn data(n: usize, seed: u64) -> Vec<u8> {
+        let words: [&[u8]; 5] = [b"queue ", b"domain ", b"IOVA ", b"engine\n", b"PASID "];
+        let mut x = seed | 1;
+        let mut out = Vec::with_capacity(n + 8);
+        while out.len() < n {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            match x % 8 {
+                0 => out.extend_from_slice(&x.to_le_bytes()),
+                7 => out.extend(std::iter::repeat_n(b'0', (x >> 40) as usize % 300)),
+                i => out.extend_from_slice(words[i as usize % 5]),
+            }
+        }
+        out.truncate(n);
+        out
+    }
+
+    fn compressed(alg: Algorithm, level: i8, d: &[u8]) -> Vec<u8> {
+        let mut c = vec![0; compress_bound(alg, d.len())];
+        let n = Engine::new().compress(alg, level, d, &mut c).unwrap();
+        c.truncate(n);
+        c
+    }
+
+    fn level_of(alg: Algorithm, pick: u8) -> i8 {
+        match alg {
+            Algorithm::Zstd => [1, 3, 19][pick as usize % 3],
+            Algorithm::Lz4 => 1,
+            _ => [1, 6, 12][pick as usize % 3],
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(std::env::var("PARTS_CASES").map_or(400, |v| v.parse().unwrap())))]
+        /// Against the one-shot call: streams whole, cut short, damaged,
+        /// with bytes after them or a second stream, into rooms too small,
+        /// exact and large, with and without a ratio limit, in parts of
+        /// every size.
+        #[test]
+        fn parts_decode_as_the_one_shot_call(
+            alg in prop::sample::select(Algorithm::ALL.to_vec()),
+            n in 0usize..150_000,
+            seed in any::<u64>(),
+            level in any::<u8>(),
+            change in 0u8..6,
+            at in any::<prop::sample::Index>(),
+            byte in any::<u8>(),
+            room_pick in 0u8..5,
+            ratio in prop::sample::select(vec![0u16, 0, 1, 3, 40]),
+            out_part in 1usize..70_000,
+            in_part in 1usize..70_000,
+        ) {
+            let d = data(n, seed);
+            let mut z = compressed(alg, level_of(alg, level), &d);
+            let mut len = d.len();
+            match change {
+                1 => z.truncate(at.index(z.len() + 1)),
+                2 if !z.is_empty() => {
+                    let i = at.index(z.len());
+                    z[i] ^= byte | 1;
+                }
+                3 => z.extend_from_slice(&data(at.index(40) + 1, seed ^ 7)),
+                4 => {
+                    let e = data(at.index(20_000), seed ^ 9);
+                    z.extend_from_slice(&compressed(alg, 1, &e));
+                    len += e.len();
+                }
+                _ => {}
+            }
+            let room = match room_pick {
+                0 => len,
+                1 => len.saturating_sub(1),
+                2 => at.index(len + 1),
+                3 => len + 1000,
+                _ => 4 * len + 100_000,
+            };
+            let a = whole(alg, &z, room, ratio);
+            let (b, _) = in_parts(alg, &z, room, ratio, (out_part, in_part));
+            prop_assert!(agree(&a, &b), "{alg}: one-shot {:?} in parts {:?}",
+                a.as_ref().map(|x| x.0), b.as_ref().map(|x| x.0));
+        }
+    }
+
+    /// A long stream takes many parts, none of them more than a part's
+    /// output, and ends as the one-shot call does.
+    #[test]
+    fn a_long_stream_takes_many_parts() {
+        let d = data(3 << 20, 5);
+        for alg in Algorithm::ALL {
+            let z = compressed(alg, 1, &d);
+            let (got, parts) = in_parts(alg, &z, d.len(), 0, (256 << 10, 64 << 10));
+            let (e, back) = got.unwrap();
+            assert_eq!((e.consumed, e.produced), (z.len(), d.len()), "{alg}");
+            assert!(back == d, "{alg}");
+            // zstd's parts are bounded by their input.
+            let least = match alg {
+                Algorithm::Zstd => z.len() / (64 << 10),
+                _ => d.len() / (256 << 10),
+            };
+            assert!(parts >= least.max(2), "{alg}: {parts} parts");
+        }
+    }
+
+    /// A bomb stops at the ratio limit, and a room the output fills
+    /// exactly is enough, in parts as whole.
+    #[test]
+    fn limits_hold_in_parts() {
+        let zeros = vec![0u8; 1 << 20];
+        for alg in Algorithm::ALL {
+            let z = compressed(alg, 1, &zeros);
+            let (r, _) = in_parts(alg, &z, 8 << 20, 10, (4096, 4096));
+            assert_eq!(r.map(|x| x.0), Err(CodecError::Ratio), "{alg}");
+            let (r, _) = in_parts(alg, &z, zeros.len(), 0, (4096, 4096));
+            assert_eq!(r.unwrap().0.produced, zeros.len(), "{alg}");
+            let (r, _) = in_parts(alg, &z, zeros.len() - 1, 0, (4096, 4096));
+            assert_eq!(r.map(|x| x.0), Err(CodecError::NoSpace), "{alg}");
+        }
+    }
+
+    /// A zstd frame whose window is larger than any a stream session
+    /// takes decodes in parts, as the one-shot call decodes it.
+    #[test]
+    fn a_zstd_frame_with_a_large_window_decodes() {
+        let d = data(1 << 20, 11);
+        let mut c = zstd_safe::CCtx::create();
+        c.set_parameter(zstd_safe::CParameter::WindowLog(27))
+            .unwrap();
+        c.set_parameter(zstd_safe::CParameter::ContentSizeFlag(false))
+            .unwrap();
+        let mut z = vec![0u8; compress_bound(Algorithm::Zstd, d.len())];
+        let n = c.compress2(&mut z[..], &d).unwrap();
+        z.truncate(n);
+        let (r, parts) = in_parts(Algorithm::Zstd, &z, d.len(), 0, (4096, 4096));
+        assert!(r.unwrap().1 == d);
+        assert!(parts > 10);
+    }
+
+    /// Where libdeflate reads the framing: a gzip header's CRC is skipped,
+    /// names and comments run to their zero byte, and the trailer follows
+    /// the data (bytes after it are not taken).
+    #[test]
+    fn gzip_headers_are_read_as_libdeflate_reads_them() {
+        let d = data(100_000, 3);
+        let z = compressed(Algorithm::Gzip, 6, &d);
+        let mut h = z[..10].to_vec();
+        h[3] = 0x04 | 0x08 | 0x10 | 0x02;
+        h.extend_from_slice(&[3, 0, b'x', b'y', b'z']);
+        h.extend_from_slice(b"name\0comment\0");
+        h.extend_from_slice(&[0xde, 0xad]); // not the header's CRC
+        h.extend_from_slice(&z[10..]);
+        h.extend_from_slice(b"after");
+        let a = whole(Algorithm::Gzip, &h, d.len(), 0);
+        assert_eq!(a.as_ref().unwrap().0.consumed, h.len() - 5);
+        let (b, _) = in_parts(Algorithm::Gzip, &h, d.len(), 0, (1000, 1000));
+        assert!(agree(&a, &b), "{:?} {:?}", a.map(|x| x.0), b.map(|x| x.0));
+        for cut in [11, 14, 20, 30, h.len() - 6] {
+            let a = whole(Algorithm::Gzip, &h[..cut], d.len(), 0);
+            let (b, _) = in_parts(Algorithm::Gzip, &h[..cut], d.len(), 0, (1000, 1000));
+            assert!(
+                a.is_err() && agree(&a, &b),
+                "cut at {cut}: {:?}",
+                b.map(|x| x.0)
+            );
+        }
+    }
+}
