@@ -65,6 +65,9 @@ pub struct BenchZipArgs {
     /// Where to write the SVG chart.
     #[arg(long, default_value = "wd-bench-zip.svg")]
     svg: PathBuf,
+    /// Do not write the chart.
+    #[arg(long)]
+    no_svg: bool,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -624,7 +627,9 @@ pub fn run(a: BenchZipArgs) -> Result<(), String> {
     if let Some(s) = a.shim.as_ref().filter(|s| !s.exists()) {
         return Err(format!("--shim {}: no such file", s.display()));
     }
-    crate::chart::check_writable(&a.svg)?;
+    if !a.no_svg {
+        crate::chart::check_writable(&a.svg)?;
+    }
     let (data, parts) = corpus(a.corpus as usize, a.sources.as_deref());
     let block = a.block as usize;
     let blocks: Blocks<'_> = data.chunks(block).collect();
@@ -864,7 +869,10 @@ pub fn run(a: BenchZipArgs) -> Result<(), String> {
         "MB/s (uncompressed)",
         &series,
     );
-    std::fs::write(&a.svg, svg).map_err(|e| format!("cannot write {}: {e}", a.svg.display()))?;
+    if !a.no_svg {
+        std::fs::write(&a.svg, svg)
+            .map_err(|e| format!("cannot write {}: {e}", a.svg.display()))?;
+    }
 
     if a.json {
         print_json(&serde_json::json!({
@@ -877,7 +885,7 @@ pub fn run(a: BenchZipArgs) -> Result<(), String> {
             "programs": shim_rows,
             "targets": targets,
             "notes": notes,
-            "svg": a.svg.display().to_string(),
+            "svg": (!a.no_svg).then(|| a.svg.display().to_string()),
         }));
         return Ok(());
     }
@@ -914,13 +922,15 @@ pub fn run(a: BenchZipArgs) -> Result<(), String> {
     }
     if !shim_rows.is_empty() {
         outln!("\nunmodified programs, without and with LD_PRELOAD=libwdz.so (seconds, medians):");
+        let w = shim_rows.iter().map(|r| r.what.len()).max().unwrap_or(0);
+        outln!("  {:<w$} {:>8} {:>8}  speed-up", "program", "stock", "shim");
         for r in &shim_rows {
             let bytes = match (r.stock_bytes, r.shim_bytes) {
                 (Some(s), Some(w)) => format!("  output {s} / {w} bytes"),
                 _ => String::new(),
             };
             outln!(
-                "  {:<48} {:>8.3} {:>8.3}  x{:.2}{bytes}",
+                "  {:<w$} {:>8.3} {:>8.3}  x{:.2}{bytes}",
                 r.what,
                 r.stock_s,
                 r.shim_s,
@@ -935,6 +945,8 @@ pub fn run(a: BenchZipArgs) -> Result<(), String> {
     for t in &targets {
         outln!("{}", t.line());
     }
-    outln!("chart: {}", a.svg.display());
+    if !a.no_svg {
+        outln!("chart: {}", a.svg.display());
+    }
     Ok(())
 }

@@ -25,6 +25,9 @@ pub struct SpeedArgs {
     /// Where to write the SVG chart.
     #[arg(long, default_value = "wd-speed.svg")]
     svg: PathBuf,
+    /// Do not write the chart.
+    #[arg(long)]
+    no_svg: bool,
     /// Cipher to measure (as `openssl speed -evp` names it).
     #[arg(long, default_value = "aes-128-cbc")]
     cipher: String,
@@ -336,7 +339,9 @@ pub fn run(mut args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
         args.sizes = SIZES.to_vec();
     }
     let sizes = args.sizes.clone();
-    crate::chart::check_writable(&args.svg)?;
+    if !args.no_svg {
+        crate::chart::check_writable(&args.svg)?;
+    }
     let dir = provider_dir(&args)?;
     // Hosts of our own unless one was named: the default one, and one
     // whose sec device computes with libcrypto only (when the default one
@@ -464,8 +469,10 @@ pub fn run(mut args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
             })
             .collect::<Vec<_>>(),
     );
-    std::fs::write(&args.svg, svg)
-        .map_err(|e| format!("cannot write {}: {e}", args.svg.display()))?;
+    if !args.no_svg {
+        std::fs::write(&args.svg, svg)
+            .map_err(|e| format!("cannot write {}: {e}", args.svg.display()))?;
+    }
     if args.json {
         let v = serde_json::json!({
             "benchmark": "speed",
@@ -481,7 +488,7 @@ pub fn run(mut args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
             "staging_copies": copies,
             "in_place": in_place,
             "targets": targets,
-            "svg": args.svg,
+            "svg": (!args.no_svg).then_some(&args.svg),
         });
         print_json(&v);
         return Ok(());
@@ -538,7 +545,9 @@ pub fn run(mut args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
     for t in &targets {
         outln!("{}", t.line());
     }
-    outln!("\nChart: {}", args.svg.display());
+    if !args.no_svg {
+        outln!("\nChart: {}", args.svg.display());
+    }
     Ok(())
 }
 
@@ -604,9 +613,6 @@ fn prog_note(show: bool, what: &str) {
     }
 }
 
-/// Time sync offload requests of the library on the host at `socket`,
-/// staged and in place alternately (`reps` rounds of ~0.2 s each way per
-/// size), and report the medians.
 /// The engine of the sec device of host `h` (its `devN/engine`), or why
 /// the run cannot measure offload there.
 fn named_host_engine(h: &str) -> Result<String, String> {
@@ -626,6 +632,9 @@ fn named_host_engine(h: &str) -> Result<String, String> {
         .map_or_else(|| "libcrypto".into(), |a| a.value.clone()))
 }
 
+/// Time sync offload requests of the library on the host at `socket`,
+/// staged and in place alternately (`reps` rounds of ~0.2 s each way per
+/// size), and report the medians.
 fn in_place_costs(
     socket: &str,
     reps: usize,

@@ -1,6 +1,7 @@
 //! `wd bench fairness` against a `wd serve` process, on both devices it
-//! floods: rows for each number of flooders, in JSON, and a bad flood
-//! named in the error.
+//! floods (the zip device compressing and decompressing, long enough for
+//! the device to cut each request): rows for each number of flooders, in
+//! JSON, and a bad flood named in the error.
 
 mod common;
 use common::{wd, HostProc};
@@ -21,6 +22,15 @@ fn fairness_rows_for_copies_and_compressions() {
             "256K",
             "--zip-flood",
             "gzip:6",
+        ][..],
+        &[
+            "--device",
+            "zip",
+            "--flood-bytes",
+            "8M",
+            "--zip-flood",
+            "zlib:1",
+            "--zip-decompress",
         ][..],
     ] {
         let mut args = vec![
@@ -51,7 +61,20 @@ fn fairness_rows_for_copies_and_compressions() {
             "{v}"
         );
         assert_eq!(v["device"], extra[1], "{v}");
+        assert_eq!(
+            v["zip_decompress"],
+            extra.contains(&"--zip-decompress"),
+            "{v}"
+        );
+        assert!(
+            rows[1]["flood_bytes_per_sec"].as_f64().unwrap() > 0.0,
+            "{v}"
+        );
     }
+    let out = wd(&["bench", "fairness", "--host", &h.socket, "--zip-decompress"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--zip-decompress needs --device zip"), "{err}");
     let out = wd(&[
         "bench",
         "fairness",
