@@ -241,6 +241,9 @@ pub struct Controller {
     pub(crate) free_tags: Vec<usize>,
     /// Completions reaped from the ring.
     pub(crate) reaped: Vec<wd_sys::uring::ReadDone>,
+    /// Commands a reap finished, between their last transfer and their
+    /// completion (kept to be reused: a pass reaps up to a ring's worth).
+    pub(crate) finished: Vec<InFlight>,
     /// PRP segments of the command being run.
     pub(crate) segs: prp::PrpSegments,
     /// Local buffer for data that cannot be reached in place.
@@ -295,6 +298,7 @@ impl Controller {
             inflight: Vec::new(),
             free_tags: Vec::new(),
             reaped: Vec::new(),
+            finished: Vec::new(),
             regs: None,
             sub,
             counters,

@@ -260,7 +260,7 @@ impl Controller {
     /// Account the transfers in `self.reaped`, posting each command whose
     /// last transfer it was.
     fn complete_reaped(&mut self, dma: &mut dyn Dma<'_>, out: &mut Service) {
-        let mut ready: Vec<InFlight> = Vec::new();
+        let mut ready = std::mem::take(&mut self.finished);
         for i in 0..self.reaped.len() {
             let d = self.reaped[i];
             let (tag, seg) = ((d.user_data >> 8) as usize, (d.user_data & 0xff) as usize);
@@ -309,13 +309,14 @@ impl Controller {
             };
             f.status = st;
         }
-        for f in ready {
+        for f in ready.drain(..) {
             // A controller that failed posting one posts no more (its
             // ring was quiesced, as before).
             if self.running() {
                 self.finish(f, dma, out);
             }
         }
+        self.finished = ready;
     }
 
     fn finish(&mut self, mut f: InFlight, dma: &mut dyn Dma<'_>, out: &mut Service) {
