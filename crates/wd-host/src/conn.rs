@@ -172,9 +172,16 @@ impl Conn<'_> {
                     let status = match &e {
                         IpcError::Header(ProtoError::Version(_)) => Status::Version,
                         IpcError::Header(ProtoError::TooBig(_)) => Status::TooBig,
+                        // The host is out of descriptors (the client's
+                        // frame went with them).
+                        IpcError::FdsLost => Status::TooManyFiles,
                         _ => Status::Protocol,
                     };
-                    let _ = self.ch.send(&Message::error(status, e.to_string()), 0, &[]);
+                    let why = match e {
+                        IpcError::FdsLost => "the host is at its open-file limit: the descriptors sent with a request could not be received".to_string(),
+                        e => e.to_string(),
+                    };
+                    let _ = self.ch.send(&Message::error(status, why), 0, &[]);
                     break;
                 }
             };

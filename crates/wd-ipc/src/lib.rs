@@ -53,6 +53,11 @@ pub enum IpcError {
         /// The request id answered.
         got: u32,
     },
+    /// Descriptors the peer sent could not be received: this process is
+    /// at its open-file limit. The bytes that came with them are lost,
+    /// so the stream is out of step.
+    #[error("descriptors the peer sent could not be received: this process is at its open-file limit (ulimit -n)")]
+    FdsLost,
     /// A socket call failed.
     #[error(transparent)]
     Sys(#[from] SysError),
@@ -64,7 +69,10 @@ impl IpcError {
     /// or one too many: every later call would take its neighbour's).
     /// Drop the channel; a frame whose body alone is bad is not one.
     pub fn out_of_step(&self) -> bool {
-        matches!(self, IpcError::Header(_) | IpcError::Unexpected { .. })
+        matches!(
+            self,
+            IpcError::Header(_) | IpcError::Unexpected { .. } | IpcError::FdsLost
+        )
     }
 }
 
@@ -186,6 +194,9 @@ impl Channel {
                 self.buf.truncate(old);
                 if by.is_some() && e.timed_out() {
                     return Err(IpcError::TimedOut);
+                }
+                if matches!(e, SysError::FdsLost) {
+                    return Err(IpcError::FdsLost);
                 }
                 // More descriptors than a frame may carry came in one
                 // read (closed already): the peer's frame is at fault,

@@ -43,6 +43,11 @@ pub enum SysError {
         /// What was wrong.
         what: &'static str,
     },
+    /// Descriptors the peer sent with a message could not be given to
+    /// this process, which is at its open-file limit (`EMFILE`); the
+    /// bytes that came with them are lost.
+    #[error("descriptors sent with a message could not be received: this process is at its open-file limit")]
+    FdsLost,
 }
 
 impl SysError {
@@ -51,6 +56,7 @@ impl SysError {
         match self {
             SysError::Call { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             SysError::Invalid { .. } => libc::EINVAL,
+            SysError::FdsLost => libc::EMFILE,
         }
     }
 
@@ -863,6 +869,8 @@ pub fn send_with_fds_by(
 /// Receive up to `buf.len()` bytes (at least one unless the peer closed:
 /// then 0) and any descriptors attached, at most `max_fds`; extra
 /// descriptors are closed and reported as an error (never leaked).
+/// Descriptors the kernel could not give this process (it is at its
+/// open-file limit) fail the call with [`SysError::FdsLost`].
 pub fn recv_with_fds(
     sock: &UnixStream,
     buf: &mut [u8],
@@ -909,6 +917,12 @@ pub fn recv_with_fds(
                 }
                 c = libc::CMSG_NXTHDR(&msg, c);
             }
+        }
+        // Fewer than the control buffer had room for, and cut short: the
+        // kernel could not install the rest here (the open-file limit).
+        let room = (CMSG_BUF - std::mem::size_of::<libc::cmsghdr>()) / std::mem::size_of::<RawFd>();
+        if msg.msg_flags & libc::MSG_CTRUNC != 0 && fds.len() <= max_fds && fds.len() < room {
+            return Err(SysError::FdsLost);
         }
         if msg.msg_flags & libc::MSG_CTRUNC != 0 || fds.len() > max_fds {
             // Dropping `fds` closes every descriptor we did get.

@@ -75,9 +75,17 @@ fn child() {
     let fd = wd_sys::memfd_create("guard-sent", false).unwrap();
     wd_sys::ftruncate(fd.as_fd(), 4096).unwrap();
     let map = wd_sys::Mapping::map_shared(fd.as_fd(), 0, 3 * 4096).unwrap();
+    // The bytes read are looked at: a copy into a buffer nobody reads may
+    // be left out by the compiler, and with it the fault (as it was once
+    // copy_out was inlined here).
     let mut b = [1u8; 8];
     let (r, f) = wd_sys::guard::guarded(|| map.copy_out(4096, &mut b));
     assert!(r.is_ok() && f.is_some(), "first guarded fault: {r:?} {f:?}");
+    assert_eq!(
+        std::hint::black_box(b),
+        [0; 8],
+        "a replaced page reads zeros"
+    );
     eprintln!("first fault absorbed");
     // Someone sends SIGBUS (ignored, as it was before the guard).
     let st = Command::new("kill")
@@ -87,10 +95,16 @@ fn child() {
     assert!(st.success());
     std::thread::sleep(std::time::Duration::from_millis(200));
     eprintln!("sent SIGBUS ignored");
+    b = [1; 8];
     let (r, f) = wd_sys::guard::guarded(|| map.copy_out(2 * 4096, &mut b));
     assert!(
         r.is_ok() && f.is_some(),
         "second guarded fault: {r:?} {f:?}"
+    );
+    assert_eq!(
+        std::hint::black_box(b),
+        [0; 8],
+        "a replaced page reads zeros"
     );
     eprintln!("second fault absorbed");
 }

@@ -499,6 +499,14 @@ impl HostConn {
                     format!("not allowed to connect to the WrapDrive host at '{addr}': {e} (the socket's mode or its directory does not admit uid {})", wd_sys::geteuid()),
                 );
             }
+            // EMFILE, ENFILE: no socket to connect with, whatever the
+            // host (not "start one").
+            if matches!(e.errno(), 23 | 24) {
+                return ClientError::new(
+                    Status::TooManyFiles,
+                    format!("cannot connect to the WrapDrive host at '{addr}': {e} (this process is at its open-file limit, ulimit -n)"),
+                );
+            }
             // ECONNREFUSED is also what connecting to a directory or a
             // regular file says: name what is there instead.
             if !abstract_name && e.errno() == 111 {
@@ -717,8 +725,13 @@ impl HostConn {
             gave_up.retain(|&(_, pid)| process_lives(pid));
             gave_up.push((self.epoch(), self.host_pid()));
             if !timed_out {
+                // Out of descriptors here: the host's answer was fine.
+                let status = match e {
+                    IpcError::FdsLost => Status::TooManyFiles,
+                    _ => Status::Protocol,
+                };
                 return ClientError::new(
-                    Status::Protocol,
+                    status,
                     format!(
                         "the WrapDrive host's answer to a {} request: {e}; the connection is closed (the next call connects again)",
                         msg.name()
@@ -763,10 +776,12 @@ impl HostConn {
     /// Duplicate of the control socket, for waiting on hang-up.
     pub(crate) fn socket_dup(&self) -> Result<OwnedFd> {
         let ch = self.ch.lock().unwrap_or_else(|e| e.into_inner());
-        ch.socket()
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|e| ClientError::new(Status::Io, e.to_string()))
+        ch.socket().as_fd().try_clone_to_owned().map_err(|e| {
+            ClientError::from(wd_sys::SysError::Call {
+                call: "dup",
+                source: e,
+            })
+        })
     }
 
     /// Attributes under `prefix` (the resource tree).
