@@ -46,8 +46,9 @@ struct wd_job;     /* a request started without waiting */
 
 /* ---- block ciphers --------------------------------------------------- */
 
-/* A session; encrypt: 1 to encrypt, 0 to decrypt. -EINVAL: unknown
- * algorithm or wrong key length (XTS: two different halves). */
+/* A session; encrypt: 1 to encrypt, 0 to decrypt. alg: as OpenSSL names
+ * it ("aes-128-cbc", or an alias such as "AES128"; any case). -EINVAL:
+ * unknown algorithm or wrong key length (XTS: two different halves). */
 int wd_cipher_new(struct wd_cipher **out, const char *alg, const void *key,
 		  size_t key_len, int encrypt);
 /* Start a message: CBC IV, CTR counter block, XTS tweak (16 bytes; ECB

@@ -298,7 +298,7 @@ fn run_openssl(
 /// What the provider offers for `--cipher` or `--digest`, checked before
 /// anything runs (openssl said only "unknown cipher", after the hosts
 /// started).
-fn check_algorithm(args: &SpeedArgs) -> Result<(), String> {
+fn check_algorithm(args: &mut SpeedArgs) -> Result<(), String> {
     use wd_crypto::Alg;
     let digest = args.digest.is_some();
     let offered = |a: &Alg| match a {
@@ -306,7 +306,12 @@ fn check_algorithm(args: &SpeedArgs) -> Result<(), String> {
         Alg::Digest(_) => digest,
         Alg::Hmac(_) => false,
     };
-    if Alg::by_name(args.algorithm()).is_some_and(|a| offered(&a)) {
+    if let Some(a) = Alg::by_name(args.algorithm()).filter(offered) {
+        // The canonical name from here on (rows, in-place costs, JSON).
+        match &mut args.digest {
+            Some(d) => *d = a.name(),
+            None => args.cipher = a.name(),
+        }
         return Ok(());
     }
     let names: Vec<String> = wd_crypto::ALGS
@@ -327,7 +332,7 @@ pub fn run(mut args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
     if args.reps == 0 || args.seconds == 0 || args.async_jobs == 0 {
         return Err("--reps, --seconds and --async-jobs must be at least 1".into());
     }
-    check_algorithm(&args)?;
+    check_algorithm(&mut args)?;
     args.sizes.sort_unstable();
     args.sizes.dedup();
     if let Some(&n) = args.sizes.iter().find(|&&n| n == 0 || n > MAX_SIZE) {

@@ -198,6 +198,26 @@ pub const ALGS: [Alg; 23] = [
     Alg::Hmac(Hash::Sha512),
 ];
 
+/// OpenSSL's other names for algorithms of [`ALGS`], and the name
+/// [`Alg::name`] gives each.
+const ALIASES: [(&str, &str); 15] = [
+    ("aes128", "aes-128-cbc"),
+    ("aes192", "aes-192-cbc"),
+    ("aes256", "aes-256-cbc"),
+    ("sha-1", "sha1"),
+    ("ssl3-sha1", "sha1"),
+    ("sha2-224", "sha224"),
+    ("sha-224", "sha224"),
+    ("sha2-256", "sha256"),
+    ("sha-256", "sha256"),
+    ("sha2-384", "sha384"),
+    ("sha-384", "sha384"),
+    ("sha2-512", "sha512"),
+    ("sha-512", "sha512"),
+    ("id-aes128-gcm", "aes-128-gcm"),
+    ("id-aes256-gcm", "aes-256-gcm"),
+];
+
 impl Alg {
     /// The id carried in descriptors.
     pub fn id(self) -> u16 {
@@ -231,8 +251,14 @@ impl Alg {
         }
     }
 
-    /// Look an algorithm up by [`Alg::name`] (case-insensitive).
+    /// Look an algorithm up by [`Alg::name`] or one of the other names
+    /// OpenSSL gives it (`AES128`, `SHA2-256`, `SHA-256`: the provider
+    /// registers them too), case-insensitive.
     pub fn by_name(name: &str) -> Option<Alg> {
+        let name = ALIASES
+            .iter()
+            .find(|(alias, _)| alias.eq_ignore_ascii_case(name))
+            .map_or(name, |&(_, canonical)| canonical);
         ALGS.iter()
             .copied()
             .find(|a| a.name().eq_ignore_ascii_case(name))
@@ -712,6 +738,21 @@ pub const LEGACY_PLANNER: wd_msg::LegacyPlanner = |d| legacy_plan(d).map_err(Msg
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// OpenSSL's other names find the same algorithm (the provider
+    /// answers to them, and `wd speed --digest sha2-256` was refused);
+    /// every alias names an algorithm.
+    #[test]
+    fn openssl_aliases_name_the_same_algorithms() {
+        for (alias, canonical) in super::ALIASES {
+            let a = Alg::by_name(alias).expect(alias);
+            assert_eq!(a.name(), canonical);
+            assert_eq!(Alg::by_name(&alias.to_uppercase()), Some(a));
+        }
+        assert_eq!(Alg::by_name("SHA2-256").unwrap().name(), "sha256");
+        assert_eq!(Alg::by_name("aes128").unwrap().name(), "aes-128-cbc");
+        assert_eq!(Alg::by_name("sha2-999"), None);
+    }
 
     #[test]
     fn ids_and_names_round_trip() {
