@@ -286,6 +286,18 @@ fn run(cli: Cli) -> Result<(), String> {
                     outln!("{}", h.get_attr(&path).map_err(|e| e.to_string())?)
                 }
                 AttrOp::Set { path, value } => {
+                    // A namespace's file named relative to where the command
+                    // runs (the host would resolve it in its own directory,
+                    // so it refuses a relative path).
+                    let value =
+                        match path.ends_with("nvme/add_namespace") && !value.starts_with('/') {
+                            true => std::env::current_dir()
+                                .map_err(|e| format!("add_namespace: {e}"))?
+                                .join(&value)
+                                .to_string_lossy()
+                                .into_owned(),
+                            false => value,
+                        };
                     h.set_attr(&path, &value).map_err(|e| e.to_string())?
                 }
             }
