@@ -573,8 +573,7 @@ impl Conn<'_> {
                 .map(|f| f.as_raw_fd() as u64)
                 .max()
                 .unwrap_or(0);
-            let limit = wd_sys::nofile_limit().unwrap_or(1024);
-            if top + crate::FD_HEADROOM >= limit {
+            if crate::short_of_descriptors(top) {
                 return Err(err(
                     Status::TooManyFiles,
                     "host is out of file descriptors; try again later",

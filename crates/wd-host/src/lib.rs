@@ -324,10 +324,20 @@ impl Drop for Host {
 }
 
 /// Descriptors kept free for the host's own work (rings, wake lines,
-/// shares, files): a connection is refused once its socket's number comes
-/// this close to the limit (the kernel hands out the lowest free number, so
-/// the number is a floor on the descriptors open).
+/// shares, files): a connection or queue is refused once the descriptors
+/// open come this close to the limit ([`short_of_descriptors`]).
 pub(crate) const FD_HEADROOM: u64 = 64;
+
+/// Whether the host is within [`FD_HEADROOM`] of its descriptor limit,
+/// `newest` being the highest number just handed out: the count of open
+/// descriptors where `/proc` tells it, else that number (a floor on the
+/// count: closed descriptors leave holes below it, which let connections
+/// through with fewer free when it alone was looked at).
+pub(crate) fn short_of_descriptors(newest: u64) -> bool {
+    let limit = wd_sys::nofile_limit().unwrap_or(1024);
+    let open = wd_sys::open_descriptors().map_or(newest, |n| n.max(newest));
+    open + FD_HEADROOM >= limit
+}
 /// How long the accept loop waits when the process is out of descriptors
 /// (instead of spinning on a listener that stays readable).
 const EMFILE_BACKOFF: Duration = Duration::from_millis(100);
@@ -342,7 +352,6 @@ fn refuse(sock: UnixStream, status: Status, msg: &str) {
 fn accept_loop(host: Arc<HostInner>, listener: UnixListener) {
     use std::os::fd::AsRawFd;
     let mut threads: Vec<JoinHandle<()>> = Vec::new();
-    let fd_limit = wd_sys::nofile_limit().unwrap_or(1024);
     while !host.stopping.load(Ordering::SeqCst) {
         match wd_sys::poll(&[listener.as_fd()], Some(Duration::from_millis(100))) {
             Ok(r) if r[0].readable => {}
@@ -361,7 +370,7 @@ fn accept_loop(host: Arc<HostInner>, listener: UnixListener) {
             continue;
         }
         threads.retain(|t| !t.is_finished());
-        if sock.as_raw_fd() as u64 + FD_HEADROOM >= fd_limit {
+        if short_of_descriptors(sock.as_raw_fd() as u64) {
             refuse(
                 sock,
                 Status::TooManyFiles,

@@ -561,6 +561,15 @@ fn child_entry() {
         // A host in a process of its own (its descriptor limit is the
         // test's subject), serving until stdin closes.
         Some("host") => {
+            // Descriptors open high, with holes below them (others the
+            // process closed): kept for its life.
+            let mut kept: Vec<std::fs::File> = Vec::new();
+            if std::env::var_os("WD_TEST_HOLES").is_some() {
+                kept = (0..80)
+                    .map(|_| std::fs::File::open("/dev/null").unwrap())
+                    .collect();
+                kept.drain(..20);
+            }
             let cfg = wd_host::HostConfig {
                 socket: std::env::var("WD_TEST_SOCKET").unwrap(),
                 socket_mode: 0o600,
@@ -571,6 +580,7 @@ fn child_entry() {
             wd_testutil::report("ready");
             let mut sink = Vec::new();
             let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+            drop(kept);
             0
         }
         _ => return,
@@ -583,33 +593,28 @@ fn child_entry() {
     };
 }
 
-/// docs/security.md: the host "keeps 64 [descriptors] free", refusing
-/// connections near its limit. Queues were not refused there: one client's
-/// queues (two descriptors each) took the host's descriptors up to its
-/// limit, one more connection took the last ones (the connection check
-/// looks at the new socket's number, which a hole left below the limit
-/// passes), and a descriptor another client sent with its MemShare could
-/// not be installed (MSG_CTRUNC): the host took that for a frame carrying
-/// too many descriptors ("frame carries 5 file descriptors, expected 4")
-/// and closed that client's connection, its queues with it. The host runs
-/// in a child with a descriptor limit of 128 (as `wd serve` under a low
-/// `ulimit -n`; the default limits of the host's tables allow 256 queues
-/// and 64 connections a user, some 700 descriptors).
-#[test]
-fn one_clients_queues_do_not_take_the_descriptors_another_client_needs() {
+/// The descriptor limit of [`limited_host`].
+const LIMIT: u64 = 128;
+
+/// A host in a child process whose descriptor limit is [`LIMIT`] (as
+/// `wd serve` under a low `ulimit -n`); with `holes`, 60 descriptors it
+/// does not use are open above 20 it closed. Its directory (the socket is
+/// `wd.sock` there) and the running role.
+fn limited_host(holes: bool) -> (wd_testutil::TempDir, wd_testutil::Role) {
     use std::os::unix::process::CommandExt;
     use std::process::Stdio;
-    const LIMIT: u64 = 128;
     let d = wd_testutil::tempdir_in(
         std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
         "wd-hostile-nofile",
         0o755,
     );
-    let socket = d.join("wd.sock");
     let mut c = wd_testutil::Role::command("host");
-    c.env("WD_TEST_SOCKET", &socket)
+    c.env("WD_TEST_SOCKET", d.join("wd.sock"))
         .stdin(Stdio::piped())
         .stderr(Stdio::null());
+    if holes {
+        c.env("WD_TEST_HOLES", "1");
+    }
     // SAFETY: setrlimit in the child before exec (async-signal-safe).
     #[allow(unsafe_code)]
     unsafe {
@@ -626,6 +631,45 @@ fn one_clients_queues_do_not_take_the_descriptors_another_client_needs() {
     }
     let mut host = wd_testutil::Role::spawn(c);
     assert_eq!(host.read_report(), "ready");
+    (d, host)
+}
+
+/// The connection check counts the host's open descriptors: it looked at
+/// the new socket's number only, which a hole left by closed descriptors
+/// keeps low, and let a connection in with fewer than 64 free.
+#[test]
+fn a_connection_is_refused_near_the_limit_whatever_the_holes() {
+    let (d, _host) = limited_host(true);
+    let s = std::os::unix::net::UnixStream::connect(d.join("wd.sock")).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let mut ch = Channel::new(s);
+    let hello = Message::Hello {
+        version: wd_proto::PROTOCOL_VERSION,
+        client_pid: 0,
+    };
+    match ch.call(&hello, 1, &[]).map(|f| f.msg) {
+        Ok(Message::Error { status, .. }) => assert_eq!(status, wd_proto::Status::TooManyFiles),
+        other => panic!("admitted with fewer than 64 descriptors free: {other:?}"),
+    }
+}
+
+/// docs/security.md: the host "keeps 64 [descriptors] free", refusing
+/// connections near its limit. Queues were not refused there: one client's
+/// queues (two descriptors each) took the host's descriptors up to its
+/// limit, one more connection took the last ones (the connection check
+/// looks at the new socket's number, which a hole left below the limit
+/// passes), and a descriptor another client sent with its MemShare could
+/// not be installed (MSG_CTRUNC): the host took that for a frame carrying
+/// too many descriptors ("frame carries 5 file descriptors, expected 4")
+/// and closed that client's connection, its queues with it. The host runs
+/// in a child with a descriptor limit of 128 (as `wd serve` under a low
+/// `ulimit -n`; the default limits of the host's tables allow 256 queues
+/// and 64 connections a user, some 700 descriptors).
+#[test]
+fn one_clients_queues_do_not_take_the_descriptors_another_client_needs() {
+    let (d, host) = limited_host(false);
+    let socket = d.join("wd.sock");
     let pid = host.child.id();
     // Descriptors the host has free below its limit (one it inherited may
     // sit above).

@@ -1004,6 +1004,16 @@ pub fn nofile_limit() -> Result<u64> {
     Ok(get_nofile()?.rlim_cur)
 }
 
+/// Descriptors this process has open (`/proc/self/fd`), `None` where
+/// that cannot be read. The number of the newest is only a floor: the
+/// kernel hands out the lowest free number, and closed ones leave holes.
+pub fn open_descriptors() -> Option<u64> {
+    count();
+    let dir = std::fs::read_dir("/proc/self/fd").ok()?;
+    // (The listing's own descriptor is among them.)
+    Some((dir.count() as u64).saturating_sub(1))
+}
+
 /// Raise the soft limit on open descriptors to the hard limit; returns the
 /// new soft limit.
 pub fn raise_nofile_limit() -> Result<u64> {
