@@ -474,43 +474,56 @@ fn lz4_compress(input: &[u8], out: &mut [u8]) -> Result<usize, CodecError> {
 /// (skippable frames left out); `None` unless `input` is whole frames:
 /// the frame decoder takes a stream cut at a block boundary for a
 /// finished one, and stops at the end of each frame.
-fn lz4_frames(mut input: &[u8]) -> Option<Vec<&[u8]>> {
+fn lz4_frames(input: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut frames = Vec::new();
+    let mut at = 0;
+    while at < input.len() {
+        let (end, data) = lz4_frame_at(input, at)?;
+        if data {
+            frames.push(&input[at..end]);
+        }
+        at = end;
+    }
+    Some(frames)
+}
+
+/// The frame of `input` at `at` (not its end), walked by its header and
+/// block lengths: where it ends, and whether it is a data frame (else
+/// skippable); `None` unless it is whole.
+pub(crate) fn lz4_frame_at(input: &[u8], at: usize) -> Option<(usize, bool)> {
+    let input = input.get(at..)?;
     let u32_at = |b: &[u8], at: usize| -> Option<u32> {
         b.get(at..at.checked_add(4)?)
             .map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]))
     };
-    let mut frames = Vec::new();
-    while !input.is_empty() {
-        let magic = u32_at(input, 0)?;
-        if magic & 0xffff_fff0 == 0x184d_2a50 {
-            let len = u32_at(input, 4)? as usize;
-            input = input.get(8usize.checked_add(len)?..)?;
-            continue;
-        }
-        if magic != 0x184d_2204 {
-            return None;
-        }
-        let &flg = input.get(4)?;
-        // FLG, BD, content size, dictionary id, header checksum.
-        let mut at =
-            4 + 2 + if flg & 8 != 0 { 8 } else { 0 } + if flg & 1 != 0 { 4 } else { 0 } + 1;
-        loop {
-            let size = u32_at(input, at)?;
-            at += 4;
-            // The end mark; an "uncompressed" block of no bytes ends the
-            // frame too, as the reference decoder (and lz4_flex's) has it:
-            // what follows is the next frame, not more of this one.
-            if size & 0x7fff_ffff == 0 {
-                break;
-            }
-            at = at
-                .checked_add((size & 0x7fff_ffff) as usize + if flg & 0x10 != 0 { 4 } else { 0 })?;
-        }
-        at += if flg & 4 != 0 { 4 } else { 0 };
-        frames.push(input.get(..at)?);
-        input = &input[at..];
+    let magic = u32_at(input, 0)?;
+    if magic & 0xffff_fff0 == 0x184d_2a50 {
+        let len = u32_at(input, 4)? as usize;
+        let end = 8usize.checked_add(len)?;
+        input.get(..end)?;
+        return Some((at + end, false));
     }
-    Some(frames)
+    if magic != 0x184d_2204 {
+        return None;
+    }
+    let &flg = input.get(4)?;
+    // FLG, BD, content size, dictionary id, header checksum.
+    let mut end = 4 + 2 + if flg & 8 != 0 { 8 } else { 0 } + if flg & 1 != 0 { 4 } else { 0 } + 1;
+    loop {
+        let size = u32_at(input, end)?;
+        end += 4;
+        // The end mark; an "uncompressed" block of no bytes ends the
+        // frame too, as the reference decoder (and lz4_flex's) has it:
+        // what follows is the next frame, not more of this one.
+        if size & 0x7fff_ffff == 0 {
+            break;
+        }
+        end =
+            end.checked_add((size & 0x7fff_ffff) as usize + if flg & 0x10 != 0 { 4 } else { 0 })?;
+    }
+    end += if flg & 4 != 0 { 4 } else { 0 };
+    input.get(..end)?;
+    Some((at + end, true))
 }
 
 fn lz4_decompress(input: &[u8], out: &mut [u8]) -> Result<Inflated, CodecError> {

@@ -144,9 +144,9 @@ enum Work {
 /// A cut decompression's input being copied in, then decoded.
 enum Decoding {
     /// The input copied so far: a copy the client cannot change under the
-    /// decoder, which needs all of it (the trailer is at its end, LZ4's
-    /// frames are walked first), taken [`STAGE_PART`] a part (64 MiB is
-    /// 5 ms or more to copy).
+    /// decoder, which needs all of it (the trailer is at its end), taken
+    /// [`STAGE_PART`] a part (64 MiB is 5 ms or more to copy), all of it
+    /// checked in the first part.
     Staging(Vec<u8>),
     Parts(Box<DecompressParts>),
 }
@@ -436,12 +436,10 @@ impl ZipQueue {
             Request::OneShot(r) => {
                 let (src_len, room) = (r.src_len as usize, r.dst_len as usize);
                 let cap = decompress_cap(src_len, room, r.max_ratio);
-                footprint = DecompressParts::footprint(r.alg, src_len, cap);
-                // Too big to hold beside the sessions: whole, as before
-                // cutting (never refused for it).
-                if !DecompressParts::worth(cap) || self.held + footprint > SESSION_MEMORY {
+                if !DecompressParts::worth(cap) {
                     return None;
                 }
+                footprint = DecompressParts::footprint(r.alg, src_len, cap);
                 Work::Decompress(r, Decoding::Staging(Vec::new()))
             }
             Request::Stream(op) => {
@@ -458,8 +456,14 @@ impl ZipQueue {
         if let Work::Compress(_, parts) = &work {
             footprint = parts.footprint();
         }
-        // Held across passes, so counted with the queue's sessions.
-        if self.held + footprint > SESSION_MEMORY {
+        // Held across passes, so counted with the queue's sessions. A
+        // decompression's is not: it is bounded by the request's limits
+        // (input and room at most [`msg::MAX_DATA`] each, and a decoder),
+        // as the same request run whole holds it for its one pass, and no
+        // session is made on the queue while it goes on (its requests wait
+        // for the cut). Refused or run whole beside the sessions, a
+        // client would have the longest ones run whole when it liked.
+        if !matches!(work, Work::Decompress(..)) && self.held + footprint > SESSION_MEMORY {
             return Some(Err(status::ENOSPC));
         }
         Some(Ok(Cut {
@@ -495,6 +499,14 @@ impl ZipQueue {
             Work::Decompress(r, decoding) => {
                 if let Decoding::Staging(input) = decoding {
                     let at = input.len();
+                    // All of the input is checked in the first part, as
+                    // the request run whole reads it first: a fault there
+                    // (which a stall retries) rather than in a later part
+                    // (which fails the request).
+                    if at == 0 && r.src_len > 0 {
+                        dma.probe(r.src, r.src_len, Access::Read)
+                            .map_err(|_| status::EFAULT)?;
+                    }
                     input.reserve_exact(r.src_len as usize - at);
                     let n = (r.src_len as usize - at).min(STAGE_PART);
                     input.resize(at + n, 0);

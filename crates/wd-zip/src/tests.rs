@@ -695,6 +695,109 @@ fn a_cut_decompression_fails_as_the_whole_one() {
     }
 }
 
+/// A zstd bomb (16 MiB of zeros is a few hundred bytes of RLE blocks) is
+/// served a part per pass too: its parts are bounded by their output,
+/// not only by the input they take.
+#[test]
+fn a_zstd_bomb_is_decompressed_a_part_per_pass() {
+    const LEN: usize = 16 << 20;
+    const OUT: u64 = BASE + (4 << 20);
+    let zeros = vec![0u8; LEN];
+    let mut z = vec![0u8; compress_bound(Algorithm::Zstd, LEN)];
+    let n = Engine::new()
+        .compress(Algorithm::Zstd, 1, &zeros[..], &mut z[..])
+        .unwrap();
+    let (mut q, mut mem) = (
+        ZipQueue::new(Arc::new(AtomicU64::new(0))),
+        FlatMemory::new(BASE, 24 << 20),
+    );
+    mem.put(SRC, &z[..n]);
+    let (st, r, calls) = run_parts(
+        &mut q,
+        &mut mem,
+        shot(false, Algorithm::Zstd, SRC, n, OUT, LEN),
+    );
+    assert_eq!(st, 0);
+    assert_eq!(Done::from_result(r).produced, LEN as u64);
+    assert!(calls >= LEN / (2 << 20), "{calls} calls");
+    assert!(mem.get(OUT, LEN) == zeros);
+}
+
+/// A decompression that may make the most output a request may is cut
+/// whatever its input's length and the queue's sessions: a client must
+/// not get a long request run whole (tens of milliseconds of the engine)
+/// by asking for it with the longest input. A zstd cut holds its input
+/// and its room (64 + 64 MiB and the decoder's state, past
+/// SESSION_MEMORY), and one that did not fit beside the sessions ran
+/// whole: a client filling its own queue's budget with sessions got every
+/// decompression run whole the same way.
+#[test]
+fn the_longest_decompression_is_cut_whatever_its_input() {
+    const MAX: usize = 64 << 20;
+    let zeros = vec![0u8; 16 << 20];
+    let mut z = vec![0u8; compress_bound(Algorithm::Zstd, zeros.len())];
+    let n = Engine::new()
+        .compress(Algorithm::Zstd, 1, &zeros[..], &mut z[..])
+        .unwrap();
+    z.truncate(n);
+    // Padded to the longest input with a skippable frame.
+    z.extend_from_slice(&[0x50, 0x2a, 0x4d, 0x18]);
+    z.extend_from_slice(&((MAX - n - 8) as u32).to_le_bytes());
+    z.resize(MAX, 0);
+    let (mut q, mut mem) = (
+        ZipQueue::new(Arc::new(AtomicU64::new(0))),
+        FlatMemory::new(BASE, 2 * MAX),
+    );
+    mem.put(BASE, &z);
+    let d = shot(false, Algorithm::Zstd, BASE, MAX, BASE + MAX as u64, MAX);
+    let mut x = d;
+    assert!(
+        matches!(q.process_part(&mut x, &mut mem, 0, 1), Progress::More(_)),
+        "run whole: {}",
+        x.status
+    );
+    // And with the queue's session budget all but spent.
+    let (mut q, _) = long_queue();
+    while q.held < SESSION_MEMORY - (58 << 20) {
+        open(&mut q, &mut mem, Algorithm::Zstd, 19, true);
+    }
+    let mut x = d;
+    assert!(
+        matches!(q.process_part(&mut x, &mut mem, 0, 1), Progress::More(_)),
+        "run whole beside sessions: {}",
+        x.status
+    );
+}
+
+/// A cut decompression checks its whole input in its first part, as the
+/// request run whole reads it all first: input memory that fails past
+/// the first part's copy fails the first part (which a stall may park and
+/// retry from the start), not a later one.
+#[test]
+fn a_cut_decompression_faults_on_its_input_in_its_first_part() {
+    let data = noisy(12 << 20);
+    for alg in Algorithm::ALL {
+        let (mut q, mut mem) = (
+            ZipQueue::new(Arc::new(AtomicU64::new(0))),
+            FlatMemory::new(BASE, 24 << 20),
+        );
+        // Input running 1 MiB past the end of memory, 6 MiB long.
+        let src = BASE + (19 << 20);
+        mem.put(src, &data[..5 << 20]);
+        let d = shot(false, alg, src, 6 << 20, SRC, 12 << 20);
+        let (whole, _) = run(&mut q, &mut mem, d);
+        assert_eq!(whole, status::EFAULT, "{alg}");
+        let mut x = d;
+        assert_eq!(
+            q.process_part(&mut x, &mut mem, 0, 1),
+            Progress::Done,
+            "{alg}"
+        );
+        assert_eq!(x.status, status::EFAULT, "{alg}");
+        assert_eq!(held(&q), 0, "{alg}");
+    }
+}
+
 /// The engine continues a cut request before any other of its queue; a
 /// request that is not cut may still come between parts (the device must
 /// not mind), and a new long request abandons the cut. A continuation the
