@@ -452,6 +452,9 @@ impl DecompressParts {
                     let c = r.get_ref();
                     c.get_ref().at.0 + c.position() as usize
                 };
+                // A read of 0 bytes ends the frame only where its bytes
+                // end (it is also a block that decodes to none).
+                let frame_end = |r: &Lz4Decoder| r.get_ref().get_ref().at.1;
                 let mut mark = dec.as_ref().map_or(0, read_at);
                 loop {
                     if dec.is_none() {
@@ -483,7 +486,9 @@ impl DecompressParts {
                             // Out of room: the frame must end here.
                             let mut probe = [0u8; 1];
                             match r.read(&mut probe) {
-                                Ok(0) => {}
+                                Ok(0) if read_at(r) == frame_end(r) => {}
+                                // A block that decodes to nothing.
+                                Ok(0) => continue,
                                 Ok(_) => return Err(no_space),
                                 Err(_) => return Err(CodecError::Corrupt),
                             }
@@ -495,7 +500,7 @@ impl DecompressParts {
                         break;
                     } else {
                         match r.read(&mut room[made..]) {
-                            Ok(0) => {}
+                            Ok(0) if read_at(r) == frame_end(r) => {}
                             Ok(k) => {
                                 made += k;
                                 continue;

@@ -532,18 +532,23 @@ fn lz4_decompress(input: &[u8], out: &mut [u8]) -> Result<Inflated, CodecError> 
     let mut made = 0;
     for frame in frames {
         let mut r = lz4_flex::frame::FrameDecoder::new(frame);
+        // The decoder reads nothing past the frame's end: it ended when
+        // none of it is left (a read of 0 bytes is also a block that
+        // decodes to none, with more of the frame after it).
+        let ended = |r: &lz4_flex::frame::FrameDecoder<&[u8]>| r.get_ref().is_empty();
         loop {
             if made == out.len() {
                 // Full: the frame must end here.
                 let mut probe = [0u8; 1];
                 match r.read(&mut probe) {
-                    Ok(0) => break,
+                    Ok(0) if ended(&r) => break,
+                    Ok(0) => continue,
                     Ok(_) => return Err(CodecError::NoSpace),
                     Err(_) => return Err(CodecError::Corrupt),
                 }
             }
             match r.read(&mut out[made..]) {
-                Ok(0) => break,
+                Ok(0) if ended(&r) => break,
                 Ok(n) => made += n,
                 Err(_) => return Err(CodecError::Corrupt),
             }

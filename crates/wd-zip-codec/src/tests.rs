@@ -559,6 +559,41 @@ fn lz4_blocks_after_an_empty_uncompressed_block_are_not_dropped() {
     );
 }
 
+/// A compressed LZ4 block may decode to no bytes (a lone token of no
+/// literals). The frame decoder answers a read with 0 bytes there, which
+/// was taken for the frame's end: the blocks after it were dropped, with
+/// success and all input counted as consumed.
+#[test]
+fn lz4_blocks_after_a_block_of_no_bytes_are_decoded() {
+    let mut e = Engine::new();
+    let data = text(50_000);
+    let c = one_shot(&mut e, Algorithm::Lz4, 1, &data);
+    let flg = c[4];
+    let header = 4 + 2 + if flg & 8 != 0 { 8 } else { 0 } + if flg & 1 != 0 { 4 } else { 0 } + 1;
+    assert_eq!(flg & 0x10, 0, "no block checksums");
+    let mut z = c[..header].to_vec();
+    z.extend_from_slice(&1u32.to_le_bytes());
+    z.push(0);
+    z.extend_from_slice(&c[header..]);
+    for room in [data.len(), data.len() + 100] {
+        let mut out = vec![0u8; room];
+        let got = e.decompress(Algorithm::Lz4, &z, &mut out, 0).unwrap();
+        assert_eq!((got.consumed, got.produced), (z.len(), data.len()));
+        assert!(out[..data.len()] == data[..]);
+        let mut p = crate::DecompressParts::new(Algorithm::Lz4, z.clone(), room, 0).unwrap();
+        let mut back = Vec::new();
+        let end = loop {
+            let (made, end) = p.next_part().unwrap();
+            back.extend_from_slice(made);
+            if let Some(end) = end {
+                break end;
+            }
+        };
+        assert_eq!(end, got);
+        assert!(back == data);
+    }
+}
+
 /// A zstd stream whose input ends where a skippable frame ended ends
 /// when the caller finishes it, as one-shot decoding accepts it (it never
 /// ended: every later step said "not yet").
