@@ -589,25 +589,35 @@ fn long_compressions_run_a_part_per_pass() {
     assert_eq!(run_parts(&mut q, &mut mem, d).2, 1);
 }
 
+/// Bytes of a long stream's data, where the stream is, and where it is
+/// decoded to, in 32 MiB of memory ([`long_stream`]).
+const LEN: usize = 9 << 20;
+const Z: u64 = BASE + (10 << 20);
+const OUT: u64 = BASE + (20 << 20);
+
+/// A new queue and its memory, with `data` ([`LEN`] bytes) compressed by
+/// `alg` at [`Z`]: the stream's length.
+fn long_stream(alg: Algorithm, data: &[u8]) -> (ZipQueue, FlatMemory, usize) {
+    let (mut q, mut mem) = (
+        ZipQueue::new(Arc::new(AtomicU64::new(0))),
+        FlatMemory::new(BASE, 32 << 20),
+    );
+    mem.put(SRC, data);
+    let (st, r) = run(&mut q, &mut mem, shot(true, alg, SRC, LEN, Z, 10 << 20));
+    assert_eq!(st, 0, "{alg}");
+    let n = Done::from_result(r).produced as usize;
+    (q, mem, n)
+}
+
 /// A long decompression is served a part per engine pass too (64 MiB of
 /// output is 60 to 120 ms of one engine), with the result of the request
-/// run whole, and the memory it holds between parts counted with the
-/// sessions'; a short one runs whole.
+/// run whole, the memory it holds between parts given back at its end; a
+/// short one runs whole.
 #[test]
 fn long_decompressions_run_a_part_per_pass() {
-    const LEN: usize = 9 << 20;
-    const Z: u64 = BASE + (10 << 20);
-    const OUT: u64 = BASE + (20 << 20);
     let data = noisy(LEN);
     for alg in Algorithm::ALL {
-        let (mut q, mut mem) = (
-            ZipQueue::new(Arc::new(AtomicU64::new(0))),
-            FlatMemory::new(BASE, 32 << 20),
-        );
-        mem.put(SRC, &data);
-        let (st, r) = run(&mut q, &mut mem, shot(true, alg, SRC, LEN, Z, 10 << 20));
-        assert_eq!(st, 0, "{alg}");
-        let n = Done::from_result(r).produced as usize;
+        let (mut q, mut mem, n) = long_stream(alg, &data);
         // Whole (a room of one part), then cut (a larger room).
         let whole = shot(false, alg, Z, n, OUT, LEN);
         let (st, _, calls) = run_parts(&mut q, &mut mem, shot(false, alg, Z, n, OUT, 4 << 20));
@@ -634,18 +644,9 @@ fn long_decompressions_run_a_part_per_pass() {
 /// limit, a room one byte short.
 #[test]
 fn a_cut_decompression_fails_as_the_whole_one() {
-    const LEN: usize = 9 << 20;
-    const Z: u64 = BASE + (10 << 20);
-    const OUT: u64 = BASE + (20 << 20);
     let data = noisy(LEN);
     for alg in Algorithm::ALL {
-        let (mut q, mut mem) = (
-            ZipQueue::new(Arc::new(AtomicU64::new(0))),
-            FlatMemory::new(BASE, 32 << 20),
-        );
-        mem.put(SRC, &data);
-        let (_, r) = run(&mut q, &mut mem, shot(true, alg, SRC, LEN, Z, 10 << 20));
-        let n = Done::from_result(r).produced as usize;
+        let (mut q, mut mem, n) = long_stream(alg, &data);
         let ask = |dst: u64, room: usize, max_ratio: u16| {
             OneShot {
                 compress: false,
