@@ -130,7 +130,8 @@ struct Cut {
     /// Input taken and output written by its parts so far.
     consumed: u64,
     produced: u64,
-    /// Memory the cut holds between parts, counted with the sessions'.
+    /// Memory the cut holds between parts: a compression's counted with
+    /// the sessions' (see `begin_cut` for a decompression's).
     footprint: usize,
     work: Work,
 }
