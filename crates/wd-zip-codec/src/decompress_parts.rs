@@ -462,7 +462,7 @@ impl DecompressParts {
                             break;
                         }
                         let from = *next;
-                        let (end, data) =
+                        let (end, data, decoded) =
                             lz4_frame_at(&self.input, from).ok_or(CodecError::Corrupt)?;
                         walked += LZ4_FRAME_COST;
                         *next = end;
@@ -472,7 +472,7 @@ impl DecompressParts {
                         }
                         *dec = Some(lz4_flex::frame::FrameDecoder::new(Cursor::new(Frame {
                             input: Arc::clone(&self.input),
-                            at: (from, end),
+                            at: (from, decoded),
                         })));
                         mark = from;
                     }

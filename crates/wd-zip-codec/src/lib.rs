@@ -478,9 +478,9 @@ fn lz4_frames(input: &[u8]) -> Option<Vec<&[u8]>> {
     let mut frames = Vec::new();
     let mut at = 0;
     while at < input.len() {
-        let (end, data) = lz4_frame_at(input, at)?;
+        let (end, data, decoded) = lz4_frame_at(input, at)?;
         if data {
-            frames.push(&input[at..end]);
+            frames.push(&input[at..decoded]);
         }
         at = end;
     }
@@ -488,9 +488,14 @@ fn lz4_frames(input: &[u8]) -> Option<Vec<&[u8]>> {
 }
 
 /// The frame of `input` at `at` (not its end), walked by its header and
-/// block lengths: where it ends, and whether it is a data frame (else
-/// skippable); `None` unless it is whole.
-pub(crate) fn lz4_frame_at(input: &[u8], at: usize) -> Option<(usize, bool)> {
+/// block lengths: where it ends, whether it is a data frame (else
+/// skippable), and where the bytes the frame decoder is given end: the
+/// frame's end, or its end mark where that is 0x80000000 (lz4_flex takes
+/// it for an empty block, and would read a block checksum or the content
+/// checksum after it as the next block's header: cut before it, the
+/// frame ends at a block boundary, as the decoder allows); `None` unless
+/// it is whole.
+pub(crate) fn lz4_frame_at(input: &[u8], at: usize) -> Option<(usize, bool, usize)> {
     let input = input.get(at..)?;
     let u32_at = |b: &[u8], at: usize| -> Option<u32> {
         b.get(at..at.checked_add(4)?)
@@ -501,7 +506,7 @@ pub(crate) fn lz4_frame_at(input: &[u8], at: usize) -> Option<(usize, bool)> {
         let len = u32_at(input, 4)? as usize;
         let end = 8usize.checked_add(len)?;
         input.get(..end)?;
-        return Some((at + end, false));
+        return Some((at + end, false, at + end));
     }
     if magic != 0x184d_2204 {
         return None;
@@ -509,21 +514,24 @@ pub(crate) fn lz4_frame_at(input: &[u8], at: usize) -> Option<(usize, bool)> {
     let &flg = input.get(4)?;
     // FLG, BD, content size, dictionary id, header checksum.
     let mut end = 4 + 2 + if flg & 8 != 0 { 8 } else { 0 } + if flg & 1 != 0 { 4 } else { 0 } + 1;
-    loop {
+    let decoded = loop {
         let size = u32_at(input, end)?;
         end += 4;
         // The end mark; an "uncompressed" block of no bytes ends the
-        // frame too, as the reference decoder (and lz4_flex's) has it:
-        // what follows is the next frame, not more of this one.
-        if size & 0x7fff_ffff == 0 {
-            break;
+        // frame too, as the reference decoder has it: what follows is
+        // the next frame, not more of this one.
+        if size == 0 {
+            break None;
+        }
+        if size == 0x8000_0000 {
+            break Some(end - 4);
         }
         end =
             end.checked_add((size & 0x7fff_ffff) as usize + if flg & 0x10 != 0 { 4 } else { 0 })?;
-    }
+    };
     end += if flg & 4 != 0 { 4 } else { 0 };
     input.get(..end)?;
-    Some((at + end, true))
+    Some((at + end, true, at + decoded.unwrap_or(end)))
 }
 
 fn lz4_decompress(input: &[u8], out: &mut [u8]) -> Result<Inflated, CodecError> {

@@ -594,6 +594,55 @@ fn lz4_blocks_after_a_block_of_no_bytes_are_decoded() {
     }
 }
 
+/// Where 0x80000000 is a frame's end mark (as the reference decoder reads
+/// it), the frame's content checksum may follow it. The frame decoder
+/// reads that header as an empty block, answering a read with 0 bytes
+/// before the checksum: a read of 0 was taken for the end only where the
+/// frame's bytes end, so the checksum was decoded as a block header and
+/// the frame refused as corrupt. With block checksums, the decoder reads
+/// a checksum for the "empty block" (the content checksum, or past the
+/// frame's end).
+#[test]
+fn lz4_an_end_mark_of_0x80000000_ends_a_frame_with_checksums() {
+    for (content, blocks) in [(true, false), (true, true), (false, true)] {
+        lz4_end_mark_0x80000000_with(content, blocks);
+    }
+}
+
+fn lz4_end_mark_0x80000000_with(content: bool, blocks: bool) {
+    use std::io::Write;
+    let data = text(50_000);
+    let info = lz4_flex::frame::FrameInfo::new()
+        .content_checksum(content)
+        .block_checksums(blocks);
+    let mut w = lz4_flex::frame::FrameEncoder::with_frame_info(info, Vec::new());
+    w.write_all(&data).unwrap();
+    let mut z = w.finish().unwrap();
+    assert_eq!(z[4] & 4 != 0, content);
+    assert_eq!(z[4] & 0x10 != 0, blocks);
+    let mark = z.len() - if content { 8 } else { 4 };
+    assert_eq!(z[mark..mark + 4], [0, 0, 0, 0]);
+    z[mark + 3] = 0x80;
+    let mut e = Engine::new();
+    for room in [data.len(), data.len() + 100] {
+        let mut out = vec![0u8; room];
+        let got = e.decompress(Algorithm::Lz4, &z, &mut out, 0).unwrap();
+        assert_eq!((got.consumed, got.produced), (z.len(), data.len()));
+        assert!(out[..data.len()] == data[..]);
+        let mut p = crate::DecompressParts::new(Algorithm::Lz4, z.clone(), room, 0).unwrap();
+        let mut back = Vec::new();
+        let end = loop {
+            let (made, end) = p.next_part().unwrap();
+            back.extend_from_slice(made);
+            if let Some(end) = end {
+                break end;
+            }
+        };
+        assert_eq!(end, got);
+        assert!(back == data);
+    }
+}
+
 /// A zstd stream whose input ends where a skippable frame ended ends
 /// when the caller finishes it, as one-shot decoding accepts it (it never
 /// ended: every later step said "not yet").
