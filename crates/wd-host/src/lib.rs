@@ -335,6 +335,14 @@ pub(crate) const FD_HEADROOM: u64 = 64;
 /// through with fewer free when it alone was looked at).
 pub(crate) fn short_of_descriptors(newest: u64) -> bool {
     let limit = wd_sys::nofile_limit().unwrap_or(1024);
+    if newest + FD_HEADROOM >= limit {
+        return true;
+    }
+    // Listed only when the table could hold that many (the listing costs
+    // as much as the descriptors open; the table's size is read at once).
+    if wd_sys::descriptor_table_size().is_some_and(|n| n + FD_HEADROOM < limit) {
+        return false;
+    }
     let open = wd_sys::open_descriptors().map_or(newest, |n| n.max(newest));
     open + FD_HEADROOM >= limit
 }
