@@ -575,12 +575,20 @@ fn lz4_blocks_after_a_block_of_no_bytes_are_decoded() {
     z.extend_from_slice(&1u32.to_le_bytes());
     z.push(0);
     z.extend_from_slice(&c[header..]);
+    lz4_decodes_to(&z, &data);
+}
+
+/// `z` decodes to `data`, all of it taken, whole and in parts, into a
+/// room it fills and one larger.
+fn lz4_decodes_to(z: &[u8], data: &[u8]) {
     for room in [data.len(), data.len() + 100] {
         let mut out = vec![0u8; room];
-        let got = e.decompress(Algorithm::Lz4, &z, &mut out, 0).unwrap();
+        let got = Engine::new()
+            .decompress(Algorithm::Lz4, z, &mut out, 0)
+            .unwrap();
         assert_eq!((got.consumed, got.produced), (z.len(), data.len()));
         assert!(out[..data.len()] == data[..]);
-        let mut p = crate::DecompressParts::new(Algorithm::Lz4, z.clone(), room, 0).unwrap();
+        let mut p = crate::DecompressParts::new(Algorithm::Lz4, z.to_vec(), room, 0).unwrap();
         let mut back = Vec::new();
         let end = loop {
             let (made, end) = p.next_part().unwrap();
@@ -623,24 +631,7 @@ fn lz4_end_mark_0x80000000_with(content: bool, blocks: bool) {
     let mark = z.len() - if content { 8 } else { 4 };
     assert_eq!(z[mark..mark + 4], [0, 0, 0, 0]);
     z[mark + 3] = 0x80;
-    let mut e = Engine::new();
-    for room in [data.len(), data.len() + 100] {
-        let mut out = vec![0u8; room];
-        let got = e.decompress(Algorithm::Lz4, &z, &mut out, 0).unwrap();
-        assert_eq!((got.consumed, got.produced), (z.len(), data.len()));
-        assert!(out[..data.len()] == data[..]);
-        let mut p = crate::DecompressParts::new(Algorithm::Lz4, z.clone(), room, 0).unwrap();
-        let mut back = Vec::new();
-        let end = loop {
-            let (made, end) = p.next_part().unwrap();
-            back.extend_from_slice(made);
-            if let Some(end) = end {
-                break end;
-            }
-        };
-        assert_eq!(end, got);
-        assert!(back == data);
-    }
+    lz4_decodes_to(&z, &data);
 }
 
 /// A zstd stream whose input ends where a skippable frame ended ends
