@@ -196,6 +196,43 @@ fn a_flood_of_shares_leaves_room_for_another_clients_queue() {
     );
 }
 
+/// A host with the asynchronous memcpy device (which holds copies) and
+/// the synchronous one.
+fn async_and_sync_copies() -> Host {
+    Host::embedded(vec![
+        DeviceConfig::new("dummy-async"),
+        DeviceConfig::new("dummy"),
+    ])
+    .unwrap()
+}
+
+/// Send `copies` copies of 64 MiB from `src` to `dst` (both shared with
+/// `q`) and give the device a moment to take them: how many were sent.
+fn send_copies(
+    q: &mut wrapdrive::Queue,
+    src: &wrapdrive::SharedBuf,
+    dst: &wrapdrive::SharedBuf,
+    copies: u64,
+) -> usize {
+    use wd_dummy_msg::CopyMsg;
+    let reqs: Vec<_> = (0..copies)
+        .map(|i| {
+            let d = CopyMsg {
+                src: src.addr(),
+                dst: dst.addr(),
+                len: 64 << 20,
+            };
+            (d.to_desc(0), i)
+        })
+        .collect();
+    let mut sent = 0;
+    while sent < reqs.len() {
+        sent += q.send_batch(&reqs[sent..]).unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    sent
+}
+
 /// A client (its own connection) whose queue on the asynchronous memcpy
 /// device is in deferred invalidation, with `copies` copies of 64 MiB
 /// sent (the device holds them) and a small range unshared since: its
@@ -204,7 +241,6 @@ fn holding_copies(
     host: &Host,
     copies: u64,
 ) -> (wrapdrive::Queue, [wrapdrive::SharedBuf; 3], usize) {
-    use wd_dummy_msg::CopyMsg;
     use wrapdrive::{Capability, FaultPolicy, HostConn, InvalidationMode, SharedBuf};
     const BIG: u64 = 64 << 20;
     let a = HostConn::connect(host.address()).unwrap();
@@ -222,21 +258,7 @@ fn holding_copies(
     q.share(src.addr(), BIG).unwrap();
     q.share(dst.addr(), BIG).unwrap();
     q.share(small.addr(), 4096).unwrap();
-    let reqs: Vec<_> = (0..copies)
-        .map(|i| {
-            let d = CopyMsg {
-                src: src.addr(),
-                dst: dst.addr(),
-                len: BIG,
-            };
-            (d.to_desc(0), i)
-        })
-        .collect();
-    let mut sent = 0;
-    while sent < reqs.len() {
-        sent += q.send_batch(&reqs[sent..]).unwrap();
-    }
-    std::thread::sleep(std::time::Duration::from_millis(20));
+    let sent = send_copies(&mut q, src, dst, copies);
     q.unshare(small.addr(), 4096).unwrap();
     (q, bufs, sent)
 }
@@ -254,11 +276,7 @@ fn a_listing_stuck_on_one_clients_flush_does_not_hold_every_queue_request() {
     use std::time::{Duration, Instant};
     use wrapdrive::{Capability, FaultPolicy, HostConn, InvalidationMode};
     let _serial = serial();
-    let host = Host::embedded(vec![
-        DeviceConfig::new("dummy-async"),
-        DeviceConfig::new("dummy"),
-    ])
-    .unwrap();
+    let host = async_and_sync_copies();
     // Client A: deferred invalidation and 256 copies of 64 MiB held.
     let t0 = Instant::now();
     let (mut q, _bufs, sent) = holding_copies(&host, 256);
@@ -316,11 +334,7 @@ fn one_clients_held_requests_do_not_stop_the_iommu_timers() {
     use wrapdrive::{Capability, FaultPolicy, HostConn, InvalidationMode, SharedBuf};
     let _serial = serial();
     const COPIES: u64 = 2048;
-    let host = Host::embedded(vec![
-        DeviceConfig::new("dummy-async"),
-        DeviceConfig::new("dummy"),
-    ])
-    .unwrap();
+    let host = async_and_sync_copies();
     // Client B: a request stalled on an address it never shares, which
     // the stall timeout (5 s) aborts.
     let b = HostConn::connect(host.address()).unwrap();
@@ -375,7 +389,6 @@ struct Held {
 
 impl Held {
     fn start(conn: &std::sync::Arc<wrapdrive::HostConn>, copies: u32) -> Held {
-        use wd_dummy_msg::CopyMsg;
         const BIG: u64 = 64 << 20;
         let mut q = conn
             .request_queue(&wrapdrive::Capability::new("memcpy-async").depth(copies))
@@ -386,22 +399,8 @@ impl Held {
         );
         q.share(src.addr(), BIG).unwrap();
         q.share(dst.addr(), BIG).unwrap();
-        let reqs: Vec<_> = (0..copies as u64)
-            .map(|i| {
-                let d = CopyMsg {
-                    src: src.addr(),
-                    dst: dst.addr(),
-                    len: BIG,
-                };
-                (d.to_desc(0), i)
-            })
-            .collect();
         let since = std::time::Instant::now();
-        let mut sent = 0;
-        while sent < reqs.len() {
-            sent += q.send_batch(&reqs[sent..]).unwrap();
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        let sent = send_copies(&mut q, &src, &dst, copies as u64);
         Held {
             q,
             _bufs: (src, dst),
@@ -437,11 +436,7 @@ impl Held {
 fn releasing_a_blocked_queue_does_not_wait_for_another_clients_held_requests() {
     use std::time::{Duration, Instant};
     let _serial = serial();
-    let host = Host::embedded(vec![
-        DeviceConfig::new("dummy-async"),
-        DeviceConfig::new("dummy"),
-    ])
-    .unwrap();
+    let host = async_and_sync_copies();
     let a = wrapdrive::HostConn::connect(host.address()).unwrap();
     let held = Held::start(&a, 256);
     // Client B: bypass off, a queue (blocked), released.
