@@ -6,12 +6,12 @@
 //! client has descriptors again its next call connects again.
 #![allow(unsafe_code)]
 
-use std::io::Read;
+mod common;
+
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 
-use wd_host::{DeviceConfig, HostConfig};
 use wd_testutil::{report, tempdir, Role};
 use wrapdrive::{Capability, HostConn};
 
@@ -25,18 +25,7 @@ fn child_entry() {
     };
     let socket = std::env::var("WD_TEST_SOCKET").unwrap();
     match role.as_str() {
-        "host" => {
-            let cfg = HostConfig {
-                socket,
-                socket_mode: 0o600,
-                devices: vec![DeviceConfig::new("dummy")],
-                ..HostConfig::default()
-            };
-            let _h = wd_host::Host::start(&cfg).expect("host starts");
-            report("ready");
-            let mut sink = Vec::new();
-            let _ = std::io::stdin().read_to_end(&mut sink);
-        }
+        "host" => common::serve_until_stdin_closes(&common::dummy_host(socket, 0o600)),
         // Ask for a queue with 0, 1, 2 ... descriptors free, and report
         // each outcome.
         "client" => {

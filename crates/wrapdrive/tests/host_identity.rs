@@ -6,6 +6,8 @@
 //! the clients are re-runs too, so each gets its own `WD_HOST_UIDS`.
 //! Without root the test is skipped.
 
+mod common;
+
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
@@ -33,18 +35,7 @@ fn child_entry() {
     let addr = std::env::var("WD_IDENTITY_TEST_ADDR").unwrap();
     match role.as_str() {
         // Serve a host anyone may use until stdin closes.
-        "host" => {
-            let cfg = HostConfig {
-                socket: addr,
-                socket_mode: 0o666,
-                devices: vec![DeviceConfig::new("dummy")],
-                ..HostConfig::default()
-            };
-            let _h = wd_host::Host::start(&cfg).expect("host starts");
-            report("ready");
-            let mut sink = Vec::new();
-            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
-        }
+        "host" => common::serve_until_stdin_closes(&common::dummy_host(addr, 0o666)),
         "connect" => {
             let r = match HostConn::connect(&addr) {
                 Ok(h) => format!("ok {}", h.host_pid()),

@@ -4,13 +4,13 @@
 //! cannot use its parent's queue and connection, but may ask for its own.
 #![allow(unsafe_code)]
 
-use std::io::Read;
+mod common;
+
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wd_host::{DeviceConfig, HostConfig};
-use wd_testutil::{report, tempdir, wait_until, Role, TempDir};
+use wd_testutil::{tempdir, wait_until, Role, TempDir};
 use wrapdrive::{Capability, HostConn, Status};
 
 /// A host in a process of its own (killed on drop, before its directory
@@ -54,18 +54,10 @@ fn child_entry() {
     };
     match role.as_str() {
         // Serve until killed or stdin closes.
-        "host" => {
-            let cfg = HostConfig {
-                socket: std::env::var("WD_TEST_SOCKET").unwrap(),
-                socket_mode: 0o600,
-                devices: vec![DeviceConfig::new("dummy")],
-                ..HostConfig::default()
-            };
-            let _h = wd_host::Host::start(&cfg).expect("host starts");
-            report("ready");
-            let mut sink = Vec::new();
-            let _ = std::io::stdin().read_to_end(&mut sink);
-        }
+        "host" => common::serve_until_stdin_closes(&common::dummy_host(
+            std::env::var("WD_TEST_SOCKET").unwrap(),
+            0o600,
+        )),
         other => panic!("unknown role {other}"),
     }
 }

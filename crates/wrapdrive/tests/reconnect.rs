@@ -5,14 +5,15 @@
 //! coming back, the caller hears `HostGone` once the window has passed.
 #![allow(unsafe_code)]
 
-use std::io::Read;
+mod common;
+
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wd_dummy_msg::CopyMsg;
 use wd_host::{DeviceConfig, HostConfig};
-use wd_testutil::{report, tempdir, wait_until, Role, TempDir};
+use wd_testutil::{tempdir, wait_until, Role, TempDir};
 use wrapdrive::{Capability, Desc, HostConn, Queue, SharedBuf, Status, STATUS_RESTARTED};
 
 /// Entry point of the host process; does nothing in a normal test run.
@@ -22,20 +23,12 @@ fn child_entry() {
         return;
     };
     assert_eq!(role, "host");
-    let mut cfg = HostConfig {
-        socket: std::env::var("WD_TEST_SOCKET").unwrap(),
-        socket_mode: 0o600,
-        devices: vec![DeviceConfig::new("dummy")],
-        ..HostConfig::default()
-    };
+    let mut cfg = common::dummy_host(std::env::var("WD_TEST_SOCKET").unwrap(), 0o600);
     if let Ok(n) = std::env::var("WD_TEST_SHARES") {
         cfg.limits.shares_per_uid = n.parse().unwrap();
         cfg.limits.exempt_owner = false;
     }
-    let _h = wd_host::Host::start(&cfg).expect("host starts");
-    report("ready");
-    let mut sink = Vec::new();
-    let _ = std::io::stdin().read_to_end(&mut sink);
+    common::serve_until_stdin_closes(&cfg);
 }
 
 /// A host process on `socket`, returned once it serves.

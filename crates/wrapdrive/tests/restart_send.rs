@@ -4,13 +4,13 @@
 //! retry: one send, two completions of its cookie).
 #![allow(unsafe_code)]
 
-use std::io::Read;
+mod common;
+
 use std::process::Stdio;
 use std::time::Duration;
 
 use wd_dummy_msg::CopyMsg;
-use wd_host::{DeviceConfig, HostConfig};
-use wd_testutil::{report, tempdir, Role};
+use wd_testutil::{tempdir, Role};
 use wrapdrive::{Capability, HostConn, SharedBuf};
 
 #[test]
@@ -19,16 +19,10 @@ fn child_entry() {
         return;
     };
     assert_eq!(role, "host");
-    let cfg = HostConfig {
-        socket: std::env::var("WD_TEST_SOCKET").unwrap(),
-        socket_mode: 0o600,
-        devices: vec![DeviceConfig::new("dummy")],
-        ..HostConfig::default()
-    };
-    let _h = wd_host::Host::start(&cfg).expect("host starts");
-    report("ready");
-    let mut sink = Vec::new();
-    let _ = std::io::stdin().read_to_end(&mut sink);
+    common::serve_until_stdin_closes(&common::dummy_host(
+        std::env::var("WD_TEST_SOCKET").unwrap(),
+        0o600,
+    ));
 }
 
 fn start_host(socket: &str) -> Role {
