@@ -596,7 +596,6 @@ const LIMIT: u64 = 128;
 /// does not use are open above 20 it closed. Its directory (the socket is
 /// `wd.sock` there) and the running role.
 fn limited_host(holes: bool) -> (wd_testutil::TempDir, wd_testutil::Role) {
-    use std::os::unix::process::CommandExt;
     use std::process::Stdio;
     let d = wd_testutil::tempdir_in(
         std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
@@ -610,20 +609,7 @@ fn limited_host(holes: bool) -> (wd_testutil::TempDir, wd_testutil::Role) {
     if holes {
         c.env("WD_TEST_HOLES", "1");
     }
-    // SAFETY: setrlimit in the child before exec (async-signal-safe).
-    #[allow(unsafe_code)]
-    unsafe {
-        c.pre_exec(|| {
-            let r = libc::rlimit {
-                rlim_cur: LIMIT,
-                rlim_max: LIMIT,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    wd_sys::limit_descriptors_on_exec(&mut c, LIMIT);
     let mut host = wd_testutil::Role::spawn(c);
     assert_eq!(host.read_report(), "ready");
     (d, host)

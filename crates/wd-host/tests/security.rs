@@ -560,19 +560,7 @@ fn descriptor_exhaustion_neither_spins_nor_sticks() {
         )
         .stdin(Stdio::piped())
         .stderr(Stdio::null());
-    // SAFETY: setrlimit in the child before exec (async-signal-safe).
-    unsafe {
-        c.pre_exec(|| {
-            let r = libc::rlimit {
-                rlim_cur: 128,
-                rlim_max: 128,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    wd_sys::limit_descriptors_on_exec(&mut c, 128);
     let mut host = Role::spawn(c);
     assert_eq!(host.read_report(), "ready");
     wait_until("the host to accept connections", || {

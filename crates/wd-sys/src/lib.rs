@@ -983,6 +983,27 @@ fn get_nofile() -> Result<libc::rlimit> {
     Ok(r)
 }
 
+/// Make the program `c` starts run with `limit` as its soft and hard
+/// limits on open descriptors (as under `ulimit -n`), set in the child
+/// before it executes.
+pub fn limit_descriptors_on_exec(c: &mut std::process::Command, limit: u64) {
+    use std::os::unix::process::CommandExt;
+    let r = libc::rlimit {
+        rlim_cur: limit,
+        rlim_max: limit,
+    };
+    // SAFETY: the hook runs in the forked child before exec and calls
+    // only setrlimit, which is async-signal-safe, on a value it owns.
+    unsafe {
+        c.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Take ownership of descriptor `fd` that this process inherited (from a
 /// service manager, say), marking it close-on-exec. Fails when `fd` is not
 /// open.

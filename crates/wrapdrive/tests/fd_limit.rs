@@ -4,12 +4,10 @@
 //! ("frame carries 5 file descriptors, expected 4"). The connection is
 //! closed (the grant's bytes went with its descriptors), and once the
 //! client has descriptors again its next call connects again.
-#![allow(unsafe_code)]
 
 mod common;
 
 use std::os::fd::OwnedFd;
-use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 
 use wd_testutil::{report, tempdir, Role};
@@ -65,19 +63,7 @@ fn a_client_out_of_descriptors_is_told_so() {
 
     let mut c = Role::command("client");
     c.env("WD_TEST_SOCKET", &socket);
-    // SAFETY: setrlimit in the child before exec (async-signal-safe).
-    unsafe {
-        c.pre_exec(|| {
-            let r = libc::rlimit {
-                rlim_cur: LIMIT,
-                rlim_max: LIMIT,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    wd_sys::limit_descriptors_on_exec(&mut c, LIMIT);
     let mut client = Role::spawn(c);
     let mut refused_on_receipt = 0;
     for free in 0..6 {
