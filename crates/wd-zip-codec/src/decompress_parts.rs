@@ -92,12 +92,8 @@ enum Kind {
     Zstd {
         d: zstd_safe::DCtx<'static>,
         out: Vec<u8>,
-        /// The output already handed out.
-        given: usize,
-        /// The last call ended a frame (or none began).
-        between: bool,
         /// Input the decoder's next unit needs, as its last call said (0:
-        /// a frame begins).
+        /// the last call ended a frame, or none began).
         next_in: usize,
     },
     /// Frames walked one by one as they are decoded (a table of them
@@ -220,8 +216,6 @@ impl DecompressParts {
                 Kind::Zstd {
                     d,
                     out: vec![0; cap + 1],
-                    given: 0,
-                    between: true,
                     next_in: 0,
                 }
             }
@@ -369,13 +363,7 @@ impl DecompressParts {
                 }
                 Ok((0, made, true))
             }
-            Kind::Zstd {
-                d,
-                out,
-                given,
-                between,
-                next_in,
-            } => {
+            Kind::Zstd { d, out, next_in } => {
                 let at = self.consumed;
                 let upto = self.input.len().min(at + in_part);
                 let start = self.produced;
@@ -409,7 +397,6 @@ impl DecompressParts {
                                 e
                             }
                         })?;
-                    *between = hint == 0;
                     *next_in = hint;
                     if outb.pos() > self.cap {
                         return Err(no_space);
@@ -422,22 +409,20 @@ impl DecompressParts {
                 let made = outb.pos();
                 self.consumed = at + used;
                 self.produced = made;
-                let from = *given;
-                *given = made;
                 if self.consumed == self.input.len() {
                     // All input taken: finished where a frame ended, else
                     // the last frame is cut short.
-                    return match *between {
-                        true => Ok((from, made, true)),
+                    return match *next_in == 0 {
+                        true => Ok((start, made, true)),
                         false => Err(CodecError::Corrupt),
                     };
                 }
-                if used == 0 && made == from {
+                if used == 0 && made == start {
                     // Neither input taken nor output made: the output is
                     // full where a frame has more.
                     return Err(no_space);
                 }
-                Ok((from, made, false))
+                Ok((start, made, false))
             }
             Kind::Lz4 { next, dec, room } => {
                 let n = left.min(part_out);
