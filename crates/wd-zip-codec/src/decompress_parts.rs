@@ -9,9 +9,10 @@
 //! the whole call's semantics: the framing is read here exactly as
 //! libdeflate reads it (header fields, where the trailer is looked for,
 //! what is checked) and the deflate data on zlib-rs; zstd frames on
-//! libzstd's streaming decoder writing into one output buffer that stays
-//! in place between calls (so it keeps no window of its own and takes
-//! any window the one-shot call takes); LZ4 frames on lz4_flex's frame
+//! libzstd's streaming decoder writing into one output that stays in
+//! place between calls, a buffer of its own or the caller's (so it keeps
+//! no window of its own and takes any window the one-shot call takes);
+//! LZ4 frames on lz4_flex's frame
 //! decoder, frame by frame, each walked as it is reached (the one-shot
 //! call walks them all first). A part makes at most a MiB of output
 //! (zstd: up to a block more, its input fed a block at a time) and takes
@@ -34,9 +35,10 @@ use std::sync::Arc;
 
 use flate2::{Decompress, FlushDecompress, Status};
 use wd_zip_msg::Algorithm;
-use zstd_safe::{DParameter, InBuffer, OutBuffer};
 
-use crate::{lz4_frame_at, zstd_error, CodecError, Inflated, PART_OUT};
+use crate::mem::Output;
+use crate::zstd_raw::Dctx;
+use crate::{lz4_frame_at, CodecError, Inflated, PART_OUT};
 
 /// Output one part makes at most: about a millisecond of libdeflate,
 /// two of zlib-rs or lz4_flex here.
@@ -86,12 +88,10 @@ enum Kind {
         /// A part's output room.
         room: Vec<u8>,
     },
-    /// The output buffer, one more byte than the room (the byte tells a
-    /// stream that fits exactly from one that does not), which the
-    /// decoder writes in place across calls.
+    /// The decoder writes one output in place across calls.
     Zstd {
-        d: zstd_safe::DCtx<'static>,
-        out: Vec<u8>,
+        d: Dctx,
+        out: ZstdOut,
         /// Input the decoder's next unit needs, as its last call said (0:
         /// the last call ended a frame, or none began).
         next_in: usize,
@@ -108,6 +108,17 @@ enum Kind {
         room: Vec<u8>,
     },
     Finished,
+}
+
+/// The output a zstd decoder writes in place across calls: decided by the
+/// first part.
+enum ZstdOut {
+    Undecided,
+    /// A buffer of its own, of [`DecompressParts::out_len`] bytes.
+    Own(Vec<u8>),
+    /// The caller's, given to each call
+    /// ([`DecompressParts::next_part_into`]).
+    Callers,
 }
 
 /// One LZ4 frame of the shared input, as a decoder reads it.
@@ -127,6 +138,7 @@ pub struct DecompressParts {
     input: Arc<Vec<u8>>,
     /// Output allowed: the room, or less under a ratio limit.
     cap: usize,
+    room: usize,
     /// Whether `cap` is the ratio limit's (running out of it is `Ratio`).
     ratio_capped: bool,
     max_ratio: u16,
@@ -169,8 +181,8 @@ impl DecompressParts {
     }
 
     /// Memory held across parts for `input_len` bytes of input that may
-    /// make `cap` bytes: what the zip device counts against its queue's
-    /// budget.
+    /// make `cap` bytes, at most (zstd holds no output buffer when it
+    /// writes the caller's).
     pub fn footprint(alg: Algorithm, input_len: usize, cap: usize) -> usize {
         input_len
             + match alg {
@@ -204,21 +216,11 @@ impl DecompressParts {
                     room: Vec::new(),
                 }
             }
-            Algorithm::Zstd => {
-                let mut d = zstd_safe::DCtx::try_create().ok_or(CodecError::Memory)?;
-                // The output stays in place: the decoder keeps no window
-                // of its own, so no window size is too large (the one-shot
-                // call takes any, its output being the window too).
-                d.set_parameter(DParameter::StableOutBuffer(true))
-                    .map_err(zstd_error)?;
-                d.set_parameter(DParameter::WindowLogMax(31))
-                    .map_err(zstd_error)?;
-                Kind::Zstd {
-                    d,
-                    out: vec![0; cap + 1],
-                    next_in: 0,
-                }
-            }
+            Algorithm::Zstd => Kind::Zstd {
+                d: Dctx::stable().ok_or(CodecError::Memory)?,
+                out: ZstdOut::Undecided,
+                next_in: 0,
+            },
             Algorithm::Lz4 => Kind::Lz4 {
                 next: 0,
                 dec: None,
@@ -228,6 +230,7 @@ impl DecompressParts {
         Ok(DecompressParts {
             input: Arc::new(input),
             cap,
+            room,
             ratio_capped: cap < room,
             max_ratio,
             consumed: 0,
@@ -242,6 +245,30 @@ impl DecompressParts {
     pub fn parts_of(mut self, out: usize, input: usize) -> DecompressParts {
         self.part = (out.max(1), input.max(1));
         self
+    }
+
+    /// Whether the next part may be decoded into the caller's output
+    /// ([`DecompressParts::next_part_into`]): zstd, whose earlier parts
+    /// (if any) were decoded so. Its output is then written in place
+    /// rather than into a buffer of the decoder's own, which would be as
+    /// large as the room, fresh for each decompression (its page faults
+    /// cost more than the decoding) and copied once more.
+    pub fn writes_into(&self) -> bool {
+        matches!(
+            self.kind,
+            Kind::Zstd {
+                out: ZstdOut::Undecided | ZstdOut::Callers,
+                ..
+            }
+        )
+    }
+
+    /// Bytes of the output to give each [`DecompressParts::next_part_into`]
+    /// call: the room, or one byte more than the ratio limit allows where
+    /// that is less (the byte tells a stream past the limit from one that
+    /// reaches it exactly).
+    pub fn out_len(&self) -> usize {
+        out_len(self.room, self.cap)
     }
 
     /// Input taken so far.
@@ -270,7 +297,52 @@ impl DecompressParts {
     /// output of earlier parts stands, as a one-shot call's output
     /// written before it failed.
     pub fn next_part(&mut self) -> Result<(&[u8], Option<Inflated>), CodecError> {
-        let r = self.run().and_then(|(from, to, done)| {
+        let len = self.out_len();
+        if let Kind::Zstd { out, .. } = &mut self.kind {
+            match out {
+                ZstdOut::Undecided => *out = ZstdOut::Own(vec![0; len]),
+                ZstdOut::Own(_) => {}
+                ZstdOut::Callers => return Err(CodecError::Param),
+            }
+        }
+        let (from, to, end) = self.part(None::<&mut [u8]>)?;
+        let made = match &self.kind {
+            Kind::Deflate { room, .. } | Kind::Lz4 { room, .. } => &room[from..to],
+            Kind::Zstd {
+                out: ZstdOut::Own(out),
+                ..
+            } => &out[from..to],
+            _ => &[][..],
+        };
+        Ok((made, end))
+    }
+
+    /// As [`DecompressParts::next_part`], decoding into `out` (of
+    /// [`DecompressParts::out_len`] bytes, the same memory on every call)
+    /// where [`DecompressParts::writes_into`] allows: the bytes this part
+    /// wrote, which follow the earlier parts' in `out`.
+    pub fn next_part_into<O: Output + ?Sized>(
+        &mut self,
+        out: &mut O,
+    ) -> Result<(usize, Option<Inflated>), CodecError> {
+        if !self.writes_into() || out.len() != self.out_len() {
+            return Err(CodecError::Param);
+        }
+        if let Kind::Zstd { out, .. } = &mut self.kind {
+            *out = ZstdOut::Callers;
+        }
+        let (from, to, end) = self.part(Some(out))?;
+        Ok((to - from, end))
+    }
+
+    /// One part into the caller's output `out` (zstd in place) or the
+    /// decoder's buffer: where its output lies there, and the result once
+    /// the input is decoded.
+    fn part<O: Output + ?Sized>(
+        &mut self,
+        out: Option<&mut O>,
+    ) -> Result<(usize, usize, Option<Inflated>), CodecError> {
+        let r = self.run(out).and_then(|(from, to, done)| {
             let end = done.then_some(Inflated {
                 consumed: self.consumed,
                 produced: self.produced,
@@ -287,18 +359,15 @@ impl DecompressParts {
                 _ => Ok((from, to, end)),
             }
         });
-        let (from, to, end) = r.inspect_err(|_| self.kind = Kind::Finished)?;
-        let made = match &self.kind {
-            Kind::Deflate { room, .. } | Kind::Lz4 { room, .. } => &room[from..to],
-            Kind::Zstd { out, .. } => &out[from..to],
-            Kind::Finished => &[][..],
-        };
-        Ok((made, end))
+        r.inspect_err(|_| self.kind = Kind::Finished)
     }
 
-    /// One part: where its output lies in the part's buffer, and whether
-    /// the decompression is finished.
-    fn run(&mut self) -> Result<(usize, usize, bool), CodecError> {
+    /// One part: where its output lies in the part's buffer (or `out`),
+    /// and whether the decompression is finished.
+    fn run<O: Output + ?Sized>(
+        &mut self,
+        out: Option<&mut O>,
+    ) -> Result<(usize, usize, bool), CodecError> {
         let no_space = self.no_space();
         let left = self.cap - self.produced;
         let (part_out, in_part) = self.part;
@@ -363,50 +432,34 @@ impl DecompressParts {
                 }
                 Ok((0, made, true))
             }
-            Kind::Zstd { d, out, next_in } => {
+            Kind::Zstd {
+                d,
+                out: own,
+                next_in,
+            } => {
                 let at = self.consumed;
                 let upto = self.input.len().min(at + in_part);
                 let start = self.produced;
-                let mut outb = OutBuffer::around_pos(&mut out[..], start);
-                let mut used = 0;
-                // A block at a time, until this part's input is taken, its
-                // output made or the output is full. A block makes up to
-                // 128 KiB from 4 bytes (RLE), so the input bound alone
-                // would let one part make the whole room: each call is
-                // given what the decoder says its next unit needs (the
-                // rest of a block and the next one's header; at a frame's
-                // start its first bytes), so it decodes one block.
-                loop {
-                    if outb.pos() - start >= part_out {
-                        break;
+                let input = &self.input[at..upto];
+                let (used, made) = match (out, own) {
+                    (Some(out), ZstdOut::Callers) => {
+                        zstd_part(d, next_in, input, out, start, part_out)
                     }
-                    let feed = match *next_in {
-                        0 => ZSTD_FRAME_PREFIX,
-                        n => n,
-                    };
-                    let end = upto.min(at + used + feed);
-                    let mut inb = InBuffer::around(&self.input[at + used..end]);
-                    let before = outb.pos();
-                    let hint = d
-                        .decompress_stream(&mut outb, &mut inb)
-                        .map_err(zstd_error)
-                        .map_err(|e| {
-                            if e == CodecError::NoSpace {
-                                no_space
-                            } else {
-                                e
-                            }
-                        })?;
-                    *next_in = hint;
-                    if outb.pos() > self.cap {
-                        return Err(no_space);
+                    (None, ZstdOut::Own(own)) => {
+                        zstd_part(d, next_in, input, &mut own[..], start, part_out)
                     }
-                    used += inb.pos();
-                    if at + used == upto || (inb.pos(), outb.pos()) == (0, before) {
-                        break;
-                    }
+                    _ => Err(CodecError::Param),
                 }
-                let made = outb.pos();
+                .map_err(|e| {
+                    if e == CodecError::NoSpace {
+                        no_space
+                    } else {
+                        e
+                    }
+                })?;
+                if made > self.cap {
+                    return Err(no_space);
+                }
                 self.consumed = at + used;
                 self.produced = made;
                 if self.consumed == self.input.len() {
@@ -505,6 +558,48 @@ impl DecompressParts {
     }
 }
 
+/// The output a zstd decompression in parts writes into: `room` bytes, or
+/// one more than `cap` where that is less.
+fn out_len(room: usize, cap: usize) -> usize {
+    room.min(cap.saturating_add(1))
+}
+
+/// One part of a zstd decompression: `input` (the part's) decoded into
+/// `out` from `start`, a block at a time, until the input is taken,
+/// `part_out` bytes are made or the output is full: the input taken and
+/// the output position after.
+///
+/// A block makes up to 128 KiB from 4 bytes (RLE), so the input bound
+/// alone would let one part make the whole room: each call is given what
+/// the decoder says its next unit needs (the rest of a block and the next
+/// one's header; at a frame's start its first bytes), so it decodes one
+/// block.
+fn zstd_part<O: Output + ?Sized>(
+    d: &mut Dctx,
+    next_in: &mut usize,
+    input: &[u8],
+    out: &mut O,
+    start: usize,
+    part_out: usize,
+) -> Result<(usize, usize), CodecError> {
+    let (mut used, mut pos) = (0, start);
+    while pos - start < part_out {
+        let feed = match *next_in {
+            0 => ZSTD_FRAME_PREFIX,
+            n => n,
+        };
+        let end = input.len().min(used + feed);
+        let (took, after, hint) = d.stream(&input[used..end], out, pos)?;
+        *next_in = hint;
+        let before = pos;
+        (used, pos) = (used + took, after);
+        if used == input.len() || (took, pos) == (0, before) {
+            break;
+        }
+    }
+    Ok((used, pos))
+}
+
 /// A decoder of one LZ4 frame of the shared input.
 type Lz4Decoder = lz4_flex::frame::FrameDecoder<Cursor<Frame>>;
 
@@ -594,21 +689,48 @@ mod tests {
         Ok((got, out))
     }
 
-    /// Decoded part by part: the outcome, and the parts it took.
+    /// Decoded part by part: the outcome, and the parts it took. zstd is
+    /// decoded both into its own buffer and in place into the caller's,
+    /// which must agree.
     fn in_parts(
         alg: Algorithm,
         input: &[u8],
         room: usize,
         max_ratio: u16,
+        parts: (usize, usize),
+    ) -> (Outcome, usize) {
+        let own = decode_in_parts(alg, input, room, max_ratio, parts, false);
+        if alg == Algorithm::Zstd {
+            let in_place = decode_in_parts(alg, input, room, max_ratio, parts, true);
+            assert_eq!(in_place, own, "in place and in a buffer of its own");
+        }
+        own
+    }
+
+    fn decode_in_parts(
+        alg: Algorithm,
+        input: &[u8],
+        room: usize,
+        max_ratio: u16,
         (out, inp): (usize, usize),
+        in_place: bool,
     ) -> (Outcome, usize) {
         let mut p = match DecompressParts::new(alg, input.to_vec(), room, max_ratio) {
             Ok(p) => p.parts_of(out, inp),
             Err(e) => return (Err(e), 0),
         };
+        assert_eq!(p.writes_into(), alg == Algorithm::Zstd);
+        let mut target = vec![0xa5u8; if in_place { p.out_len() } else { 0 }];
         let mut back = Vec::new();
         for n in 1.. {
-            match p.next_part() {
+            let r = match in_place {
+                true => p.next_part_into(&mut target[..]).map(|(k, end)| {
+                    let at = back.len();
+                    (target[at..at + k].to_vec(), end)
+                }),
+                false => p.next_part().map(|(made, end)| (made.to_vec(), end)),
+            };
+            match r {
                 Err(e) => return (Err(e), n),
                 Ok((made, end)) => {
                     // zstd: a call's blocks may end past the part's output.
@@ -617,7 +739,7 @@ mod tests {
                         _ => out,
                     };
                     assert!(made.len() <= most, "a part of {} bytes", made.len());
-                    back.extend_from_slice(made);
+                    back.extend_from_slice(&made);
                     if let Some(e) = end {
                         assert_eq!(back.len(), e.produced);
                         return (Ok((e, back)), n);
@@ -752,6 +874,40 @@ mod tests {
             };
             assert!(parts >= least.max(2), "{alg}: {parts} parts");
         }
+    }
+
+    /// zstd's output is the decoder's own or the caller's from the first
+    /// part on, and the caller's is the same length on every call.
+    #[test]
+    fn a_zstd_output_stays_where_it_began() {
+        let d = data(300_000, 3);
+        let z = compressed(Algorithm::Zstd, 1, &d);
+        let begin = || {
+            DecompressParts::new(Algorithm::Zstd, z.clone(), d.len(), 0)
+                .unwrap()
+                .parts_of(4096, 4096)
+        };
+        let mut p = begin();
+        p.next_part().unwrap();
+        assert!(!p.writes_into());
+        let mut out = vec![0u8; p.out_len()];
+        assert_eq!(
+            p.next_part_into(&mut out[..]).unwrap_err(),
+            CodecError::Param
+        );
+        let mut p = begin();
+        assert_eq!(
+            p.next_part_into(&mut out[..10]).unwrap_err(),
+            CodecError::Param
+        );
+        p.next_part_into(&mut out[..]).unwrap();
+        assert!(p.writes_into());
+        assert_eq!(p.next_part().unwrap_err(), CodecError::Param);
+        // Another buffer of the same length: zstd refuses it.
+        let mut other = vec![0u8; p.out_len()];
+        assert!(p.next_part_into(&mut other[..]).is_err());
+        let deflate = DecompressParts::new(Algorithm::Deflate, z.clone(), d.len(), 0).unwrap();
+        assert!(!deflate.writes_into());
     }
 
     /// A bomb stops at the ratio limit, and a room the output fills

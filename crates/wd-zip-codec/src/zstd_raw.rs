@@ -195,6 +195,54 @@ impl Dctx {
         NonNull::new(unsafe { sys::ZSTD_createDCtx() }).map(Dctx)
     }
 
+    /// A context for a decompression streamed into one output that stays
+    /// in place between calls (zstd's stable output buffer): the output
+    /// is the decoder's window, so it keeps none of its own and takes
+    /// any window size, as the one-shot call does.
+    pub(crate) fn stable() -> Option<Dctx> {
+        let d = Dctx::new()?;
+        let c = d.0.as_ptr();
+        // SAFETY: `c` is this context; parameters are plain values.
+        let set = |param, value| check(unsafe { sys::ZSTD_DCtx_setParameter(c, param, value) });
+        // ZSTD_d_experimentalParam2 is ZSTD_d_stableOutBuffer.
+        set(sys::ZSTD_dParameter::ZSTD_d_experimentalParam2, 1).ok()?;
+        set(sys::ZSTD_dParameter::ZSTD_d_windowLogMax, 31).ok()?;
+        Some(d)
+    }
+
+    /// Decode what of `input` the decoder takes into `out` from `pos`, on
+    /// a [`Dctx::stable`] context (`out` the same memory, of the same
+    /// length, on every call: zstd refuses another): the input taken, the
+    /// output position after, and the input the decoder's next unit
+    /// needs (0: a frame ended).
+    pub(crate) fn stream(
+        &mut self,
+        input: &[u8],
+        out: &mut (impl Output + ?Sized),
+        pos: usize,
+    ) -> Result<(usize, usize, usize), CodecError> {
+        if pos > out.len() {
+            return Err(CodecError::Param);
+        }
+        let mut inb = sys::ZSTD_inBuffer {
+            src: input.as_ptr().cast(),
+            size: input.len(),
+            pos: 0,
+        };
+        let mut outb = sys::ZSTD_outBuffer {
+            dst: out.ptr().cast(),
+            size: out.len(),
+            pos,
+        };
+        // SAFETY: the input is the borrowed slice; the output is valid
+        // for its length by the Output contract, for the call; zstd keeps
+        // each pos within its size, and reads the window only from the
+        // output it wrote earlier (the same memory: it checks).
+        let hint =
+            check(unsafe { sys::ZSTD_decompressStream(self.0.as_ptr(), &mut outb, &mut inb) })?;
+        Ok((inb.pos, outb.pos, hint))
+    }
+
     /// Every frame of `input` into `out`: the bytes written.
     pub(crate) fn decompress(
         &mut self,

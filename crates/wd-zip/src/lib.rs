@@ -122,8 +122,10 @@ pub struct ZipQueue {
 /// compression run whole: they take hundreds of MB/s of input or more,
 /// bounded by [`msg::MAX_DATA`]. Parts go through host buffers of a part's
 /// size (a stream step's output at most [`PART_OUT`], a one-shot
-/// decompression's a MiB; a zstd one-shot decompression's in one buffer
-/// of its room, which its decoder keeps its history in).
+/// decompression's a MiB), but for zstd's one-shot decompression, which
+/// keeps its history in its output: into the client's room in place where
+/// that is one mapping, as the whole call, else into one buffer of the
+/// room's size.
 struct Cut {
     /// The request, to tell its continuation from any other.
     desc: Desc,
@@ -149,7 +151,14 @@ enum Decoding {
     /// [`STAGE_PART`] a part (64 MiB is 5 ms or more to copy), all of it
     /// checked in the first part.
     Staging(Vec<u8>),
-    Parts(Box<DecompressParts>),
+    /// Decoding: zstd into the client's output in place where its room is
+    /// one mapping, as the whole call does (`at`: the host address it has
+    /// written at, where the decoder's history is, so every part must find
+    /// the same memory there); the rest through a part-sized buffer.
+    Parts {
+        p: Box<DecompressParts>,
+        at: Option<usize>,
+    },
 }
 
 /// Input a cut decompression copies in per part.
@@ -163,7 +172,9 @@ impl Cut {
     /// output, taking headers).
     fn progress(&self) -> u64 {
         match &self.work {
-            Work::Decompress(r, Decoding::Parts(_)) => r.src_len + self.consumed + self.produced,
+            Work::Decompress(r, Decoding::Parts { .. }) => {
+                r.src_len + self.consumed + self.produced
+            }
             Work::Decompress(_, Decoding::Staging(input)) => input.len() as u64,
             _ => self.consumed,
         }
@@ -519,14 +530,40 @@ impl ZipQueue {
                     let input = std::mem::take(input);
                     let p = DecompressParts::new(r.alg, input, r.dst_len as usize, r.max_ratio)
                         .map_err(CodecError::status)?;
-                    *decoding = Decoding::Parts(Box::new(p));
+                    *decoding = Decoding::Parts {
+                        p: Box::new(p),
+                        at: None,
+                    };
                 }
-                let Decoding::Parts(p) = decoding else {
+                let Decoding::Parts { p, at } = decoding else {
                     unreachable!("staged above")
                 };
-                let (made, end) = p.next_part().map_err(CodecError::status)?;
-                write_out(dma, r.dst + cut.produced, made)?;
-                cut.produced += made.len() as u64;
+                let len = p.out_len() as u64;
+                let slice = match p.writes_into() {
+                    true => dma.slice(r.dst, len, Access::Write),
+                    false => None,
+                };
+                let end = match (slice, *at) {
+                    (Some(mut out), was) if was.is_none_or(|a| a == out.as_ptr() as usize) => {
+                        *at = Some(out.as_ptr() as usize);
+                        let (n, end) = p.next_part_into(&mut out).map_err(CodecError::status)?;
+                        cut.produced += n as u64;
+                        end
+                    }
+                    (None, None) => {
+                        let (made, end) = p.next_part().map_err(CodecError::status)?;
+                        write_out(dma, r.dst + cut.produced, made)?;
+                        cut.produced += made.len() as u64;
+                        end
+                    }
+                    // Unshared or moved since the parts before wrote there
+                    // (a fault recorded where there is one).
+                    _ => {
+                        dma.probe(r.dst, len, Access::Write)
+                            .map_err(|_| status::EFAULT)?;
+                        return Err(status::EFAULT);
+                    }
+                };
                 cut.consumed = p.consumed() as u64;
                 Ok(end.map(|e| Done {
                     produced: e.produced as u64,

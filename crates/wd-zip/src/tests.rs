@@ -639,6 +639,56 @@ fn long_decompressions_run_a_part_per_pass() {
     }
 }
 
+/// zstd's cut decompression decodes into the client's room in place when
+/// that is one mapping, else into a buffer of its own: the same result
+/// either way; output memory that is unshared, or no longer one mapping,
+/// after parts were written in place fails the request (a retry would
+/// find the decoder's history gone), with the fault recorded where there
+/// is one.
+#[test]
+fn a_cut_zstd_decompression_keeps_its_output_in_place() {
+    let data = noisy(LEN);
+    let (mut q, mut mem, n) = long_stream(Algorithm::Zstd, &data);
+    let d = shot(false, Algorithm::Zstd, Z, n, OUT, 12 << 20);
+    let (st, r_whole) = run(&mut q, &mut mem, d);
+    assert_eq!(st, 0);
+    for slices in [true, false] {
+        mem.put(OUT, &vec![0; LEN]);
+        mem.set_slices(slices);
+        let (st, r, calls) = run_parts(&mut q, &mut mem, d);
+        assert_eq!((st, r), (0, r_whole), "slices {slices}");
+        assert!(calls >= 2 && mem.get(OUT, LEN) == data, "slices {slices}");
+    }
+    mem.set_slices(true);
+    // Parts written in place, then the room changes under the request.
+    for hole in [true, false] {
+        mem.put(OUT, &vec![0; LEN]);
+        let mut x = d;
+        let mut done = 0;
+        while mem.get(OUT, 2 << 20).iter().all(|&b| b == 0) {
+            let Progress::More(upto) = q.process_part(&mut x, &mut mem, done, 1) else {
+                panic!("ended before its output began")
+            };
+            done = upto;
+        }
+        match hole {
+            true => mem.set_hole(Some((OUT + (4 << 20), OUT + (5 << 20)))),
+            false => mem.set_slices(false),
+        }
+        let mut probe = Recorder(&mut mem, None);
+        let (st, _, _) = run_parts_from(&mut q, &mut probe, d, done);
+        assert_eq!(st, status::EFAULT, "hole {hole}");
+        assert_eq!(
+            probe.1.is_some(),
+            hole,
+            "a fault recorded where there is one"
+        );
+        assert_eq!(held(&q), 0);
+        mem.set_hole(None);
+        mem.set_slices(true);
+    }
+}
+
 /// A cut decompression fails as the whole one does: damaged input, output
 /// memory that fails in a later part (after earlier parts wrote), a ratio
 /// limit, a room one byte short.
@@ -1003,6 +1053,32 @@ impl<'m> wd_device::Dma<'m> for UnprobedMemory<'_> {
     }
     fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), wd_device::Fault> {
         self.0.write(dst, data)
+    }
+}
+
+/// Memory that notes the first fault its probes take, as the engine
+/// records a request's fault for the stall policy.
+struct Recorder<'a>(&'a mut FlatMemory, Option<wd_device::Fault>);
+
+impl<'m> wd_device::Dma<'m> for Recorder<'_> {
+    fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), wd_device::Fault> {
+        self.0.copy(dst, src, len)
+    }
+    fn read(&mut self, src: u64, buf: &mut [u8]) -> Result<(), wd_device::Fault> {
+        self.0.read(src, buf)
+    }
+    fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), wd_device::Fault> {
+        self.0.write(dst, data)
+    }
+    fn slice(&mut self, iova: u64, len: u64, access: Access) -> Option<DeviceSlice<'m>> {
+        self.0.slice(iova, len, access)
+    }
+    fn probe(&mut self, iova: u64, len: u64, access: Access) -> Result<(), wd_device::Fault> {
+        let r = self.0.probe(iova, len, access);
+        if let Err(f) = &r {
+            self.1.get_or_insert(*f);
+        }
+        r
     }
 }
 
