@@ -120,6 +120,17 @@ pub trait DeviceQueue: Send {
         Progress::Done
     }
 
+    /// Whether `desc`, a request cut in parts, may start over once a
+    /// fault in a later part is resolved: under the stall policy the
+    /// engine retries a faulted request from its start, which only a
+    /// request whose parts change nothing it reads allows (no session
+    /// moved on, no source overwritten by its own output). The default is
+    /// no: such a fault fails the request at once.
+    fn restartable(&self, desc: &Desc) -> bool {
+        let _ = desc;
+        false
+    }
+
     /// Start a request that may finish later: complete it now (fill in
     /// `desc`'s status and result, return [`Started::Done`]) or keep it
     /// and report it from [`DeviceQueue::poll`] with its `token`
@@ -312,6 +323,13 @@ pub trait Driver: Send + Sync {
 }
 
 pub use wd_msg::{status, LegacyPlan};
+
+/// Whether the device ranges `[a, a + a_len)` and `[b, b + b_len)` share
+/// an address (empty ranges share none): a request whose output may
+/// overwrite its own input cannot start over ([`DeviceQueue::restartable`]).
+pub fn ranges_overlap((a, a_len): (u64, u64), (b, b_len): (u64, u64)) -> bool {
+    a_len > 0 && b_len > 0 && a < b.saturating_add(b_len) && b < a.saturating_add(a_len)
+}
 
 /// Where the next `n` bytes of a copy of `len` bytes from `src` to `dst`
 /// lie, `done` bytes in: pieces run front to back, or back to front when

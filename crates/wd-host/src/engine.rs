@@ -581,6 +581,13 @@ impl EngineLoop {
                 d = cancelled(d);
                 (None, Progress::Done)
             } else {
+                // A retry starts a request over: only one that has changed
+                // nothing yet may stall, or one whose device says its
+                // earlier pieces changed nothing it reads (they may have
+                // overwritten its source, or moved a session on); else a
+                // later piece's fault fails it.
+                let stallable = done == 0
+                    || catch_unwind(AssertUnwindSafe(|| s.dev.restartable(&orig))).unwrap_or(false);
                 process(
                     &mut sec,
                     q,
@@ -588,11 +595,7 @@ impl EngineLoop {
                     &mut s.dev,
                     &mut d,
                     &mut scratch,
-                    // A retry starts a request over: only one that has
-                    // changed nothing yet may stall (earlier pieces of a
-                    // cut one may have overwritten its source, or moved a
-                    // session on); a later piece's fault fails it.
-                    done == 0,
+                    stallable,
                     (done, budget - spent),
                 )
             };

@@ -684,6 +684,14 @@ impl DeviceQueue for ZipQueue {
         Progress::Done
     }
 
+    fn restartable(&self, desc: &Desc) -> bool {
+        // A one-shot request is a function of its input: run again from
+        // the start, it reads the same input unless its own output
+        // overwrote it. A stream step's session has moved on.
+        matches!(decode(desc), Ok(Request::OneShot(r))
+            if !wd_device::ranges_overlap((r.src, r.src_len), (r.dst, r.dst_len)))
+    }
+
     fn bytes_of(&self, done: &Desc) -> u64 {
         match done.opcode {
             msg::OP_COMPRESS | msg::OP_DECOMPRESS | msg::OP_STREAM => {

@@ -642,9 +642,9 @@ fn long_decompressions_run_a_part_per_pass() {
 /// zstd's cut decompression decodes into the client's room in place when
 /// that is one mapping, else into a buffer of its own: the same result
 /// either way; output memory that is unshared, or no longer one mapping,
-/// after parts were written in place fails the request (a retry would
-/// find the decoder's history gone), with the fault recorded where there
-/// is one.
+/// after parts were written in place ends the decoding (its history was
+/// there) with -EFAULT, the fault recorded where there is one (a stall
+/// then starts the request over).
 #[test]
 fn a_cut_zstd_decompression_keeps_its_output_in_place() {
     let data = noisy(LEN);
@@ -1240,4 +1240,32 @@ fn a_cut_steps_later_error_ends_it_with_the_earlier_parts_work() {
     let rest = n - done.consumed as usize;
     let (st, _, _) = run_parts(&mut q, &mut mem, step(SRC + done.consumed, rest).to_desc(2));
     assert_eq!(st, status::EBADMSG);
+}
+
+/// A one-shot request starts over after a stall (it reads only its
+/// input), unless its output may overwrite that input; a stream step
+/// never does (its session has moved on).
+#[test]
+fn one_shot_requests_whose_output_spares_their_input_may_start_over() {
+    let (q, _, _) = queue();
+    for compress in [true, false] {
+        let apart = shot(compress, Algorithm::Zstd, SRC, 1 << 20, DST, 1 << 20);
+        let overlapping = shot(compress, Algorithm::Zstd, SRC, 1 << 20, SRC + 4096, 1 << 20);
+        let adjacent = shot(compress, Algorithm::Zstd, SRC, 4096, SRC + 4096, 4096);
+        assert!(q.restartable(&apart), "compress {compress}");
+        assert!(!q.restartable(&overlapping), "compress {compress}");
+        assert!(q.restartable(&adjacent), "compress {compress}");
+    }
+    let step = StreamOp {
+        session: 1,
+        flush: Flush::None,
+        src: SRC,
+        src_len: 1 << 20,
+        dst: DST,
+        dst_len: 1 << 20,
+    };
+    assert!(!q.restartable(&step.to_desc(1)));
+    let mut bad = shot(true, Algorithm::Zstd, SRC, 1, DST, 1);
+    bad.opcode = 0xff;
+    assert!(!q.restartable(&bad));
 }
