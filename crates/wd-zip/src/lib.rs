@@ -512,9 +512,10 @@ impl ZipQueue {
                 if let Decoding::Staging(input) = decoding {
                     let at = input.len();
                     // All of the input is checked in the first part, as
-                    // the request run whole reads it first: a fault there
-                    // (which a stall retries) rather than in a later part
-                    // (which fails the request).
+                    // the request run whole reads it first: a fault there,
+                    // which a stall retries, rather than in a later part,
+                    // which fails a request whose output overlaps it (see
+                    // `restartable`).
                     if at == 0 && r.src_len > 0 {
                         dma.probe(r.src, r.src_len, Access::Read)
                             .map_err(|_| status::EFAULT)?;
