@@ -38,7 +38,7 @@ use wd_zip_msg::Algorithm;
 
 use crate::mem::Output;
 use crate::zstd_raw::Dctx;
-use crate::{lz4_frame_at, CodecError, Inflated, PART_OUT};
+use crate::{lz4_frame_at, CodecError, Inflated, Lz4Verify, PART_OUT};
 
 /// Output one part makes at most: about a millisecond of libdeflate,
 /// two of zlib-rs or lz4_flex here.
@@ -105,6 +105,9 @@ enum Kind {
         /// Where the next frame begins (the one being decoded ends there).
         next: usize,
         dec: Option<Lz4Decoder>,
+        /// The checks of the frame being decoded that its decoder does not
+        /// make (it was given the frame cut short).
+        verify: Option<Lz4Verify>,
         room: Vec<u8>,
     },
     Finished,
@@ -224,6 +227,7 @@ impl DecompressParts {
             Algorithm::Lz4 => Kind::Lz4 {
                 next: 0,
                 dec: None,
+                verify: None,
                 room: Vec::new(),
             },
         };
@@ -477,7 +481,12 @@ impl DecompressParts {
                 }
                 Ok((start, made, false))
             }
-            Kind::Lz4 { next, dec, room } => {
+            Kind::Lz4 {
+                next,
+                dec,
+                verify,
+                room,
+            } => {
                 let n = left.min(part_out);
                 room.resize(n, 0);
                 let mut made = 0;
@@ -500,18 +509,18 @@ impl DecompressParts {
                             break;
                         }
                         let from = *next;
-                        let (end, data, decoded) =
-                            lz4_frame_at(&self.input, from).ok_or(CodecError::Corrupt)?;
+                        let f = lz4_frame_at(&self.input, from).ok_or(CodecError::Corrupt)?;
                         walked += LZ4_FRAME_COST;
-                        *next = end;
-                        if !data {
-                            self.consumed = end;
+                        *next = f.end;
+                        if !f.data {
+                            self.consumed = f.end;
                             continue;
                         }
                         *dec = Some(lz4_flex::frame::FrameDecoder::new(Cursor::new(Frame {
                             input: Arc::clone(&self.input),
-                            at: (from, decoded),
+                            at: (from, f.decoded),
                         })));
+                        *verify = f.check.map(Lz4Verify::new);
                         mark = from;
                     }
                     let r = dec.as_mut().expect("begun above");
@@ -540,6 +549,9 @@ impl DecompressParts {
                         match r.read(&mut room[made..]) {
                             Ok(0) if read_at(r) == frame_end(r) => {}
                             Ok(k) => {
+                                if let Some(v) = verify {
+                                    v.update(&room[made..made + k]);
+                                }
                                 made += k;
                                 continue;
                             }
@@ -547,6 +559,9 @@ impl DecompressParts {
                         }
                     }
                     // The frame ended: its input is taken.
+                    if verify.take().is_some_and(|v| !v.holds()) {
+                        return Err(CodecError::Corrupt);
+                    }
                     *dec = None;
                     self.consumed = *next;
                 }

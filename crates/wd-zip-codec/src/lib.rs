@@ -471,31 +471,86 @@ fn lz4_compress(input: &[u8], out: &mut [u8]) -> Result<usize, CodecError> {
 }
 
 /// The data frames of `input`, walked by their headers and block lengths
-/// (skippable frames left out); `None` unless `input` is whole frames:
-/// the frame decoder takes a stream cut at a block boundary for a
+/// (skippable frames left out), with what a frame given to the decoder
+/// cut short must be checked against; `None` unless `input` is whole
+/// frames: the frame decoder takes a stream cut at a block boundary for a
 /// finished one, and stops at the end of each frame.
-fn lz4_frames(input: &[u8]) -> Option<Vec<&[u8]>> {
+fn lz4_frames(input: &[u8]) -> Option<Vec<(&[u8], Option<Lz4Check>)>> {
     let mut frames = Vec::new();
     let mut at = 0;
     while at < input.len() {
-        let (end, data, decoded) = lz4_frame_at(input, at)?;
-        if data {
-            frames.push(&input[at..decoded]);
+        let f = lz4_frame_at(input, at)?;
+        if f.data {
+            frames.push((&input[at..f.decoded], f.check));
         }
-        at = end;
+        at = f.end;
     }
     Some(frames)
 }
 
+/// An LZ4 frame in its input ([`lz4_frame_at`]).
+pub(crate) struct Lz4FrameAt {
+    /// Where it ends.
+    pub(crate) end: usize,
+    /// Whether it holds data (else it is skippable).
+    pub(crate) data: bool,
+    /// Where the bytes the frame decoder is given end: the frame's end, or
+    /// its end mark where that is 0x80000000 (lz4_flex takes it for an
+    /// empty block, and would read a block checksum or the content
+    /// checksum after it as the next block's header: cut before it, the
+    /// frame ends at a block boundary, as the decoder allows).
+    pub(crate) decoded: usize,
+    /// Cut before its end mark, the decoder checks neither the content
+    /// size nor the content checksum the header promises: they are
+    /// checked here.
+    pub(crate) check: Option<Lz4Check>,
+}
+
+/// What the content of an LZ4 frame must be, as its header and trailer
+/// say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Lz4Check {
+    size: Option<u64>,
+    checksum: Option<u32>,
+}
+
+/// An LZ4 frame's content, checked as it is made ([`Lz4Check`]).
+pub(crate) struct Lz4Verify {
+    want: Lz4Check,
+    hash: twox_hash::XxHash32,
+    len: u64,
+}
+
+impl Lz4Verify {
+    pub(crate) fn new(want: Lz4Check) -> Lz4Verify {
+        Lz4Verify {
+            want,
+            hash: twox_hash::XxHash32::with_seed(0),
+            len: 0,
+        }
+    }
+
+    /// The next bytes of the content.
+    pub(crate) fn update(&mut self, content: &[u8]) {
+        if self.want.checksum.is_some() {
+            std::hash::Hasher::write(&mut self.hash, content);
+        }
+        self.len += content.len() as u64;
+    }
+
+    /// Whether the content was what the frame said.
+    pub(crate) fn holds(&self) -> bool {
+        self.want.size.is_none_or(|n| n == self.len)
+            && self
+                .want
+                .checksum
+                .is_none_or(|c| c == self.hash.finish_32())
+    }
+}
+
 /// The frame of `input` at `at` (not its end), walked by its header and
-/// block lengths: where it ends, whether it is a data frame (else
-/// skippable), and where the bytes the frame decoder is given end: the
-/// frame's end, or its end mark where that is 0x80000000 (lz4_flex takes
-/// it for an empty block, and would read a block checksum or the content
-/// checksum after it as the next block's header: cut before it, the
-/// frame ends at a block boundary, as the decoder allows); `None` unless
-/// it is whole.
-pub(crate) fn lz4_frame_at(input: &[u8], at: usize) -> Option<(usize, bool, usize)> {
+/// block lengths; `None` unless it is whole.
+pub(crate) fn lz4_frame_at(input: &[u8], at: usize) -> Option<Lz4FrameAt> {
     let input = input.get(at..)?;
     let u32_at = |b: &[u8], at: usize| -> Option<u32> {
         b.get(at..at.checked_add(4)?)
@@ -506,14 +561,20 @@ pub(crate) fn lz4_frame_at(input: &[u8], at: usize) -> Option<(usize, bool, usiz
         let len = u32_at(input, 4)? as usize;
         let end = 8usize.checked_add(len)?;
         input.get(..end)?;
-        return Some((at + end, false, at + end));
+        return Some(Lz4FrameAt {
+            end: at + end,
+            data: false,
+            decoded: at + end,
+            check: None,
+        });
     }
     if magic != 0x184d_2204 {
         return None;
     }
     let &flg = input.get(4)?;
     // FLG, BD, content size, dictionary id, header checksum.
-    let mut end = 4 + 2 + if flg & 8 != 0 { 8 } else { 0 } + if flg & 1 != 0 { 4 } else { 0 } + 1;
+    let sized = flg & 8 != 0;
+    let mut end = 4 + 2 + if sized { 8 } else { 0 } + if flg & 1 != 0 { 4 } else { 0 } + 1;
     let decoded = loop {
         let size = u32_at(input, end)?;
         end += 4;
@@ -529,16 +590,27 @@ pub(crate) fn lz4_frame_at(input: &[u8], at: usize) -> Option<(usize, bool, usiz
         end =
             end.checked_add((size & 0x7fff_ffff) as usize + if flg & 0x10 != 0 { 4 } else { 0 })?;
     };
-    end += if flg & 4 != 0 { 4 } else { 0 };
+    let summed = flg & 4 != 0;
+    end += if summed { 4 } else { 0 };
     input.get(..end)?;
-    Some((at + end, true, at + decoded.unwrap_or(end)))
+    let check = decoded.map(|_| Lz4Check {
+        size: sized.then(|| u64::from_le_bytes(input[6..14].try_into().expect("8 bytes"))),
+        checksum: summed.then(|| u32_at(input, end - 4).expect("inside")),
+    });
+    Some(Lz4FrameAt {
+        end: at + end,
+        data: true,
+        decoded: at + decoded.unwrap_or(end),
+        check,
+    })
 }
 
 fn lz4_decompress(input: &[u8], out: &mut [u8]) -> Result<Inflated, CodecError> {
     use std::io::Read;
     let frames = lz4_frames(input).ok_or(CodecError::Corrupt)?;
     let mut made = 0;
-    for frame in frames {
+    for (frame, check) in frames {
+        let from = made;
         let mut r = lz4_flex::frame::FrameDecoder::new(frame);
         // The decoder reads nothing past the frame's end: it ended when
         // none of it is left (a read of 0 bytes is also a block that
@@ -559,6 +631,13 @@ fn lz4_decompress(input: &[u8], out: &mut [u8]) -> Result<Inflated, CodecError> 
                 Ok(0) if ended(&r) => break,
                 Ok(n) => made += n,
                 Err(_) => return Err(CodecError::Corrupt),
+            }
+        }
+        if let Some(check) = check {
+            let mut v = Lz4Verify::new(check);
+            v.update(&out[from..made]);
+            if !v.holds() {
+                return Err(CodecError::Corrupt);
             }
         }
     }

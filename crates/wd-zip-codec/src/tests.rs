@@ -610,28 +610,70 @@ fn lz4_decodes_to(z: &[u8], data: &[u8]) {
 /// the frame refused as corrupt. With block checksums, the decoder reads
 /// a checksum for the "empty block" (the content checksum, or past the
 /// frame's end).
+///
+/// Given the frame cut before that mark, the decoder checks neither the
+/// content size nor the content checksum: they are checked after it, a
+/// frame whose content is not what it says refused as corrupt.
 #[test]
 fn lz4_an_end_mark_of_0x80000000_ends_a_frame_with_checksums() {
-    for (content, blocks) in [(true, false), (true, true), (false, true)] {
-        lz4_end_mark_0x80000000_with(content, blocks);
+    for (content, blocks, sized) in [
+        (true, false, false),
+        (true, true, false),
+        (false, true, false),
+        (false, false, true),
+        (true, true, true),
+    ] {
+        lz4_end_mark_0x80000000_with(content, blocks, sized);
     }
 }
 
-fn lz4_end_mark_0x80000000_with(content: bool, blocks: bool) {
+fn lz4_end_mark_0x80000000_with(content: bool, blocks: bool, sized: bool) {
     use std::io::Write;
     let data = text(50_000);
     let info = lz4_flex::frame::FrameInfo::new()
         .content_checksum(content)
-        .block_checksums(blocks);
+        .block_checksums(blocks)
+        .content_size(sized.then_some(data.len() as u64));
     let mut w = lz4_flex::frame::FrameEncoder::with_frame_info(info, Vec::new());
     w.write_all(&data).unwrap();
     let mut z = w.finish().unwrap();
     assert_eq!(z[4] & 4 != 0, content);
     assert_eq!(z[4] & 0x10 != 0, blocks);
+    assert_eq!(z[4] & 8 != 0, sized);
     let mark = z.len() - if content { 8 } else { 4 };
     assert_eq!(z[mark..mark + 4], [0, 0, 0, 0]);
     z[mark + 3] = 0x80;
     lz4_decodes_to(&z, &data);
+    let refused = |z: &[u8], what: &str| {
+        for room in [data.len(), data.len() + 100] {
+            let mut out = vec![0u8; room];
+            let whole = Engine::new().decompress(Algorithm::Lz4, z, &mut out, 0);
+            assert_eq!(whole, Err(CodecError::Corrupt), "{what}");
+            let mut p = crate::DecompressParts::new(Algorithm::Lz4, z.to_vec(), room, 0)
+                .unwrap()
+                .parts_of(4096, 4096);
+            let parts = loop {
+                match p.next_part() {
+                    Ok((_, Some(e))) => break Ok(e),
+                    Ok((_, None)) => {}
+                    Err(e) => break Err(e),
+                }
+            };
+            assert_eq!(parts, Err(CodecError::Corrupt), "{what} in parts");
+        }
+    };
+    if content {
+        let mut bad = z.clone();
+        *bad.last_mut().unwrap() ^= 1;
+        refused(&bad, "content checksum");
+    }
+    if sized {
+        // One byte more promised (the header's own checksum made again).
+        let mut bad = z.clone();
+        bad[6..14].copy_from_slice(&(data.len() as u64 + 1).to_le_bytes());
+        bad[14] = (twox_hash::XxHash32::oneshot(0, &bad[4..14]) >> 8) as u8;
+        refused(&bad, "content size");
+    }
 }
 
 /// A zstd stream whose input ends where a skippable frame ended ends
