@@ -107,7 +107,7 @@ enum Kind {
         dec: Option<Lz4Decoder>,
         /// The checks of the frame being decoded that its decoder does not
         /// make (it was given the frame cut short).
-        verify: Option<Lz4Verify>,
+        verify: Option<Box<Lz4Verify>>,
         room: Vec<u8>,
     },
     Finished,
@@ -520,7 +520,7 @@ impl DecompressParts {
                             input: Arc::clone(&self.input),
                             at: (from, f.decoded),
                         })));
-                        *verify = f.check.map(Lz4Verify::new);
+                        *verify = f.check.map(|c| Box::new(Lz4Verify::new(c)));
                         mark = from;
                     }
                     let r = dec.as_mut().expect("begun above");
