@@ -675,11 +675,15 @@ fn a_cut_zstd_decompression_keeps_its_output_in_place() {
             true => mem.set_hole(Some((OUT + (4 << 20), OUT + (5 << 20)))),
             false => mem.set_slices(false),
         }
-        let mut probe = Recorder(&mut mem, None);
+        let mut probe = Recorder {
+            mem: &mut mem,
+            room_elsewhere: None,
+            fault: None,
+        };
         let (st, _, _) = run_parts_from(&mut q, &mut probe, d, done);
         assert_eq!(st, status::EFAULT, "hole {hole}");
         assert_eq!(
-            probe.1.is_some(),
+            probe.fault.is_some(),
             hole,
             "a fault recorded where there is one"
         );
@@ -687,6 +691,36 @@ fn a_cut_zstd_decompression_keeps_its_output_in_place() {
         mem.set_hole(None);
         mem.set_slices(true);
     }
+}
+
+/// A room written in place that the domain maps to other memory before a
+/// later part (one mapping still, at another host address) ends the
+/// decoding with -EFAULT and no fault: the decoder's history is in the
+/// memory it wrote, which the room no longer is.
+#[test]
+fn a_cut_zstd_decompression_refuses_a_room_mapped_elsewhere() {
+    let data = noisy(LEN);
+    let (mut q, mut mem, n) = long_stream(Algorithm::Zstd, &data);
+    let d = shot(false, Algorithm::Zstd, Z, n, OUT, 12 << 20);
+    let mut x = d;
+    let mut done = 0;
+    while mem.get(OUT, 2 << 20).iter().all(|&b| b == 0) {
+        let Progress::More(upto) = q.process_part(&mut x, &mut mem, done, 1) else {
+            panic!("ended before its output began")
+        };
+        done = upto;
+    }
+    let mut other = FlatMemory::new(BASE, 32 << 20);
+    let mut moved = Recorder {
+        mem: &mut mem,
+        room_elsewhere: Some(&mut other),
+        fault: None,
+    };
+    let (st, _, calls) = run_parts_from(&mut q, &mut moved, d, done);
+    assert_eq!((st, calls), (status::EFAULT, 1));
+    assert!(moved.fault.is_none(), "the room is mapped: no fault");
+    assert!(other.get(OUT, LEN).iter().all(|&b| b == 0), "not written");
+    assert_eq!(held(&q), 0);
 }
 
 /// A cut decompression fails as the whole one does: damaged input, output
@@ -1057,26 +1091,35 @@ impl<'m> wd_device::Dma<'m> for UnprobedMemory<'_> {
 }
 
 /// Memory that notes the first fault its probes take, as the engine
-/// records a request's fault for the stall policy.
-struct Recorder<'a>(&'a mut FlatMemory, Option<wd_device::Fault>);
+/// records a request's fault for the stall policy; with
+/// `room_elsewhere`, its slices from [`OUT`] on are that memory's (the
+/// room mapped to other memory).
+struct Recorder<'a> {
+    mem: &'a mut FlatMemory,
+    room_elsewhere: Option<&'a mut FlatMemory>,
+    fault: Option<wd_device::Fault>,
+}
 
 impl<'m> wd_device::Dma<'m> for Recorder<'_> {
     fn copy(&mut self, dst: u64, src: u64, len: u64) -> Result<(), wd_device::Fault> {
-        self.0.copy(dst, src, len)
+        self.mem.copy(dst, src, len)
     }
     fn read(&mut self, src: u64, buf: &mut [u8]) -> Result<(), wd_device::Fault> {
-        self.0.read(src, buf)
+        self.mem.read(src, buf)
     }
     fn write(&mut self, dst: u64, data: &[u8]) -> Result<(), wd_device::Fault> {
-        self.0.write(dst, data)
+        self.mem.write(dst, data)
     }
     fn slice(&mut self, iova: u64, len: u64, access: Access) -> Option<DeviceSlice<'m>> {
-        self.0.slice(iova, len, access)
+        match &mut self.room_elsewhere {
+            Some(room) if iova >= OUT => room.slice(iova, len, access),
+            _ => self.mem.slice(iova, len, access),
+        }
     }
     fn probe(&mut self, iova: u64, len: u64, access: Access) -> Result<(), wd_device::Fault> {
-        let r = self.0.probe(iova, len, access);
+        let r = self.mem.probe(iova, len, access);
         if let Err(f) = &r {
-            self.1.get_or_insert(*f);
+            self.fault.get_or_insert(*f);
         }
         r
     }
