@@ -173,10 +173,11 @@ impl Driver for SecDriver {
     }
 }
 
-/// Key bytes, wiped when dropped.
-pub(crate) struct Key(pub(crate) Vec<u8>);
+/// Bytes wiped when dropped: keys, and plaintext held back until its tag
+/// is checked.
+pub(crate) struct Secret(pub(crate) Vec<u8>);
 
-impl Drop for Key {
+impl Drop for Secret {
     fn drop(&mut self) {
         self.0.fill(0);
         // Keeps the compiler from eliding stores to memory about to be freed.
@@ -207,7 +208,7 @@ pub(crate) enum Work {
 
 pub(crate) struct Session {
     pub(crate) alg: Alg,
-    pub(crate) key: Key,
+    pub(crate) key: Secret,
     pub(crate) work: Work,
     /// Round keys for the multi-buffer engine, made on first use.
     pub(crate) schedule: Option<Schedule>,
@@ -233,6 +234,8 @@ pub struct SecQueue {
     pub(crate) finished: Vec<(u64, Desc)>,
     /// Long requests running a piece per poll.
     pub(crate) long: Vec<Long>,
+    /// A whole GCM decryption cut in pieces.
+    pub(crate) opening: Option<crate::open::Opening>,
     /// When to gather CBC encryptions and when to run them.
     pub(crate) gathering: Gathering,
 }
@@ -263,6 +266,7 @@ impl SecQueue {
             pending: Vec::new(),
             finished: Vec::new(),
             long: Vec::new(),
+            opening: None,
             gathering: Gathering::new(),
         }
     }
@@ -288,7 +292,7 @@ impl SecQueue {
             dma.read(s.key_addr, &mut k).map_err(|_| status::EFAULT)?;
             k
         };
-        let key = Key(key);
+        let key = Secret(key);
         let work = match s.alg {
             Alg::Aes { mode, .. } => Work::Cipher {
                 ctx: CipherCtx::new(s.alg).map_err(|_| status::EOPNOTSUPP)?,
@@ -319,7 +323,7 @@ impl SecQueue {
         })
     }
 
-    fn cipher(&mut self, op: CipherOp, dma: &mut dyn Dma<'_>) -> Result<u64, i32> {
+    pub(crate) fn cipher(&mut self, op: CipherOp, dma: &mut dyn Dma<'_>) -> Result<u64, i32> {
         let s = self.sessions.get(op.session)?;
         let alg = s.alg;
         let Work::Cipher {
@@ -559,7 +563,7 @@ impl SecQueue {
     /// Whether a cipher request can run as a chain of shorter ones: the
     /// session chains (not XTS, whose data unit is one call), the request
     /// is well formed, and no plaintext must be held back until a tag is
-    /// checked (a whole GCM decryption).
+    /// checked (a whole GCM decryption, cut otherwise: `open.rs`).
     fn cuttable(&mut self, op: &CipherOp) -> bool {
         let Ok(s) = self.sessions.get(op.session) else {
             return false;
@@ -610,7 +614,7 @@ impl SecQueue {
     /// reaches: a session's chain or running hash cannot be taken back,
     /// and a request that faults in a domain with the stall policy runs
     /// again from the start once the fault is resolved (see `Dma::probe`).
-    fn probe(&mut self, req: &Request, dma: &mut dyn Dma<'_>) -> Result<(), i32> {
+    pub(crate) fn probe(&mut self, req: &Request, dma: &mut dyn Dma<'_>) -> Result<(), i32> {
         let mut ranges = [(0u64, 0u64, Access::Read); 4];
         match *req {
             Request::Cipher(op) => {
@@ -722,7 +726,13 @@ impl DeviceQueue for SecQueue {
         budget: u64,
     ) -> Progress {
         let piece = budget.max(MIN_PIECE) & !15;
-        let cut = match msg::decode(desc) {
+        let req = msg::decode(desc);
+        if let Ok(r) = &req {
+            if let Some(p) = self.open_part(desc, r, dma, done, piece) {
+                return p;
+            }
+        }
+        let cut = match req {
             Ok(req) => self.piece(req, dma, done, piece),
             Err(_) => None,
         };

@@ -19,6 +19,7 @@ pub mod device;
 mod dma;
 mod long;
 mod mb;
+mod open;
 
 pub use wd_evp as evp;
 pub use wd_sec_msg as msg;

@@ -20,7 +20,7 @@ use wd_evp::CipherCtx;
 use wd_ipsecmb::{CbcJob, Engine, Schedule};
 use wd_ring::Desc;
 
-use crate::device::{complete, Key, SecQueue, Session, Work, MIN_PIECE};
+use crate::device::{complete, SecQueue, Secret, Session, Work, MIN_PIECE};
 use crate::dma;
 use crate::long::{session_of, PIECE};
 use crate::msg::{
@@ -209,7 +209,7 @@ fn cbc_start(op: &CipherOp, chain: Chain) -> Result<Option<[u8; 16]>, ()> {
 fn schedule<'s>(
     e: &Engine,
     schedule: &'s mut Option<Schedule>,
-    key: &Key,
+    key: &Secret,
 ) -> Result<&'s Schedule, i32> {
     if schedule.is_none() {
         *schedule = Some(e.schedule(&key.0).map_err(|_| status::EINVAL)?);

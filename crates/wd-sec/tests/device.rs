@@ -7,7 +7,7 @@ mod common;
 use common::{mem, openssl_crypt, run, run_in_pieces, session, set_direct, Mem, BASE};
 use openssl::symm::Cipher;
 use proptest::prelude::*;
-use wd_device::{status, DeviceQueue, Started};
+use wd_device::{status, DeviceQueue, Progress, Started};
 use wd_ring::Desc;
 use wd_sec::msg::{
     self, CipherOp, DigestOp, SessionFree, SessionNew, F_DIGEST_FINAL, F_ENCRYPT, F_FINAL, F_INIT,
@@ -617,10 +617,12 @@ fn pieces_equal_whole_requests() {
             );
         }
         if gcm {
-            // A whole GCM decryption is never cut (no plaintext before the
-            // tag is checked), and it still authenticates.
+            // A whole GCM decryption is cut too: decrypted and checked a
+            // piece at a time, then written out.
+            mem.put(a, &vec![0; n]);
             let (d, calls) = run_in_pieces(&mut piece_q, &mut mem, op(s2, F_IV, b, a), 1);
-            assert_eq!((d.status, calls), (0, 1));
+            assert_eq!((d.status, d.result), (0, n as u64));
+            assert!(calls > 2 * (n / (64 << 10)), "{calls} calls");
             let got = mem.get(a, n);
             let first = got.iter().zip(&data[..n]).position(|(x, y)| x != y);
             assert!(
@@ -1000,4 +1002,121 @@ fn teardown_reports_what_finished_as_finished() {
         reference(alg, &key, &iv, &plain[..32], true)
     );
     assert_eq!(q.in_flight(), 0);
+}
+
+/// A whole GCM decryption longer than a piece is cut (a pass would hold
+/// every other queue of the engine as long as 64 MiB takes), and still
+/// releases no plaintext unless the tag matches: a wrong tag is -EBADMSG
+/// with the destination untouched; memory that fails in a later piece
+/// fails the request with the destination untouched and the message
+/// lost. On a multi-buffer queue (asynchronous) the engine cuts it too.
+#[test]
+fn a_long_gcm_decryption_is_cut_and_checked_before_its_output() {
+    let alg = Alg::by_name("aes-256-gcm").unwrap();
+    let key = [5u8; 32];
+    let iv = [9u8; 12];
+    let n = (1 << 20) + 13;
+    let plain = common::data(n, 4);
+    let (src, dst, aad, tag) = (
+        BASE + 0x10_0000,
+        BASE + 0x30_0000,
+        BASE + 0x50_0000,
+        BASE + 0x50_1000,
+    );
+    let op = |s: u64, flags: u16, from: u64, to: u64| {
+        let mut ivb = [0u8; 16];
+        ivb[..12].copy_from_slice(&iv);
+        CipherOp {
+            session: s,
+            flags: flags | F_IV | F_FINAL,
+            src: from,
+            dst: to,
+            len: n as u64,
+            iv: ivb,
+            iv_len: 12,
+            aad,
+            aad_len: 9,
+            tag,
+            tag_len: 16,
+        }
+        .encode()
+    };
+    let engines: Vec<Option<&'static wd_ipsecmb::Engine>> =
+        match mb_engine("a_long_gcm_decryption_is_cut_and_checked_before_its_output") {
+            Some(e) => vec![None, Some(e)],
+            None => vec![None],
+        };
+    for e in engines {
+        let mut q = SecQueue::with_engine(TYPE_CIPHER, e);
+        let mut mem = mem(8 << 20, true);
+        let s = session(&mut q, &mut mem, alg, &key);
+        mem.put(src, &plain);
+        mem.put(aad, b"header 12");
+        let sealed = run(&mut q, &mut mem, op(s, F_ENCRYPT, src, dst));
+        assert_eq!(sealed.status, 0);
+        let (ct, good) = (mem.get(dst, n), mem.get(tag, 16));
+        let open = |q: &mut SecQueue, mem: &mut Mem| {
+            mem.put(src, &vec![0xee; n]);
+            let mut d = op(s, 0, dst, src);
+            if e.is_some() {
+                q.batch(1);
+                assert_eq!(q.start(0, &mut d, mem), Started::Cut);
+            }
+            run_in_pieces(q, mem, d, 64 << 10)
+        };
+        let (d, calls) = open(&mut q, &mut mem);
+        assert_eq!(
+            (d.status, d.result),
+            (0, n as u64),
+            "engine {}",
+            e.is_some()
+        );
+        assert!(calls > 2 * (n >> 16), "{calls} calls");
+        assert!(mem.get(src, n) == plain, "engine {}", e.is_some());
+        // A wrong tag: nothing written.
+        let mut bad = good.clone();
+        bad[3] ^= 1;
+        mem.put(tag, &bad);
+        let (d, calls) = open(&mut q, &mut mem);
+        assert_eq!(d.status, status::EBADMSG);
+        assert!(calls > n >> 16);
+        assert!(
+            mem.get(src, n).iter().all(|&b| b == 0xee),
+            "no plaintext out"
+        );
+        // Ciphertext that cannot be read after the first pieces: the
+        // request fails, nothing is written, and the message is lost (a
+        // continuation of it is refused).
+        mem.put(tag, &good);
+        mem.put(src, &vec![0xee; n]);
+        let mut d = op(s, 0, dst, src);
+        if e.is_some() {
+            q.batch(1);
+            assert_eq!(q.start(0, &mut d, &mut mem), Started::Cut);
+        }
+        let mut done = 0;
+        for _ in 0..3 {
+            let Progress::More(upto) = q.process_part(&mut d, &mut mem, done, 64 << 10) else {
+                panic!("a piece ended it")
+            };
+            done = upto;
+        }
+        mem.set_hole(Some((dst + (512 << 10), dst + (516 << 10))));
+        while let Progress::More(upto) = q.process_part(&mut d, &mut mem, done, 64 << 10) {
+            done = upto;
+        }
+        mem.set_hole(None);
+        assert_eq!(d.status, status::EFAULT);
+        assert!(
+            mem.get(src, n).iter().all(|&b| b == 0xee),
+            "no plaintext out"
+        );
+        let next = cipher_op(s, 0, dst, src, 16, &[]);
+        assert_eq!(run(&mut q, &mut mem, next).status, status::EINVAL);
+        // And the session opens the next message.
+        let (d, _) = open(&mut q, &mut mem);
+        assert_eq!(d.status, 0);
+        assert!(mem.get(src, n) == plain);
+        assert_eq!(ct, mem.get(dst, n));
+    }
 }
