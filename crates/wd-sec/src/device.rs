@@ -365,7 +365,7 @@ impl SecQueue {
             return Err(status::EINVAL);
         }
         // IEEE 1619-2018 (and libcrypto): a data unit is at most 2^20 blocks.
-        if mode == Mode::Xts && op.len > 16 << 20 {
+        if mode == Mode::Xts && op.len > crate::xts::XTS_UNIT {
             return Err(status::EMSGSIZE);
         }
         if gcm && op.flags & F_FINAL != 0 && !(4..=16).contains(&op.tag_len) {
@@ -561,7 +561,8 @@ pub(crate) const MIN_PIECE: u64 = 64 << 10;
 
 impl SecQueue {
     /// Whether a cipher request can run as a chain of shorter ones: the
-    /// session chains (not XTS, whose data unit is one call), the request
+    /// session chains (not XTS, whose data unit is one call: cut in
+    /// calls of their own, `xts.rs`), the request
     /// is well formed, and no plaintext must be held back until a tag is
     /// checked (a whole GCM decryption, cut otherwise: `open.rs`).
     fn cuttable(&mut self, op: &CipherOp) -> bool {
@@ -729,6 +730,9 @@ impl DeviceQueue for SecQueue {
         let req = msg::decode(desc);
         if let Ok(r) = &req {
             if let Some(p) = self.open_part(desc, r, dma, done, piece) {
+                return p;
+            }
+            if let Some(p) = self.xts_part(desc, r, dma, done, piece) {
                 return p;
             }
         }

@@ -20,6 +20,7 @@ mod dma;
 mod long;
 mod mb;
 mod open;
+mod xts;
 
 pub use wd_evp as evp;
 pub use wd_sec_msg as msg;

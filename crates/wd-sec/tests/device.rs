@@ -1120,3 +1120,71 @@ fn a_long_gcm_decryption_is_cut_and_checked_before_its_output() {
         assert_eq!(ct, mem.get(dst, n));
     }
 }
+
+/// An XTS request longer than a piece is cut into data-unit calls (each
+/// given the IV that makes its starting tweak) and gives OpenSSL's whole
+/// answer, in both directions, with and without a stolen tail, whatever
+/// is left for the last piece; one over 2^20 blocks is still refused.
+/// On a multi-buffer queue the engine cuts it too.
+#[test]
+fn a_long_xts_request_is_cut_into_data_unit_calls() {
+    const MIB: usize = 1 << 20;
+    let engines: Vec<Option<&'static wd_ipsecmb::Engine>> =
+        match mb_engine("a_long_xts_request_is_cut_into_data_unit_calls") {
+            Some(e) => vec![None, Some(e)],
+            None => vec![None],
+        };
+    let (src, dst) = (BASE + 0x10_0000, BASE + 0x50_0000);
+    for e in engines {
+        for (name, key_len) in [("aes-128-xts", 32usize), ("aes-256-xts", 64)] {
+            let alg = Alg::by_name(name).unwrap();
+            let key: Vec<u8> = (0..key_len as u8)
+                .map(|i| i.wrapping_mul(37) ^ 0x5a)
+                .collect();
+            let iv: Vec<u8> = (0..16u8).map(|i| i * 3 + 1).collect();
+            // Whole pieces, a tail, a last piece of a block and a tail,
+            // and a last piece of at most a piece and a block.
+            for n in [3 * MIB, 2 * MIB + 5, 2 * MIB + 16 + 3, MIB + 10, MIB + 16] {
+                let data = common::data(n, n);
+                for encrypt in [true, false] {
+                    let mut q = SecQueue::with_engine(TYPE_CIPHER, e);
+                    let mut mem = mem(12 << 20, true);
+                    let s = session(&mut q, &mut mem, alg, &key);
+                    mem.put(src, &data);
+                    let flags = if encrypt { F_ENCRYPT | F_IV } else { F_IV };
+                    let mut d = cipher_op(s, flags, src, dst, n, &iv);
+                    if e.is_some() {
+                        q.batch(1);
+                        assert_eq!(q.start(0, &mut d, &mut mem), Started::Cut);
+                    }
+                    let (d, calls) = run_in_pieces(&mut q, &mut mem, d, 1);
+                    let what = format!("{name} {n} encrypt {encrypt} engine {}", e.is_some());
+                    assert_eq!((d.status, d.result), (0, n as u64), "{what}");
+                    // Pieces of a MiB, the last with up to a block more.
+                    let (mut left, mut pieces) = (n, 1);
+                    while left > MIB + 16 {
+                        (left, pieces) = (left - MIB, pieces + 1);
+                    }
+                    assert_eq!(calls, pieces, "{what}");
+                    assert!(
+                        mem.get(dst, n) == reference(alg, &key, &iv, &data, encrypt),
+                        "{what}"
+                    );
+                }
+            }
+            let mut q = SecQueue::with_engine(TYPE_CIPHER, e);
+            let mut mem = mem(40 << 20, true);
+            let s = session(&mut q, &mut mem, alg, &key);
+            let d = cipher_op(
+                s,
+                F_ENCRYPT | F_IV,
+                src,
+                src + (17 << 20),
+                16 * MIB + 16,
+                &iv,
+            );
+            let (d, _) = run_in_pieces(&mut q, &mut mem, d, 1);
+            assert_eq!(d.status, status::EMSGSIZE, "{name}");
+        }
+    }
+}
