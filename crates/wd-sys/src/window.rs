@@ -62,24 +62,17 @@ impl FileWindow {
                 what: "window length not a positive page multiple",
             });
         }
-        count();
-        // SAFETY: a fresh PROT_NONE mapping where the kernel chooses; no
-        // existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
+        // At a multiple of 2 MiB, as the client's mappings of its files
+        // are (`Mapping::map_shared_blocks`): the window's blocks are the
+        // client's, which the domain then maps whole.
+        let align = if len >= crate::BLOCK as u64 {
+            crate::BLOCK
+        } else {
+            crate::page_size()
         };
-        if p == libc::MAP_FAILED {
-            return Err(err("mmap"));
-        }
+        let base = crate::reserve_aligned(len as usize, align)?;
         Ok(Arc::new(FileWindow {
-            base: NonNull::new(p.cast()).expect("mmap returned NULL"),
+            base,
             len,
             live: Mutex::new(Some(BTreeMap::new())),
         }))
@@ -241,5 +234,34 @@ mod tests {
         drop(again);
         drop(maps);
         assert_eq!(vmas_of(&name), 0);
+    }
+
+    /// A window of 2 MiB or more, and a buffer mapped for blocks, start at
+    /// a 2 MiB boundary, so a range of the file lies alike in both.
+    #[test]
+    fn large_windows_and_buffers_start_at_2_mib() {
+        let name = format!("wd-window-blocks-{}", std::process::id());
+        let fd = crate::memfd_create(&name, false).unwrap();
+        let len = 5 * crate::BLOCK + 4096;
+        crate::ftruncate(fd.as_fd(), len as u64).unwrap();
+        let w = FileWindow::reserve(len as u64).unwrap();
+        assert_eq!(w.base.as_ptr() as usize % crate::BLOCK, 0);
+        let m = crate::Mapping::map_shared_blocks(fd.as_fd(), 0, len).unwrap();
+        assert_eq!(m.as_ptr() as usize % crate::BLOCK, 0);
+        let at = w
+            .map(fd.as_fd(), 3 * crate::BLOCK as u64, 4096)
+            .unwrap()
+            .unwrap();
+        // SAFETY: live mappings of ours, each at least 4096 bytes.
+        unsafe {
+            m.as_ptr().add(3 * crate::BLOCK).write_volatile(9);
+            assert_eq!(at.as_ptr().read_volatile(), 9);
+        }
+        assert_eq!(vmas_of(&name), 2);
+        drop((at, m, w));
+        assert_eq!(vmas_of(&name), 0);
+        // Below a block, where the kernel puts it.
+        let small = crate::Mapping::map_shared_blocks(fd.as_fd(), 0, 8192).unwrap();
+        assert!(!small.as_ptr().is_null());
     }
 }
