@@ -663,14 +663,7 @@ fn a_cut_zstd_decompression_keeps_its_output_in_place() {
     // Parts written in place, then the room changes under the request.
     for hole in [true, false] {
         mem.put(OUT, &vec![0; LEN]);
-        let mut x = d;
-        let mut done = 0;
-        while mem.get(OUT, 2 << 20).iter().all(|&b| b == 0) {
-            let Progress::More(upto) = q.process_part(&mut x, &mut mem, done, 1) else {
-                panic!("ended before its output began")
-            };
-            done = upto;
-        }
+        let done = until_output_began(&mut q, &mut mem, d);
         match hole {
             true => mem.set_hole(Some((OUT + (4 << 20), OUT + (5 << 20)))),
             false => mem.set_slices(false),
@@ -693,6 +686,19 @@ fn a_cut_zstd_decompression_keeps_its_output_in_place() {
     }
 }
 
+/// Run parts of decompression `d` into [`OUT`] (zeroed) until it has
+/// written there: how far it got.
+fn until_output_began(q: &mut ZipQueue, mem: &mut FlatMemory, d: Desc) -> u64 {
+    let (mut x, mut done) = (d, 0);
+    while mem.get(OUT, 2 << 20).iter().all(|&b| b == 0) {
+        let Progress::More(upto) = q.process_part(&mut x, mem, done, 1) else {
+            panic!("ended before its output began")
+        };
+        done = upto;
+    }
+    done
+}
+
 /// A room written in place that the domain maps to other memory before a
 /// later part (one mapping still, at another host address) ends the
 /// decoding with -EFAULT and no fault: the decoder's history is in the
@@ -702,14 +708,7 @@ fn a_cut_zstd_decompression_refuses_a_room_mapped_elsewhere() {
     let data = noisy(LEN);
     let (mut q, mut mem, n) = long_stream(Algorithm::Zstd, &data);
     let d = shot(false, Algorithm::Zstd, Z, n, OUT, 12 << 20);
-    let mut x = d;
-    let mut done = 0;
-    while mem.get(OUT, 2 << 20).iter().all(|&b| b == 0) {
-        let Progress::More(upto) = q.process_part(&mut x, &mut mem, done, 1) else {
-            panic!("ended before its output began")
-        };
-        done = upto;
-    }
+    let done = until_output_began(&mut q, &mut mem, d);
     let mut other = FlatMemory::new(BASE, 32 << 20);
     let mut moved = Recorder {
         mem: &mut mem,
