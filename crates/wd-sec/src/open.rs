@@ -22,11 +22,15 @@ pub(crate) struct Opening {
 }
 
 impl SecQueue {
-    /// Whether `op` is a whole GCM decryption longer than `piece`.
+    /// Whether `op` is a whole GCM decryption longer than `piece`, with a
+    /// tag the whole request takes: one of fewer than 4 bytes (which
+    /// libcrypto would check) is left to `cipher` to refuse, as when it is
+    /// short, since the start of the cut never sees its tag length.
     fn opens_whole(&mut self, op: &CipherOp, piece: u64) -> bool {
         let whole = op.flags & (F_IV | F_FINAL | F_ENCRYPT) == F_IV | F_FINAL;
         whole
             && op.len > piece
+            && (4..=16).contains(&op.tag_len)
             && self.sessions.get(op.session).is_ok_and(|s| {
                 matches!(
                     s.work,

@@ -39,6 +39,13 @@ impl SecQueue {
             return None;
         };
         let piece = piece.max(XTS_PIECE);
+        // (A data unit over 2^20 blocks, or without its IV, is refused
+        // whole.) Whether to cut is decided at the first piece only: a
+        // later pass may have a larger budget, and the rest of a cut
+        // request taken for a short one would run without its IV.
+        if (done == 0 && op.len <= piece) || op.len > XTS_UNIT || op.flags & F_IV == 0 {
+            return None;
+        }
         let (alg, k2) = match self.sessions.get(op.session) {
             Ok(s)
                 if matches!(
@@ -53,11 +60,6 @@ impl SecQueue {
             }
             _ => return None,
         };
-        // (A data unit over 2^20 blocks, or without its IV, is refused
-        // whole.)
-        if op.len <= piece || op.len > XTS_UNIT || op.flags & F_IV == 0 {
-            return None;
-        }
         let r = self.xts_step(op, alg, &k2.0, dma, done, piece);
         match r {
             Ok(Some(next)) => Some(Progress::More(next)),
@@ -115,14 +117,16 @@ fn iv_at(alg: Alg, k2: &[u8], iv: &[u8; 16], j: u64) -> Result<[u8; 16], wd_evp:
         key_bits,
         mode: Mode::Ecb,
     })?;
-    let mut block = *iv;
+    // The tweaks are E_K2 of the IV and its multiples: wiped after use,
+    // as the key is.
+    let mut tweak = Secret(iv.to_vec());
     ecb.init(Some(k2), None, true)?;
-    ecb.update_in_place(&mut block)?;
-    let t = gf_mul(u128::from_le_bytes(block), x_pow(j));
-    let mut block = t.to_le_bytes();
+    ecb.update_in_place(&mut tweak.0)?;
+    let t0 = u128::from_le_bytes(tweak.0[..16].try_into().expect("a block"));
+    tweak.0.copy_from_slice(&gf_mul(t0, x_pow(j)).to_le_bytes());
     ecb.init(Some(k2), None, false)?;
-    ecb.update_in_place(&mut block)?;
-    Ok(block)
+    ecb.update_in_place(&mut tweak.0)?;
+    Ok(tweak.0[..16].try_into().expect("a block"))
 }
 
 /// `t`·α: one block on (x^128 = x^7 + x^2 + x + 1).

@@ -1188,3 +1188,84 @@ fn a_long_xts_request_is_cut_into_data_unit_calls() {
         }
     }
 }
+
+/// A whole GCM decryption with a tag shorter than 4 bytes is refused
+/// (-EINVAL, nothing written) whether or not it is long enough to be cut:
+/// a request cut in pieces must be held to what the whole one is, and a
+/// tag of a byte or two is forged in a few hundred tries.
+#[test]
+fn a_long_gcm_decryption_refuses_a_short_tag_as_a_short_one_does() {
+    let alg = Alg::by_name("aes-128-gcm").unwrap();
+    let key = [7u8; 16];
+    let (src, dst, tag) = (BASE + 0x10_0000, BASE + 0x30_0000, BASE + 0x50_1000);
+    for n in [4096usize, (1 << 20) + 3] {
+        let op = |s: u64, flags: u16, from: u64, to: u64, tag_len: u8| {
+            let mut iv = [0u8; 16];
+            iv[..12].copy_from_slice(&[9u8; 12]);
+            CipherOp {
+                session: s,
+                flags: flags | F_IV | F_FINAL,
+                src: from,
+                dst: to,
+                len: n as u64,
+                iv,
+                iv_len: 12,
+                aad: 0,
+                aad_len: 0,
+                tag,
+                tag_len,
+            }
+            .encode()
+        };
+        let mut q = SecQueue::new(TYPE_CIPHER);
+        let mut mem = mem(8 << 20, true);
+        let s = session(&mut q, &mut mem, alg, &key);
+        mem.put(src, &common::data(n, 3));
+        assert_eq!(
+            run(&mut q, &mut mem, op(s, F_ENCRYPT, src, dst, 16)).status,
+            0
+        );
+        // The first two bytes of the right tag, given as a 2-byte tag.
+        mem.put(src, &vec![0xee; n]);
+        let (d, _) = run_in_pieces(&mut q, &mut mem, op(s, 0, dst, src, 2), 64 << 10);
+        assert_eq!(d.status, status::EINVAL, "{n} bytes");
+        assert!(
+            mem.get(src, n).iter().all(|&b| b == 0xee),
+            "{n} bytes: nothing written"
+        );
+    }
+}
+
+/// An XTS request cut in pieces goes on as one when a later pass has a
+/// larger budget than its first (`pass_bytes` over a MiB, the first piece
+/// run after other requests spent part of the pass): it is not taken for
+/// a request the XTS cut does not serve, whose continuation is refused.
+#[test]
+fn a_cut_xts_request_goes_on_when_the_budget_grows() {
+    let alg = Alg::by_name("aes-128-xts").unwrap();
+    let key: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(29) ^ 0x33).collect();
+    let iv: Vec<u8> = (0..16u8).map(|i| i * 5 + 2).collect();
+    let n = (3 << 19) + 7;
+    let (src, dst) = (BASE + 0x10_0000, BASE + 0x50_0000);
+    let data = common::data(n, 11);
+    for encrypt in [true, false] {
+        let mut q = SecQueue::new(TYPE_CIPHER);
+        let mut mem = mem(12 << 20, true);
+        let s = session(&mut q, &mut mem, alg, &key);
+        mem.put(src, &data);
+        let flags = if encrypt { F_ENCRYPT | F_IV } else { F_IV };
+        let mut d = cipher_op(s, flags, src, dst, n, &iv);
+        let Progress::More(done) = q.process_part(&mut d, &mut mem, 0, 64 << 10) else {
+            panic!("not cut")
+        };
+        assert!(matches!(
+            q.process_part(&mut d, &mut mem, done, 4 << 20),
+            Progress::Done
+        ));
+        assert_eq!((d.status, d.result), (0, n as u64), "encrypt {encrypt}");
+        assert!(
+            mem.get(dst, n) == reference(alg, &key, &iv, &data, encrypt),
+            "encrypt {encrypt}"
+        );
+    }
+}

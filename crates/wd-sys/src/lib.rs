@@ -360,14 +360,20 @@ impl Drop for Mapping {
 /// The IOMMU's smallest block (and x86's middle page size): 2 MiB.
 pub const BLOCK: usize = 2 << 20;
 
-/// A PROT_NONE reservation of `len` bytes (a page multiple) at a multiple
-/// of `align` (a power of two, a page multiple), where the kernel finds
-/// room: `len + align` reserved, the ends given back.
+/// A PROT_NONE reservation of `len` bytes at a multiple of `align` (a
+/// power of two, a page multiple), where the kernel finds room: `len +
+/// align` reserved, the ends given back. `len` is taken up to whole pages,
+/// as the kernel's mmap and munmap take it: a tail given back from inside
+/// a page would be refused (EINVAL), and stay reserved for good.
 pub(crate) fn reserve_aligned(len: usize, align: usize) -> Result<NonNull<u8>> {
-    let whole = len.checked_add(align).ok_or(SysError::Invalid {
+    let too_large = || SysError::Invalid {
         call: "mmap",
         what: "reservation too large",
-    })?;
+    };
+    let len = len
+        .checked_next_multiple_of(page_size())
+        .ok_or_else(too_large)?;
+    let whole = len.checked_add(align).ok_or_else(too_large)?;
     count();
     // SAFETY: a fresh PROT_NONE mapping where the kernel chooses; no
     // existing memory is affected.

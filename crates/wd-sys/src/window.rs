@@ -236,6 +236,36 @@ mod tests {
         assert_eq!(vmas_of(&name), 0);
     }
 
+    /// Whether `addr` lies in a mapping of this process.
+    fn mapped(addr: usize) -> bool {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split(' ').next()?.split_once('-'))
+            .any(|(a, b)| {
+                let a = usize::from_str_radix(a, 16).unwrap();
+                let b = usize::from_str_radix(b, 16).unwrap();
+                (a..b).contains(&addr)
+            })
+    }
+
+    /// A buffer mapped for blocks whose length is no page multiple (which
+    /// `map_shared` takes, the kernel rounding it up) keeps no part of its
+    /// reservation past its end.
+    #[test]
+    fn a_block_mapping_of_part_of_a_page_keeps_nothing_past_its_end() {
+        let name = format!("wd-window-part-{}", std::process::id());
+        let fd = crate::memfd_create(&name, false).unwrap();
+        crate::ftruncate(fd.as_fd(), 2 * crate::BLOCK as u64).unwrap();
+        let len = crate::BLOCK + 100;
+        let m = crate::Mapping::map_shared_blocks(fd.as_fd(), 0, len).unwrap();
+        // (Looked at at once: another test's mapping could take the
+        // space given back, later.)
+        let end = m.as_ptr() as usize + len.next_multiple_of(crate::page_size());
+        assert!(!mapped(end), "the reservation's tail is still mapped");
+        drop(m);
+    }
+
     /// A window of 2 MiB or more, and a buffer mapped for blocks, start at
     /// a 2 MiB boundary, so a range of the file lies alike in both.
     #[test]
