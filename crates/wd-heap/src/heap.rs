@@ -411,13 +411,7 @@ impl Heap {
         }
         let pages = capacity / kind.page_bytes();
         // hugetlb reserves the pool's pages at mmap: ENOMEM means "not enough".
-        let map = match kind {
-            // At 2 MiB boundaries, as the host's window of the file: the
-            // domain maps its blocks whole.
-            PageKind::Normal => Mapping::map_shared_blocks(fd.as_fd(), 0, capacity as usize),
-            _ => Mapping::map_shared(fd.as_fd(), 0, capacity as usize),
-        }
-        .map_err(|e| {
+        let map = Mapping::map_shared(fd.as_fd(), 0, capacity as usize).map_err(|e| {
             if kind != PageKind::Normal && e.errno() == libc::ENOMEM {
                 no_huge(pages)
             } else {
@@ -500,8 +494,6 @@ impl Heap {
         let write_sealed = seals & (wd_sys::pages::SEAL_FUTURE_WRITE | libc::F_SEAL_WRITE) != 0;
         let map = if write_sealed {
             Mapping::map_shared_readonly(fd.as_fd(), 0, size as usize)?
-        } else if kind == PageKind::Normal {
-            Mapping::map_shared_blocks(fd.as_fd(), 0, size as usize)?
         } else {
             Mapping::map_shared(fd.as_fd(), 0, size as usize)?
         };

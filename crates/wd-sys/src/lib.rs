@@ -198,48 +198,6 @@ impl Mapping {
         Mapping::map_fd(fd, offset, len, true)
     }
 
-    /// As [`Mapping::map_shared`], at an address that is a multiple of
-    /// [`BLOCK`] when `len` is at least one: a client's buffer and the
-    /// host's window of its file ([`window::FileWindow`]) then lie alike
-    /// against 2 MiB boundaries, so its domain maps whole blocks of it with
-    /// one entry each (a 64 MiB buffer is 32 IOTLB entries to translate,
-    /// not 16384). For files of normal pages (hugetlb mappings are placed
-    /// by the kernel).
-    pub fn map_shared_blocks(fd: BorrowedFd<'_>, offset: u64, len: usize) -> Result<Mapping> {
-        if len < BLOCK {
-            return Mapping::map_shared(fd, offset, len);
-        }
-        let r = reserve_aligned(len, BLOCK)?;
-        count();
-        // SAFETY: [r, r + len) is our own PROT_NONE reservation, which
-        // nothing points into: MAP_FIXED replaces exactly it.
-        let p = unsafe {
-            libc::mmap(
-                r.as_ptr().cast(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_FIXED,
-                fd.as_raw_fd(),
-                offset as libc::off_t,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            let e = io::Error::last_os_error();
-            // SAFETY: the reservation is ours and unused.
-            unsafe { libc::munmap(r.as_ptr().cast(), len) };
-            return Err(SysError::Call {
-                call: "mmap",
-                source: e,
-            });
-        }
-        Ok(Mapping {
-            ptr: r,
-            len,
-            writable: true,
-            owner: std::sync::atomic::AtomicU32::new(0),
-        })
-    }
-
     /// Map `len` bytes of `fd` at `offset`, shared, writable or not.
     pub(crate) fn map_fd(
         fd: BorrowedFd<'_>,
@@ -354,60 +312,6 @@ impl Drop for Mapping {
         unsafe {
             libc::munmap(self.ptr.as_ptr().cast(), self.len);
         }
-    }
-}
-
-/// The IOMMU's smallest block (and x86's middle page size): 2 MiB.
-pub const BLOCK: usize = 2 << 20;
-
-/// A PROT_NONE reservation of `len` bytes at a multiple of `align` (a
-/// power of two, a page multiple), where the kernel finds room: `len +
-/// align` reserved, the ends given back. `len` is taken up to whole pages,
-/// as the kernel's mmap and munmap take it: a tail given back from inside
-/// a page would be refused (EINVAL), and stay reserved for good.
-pub(crate) fn reserve_aligned(len: usize, align: usize) -> Result<NonNull<u8>> {
-    let too_large = || SysError::Invalid {
-        call: "mmap",
-        what: "reservation too large",
-    };
-    let len = len
-        .checked_next_multiple_of(page_size())
-        .ok_or_else(too_large)?;
-    let whole = len.checked_add(align).ok_or_else(too_large)?;
-    count();
-    // SAFETY: a fresh PROT_NONE mapping where the kernel chooses; no
-    // existing memory is affected.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            whole,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(SysError::Call {
-            call: "mmap",
-            source: io::Error::last_os_error(),
-        });
-    }
-    let p: *mut u8 = p.cast();
-    let head = (align - p as usize % align) % align;
-    let tail = whole - head - len;
-    // SAFETY: both ends lie inside the reservation just made, which
-    // nothing points into; what is kept is [p + head, p + head + len).
-    unsafe {
-        if head > 0 {
-            count();
-            libc::munmap(p.cast(), head);
-        }
-        if tail > 0 {
-            count();
-            libc::munmap(p.add(head + len).cast(), tail);
-        }
-        Ok(NonNull::new(p.add(head)).expect("inside a mapping"))
     }
 }
 

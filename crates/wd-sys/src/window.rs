@@ -62,17 +62,24 @@ impl FileWindow {
                 what: "window length not a positive page multiple",
             });
         }
-        // At a multiple of 2 MiB, as the client's mappings of its files
-        // are (`Mapping::map_shared_blocks`): the window's blocks are the
-        // client's, which the domain then maps whole.
-        let align = if len >= crate::BLOCK as u64 {
-            crate::BLOCK
-        } else {
-            crate::page_size()
+        count();
+        // SAFETY: a fresh PROT_NONE mapping where the kernel chooses; no
+        // existing memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
         };
-        let base = crate::reserve_aligned(len as usize, align)?;
+        if p == libc::MAP_FAILED {
+            return Err(err("mmap"));
+        }
         Ok(Arc::new(FileWindow {
-            base,
+            base: NonNull::new(p.cast()).expect("mmap returned NULL"),
             len,
             live: Mutex::new(Some(BTreeMap::new())),
         }))
@@ -234,64 +241,5 @@ mod tests {
         drop(again);
         drop(maps);
         assert_eq!(vmas_of(&name), 0);
-    }
-
-    /// Whether `addr` lies in a mapping of this process.
-    fn mapped(addr: usize) -> bool {
-        std::fs::read_to_string("/proc/self/maps")
-            .unwrap()
-            .lines()
-            .filter_map(|l| l.split(' ').next()?.split_once('-'))
-            .any(|(a, b)| {
-                let a = usize::from_str_radix(a, 16).unwrap();
-                let b = usize::from_str_radix(b, 16).unwrap();
-                (a..b).contains(&addr)
-            })
-    }
-
-    /// A buffer mapped for blocks whose length is no page multiple (which
-    /// `map_shared` takes, the kernel rounding it up) keeps no part of its
-    /// reservation past its end.
-    #[test]
-    fn a_block_mapping_of_part_of_a_page_keeps_nothing_past_its_end() {
-        let name = format!("wd-window-part-{}", std::process::id());
-        let fd = crate::memfd_create(&name, false).unwrap();
-        crate::ftruncate(fd.as_fd(), 2 * crate::BLOCK as u64).unwrap();
-        let len = crate::BLOCK + 100;
-        let m = crate::Mapping::map_shared_blocks(fd.as_fd(), 0, len).unwrap();
-        // (Looked at at once: another test's mapping could take the
-        // space given back, later.)
-        let end = m.as_ptr() as usize + len.next_multiple_of(crate::page_size());
-        assert!(!mapped(end), "the reservation's tail is still mapped");
-        drop(m);
-    }
-
-    /// A window of 2 MiB or more, and a buffer mapped for blocks, start at
-    /// a 2 MiB boundary, so a range of the file lies alike in both.
-    #[test]
-    fn large_windows_and_buffers_start_at_2_mib() {
-        let name = format!("wd-window-blocks-{}", std::process::id());
-        let fd = crate::memfd_create(&name, false).unwrap();
-        let len = 5 * crate::BLOCK + 4096;
-        crate::ftruncate(fd.as_fd(), len as u64).unwrap();
-        let w = FileWindow::reserve(len as u64).unwrap();
-        assert_eq!(w.base.as_ptr() as usize % crate::BLOCK, 0);
-        let m = crate::Mapping::map_shared_blocks(fd.as_fd(), 0, len).unwrap();
-        assert_eq!(m.as_ptr() as usize % crate::BLOCK, 0);
-        let at = w
-            .map(fd.as_fd(), 3 * crate::BLOCK as u64, 4096)
-            .unwrap()
-            .unwrap();
-        // SAFETY: live mappings of ours, each at least 4096 bytes.
-        unsafe {
-            m.as_ptr().add(3 * crate::BLOCK).write_volatile(9);
-            assert_eq!(at.as_ptr().read_volatile(), 9);
-        }
-        assert_eq!(vmas_of(&name), 2);
-        drop((at, m, w));
-        assert_eq!(vmas_of(&name), 0);
-        // Below a block, where the kernel puts it.
-        let small = crate::Mapping::map_shared_blocks(fd.as_fd(), 0, 8192).unwrap();
-        assert!(!small.as_ptr().is_null());
     }
 }

@@ -598,27 +598,3 @@ fn memory_freed_while_shared_is_not_handed_out_again() {
     drop(q);
     drop(fresh);
 }
-
-/// A large shared buffer lies against 2 MiB boundaries as the host's
-/// mapping of its file does, so the queue's domain maps it in blocks:
-/// sharing 64 MiB adds a few table pages, not one for every 2 MiB of
-/// 4 KiB leaves (an engine then translates it with 32 IOTLB entries, not
-/// 16384).
-#[test]
-fn a_large_buffer_is_mapped_in_blocks() {
-    const BIG: u64 = 64 << 20;
-    let h = wd_embedded::connect().unwrap();
-    let mut q = h.request_queue(&Capability::new("memcpy")).unwrap();
-    let pages = |h: &HostConn, q: &Queue| -> u64 { attr(h, q, "table_pages").parse().unwrap() };
-    let src = SharedBuf::new(BIG as usize).unwrap();
-    let dst = SharedBuf::new(BIG as usize).unwrap();
-    assert_eq!(src.addr() % (2 << 20), 0, "a 2 MiB boundary");
-    let before = pages(&h, &q);
-    q.share(src.addr(), BIG).unwrap();
-    q.share(dst.addr(), BIG).unwrap();
-    let added = pages(&h, &q) - before;
-    assert!(added <= 6, "{added} table pages for two 64 MiB shares");
-    src.write(BIG - 5, b"edge!");
-    assert_eq!(copy(&mut q, src.addr(), dst.addr(), BIG), 0);
-    assert_eq!(dst.read_vec(BIG - 5, 5), b"edge!");
-}
