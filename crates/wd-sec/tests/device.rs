@@ -673,6 +673,42 @@ fn mb_engine(test: &str) -> Option<&'static wd_ipsecmb::Engine> {
     }
 }
 
+/// The queue kinds a test runs on: libcrypto only, and the multi-buffer
+/// engine where it is here (a skip reported for `test` where not).
+fn queue_engines(test: &str) -> Vec<Option<&'static wd_ipsecmb::Engine>> {
+    match mb_engine(test) {
+        Some(e) => vec![None, Some(e)],
+        None => vec![None],
+    }
+}
+
+/// A whole GCM message (IV 9 repeated, with the tag): `len` bytes from
+/// `from` to `to`, additional data at `aad`, the tag at `tag`.
+fn gcm_message(
+    s: u64,
+    flags: u16,
+    (from, to, len): (u64, u64, usize),
+    (aad, aad_len): (u64, u32),
+    (tag, tag_len): (u64, u8),
+) -> Desc {
+    let mut iv = [0u8; 16];
+    iv[..12].copy_from_slice(&[9u8; 12]);
+    CipherOp {
+        session: s,
+        flags: flags | F_IV | F_FINAL,
+        src: from,
+        dst: to,
+        len: len as u64,
+        iv,
+        iv_len: 12,
+        aad,
+        aad_len,
+        tag,
+        tag_len,
+    }
+    .encode()
+}
+
 /// Run a batch as the engine does: start every request, then poll; the
 /// requests held come back through `poll`, each exactly once.
 fn run_batch(q: &mut SecQueue, mem: &mut Mem, batch: &[Desc]) -> Vec<Desc> {
@@ -1014,7 +1050,6 @@ fn teardown_reports_what_finished_as_finished() {
 fn a_long_gcm_decryption_is_cut_and_checked_before_its_output() {
     let alg = Alg::by_name("aes-256-gcm").unwrap();
     let key = [5u8; 32];
-    let iv = [9u8; 12];
     let n = (1 << 20) + 13;
     let plain = common::data(n, 4);
     let (src, dst, aad, tag) = (
@@ -1024,28 +1059,9 @@ fn a_long_gcm_decryption_is_cut_and_checked_before_its_output() {
         BASE + 0x50_1000,
     );
     let op = |s: u64, flags: u16, from: u64, to: u64| {
-        let mut ivb = [0u8; 16];
-        ivb[..12].copy_from_slice(&iv);
-        CipherOp {
-            session: s,
-            flags: flags | F_IV | F_FINAL,
-            src: from,
-            dst: to,
-            len: n as u64,
-            iv: ivb,
-            iv_len: 12,
-            aad,
-            aad_len: 9,
-            tag,
-            tag_len: 16,
-        }
-        .encode()
+        gcm_message(s, flags, (from, to, n), (aad, 9), (tag, 16))
     };
-    let engines: Vec<Option<&'static wd_ipsecmb::Engine>> =
-        match mb_engine("a_long_gcm_decryption_is_cut_and_checked_before_its_output") {
-            Some(e) => vec![None, Some(e)],
-            None => vec![None],
-        };
+    let engines = queue_engines("a_long_gcm_decryption_is_cut_and_checked_before_its_output");
     for e in engines {
         let mut q = SecQueue::with_engine(TYPE_CIPHER, e);
         let mut mem = mem(8 << 20, true);
@@ -1129,11 +1145,7 @@ fn a_long_gcm_decryption_is_cut_and_checked_before_its_output() {
 #[test]
 fn a_long_xts_request_is_cut_into_data_unit_calls() {
     const MIB: usize = 1 << 20;
-    let engines: Vec<Option<&'static wd_ipsecmb::Engine>> =
-        match mb_engine("a_long_xts_request_is_cut_into_data_unit_calls") {
-            Some(e) => vec![None, Some(e)],
-            None => vec![None],
-        };
+    let engines = queue_engines("a_long_xts_request_is_cut_into_data_unit_calls");
     let (src, dst) = (BASE + 0x10_0000, BASE + 0x50_0000);
     for e in engines {
         for (name, key_len) in [("aes-128-xts", 32usize), ("aes-256-xts", 64)] {
@@ -1200,22 +1212,7 @@ fn a_long_gcm_decryption_refuses_a_short_tag_as_a_short_one_does() {
     let (src, dst, tag) = (BASE + 0x10_0000, BASE + 0x30_0000, BASE + 0x50_1000);
     for n in [4096usize, (1 << 20) + 3] {
         let op = |s: u64, flags: u16, from: u64, to: u64, tag_len: u8| {
-            let mut iv = [0u8; 16];
-            iv[..12].copy_from_slice(&[9u8; 12]);
-            CipherOp {
-                session: s,
-                flags: flags | F_IV | F_FINAL,
-                src: from,
-                dst: to,
-                len: n as u64,
-                iv,
-                iv_len: 12,
-                aad: 0,
-                aad_len: 0,
-                tag,
-                tag_len,
-            }
-            .encode()
+            gcm_message(s, flags, (from, to, n), (0, 0), (tag, tag_len))
         };
         let mut q = SecQueue::new(TYPE_CIPHER);
         let mut mem = mem(8 << 20, true);
