@@ -359,6 +359,70 @@ pub struct TlbStats {
     pub commands: u64,
     /// Times the engine fell a full ring behind and dropped everything.
     pub overruns: u64,
+    /// Large ranges given whole from a translation kept since an earlier
+    /// section, without a lookup per page.
+    pub kept: u64,
+}
+
+/// A range at least this long that translates into one run is kept
+/// across sections: a device reaching the same large buffer part after
+/// part of a long request (a decoder writing its output in place, whose
+/// history is there) otherwise pays a lookup for every page of it in
+/// every part, more pages than the IOTLB holds.
+pub const KEEP_MIN: u64 = 1 << 20;
+
+/// Ranges an engine keeps (a few long requests in parts at once).
+const KEPT_RANGES: usize = 8;
+
+/// A range translated whole into one run, kept until a command may have
+/// changed it: dropped by exactly the commands that drop IOTLB entries
+/// of its pages, so it lives no longer than they would.
+#[derive(Clone, Copy, Debug)]
+struct KeptRange {
+    tag: u64,
+    iova: u64,
+    len: u64,
+    access: Access,
+    phys: u64,
+}
+
+#[derive(Debug, Default)]
+struct KeptRanges {
+    r: [Option<KeptRange>; KEPT_RANGES],
+    /// Slot the next range replaces when none is free.
+    next: usize,
+}
+
+impl KeptRanges {
+    /// Where `[iova, iova+len)` of `tag` starts in host memory, if a kept
+    /// range checked for `access` holds all of it.
+    fn find(&self, tag: u64, iova: u64, len: u64, access: Access) -> Option<u64> {
+        self.r.iter().flatten().find_map(|k| {
+            (k.tag == tag && k.access == access && iova >= k.iova && iova + len <= k.iova + k.len)
+                .then(|| k.phys + (iova - k.iova))
+        })
+    }
+
+    fn keep(&mut self, k: KeptRange) {
+        let i = match self.r.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                let i = self.next;
+                self.next = (i + 1) % KEPT_RANGES;
+                i
+            }
+        };
+        self.r[i] = Some(k);
+    }
+
+    /// Drop the ranges `hit` selects.
+    fn drop_if(&mut self, hit: impl Fn(&KeptRange) -> bool) {
+        for slot in &mut self.r {
+            if slot.as_ref().is_some_and(&hit) {
+                *slot = None;
+            }
+        }
+    }
 }
 
 /// An engine's side of the IOMMU: its IOTLB and its place in the command
@@ -367,6 +431,7 @@ pub struct EngineTlb {
     iommu: Arc<Iommu>,
     state: Arc<EngineState>,
     tlb: Iotlb,
+    kept: KeptRanges,
     /// Next sequence number to read.
     cursor: u64,
     /// Commands up to here were applied before the oldest translation a
@@ -405,6 +470,7 @@ impl EngineTlb {
             iommu: iommu.clone(),
             state,
             tlb: Iotlb::new(),
+            kept: KeptRanges::default(),
             cursor: tail + 1,
             pinned: None,
             in_section: false,
@@ -538,6 +604,7 @@ impl EngineTlb {
     /// missed.
     fn overrun(&mut self, tail: u64) {
         self.tlb.invalidate_all();
+        self.kept.drop_if(|_| true);
         self.stats.overruns += 1;
         self.cursor = tail + 1;
     }
@@ -547,11 +614,17 @@ impl EngineTlb {
         match c {
             Command::InvalidateRange { tag, start, end } => {
                 self.tlb.invalidate_range(tag, start, end);
+                self.kept
+                    .drop_if(|k| k.tag == tag && k.iova < end && start < k.iova + k.len);
             }
             Command::InvalidateDomain { tag } => {
                 self.tlb.invalidate_domain(tag);
+                self.kept.drop_if(|k| k.tag == tag);
             }
-            Command::InvalidateAll => self.tlb.invalidate_all(),
+            Command::InvalidateAll => {
+                self.tlb.invalidate_all();
+                self.kept.drop_if(|_| true);
+            }
             Command::Sync => {}
         }
     }
@@ -637,7 +710,10 @@ impl Section<'_> {
 
     /// Translate `[iova, iova+len)` into physically contiguous runs
     /// (cleared first, in IOVA order); the first unmapped or forbidden byte
-    /// is the fault. `len == 0` is an empty success.
+    /// is the fault. `len == 0` is an empty success. A range of
+    /// [`KEEP_MIN`] bytes or more that is one run is kept for later
+    /// sections, and a range inside it is answered at once until a
+    /// command drops it.
     pub fn translate_range(
         &mut self,
         dom: &Domain,
@@ -665,6 +741,14 @@ impl Section<'_> {
         let end = iova.saturating_add(len).min(IOVA_LIMIT);
         let beyond = iova.checked_add(len).is_none_or(|e| e > IOVA_LIMIT);
         let tag = dom.tag();
+        let keep = len >= KEEP_MIN && !beyond;
+        if keep {
+            if let Some(phys) = self.e.kept.find(tag, iova, len, access) {
+                self.e.stats.kept += 1;
+                runs.push((phys, len));
+                return Ok(());
+            }
+        }
         let mut a = iova;
         while a < end {
             let l = match self.e.tlb.lookup(tag, a) {
@@ -700,6 +784,15 @@ impl Section<'_> {
         if beyond {
             runs.clear();
             return Err(fault(IOVA_LIMIT, FaultReason::OutOfRange));
+        }
+        if keep && runs.len() == 1 {
+            self.e.kept.keep(KeptRange {
+                tag,
+                iova,
+                len,
+                access,
+                phys: runs[0].0,
+            });
         }
         Ok(())
     }
@@ -906,6 +999,81 @@ mod tests {
         iommu.submit(&[Command::InvalidateAll]);
         e.poll();
         assert_eq!(e.stats().overruns, 1);
+    }
+
+    #[test]
+    fn a_large_range_is_kept_until_a_command_touches_it() {
+        const MIB: u64 = 1 << 20;
+        let iommu = Iommu::new();
+        let d = Domain::new(&iommu, 1, DomainConfig::default()).unwrap();
+        // Host memory not 2 MiB aligned: pages, which an unmap may cut.
+        let other = Domain::new(&iommu, 2, DomainConfig::default()).unwrap();
+        d.map(0, 0x4000_1000, 4 * MIB, Prot::RW).unwrap();
+        other.map(0, 0x8000_0000, MIB, Prot::RW).unwrap();
+        let mut e = EngineTlb::new(&iommu);
+        let mut runs = Vec::new();
+        let tr = |e: &mut EngineTlb, iova, len, access, runs: &mut Vec<(u64, u64)>| {
+            e.enter().translate_range(&d, 1, iova, len, access, runs)
+        };
+        tr(&mut e, 0, 4 * MIB, Access::Write, &mut runs).unwrap();
+        assert_eq!(runs, [(0x4000_1000, 4 * MIB)]);
+        let walked = e.stats().hits + e.stats().misses;
+        // Again in a later section, and a range inside it: no lookups.
+        tr(&mut e, 0, 4 * MIB, Access::Write, &mut runs).unwrap();
+        assert_eq!(runs, [(0x4000_1000, 4 * MIB)]);
+        tr(&mut e, MIB + 5, 2 * MIB, Access::Write, &mut runs).unwrap();
+        assert_eq!(runs, [(0x4000_1000 + MIB + 5, 2 * MIB)]);
+        assert_eq!(e.stats().kept, 2);
+        assert_eq!(e.stats().hits + e.stats().misses, walked);
+        // A small range, another access, or a range reaching past it are
+        // translated page by page as before.
+        tr(&mut e, 8, 4096, Access::Write, &mut runs).unwrap();
+        tr(&mut e, 0, 2 * MIB, Access::Read, &mut runs).unwrap();
+        assert_eq!(e.stats().kept, 2);
+        assert!(tr(&mut e, 3 * MIB, 2 * MIB, Access::Write, &mut runs).is_err());
+        // Commands for another domain or elsewhere in this one keep it.
+        other.unmap(0, MIB).unwrap();
+        iommu.submit(&[Command::InvalidateRange {
+            tag: d.tag(),
+            start: 8 * MIB,
+            end: 9 * MIB,
+        }]);
+        tr(&mut e, 0, 4 * MIB, Access::Write, &mut runs).unwrap();
+        assert_eq!(e.stats().kept, 3);
+        // An unmap of one page in it drops it: the page faults, and a
+        // page mapped there again elsewhere is found.
+        d.unmap(2 * MIB, PAGE_SIZE).unwrap();
+        let f = tr(&mut e, 0, 4 * MIB, Access::Write, &mut runs).unwrap_err();
+        assert_eq!((f.iova, f.reason), (2 * MIB, FaultReason::Unmapped));
+        d.map(2 * MIB, 0x9000_0000, PAGE_SIZE, Prot::RW).unwrap();
+        tr(&mut e, 0, 4 * MIB, Access::Write, &mut runs).unwrap();
+        assert_eq!(runs.len(), 3);
+        assert_eq!(runs[1], (0x9000_0000, PAGE_SIZE));
+        assert_eq!(e.stats().kept, 3);
+        // Whole-domain and global commands, and an overrun, drop it too.
+        d.unmap(2 * MIB, PAGE_SIZE).unwrap();
+        d.map(2 * MIB, 0x4000_1000 + 2 * MIB, PAGE_SIZE, Prot::RW)
+            .unwrap();
+        let lag = || {
+            for _ in 0..CMDQ_ENTRIES + 5 {
+                iommu.submit(&[Command::InvalidateDomain { tag: 999 }]);
+            }
+        };
+        let all = || {
+            iommu.submit(&[Command::InvalidateAll]);
+        };
+        let dom = || {
+            iommu.submit(&[Command::InvalidateDomain { tag: d.tag() }]);
+        };
+        for (i, drop_it) in [&lag as &dyn Fn(), &all, &dom].into_iter().enumerate() {
+            tr(&mut e, 0, 4 * MIB, Access::Write, &mut runs).unwrap();
+            tr(&mut e, 0, 4 * MIB, Access::Write, &mut runs).unwrap();
+            let kept = e.stats().kept;
+            drop_it();
+            tr(&mut e, 0, 4 * MIB, Access::Write, &mut runs).unwrap();
+            assert_eq!(e.stats().kept, kept, "command {i} kept the range");
+        }
+        assert_eq!(runs, [(0x4000_1000, 4 * MIB)]);
     }
 
     #[test]

@@ -56,6 +56,13 @@ enum Op {
         len: u64,
         write: bool,
     },
+    /// The range the last map asked for, from its `skip`th page: again
+    /// and again across maps and unmaps, as a device reaches one large
+    /// buffer part after part (a translation the engine keeps).
+    Again {
+        skip: u64,
+        write: bool,
+    },
     Flush,
 }
 
@@ -83,6 +90,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(base, page, off, write)| Op::Translate { base, page, off, write }),
         2 => (0..3usize, 0..WINDOW_PAGES, 0..P, 0..(3 * BLOCK_2M), any::<bool>())
             .prop_map(|(base, page, off, len, write)| Op::Range { base, page, off, len, write }),
+        3 => (prop_oneof![Just(0u64), 0..600u64], any::<bool>())
+            .prop_map(|(skip, write)| Op::Again { skip, write }),
         1 => Just(Op::Flush),
     ]
 }
@@ -211,6 +220,7 @@ fn run(ops: Vec<Op>, mode: InvalidationMode) -> Result<(), TestCaseError> {
     )
     .unwrap();
     let mut m = Model::default();
+    let mut last_map = None;
     for op in ops {
         match op {
             Op::Map {
@@ -222,6 +232,7 @@ fn run(ops: Vec<Op>, mode: InvalidationMode) -> Result<(), TestCaseError> {
                 prot,
             } => {
                 let iova = BASES[base] + page * P;
+                last_map = Some((iova, n * P));
                 let phys = (1 << 40) + phys_block * BLOCK_2M + phys_off * P;
                 let prot = Prot::from_bits(prot).unwrap();
                 let free = m.free(iova, iova + n * P);
@@ -296,6 +307,15 @@ fn run(ops: Vec<Op>, mode: InvalidationMode) -> Result<(), TestCaseError> {
                 let acc = if write { Access::Write } else { Access::Read };
                 let quiet = d.stats().fq_pending == 0;
                 check_translations(&d, &mut e, &m, a, len, acc, quiet)?;
+            }
+            Op::Again { skip, write } => {
+                let Some((iova, len)) = last_map else {
+                    continue;
+                };
+                let skip = (skip * P).min(len - P);
+                let acc = if write { Access::Write } else { Access::Read };
+                let quiet = d.stats().fq_pending == 0;
+                check_translations(&d, &mut e, &m, iova + skip, len - skip, acc, quiet)?;
             }
             Op::Flush => d.flush_iotlb_all(),
         }
