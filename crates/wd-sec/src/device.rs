@@ -755,6 +755,13 @@ impl DeviceQueue for SecQueue {
         Progress::Done
     }
 
+    fn restartable(&self, desc: &Desc) -> bool {
+        // Only the requests cut in calls that move no session (XTS data
+        // units, a whole GCM decryption into host memory); a chain cut in
+        // pieces (CBC, CTR, GCM streams, digests) moved its session on.
+        self.xts_restartable(desc) || self.open_restartable(desc)
+    }
+
     fn asynchronous(&self) -> bool {
         self.mb.is_some()
     }

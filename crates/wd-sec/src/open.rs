@@ -7,11 +7,11 @@
 //! then do later pieces write the plaintext out. Progress counts the
 //! input decrypted, then the output written (up to twice the length).
 
-use wd_device::{status, Dma, Progress};
+use wd_device::{ranges_overlap, status, Dma, Progress};
 use wd_ring::Desc;
 
 use crate::device::{complete, SecQueue, Secret, Work};
-use crate::msg::{CipherOp, Mode, Request, F_ENCRYPT, F_FINAL, F_IV};
+use crate::msg::{self, CipherOp, Mode, Request, F_ENCRYPT, F_FINAL, F_IV};
 
 /// A cut whole GCM decryption under way.
 pub(crate) struct Opening {
@@ -73,6 +73,26 @@ impl SecQueue {
         }
     }
 
+    /// Whether the cut GCM decryption `desc` may start over after its
+    /// next piece faults: its pieces write nothing until the tag matched,
+    /// and from then on only its destination, so a restart reads the same
+    /// input unless the output may have overwritten it. The session starts
+    /// again from the IV; the host plaintext went with the failed piece.
+    pub(crate) fn open_restartable(&self, desc: &Desc) -> bool {
+        let Some(o) = self.opening.as_ref().filter(|o| o.desc == *desc) else {
+            return false;
+        };
+        let Ok(Request::Cipher(op)) = msg::decode(desc) else {
+            return false;
+        };
+        let writes = o.plain.0.len() as u64 >= op.len;
+        let out = (op.dst, op.len);
+        !writes
+            || !(ranges_overlap(out, (op.src, op.len))
+                || ranges_overlap(out, (op.aad, op.aad_len as u64))
+                || ranges_overlap(out, (op.tag, op.tag_len as u64)))
+    }
+
     /// One piece: the progress after it, or `None` when the request is
     /// finished.
     fn open_step(
@@ -87,6 +107,11 @@ impl SecQueue {
             // All of its memory faults now, if at all, before the session
             // moves on (a stall's retry then starts the message again).
             self.probe(&Request::Cipher(op), dma)?;
+            // A request starting now (a restart after a stall, too) ends
+            // any other's plaintext before it holds its own (none can be
+            // under way: the engine continues a cut request before it
+            // starts another).
+            self.opening = None;
             // The message starts as a request of no data would start it:
             // key, IV, additional data.
             let start = CipherOp {

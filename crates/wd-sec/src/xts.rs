@@ -8,12 +8,12 @@
 //! GF(2^128), the tweak read little-endian). Pieces are whole blocks but
 //! the last, which keeps the last whole block with the stolen tail.
 
-use wd_device::{status, Dma, Progress};
+use wd_device::{ranges_overlap, status, Dma, Progress};
 use wd_evp::CipherCtx;
 use wd_ring::Desc;
 
 use crate::device::{complete, SecQueue, Secret, Work};
-use crate::msg::{Alg, CipherOp, Mode, Request, F_IV};
+use crate::msg::{self, Alg, CipherOp, Mode, Request, F_IV};
 
 /// Smallest piece of an XTS request: each costs two single-block AES
 /// calls and a power of α besides the call itself (about 150 µs a MiB
@@ -68,6 +68,31 @@ impl SecQueue {
                 Some(Progress::Done)
             }
         }
+    }
+
+    /// Whether the cut XTS request `desc` may start over after a later
+    /// piece faults: each piece is a call of its own from a derived IV and
+    /// moves no session state, so a restart computes the same unless the
+    /// output may have overwritten the input (in place, or overlapping).
+    /// Only what `xts_part` cuts after its first piece is answered for.
+    pub(crate) fn xts_restartable(&self, desc: &Desc) -> bool {
+        let Ok(Request::Cipher(op)) = msg::decode(desc) else {
+            return false;
+        };
+        let xts = self.sessions.peek(op.session).is_some_and(|s| {
+            matches!(
+                s.work,
+                Work::Cipher {
+                    mode: Mode::Xts,
+                    ..
+                }
+            )
+        });
+        xts && op.flags & F_IV != 0
+            && op.len <= XTS_UNIT
+            && op.aad_len == 0
+            && op.tag_len == 0
+            && !ranges_overlap((op.src, op.len), (op.dst, op.len))
     }
 
     /// One piece: the progress after it, or `None` when the request is

@@ -298,6 +298,235 @@ fn an_overlapping_copy_faulting_after_its_first_piece_fails() {
     panic!("the unshare never landed after the first piece");
 }
 
+/// A host with a sec device whose cipher queues are synchronous
+/// (libcrypto alone: the engine stalls nothing on a multi-buffer queue),
+/// a cipher queue on it with the stall policy, and a session of `alg`.
+fn sec_queue(alg: &str, key: &[u8]) -> (wd_host::Host, Queue, u64) {
+    let host = wd_host::Host::embedded(vec![wd_host::DeviceConfig::parse_spec(
+        "sec:engine=libcrypto",
+    )
+    .unwrap()])
+    .unwrap();
+    let h = HostConn::connect(host.address()).unwrap();
+    let mut q = h.request_queue(&Capability::new("cipher")).unwrap();
+    q.set_iommu_policy(InvalidationMode::Strict, FaultPolicy::Stall)
+        .unwrap();
+    let alg = wd_sec::Alg::by_name(alg).unwrap();
+    let d = q
+        .call(wd_sec::msg::SessionNew::new(alg, key, 0).encode())
+        .unwrap();
+    assert_eq!(d.status, 0);
+    (host, q, d.result)
+}
+
+/// libcrypto's (OpenSSL's) answer for `data` in one call: the output,
+/// and GCM's tag over `aad`.
+fn crypt(alg: &str, key: &[u8], iv: &[u8], aad: &[u8], data: &[u8]) -> (Vec<u8>, [u8; 16]) {
+    let mut c = wd_sec::evp::CipherCtx::new(wd_sec::Alg::by_name(alg).unwrap()).unwrap();
+    c.init(Some(key), Some(iv), true).unwrap();
+    let mut tag = [0u8; 16];
+    if !aad.is_empty() {
+        c.aad(aad).unwrap();
+    }
+    let mut out = vec![0u8; data.len()];
+    c.update(&mut out, data).unwrap();
+    if !aad.is_empty() {
+        c.finish().unwrap();
+        c.tag(&mut tag).unwrap();
+    }
+    (out, tag)
+}
+
+/// What came first: a completion, or a stall (its number and the address
+/// that faulted).
+fn completion_or_stall_at(q: &mut Queue) -> Result<wrapdrive::Completion, (u64, u64)> {
+    for _ in 0..400 {
+        if let Ok(c) = q.recv_sync(Some(Duration::from_millis(5))) {
+            return Ok(c);
+        }
+        if let Some(e) = q.faults(8).unwrap().events.first() {
+            return match q.recv_sync(Some(Duration::from_millis(100))) {
+                Ok(c) => Ok(c),
+                Err(_) => Err((e.seq, e.iova)),
+            };
+        }
+    }
+    panic!("neither a completion nor a fault in 2 s");
+}
+
+/// The pause before an unshare meant to land while a request runs: a
+/// different one each attempt.
+fn pause(attempt: u64) -> Duration {
+    Duration::from_micros(300 * (attempt % 16))
+}
+
+/// A long XTS request (cut in data-unit calls of a MiB) whose destination
+/// is unshared after its first piece stalls, and once the memory is shared
+/// again runs from the start to OpenSSL's answer: its pieces moved no
+/// session and did not write what it reads.
+#[test]
+fn a_cut_xts_request_faulting_after_its_first_piece_stalls_and_starts_over() {
+    const N: u64 = 16 << 20;
+    let key: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
+    let iv = [0x42u8; 16];
+    let (_host, mut q, s) = sec_queue("aes-256-xts", &key);
+    let src = SharedBuf::new(N as usize).unwrap();
+    let dst = SharedBuf::new(N as usize).unwrap();
+    let data: Vec<u8> = (0..N).map(|i| (i * 7 % 251) as u8).collect();
+    src.write(0, &data);
+    let (want, _) = crypt("aes-256-xts", &key, &iv, &[], &data);
+    q.share(src.addr(), N).unwrap();
+    let op = wd_sec::msg::CipherOp {
+        session: s,
+        flags: wd_sec::msg::F_ENCRYPT | wd_sec::msg::F_IV,
+        src: src.addr(),
+        dst: dst.addr(),
+        len: N,
+        iv,
+        iv_len: 16,
+        aad: 0,
+        aad_len: 0,
+        tag: 0,
+        tag_len: 0,
+    };
+    for attempt in 0..40u64 {
+        dst.write(0, &vec![0; N as usize]);
+        q.share(dst.addr(), N).unwrap();
+        q.send(op.encode(), attempt).unwrap();
+        std::thread::sleep(pause(attempt));
+        q.unshare(dst.addr(), N).unwrap();
+        let (seq, at) = match completion_or_stall_at(&mut q) {
+            Ok(c) => {
+                assert_eq!((c.cookie, c.desc.status), (attempt, 0), "done before");
+                continue;
+            }
+            Err(stall) => stall,
+        };
+        q.share(dst.addr(), N).unwrap();
+        q.resume_fault(seq, true).unwrap();
+        let c = q.recv_sync(Some(Duration::from_secs(10))).unwrap();
+        assert_eq!((c.cookie, c.desc.status, c.desc.result), (attempt, 0, N));
+        assert!(dst.to_vec() == want, "OpenSSL's answer");
+        if at > dst.addr() {
+            return;
+        }
+        // It stalled on its first piece: not the case asked for.
+        q.unshare(dst.addr(), N).unwrap();
+    }
+    panic!("the unshare never landed after the first piece");
+}
+
+/// A long whole GCM decryption (cut: pieces decrypt into host memory)
+/// whose ciphertext is unshared after its first piece stalls, and once the
+/// memory is shared again starts over, its held plaintext dropped, and
+/// gives the plaintext with status 0.
+#[test]
+fn a_cut_gcm_decryption_faulting_after_its_first_piece_stalls_and_starts_over() {
+    const N: u64 = 32 << 20;
+    let key = [0x17u8; 16];
+    let (iv, aad) = ([9u8; 12], b"header 12");
+    let (_host, mut q, s) = sec_queue("aes-128-gcm", &key);
+    let src = SharedBuf::new(N as usize).unwrap();
+    let dst = SharedBuf::new(N as usize).unwrap();
+    let meta = SharedBuf::new(4096).unwrap();
+    let plain: Vec<u8> = (0..N).map(|i| (i * 13 % 251) as u8).collect();
+    let (ct, tag) = crypt("aes-128-gcm", &key, &iv, aad, &plain);
+    src.write(0, &ct);
+    meta.write(0, aad);
+    meta.write(64, &tag);
+    q.share(meta.addr(), 4096).unwrap();
+    q.share(dst.addr(), N).unwrap();
+    let mut ivb = [0u8; 16];
+    ivb[..12].copy_from_slice(&iv);
+    let op = wd_sec::msg::CipherOp {
+        session: s,
+        flags: wd_sec::msg::F_IV | wd_sec::msg::F_FINAL,
+        src: src.addr(),
+        dst: dst.addr(),
+        len: N,
+        iv: ivb,
+        iv_len: 12,
+        aad: meta.addr(),
+        aad_len: aad.len() as u32,
+        tag: meta.addr() + 64,
+        tag_len: 16,
+    };
+    for attempt in 0..40u64 {
+        dst.write(0, &vec![0; N as usize]);
+        q.share(src.addr(), N).unwrap();
+        q.send(op.encode(), attempt).unwrap();
+        std::thread::sleep(pause(attempt));
+        q.unshare(src.addr(), N).unwrap();
+        let (seq, at) = match completion_or_stall_at(&mut q) {
+            Ok(c) => {
+                assert_eq!((c.cookie, c.desc.status), (attempt, 0), "done before");
+                assert!(dst.to_vec() == plain);
+                continue;
+            }
+            Err(stall) => stall,
+        };
+        assert!(dst.read_vec(0, 4096).iter().all(|&b| b == 0), "nothing out");
+        q.share(src.addr(), N).unwrap();
+        q.resume_fault(seq, true).unwrap();
+        let c = q.recv_sync(Some(Duration::from_secs(10))).unwrap();
+        assert_eq!((c.cookie, c.desc.status, c.desc.result), (attempt, 0, N));
+        assert!(dst.to_vec() == plain, "the plaintext");
+        if at > src.addr() {
+            return;
+        }
+        // It stalled on its first piece: not the case asked for.
+        q.unshare(src.addr(), N).unwrap();
+    }
+    panic!("the unshare never landed after the first piece");
+}
+
+/// A long XTS request in place (its pieces overwrite what it reads) that
+/// faults after its first piece fails at once instead of stalling.
+#[test]
+fn an_xts_request_in_place_faulting_after_its_first_piece_fails() {
+    const N: u64 = 16 << 20;
+    let key: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
+    let (_host, mut q, s) = sec_queue("aes-128-xts", &key);
+    let buf = SharedBuf::new(N as usize).unwrap();
+    let op = wd_sec::msg::CipherOp {
+        session: s,
+        flags: wd_sec::msg::F_ENCRYPT | wd_sec::msg::F_IV,
+        src: buf.addr(),
+        dst: buf.addr(),
+        len: N,
+        iv: [1; 16],
+        iv_len: 16,
+        aad: 0,
+        aad_len: 0,
+        tag: 0,
+        tag_len: 0,
+    };
+    for attempt in 0..40u64 {
+        q.share(buf.addr(), N).unwrap();
+        q.send(op.encode(), attempt).unwrap();
+        std::thread::sleep(pause(attempt));
+        q.unshare(buf.addr(), N).unwrap();
+        match completion_or_stall_at(&mut q) {
+            Ok(c) if c.desc.status == 0 => continue,
+            Ok(c) => {
+                assert_eq!(
+                    (c.cookie, c.desc.status, c.desc.result),
+                    (attempt, EFAULT, 0)
+                );
+                return;
+            }
+            // Stalled on its first piece (nothing written yet): aborted,
+            // and tried again.
+            Err((seq, _)) => {
+                q.resume_fault(seq, false).unwrap();
+                let c = q.recv_sync(Some(Duration::from_secs(5))).unwrap();
+                assert_eq!((c.cookie, c.desc.status), (attempt, EFAULT));
+            }
+        }
+    }
+    panic!("the unshare never landed after the first piece");
+}
+
 #[test]
 fn a_client_manages_its_queue_through_virtio_iommu() {
     let (h, mut q, src, dst) = setup();
