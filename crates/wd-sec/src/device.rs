@@ -18,6 +18,7 @@ use crate::msg::{
     self, Alg, CipherOp, DigestOp, Hash, Mode, Request, SessionNew, F_DIGEST_FINAL, F_ENCRYPT,
     F_FINAL, F_INIT, F_IV, INLINE_KEY, MAX_SESSIONS,
 };
+use crate::open::{OpenBudget, OPEN_MEMORY};
 use wd_evp::{CipherCtx, DigestCtx};
 
 /// Queue type index of ciphers (AES in every mode, GCM included).
@@ -91,6 +92,8 @@ pub struct SecDriver {
     without_mb: Option<String>,
     /// Sessions alive on its queues.
     sessions: Arc<AtomicU64>,
+    /// Plaintext its queues' cut GCM decryptions hold.
+    open_budget: Arc<OpenBudget>,
 }
 
 impl Default for SecDriver {
@@ -118,7 +121,16 @@ impl SecDriver {
             mb,
             without_mb,
             sessions: Arc::default(),
+            open_budget: OpenBudget::new(OPEN_MEMORY),
         })
+    }
+
+    /// The same driver with `bytes` for the plaintext its queues' cut GCM
+    /// decryptions may hold together, in place of [`OPEN_MEMORY`]: for
+    /// tests that reach the bound without allocating hundreds of MiB.
+    pub fn with_open_memory(mut self, bytes: u64) -> SecDriver {
+        self.open_budget = OpenBudget::new(bytes);
+        self
     }
 }
 
@@ -161,15 +173,27 @@ impl Driver for SecDriver {
     }
 
     fn attributes(&self) -> Vec<(String, String, bool)> {
-        vec![(
-            "sessions".to_string(),
-            self.sessions.load(Ordering::Relaxed).to_string(),
-            false,
-        )]
+        vec![
+            (
+                "sessions".to_string(),
+                self.sessions.load(Ordering::Relaxed).to_string(),
+                false,
+            ),
+            (
+                "open_bytes".to_string(),
+                self.open_budget.held().to_string(),
+                false,
+            ),
+        ]
     }
 
     fn open_queue(&self, alg: u32) -> Box<dyn DeviceQueue> {
-        Box::new(SecQueue::counted(alg, self.mb, self.sessions.clone()))
+        Box::new(SecQueue::counted(
+            alg,
+            self.mb,
+            self.sessions.clone(),
+            self.open_budget.clone(),
+        ))
     }
 }
 
@@ -236,6 +260,8 @@ pub struct SecQueue {
     pub(crate) long: Vec<Long>,
     /// A whole GCM decryption cut in pieces.
     pub(crate) opening: Option<crate::open::Opening>,
+    /// What the device's cut GCM decryptions may hold.
+    pub(crate) open_budget: Arc<OpenBudget>,
     /// When to gather CBC encryptions and when to run them.
     pub(crate) gathering: Gathering,
 }
@@ -251,12 +277,18 @@ impl SecQueue {
     /// engine `mb` (when given): gathered over a batch of requests and
     /// encrypted side by side.
     pub fn with_engine(queue_type: u32, mb: Option<&'static Engine>) -> SecQueue {
-        SecQueue::counted(queue_type, mb, Arc::default())
+        SecQueue::counted(queue_type, mb, Arc::default(), OpenBudget::new(OPEN_MEMORY))
     }
 
-    /// A queue counting its sessions in `live` (shared by the driver's
-    /// queues).
-    fn counted(queue_type: u32, mb: Option<&'static Engine>, live: Arc<AtomicU64>) -> SecQueue {
+    /// A queue counting its sessions in `live` and its cut GCM
+    /// decryptions' plaintext in `open_budget` (both shared by the
+    /// driver's queues).
+    fn counted(
+        queue_type: u32,
+        mb: Option<&'static Engine>,
+        live: Arc<AtomicU64>,
+        open_budget: Arc<OpenBudget>,
+    ) -> SecQueue {
         SecQueue {
             queue_type,
             sessions: Sessions::new(MAX_SESSIONS, live),
@@ -267,6 +299,7 @@ impl SecQueue {
             finished: Vec::new(),
             long: Vec::new(),
             opening: None,
+            open_budget,
             gathering: Gathering::new(),
         }
     }

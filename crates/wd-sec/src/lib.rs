@@ -27,3 +27,4 @@ pub use wd_sec_msg as msg;
 
 pub use device::{EngineChoice, SecDriver, SecQueue, TYPE_CIPHER, TYPE_DIGEST};
 pub use msg::{Alg, Hash, Mode};
+pub use open::OPEN_MEMORY;

@@ -6,6 +6,15 @@
 //! decrypt into host memory, the last of them checks the tag, and only
 //! then do later pieces write the plaintext out. Progress counts the
 //! input decrypted, then the output written (up to twice the length).
+//!
+//! The plaintext held across passes (up to `MAX_DATA`, 64 MiB, a queue)
+//! is counted against a budget the device's queues share
+//! ([`OpenBudget`]): else clients opening many queues make the host
+//! allocate without bound. A request past it is refused with -ENOSPC
+//! before it changes anything, as a session past a full table is.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use wd_device::{ranges_overlap, status, Dma, Progress};
 use wd_ring::Desc;
@@ -13,12 +22,65 @@ use wd_ring::Desc;
 use crate::device::{complete, SecQueue, Secret, Work};
 use crate::msg::{self, CipherOp, Mode, Request, F_ENCRYPT, F_FINAL, F_IV};
 
+/// Plaintext the cut GCM decryptions of one device's queues may hold
+/// together by default: four whole messages of the longest kind.
+pub const OPEN_MEMORY: u64 = 256 << 20;
+
+/// Host memory held by a device's cut GCM decryptions, and its bound.
+#[derive(Debug)]
+pub(crate) struct OpenBudget {
+    limit: u64,
+    held: AtomicU64,
+}
+
+impl OpenBudget {
+    pub(crate) fn new(limit: u64) -> Arc<OpenBudget> {
+        Arc::new(OpenBudget {
+            limit,
+            held: AtomicU64::new(0),
+        })
+    }
+
+    /// Bytes held now (the `open_bytes` attribute).
+    pub(crate) fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Take `bytes`, if they fit: given back when the charge is dropped,
+    /// so no way a request ends (or its queue goes) can forget to.
+    fn charge(self: &Arc<Self>, bytes: u64) -> Option<Charge> {
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
+                h.checked_add(bytes).filter(|&t| t <= self.limit)
+            })
+            .ok()?;
+        Some(Charge {
+            budget: self.clone(),
+            bytes,
+        })
+    }
+}
+
+/// Bytes taken from an [`OpenBudget`].
+struct Charge {
+    budget: Arc<OpenBudget>,
+    bytes: u64,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.budget.held.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
 /// A cut whole GCM decryption under way.
 pub(crate) struct Opening {
     /// The request, to tell its continuation from any other.
     desc: Desc,
     /// The plaintext decrypted so far, held until the tag matches.
     plain: Secret,
+    /// Its memory, counted (last: given back once it is freed).
+    _charge: Charge,
 }
 
 impl SecQueue {
@@ -110,8 +172,10 @@ impl SecQueue {
             // A request starting now (a restart after a stall, too) ends
             // any other's plaintext before it holds its own (none can be
             // under way: the engine continues a cut request before it
-            // starts another).
+            // starts another), and counts its own before the session
+            // moves, so that one refused changed nothing.
             self.opening = None;
+            let charge = self.open_budget.charge(op.len).ok_or(status::ENOSPC)?;
             // The message starts as a request of no data would start it:
             // key, IV, additional data.
             let start = CipherOp {
@@ -125,6 +189,7 @@ impl SecQueue {
             self.opening = Some(Opening {
                 desc: *desc,
                 plain: Secret(Vec::with_capacity(op.len as usize)),
+                _charge: charge,
             });
         }
         let o = self

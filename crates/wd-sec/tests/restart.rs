@@ -1,15 +1,17 @@
 //! Long sec requests the engine cuts in pieces that fault after their
 //! first piece: which may start over under the stall policy (their pieces
-//! changed nothing they read).
+//! changed nothing they read), and the host memory a cut GCM decryption
+//! holds, counted against the device's budget and given back however the
+//! request ends.
 
 mod common;
 
 use common::{cipher, mem, openssl_crypt, session, Mem, BASE};
 use openssl::symm::Cipher;
-use wd_device::{status, DeviceQueue, Progress, Started};
+use wd_device::{status, DeviceQueue, Driver, Progress, Started};
 use wd_ring::Desc;
-use wd_sec::msg::{CipherOp, F_ENCRYPT, F_FINAL, F_IV};
-use wd_sec::{Alg, SecQueue, TYPE_CIPHER};
+use wd_sec::msg::{CipherOp, SessionNew, F_ENCRYPT, F_FINAL, F_IV};
+use wd_sec::{Alg, EngineChoice, SecDriver, SecQueue, TYPE_CIPHER};
 
 const PIECE: u64 = 64 << 10;
 
@@ -225,4 +227,158 @@ fn a_cut_xts_request_faulting_later_runs_again_whole() {
     let d = finish(&mut q, &mut mem, op, 0);
     assert_eq!((d.status, d.result), (0, n as u64));
     assert!(mem.get(dst, n) == want);
+}
+
+/// The `open_bytes` attribute of a driver: the plaintext its queues' cut
+/// GCM decryptions hold.
+fn open_bytes(drv: &SecDriver) -> u64 {
+    let attrs = drv.attributes();
+    let (_, v, _) = attrs.iter().find(|(k, _, _)| k == "open_bytes").unwrap();
+    v.parse().unwrap()
+}
+
+fn new_session(q: &mut dyn DeviceQueue, mem: &mut Mem, key: &[u8]) -> u64 {
+    let key_addr = BASE + 0x8000;
+    let mut d = SessionNew::new(Alg::by_name("aes-128-gcm").unwrap(), key, key_addr).encode();
+    q.process(&mut d, mem);
+    assert_eq!(d.status, 0);
+    d.result
+}
+
+/// The plaintext a cut GCM decryption holds between passes counts against
+/// the device's budget, shared by its queues: one that does not fit is
+/// refused with -ENOSPC before it changes anything (nothing written, its
+/// session's message under way kept), and the budget comes back however
+/// the holder ends (done, wrong tag, fault, its queue closed, a restart
+/// from the start, which counts once), so that one sent again runs.
+#[test]
+fn a_cut_gcm_decryption_counts_its_plaintext_against_the_device() {
+    let n = (3 << 20) / 2;
+    let drv = SecDriver::new(EngineChoice::Libcrypto)
+        .unwrap()
+        .with_open_memory(2 << 20);
+    let key = [8u8; 16];
+    let plain = common::data(n, 5);
+    let (ct, good) = sealed(&key, &plain);
+    let (src, dst, aad, tag) = (
+        BASE + 0x10_0000,
+        BASE + 0x30_0000,
+        BASE + 0x7c_0000,
+        BASE + 0x7c_1000,
+    );
+    let mut mem = mem(8 << 20, true);
+    mem.put(aad, b"header 12");
+    mem.put(tag, &good);
+    let mut one = drv.open_queue(TYPE_CIPHER);
+    let mut two = drv.open_queue(TYPE_CIPHER);
+    let s1 = new_session(&mut *one, &mut mem, &key);
+    let s2 = new_session(&mut *two, &mut mem, &key);
+    let op1 = gcm(s1, 0, (src, dst, n), aad, tag);
+    let op2 = gcm(s2, 0, (src, dst + (2 << 20), n), aad, tag);
+    let fresh = |mem: &mut Mem| {
+        mem.put(src, &ct);
+        mem.put(dst, &vec![0xee; (2 << 20) + n]);
+    };
+    // The first holds its plaintext; the second does not fit.
+    let refused = |two: &mut dyn DeviceQueue, mem: &mut Mem| {
+        let mut d = op2;
+        assert_eq!(part(two, mem, &mut d, 0), Progress::Done);
+        assert_eq!((d.status, d.result), (status::ENOSPC, 0));
+        assert!(mem.get(dst + (2 << 20), n).iter().all(|&b| b == 0xee));
+    };
+    let started = |one: &mut dyn DeviceQueue, two: &mut dyn DeviceQueue, mem: &mut Mem| {
+        fresh(mem);
+        let mut d = op1;
+        let mut done = 0;
+        for _ in 0..3 {
+            let Progress::More(x) = part(one, mem, &mut d, done) else {
+                panic!("cut")
+            };
+            done = x;
+        }
+        assert_eq!(open_bytes(&drv), n as u64);
+        refused(two, mem);
+        (d, done)
+    };
+    // Done: the budget is back and the second runs.
+    let (d, done) = started(&mut *one, &mut *two, &mut mem);
+    let d = finish(&mut *one, &mut mem, d, done);
+    assert_eq!(d.status, 0);
+    assert!(mem.get(dst, n) == plain);
+    assert_eq!(open_bytes(&drv), 0);
+    let d = finish(&mut *two, &mut mem, op2, 0);
+    assert_eq!(d.status, 0, "the second, sent again, runs");
+    assert!(mem.get(dst + (2 << 20), n) == plain);
+    assert_eq!(open_bytes(&drv), 0);
+    // A wrong tag.
+    let (d, done) = started(&mut *one, &mut *two, &mut mem);
+    let mut bad = good.clone();
+    bad[0] ^= 1;
+    mem.put(tag, &bad);
+    assert_eq!(finish(&mut *one, &mut mem, d, done).status, status::EBADMSG);
+    mem.put(tag, &good);
+    assert_eq!(open_bytes(&drv), 0);
+    // A fault in a later piece, then the request again from the start
+    // (what the engine's retry after a stall does): counted once.
+    let (d, done) = started(&mut *one, &mut *two, &mut mem);
+    assert!(one.restartable(&d));
+    mem.set_hole(Some((src + (1 << 20), src + (1 << 20) + 4096)));
+    assert_eq!(finish(&mut *one, &mut mem, d, done).status, status::EFAULT);
+    mem.set_hole(None);
+    assert_eq!(open_bytes(&drv), 0);
+    // A restart while the engine still had it under way.
+    let _ = started(&mut *one, &mut *two, &mut mem);
+    let mut again = op1;
+    let Progress::More(done) = part(&mut *one, &mut mem, &mut again, 0) else {
+        panic!("cut")
+    };
+    assert_eq!(open_bytes(&drv), n as u64, "counted once");
+    let d = finish(&mut *one, &mut mem, again, done);
+    assert_eq!(d.status, 0);
+    assert!(mem.get(dst, n) == plain);
+    assert_eq!(open_bytes(&drv), 0);
+    // Its queue closed under way.
+    let _ = started(&mut *one, &mut *two, &mut mem);
+    drop(one);
+    assert_eq!(open_bytes(&drv), 0);
+    let d = finish(&mut *two, &mut mem, op2, 0);
+    assert_eq!(d.status, 0);
+    // A refused one left its session's message as it was: a stream under
+    // way goes on.
+    let mut one = drv.open_queue(TYPE_CIPHER);
+    let s1 = new_session(&mut *one, &mut mem, &key);
+    let op1 = gcm(s1, 0, (src, dst, n), aad, tag);
+    fresh(&mut mem);
+    let mut d = op1;
+    assert!(matches!(
+        part(&mut *one, &mut mem, &mut d, 0),
+        Progress::More(_)
+    ));
+    let out = BASE + 0x70_0000;
+    let head = cipher(s2, F_ENCRYPT | F_IV, src, out, 32, &[9; 12]);
+    let mut h = head.encode();
+    two.process(&mut h, &mut mem);
+    assert_eq!(h.status, 0);
+    refused(&mut *two, &mut mem);
+    let mut tail = cipher(s2, F_ENCRYPT, src + 32, out + 32, 32, &[]);
+    tail.flags |= F_FINAL;
+    tail.tag = tag + 64;
+    tail.tag_len = 16;
+    let mut t = tail.encode();
+    two.process(&mut t, &mut mem);
+    assert_eq!(t.status, 0, "the stream went on");
+    let mut want_tag = vec![0u8; 16];
+    let want = openssl::symm::encrypt_aead(
+        Cipher::aes_128_gcm(),
+        &key,
+        Some(&[9u8; 12]),
+        b"",
+        &ct[..64],
+        &mut want_tag,
+    )
+    .unwrap();
+    assert_eq!(mem.get(out, 64), want);
+    assert_eq!(mem.get(tag + 64, 16), want_tag);
+    drop(one);
+    assert_eq!(open_bytes(&drv), 0);
 }
