@@ -1,7 +1,8 @@
 //! What a host holds for its clients, from its own attribute tree and its
 //! descriptor table: the figures that must come back to where they were
 //! once every client is gone (queues, shares, mapped bytes, connections,
-//! IOMMU domains, device sessions, namespace grants, free instances).
+//! IOMMU domains, device sessions and the plaintext held for cut
+//! decryptions, namespace grants, free instances).
 //!
 //! Pure: the caller reads the tree and `/proc`; this module picks the
 //! figures and compares two readings.
@@ -19,7 +20,7 @@ fn counted(path: &str) -> bool {
             matches!(*what, "connections" | "queues" | "shares" | "mapped_bytes")
         }
         ["host", "mappings"] | ["host", "iommu", "domains"] => true,
-        [dev, "sessions"] => dev.starts_with("dev"),
+        [dev, "sessions" | "open_bytes"] => dev.starts_with("dev"),
         [dev, "mdev_supported_types", _, "available_instances"] => dev.starts_with("dev"),
         [dev, "nvme", ns, "controller"] => dev.starts_with("dev") && ns.starts_with("ns"),
         _ => false,
@@ -93,6 +94,7 @@ mod tests {
                 "64",
             ),
             ("dev1/sessions", "0"),
+            ("dev1/open_bytes", "0"),
             ("dev2/nvme/ns1/controller", "none"),
             ("dev2/nvme/ns1/size", "16777216"),
         ];
@@ -127,6 +129,7 @@ mod tests {
             .map(|(k, v)| match k {
                 "host/iommu/domains" => (k, "1"),
                 "dev1/sessions" => (k, "3"),
+                "dev1/open_bytes" => (k, "1048576"),
                 "dev2/nvme/ns1/controller" => (k, "5"),
                 "dev0/mdev_supported_types/dummy-memcpy/available_instances" => (k, "63"),
                 _ => (k, v),
@@ -141,12 +144,13 @@ mod tests {
             "dev0/queues/others: was 0, now 2",
             "host/iommu/domains: was 0, now 1",
             "dev1/sessions: was 0, now 3",
+            "dev1/open_bytes: was 0, now 1048576",
             "dev2/nvme/ns1/controller: was none, now 5",
             "dev0/mdev_supported_types/dummy-memcpy/available_instances: was 64, now 63",
             "host/fds: was 10, now 11",
         ] {
             assert!(has(k), "{k} missing from {l:?}");
         }
-        assert_eq!(l.len(), 8, "{l:?}");
+        assert_eq!(l.len(), 9, "{l:?}");
     }
 }
