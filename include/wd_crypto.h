@@ -142,8 +142,8 @@ int wd_digest_update(struct wd_digest *d, const void *data, size_t len);
 int wd_digest_final(struct wd_digest *d, void *out, size_t out_len);
 /* Digest size in bytes of a session. */
 int wd_digest_size(struct wd_digest *d);
-/* A copy of the state (-EOPNOTSUPP once a long message streams on the
- * device). */
+/* A copy of the state. A long message streaming on the device is copied
+ * there, on the thread that feeds it (elsewhere -EBADFD). */
 int wd_digest_dup(struct wd_digest *d, struct wd_digest **out);
 void wd_digest_free(struct wd_digest *d);
 

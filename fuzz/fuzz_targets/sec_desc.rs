@@ -19,6 +19,7 @@ fuzz_target!(|data: &[u8]| {
                 Request::Nop => return,
                 Request::SessionNew(s) => s.encode(),
                 Request::SessionFree(f) => f.encode(),
+                Request::SessionClone(c) => c.encode(),
                 Request::Cipher(c) => {
                     assert!(c.len <= msg::MAX_DATA && c.aad_len <= msg::MAX_AAD);
                     c.encode()

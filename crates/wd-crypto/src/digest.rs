@@ -90,17 +90,31 @@ impl Digest {
         false
     }
 
-    /// A copy of the computation so far; refused once a long message
-    /// streams through a device session (its state lives in the host).
+    /// A copy of the computation so far. A long message streaming through
+    /// a device session is copied there (its state lives in the host):
+    /// on the thread that feeds it, as its other calls are.
     pub fn try_clone(&self) -> Result<Digest> {
         let state = match &self.state {
             State::Gathering => State::Gathering,
             State::Cpu(c) => State::Cpu(c.try_clone()?),
-            State::Device { .. } => {
-                return Err(CryptoError::Device {
-                    status: wrapdrive::Status::Unsupported,
-                    message: "a digest streaming on the device cannot be copied".into(),
-                })
+            State::Device { session, mark } => {
+                mark.check("this digest")?;
+                let (id, handle) = (session.lane, session.handle);
+                let r = lane::with_open_lane(Kind::Digest, |lane| {
+                    if lane.id != id {
+                        return Err(gone());
+                    }
+                    let copy = lane.clone_session(handle)?;
+                    Ok(lane.session(copy))
+                });
+                match r {
+                    Ok(Ok(session)) => State::Device {
+                        session,
+                        mark: *mark,
+                    },
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => return Err(gone()),
+                }
             }
         };
         Ok(Digest {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use wd_sec_msg::{SessionFree, SessionNew};
+use wd_sec_msg::{SessionClone, SessionFree, SessionNew};
 use wrapdrive::{Capability, Desc, HostConn, Queue, SharedBuf, SharedSpan, Status};
 
 use crate::{config, CryptoError, Result};
@@ -621,6 +621,14 @@ impl Lane {
         }
         let d = r?;
         device_status(d.status, "session creation")?;
+        Ok(d.result)
+    }
+
+    /// A new device session holding a copy of digest session `handle`'s
+    /// state: its handle.
+    pub fn clone_session(&mut self, handle: u64) -> Result<u64> {
+        let d = self.call(SessionClone { session: handle }.encode())?;
+        device_status(d.status, "session copy")?;
         Ok(d.result)
     }
 

@@ -22,6 +22,12 @@ pub const OP_SESSION_FREE: u16 = 2;
 pub const OP_CIPHER: u16 = 3;
 /// Opcode: digest or MAC ([`DigestOp`]); `result` is digest bytes written.
 pub const OP_DIGEST: u16 = 4;
+/// Opcode: a new session holding a copy of a digest or HMAC session's
+/// state ([`SessionClone`]), a message under way included; `result` is
+/// its handle. What a copied digest context needs (an application's
+/// `EVP_MD_CTX_copy`, python's `hashlib` on every `digest()`) once its
+/// message streams on the device, whose state lives only in the host.
+pub const OP_SESSION_CLONE: u16 = 5;
 
 /// Cipher flag: encrypt (else decrypt).
 pub const F_ENCRYPT: u16 = 1;
@@ -375,6 +381,13 @@ pub struct SessionFree {
     pub session: u64,
 }
 
+/// Copy a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionClone {
+    /// The handle of the session copied.
+    pub session: u64,
+}
+
 /// Encrypt or decrypt `len` bytes from `src` to `dst` (they may be equal).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CipherOp {
@@ -428,6 +441,8 @@ pub enum Request {
     SessionNew(SessionNew),
     /// Session destruction.
     SessionFree(SessionFree),
+    /// Session copy.
+    SessionClone(SessionClone),
     /// Cipher work.
     Cipher(CipherOp),
     /// Digest work.
@@ -495,6 +510,15 @@ impl SessionFree {
     /// The descriptor.
     pub fn encode(&self) -> Desc {
         let mut d = desc(OP_SESSION_FREE, 0);
+        d.set_payload_u64(0, self.session);
+        d
+    }
+}
+
+impl SessionClone {
+    /// The descriptor.
+    pub fn encode(&self) -> Desc {
+        let mut d = desc(OP_SESSION_CLONE, 0);
         d.set_payload_u64(0, self.session);
         d
     }
@@ -593,6 +617,15 @@ pub fn decode(d: &Desc) -> Result<Request, MsgError> {
                 session: u64_at(p, 0),
             }))
         }
+        OP_SESSION_CLONE => {
+            if d.flags != 0 {
+                return Err(MsgError::Invalid("flags"));
+            }
+            zero(p, 8, PAYLOAD_SIZE)?;
+            Ok(Request::SessionClone(SessionClone {
+                session: u64_at(p, 0),
+            }))
+        }
         OP_CIPHER => {
             if d.flags & !(F_ENCRYPT | F_IV | F_FINAL) != 0 {
                 return Err(MsgError::Invalid("flags"));
@@ -681,7 +714,7 @@ pub fn legacy_plan(d: &Desc) -> Result<wd_msg::LegacyPlan, MsgError> {
         at
     };
     let desc = match decode(d)? {
-        Request::Nop | Request::SessionFree(_) => *d,
+        Request::Nop | Request::SessionFree(_) | Request::SessionClone(_) => *d,
         Request::SessionNew(mut s) => {
             if s.key_addr != 0 {
                 s.key_addr = input(s.key_addr, s.key_len as u64);
@@ -795,6 +828,8 @@ mod tests {
             out: 3,
         };
         assert_eq!(decode(&g.encode()), Ok(Request::Digest(g)));
+        let k = SessionClone { session: 77 };
+        assert_eq!(decode(&k.encode()), Ok(Request::SessionClone(k)));
     }
 
     #[test]
@@ -817,6 +852,12 @@ mod tests {
         assert_eq!(decode(&d), Err(MsgError::Opcode(77)));
         let mut d = SessionFree { session: 1 }.encode();
         d.flags = 8;
+        assert!(decode(&d).is_err());
+        let mut d = SessionClone { session: 1 }.encode();
+        d.payload[8] = 1;
+        assert!(decode(&d).is_err());
+        let mut d = SessionClone { session: 1 }.encode();
+        d.flags = 1;
         assert!(decode(&d).is_err());
         // A session-less digest must be one-shot and of a plain digest.
         let g = DigestOp {

@@ -15,8 +15,8 @@ use crate::dma;
 use crate::long::Long;
 use crate::mb::{cbc_now, Chain, Gathering, Pending};
 use crate::msg::{
-    self, Alg, CipherOp, DigestOp, Hash, Mode, Request, SessionNew, F_DIGEST_FINAL, F_ENCRYPT,
-    F_FINAL, F_INIT, F_IV, INLINE_KEY, MAX_SESSIONS,
+    self, Alg, CipherOp, DigestOp, Hash, Mode, Request, SessionClone, SessionNew, F_DIGEST_FINAL,
+    F_ENCRYPT, F_FINAL, F_INIT, F_IV, INLINE_KEY, MAX_SESSIONS,
 };
 use crate::open::{OpenBudget, OPEN_MEMORY};
 use wd_evp::{CipherCtx, DigestCtx};
@@ -354,6 +354,28 @@ impl SecQueue {
             work,
             schedule: None,
         })
+    }
+
+    /// A new session with a copy of a digest or HMAC session's state: a
+    /// message under way goes on in both (or is lost in both). A cipher
+    /// session's chain is the client library's to copy (it knows where
+    /// the chain is), so only digests are copied here.
+    fn session_clone(&mut self, c: SessionClone) -> Result<u64, i32> {
+        let s = self.sessions.get(c.session)?;
+        let Work::Digest { ctx, lost } = &s.work else {
+            return Err(status::EOPNOTSUPP);
+        };
+        let work = Work::Digest {
+            ctx: ctx.try_clone().map_err(|_| status::EIO)?,
+            lost: *lost,
+        };
+        let copy = Session {
+            alg: s.alg,
+            key: Secret(s.key.0.clone()),
+            work,
+            schedule: None,
+        };
+        self.sessions.insert(copy)
     }
 
     pub(crate) fn cipher(&mut self, op: CipherOp, dma: &mut dyn Dma<'_>) -> Result<u64, i32> {
@@ -875,6 +897,7 @@ impl DeviceQueue for SecQueue {
             Ok(Request::Nop) => Ok(0),
             Ok(Request::SessionNew(s)) => self.session_new(s, dma),
             Ok(Request::SessionFree(f)) => self.sessions.remove(f.session).map(|_| 0),
+            Ok(Request::SessionClone(c)) => self.session_clone(c),
             Ok(Request::Cipher(c)) => self.cipher(c, dma),
             Ok(Request::Digest(g)) => self.digest(g, dma),
         };

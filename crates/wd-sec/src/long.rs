@@ -95,6 +95,8 @@ pub(crate) fn session_of(desc: &Desc) -> Option<u64> {
         Ok(Request::Cipher(c)) => Some(c.session),
         Ok(Request::Digest(d)) if d.alg.is_none() => Some(d.session),
         Ok(Request::SessionFree(f)) => Some(f.session),
+        // (A copy waits for the long request of the session it copies.)
+        Ok(Request::SessionClone(c)) => Some(c.session),
         _ => None,
     }
 }

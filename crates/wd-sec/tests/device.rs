@@ -1266,3 +1266,90 @@ fn a_cut_xts_request_goes_on_when_the_budget_grows() {
         );
     }
 }
+
+/// A digest or HMAC session copied mid-message: both go on alone, each
+/// to OpenSSL's answer for its own data; the copy is a session of its own
+/// (freed alone); a cipher session, a handle that names nothing and a
+/// malformed request are refused.
+#[test]
+fn a_digest_session_is_copied_with_its_message() {
+    let mut mem = mem(0x40000, true);
+    let data: Vec<u8> = (0..20_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let (src, out_a, out_b) = (BASE, BASE + 0x10000, BASE + 0x10100);
+    mem.put(src, &data);
+    let key = [9u8; 100];
+    for hmac in [false, true] {
+        let mut q = SecQueue::new(TYPE_DIGEST);
+        let alg = if hmac {
+            Alg::Hmac(Hash::Sha256)
+        } else {
+            Alg::Digest(Hash::Sha256)
+        };
+        let s = session(&mut q, &mut mem, alg, if hmac { &key } else { &[] });
+        let op = |session, flags, from: usize, to: usize, out| {
+            DigestOp {
+                session,
+                alg: None,
+                flags,
+                src: src + from as u64,
+                len: (to - from) as u64,
+                out,
+            }
+            .encode()
+        };
+        assert_eq!(run(&mut q, &mut mem, op(s, F_INIT, 0, 5000, 0)).status, 0);
+        let d = run(&mut q, &mut mem, msg::SessionClone { session: s }.encode());
+        assert_eq!(d.status, 0, "hmac {hmac}");
+        let c = d.result;
+        assert_ne!(c, s);
+        // The original takes the rest; the copy other data.
+        let d = run(&mut q, &mut mem, op(s, F_DIGEST_FINAL, 5000, 20_000, out_a));
+        assert_eq!(d.status, 0);
+        let d = run(&mut q, &mut mem, op(c, F_DIGEST_FINAL, 100, 900, out_b));
+        assert_eq!(d.status, 0);
+        let want = |m: &[u8]| {
+            if hmac {
+                let k = openssl::pkey::PKey::hmac(&key).unwrap();
+                let mut s =
+                    openssl::sign::Signer::new(openssl::hash::MessageDigest::sha256(), &k).unwrap();
+                s.update(m).unwrap();
+                s.sign_to_vec().unwrap()
+            } else {
+                openssl::sha::sha256(m).to_vec()
+            }
+        };
+        assert_eq!(mem.get(out_a, 32), want(&data), "hmac {hmac}");
+        let copied = [&data[..5000], &data[100..900]].concat();
+        assert_eq!(mem.get(out_b, 32), want(&copied), "hmac {hmac}");
+        // Each is a session of its own: freeing one leaves the other.
+        let free = |h| SessionFree { session: h }.encode();
+        assert_eq!(run(&mut q, &mut mem, free(s)).status, 0);
+        let d = run(
+            &mut q,
+            &mut mem,
+            op(c, F_INIT | F_DIGEST_FINAL, 0, 800, out_b),
+        );
+        assert_eq!(d.status, 0);
+        assert_eq!(mem.get(out_b, 32), want(&data[..800]));
+        // Refused: a handle that names nothing, a malformed request.
+        let d = run(
+            &mut q,
+            &mut mem,
+            msg::SessionClone { session: 12345 }.encode(),
+        );
+        assert!(d.status < 0);
+        let mut bad = msg::SessionClone { session: c }.encode();
+        bad.payload[20] = 1;
+        assert_eq!(run(&mut q, &mut mem, bad).status, status::EINVAL);
+    }
+    // A cipher session's chain is not copied here.
+    let mut q = SecQueue::new(TYPE_CIPHER);
+    let s = session(
+        &mut q,
+        &mut mem,
+        Alg::by_name("aes-128-cbc").unwrap(),
+        &[1; 16],
+    );
+    let d = run(&mut q, &mut mem, msg::SessionClone { session: s }.encode());
+    assert_eq!(d.status, status::EOPNOTSUPP);
+}
