@@ -160,8 +160,8 @@ pub struct Namespace {
     pub buffered_why: Option<String>,
     /// The specification as written.
     pub text: String,
-    /// The store's (device, inode).
-    identity: ((u32, u32), u64),
+    /// Its blocks, held against every other namespace of the process.
+    _claim: Claim,
     /// Globally unique id (from the store's identity and the offset).
     pub nguid: [u8; 16],
     /// EUI-64.
@@ -404,12 +404,61 @@ struct State {
     next: u16,
 }
 
+/// Blocks of a store a namespace holds. Two namespaces on the same store
+/// (device and inode) must not share a block, whichever device of the
+/// host serves them: else two clients each given a "private" namespace
+/// read and write the same bytes. Held for the namespace's life.
+#[derive(Debug)]
+struct Claim {
+    id: u64,
+}
+
+/// (claim id, store, first byte, end, the namespace as written).
+type Claimed = (u64, ((u32, u32), u64), u64, u64, String);
+
+/// What the namespaces of this process hold.
+static CLAIMS: Mutex<Vec<Claimed>> = Mutex::new(Vec::new());
+
+impl Claim {
+    fn take(
+        store: ((u32, u32), u64),
+        start: u64,
+        end: u64,
+        text: &str,
+    ) -> Result<Claim, StoreError> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let mut all = CLAIMS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(other) = all
+            .iter()
+            .find(|c| c.1 == store && start < c.3 && c.2 < end)
+        {
+            return Err(StoreError::Overlap {
+                a: other.4.clone(),
+                b: text.to_string(),
+            });
+        }
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        all.push((id, store, start, end, text.to_string()));
+        Ok(Claim { id })
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        CLAIMS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|c| c.0 != self.id);
+    }
+}
+
 /// Highest controller id (0xfff0 and above are reserved).
 const MAX_CNTLID: u16 = 0xffef;
 
 impl Subsystem {
     /// Open every namespace of `specs` (NSIDs in order from 1), refusing
-    /// overlaps on one store.
+    /// overlaps on one store, with these or with any other namespace of
+    /// the process.
     pub fn open(specs: &[String]) -> Result<Subsystem, StoreError> {
         let sub = Subsystem::default();
         for text in specs {
@@ -437,18 +486,9 @@ impl Subsystem {
                 })
             }
         };
-        // Two namespaces on the same store (device and inode) must not
-        // share a block.
         let identity = (info.dev, info.ino);
         let (a0, a1) = (spec.offset, spec.offset + spec.size);
-        if let Some(other) = st.namespaces.iter().flatten().find(|o| {
-            o.identity == identity && a0 < o.spec.offset + o.spec.size && o.spec.offset < a1
-        }) {
-            return Err(StoreError::Overlap {
-                a: other.text.clone(),
-                b: text.to_string(),
-            });
-        }
+        let claim = Claim::take(identity, a0, a1, text)?;
         if info.kind == FileKind::Regular {
             wd_sys::file::grow_to(buffered.as_fd(), a1).map_err(|source| StoreError::Open {
                 spec: text.to_string(),
@@ -476,7 +516,7 @@ impl Subsystem {
             lbads: spec.block.trailing_zeros() as u8,
             spec,
             text: text.to_string(),
-            identity,
+            _claim: claim,
             buffered,
             direct,
             dio_align,
@@ -670,6 +710,38 @@ mod tests {
             Err(StoreError::Overlap { .. })
         ));
         assert_eq!(sub.add(&format!("{p}:0:4M")).unwrap(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Two devices of one host (two subsystems) may not serve the same
+    /// blocks either: each would give a client the "private" namespace
+    /// another client writes. A namespace gone gives its blocks back.
+    #[test]
+    fn overlaps_are_refused_across_subsystems() {
+        let dir = std::env::temp_dir().join(format!("wd-nvme-claims-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("store.img");
+        std::fs::write(&f, b"").unwrap();
+        let p = f.display();
+        let one = Subsystem::open(&[format!("{p}:0:4M")]).unwrap();
+        // The same path through a link is the same store.
+        let link = dir.join("link.img");
+        std::os::unix::fs::symlink(&f, &link).unwrap();
+        for spec in [format!("{p}:0:4M"), format!("{}:1M:4K", link.display())] {
+            let e = Subsystem::open(std::slice::from_ref(&spec)).unwrap_err();
+            assert!(matches!(e, StoreError::Overlap { .. }), "{spec}: {e}");
+            assert!(e.to_string().contains(":0:4M"), "{e}");
+        }
+        let two = Subsystem::open(&[format!("{p}:4M:4M")]).unwrap();
+        assert!(matches!(
+            two.add(&format!("{p}:3M:2M")),
+            Err(StoreError::Overlap { .. })
+        ));
+        one.remove(1).unwrap();
+        assert_eq!(two.add(&format!("{p}:0:4M")).unwrap(), 2);
+        drop(two);
+        let three = Subsystem::open(&[format!("{p}:0:8M")]).unwrap();
+        drop(three);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
