@@ -4,7 +4,10 @@
  *
  * One-shot compression and decompression of deflate (raw, zlib, gzip),
  * zstd and LZ4 frames, offloaded to the host's zip device or run in the
- * calling thread with the same engines (the same bytes either way).
+ * calling thread with the same engines (the same bytes either way, but
+ * for a deflate-family block the auto policy cuts in two between the
+ * device and the caller when a host is there: a valid stream, a little
+ * larger; WD_COMP_SPLIT=0 never cuts, see docs/compression.md).
  *
  * A struct wd_comp belongs to one thread at a time. It connects to the
  * host named by WD_COMP_HOST, else WD_HOST, else the default socket;
