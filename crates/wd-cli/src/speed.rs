@@ -535,7 +535,7 @@ pub fn run(mut args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
     if in_place.is_empty() {
         outln!("\nIn place against staged: not measured for {} (only the cipher API works in place; AEAD messages and digests are staged whole).", args.algorithm());
     } else {
-        out!("\nThe library itself, sync offload through wd-crypto (one stream, medians of {} runs): staged through the staging area against in place on WrapDrive shared memory (no copies):", args.reps);
+        out!("\nThe library itself, sync offload through wd-crypto (one stream, medians of {} runs): staged through the staging area against in place on WrapDrive shared memory (no copies), the caller writing the input and reading the output each time:", args.reps);
         for c in &in_place {
             out!(
                 " {} B {:.0} / {:.0} ns ({:.3}x);",
@@ -543,6 +543,15 @@ pub fn run(mut args: SpeedArgs, host: Option<&str>) -> Result<(), String> {
                 c.staged_ns,
                 c.in_place_ns,
                 c.speedup
+            );
+        }
+        out!("\nIn place with data the caller does not touch (made and used elsewhere, as by a file load or another device), against staged as above:");
+        for c in &in_place {
+            out!(
+                " {} B {:.0} ns ({:.3}x);",
+                c.bytes,
+                c.untouched_ns,
+                c.untouched_speedup
             );
         }
         outln!();
@@ -610,6 +619,24 @@ struct InPlaceCost {
     in_place_ns: f64,
     /// staged / in place.
     speedup: f64,
+    /// Nanoseconds per request in place when the caller neither writes
+    /// the input nor reads the output (data that another device or a file
+    /// load made, passed on to another): only the engine's core touches
+    /// the bytes.
+    untouched_ns: f64,
+    /// staged / untouched.
+    untouched_speedup: f64,
+}
+
+/// How [`in_place_costs`] sends a request.
+#[derive(Clone, Copy, PartialEq)]
+enum Way {
+    /// From ordinary memory, copied in and out by the library.
+    Staged,
+    /// From shared memory the caller wrote, into shared memory it reads.
+    InPlace,
+    /// From shared memory to shared memory the caller does not touch.
+    Untouched,
 }
 
 fn prog_note(show: bool, what: &str) {
@@ -638,8 +665,8 @@ fn named_host_engine(h: &str) -> Result<String, String> {
 }
 
 /// Time sync offload requests of the library on the host at `socket`,
-/// staged and in place alternately (`reps` rounds of ~0.2 s each way per
-/// size), and report the medians.
+/// staged, in place, and in place untouched by the caller, in turn
+/// (`reps` rounds of ~0.2 s each way per size), and report the medians.
 fn in_place_costs(
     socket: &str,
     reps: usize,
@@ -671,44 +698,53 @@ fn in_place_costs(
     let mut rows = Vec::new();
     for n in SIZES_IN_PLACE {
         let (i, o) = (src.sub(0, n as u64), dst.sub(0, n as u64));
-        let mut time = |shared: bool| -> Result<f64, String> {
+        let mut time = |way: Way| -> Result<f64, String> {
             let t = std::time::Instant::now();
             let mut count = 0u64;
-            // Each request's input is written and its output read, as an
-            // application does: the bytes cross between the caller's core
-            // and the engine's either way, only the staging copies differ.
+            // Staged and in place, each request's input is written and
+            // its output read, as an application does: the bytes cross
+            // between the caller's core and the engine's either way, only
+            // the staging copies differ.
             while t.elapsed().as_secs_f64() < 0.2 {
-                let r = if shared {
-                    i.write(0, &fresh[..n]);
-                    let r = c.update_shared_offload(i, o);
-                    o.read(0, &mut seen[..n]);
-                    r
-                } else {
-                    input[..n].copy_from_slice(&fresh[..n]);
-                    let r = c.update_offload(&input[..n], &mut output[..n]);
-                    seen[..n].copy_from_slice(&output[..n]);
-                    r
+                let r = match way {
+                    Way::InPlace => {
+                        i.write(0, &fresh[..n]);
+                        let r = c.update_shared_offload(i, o);
+                        o.read(0, &mut seen[..n]);
+                        r
+                    }
+                    Way::Untouched => c.update_shared_offload(i, o),
+                    Way::Staged => {
+                        input[..n].copy_from_slice(&fresh[..n]);
+                        let r = c.update_offload(&input[..n], &mut output[..n]);
+                        seen[..n].copy_from_slice(&output[..n]);
+                        r
+                    }
                 };
                 r.map_err(|e| format!("library offload of {n} bytes: {e}"))?;
                 std::hint::black_box(&seen);
                 count += 1;
             }
-            if shared {
+            if way != Way::Staged {
                 in_place_bytes += count * n as u64;
             }
             Ok(t.elapsed().as_nanos() as f64 / count as f64)
         };
-        let (mut staged, mut shared) = (Vec::new(), Vec::new());
+        let (mut staged, mut shared, mut untouched) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..reps {
-            staged.push(time(false)?);
-            shared.push(time(true)?);
+            staged.push(time(Way::Staged)?);
+            shared.push(time(Way::InPlace)?);
+            untouched.push(time(Way::Untouched)?);
         }
         let (staged_ns, in_place_ns) = (median(&staged), median(&shared));
+        let untouched_ns = median(&untouched);
         rows.push(InPlaceCost {
             bytes: n as u64,
             staged_ns,
             in_place_ns,
             speedup: staged_ns / in_place_ns,
+            untouched_ns,
+            untouched_speedup: staged_ns / untouched_ns,
         });
     }
     let moved = wd_crypto::stats().offload_in_place_bytes - before;
