@@ -4,7 +4,10 @@
 
 mod common;
 
-use common::{mem, openssl_crypt, run, run_in_pieces, session, set_direct, Mem, BASE};
+use common::{
+    gcm_message, mb_engine, mem, openssl_crypt, queue_engines, run, run_in_pieces, session,
+    set_direct, Mem, BASE,
+};
 use openssl::symm::Cipher;
 use proptest::prelude::*;
 use wd_device::{status, DeviceQueue, Progress, Started};
@@ -660,53 +663,6 @@ fn pieces_equal_whole_requests() {
         assert!(calls > 1);
         assert_eq!(mem.get(a, 64), mem.get(b, 64), "{alg:?}");
     }
-}
-
-/// The multi-buffer engine, or a counted skip where it is not installed.
-fn mb_engine(test: &str) -> Option<&'static wd_ipsecmb::Engine> {
-    match wd_ipsecmb::Engine::get() {
-        Ok(e) => Some(e),
-        Err(e) => {
-            wd_testutil::skip(test, &e.to_string());
-            None
-        }
-    }
-}
-
-/// The queue kinds a test runs on: libcrypto only, and the multi-buffer
-/// engine where it is here (a skip reported for `test` where not).
-fn queue_engines(test: &str) -> Vec<Option<&'static wd_ipsecmb::Engine>> {
-    match mb_engine(test) {
-        Some(e) => vec![None, Some(e)],
-        None => vec![None],
-    }
-}
-
-/// A whole GCM message (IV 9 repeated, with the tag): `len` bytes from
-/// `from` to `to`, additional data at `aad`, the tag at `tag`.
-fn gcm_message(
-    s: u64,
-    flags: u16,
-    (from, to, len): (u64, u64, usize),
-    (aad, aad_len): (u64, u32),
-    (tag, tag_len): (u64, u8),
-) -> Desc {
-    let mut iv = [0u8; 16];
-    iv[..12].copy_from_slice(&[9u8; 12]);
-    CipherOp {
-        session: s,
-        flags: flags | F_IV | F_FINAL,
-        src: from,
-        dst: to,
-        len: len as u64,
-        iv,
-        iv_len: 12,
-        aad,
-        aad_len,
-        tag,
-        tag_len,
-    }
-    .encode()
 }
 
 /// Run a batch as the engine does: start every request, then poll; the

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{cipher, mem, openssl_crypt, session, Mem, BASE};
+use common::{cipher, gcm_message, mem, openssl_crypt, queue_engines, session, Mem, BASE};
 use openssl::symm::Cipher;
 use wd_device::{status, DeviceQueue, Driver, Progress, Started};
 use wd_ring::Desc;
@@ -15,37 +15,8 @@ use wd_sec::{Alg, EngineChoice, SecDriver, SecQueue, TYPE_CIPHER};
 
 const PIECE: u64 = 64 << 10;
 
-/// The queue kinds a test runs on: libcrypto alone, and with the
-/// multi-buffer engine where it is installed.
-fn queue_engines(test: &str) -> Vec<Option<&'static wd_ipsecmb::Engine>> {
-    match common::mb_engine(test) {
-        Some(e) => vec![None, Some(e)],
-        None => vec![None],
-    }
-}
-
-/// A whole GCM message of `len` bytes from `from` to `to` (IV 12 bytes
-/// of 9), 9 bytes of additional data at `aad`, a 16-byte tag at `tag`.
-fn gcm(s: u64, flags: u16, (from, to, len): (u64, u64, usize), aad: u64, tag: u64) -> Desc {
-    let mut iv = [0u8; 16];
-    iv[..12].copy_from_slice(&[9u8; 12]);
-    CipherOp {
-        session: s,
-        flags: flags | F_IV | F_FINAL,
-        src: from,
-        dst: to,
-        len: len as u64,
-        iv,
-        iv_len: 12,
-        aad,
-        aad_len: 9,
-        tag,
-        tag_len: 16,
-    }
-    .encode()
-}
-
-/// OpenSSL's sealing of `plain` as [`gcm`] describes it: ciphertext, tag.
+/// OpenSSL's sealing of `plain` as `gcm_message` makes it (9 bytes of
+/// additional data): ciphertext, tag.
 fn sealed(key: &[u8], plain: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let mut tag = vec![0u8; 16];
     let ct = openssl::symm::encrypt_aead(
@@ -144,7 +115,7 @@ fn which_cut_requests_may_start_over() {
         mem.put(tag, &good);
         let open = |q: &mut SecQueue, mem: &mut Mem, to: u64| {
             mem.put(a, &ct);
-            let mut d = gcm(g, 0, (a, to, n), aad, tag);
+            let mut d = gcm_message(g, 0, (a, to, n), (aad, 9), (tag, 16));
             if e.is_some() {
                 q.batch(1);
                 assert_eq!(q.start(0, &mut d, mem), Started::Cut);
@@ -166,12 +137,15 @@ fn which_cut_requests_may_start_over() {
         mem.put(aad, b"header 12");
         mem.put(tag, &good);
         mem.put(b, &plain);
-        let seal = gcm(g, F_ENCRYPT, (b, a, n), aad, tag);
+        let seal = gcm_message(g, F_ENCRYPT, (b, a, n), (aad, 9), (tag, 16));
         let said = answers(&mut q, &mut mem, seal, PIECE);
         assert!(!said.is_empty() && !said.contains(&true), "{what}");
         // A whole decryption the queue is not cutting (it did not start
         // it): no.
-        assert!(!q.restartable(&gcm(g, 0, (a, b, n), aad, tag)), "{what}");
+        assert!(
+            !q.restartable(&gcm_message(g, 0, (a, b, n), (aad, 9), (tag, 16))),
+            "{what}"
+        );
         // Hostile descriptors: refused, never a panic.
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         for i in 0..20_000 {
@@ -273,8 +247,8 @@ fn a_cut_gcm_decryption_counts_its_plaintext_against_the_device() {
     let mut two = drv.open_queue(TYPE_CIPHER);
     let s1 = new_session(&mut *one, &mut mem, &key);
     let s2 = new_session(&mut *two, &mut mem, &key);
-    let op1 = gcm(s1, 0, (src, dst, n), aad, tag);
-    let op2 = gcm(s2, 0, (src, dst + (2 << 20), n), aad, tag);
+    let op1 = gcm_message(s1, 0, (src, dst, n), (aad, 9), (tag, 16));
+    let op2 = gcm_message(s2, 0, (src, dst + (2 << 20), n), (aad, 9), (tag, 16));
     let fresh = |mem: &mut Mem| {
         mem.put(src, &ct);
         mem.put(dst, &vec![0xee; (2 << 20) + n]);
@@ -347,7 +321,7 @@ fn a_cut_gcm_decryption_counts_its_plaintext_against_the_device() {
     // way goes on.
     let mut one = drv.open_queue(TYPE_CIPHER);
     let s1 = new_session(&mut *one, &mut mem, &key);
-    let op1 = gcm(s1, 0, (src, dst, n), aad, tag);
+    let op1 = gcm_message(s1, 0, (src, dst, n), (aad, 9), (tag, 16));
     fresh(&mut mem);
     let mut d = op1;
     assert!(matches!(

@@ -5,7 +5,7 @@
 
 use wd_device::{DeviceQueue, Progress};
 use wd_ring::Desc;
-use wd_sec::msg::{CipherOp, SessionNew, F_IV};
+use wd_sec::msg::{CipherOp, SessionNew, F_FINAL, F_IV};
 use wd_sec::{Alg, SecQueue};
 pub use wd_testutil::dma::FlatMemory as Mem;
 
@@ -104,6 +104,42 @@ pub fn mb_engine(test: &str) -> Option<&'static wd_ipsecmb::Engine> {
             None
         }
     }
+}
+
+/// The queue kinds a test runs on: libcrypto only, and the multi-buffer
+/// engine where it is here (a skip reported for `test` where not).
+pub fn queue_engines(test: &str) -> Vec<Option<&'static wd_ipsecmb::Engine>> {
+    match mb_engine(test) {
+        Some(e) => vec![None, Some(e)],
+        None => vec![None],
+    }
+}
+
+/// A whole GCM message (IV 9 repeated, with the tag): `len` bytes from
+/// `from` to `to`, additional data at `aad`, the tag at `tag`.
+pub fn gcm_message(
+    s: u64,
+    flags: u16,
+    (from, to, len): (u64, u64, usize),
+    (aad, aad_len): (u64, u32),
+    (tag, tag_len): (u64, u8),
+) -> Desc {
+    let mut iv = [0u8; 16];
+    iv[..12].copy_from_slice(&[9u8; 12]);
+    CipherOp {
+        session: s,
+        flags: flags | F_IV | F_FINAL,
+        src: from,
+        dst: to,
+        len: len as u64,
+        iv,
+        iv_len: 12,
+        aad,
+        aad_len,
+        tag,
+        tag_len,
+    }
+    .encode()
 }
 
 /// Test data: `n` bytes that differ with `seed`.
