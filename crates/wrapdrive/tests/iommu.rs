@@ -360,6 +360,48 @@ fn pause(attempt: u64) -> Duration {
     Duration::from_micros(300 * (attempt % 16))
 }
 
+/// Send `op` (a request of as many bytes as `region`) until an unshare of
+/// `region` a moment after the send lands after its first piece: `fresh`
+/// before each attempt, `stalled` once it stalls, `done` once it completed
+/// (before the unshare landed, or resumed once `region` is shared again,
+/// with status 0 and all its bytes).
+fn stall_after_first_piece(
+    q: &mut Queue,
+    op: wrapdrive::Desc,
+    (addr, len): (u64, u64),
+    fresh: impl Fn(),
+    stalled: impl Fn(),
+    done: impl Fn(),
+) {
+    for attempt in 0..40u64 {
+        fresh();
+        q.share(addr, len).unwrap();
+        q.send(op, attempt).unwrap();
+        std::thread::sleep(pause(attempt));
+        q.unshare(addr, len).unwrap();
+        let (seq, at) = match completion_or_stall_at(q) {
+            Ok(c) => {
+                assert_eq!((c.cookie, c.desc.status), (attempt, 0), "done before");
+                done();
+                continue;
+            }
+            Err(stall) => stall,
+        };
+        stalled();
+        q.share(addr, len).unwrap();
+        q.resume_fault(seq, true).unwrap();
+        let c = q.recv_sync(Some(Duration::from_secs(10))).unwrap();
+        assert_eq!((c.cookie, c.desc.status, c.desc.result), (attempt, 0, len));
+        done();
+        if at > addr {
+            return;
+        }
+        // It stalled on its first piece: not the case asked for.
+        q.unshare(addr, len).unwrap();
+    }
+    panic!("the unshare never landed after the first piece");
+}
+
 /// A long XTS request (cut in data-unit calls of a MiB) whose destination
 /// is unshared after its first piece stalls, and once the memory is shared
 /// again runs from the start to OpenSSL's answer: its pieces moved no
@@ -389,31 +431,14 @@ fn a_cut_xts_request_faulting_after_its_first_piece_stalls_and_starts_over() {
         tag: 0,
         tag_len: 0,
     };
-    for attempt in 0..40u64 {
-        dst.write(0, &vec![0; N as usize]);
-        q.share(dst.addr(), N).unwrap();
-        q.send(op.encode(), attempt).unwrap();
-        std::thread::sleep(pause(attempt));
-        q.unshare(dst.addr(), N).unwrap();
-        let (seq, at) = match completion_or_stall_at(&mut q) {
-            Ok(c) => {
-                assert_eq!((c.cookie, c.desc.status), (attempt, 0), "done before");
-                continue;
-            }
-            Err(stall) => stall,
-        };
-        q.share(dst.addr(), N).unwrap();
-        q.resume_fault(seq, true).unwrap();
-        let c = q.recv_sync(Some(Duration::from_secs(10))).unwrap();
-        assert_eq!((c.cookie, c.desc.status, c.desc.result), (attempt, 0, N));
-        assert!(dst.to_vec() == want, "OpenSSL's answer");
-        if at > dst.addr() {
-            return;
-        }
-        // It stalled on its first piece: not the case asked for.
-        q.unshare(dst.addr(), N).unwrap();
-    }
-    panic!("the unshare never landed after the first piece");
+    stall_after_first_piece(
+        &mut q,
+        op.encode(),
+        (dst.addr(), N),
+        || dst.write(0, &vec![0; N as usize]),
+        || {},
+        || assert!(dst.to_vec() == want, "OpenSSL's answer"),
+    );
 }
 
 /// A long whole GCM decryption (cut: pieces decrypt into host memory)
@@ -451,33 +476,14 @@ fn a_cut_gcm_decryption_faulting_after_its_first_piece_stalls_and_starts_over() 
         tag: meta.addr() + 64,
         tag_len: 16,
     };
-    for attempt in 0..40u64 {
-        dst.write(0, &vec![0; N as usize]);
-        q.share(src.addr(), N).unwrap();
-        q.send(op.encode(), attempt).unwrap();
-        std::thread::sleep(pause(attempt));
-        q.unshare(src.addr(), N).unwrap();
-        let (seq, at) = match completion_or_stall_at(&mut q) {
-            Ok(c) => {
-                assert_eq!((c.cookie, c.desc.status), (attempt, 0), "done before");
-                assert!(dst.to_vec() == plain);
-                continue;
-            }
-            Err(stall) => stall,
-        };
-        assert!(dst.read_vec(0, 4096).iter().all(|&b| b == 0), "nothing out");
-        q.share(src.addr(), N).unwrap();
-        q.resume_fault(seq, true).unwrap();
-        let c = q.recv_sync(Some(Duration::from_secs(10))).unwrap();
-        assert_eq!((c.cookie, c.desc.status, c.desc.result), (attempt, 0, N));
-        assert!(dst.to_vec() == plain, "the plaintext");
-        if at > src.addr() {
-            return;
-        }
-        // It stalled on its first piece: not the case asked for.
-        q.unshare(src.addr(), N).unwrap();
-    }
-    panic!("the unshare never landed after the first piece");
+    stall_after_first_piece(
+        &mut q,
+        op.encode(),
+        (src.addr(), N),
+        || dst.write(0, &vec![0; N as usize]),
+        || assert!(dst.read_vec(0, 4096).iter().all(|&b| b == 0), "nothing out"),
+        || assert!(dst.to_vec() == plain, "the plaintext"),
+    );
 }
 
 /// A long XTS request in place (its pieces overwrite what it reads) that
