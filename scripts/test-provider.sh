@@ -136,6 +136,29 @@ OPENSSL_CONF=$tmp/openssl.cnf OPENSSL_MODULES=$dir openssl list -cipher-algorith
 a=$(OPENSSL_CONF=$tmp/openssl.cnf OPENSSL_MODULES=$dir openssl dgst -sha256 -r "$tmp/in" | cut -d' ' -f1)
 [ "$a" = "$(openssl dgst -sha256 -r "$tmp/in" | cut -d' ' -f1)" ]
 
+echo "-- python's hashlib through openssl.cnf: digests that stream on the device, copied on every digest()"
+if command -v python3 > /dev/null; then
+    head -c 3000000 /dev/urandom > "$tmp/big"
+    want=$(openssl dgst -sha256 -r "$tmp/big" | cut -d' ' -f1)
+    for policy in offload auto; do
+        got=$(OPENSSL_CONF=$tmp/openssl.cnf OPENSSL_MODULES=$dir WD_PROVIDER_POLICY=$policy python3 -c '
+import hashlib, sys
+d = open(sys.argv[1], "rb").read()
+h = None
+for n in (65536, 100000, len(d)):
+    for _ in range(10):
+        h = hashlib.sha256(d[:n])
+        h.copy().update(b"x")
+        a = h.hexdigest()
+        assert a == h.hexdigest(), "a second digest() differs"
+print(a)' "$tmp/big") || { echo "python hashlib through the provider failed (policy $policy)"; exit 1; }
+        [ "$got" = "$want" ] || { echo "python hashlib: $got, want $want (policy $policy)"; exit 1; }
+    done
+else
+    echo "  skipped: python's hashlib (no python3)"
+    [ -n "${WD_SKIP_LOG:-}" ] && echo "test-provider: python's hashlib (no python3)" >> "$WD_SKIP_LOG"
+fi
+
 echo "-- TLS through the provider (openssl.cnf), s_server and s_client"
 ./scripts/test-tls.sh "$dir"
 
