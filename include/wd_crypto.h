@@ -21,7 +21,10 @@
  * cipher stream or job with requests on the device belongs to the thread
  * that sent them: another thread's call on it is -EBADFD and leaves it
  * as it was (finish it on its own thread). Input and
- * output may be the same buffer. Passing a freed session is undefined.
+ * output may be the same buffer, or overlap: overlapping input is copied
+ * first (a per-thread copy, kept between calls up to 2 MiB), and when that
+ * copy, or the library's copy of AEAD additional data, cannot be
+ * allocated the call is -ENOMEM. Passing a freed session is undefined.
  * After fork, sessions keep working in the child (on the child's own
  * queues, or the CPU), except a digest message already streaming on the
  * device (over a slot's worth of input): its state is the parent's, so

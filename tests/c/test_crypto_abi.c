@@ -57,6 +57,57 @@ static void test_wrapping_ranges(void)
 	CHECK(r == 0, "wd_aead_seal with a tag range that wraps: child ended %d", r);
 }
 
+/* Lengths no allocation can serve (2^62 bytes: past any machine's memory
+ * whatever its overcommit policy, and ptr + len does not wrap). */
+#define HUGE_LEN ((size_t)1 << 62)
+
+static int says_no_memory(int r)
+{
+	char why[256];
+	wd_last_error(why, sizeof why);
+	return r == -ENOMEM && strstr(why, "cannot allocate") != NULL;
+}
+
+/* Overlapping input and output of an absurd length: the input's copy
+ * cannot be made, -ENOMEM. Before, the library aborted the process. */
+static int huge_overlapping_requests(void)
+{
+	static const unsigned char k[16] = "0123456789abcdef", iv[16] = "fedcba9876543210";
+	static unsigned char buf[64], tag[16];
+	struct wd_cipher *c = NULL;
+	struct wd_aead *a = NULL;
+	struct wd_job *job = (struct wd_job *)buf;
+	if (wd_cipher_new(&c, "aes-128-ctr", k, 16, 1) != 0 || wd_cipher_set_iv(c, iv, 16) != 0 ||
+	    wd_aead_new(&a, "aes-128-gcm", k, 16) != 0)
+		return 2;
+	if (!says_no_memory(wd_cipher_update(c, buf + 16, buf, HUGE_LEN)))
+		return 3;
+	if (!says_no_memory(wd_cipher_offload(c, buf + 16, buf, HUGE_LEN)))
+		return 4;
+	if (!says_no_memory(wd_cipher_start(c, buf + 16, buf, HUGE_LEN, &job)) ||
+	    job != (struct wd_job *)buf)
+		return 5;
+	if (!says_no_memory(wd_aead_seal(a, iv, 12, NULL, 0, buf + 16, buf, HUGE_LEN, tag, 16)))
+		return 6;
+	/* Additional data of that length, whose copy the library keeps. */
+	if (!says_no_memory(wd_aead_seal(a, iv, 12, buf, HUGE_LEN, buf + 16, buf, 16, tag, 16)))
+		return 7;
+	if (!says_no_memory(wd_aead_open(a, iv, 12, buf, HUGE_LEN, buf + 16, buf, 16, tag, 16)))
+		return 8;
+	/* Still usable after. */
+	if (wd_cipher_update(c, buf + 16, buf, 32) != 0)
+		return 9;
+	wd_cipher_free(c);
+	wd_aead_free(a);
+	return 0;
+}
+
+static void test_huge_overlapping_lengths(void)
+{
+	int r = in_child(huge_overlapping_requests);
+	CHECK(r == 0, "absurd lengths with overlapping buffers are -ENOMEM: child ended %d", r);
+}
+
 /* The inline routing memo answers as the library does: under the cpu
  * policy a small request is the policy's (WD_CPU_POLICY), as
  * wd_crypto_route says and as the library counts its own requests. */
@@ -101,6 +152,7 @@ int main(void)
 	setenv("WD_HOST", "/nonexistent/wd.sock", 1);
 	test_hold_without_a_queue();
 	test_wrapping_ranges();
+	test_huge_overlapping_lengths();
 	test_memo_matches_router_under_cpu_policy();
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed != 0;

@@ -70,13 +70,20 @@ pub unsafe extern "C" fn wd_aead_seal(
         if tag.is_null() || wraps(tag, tag_len) {
             return invalid("wd_aead_seal: NULL tag, or its range wraps");
         }
+        if !can_allocate(aad_len) {
+            return no_memory("wd_aead_seal", "the additional data", aad_len);
+        }
         // SAFETY: tag writable for tag_len bytes (header).
         let tag = unsafe { std::slice::from_raw_parts_mut(tag as *mut u8, tag_len) };
         // SAFETY: caller contract.
-        match unsafe { with_buffers(pt, ct, len, |p, c| a.a.seal(iv, aad, p, c, tag)) } {
-            None => invalid("wd_aead_seal: NULL buffer"),
-            Some(Ok(())) => 0,
-            Some(Err(e)) => err(e),
+        match unsafe {
+            with_buffers("wd_aead_seal", pt, ct, len, |p, c| {
+                a.a.seal(iv, aad, p, c, tag)
+            })
+        } {
+            Err(rc) => rc,
+            Ok(Ok(())) => 0,
+            Ok(Err(e)) => err(e),
         }
     })
 }
@@ -108,11 +115,18 @@ pub unsafe extern "C" fn wd_aead_open(
         ) else {
             return invalid("wd_aead_open: bad session or NULL buffer");
         };
+        if !can_allocate(aad_len) {
+            return no_memory("wd_aead_open", "the additional data", aad_len);
+        }
         // SAFETY: caller contract.
-        match unsafe { with_buffers(ct, pt, len, |c, p| a.a.open(iv, aad, c, tag, p)) } {
-            None => invalid("wd_aead_open: NULL buffer"),
-            Some(Ok(())) => 0,
-            Some(Err(e)) => err(e),
+        match unsafe {
+            with_buffers("wd_aead_open", ct, pt, len, |c, p| {
+                a.a.open(iv, aad, c, tag, p)
+            })
+        } {
+            Err(rc) => rc,
+            Ok(Ok(())) => 0,
+            Ok(Err(e)) => err(e),
         }
     })
 }
@@ -148,6 +162,9 @@ pub unsafe extern "C" fn wd_aead_aad(a: *mut WdAead, aad: *const c_void, len: us
         let (Some(a), Some(aad)) = (unsafe { aead(a) }, unsafe { bytes(aad, len) }) else {
             return invalid("wd_aead_aad: bad session or NULL data");
         };
+        if !can_allocate(len) {
+            return no_memory("wd_aead_aad", "the additional data", len);
+        }
         a.a.aad(aad).map_or_else(err, |_| 0)
     })
 }
@@ -169,10 +186,10 @@ pub unsafe extern "C" fn wd_aead_update(
             return invalid("wd_aead_update: bad session");
         };
         // SAFETY: caller contract.
-        match unsafe { with_buffers(inp, out, len, |i, o| a.a.update(i, o)) } {
-            None => invalid("wd_aead_update: NULL buffer"),
-            Some(Ok(_)) => 0,
-            Some(Err(e)) => err(e),
+        match unsafe { with_buffers("wd_aead_update", inp, out, len, |i, o| a.a.update(i, o)) } {
+            Err(rc) => rc,
+            Ok(Ok(_)) => 0,
+            Ok(Err(e)) => err(e),
         }
     })
 }

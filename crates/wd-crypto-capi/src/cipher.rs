@@ -160,18 +160,28 @@ unsafe fn cipher_update(
         }
         // SAFETY: caller contract.
         let r = unsafe {
-            with_buffers(inp, out, len, |i, o| {
+            with_buffers(
                 if offload {
-                    c.c.update_offload(i, o)
+                    "wd_cipher_offload"
                 } else {
-                    c.c.update(i, o)
-                }
-            })
+                    "wd_cipher_update"
+                },
+                inp,
+                out,
+                len,
+                |i, o| {
+                    if offload {
+                        c.c.update_offload(i, o)
+                    } else {
+                        c.c.update(i, o)
+                    }
+                },
+            )
         };
         match r {
-            None => invalid("wd_cipher_update: NULL buffer"),
-            Some(Ok(_)) => 0,
-            Some(Err(e)) => err(e),
+            Err(rc) => rc,
+            Ok(Ok(_)) => 0,
+            Ok(Err(e)) => err(e),
         }
     })
 }
@@ -229,29 +239,39 @@ unsafe fn cipher_start(
         }
         // SAFETY: caller contract.
         let started = match unsafe { in_place(inp, out, len) } {
-            Some(b) if offload => Some(c.c.start_in_place_offload(b)),
-            Some(b) => Some(c.c.start_in_place(b)),
+            Some(b) if offload => Ok(c.c.start_in_place_offload(b)),
+            Some(b) => Ok(c.c.start_in_place(b)),
             // SAFETY: caller contract.
             None => unsafe {
-                with_buffers(inp, out, len, |i, o| {
+                with_buffers(
                     if offload {
-                        c.c.start_offload(i, o)
+                        "wd_cipher_start_offload"
                     } else {
-                        c.c.start(i, o)
-                    }
-                })
+                        "wd_cipher_start"
+                    },
+                    inp,
+                    out,
+                    len,
+                    |i, o| {
+                        if offload {
+                            c.c.start_offload(i, o)
+                        } else {
+                            c.c.start(i, o)
+                        }
+                    },
+                )
             },
         };
         match started {
-            None => invalid("wd_cipher_start: NULL buffer"),
-            Some(Err(e)) => err(e),
-            Some(Ok(j)) if j.is_done() => {
+            Err(rc) => rc,
+            Ok(Err(e)) => err(e),
+            Ok(Ok(j)) if j.is_done() => {
                 // SAFETY: job is non-null.
                 unsafe { job.write(std::ptr::null_mut()) };
                 0
             }
             // SAFETY: job is non-null (checked above).
-            Some(Ok(j)) => unsafe {
+            Ok(Ok(j)) => unsafe {
                 give(
                     job,
                     WdJob {

@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 use wd_sys::dl::TextSink;
 
 pub(crate) const EINVAL: c_int = 22;
+pub(crate) const ENOMEM: c_int = 12;
 const EIO: c_int = 5;
 /// libwd.so's setter of this thread's last error message.
 const SET_LAST_ERROR: &str = "wd__set_last_error";

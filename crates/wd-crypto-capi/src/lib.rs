@@ -5,7 +5,8 @@
 //! Sessions are boxed objects with a magic word, so a NULL or foreign
 //! pointer is -EINVAL rather than a crash; a freed one is undefined, as in
 //! any C library. Input and output may alias: aliased input is copied to
-//! a per-thread scratch buffer first (Rust slices may not alias).
+//! a per-thread scratch buffer first (Rust slices may not alias), kept
+//! between calls up to `SCRATCH_KEEP`.
 #![allow(unsafe_code)]
 
 use std::cell::RefCell;
@@ -20,7 +21,7 @@ mod digest;
 mod errors;
 mod settings;
 
-pub(crate) use errors::{fail, guard_with, EINVAL};
+pub(crate) use errors::{fail, guard_with, EINVAL, ENOMEM};
 
 pub(crate) const CIPHER_MAGIC: u64 = 0x5744_4349_5048_4552; // "WDCIPHER"
 pub(crate) const AEAD_MAGIC: u64 = 0x5744_4145_4144_0000;
@@ -76,6 +77,54 @@ thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Most scratch capacity a thread keeps between calls, as libwdz's
+/// `SCRATCH_KEEP`: enough that small overlapping calls allocate nothing,
+/// while one huge call does not leave the thread holding its copy for
+/// good.
+pub(crate) const SCRATCH_KEEP: usize = 2 << 20;
+
+/// A scratch buffer holding a copy of `src`: the thread's kept one when
+/// it is there (none from a thread-key destructor, the locals gone).
+/// `None` when the memory cannot be had: the caller's length is theirs
+/// to choose, and an allocation failure must be an errno, not an abort.
+fn scratch_copy(src: &[u8]) -> Option<Vec<u8>> {
+    let mut s = SCRATCH
+        .try_with(|s| std::mem::take(&mut *s.borrow_mut()))
+        .unwrap_or_default();
+    s.clear();
+    if s.try_reserve_exact(src.len()).is_err() {
+        // What the thread kept is still worth keeping.
+        scratch_return(s);
+        return None;
+    }
+    s.extend_from_slice(src);
+    Some(s)
+}
+
+/// Give a scratch buffer back to the thread, unless it is too large to
+/// keep.
+fn scratch_return(s: Vec<u8>) {
+    if s.capacity() <= SCRATCH_KEEP {
+        let _ = SCRATCH.try_with(|k| *k.borrow_mut() = s);
+    }
+}
+
+/// Whether `len` bytes can be allocated now: for a length the caller
+/// chose that a library below copies with an allocation that aborts on
+/// failure (wd-crypto's AEAD keeps its additional data). Small lengths
+/// are not probed.
+pub(crate) fn can_allocate(len: usize) -> bool {
+    len <= SCRATCH_KEEP || Vec::<u8>::new().try_reserve_exact(len).is_ok()
+}
+
+/// The errno for memory that cannot be had for `len` bytes of `what`.
+pub(crate) fn no_memory(call: &str, what: &str, len: usize) -> c_int {
+    fail(
+        ENOMEM,
+        &format!("{call}: cannot allocate {len} bytes for {what}"),
+    )
+}
+
 /// Whether `[p, p + len)` wraps around the address space, or is longer
 /// than any object can be: no buffer can be there (the ABI's rule: ptr +
 /// len is checked, -EINVAL).
@@ -99,21 +148,27 @@ pub(crate) unsafe fn in_place<'a>(
     Some(unsafe { std::slice::from_raw_parts_mut(out as *mut u8, len) })
 }
 
-/// Run `f(input, output)` over C buffers that may alias.
+/// Run `f(input, output)` over C buffers that may alias. `Err` is the
+/// negative errno, its message recorded (naming `call`): -EINVAL for a
+/// NULL or wrapping buffer, -ENOMEM when overlapping input cannot be
+/// copied.
 ///
 /// # Safety
 /// `inp` readable and `out` writable for `len` bytes (or `len == 0`).
 pub(crate) unsafe fn with_buffers<T>(
+    call: &str,
     inp: *const c_void,
     out: *mut c_void,
     len: usize,
     f: impl FnOnce(&[u8], &mut [u8]) -> T,
-) -> Option<T> {
+) -> Result<T, c_int> {
     if len == 0 {
-        return Some(f(&[], &mut []));
+        return Ok(f(&[], &mut []));
     }
     if inp.is_null() || out.is_null() || wraps(inp, len) || wraps(out, len) {
-        return None;
+        return Err(invalid(&format!(
+            "{call}: NULL buffer, or one whose range wraps"
+        )));
     }
     let (i, o) = (inp as usize, out as usize);
     let overlap = i < o + len && o < i + len;
@@ -125,22 +180,19 @@ pub(crate) unsafe fn with_buffers<T>(
                 std::slice::from_raw_parts_mut(out as *mut u8, len),
             )
         };
-        return Some(f(src, dst));
+        return Ok(f(src, dst));
     }
-    // Taken out of the thread's locals for the call (a new one when they
-    // are gone: a call from a thread-key destructor).
-    let mut s = SCRATCH
-        .try_with(|s| std::mem::take(&mut *s.borrow_mut()))
-        .unwrap_or_default();
-    s.clear();
     // SAFETY: caller contract; the input is copied before the output
-    // slice exists.
-    s.extend_from_slice(unsafe { std::slice::from_raw_parts(inp as *const u8, len) });
+    // slice exists, and its slice is gone by then.
+    let copied = scratch_copy(unsafe { std::slice::from_raw_parts(inp as *const u8, len) });
+    let Some(s) = copied else {
+        return Err(no_memory(call, "the copy of overlapping input", len));
+    };
     // SAFETY: caller contract.
     let dst = unsafe { std::slice::from_raw_parts_mut(out as *mut u8, len) };
     let r = f(&s, dst);
-    let _ = SCRATCH.try_with(|k| *k.borrow_mut() = s);
-    Some(r)
+    scratch_return(s);
+    Ok(r)
 }
 
 /// # Safety
@@ -192,5 +244,88 @@ pub(crate) fn dir(encrypt: c_int) -> Direction {
         Direction::Encrypt
     } else {
         Direction::Decrypt
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept() -> usize {
+        SCRATCH.with(|s| s.borrow().capacity())
+    }
+
+    /// A length no allocation can serve, with overlapping buffers: an
+    /// errno, and the callback never runs (before, the copy aborted the
+    /// process).
+    #[test]
+    fn an_overlapping_copy_that_cannot_be_allocated_is_enomem() {
+        let mut buf = vec![7u8; 64];
+        let base = buf.as_mut_ptr();
+        let mut ran = false;
+        // SAFETY: the copy is refused before any byte is read.
+        let r = unsafe {
+            with_buffers(
+                "test",
+                base.add(16).cast_const().cast(),
+                base.cast(),
+                1 << 62,
+                |_, _| ran = true,
+            )
+        };
+        assert_eq!(r, Err(-ENOMEM));
+        assert!(!ran);
+        assert!(!can_allocate(1 << 62));
+        assert!(can_allocate(4096));
+    }
+
+    /// A large overlapping call leaves the thread at most `SCRATCH_KEEP`
+    /// of scratch (before, it kept the whole copy for its lifetime); a
+    /// small one keeps its buffer for the next.
+    #[test]
+    fn a_large_scratch_is_released_a_small_one_kept() {
+        let len = 4 * SCRATCH_KEEP;
+        let mut buf: Vec<u8> = (0..len + 16).map(|i| i as u8).collect();
+        let base = buf.as_mut_ptr();
+        // SAFETY: buf holds len + 16 bytes; in and out overlap inside it.
+        let r = unsafe {
+            with_buffers(
+                "test",
+                base.add(16).cast_const().cast(),
+                base.cast(),
+                len,
+                |i, o| o.copy_from_slice(i),
+            )
+        };
+        assert_eq!(r, Ok(()));
+        assert_eq!(buf[0], 16);
+        assert_eq!(buf[len - 1], (len + 15) as u8);
+        assert!(kept() <= SCRATCH_KEEP, "kept {} bytes", kept());
+        let base = buf.as_mut_ptr();
+        // SAFETY: as above, 1 KiB.
+        let r = unsafe {
+            with_buffers(
+                "test",
+                base.add(16).cast_const().cast(),
+                base.cast(),
+                1024,
+                |i, o| o.copy_from_slice(i),
+            )
+        };
+        assert_eq!(r, Ok(()));
+        assert!(kept() >= 1024, "kept {} bytes", kept());
+        // A refused copy leaves what was kept.
+        // SAFETY: refused before any byte is read.
+        let r = unsafe {
+            with_buffers(
+                "test",
+                base.add(16).cast_const().cast(),
+                base.cast(),
+                1 << 62,
+                |_, _| (),
+            )
+        };
+        assert_eq!(r, Err(-ENOMEM));
+        assert!(kept() >= 1024, "kept {} bytes", kept());
     }
 }
