@@ -115,7 +115,13 @@ struct wd_dummy_msg {
 
 /* ---- the queue API ---------------------------------------------------- */
 
-/* Ask for a queue. -ENODEV: no device serves capa->alg; -EBUSY: all in use;
+/* Ask for a queue. The raw queues speak one message format, the "memcpy"
+ * algorithm's (struct wd_dummy_msg); the other types wd_list_capas shows
+ * are served through their own libraries and refused here with
+ * -EOPNOTSUPP, wd_last_error naming the library: "cipher" and "digest"
+ * through libwd_crypto (wd_crypto.h), "compress" through libwd_comp
+ * (wd_comp.h), "nvme" through the NVMe calls (wd_nvme.h).
+ * -ENODEV: no device serves capa->alg; -EBUSY: all in use;
  * -EDQUOT: over a per-user limit of the host (wd_last_error names it);
  * -EOPNOTSUPP: WD_CAPA_SHARE_ALL without /proc/self/mem; -EPERM: the host
  * is not trusted (WD_HOST_UIDS) or refused this user; -ENOTCONN: no host.
@@ -170,7 +176,9 @@ int wd_mem_unshare2(struct wd_queue *q, const void *addr, size_t size);
 int wd_alloc(size_t size, int numa_node, void **out);
 int wd_free(void *addr);
 
-/* Queue types of the host: writes min(max, total) entries, *count = total. */
+/* Queue types of the host: writes min(max, total) entries, *count = total.
+ * Every device type of the host is listed, including those only other
+ * libraries serve (wd_request_queue refuses them with -EOPNOTSUPP). */
 int wd_list_capas(struct wd_capa_info *out, size_t max, size_t *count);
 /* Consume up to max fault records of a queue; returns how many. */
 int wd_get_faults(struct wd_queue *q, struct wd_fault *out, size_t max);

@@ -125,6 +125,14 @@ static void test_errors(void)
 	struct wd_queue q;
 	memset(&q, 0xee, sizeof q);
 	CHECK(wd_request_queue(&q, &capa) == -ENODEV, "unknown alg is ENODEV");
+	/* Listed by wd_list_capas, but served by another library. */
+	capa.alg = "cipher";
+	char why[256];
+	CHECK(wd_request_queue(&q, &capa) == -EOPNOTSUPP && wd_last_error(why, sizeof why) > 0 &&
+		      strstr(why, "libwd_crypto") != NULL,
+	      "a cipher queue is libwd_crypto's: %s", why);
+	CHECK(q.id == 0xeeeeeeee, "out-parameter untouched on a type served elsewhere");
+	capa.alg = "no-such-alg";
 	CHECK(wd_request_queue(NULL, &capa) == -EINVAL, "NULL queue");
 	CHECK(wd_request_queue(&q, NULL) == -EINVAL, "NULL capa");
 	capa.alg = "memcpy";

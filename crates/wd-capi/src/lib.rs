@@ -194,6 +194,34 @@ fn copy_name(dst: &mut [c_char], s: &str) {
     }
 }
 
+/// Which library serves the queue types a host lists but this library's
+/// raw queues cannot speak: `wd_list_capas` shows every type of the host,
+/// so a caller that asks for one of them learns where to go instead.
+fn served_elsewhere(alg: &str) -> Option<&'static str> {
+    match alg {
+        "cipher" | "digest" => Some("libwd_crypto (wd_crypto.h)"),
+        "compress" => Some("libwd_comp (wd_comp.h)"),
+        "nvme" => Some("libwd's NVMe calls (wd_nvme.h)"),
+        _ => None,
+    }
+}
+
+/// The refusal of an algorithm the raw queue API has no message format
+/// for: -EOPNOTSUPP for a type another library serves, -ENODEV for one
+/// nothing here knows.
+fn not_a_raw_queue(alg: &str) -> ClientError {
+    match served_elsewhere(alg) {
+        Some(lib) => ClientError::new(
+            Status::Unsupported,
+            format!("'{alg}' is served through {lib}, not libwd's raw queues"),
+        ),
+        None => ClientError::new(
+            Status::NoDevice,
+            format!("no device serves '{alg}' through libwd's raw queues (only \"memcpy\")"),
+        ),
+    }
+}
+
 /// Request a queue.
 ///
 /// # Safety
@@ -218,12 +246,7 @@ pub unsafe extern "C" fn wd_request_queue(q: *mut WdQueue, capa: *mut WdCapa) ->
             .map_err(|_| invalid("wd_capa.alg is not UTF-8"))?;
         let family = match alg {
             "memcpy" => Family::Dummy,
-            other => {
-                return Err(ClientError::new(
-                    Status::NoDevice,
-                    format!("no message format known for '{other}'"),
-                ))
-            }
+            other => return Err(not_a_raw_queue(other)),
         };
         let capa = Capability {
             alg: alg.to_string(),

@@ -21,6 +21,7 @@ const ENODEV: c_int = 19;
 const EINVAL: c_int = 22;
 const EAGAIN: c_int = 11;
 const EIO: c_int = 5;
+const EOPNOTSUPP: c_int = 95;
 
 /// `struct wd_capa`.
 #[repr(C)]
@@ -272,6 +273,53 @@ fn failed_requests_write_no_queue_and_name_the_cause() {
         c.depth = 3;
         assert_eq!(wd::wd_request_queue(qp(&mut q), cp(&mut c)), -EINVAL);
         assert_eq!(q, poisoned());
+    }
+}
+
+/// Queue types that `wd_list_capas` shows but other libraries serve are
+/// refused as unsupported here, naming the library to use, and write no
+/// queue (before: -ENODEV, "no message format known").
+#[test]
+fn types_other_libraries_serve_are_eopnotsupp_and_name_the_library() {
+    embedded();
+    for (alg, lib) in [
+        (c"cipher", "libwd_crypto (wd_crypto.h)"),
+        (c"digest", "libwd_crypto (wd_crypto.h)"),
+        (c"compress", "libwd_comp (wd_comp.h)"),
+        (c"nvme", "wd_nvme.h"),
+    ] {
+        let mut q = poisoned();
+        let mut c = capa(alg);
+        // SAFETY: both point to live structures laid out as wd.h declares.
+        let r = unsafe { wd::wd_request_queue(qp(&mut q), cp(&mut c)) };
+        assert_eq!(r, -EOPNOTSUPP, "{alg:?}");
+        let why = last_error();
+        assert!(
+            why.contains(lib) && why.contains("raw queues"),
+            "{alg:?}: {why}"
+        );
+        assert_eq!(q, poisoned());
+    }
+    // Every type the host lists is either requestable or refused so.
+    let mut infos = [const { std::mem::MaybeUninit::<WdCapaInfo>::uninit() }; 32];
+    let mut n = 0usize;
+    // SAFETY: infos has room for 32 entries; n is writable.
+    let r = unsafe { wd::wd_list_capas(infos.as_mut_ptr().cast(), infos.len(), &mut n) };
+    assert_eq!(r, 0);
+    assert!(n > 1 && n <= infos.len(), "{n}");
+    for i in &infos[..n] {
+        // SAFETY: the first n entries were written; alg is at offset 32,
+        // NUL-terminated (wd.h's struct wd_capa_info).
+        let alg = unsafe { CStr::from_ptr(i.as_ptr().cast::<c_char>().add(32)) };
+        let mut q = poisoned();
+        let mut c = capa(alg);
+        // SAFETY: both point to live structures laid out as wd.h declares.
+        let r = unsafe { wd::wd_request_queue(qp(&mut q), cp(&mut c)) };
+        assert!(r == 0 || r == -EOPNOTSUPP, "{alg:?}: {r} {}", last_error());
+        if r == 0 {
+            // SAFETY: a live queue.
+            unsafe { wd::wd_release_queue(qp(&mut q)) };
+        }
     }
 }
 
