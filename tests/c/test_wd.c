@@ -149,6 +149,11 @@ static void test_errors(void)
 	capa.numa_node = -1;
 	CHECK(strlen(wd_strerror(-EBUSY)) > 0, "strerror");
 	CHECK(strcmp(wd_strerror(-EIO), "input/output error") == 0, "EIO has its text");
+	/* The errnos wd_comp.h documents read as what they mean there too. */
+	CHECK(strstr(wd_strerror(-EBADMSG), "corrupt") != NULL, "EBADMSG: %s", wd_strerror(-EBADMSG));
+	CHECK(strstr(wd_strerror(-ENOBUFS), "too small") != NULL, "ENOBUFS: %s", wd_strerror(-ENOBUFS));
+	CHECK(strstr(wd_strerror(-EOVERFLOW), "ratio") != NULL, "EOVERFLOW: %s",
+	      wd_strerror(-EOVERFLOW));
 	CHECK(strcmp(wd_strerror(-ENOLINK), "unknown error") == 0,
 	      "an errno WrapDrive never returns is not called an I/O error: %s",
 	      wd_strerror(-ENOLINK));

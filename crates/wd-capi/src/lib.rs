@@ -726,9 +726,22 @@ pub unsafe extern "C" fn wd_get_faults(q: *mut WdQueue, out: *mut WdFault, max: 
     })
 }
 
-/// Static text of an errno.
+/// Static text of an errno. One table serves every library that records
+/// its errors through libwd (libwd_crypto, libwd_comp), so each text must
+/// hold for all of them: EBADMSG is a wrong AEAD tag and corrupt
+/// compressed data alike. Errnos that are no host status (the
+/// compression library's own) are named first.
 #[no_mangle]
 pub extern "C" fn wd_strerror(err: c_int) -> *const c_char {
+    let own: Option<&'static CStr> = match err.unsigned_abs() {
+        105 => Some(c"output buffer too small for the result"), // ENOBUFS
+        75 => Some(c"output beyond the allowed expansion ratio"), // EOVERFLOW
+        125 => Some(c"cancelled: the queue was torn down before the request ran"), // ECANCELED
+        _ => None,
+    };
+    if let Some(s) = own {
+        return s.as_ptr();
+    }
     let Some(status) = Status::from_known_errno(err) else {
         return c"unknown error".as_ptr();
     };
@@ -749,13 +762,15 @@ pub extern "C" fn wd_strerror(err: c_int) -> *const c_char {
         Status::Protocol => c"protocol error between library and host",
         Status::Unsupported => c"not supported here",
         Status::TooBig => c"request too large",
-        Status::BadState => c"queue unusable (released, corrupt, or from the parent of a fork)",
+        Status::BadState => {
+            c"unusable in its state: released, corrupt, from the parent of a fork, or another thread's"
+        }
         Status::Io => c"input/output error",
         Status::Version => c"host speaks another protocol version",
         Status::HostGone => c"WrapDrive host not reachable",
         Status::Again => c"try again: queue full or nothing ready",
         Status::BadHandle => c"not a live queue handle",
-        Status::AuthFailed => c"authentication failed: the tag does not match",
+        Status::AuthFailed => c"bad message: authentication tag mismatch or corrupt data",
         Status::Quota => c"over a per-user limit of the host (see docs/security.md)",
         Status::TooManyFiles => c"host out of file descriptors: try again later",
     };

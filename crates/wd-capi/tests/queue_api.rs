@@ -352,6 +352,68 @@ fn every_status_has_its_own_errno_and_text() {
     assert_ne!(text(-EIO), c"unknown error");
 }
 
+/// Every errno a header of the C libraries documents has a text that is
+/// not "unknown error", and the texts of errnos several libraries share
+/// hold for each (before: EBADMSG, corrupt compressed data in wd_comp.h,
+/// read as a tag mismatch; ENOBUFS and EOVERFLOW were unknown).
+#[test]
+fn every_documented_errno_has_a_fitting_text() {
+    const ERRNOS: &[(&str, c_int)] = &[
+        ("EPERM", 1),
+        ("ENOENT", 2),
+        ("EIO", 5),
+        ("EBADF", 9),
+        ("EAGAIN", 11),
+        ("ENOMEM", 12),
+        ("EFAULT", 14),
+        ("EBUSY", 16),
+        ("ENODEV", 19),
+        ("EINVAL", 22),
+        ("EBADMSG", 74),
+        ("EOVERFLOW", 75),
+        ("EBADFD", 77),
+        ("EMSGSIZE", 90),
+        ("EOPNOTSUPP", 95),
+        ("ECONNRESET", 104),
+        ("ENOBUFS", 105),
+        ("ENOTCONN", 107),
+        ("EDQUOT", 122),
+    ];
+    let text = |e: c_int| {
+        // SAFETY: wd_strerror returns a static NUL-terminated string.
+        unsafe { CStr::from_ptr(wd::wd_strerror(e)) }
+            .to_str()
+            .unwrap()
+    };
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../include");
+    let mut seen = 0;
+    for h in ["wd.h", "wd_crypto.h", "wd_comp.h", "wd_nvme.h"] {
+        let src = std::fs::read_to_string(format!("{dir}/{h}")).unwrap();
+        let names = src
+            .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+            .filter(|w| {
+                w.len() > 3 && w.starts_with('E') && w[1..].bytes().all(|b| b.is_ascii_uppercase())
+            });
+        for name in names {
+            let Some(&(_, e)) = ERRNOS.iter().find(|(n, _)| *n == name) else {
+                panic!("{h} documents {name}: add it to this table");
+            };
+            assert_ne!(text(-e), "unknown error", "{h}: {name}");
+            seen += 1;
+        }
+    }
+    assert!(seen > 20, "{seen}");
+    let bad_msg = text(-74);
+    assert!(
+        bad_msg.contains("tag") && bad_msg.contains("corrupt"),
+        "{bad_msg}"
+    );
+    assert!(text(-105).contains("too small"), "{}", text(-105));
+    assert!(text(-75).contains("ratio"), "{}", text(-75));
+    // EBADFD: crypto sessions are another thread's, not only queues.
+    assert!(text(-77).contains("thread"), "{}", text(-77));
+}
+
 #[test]
 fn last_error_is_per_thread_truncated_and_terminated() {
     embedded();
