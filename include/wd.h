@@ -190,7 +190,8 @@ const char *wd_strerror(int err);
 int wd_last_error(char *buf, size_t len);
 /* Use a host started inside this process from now on (like WD_HOST=embedded).
  * The host comes from libwd_embedded.so, loaded now (installed beside
- * libwd.so); -EOPNOTSUPP when it cannot be found (see wd_last_error). */
+ * libwd.so); -EOPNOTSUPP when it cannot be found (see wd_last_error). A
+ * failed switch changes nothing: the process keeps the host it had. */
 int wd_use_embedded_host(void);
 
 #ifdef __cplusplus

@@ -80,6 +80,11 @@ if env -u WD_HOST -u LD_LIBRARY_PATH "$out/no-embedded/test_wd" >/dev/null 2>"$o
     echo "an in-process host started without libwd_embedded.so"; exit 1
 fi
 grep -q "libwd_embedded.so" "$out/no-embedded/err" || { echo "no clear error without libwd_embedded.so:"; cat "$out/no-embedded/err"; exit 1; }
+# A failed switch to an in-process host leaves the host the process had.
+cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude tests/c/test_embedded_fallback.c \
+    -L"$out/no-embedded" -lwd -ldl -Wl,-rpath,"$PWD/$out/no-embedded" -o "$out/no-embedded/test_embedded_fallback"
+env -u WD_HOST -u LD_LIBRARY_PATH WD_EMBEDDED_LIB="$PWD/target/release/libwd_embedded.so" \
+    "$out/no-embedded/test_embedded_fallback"
 
 echo "== install + pkg-config"
 prefix=$PWD/target/install-test

@@ -854,13 +854,16 @@ pub unsafe extern "C" fn wd__arena_of(
 }
 
 /// Switch this process to an in-process host (from libwd_embedded.so,
-/// loaded now if no host is linked in).
+/// loaded now if no host is linked in). The switch happens only once that
+/// host answers: a failed one (no libwd_embedded.so) leaves the process
+/// with the host it had, rather than stuck asking for one it cannot get.
 #[no_mangle]
 pub extern "C" fn wd_use_embedded_host() -> c_int {
     guard(|| {
+        let mut g = HOST.lock().unwrap_or_else(|e| e.into_inner());
+        let h = HostConn::embedded()?;
         EMBEDDED.store(true, Ordering::Relaxed);
-        *HOST.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        host()?;
+        *g = Some(h);
         Ok(0)
     })
 }
