@@ -169,7 +169,11 @@ int wd_mem_unshare2(struct wd_queue *q, const void *addr, size_t size);
 /* ---- memory, capabilities, faults, errors ---------------------------- */
 
 /* Shareable memory (whole pages; zeroed when new, memory freed earlier in
- * the process comes back as it was left). numa_node -1 = any. Memory a
+ * the process comes back as it was left). numa_node: -1 = any, else a NUMA
+ * node of this machine (/sys/devices/system/node/node<N>), -EINVAL for one
+ * it lacks (a kernel without NUMA lists none: every node is then taken).
+ * The pages are bound to the node where the kernel allows it, else taken
+ * from any node. Memory a
  * queue still shares (wd_mem_share of a range inside it) is freed by
  * wd_free only once unshared or its queue released: the device may still
  * write it, so it is not handed out again before. */

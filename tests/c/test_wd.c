@@ -147,6 +147,12 @@ static void test_errors(void)
 	CHECK(wd_request_queue(&q, &capa) == -EINVAL, "NUMA node -2 refused");
 	CHECK(q.id == 0xeeeeeeee, "out-parameter untouched on a refused NUMA node");
 	capa.numa_node = -1;
+	/* wd_alloc: a node the machine does not have is refused, not ignored
+	 * (where the kernel lists its nodes). */
+	void *mem = &q;
+	if (access("/sys/devices/system/node", F_OK) == 0)
+		CHECK(wd_alloc(4096, 999, &mem) == -EINVAL && mem == &q, "wd_alloc on NUMA node 999");
+	CHECK(wd_alloc(4096, 0, &mem) == 0 && mem != &q && wd_free(mem) == 0, "wd_alloc on node 0");
 	CHECK(strlen(wd_strerror(-EBUSY)) > 0, "strerror");
 	CHECK(strcmp(wd_strerror(-EIO), "input/output error") == 0, "EIO has its text");
 	/* The errnos wd_comp.h documents read as what they mean there too. */

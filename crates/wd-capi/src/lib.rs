@@ -596,6 +596,19 @@ pub unsafe extern "C" fn wd_mem_unshare2(
     })
 }
 
+/// Where the kernel lists the NUMA nodes the machine has (`node<N>`).
+const NODE_DIR: &str = "/sys/devices/system/node";
+
+/// Whether NUMA node `n` may exist. Binding an arena to a node is advice
+/// (a node that cannot be bound still gets memory), so a node that is not
+/// on the machine would be silently ignored: that is a caller's mistake
+/// worth an error. Without the directory (a kernel without NUMA, no
+/// /sys) nothing can be told, and every node is taken as advice.
+fn numa_node_may_exist(n: u32) -> bool {
+    let dir = std::path::Path::new(NODE_DIR);
+    !dir.is_dir() || dir.join(format!("node{n}")).is_dir()
+}
+
 /// Allocate shareable memory.
 ///
 /// # Safety
@@ -603,10 +616,23 @@ pub unsafe extern "C" fn wd_mem_unshare2(
 #[no_mangle]
 pub unsafe extern "C" fn wd_alloc(size: usize, numa_node: c_int, out: *mut *mut c_void) -> c_int {
     guard(|| {
-        if out.is_null() || size == 0 || numa_node < -1 {
-            return Err(invalid("wd_alloc: NULL out-pointer, zero size or bad node"));
+        if out.is_null() {
+            return Err(invalid("wd_alloc: NULL out-pointer"));
+        }
+        if size == 0 {
+            return Err(invalid("wd_alloc: zero size"));
+        }
+        if numa_node < -1 {
+            return Err(invalid(&format!(
+                "wd_alloc: numa_node {numa_node} is neither a node nor -1 (any)"
+            )));
         }
         let node = (numa_node >= 0).then_some(numa_node as u32);
+        if let Some(n) = node.filter(|&n| !numa_node_may_exist(n)) {
+            return Err(invalid(&format!(
+                "wd_alloc: NUMA node {n} does not exist on this machine (see {NODE_DIR})"
+            )));
+        }
         let a = wrapdrive::alloc(size, node)?;
         // SAFETY: a..a+size is the allocation just made, mapped until
         // wd_free; out is non-null and points to a caller-owned void *.

@@ -414,6 +414,46 @@ fn every_documented_errno_has_a_fitting_text() {
     assert!(text(-77).contains("thread"), "{}", text(-77));
 }
 
+/// A NUMA node the machine does not have is -EINVAL naming it, the
+/// out-pointer untouched (before, node 999 was silently ignored); node 0
+/// exists on every machine that lists nodes, and -1 is any.
+#[test]
+fn wd_alloc_refuses_nodes_the_machine_lacks() {
+    let poison = 0x5a5a as *mut c_void;
+    let mut p = poison;
+    if !std::path::Path::new("/sys/devices/system/node").is_dir() {
+        // As wd-testutil's skip (not a dependency here): counted by
+        // scripts/test-all.sh, never passed silently.
+        let line = "queue_api::wd_alloc_refuses_nodes_the_machine_lacks: \
+                    no /sys/devices/system/node (kernel without NUMA)\n";
+        eprint!("skip: {line}");
+        if let Some(path) = std::env::var_os("WD_SKIP_LOG") {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path);
+            let _ = f.and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+        }
+        return;
+    }
+    // SAFETY: p is a live void *.
+    assert_eq!(unsafe { wd::wd_alloc(4096, 999, &mut p) }, -EINVAL);
+    assert_eq!(p, poison);
+    let why = last_error();
+    assert!(why.contains("node 999"), "{why}");
+    // SAFETY: as above.
+    assert_eq!(unsafe { wd::wd_alloc(4096, -2, &mut p) }, -EINVAL);
+    assert_eq!(p, poison);
+    for node in [0, -1] {
+        // SAFETY: as above.
+        let r = unsafe { wd::wd_alloc(4096, node, &mut p) };
+        assert_eq!(r, 0, "node {node}: {}", last_error());
+        assert_ne!(p, poison);
+        assert_eq!(wd::wd_free(p), 0);
+        p = poison;
+    }
+}
+
 #[test]
 fn last_error_is_per_thread_truncated_and_terminated() {
     embedded();
