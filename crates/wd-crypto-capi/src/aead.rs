@@ -70,9 +70,6 @@ pub unsafe extern "C" fn wd_aead_seal(
         if tag.is_null() || wraps(tag, tag_len) {
             return invalid("wd_aead_seal: NULL tag, or its range wraps");
         }
-        if !can_allocate(aad_len) {
-            return no_memory("wd_aead_seal", "the additional data", aad_len);
-        }
         // SAFETY: tag writable for tag_len bytes (header).
         let tag = unsafe { std::slice::from_raw_parts_mut(tag as *mut u8, tag_len) };
         // SAFETY: caller contract.
@@ -115,9 +112,6 @@ pub unsafe extern "C" fn wd_aead_open(
         ) else {
             return invalid("wd_aead_open: bad session or NULL buffer");
         };
-        if !can_allocate(aad_len) {
-            return no_memory("wd_aead_open", "the additional data", aad_len);
-        }
         // SAFETY: caller contract.
         match unsafe {
             with_buffers("wd_aead_open", ct, pt, len, |c, p| {
@@ -162,9 +156,6 @@ pub unsafe extern "C" fn wd_aead_aad(a: *mut WdAead, aad: *const c_void, len: us
         let (Some(a), Some(aad)) = (unsafe { aead(a) }, unsafe { bytes(aad, len) }) else {
             return invalid("wd_aead_aad: bad session or NULL data");
         };
-        if !can_allocate(len) {
-            return no_memory("wd_aead_aad", "the additional data", len);
-        }
         a.a.aad(aad).map_or_else(err, |_| 0)
     })
 }

@@ -109,14 +109,6 @@ fn scratch_return(s: Vec<u8>) {
     }
 }
 
-/// Whether `len` bytes can be allocated now: for a length the caller
-/// chose that a library below copies with an allocation that aborts on
-/// failure (wd-crypto's AEAD keeps its additional data). Small lengths
-/// are not probed.
-pub(crate) fn can_allocate(len: usize) -> bool {
-    len <= SCRATCH_KEEP || Vec::<u8>::new().try_reserve_exact(len).is_ok()
-}
-
 /// The errno for memory that cannot be had for `len` bytes of `what`.
 pub(crate) fn no_memory(call: &str, what: &str, len: usize) -> c_int {
     fail(
@@ -275,8 +267,6 @@ mod tests {
         };
         assert_eq!(r, Err(-ENOMEM));
         assert!(!ran);
-        assert!(!can_allocate(1 << 62));
-        assert!(can_allocate(4096));
     }
 
     /// A large overlapping call leaves the thread at most `SCRATCH_KEEP`

@@ -289,7 +289,17 @@ impl Aead {
             ));
         }
         // Any length: additional data past what a device request carries
-        // is hashed here (`decide`).
+        // is hashed here (`decide`). Its length is the caller's: memory
+        // that cannot be had is an error, not an abort.
+        self.aad
+            .try_reserve(aad.len())
+            .map_err(|_| CryptoError::Device {
+                status: wrapdrive::Status::NoMemory,
+                message: format!(
+                    "cannot allocate {} bytes for the additional data",
+                    aad.len()
+                ),
+            })?;
         self.aad.extend_from_slice(aad);
         Ok(())
     }
