@@ -116,7 +116,8 @@ struct wd_dummy_msg {
 /* ---- the queue API ---------------------------------------------------- */
 
 /* Ask for a queue. The raw queues speak one message format, the "memcpy"
- * algorithm's (struct wd_dummy_msg); the other types wd_list_capas shows
+ * algorithm's (struct wd_dummy_msg), which "memcpy-async" queues (an
+ * asynchronous copy device) speak too; the other types wd_list_capas shows
  * are served through their own libraries and refused here with
  * -EOPNOTSUPP, wd_last_error naming the library: "cipher" and "digest"
  * through libwd_crypto (wd_crypto.h), "compress" through libwd_comp

@@ -217,7 +217,9 @@ fn not_a_raw_queue(alg: &str) -> ClientError {
         ),
         None => ClientError::new(
             Status::NoDevice,
-            format!("no device serves '{alg}' through libwd's raw queues (only \"memcpy\")"),
+            format!(
+                "no device serves '{alg}' through libwd's raw queues (only \"memcpy\" and \"memcpy-async\")"
+            ),
         ),
     }
 }
@@ -245,7 +247,8 @@ pub unsafe extern "C" fn wd_request_queue(q: *mut WdQueue, capa: *mut WdCapa) ->
             .to_str()
             .map_err(|_| invalid("wd_capa.alg is not UTF-8"))?;
         let family = match alg {
-            "memcpy" => Family::Dummy,
+            // (The asynchronous copy device speaks the same format.)
+            "memcpy" | "memcpy-async" => Family::Dummy,
             other => return Err(not_a_raw_queue(other)),
         };
         let capa = Capability {

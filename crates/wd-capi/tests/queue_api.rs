@@ -92,10 +92,15 @@ fn cp(c: &mut Capa) -> *mut WdCapa {
     (c as *mut Capa).cast()
 }
 
-/// Every test of this binary talks to one host inside this process.
+/// Every test of this binary talks to one host inside this process: the
+/// default devices, and the asynchronous copy device (whose "memcpy-async"
+/// queues speak the memcpy format).
 fn embedded() {
     static ONCE: Once = Once::new();
-    ONCE.call_once(|| assert_eq!(wd::wd_use_embedded_host(), 0));
+    ONCE.call_once(|| {
+        std::env::set_var("WD_EMBEDDED_DEVICES", "dummy;dummy-async;sec;zip");
+        assert_eq!(wd::wd_use_embedded_host(), 0)
+    });
 }
 
 fn last_error() -> String {
@@ -300,13 +305,15 @@ fn types_other_libraries_serve_are_eopnotsupp_and_name_the_library() {
         );
         assert_eq!(q, poisoned());
     }
-    // Every type the host lists is either requestable or refused so.
+    // Every type the host lists is either requestable or refused so, and
+    // both copy devices' are requestable.
     let mut infos = [const { std::mem::MaybeUninit::<WdCapaInfo>::uninit() }; 32];
     let mut n = 0usize;
     // SAFETY: infos has room for 32 entries; n is writable.
     let r = unsafe { wd::wd_list_capas(infos.as_mut_ptr().cast(), infos.len(), &mut n) };
     assert_eq!(r, 0);
     assert!(n > 1 && n <= infos.len(), "{n}");
+    let mut copies = 0;
     for i in &infos[..n] {
         // SAFETY: the first n entries were written; alg is at offset 32,
         // NUL-terminated (wd.h's struct wd_capa_info).
@@ -316,11 +323,16 @@ fn types_other_libraries_serve_are_eopnotsupp_and_name_the_library() {
         // SAFETY: both point to live structures laid out as wd.h declares.
         let r = unsafe { wd::wd_request_queue(qp(&mut q), cp(&mut c)) };
         assert!(r == 0 || r == -EOPNOTSUPP, "{alg:?}: {r} {}", last_error());
+        if alg.to_bytes().starts_with(b"memcpy") {
+            assert_eq!(r, 0, "{alg:?}: {}", last_error());
+            copies += 1;
+        }
         if r == 0 {
             // SAFETY: a live queue.
             unsafe { wd::wd_release_queue(qp(&mut q)) };
         }
     }
+    assert_eq!(copies, 2, "memcpy and memcpy-async listed");
 }
 
 #[test]
