@@ -79,3 +79,37 @@ fn faults_and_iommu_attributes_from_the_cli() {
         assert!(out.contains(line), "{line} in:\n{out}");
     }
 }
+
+#[test]
+fn faults_refuses_a_queue_named_on_another_device() {
+    let h = HostProc::serve_in(
+        tempdir("wd-iommu-cli"),
+        &["--device", "dummy", "--device", "dummy"],
+    );
+    let conn = HostConn::connect(&h.socket).unwrap();
+    let q = conn.request_queue(&Capability::new("memcpy")).unwrap();
+    let id = q.id();
+    let tail = format!("/queues/q{id}/");
+    let on = conn
+        .attrs("")
+        .unwrap()
+        .iter()
+        .find_map(|e| e.path.find(&tail).map(|at| e.path[..at].to_string()))
+        .expect("the queue in the tree");
+    let other = if on == "dev0" { "dev1" } else { "dev0" };
+    let (ok, _, err) = wd(&h.socket, &["faults", &format!("{other}/queues/q{id}")]);
+    assert!(!ok, "a queue on {on} taken as {other}'s");
+    assert!(
+        err.contains(&format!("queue {id} is not on {other}")) && err.contains(&on),
+        "{err}"
+    );
+    let (ok, _, err) = wd(&h.socket, &["faults", &format!("dev7/queues/q{id}")]);
+    assert!(!ok);
+    assert!(err.contains("no device dev7"), "{err}");
+    let (ok, out, err) = wd(&h.socket, &["faults", &format!("{on}/queues/q{id}")]);
+    assert!(ok, "{err}");
+    assert!(out.contains("0 fault(s) recorded"), "{out}");
+    let (ok, _, err) = wd(&h.socket, &["faults", &format!("{on}/q{id}")]);
+    assert!(!ok);
+    assert!(err.contains("is not a queue id"), "{err}");
+}
