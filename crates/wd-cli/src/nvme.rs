@@ -193,21 +193,8 @@ pub fn run_queue(
     buf: &SharedBuf,
     a: &PerfArgs,
 ) -> Result<PerfResult, String> {
+    check_bs(a.bs, ns)?;
     let slots = (ns.blocks * ns.block) / a.bs;
-    if slots == 0 || a.bs % ns.block != 0 {
-        return Err(format!(
-            "block size {} does not fit namespace {} ({} blocks of {} B)",
-            a.bs, ns.nsid, ns.blocks, ns.block
-        ));
-    }
-    let max = wd_nvme_driver::MAX_TRANSFER;
-    if a.bs > max {
-        return Err(format!(
-            "--bs {}: a command moves at most {max} bytes ({} KiB: one PRP list)",
-            a.bs,
-            max / 1024
-        ));
-    }
     let entries = q.pair().entries();
     if a.qd == 0 || a.qd >= entries {
         return Err(format!("queue depth must be 1..{entries}"));
@@ -271,11 +258,39 @@ pub fn run_queue(
     Ok(summarize(lat, ios, bytes, took, cpu))
 }
 
+/// Refuse a block size no command can move, or that does not fit the
+/// namespace, before the (qd + 1) x bs buffer is allocated: a huge one
+/// would otherwise fail there, with a message about memory rather than
+/// about --bs.
+fn check_bs(bs: u64, ns: &Namespace) -> Result<(), String> {
+    check_transfer(bs)?;
+    if bs == 0 || bs % ns.block != 0 || (ns.blocks * ns.block) / bs == 0 {
+        return Err(format!(
+            "--bs {bs}: does not fit namespace {} ({} blocks of {} B)",
+            ns.nsid, ns.blocks, ns.block
+        ));
+    }
+    Ok(())
+}
+
+/// The controller's transfer limit, checkable before any namespace is open.
+fn check_transfer(bs: u64) -> Result<(), String> {
+    let max = wd_nvme_driver::MAX_TRANSFER;
+    if bs > max {
+        return Err(format!(
+            "--bs {bs}: a command moves at most {max} bytes ({} KiB: one PRP list)",
+            max / 1024
+        ));
+    }
+    Ok(())
+}
+
 /// Bring up a controller, open namespace `a.ns` and an I/O queue for `a`.
 pub fn setup(
     host: &Arc<HostConn>,
     a: &PerfArgs,
 ) -> Result<(Controller, Namespace, IoQueue, SharedBuf), String> {
+    check_transfer(a.bs)?;
     let e = |e: wd_nvme_driver::NvmeError| e.to_string();
     let mut c = Controller::open(
         host,
@@ -285,6 +300,7 @@ pub fn setup(
     )
     .map_err(e)?;
     let ns = c.open_namespace(a.ns).map_err(e)?;
+    check_bs(a.bs, &ns)?;
     let q = c.create_io_queue((a.qd + 1).max(2)).map_err(e)?;
     let len = (a.qd as u64 + 1)
         .checked_mul(a.bs)
