@@ -66,3 +66,28 @@ fn which(name: &str) -> Result<String, ()> {
         .find(|p| std::path::Path::new(p).exists())
         .ok_or(())
 }
+
+/// A descriptor 3 that is not a socket (a unit file pointing elsewhere, a
+/// shell redirection): refused with a message that says what is wrong.
+#[test]
+fn serve_refuses_a_passed_descriptor_that_is_no_socket() {
+    // `exec` keeps the shell's pid, which LISTEN_PID must name.
+    let out = Command::new("sh")
+        .args([
+            "-c",
+            "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" serve --device dummy 3</dev/null",
+            env!("CARGO_BIN_EXE_wd"),
+        ])
+        .output()
+        .expect("run sh");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("socket passed as descriptor 3 (socket activation, LISTEN_FDS): cannot read its address"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("socket socket") && !err.contains("cannot reading"),
+        "{err}"
+    );
+}

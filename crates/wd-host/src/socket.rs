@@ -164,20 +164,22 @@ pub fn activation() -> Result<Option<UnixListener>, SocketError> {
     for v in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
         std::env::remove_var(v);
     }
-    let address = "socket-activation descriptor 3".to_string();
+    // Read as "socket {address}: cannot {what}: {source}".
+    let address = "passed as descriptor 3 (socket activation, LISTEN_FDS)".to_string();
     let fd = wd_sys::inherited_fd(FIRST_FD).map_err(|e| SocketError::Io {
         address: address.clone(),
-        what: "taking the passed socket",
+        what: "take it",
         source: io::Error::from_raw_os_error(e.errno()),
     })?;
     let listener = UnixListener::from(fd);
     // A UNIX stream socket that listens, or nothing this host can serve.
-    listener
-        .local_addr()
-        .map_err(io_err(&address, "reading the passed socket's address"))?;
+    listener.local_addr().map_err(io_err(
+        &address,
+        "read its address (a listening UNIX stream socket is needed)",
+    ))?;
     listener
         .set_nonblocking(true)
-        .map_err(io_err(&address, "making the passed socket non-blocking"))?;
+        .map_err(io_err(&address, "make it non-blocking"))?;
     Ok(Some(listener))
 }
 
