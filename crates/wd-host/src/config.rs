@@ -43,7 +43,9 @@ pub struct DeviceConfig {
     #[serde(default)]
     pub idle_spin_us: Option<u64>,
     /// Pin engine `e` to CPU `cpu + e` (modulo the CPUs online), so that a
-    /// benchmark's ends stay on known CPUs; unpinned when absent.
+    /// benchmark's ends stay on known CPUs; unpinned when absent. `cpu`
+    /// itself must be one this process may run on: a typo would otherwise
+    /// pin the engines to some CPU nobody asked for.
     #[serde(default)]
     pub cpu: Option<usize>,
     /// What computes the requests, for a device with a choice (sec:
@@ -98,7 +100,7 @@ impl DeviceConfig {
                 "numa" | "numa_zone_id" => d.numa_zone_id = num(v)?.min(i32::MAX as u64) as i32,
                 "priority" => d.priority = num(v)?.min(u32::MAX as u64) as u32,
                 "idle_spin_us" => d.idle_spin_us = Some(num(v)?),
-                "cpu" => d.cpu = Some(num(v)?.min(4095) as usize),
+                "cpu" => d.cpu = Some(num(v)?.min(usize::MAX as u64) as usize),
                 "engine" => d.engine = Some(v.to_string()),
                 "ns" => d.namespaces.push(v.to_string()),
                 _ => {
@@ -136,6 +138,9 @@ impl DeviceConfig {
             // reason when absent.
             crate::drivers::open(self).map_err(HostError::Config)?;
         }
+        if let Some(cpu) = self.cpu {
+            check_cpu(cpu)?;
+        }
         if self.idle_spin_us.is_some_and(|us| us > 1_000_000) {
             return Err(HostError::Config(
                 "idle_spin_us must be at most 1000000".into(),
@@ -143,6 +148,69 @@ impl DeviceConfig {
         }
         Ok(())
     }
+}
+
+/// Refuse an engine CPU this process may not run on (absent, offline, or
+/// outside its affinity mask, as under `taskset` or a cgroup cpuset): the
+/// engines would otherwise be pinned modulo the CPU count, to a CPU
+/// nobody named.
+fn check_cpu(cpu: usize) -> Result<(), HostError> {
+    let allowed = allowed_cpus();
+    let ok = match &allowed {
+        Some(list) => list.contains(&cpu),
+        None => cpu < wd_sys::online_cpus(),
+    };
+    if ok {
+        return Ok(());
+    }
+    let usable = match allowed {
+        Some(list) => format!("CPUs this process may use: {}", cpu_list(&list)),
+        None => format!("this machine has {} CPU(s)", wd_sys::online_cpus()),
+    };
+    Err(HostError::Config(format!(
+        "cpu={cpu}: no such CPU for this host ({usable})"
+    )))
+}
+
+/// The CPUs the calling thread may run on (`Cpus_allowed_list`), `None`
+/// where /proc does not say.
+fn allowed_cpus() -> Option<Vec<usize>> {
+    let status = std::fs::read_to_string("/proc/thread-self/status")
+        .or_else(|_| std::fs::read_to_string("/proc/self/status"))
+        .ok()?;
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+    parse_cpu_list(list.trim())
+}
+
+/// `0-3,8,10-11` as the kernel writes a CPU list.
+fn parse_cpu_list(list: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in list.split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b) = (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?);
+        cpus.extend(a..=b.min(a + 65_536));
+    }
+    Some(cpus)
+}
+
+/// A CPU list written back as ranges, short even on large machines.
+fn cpu_list(cpus: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        out.push(match i == j {
+            true => cpus[i].to_string(),
+            false => format!("{}-{}", cpus[i], cpus[j]),
+        });
+        i = j + 1;
+    }
+    out.join(",")
 }
 
 /// Everything a host needs to start.
@@ -358,6 +426,28 @@ mod tests {
         assert!(DeviceConfig::parse_spec("dummy:engines=0").is_err());
         assert!(DeviceConfig::parse_spec("dummy:colour=red").is_err());
         assert!(DeviceConfig::parse_spec("dummy:engines").is_err());
+    }
+
+    #[test]
+    fn a_cpu_the_process_cannot_use_is_refused() {
+        let e = DeviceConfig::parse_spec("dummy:engines=2,cpu=4095")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cpu=4095") && e.contains("no such CPU"), "{e}");
+        let mine = allowed_cpus().expect("Cpus_allowed_list");
+        let d = DeviceConfig::parse_spec(&format!("dummy:cpu={}", mine[0])).unwrap();
+        assert_eq!(d.cpu, Some(mine[0]));
+        let e = HostConfig::from_toml("[[device]]\ndriver = \"dummy\"\ncpu = 100000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cpu=100000"), "{e}");
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0-2,5,7-8"), Some(vec![0, 1, 2, 5, 7, 8]));
+        assert_eq!(parse_cpu_list("x"), None);
+        assert_eq!(cpu_list(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
     }
 
     #[test]
