@@ -125,7 +125,10 @@ struct ServeArgs {
     /// docs/security.md).
     #[arg(long)]
     config: Option<std::path::PathBuf>,
-    /// Device to own, e.g. "dummy:engines=2,queues=16" (repeatable; options: engines, queues, numa, priority, idle_spin_us, cpu, engine, ns=PATH:OFFSET:SIZE[:BLOCK] for nvme).
+    /// Device to own, e.g. "dummy:engines=2,queues=16" (repeatable; options,
+    /// each at most once: engines, queues, numa, priority, idle_spin_us,
+    /// cpu (the first engine's, one this process may run on), engine;
+    /// ns=PATH:OFFSET:SIZE[:BLOCK] for nvme, once per namespace).
     #[arg(long = "device")]
     devices: Vec<String>,
     /// Who may connect, as octal permission bits: set on a path socket

@@ -85,10 +85,21 @@ impl DeviceConfig {
     pub fn parse_spec(spec: &str) -> Result<DeviceConfig, HostError> {
         let (driver, opts) = spec.split_once(':').unwrap_or((spec, ""));
         let mut d = DeviceConfig::new(driver);
+        let mut seen: Vec<&str> = Vec::new();
         for kv in opts.split(',').filter(|s| !s.is_empty()) {
             let (k, v) = kv.split_once('=').ok_or_else(|| {
                 HostError::Config(format!("device option '{kv}' is not key=value"))
             })?;
+            // A repeated key is a typo or a pasted spec: taking either value
+            // would run a device other than the one asked for. `ns` is a
+            // list (one namespace each).
+            let canonical = if k == "numa_zone_id" { "numa" } else { k };
+            if canonical != "ns" && seen.contains(&canonical) {
+                return Err(HostError::Config(format!(
+                    "device '{spec}': option '{k}' is given twice"
+                )));
+            }
+            seen.push(canonical);
             let num = |v: &str| -> Result<u64, HostError> {
                 v.parse::<u64>().map_err(|_| {
                     HostError::Config(format!("device option {k}: '{v}' is not a number"))
@@ -426,6 +437,25 @@ mod tests {
         assert!(DeviceConfig::parse_spec("dummy:engines=0").is_err());
         assert!(DeviceConfig::parse_spec("dummy:colour=red").is_err());
         assert!(DeviceConfig::parse_spec("dummy:engines").is_err());
+    }
+
+    #[test]
+    fn a_key_given_twice_is_refused() {
+        for spec in [
+            "dummy:engines=2,engines=3",
+            "dummy:numa=0,numa_zone_id=1",
+            "sec:engine=auto,engine=libcrypto",
+            "zip:queues=4,priority=1,queues=8",
+            "dummy-async:idle_spin_us=5,idle_spin_us=5",
+            "nvme:cpu=0,cpu=0",
+        ] {
+            let e = DeviceConfig::parse_spec(spec).unwrap_err().to_string();
+            assert!(e.contains("given twice"), "{spec}: {e}");
+        }
+        let e = DeviceConfig::parse_spec("dummy:engines=2,engines=3")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'engines'"), "{e}");
     }
 
     #[test]
