@@ -33,7 +33,7 @@ struct Cli {
     /// (default: $WD_HOST, else /run/wrapdrive/wd.sock; `wd bench` and
     /// `wd speed` start hosts of their own unless given one). Refused by
     /// the commands that run their own host only (serve, load, chaos,
-    /// bench iommu/load/nvme/zip).
+    /// bench iommu/load/nvme/zip), whose help does not list it.
     #[arg(long, global = true)]
     host: Option<String>,
     #[command(subcommand)]
@@ -121,7 +121,8 @@ struct ServeArgs {
     #[arg(long)]
     socket: Option<String>,
     /// TOML configuration file (socket, socket_mode, allow_uids, allow_gids,
-    /// queue_details, a [limits] table and [[device]] tables; see
+    /// queue_details, a [limits] table and [[device]] tables; the format is
+    /// in docs/operations.md, the limits and queue_details in
     /// docs/security.md).
     #[arg(long)]
     config: Option<std::path::PathBuf>,
@@ -255,6 +256,41 @@ fn no_host(host: &Option<String>, cmd: &str, why: &str) -> Result<(), String> {
     }
 }
 
+/// Commands that run their own host (or none), as paths of subcommand
+/// names: they refuse `--host`, so their help does not offer it.
+const OWN_HOST: [&[&str]; 7] = [
+    &["serve"],
+    &["load"],
+    &["chaos"],
+    &["bench", "iommu"],
+    &["bench", "load"],
+    &["bench", "nvme"],
+    &["bench", "zip"],
+];
+
+/// The command line, with the global `--host` hidden where it is refused.
+/// Clap copies a global option into each subcommand when it builds the
+/// command, except into one that has an option of that id already: those
+/// get a hidden one (its value still reaches `Cli::host`, so the refusal
+/// says why).
+fn command() -> clap::Command {
+    use clap::CommandFactory;
+    fn hide(c: clap::Command, path: &[&str]) -> clap::Command {
+        match path {
+            [] => c.arg(
+                clap::Arg::new("host")
+                    .long("host")
+                    .value_name("HOST")
+                    .hide(true),
+            ),
+            [first, rest @ ..] => c.mut_subcommand(*first, |sub| hide(sub, rest)),
+        }
+    }
+    OWN_HOST
+        .iter()
+        .fold(Cli::command(), |c, path| hide(c, path))
+}
+
 fn run(cli: Cli) -> Result<(), String> {
     match &cli.cmd {
         Cmd::Serve(_) => no_host(&cli.host, "serve", "is a host: it listens on --socket")?,
@@ -323,12 +359,70 @@ fn main() -> ExitCode {
     // `wd` carries the host anyway (`wd serve`): let `--host embedded` and
     // `WD_HOST=embedded` (benchmarks, examples) start one in-process.
     wd_embedded::install();
-    let cli = Cli::parse();
+    let cli = {
+        use clap::FromArgMatches;
+        Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit())
+    };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("wd: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The help text of `wd ARGS... --help`.
+    fn help(args: &[&str]) -> String {
+        let mut argv = vec!["wd"];
+        argv.extend(args);
+        argv.push("--help");
+        let e = match command().try_get_matches_from(argv) {
+            Err(e) => e,
+            Ok(_) => panic!("--help parsed"),
+        };
+        e.to_string()
+    }
+
+    #[test]
+    fn host_is_offered_only_where_it_is_taken() {
+        for path in OWN_HOST {
+            let text = help(path);
+            assert!(
+                !text.contains("--host <HOST>"),
+                "wd {path:?} --help:\n{text}"
+            );
+        }
+        for path in [
+            &["ls"][..],
+            &["attr", "get"],
+            &["bench"],
+            &["bench", "fairness"],
+            &["faults"],
+        ] {
+            assert!(help(path).contains("--host <HOST>"), "wd {path:?} --help");
+        }
+        // Still parsed (and then refused with a reason) where hidden.
+        let m = command()
+            .try_get_matches_from(["wd", "serve", "--host", "x"])
+            .unwrap();
+        let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&m).unwrap();
+        let e = run(cli).unwrap_err();
+        assert!(e.contains("--host x: `wd serve` is a host"), "{e}");
+    }
+
+    #[test]
+    fn config_help_names_the_document_of_the_format() {
+        let text = help(&["serve"]);
+        assert!(text.contains("docs/operations.md"), "{text}");
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        command().debug_assert();
     }
 }
