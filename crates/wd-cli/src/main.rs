@@ -291,6 +291,16 @@ fn command() -> clap::Command {
         .fold(Cli::command(), |c, path| hide(c, path))
 }
 
+/// An attribute path the protocol cannot carry (empty, or longer than any
+/// path) names no attribute: said as the host says it for any other
+/// missing one, rather than as a protocol error.
+fn attr_path<'a>(path: &'a str, kind: &str) -> Result<&'a str, String> {
+    match path.is_empty() || path.len() > wd_proto::limits::MAX_PATH {
+        true => Err(format!("no {kind}'{path}'")),
+        false => Ok(path),
+    }
+}
+
 fn run(cli: Cli) -> Result<(), String> {
     match &cli.cmd {
         Cmd::Serve(_) => no_host(&cli.host, "serve", "is a host: it listens on --socket")?,
@@ -322,9 +332,11 @@ fn run(cli: Cli) -> Result<(), String> {
             let h = connect(&cli.host).map_err(|e| e.to_string())?;
             match op {
                 AttrOp::Get { path } => {
-                    outln!("{}", h.get_attr(&path).map_err(|e| e.to_string())?)
+                    let path = attr_path(&path, "attribute ")?;
+                    outln!("{}", h.get_attr(path).map_err(|e| e.to_string())?)
                 }
                 AttrOp::Set { path, value } => {
+                    attr_path(&path, "writable attribute ")?;
                     // A namespace's file named relative to where the command
                     // runs (the host would resolve it in its own directory,
                     // so it refuses a relative path).
@@ -419,6 +431,17 @@ mod tests {
     fn config_help_names_the_document_of_the_format() {
         let text = help(&["serve"]);
         assert!(text.contains("docs/operations.md"), "{text}");
+    }
+
+    #[test]
+    fn attr_paths_no_host_could_have() {
+        assert_eq!(attr_path("", "attribute "), Err("no attribute ''".into()));
+        let long = "a".repeat(wd_proto::limits::MAX_PATH + 1);
+        assert!(attr_path(&long, "attribute ").is_err());
+        assert_eq!(
+            attr_path("dev0/priority", "attribute "),
+            Ok("dev0/priority")
+        );
     }
 
     #[test]

@@ -37,3 +37,33 @@ fn a_relative_namespace_path_is_the_callers() {
         "{listed:?}"
     );
 }
+
+/// A path the protocol cannot carry names no attribute, said as for any
+/// other missing one (not as a protocol error).
+#[test]
+fn an_empty_path_is_no_attribute_like_any_other() {
+    let h = HostProc::serve_in(tempdir("wd-attr-host"), &["--device", "dummy"]);
+    let run = |args: &[&str]| {
+        let out = common::wd(&[&["--host", &h.socket][..], args].concat());
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert_eq!(
+        run(&["attr", "get", "nonexistent"]),
+        "wd: no attribute 'nonexistent'\n"
+    );
+    assert_eq!(run(&["attr", "get", ""]), "wd: no attribute ''\n");
+    let long = "a".repeat(300);
+    assert_eq!(
+        run(&["attr", "get", &long]),
+        format!("wd: no attribute '{long}'\n")
+    );
+    assert_eq!(
+        run(&["attr", "set", "nonexistent", "1"]),
+        "wd: no writable attribute 'nonexistent'\n"
+    );
+    assert_eq!(
+        run(&["attr", "set", "", "1"]),
+        "wd: no writable attribute ''\n"
+    );
+}
