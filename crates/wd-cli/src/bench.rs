@@ -352,8 +352,9 @@ fn run(mut args: BenchArgs, host: &str) -> Result<(), String> {
     let host = HostConn::connect(host).map_err(|e| e.to_string())?;
     // After the embedded host started, so its other threads keep the
     // process's affinity.
-    if pinning.responder.is_some() && wd_sys::pin_thread(0).is_err() {
+    if pinning.responder.is_some() && wd_sys::pin_thread(pinning.client).is_err() {
         pinning = Pinning {
+            client: 0,
             responder: None,
             text: "not pinned (sched_setaffinity refused)".into(),
         };
@@ -476,34 +477,41 @@ fn run(mut args: BenchArgs, host: &str) -> Result<(), String> {
 
 /// Where the two ends of every measurement run.
 struct Pinning {
+    /// CPU of this (client) thread, when `responder` is some.
+    client: usize,
     /// CPU of the raw measurement's responder (the engine's stand-in).
     responder: Option<usize>,
     text: String,
 }
 
-/// Plan the pinning: this (client) thread on CPU 0 (pinned by the caller
-/// once connected), the engine of an embedded host and the raw responder
-/// on CPU 1, so the raw limit and the queue paths are measured between the
-/// same two CPUs.
+/// Plan the pinning: this (client) thread on the first CPU the process
+/// may use (pinned by the caller once connected), the engine of an
+/// embedded host and the raw responder on the second, so the raw limit
+/// and the queue paths are measured between the same two CPUs (under
+/// `taskset` or a cpuset too: a host refuses a CPU it may not use).
 fn pin_ends(host: &str) -> Pinning {
-    if wd_sys::usable_cpus() < 2 {
+    let cpus =
+        wd_host::config::allowed_cpus().unwrap_or_else(|| (0..wd_sys::usable_cpus()).collect());
+    let [client, other, ..] = cpus[..] else {
         return Pinning {
+            client: 0,
             responder: None,
             text: "not pinned (fewer than two usable CPUs)".into(),
         };
-    }
+    };
     let engine = if host != "embedded" {
         "the external host's engine where that host put it".to_string()
     } else if std::env::var_os("WD_EMBEDDED_DEVICES").is_some() {
         "the engine where WD_EMBEDDED_DEVICES put it".to_string()
     } else {
         // Read when the embedded host starts (the connection below).
-        std::env::set_var("WD_EMBEDDED_DEVICES", "dummy:cpu=1");
-        "the engine on CPU 1".to_string()
+        std::env::set_var("WD_EMBEDDED_DEVICES", format!("dummy:cpu={other}"));
+        format!("the engine on CPU {other}")
     };
     Pinning {
-        responder: Some(1),
-        text: format!("client thread on CPU 0, raw responder on CPU 1, {engine}"),
+        client,
+        responder: Some(other),
+        text: format!("client thread on CPU {client}, raw responder on CPU {other}, {engine}"),
     }
 }
 

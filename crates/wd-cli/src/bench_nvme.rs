@@ -219,8 +219,10 @@ pub fn run(a: BenchNvmeArgs) -> Result<(), String> {
     if a.reps == 0 || a.size < (16 << 20) {
         return Err("need --reps >= 1 and --size >= 16M".into());
     }
-    // The host takes a device's cpu= modulo the CPUs: say (and print in
-    // the table) the CPU the polling thread really runs on.
+    // A CPU past the machine's is taken modulo their count, as before the
+    // host refused such a cpu=: say (and print in the table) the CPU the
+    // polling thread runs on. One the process may not use is the host's
+    // error, naming the CPUs it may.
     let mut a = a;
     let cpus = wd_sys::online_cpus().max(1);
     if a.cpu >= cpus {

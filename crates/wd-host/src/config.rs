@@ -185,7 +185,7 @@ fn check_cpu(cpu: usize) -> Result<(), HostError> {
 
 /// The CPUs the calling thread may run on (`Cpus_allowed_list`), `None`
 /// where /proc does not say.
-fn allowed_cpus() -> Option<Vec<usize>> {
+pub fn allowed_cpus() -> Option<Vec<usize>> {
     let status = std::fs::read_to_string("/proc/thread-self/status")
         .or_else(|_| std::fs::read_to_string("/proc/self/status"))
         .ok()?;
