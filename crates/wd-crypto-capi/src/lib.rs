@@ -247,6 +247,23 @@ mod tests {
         SCRATCH.with(|s| s.borrow().capacity())
     }
 
+    /// Copy `len` bytes of `buf` 16 bytes down, through `with_buffers`
+    /// (the input and output overlap).
+    fn shift_down(buf: &mut [u8], len: usize) -> Result<(), c_int> {
+        assert!(buf.len() >= len + 16);
+        let base = buf.as_mut_ptr();
+        // SAFETY: buf holds len + 16 bytes; in and out overlap inside it.
+        unsafe {
+            with_buffers(
+                "test",
+                base.add(16).cast_const().cast(),
+                base.cast(),
+                len,
+                |i, o| o.copy_from_slice(i),
+            )
+        }
+    }
+
     /// A length no allocation can serve, with overlapping buffers: an
     /// errno, and the callback never runs (before, the copy aborted the
     /// process).
@@ -276,34 +293,13 @@ mod tests {
     fn a_large_scratch_is_released_a_small_one_kept() {
         let len = 4 * SCRATCH_KEEP;
         let mut buf: Vec<u8> = (0..len + 16).map(|i| i as u8).collect();
-        let base = buf.as_mut_ptr();
-        // SAFETY: buf holds len + 16 bytes; in and out overlap inside it.
-        let r = unsafe {
-            with_buffers(
-                "test",
-                base.add(16).cast_const().cast(),
-                base.cast(),
-                len,
-                |i, o| o.copy_from_slice(i),
-            )
-        };
-        assert_eq!(r, Ok(()));
+        assert_eq!(shift_down(&mut buf, len), Ok(()));
         assert_eq!(buf[0], 16);
         assert_eq!(buf[len - 1], (len + 15) as u8);
         assert!(kept() <= SCRATCH_KEEP, "kept {} bytes", kept());
-        let base = buf.as_mut_ptr();
-        // SAFETY: as above, 1 KiB.
-        let r = unsafe {
-            with_buffers(
-                "test",
-                base.add(16).cast_const().cast(),
-                base.cast(),
-                1024,
-                |i, o| o.copy_from_slice(i),
-            )
-        };
-        assert_eq!(r, Ok(()));
+        assert_eq!(shift_down(&mut buf, 1024), Ok(()));
         assert!(kept() >= 1024, "kept {} bytes", kept());
+        let base = buf.as_mut_ptr();
         // A refused copy leaves what was kept.
         // SAFETY: refused before any byte is read.
         let r = unsafe {

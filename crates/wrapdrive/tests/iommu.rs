@@ -180,18 +180,7 @@ fn stalled_requests_wait_for_the_client() {
 /// completion is taken for a stall only when no completion follows it
 /// (a stalled request completes only once resumed).
 fn completion_or_stall(q: &mut Queue) -> Result<wrapdrive::Completion, u64> {
-    for _ in 0..400 {
-        if let Ok(c) = q.recv_sync(Some(Duration::from_millis(5))) {
-            return Ok(c);
-        }
-        if let Some(e) = q.faults(8).unwrap().events.first() {
-            return match q.recv_sync(Some(Duration::from_millis(100))) {
-                Ok(c) => Ok(c),
-                Err(_) => Err(e.seq),
-            };
-        }
-    }
-    panic!("neither a completion nor a fault in 2 s");
+    completion_or_stall_at(q).map_err(|(seq, _)| seq)
 }
 
 /// A copy cut in pieces that faults after its first piece (its
@@ -337,8 +326,7 @@ fn crypt(alg: &str, key: &[u8], iv: &[u8], aad: &[u8], data: &[u8]) -> (Vec<u8>,
     (out, tag)
 }
 
-/// What came first: a completion, or a stall (its number and the address
-/// that faulted).
+/// [`completion_or_stall`], with the address that faulted.
 fn completion_or_stall_at(q: &mut Queue) -> Result<wrapdrive::Completion, (u64, u64)> {
     for _ in 0..400 {
         if let Ok(c) = q.recv_sync(Some(Duration::from_millis(5))) {
