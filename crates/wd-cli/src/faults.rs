@@ -37,11 +37,12 @@ fn queue_id(s: &str) -> Result<QueueRef, String> {
     let (device, id) = match s.split('/').collect::<Vec<_>>()[..] {
         [id] => (None, id),
         [dev, "queues", id]
-            if dev
-                .strip_prefix("dev")
-                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) =>
+            if id.starts_with('q')
+                && dev
+                    .strip_prefix("dev")
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) =>
         {
-            (Some(dev.to_string()), id.strip_prefix('q').ok_or_else(bad)?)
+            (Some(dev.to_string()), id)
         }
         _ => return Err(bad()),
     };
@@ -109,10 +110,12 @@ fn reason(r: wd_proto::FaultReason) -> &'static str {
 
 /// Print the faults of a queue.
 pub fn run(h: &HostConn, args: FaultsArgs) -> Result<(), String> {
+    // The device first: a queue that closes before its faults are read is
+    // then "no queue", not "not on devN".
+    check_device(h, &args.queue)?;
     let r = h
         .peek_faults(args.queue.id, args.max)
         .map_err(|e| e.to_string())?;
-    check_device(h, &args.queue)?;
     if args.json {
         let events: Vec<_> = r
             .events
@@ -184,6 +187,7 @@ mod tests {
             "x7",
             "dev0/q7",
             "dev0/queues/7",
+            "dev0/queues/qq7",
             "foo/queues/q7",
             "dev/queues/q7",
             "dev0/queues/q7/alg",
